@@ -1,0 +1,345 @@
+"""The configuration tree: one validated dataclass per concern, loaded and checked once.
+
+``conf/train.yaml`` composes the groups (``model``, ``tools``, ``reward``, ``rollout``, ``data``,
+``trainer``, ``launcher``) with Hydra; the merged tree is checked against :class:`Config`, so an
+unknown key, a wrong type or a missing file fails here with a :class:`ConfigError` naming it, and
+code past this point reads typed fields without defaults of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the message names the key or file."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _require_file(path: Optional[str], key: str) -> None:
+    if path is not None and not Path(path).exists():
+        raise ConfigError(f"{key}: no such file or directory: {path}")
+
+
+@dataclass
+class RunConfig:
+    name: str = "tiny-sft"
+    seed: int = 1234
+    output_dir: str = "runs"
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+@dataclass
+class ModelConfig:
+    """Qwen3 architecture (field names as in Megatron-Core/NeMo) and its implementation choices.
+
+    HF ``Qwen3Config`` equivalents: num_hidden_layers=num_layers, num_key_value_heads=
+    num_query_groups, head_dim=kv_channels, intermediate_size=ffn_hidden_size, rope_theta=
+    rotary_base, rms_norm_eps=layernorm_epsilon, tie_word_embeddings=
+    share_embeddings_and_output_weights.
+    """
+
+    preset: str = "tiny"
+    num_layers: int = 4
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    num_query_groups: int = 2
+    kv_channels: int = 64
+    ffn_hidden_size: int = 768
+    vocab_size: int = 4096
+    max_position_embeddings: int = 2048
+    rotary_base: float = 1_000_000.0
+    layernorm_epsilon: float = 1e-6
+    qk_layernorm: bool = True
+    share_embeddings_and_output_weights: bool = False
+    init_method_std: float = 0.02
+    params_dtype: str = "float32"
+    transformer_impl: str = "local"
+    fp8: Optional[str] = None
+    fp8_recipe: str = "delayed"
+    fp8_amax_history_len: int = 1024
+    fp8_margin: int = 0
+    recompute_granularity: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                     "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings"):
+            _require(getattr(self, name) > 0, f"model.{name} must be positive")
+        _require(self.num_attention_heads % self.num_query_groups == 0,
+                 "model.num_attention_heads must be a multiple of model.num_query_groups")
+        _require(self.params_dtype in ("float32", "bfloat16", "float16"),
+                 f"model.params_dtype must be float32|bfloat16|float16, got {self.params_dtype!r}")
+        _require(self.transformer_impl in ("local", "transformer_engine"),
+                 f"model.transformer_impl must be local|transformer_engine, "
+                 f"got {self.transformer_impl!r}")
+        _require(self.fp8 in (None, "hybrid", "e4m3"),
+                 f"model.fp8 must be null|hybrid|e4m3, got {self.fp8!r}")
+        _require(self.fp8 is None or self.transformer_impl == "transformer_engine",
+                 "model.fp8 requires model.transformer_impl=transformer_engine")
+        _require(self.fp8_recipe in ("delayed", "tensorwise", "blockwise", "mxfp8"),
+                 f"model.fp8_recipe must be delayed|tensorwise|blockwise|mxfp8, "
+                 f"got {self.fp8_recipe!r}")
+        _require(self.recompute_granularity in (None, "full", "selective"),
+                 "model.recompute_granularity must be null|full|selective")
+
+    def num_parameters(self) -> int:
+        """Parameter count of the unsharded model."""
+        h, q, kv = self.hidden_size, self.num_attention_heads, self.num_query_groups
+        d = self.kv_channels
+        attention = h * (q + 2 * kv) * d + q * d * h + (2 * d if self.qk_layernorm else 0)
+        mlp = 3 * h * self.ffn_hidden_size
+        layer = attention + mlp + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.share_embeddings_and_output_weights else 2)
+        return self.num_layers * layer + embeddings + h
+
+
+@dataclass
+class ParallelConfig:
+    """Megatron parallel sizes; world size must equal tp * pp * dp."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp"):
+            _require(getattr(self, name) >= 1, f"parallel.{name} must be >= 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass
+class TokenizerConfig:
+    """``path`` points at an HF tokenizer directory (e.g. a real Qwen3 one); null trains a BPE
+    tokenizer on the training data into the run directory."""
+
+    path: Optional[str] = None
+    vocab_size: int = 4000
+    min_frequency: int = 2
+
+    def __post_init__(self) -> None:
+        _require_file(self.path, "tokenizer.path")
+        _require(self.vocab_size >= 512, "tokenizer.vocab_size must be >= 512")
+
+
+@dataclass
+class DataConfig:
+    """``sft_path`` is a JSONL file of conversations (``{"messages": [...], "tools": [...]}``);
+    null uses the bundled offline generator with ``num_offline_conversations`` examples."""
+
+    sft_path: Optional[str] = None
+    num_offline_conversations: int = 3000
+    seq_length: int = 384
+
+    def __post_init__(self) -> None:
+        _require_file(self.sft_path, "data.sft_path")
+        _require(self.num_offline_conversations > 0, "data.num_offline_conversations must be > 0")
+        _require(self.seq_length > 8, "data.seq_length must be > 8")
+
+
+@dataclass
+class ToolsConfig:
+    """Tool declaration files (YAML/JSON, one tool each) available to the orchestrator."""
+
+    spec_files: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for index, path in enumerate(self.spec_files):
+            _require_file(path, f"tools.spec_files[{index}]")
+
+
+@dataclass
+class RewardConfig:
+    combination: str = "toolorchestra"
+
+    def __post_init__(self) -> None:
+        _require(self.combination in ("toolorchestra", "weighted", "linear"),
+                 f"reward.combination must be toolorchestra|weighted|linear, "
+                 f"got {self.combination!r}")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    group_size: int = 8
+    max_turns: int = 8
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.engine in ("hf", "trtllm", "vllm", "openai"),
+                 f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}")
+        _require(self.group_size >= 1 and self.max_turns >= 1 and self.max_new_tokens >= 1,
+                 "rollout.group_size, rollout.max_turns and rollout.max_new_tokens must be >= 1")
+        _require(self.temperature >= 0 and 0 < self.top_p <= 1,
+                 "rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200
+    micro_batch_size: int = 8
+    global_batch_size: int = 16
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    grad_clip: float = 1.0
+    save_interval: int = 100
+    log_interval: int = 10
+    resume: bool = False
+    init_from: Optional[str] = None
+    num_threads: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.max_steps >= 1, "trainer.max_steps must be >= 1")
+        _require(self.micro_batch_size >= 1, "trainer.micro_batch_size must be >= 1")
+        _require(self.global_batch_size % self.micro_batch_size == 0,
+                 "trainer.global_batch_size must be a multiple of trainer.micro_batch_size")
+        _require(self.lr > 0 and 0 <= self.min_lr <= self.lr,
+                 "trainer.lr must be > 0 and 0 <= trainer.min_lr <= trainer.lr")
+        _require(self.save_interval >= 1 and self.log_interval >= 1,
+                 "trainer.save_interval and trainer.log_interval must be >= 1")
+        _require(self.num_threads >= 0, "trainer.num_threads must be >= 0 (0: torch's choice)")
+        _require_file(self.init_from, "trainer.init_from")
+
+
+@dataclass
+class LauncherConfig:
+    executor: str = "local"
+    nodes: int = 1
+    gpus_per_node: int = 0
+    container_image: str = "nvcr.io/nvidia/pytorch:25.09-py3"
+
+    def __post_init__(self) -> None:
+        _require(self.executor in ("local", "slurm"),
+                 f"launcher.executor must be local|slurm, got {self.executor!r}")
+        _require(self.nodes >= 1 and self.gpus_per_node >= 0,
+                 "launcher.nodes must be >= 1 and launcher.gpus_per_node >= 0")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.model.num_layers % self.parallel.pp == 0,
+                 "model.num_layers must be divisible by parallel.pp")
+        _require(self.model.num_query_groups % self.parallel.tp == 0,
+                 "model.num_query_groups must be divisible by parallel.tp")
+        _require(self.model.vocab_size % self.parallel.tp == 0,
+                 "model.vocab_size must be divisible by parallel.tp")
+        _require(self.model.ffn_hidden_size % self.parallel.tp == 0,
+                 "model.ffn_hidden_size must be divisible by parallel.tp")
+        _require(not self.parallel.sequence_parallel or self.model.transformer_impl
+                 == "transformer_engine", "parallel.sequence_parallel requires transformer_engine")
+        micro_batches = self.trainer.global_batch_size // self.trainer.micro_batch_size
+        _require(micro_batches % self.parallel.dp == 0,
+                 "trainer.global_batch_size / trainer.micro_batch_size must be divisible by "
+                 "parallel.dp")
+        _require(self.data.seq_length <= self.model.max_position_embeddings,
+                 "data.seq_length must be <= model.max_position_embeddings")
+        _require(self.tokenizer.path is not None
+                 or self.tokenizer.vocab_size <= self.model.vocab_size,
+                 "tokenizer.vocab_size must be <= model.vocab_size")
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per data-parallel rank per step."""
+        return self.trainer.global_batch_size // (self.trainer.micro_batch_size * self.parallel.dp)
+
+
+def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return hydra_compose(config_name, overrides=list(overrides))
+    except HydraException as error:
+        raise ConfigError(_hydra_message(error)) from None
+
+
+def _hydra_message(error: Exception) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    # Hydra's search-path listing and doc links help nobody fix a typo.
+    kept = [line for line in lines if not line.startswith(
+        ("Config search path", "\tprovider", "See https://", "To append to your config"))]
+    if kept and kept[0].startswith("Could not override"):
+        kept[0] = kept[0].replace("Could not override", "Unknown config key")
+    return "\n".join(kept)
+
+
+def validate(tree: DictConfig | dict) -> Config:
+    """Check a composed tree against the schema and build the typed :class:`Config`."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), tree)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None)
+        reason = str(error).splitlines()[0]
+        raise ConfigError(f"{key}: {reason}" if key else reason) from None
+
+
+def load(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train") -> Config:
+    """Compose, resolve and validate: the single entry point for configuration."""
+    return validate(compose(config_name, overrides))
+
+
+def to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def from_yaml_file(path: str | os.PathLike) -> Config:
+    """Reload a config saved beside a checkpoint (validated again)."""
+    path = Path(path)
+    _require_file(str(path), "config")
+    try:
+        tree = OmegaConf.load(path)
+    except Exception as error:  # malformed YAML of any kind
+        raise ConfigError(f"{path}: not a readable YAML config ({error})") from None
+    return validate(tree)
+
+
+def replace(config: Config, **sections: object) -> Config:
+    """A copy with whole sections replaced, validated again."""
+    return validate(OmegaConf.structured(dataclasses.replace(config, **sections)))
+
+
+def ceil_to_multiple(value: int, multiple: int) -> int:
+    return int(math.ceil(value / multiple) * multiple)

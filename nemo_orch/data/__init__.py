@@ -1,0 +1,1 @@
+"""Training data: conversation files, the bundled offline generator and SFT samples."""

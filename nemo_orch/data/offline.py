@@ -1,0 +1,522 @@
+"""The bundled offline orchestrator data: a seeded generator, no LLM and no downloads.
+
+Every conversation offers the same three tools (:data:`TOOLS`) and demonstrates one task:
+
+* arithmetic: ``python_sandbox`` runs ``print(<expression>)``; the response is what Python prints;
+* lookup: ``search`` for a fact about a made-up entity (a consistent fictional world: the same
+  entity always has the same facts); the response is a short passage stating it;
+* lookup then arithmetic: ``search``, then ``python_sandbox`` on the number found;
+* hard math (number theory with answers computed here): ``call_expert`` with ``math-small`` or
+  ``math-large``; word puzzles: ``call_expert`` with ``generalist``.
+
+The system prompt carries a preference instruction sampled per task ("Keep the cost low.",
+"Prefer accuracy over cost.", "Do not use web search.", ...), and the choice of expert follows it:
+cost-minded prompts get ``math-small``, accuracy-minded ones ``math-large``, the others the model
+that fits the question's difficulty. Tool-calling assistant messages have empty content.
+
+Answer convention: the final assistant message is exactly ``<answer>ANSWER</answer>``, where
+ANSWER is copied from the last tool response; :func:`extract_answer` reads it back.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import operator
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "python_sandbox",
+            "description": "Run Python code in a sandbox and return what it prints. "
+            "Cheap and exact for calculations.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "Python code to run."}},
+                "required": ["code"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search a local document collection and return the most relevant "
+            "passage. Cheap; use it for facts about named entities.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "What to look up."}},
+                "required": ["query"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "call_expert",
+            "description": "Ask an expert model. math-small is cheap, math-large is expensive "
+            "but stronger on hard math, generalist handles language tasks.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "model": {"type": "string", "enum": ["math-small", "math-large", "generalist"]},
+                    "question": {"type": "string", "description": "The question to ask."},
+                },
+                "required": ["model", "question"],
+            },
+        },
+    },
+]
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The stripped text of the last ``<answer>...</answer>`` in ``text``, or None."""
+    answers = _ANSWER_RE.findall(text)
+    return answers[-1].strip() if answers else None
+
+
+_SYSTEM_PROMPTS = (
+    "You are an orchestrator that answers questions by calling tools. "
+    "Finish with the final answer inside <answer></answer> tags.",
+    "You coordinate tools and expert models to solve the user's task. "
+    "When you know the answer, reply with <answer>...</answer>.",
+    "Solve the task with the tools provided. Put the final answer between <answer> and </answer>.",
+    "You are a helpful assistant with access to tools. Use them, then give the final answer "
+    "as <answer>your answer</answer>.",
+    "Answer the user's question. Use a tool to get the result and reply only with "
+    "<answer>result</answer>.",
+)
+_PREFERENCE_JOINERS = (" ", "\n", "\nPreference: ", "\nUser preference: ")
+_PREFERENCES = {
+    "cost": (
+        "Keep the cost low.",
+        "Minimize cost: use the cheapest tool that works.",
+        "The budget is tight, so prefer cheap tools.",
+    ),
+    "accuracy": (
+        "Prefer accuracy over cost.",
+        "Accuracy matters more than cost here.",
+        "Use the strongest model available when in doubt.",
+    ),
+    "no_search": ("Do not use web search.", "Web search is not allowed for this task."),
+    "neutral": ("Answer concisely.", "Be brief.", "Only the final answer is graded."),
+}
+
+
+@dataclass
+class _Step:
+    tool: str
+    arguments: dict[str, Any]
+    observation: str
+
+
+@dataclass
+class _Task:
+    question: str
+    steps: list[_Step]
+    answer: str
+    preferences: tuple[str, ...] = ("cost", "accuracy", "no_search", "neutral")
+    # For expert tasks, whose model follows the preference: (easy model, hard model, is hard).
+    expert_choice: tuple[str, str, bool] | None = None
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+_OPERATORS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+}
+_WORDED = {
+    "+": ("What is {a} plus {b}?", "What is the sum of {a} and {b}?", "Add {a} and {b}."),
+    "-": ("What is {a} minus {b}?", "Subtract {b} from {a}.", "What is {a} take away {b}?"),
+    "*": ("What is the product of {a} and {b}?", "What is {a} times {b}?", "Multiply {a} by {b}."),
+    "//": (
+        "What is {a} divided by {b}, rounded down?",
+        "How many whole times does {b} go into {a}?",
+    ),
+    "%": ("What is the remainder when {a} is divided by {b}?", "What is {a} modulo {b}?"),
+    "**": ("What is {a} to the power of {b}?", "What is {a} raised to the power {b}?"),
+}
+_SYMBOLIC = (
+    "What is {e}?",
+    "Compute {e}.",
+    "Calculate {e} exactly.",
+    "What does {e} evaluate to?",
+    "I need the exact value of {e}.",
+    "Evaluate the expression {e}.",
+    "Quick calculation: {e} = ?",
+    "Please work out {e}.",
+    "{e}",
+)
+
+
+class _Expr(NamedTuple):
+    source: str
+    value: int
+    is_number: bool
+
+    def operand(self) -> str:
+        return self.source if self.is_number else f"({self.source})"
+
+
+def _number(rng: random.Random, low: int, high: int) -> _Expr:
+    value = rng.randint(low, high)
+    return _Expr(str(value), value, True)
+
+
+def _expression(rng: random.Random, depth: int) -> _Expr:
+    """A random integer expression in Python syntax, with its value."""
+    if depth == 0 or rng.random() < 0.25:
+        return _number(rng, 2, rng.choice((20, 100, 1000, 100000)))
+    op = rng.choice(tuple(_OPERATORS))
+    if op == "**":  # small powers only: a readable, bounded value
+        left, right = _number(rng, 2, 40), _number(rng, 2, 4)
+    elif op in ("//", "%"):
+        left, right = _expression(rng, depth - 1), _number(rng, 2, 97)
+    else:
+        left, right = _expression(rng, depth - 1), _expression(rng, depth - 1)
+    source = f"{left.operand()} {op} {right.operand()}"
+    return _Expr(source, _OPERATORS[op](left.value, right.value), False)
+
+
+def _arithmetic(rng: random.Random) -> _Task:
+    if rng.random() < 0.35:
+        op = rng.choice(tuple(_OPERATORS))
+        a = rng.randint(2, 40) if op == "**" else rng.randint(2, 5000)
+        b = rng.randint(2, 4) if op == "**" else rng.randint(2, 500)
+        source, value = f"{a} {op} {b}", _OPERATORS[op](a, b)
+        question = rng.choice(_WORDED[op]).format(a=a, b=b)
+    else:
+        source, value, _ = _expression(rng, depth=rng.randint(1, 3))
+        while abs(value) > 10**15:  # keep answers short enough to copy
+            source, value, _ = _expression(rng, depth=rng.randint(1, 3))
+        shown = source.replace("*", "×") if "**" not in source and rng.random() < 0.2 else source
+        question = rng.choice(_SYMBOLIC).format(e=shown)
+    step = _Step("python_sandbox", {"code": f"print({source})"}, str(value))
+    return _Task(question, [step], str(value))
+
+
+# ----------------------------------------------------------------------------- lookup
+
+_SYLLABLES = tuple(
+    "vre kos ta mer os ter ha ven bra lin dor ka vel mi ra zan tol qui fen gar ul sen bo rik thal"
+    " mor pel yss ne dra cor vin lu sha tem wyn es gal tor im".split()
+)
+_COUNTRY_SUFFIXES = ("land", "ia", "mark", "stan", "or", "ene")
+_COMPANY_SUFFIXES = ("Labs", "Industries", "Systems", "Works", "Robotics", "Foods")
+_BOOK_NOUNS = ("Lantern", "Harbor", "Orchard", "Cipher", "Meadow", "Engine", "Tide", "Archive")
+_BOOK_ADJECTIVES = ("Silent", "Last", "Crimson", "Hollow", "Northern", "Glass", "Quiet")
+
+
+def _name(rng: random.Random, syllables: int) -> str:
+    return "".join(rng.choice(_SYLLABLES) for _ in range(syllables)).capitalize()
+
+
+def _person(rng: random.Random) -> str:
+    return f"{_name(rng, rng.randint(1, 2))} {_name(rng, rng.randint(2, 3))}"
+
+
+def _city(rng: random.Random) -> str:
+    return _name(rng, rng.randint(2, 3)) + rng.choice(("", "", " City", "haven", "burg", "port"))
+
+
+@dataclass(frozen=True)
+class _Relation:
+    """A fact type: how to make its value, ask about it, search it and state it."""
+
+    name: str
+    kind: str
+    value: Callable[[random.Random], str]
+    questions: tuple[str, ...]
+    queries: tuple[str, ...]
+    passages: tuple[str, ...]
+
+
+_RELATIONS = {
+    relation.name: relation
+    for relation in (
+        _Relation(
+            name="capital",
+            kind="country",
+            value=_city,
+            questions=(
+                "What is the capital of {e}?",
+                "Which city is the capital of {e}?",
+                "Name the capital of {e}.",
+            ),
+            queries=("capital of {e}", "{e} capital city"),
+            passages=(
+                "The capital of {e} is {v}.",
+                "{e} is a small nation whose capital is {v}.",
+                "{v} has been the capital of {e} since its independence.",
+            ),
+        ),
+        _Relation(
+            name="founder",
+            kind="company",
+            value=_person,
+            questions=("Who founded {e}?", "Who is the founder of {e}?", "Who started {e}?"),
+            queries=("founder of {e}", "{e} founder"),
+            passages=(
+                "{e} was founded by {v}.",
+                "{v} founded {e} and led it for a decade.",
+                "The founder of {e} is {v}.",
+            ),
+        ),
+        _Relation(
+            name="founded",
+            kind="company",
+            value=lambda rng: str(rng.randint(1820, 2015)),
+            questions=(
+                "In what year was {e} founded?",
+                "When was {e} founded?",
+                "What is the founding year of {e}?",
+            ),
+            queries=("{e} founding year", "when was {e} founded"),
+            passages=(
+                "{e} was founded in {v}.",
+                "Founded in {v}, {e} is known for its products.",
+                "{e} opened its doors in {v}.",
+            ),
+        ),
+        _Relation(
+            name="author",
+            kind="book",
+            value=_person,
+            questions=("Who wrote {e}?", "Who is the author of {e}?", "Which writer wrote {e}?"),
+            queries=("author of {e}", "{e} author"),
+            passages=("{e} is a novel by {v}.", "{v} wrote {e}.", "The author of {e} is {v}."),
+        ),
+        _Relation(
+            name="height",
+            kind="mountain",
+            value=lambda rng: str(rng.randint(800, 8000)),
+            questions=(
+                "How high is {e} in meters?",
+                "What is the height of {e} in meters?",
+                "How tall is {e}, in meters?",
+            ),
+            queries=("height of {e}", "{e} elevation"),
+            passages=(
+                "{e} rises {v} meters above sea level.",
+                "The height of {e} is {v} meters.",
+                "{e} is {v} meters high.",
+            ),
+        ),
+    )
+}
+
+
+def _entity(rng: random.Random, kind: str) -> str:
+    if kind == "country":
+        return _name(rng, rng.randint(1, 2)) + rng.choice(_COUNTRY_SUFFIXES)
+    if kind == "company":
+        return f"{_name(rng, rng.randint(2, 3))} {rng.choice(_COMPANY_SUFFIXES)}"
+    if kind == "book":
+        return f"The {rng.choice(_BOOK_ADJECTIVES)} {rng.choice(_BOOK_NOUNS)} of {_name(rng, 2)}"
+    return f"Mount {_name(rng, rng.randint(2, 3))}"
+
+
+def _fact(rng: random.Random, relation: _Relation) -> tuple[str, str, _Step]:
+    """A random entity, its fact (the same every time: the world is fixed) and the search step."""
+    entity = _entity(rng, relation.kind)
+    world = random.Random(f"{relation.name}|{entity}")
+    value = relation.value(world)
+    passage = world.choice(relation.passages).format(e=entity, v=value)
+    query = rng.choice(relation.queries).format(e=entity)
+    return entity, value, _Step("search", {"query": query}, passage)
+
+
+# Looking facts up is what search is for, so these tasks never forbid it.
+_LOOKUP_PREFERENCES = ("cost", "accuracy", "neutral")
+
+
+def _lookup(rng: random.Random) -> _Task:
+    relation = rng.choice(tuple(_RELATIONS.values()))
+    entity, value, step = _fact(rng, relation)
+    question = rng.choice(relation.questions).format(e=entity)
+    return _Task(question, [step], value, preferences=_LOOKUP_PREFERENCES)
+
+
+def _lookup_then_compute(rng: random.Random) -> _Task:
+    if rng.random() < 0.5:
+        entity, year, search = _fact(rng, _RELATIONS["founded"])
+        now = rng.randint(2020, 2030)
+        question = rng.choice(
+            ("How many years before {now} was {e} founded?", "How old will {e} be in {now}?")
+        ).format(e=entity, now=now)
+        code, value = f"print({now} - {year})", now - int(year)
+    else:
+        entity, meters, search = _fact(rng, _RELATIONS["height"])
+        question = rng.choice(
+            (
+                "How high is {e} in feet, rounded to the nearest foot?",
+                "What is the height of {e} in feet (1 m = 3.28084 ft), rounded?",
+            )
+        ).format(e=entity)
+        code, value = f"print(round({meters} * 3.28084))", round(int(meters) * 3.28084)
+    compute = _Step("python_sandbox", {"code": code}, str(value))
+    return _Task(question, [search, compute], str(value), preferences=_LOOKUP_PREFERENCES)
+
+
+# ----------------------------------------------------------------------------- experts
+
+
+def _primes_below(limit: int) -> list[int]:
+    sieve = bytearray([1]) * limit
+    sieve[:2] = b"\x00\x00"
+    for p in range(2, math.isqrt(limit - 1) + 1):
+        if sieve[p]:
+            sieve[p * p :: p] = bytes(len(range(p * p, limit, p)))
+    return [n for n in range(limit) if sieve[n]]
+
+
+_PRIMES = _primes_below(120_000)
+
+
+def _totient(n: int) -> int:
+    result, rest = n, n
+    for p in _PRIMES:
+        if p * p > rest:
+            break
+        if rest % p == 0:
+            result -= result // p
+            while rest % p == 0:
+                rest //= p
+    return result - result // rest if rest > 1 else result
+
+
+def _fibonacci_mod(n: int, m: int) -> int:
+    """F(n) mod m by fast doubling: F(2k) = F(k)(2F(k+1) - F(k)), F(2k+1) = F(k)^2 + F(k+1)^2."""
+    a, b = 0, 1  # F(k), F(k+1) for k = the bits of n read so far
+    for bit in bin(n)[2:]:
+        a, b = a * (2 * b - a) % m, (a * a + b * b) % m
+        if bit == "1":
+            a, b = b, (a + b) % m
+    return a
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _math_problem(rng: random.Random) -> tuple[str, int, bool]:
+    """A number-theory question, its answer and whether it is hard (for the expert choice)."""
+    kind = rng.randrange(7)
+    if kind == 0:
+        n = rng.randint(50, 10_000)
+        return f"What is the {_ordinal(n)} prime number?", _PRIMES[n - 1], n > 2000
+    if kind == 1:
+        n = rng.randint(1_000, 120_000)
+        count = bisect.bisect_left(_PRIMES, n)
+        return f"How many prime numbers are there below {n}?", count, n > 30_000
+    if kind == 2:
+        a, b, m = rng.randint(2, 999), rng.randint(100, 10**6), rng.randint(7, 10**5)
+        return f"What is {a}^{b} mod {m}?", pow(a, b, m), b > 10**4
+    if kind == 3:
+        n = rng.randint(100, 10**7)
+        return f"What is Euler's totient of {n}?", _totient(n), n > 10**5
+    if kind == 4:
+        n = rng.randint(100, 10**6)
+        zeros = sum(n // 5**k for k in range(1, 10))
+        return f"How many trailing zeros does {n}! have?", zeros, n > 10**4
+    if kind == 5:
+        k = rng.randint(50, 2000)
+        return f"What is the sum of the digits of 2^{k}?", sum(map(int, str(2**k))), k > 500
+    n, m = rng.randint(100, 100_000), rng.randint(10, 10**6)
+    question = f"What is the {_ordinal(n)} Fibonacci number modulo {m}, with F(1) = F(2) = 1?"
+    return question, _fibonacci_mod(n, m), n > 10_000
+
+
+def _math_expert(rng: random.Random) -> _Task:
+    question, answer, hard = _math_problem(rng)
+    return _Task(question, [], str(answer), expert_choice=("math-small", "math-large", hard))
+
+
+_WORDS = tuple(
+    "orchestra lantern harbor meadow cipher archive balloon mississippi banana committee parallel"
+    " tomato whisper galaxy ledger puzzle".split()
+)
+
+
+def _word_puzzle(rng: random.Random) -> _Task:
+    word = rng.choice(_WORDS) if rng.random() < 0.5 else _name(rng, rng.randint(2, 4)).lower()
+    kind = rng.randrange(4)
+    if kind == 0:
+        question, answer = f"Spell the word '{word}' backwards.", word[::-1]
+    elif kind == 1:
+        question, answer = f"How many letters are in the word '{word}'?", str(len(word))
+    elif kind == 2:
+        letter = rng.choice(word)
+        question = f"How many times does the letter '{letter}' appear in '{word}'?"
+        answer = str(word.count(letter))
+    else:
+        words = rng.sample(_WORDS, rng.randint(3, 5))
+        question = f"Sort these words alphabetically: {', '.join(words)}."
+        answer = ", ".join(sorted(words))
+    return _Task(question, [], answer, expert_choice=("generalist", "generalist", False))
+
+
+# ----------------------------------------------------------------------------- assembly
+
+_FAMILIES: tuple[tuple[Callable[[random.Random], _Task], float], ...] = (
+    (_arithmetic, 0.3),
+    (_lookup, 0.28),
+    (_lookup_then_compute, 0.12),
+    (_math_expert, 0.22),
+    (_word_puzzle, 0.08),
+)
+_EXPERT_REPLIES = ("Answer: {a}", "{a}", "The answer is {a}")
+
+
+def _expert_step(rng: random.Random, task: _Task, preference: str) -> _Step:
+    easy, hard_model, hard = task.expert_choice
+    if preference == "cost":
+        model = easy
+    elif preference == "accuracy":
+        model = hard_model
+    else:
+        model = hard_model if hard else easy
+    reply = rng.choice(_EXPERT_REPLIES).format(a=task.answer)
+    return _Step("call_expert", {"model": model, "question": task.question}, reply)
+
+
+def _conversation(rng: random.Random, task: _Task) -> dict[str, Any]:
+    preference = rng.choice(task.preferences)
+    system = rng.choice(_SYSTEM_PROMPTS) + rng.choice(_PREFERENCE_JOINERS)
+    system += rng.choice(_PREFERENCES[preference])
+    steps = task.steps if task.expert_choice is None else [_expert_step(rng, task, preference)]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": task.question},
+    ]
+    for step in steps:
+        call = {"type": "function", "function": {"name": step.tool, "arguments": step.arguments}}
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        messages.append({"role": "tool", "content": step.observation})
+    messages.append({"role": "assistant", "content": f"<answer>{task.answer}</answer>"})
+    return {"messages": messages, "tools": TOOLS}
+
+
+def generate_conversations(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` demonstration conversations, the same for the same ``seed``."""
+    rng = random.Random(seed)
+    families, weights = zip(*_FAMILIES)
+    conversations = []
+    for _ in range(n):
+        make_task = rng.choices(families, weights)[0]
+        conversations.append(_conversation(rng, make_task(rng)))
+    return conversations

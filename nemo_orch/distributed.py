@@ -1,0 +1,107 @@
+"""Process group and Megatron parallel state: the one place that initializes them.
+
+Works under ``torchrun`` (reads RANK/WORLD_SIZE/MASTER_ADDR/...) and as a plain single process
+(a world of one on 127.0.0.1). Uses NCCL with CUDA and gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from nemo_orch.config import ConfigError, ParallelConfig
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    rank: int
+    world_size: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    parallel: ParallelConfig
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.parallel.pp - 1
+
+    @property
+    def is_logging_rank(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def initialize(parallel: ParallelConfig, seed: int) -> ParallelContext:
+    """Start the process group and Megatron's model-parallel groups, and seed every RNG."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    from nemo_orch.models import cpu_compat
+
+    cpu_compat.apply()
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # a plain single process
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        world_size = int(os.environ["WORLD_SIZE"])
+        if world_size != parallel.world_size:
+            raise ConfigError(
+                f"parallel.tp * parallel.pp * parallel.dp = {parallel.world_size} but "
+                f"{world_size} process(es) were launched")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend=backend)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)
+    return ParallelContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        dp_rank=parallel_state.get_data_parallel_rank(),
+        parallel=parallel,
+    )
+
+
+def shutdown() -> None:
+    from megatron.core import parallel_state
+
+    if dist.is_initialized():
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@contextmanager
+def parallel_session(parallel: ParallelConfig, seed: int) -> Iterator[ParallelContext]:
+    context = initialize(parallel, seed)
+    try:
+        yield context
+    finally:
+        shutdown()
+
+
+def is_writer() -> bool:
+    """Whether this process writes shared files (global rank 0, or no process group)."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

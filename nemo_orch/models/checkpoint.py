@@ -1,0 +1,130 @@
+"""Megatron distributed checkpoints under ``runs/<name>/checkpoints/step_<N>/``, written atomically.
+
+Every rank writes its shards into ``.step_<N>.partial/``; once all have finished, rank 0 writes
+``nemo_orch.json`` (step, resolved config) and renames the directory to ``step_<N>``. A run killed
+mid-save leaves only a ``.partial`` directory, which resume never picks up. Distributed
+checkpoints are layout-agnostic: a TP=2 run can resume or be exported as TP=1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from nemo_orch import faults
+from nemo_orch.config import Config, to_yaml
+from nemo_orch.distributed import barrier, is_writer
+
+MANIFEST = "nemo_orch.json"
+CONFIG_FILE = "config.yaml"
+TOKENIZER_DIR = "tokenizer"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete or unreadable; the message names its path."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    manifest: dict
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / TOKENIZER_DIR
+
+
+def checkpoints_dir(config: Config) -> Path:
+    return config.run.dir / "checkpoints"
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    """A complete checkpoint directory, or a ``checkpoints/`` directory (its latest step)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if not (path / MANIFEST).exists() and not _STEP_DIR.match(path.name):
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise CheckpointError(f"{path}: no complete checkpoint (step_<N>/ with {MANIFEST})")
+        return latest
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        return Checkpoint(path=path, step=int(manifest["step"]), manifest=manifest)
+    except (OSError, ValueError, KeyError) as error:
+        raise CheckpointError(f"{path}: incomplete or corrupt checkpoint "
+                              f"({MANIFEST} unreadable: {error})") from None
+
+
+def latest_checkpoint(directory: Path) -> Checkpoint | None:
+    """The highest complete ``step_<N>`` under ``directory``; partial saves are ignored."""
+    if not directory.is_dir():
+        return None
+    steps = sorted((int(m.group(1)), p) for p in directory.iterdir()
+                   if (m := _STEP_DIR.match(p.name)) and (p / MANIFEST).exists())
+    return open_checkpoint(steps[-1][1]) if steps else None
+
+
+def save(config: Config, step: int, module, optimizer=None, scheduler=None, *,
+         tokenizer_dir: Path | None = None, directory: Path | None = None) -> Path:
+    """Collectively save a model stage (and, for training, its optimizer and LR schedule) as
+    ``step_<step>`` under ``directory`` (default: the run's ``checkpoints/``)."""
+    from megatron.core import dist_checkpointing
+
+    final = (directory or checkpoints_dir(config)) / f"step_{step}"
+    partial = final.with_name(f".{final.name}.partial")
+    if is_writer():
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    barrier()
+    model_state = module.sharded_state_dict()
+    state = {"model": model_state}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_state)
+        state["scheduler"] = scheduler.state_dict()
+    dist_checkpointing.save(state, str(partial))
+    faults.maybe_kill("save", step)
+    barrier()
+    if is_writer():
+        (partial / CONFIG_FILE).write_text(to_yaml(config))
+        if tokenizer_dir is not None:
+            shutil.copytree(tokenizer_dir, partial / TOKENIZER_DIR)
+        # The manifest is written last: its presence marks the directory complete.
+        manifest = {"step": step, "format": "megatron-dist", "contents": sorted(state)}
+        (partial / MANIFEST).write_text(json.dumps(manifest))
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
+    barrier()
+    return final
+
+
+def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None:
+    """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout."""
+    from megatron.core import dist_checkpointing
+
+    if optimizer is not None and "optimizer" not in checkpoint.manifest.get("contents", []):
+        raise CheckpointError(f"{checkpoint.path}: holds model weights only, no optimizer state; "
+                              f"start from it with trainer.init_from instead of resuming")
+    model_state = module.sharded_state_dict()
+    request = {"model": model_state}
+    if optimizer is not None:
+        request["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True)
+    try:
+        loaded = dist_checkpointing.load(request, str(checkpoint.path))
+    except Exception as error:  # torch.distributed.checkpoint raises many kinds
+        raise CheckpointError(f"{checkpoint.path}: cannot load checkpoint "
+                              f"({type(error).__name__}: {str(error)[:300]})") from None
+    module.load_state_dict(loaded["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(loaded["scheduler"])

@@ -1,0 +1,87 @@
+"""``nemo-orch export`` and ``nemo-orch import``: checkpoints to and from HF / TensorRT-LLM.
+
+Both run in one process: distributed checkpoints are layout-agnostic, so whatever TP/PP layout
+trained the policy, it is read here as a single unsharded model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from nemo_orch import config as config_lib
+from nemo_orch import distributed
+from nemo_orch.config import Config, ConfigError, ParallelConfig
+from nemo_orch.models import checkpoint, qwen3, weights
+from nemo_orch.models.hf_mapping import (HFCheckpoint, load_hf_checkpoint_config,
+                                         model_config_from_hf, save_hf_checkpoint)
+from nemo_orch.models.trtllm import save_trtllm_checkpoint
+
+EXPORT_FORMATS = ("hf", "trtllm")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "chat_template.jinja")
+
+
+def checkpoint_config(ckpt: checkpoint.Checkpoint, overrides: list[str] = ()) -> Config:
+    """The config a checkpoint was trained with, as one process, with overrides applied."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.load(ckpt.config_path) if ckpt.config_path.exists() else None
+    if tree is None:
+        raise checkpoint.CheckpointError(f"{ckpt.path}: missing {checkpoint.CONFIG_FILE}")
+    tree.merge_with_dotlist(["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", *overrides])
+    return config_lib.validate(tree)
+
+
+def _copy_tokenizer(source: Path, out: Path) -> None:
+    for name in _TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy2(source / name, out / name)
+
+
+def export(checkpoint_path: str, fmt: str, out: str, *, tp: int = 1, dtype: str | None = None,
+           overrides: list[str] = ()) -> Path:
+    """Write an HF directory or a TensorRT-LLM checkpoint (``tp`` rank files) from a checkpoint."""
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"--format must be one of {'|'.join(EXPORT_FORMATS)}, got {fmt!r}")
+    ckpt = checkpoint.open_checkpoint(checkpoint_path)
+    config = checkpoint_config(ckpt, overrides)
+    dtype = dtype or config.model.params_dtype
+    if dtype not in qwen3.DTYPES:
+        raise ConfigError(f"--dtype must be one of {'|'.join(qwen3.DTYPES)}, got {dtype!r}")
+    with distributed.parallel_session(ParallelConfig(), config.run.seed):
+        module = qwen3.build_model(config.model, config.parallel, pre_process=True,
+                                   post_process=True)
+        checkpoint.load(ckpt, module)
+        hf = weights.gather_hf_weights(module, config.model)
+    out_dir = Path(out)
+    if fmt == "hf":
+        save_hf_checkpoint(out_dir, hf, config.model, dtype=qwen3.DTYPES[dtype])
+    else:
+        save_trtllm_checkpoint(out_dir, hf, config.model, tp=tp, dtype=dtype)
+    if ckpt.tokenizer_path.is_dir():
+        _copy_tokenizer(ckpt.tokenizer_path, out_dir)
+    (out_dir / "nemo_orch_export.json").write_text(json.dumps(
+        {"source": str(ckpt.path), "step": ckpt.step, "format": fmt, "dtype": dtype, "tp": tp}))
+    return out_dir
+
+
+def import_hf(hf_dir: str, out: str, overrides: list[str] = ()) -> Path:
+    """A model-only nemo-orch checkpoint (``step_0``) from an HF Qwen3 directory, with the
+    model fields taken from its ``config.json``; train from it with ``trainer.init_from``."""
+    hf_config = load_hf_checkpoint_config(hf_dir)
+    base = config_lib.load(["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", *overrides])
+    model = model_config_from_hf(hf_config, base.model)
+    source = Path(hf_dir)
+    tokenizer_dir = source if (source / "tokenizer.json").exists() else None
+    config = config_lib.replace(base, model=model,
+                                tokenizer=config_lib.TokenizerConfig(
+                                    path=str(source) if tokenizer_dir else None))
+    hf = HFCheckpoint(hf_dir)
+    with distributed.parallel_session(config.parallel, config.run.seed):
+        module = qwen3.build_model(config.model, config.parallel, pre_process=True,
+                                   post_process=True)
+        weights.load_hf_weights(module, hf, config.model)
+        return checkpoint.save(config, 0, module, tokenizer_dir=tokenizer_dir,
+                               directory=Path(out))

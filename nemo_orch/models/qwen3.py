@@ -1,0 +1,115 @@
+"""The Qwen3 policy as a Megatron-Core ``GPTModel``.
+
+Local layer spec on CPU, Transformer Engine spec (and FP8) on GPU. Dropout is off, as in Qwen3, so
+forward passes are deterministic and parallel layouts agree with a single process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from nemo_orch.config import ConfigError, ModelConfig, ParallelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_runtime(model: ModelConfig) -> None:
+    """Fail early, with the reason, when the config asks for what this machine lacks."""
+    if model.transformer_impl == "transformer_engine":
+        if not torch.cuda.is_available():
+            raise ConfigError("model.transformer_impl=transformer_engine needs a CUDA GPU; "
+                              "use model.transformer_impl=local on CPU")
+        if importlib.util.find_spec("transformer_engine") is None:
+            raise ConfigError("model.transformer_impl=transformer_engine needs Transformer Engine "
+                              "(pip install 'nemo-orch[gpu]' or an NGC PyTorch container)")
+    if model.fp8 is not None and not (torch.cuda.is_available()
+                                      and torch.cuda.get_device_capability() >= (8, 9)):
+        raise ConfigError("model.fp8 needs an FP8-capable GPU (Ada/Hopper or newer)")
+
+
+def transformer_config(model: ModelConfig, parallel: ParallelConfig):
+    from megatron.core.transformer import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    dtype = DTYPES[model.params_dtype]
+    fp8 = {}
+    if model.fp8 is not None:
+        fp8 = dict(fp8=model.fp8, fp8_recipe=model.fp8_recipe, fp8_margin=model.fp8_margin,
+                   fp8_amax_history_len=model.fp8_amax_history_len,
+                   fp8_amax_compute_algo="max")
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.kv_channels,
+        ffn_hidden_size=model.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.layernorm_epsilon,
+        qk_layernorm=model.qk_layernorm,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=model.init_method_std,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        sequence_parallel=parallel.sequence_parallel,
+        # Weights are overwritten right after construction (seed-derived or HF state dict), but
+        # Megatron only tags tensor-parallel parameters (needed for grad norms) when it initializes.
+        perform_initialization=True,
+        use_cpu_initialization=not on_gpu,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=on_gpu,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        calculate_per_token_loss=True,
+        recompute_granularity=model.recompute_granularity,
+        recompute_method="uniform" if model.recompute_granularity == "full" else None,
+        recompute_num_layers=1 if model.recompute_granularity == "full" else None,
+        **fp8,
+    )
+
+
+def layer_spec(model: ModelConfig):
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if model.transformer_impl == "transformer_engine":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=model.qk_layernorm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(
+        qk_layernorm=model.qk_layernorm, normalization="RMSNorm")
+
+
+def build_model(model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool,
+                post_process: bool):
+    """One pipeline stage of the policy (the whole model when pp=1). Weights are uninitialized."""
+    from megatron.core.models.gpt import GPTModel
+
+    check_runtime(model)
+    gpt = GPTModel(
+        config=transformer_config(model, parallel),
+        transformer_layer_spec=layer_spec(model),
+        vocab_size=model.vocab_size,
+        max_sequence_length=model.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=model.share_embeddings_and_output_weights,
+        position_embedding_type="rope",
+        rotary_base=int(model.rotary_base),
+        rotary_percent=1.0,
+    )
+    if torch.cuda.is_available():
+        gpt.cuda(torch.cuda.current_device())
+    return gpt

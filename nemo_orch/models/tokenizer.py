@@ -1,0 +1,200 @@
+"""The tokenizer and the chat format every stage (SFT, rollouts, RL) shares.
+
+Conversations are rendered the Qwen3/Hermes way by :data:`CHAT_TEMPLATE`, so a locally trained
+BPE tokenizer and a real Qwen3 one see the same text. The template marks what the model must learn
+(each assistant message's content, tool calls and closing ``<|im_end|>``) with
+``{% generation %}``, which is what ``apply_chat_template(..., return_assistant_tokens_mask=True)``
+turns into the loss mask.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.utils.chat_template_utils import render_jinja_template
+
+PAD_TOKEN = "<|endoftext|>"
+EOS_TOKEN = "<|im_end|>"
+# Control tokens: skipped by ``decode(..., skip_special_tokens=True)``.
+CONTROL_TOKENS = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN)
+# Markup the model writes and reads back; kept on decode (as in Qwen3) so tool calls can be parsed.
+MARKUP_TOKENS = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
+SPECIAL_TOKENS = CONTROL_TOKENS + MARKUP_TOKENS
+
+# Qwen2/Qwen3's pre-tokenization split (contractions, letter runs, single digits, punctuation,
+# newlines, spaces), so a locally trained vocabulary segments text like the real one.
+_PRETOKENIZE_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPECIAL_TOKEN_RE = re.compile("|".join(re.escape(token) for token in SPECIAL_TOKENS))
+
+# Qwen3's official template restricted to non-thinking conversations, with two changes: the
+# final assistant turn gets no empty "<think>\n\n</think>\n\n" block (so every assistant turn,
+# tool call or answer, starts right after the "<|im_start|>assistant\n" generation prompt), and
+# an unknown role is an error instead of being dropped silently.
+CHAT_TEMPLATE = r"""
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- '\n' + tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}
+            {{- content }}
+            {%- for tool_call in message.tool_calls or [] %}
+                {%- if content or not loop.first %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- set call = tool_call.function or tool_call %}
+                {{- '<tool_call>\n{"name": "' + call.name + '", "arguments": ' }}
+                {%- if call.arguments is string %}
+                    {{- call.arguments }}
+                {%- else %}
+                    {{- call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+            {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + content + '\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- elif message.role != 'system' %}
+        {{- raise_exception('unknown message role: ' + message.role) }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+
+class TokenizerError(ValueError):
+    """A tokenizer directory that is missing, unreadable or lacks the chat format's tokens."""
+
+
+def render_conversation(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> str:
+    """Render messages with :data:`CHAT_TEMPLATE` without a tokenizer (e.g. to train one)."""
+    rendered, _ = render_jinja_template(
+        conversations=[messages],
+        tools=tools or None,
+        chat_template=CHAT_TEMPLATE,
+        add_generation_prompt=add_generation_prompt,
+    )
+    return rendered[0]
+
+
+def _split_special_tokens(texts: Iterable[str]) -> Iterator[str]:
+    # The BPE trainer does not extract added tokens from its input, so the markup would otherwise
+    # spend merges (and vocabulary) on pieces like "<|" and "<tool".
+    for text in texts:
+        yield from (piece for piece in _SPECIAL_TOKEN_RE.split(text) if piece)
+
+
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``texts``, save it in HF format to ``out_dir``.
+
+    Byte-level with Qwen's pre-tokenization, so any text encodes (no unknown token) and the same
+    input always yields the same vocabulary. The special tokens take ids ``0..8``.
+    """
+    if vocab_size <= 256 + len(SPECIAL_TOKENS):
+        raise TokenizerError(
+            f"vocab_size={vocab_size} must exceed the 256 byte tokens plus "
+            f"{len(SPECIAL_TOKENS)} special tokens"
+        )
+    backend = Tokenizer(models.BPE())
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRETOKENIZE_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    # Untrimmed offsets: the assistant mask is computed from character offsets.
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_split_special_tokens(texts), trainer)
+    # The trainer registers all its special tokens as control tokens; demote the markup ones.
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in MARKUP_TOKENS])
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+    )
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load an HF tokenizer directory (ours or Qwen3's) set up for :data:`CHAT_TEMPLATE`.
+
+    The template, ``eos=<|im_end|>`` and ``pad=<|endoftext|>`` are always set, so a base Qwen3
+    tokenizer (whose eos is ``<|endoftext|>``) and ours end turns and pad the same way.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise TokenizerError(f"{path}: no such tokenizer directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise TokenizerError(f"{path}: cannot load the tokenizer: {error}") from error
+    if not tokenizer.is_fast:
+        raise TokenizerError(f"{path}: a fast (tokenizers) tokenizer is needed for assistant masks")
+    for token in SPECIAL_TOKENS:
+        if len(tokenizer.encode(token, add_special_tokens=False)) != 1:
+            raise TokenizerError(f"{path}: {token!r} is not a single token in this vocabulary")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.eos_token = EOS_TOKEN
+    tokenizer.pad_token = PAD_TOKEN
+    return tokenizer

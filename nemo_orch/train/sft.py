@@ -1,0 +1,141 @@
+"""Supervised fine-tuning recipe: chat conversations, loss on assistant tokens only.
+
+Read top to bottom: data and tokenizer, policy and its initial weights (resume, an HF directory or
+a checkpoint, or seeded), then the step loop with metrics and atomic checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nemo_orch import distributed, faults
+from nemo_orch.config import Config, ConfigError
+from nemo_orch.data import offline
+from nemo_orch.data.conversations import read_conversations
+from nemo_orch.data.sft import SFTDataset, collate, global_batch
+from nemo_orch.models import checkpoint
+from nemo_orch.models import tokenizer as tokenization
+from nemo_orch.models.hf_mapping import HFCheckpoint, SeededHFWeights, model_config_from_hf
+from nemo_orch.train.metrics import MetricsLogger
+from nemo_orch.train.policy import Policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTSummary:
+    start_step: int
+    end_step: int
+    first_loss: float | None
+    last_loss: float | None
+    mean_tokens_per_s: float | None
+    num_samples: int
+    num_dropped: int
+    checkpoint: Path | None
+    run_dir: Path
+
+
+def load_conversations(config: Config) -> list[dict]:
+    if config.data.sft_path is not None:
+        return read_conversations(config.data.sft_path)
+    return offline.generate_conversations(config.data.num_offline_conversations, config.run.seed)
+
+
+def prepare_tokenizer(config: Config, conversations: list[dict]) -> tuple[object, Path]:
+    """The configured tokenizer directory, or one trained on the data into the run directory
+    (by rank 0; kept across resumes so token ids never change under a checkpoint)."""
+    if config.tokenizer.path is not None:
+        directory = Path(config.tokenizer.path)
+    else:
+        directory = config.run.dir / "tokenizer"
+        if distributed.is_writer() and not (directory / "tokenizer.json").exists():
+            tokenization.train_tokenizer(offline.training_texts(conversations),
+                                         vocab_size=config.tokenizer.vocab_size,
+                                         min_frequency=config.tokenizer.min_frequency,
+                                         out_dir=directory)
+        distributed.barrier()
+    tokenizer = tokenization.load_tokenizer(directory)
+    if len(tokenizer) > config.model.vocab_size:
+        raise ConfigError(f"tokenizer {directory} has {len(tokenizer)} tokens but "
+                          f"model.vocab_size is {config.model.vocab_size}")
+    return tokenizer, directory
+
+
+def check_no_stale_run(config: Config) -> None:
+    existing = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
+    if existing is not None and not config.trainer.resume:
+        raise ConfigError(f"{existing.path.parent} already holds checkpoints (latest step "
+                          f"{existing.step}); set trainer.resume=true to continue, or pick another "
+                          f"run.name")
+
+
+def initialize_weights(policy: Policy, config: Config) -> int:
+    """Load the starting weights; returns the step to continue from."""
+    if config.trainer.resume:
+        latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
+        if latest is not None:
+            checkpoint.load(latest, policy.module, policy.optimizer, policy.scheduler)
+            log.info("resumed from %s", latest.path)
+            return latest.step
+    source = config.trainer.init_from
+    if source is None:
+        policy.load_hf_weights(SeededHFWeights(config.model, config.run.seed))
+    elif Path(source, "config.json").exists():
+        hf = HFCheckpoint(source)
+        expected = model_config_from_hf(hf.config, config.model)
+        if expected != config.model:
+            raise ConfigError(f"trainer.init_from={source}: its architecture differs from "
+                              f"model.* (import it with `nemo-orch import --format hf` and train "
+                              f"with model fields from the HF config)")
+        policy.load_hf_weights(hf)
+    else:
+        checkpoint.load(checkpoint.open_checkpoint(source), policy.module)
+        policy.optimizer.reload_model_params()
+    return 0
+
+
+def run(config: Config) -> SFTSummary:
+    with distributed.parallel_session(config.parallel, config.run.seed) as context:
+        if config.trainer.num_threads:
+            torch.set_num_threads(config.trainer.num_threads)
+        check_no_stale_run(config)
+        conversations = load_conversations(config)
+        tokenizer, tokenizer_dir = prepare_tokenizer(config, conversations)
+        dataset = SFTDataset(tokenizer, conversations, config.data.seq_length)
+        if len(dataset) == 0:
+            raise ConfigError(f"no conversation fits data.seq_length={config.data.seq_length}")
+
+        policy = Policy(config, context)
+        start_step = initialize_weights(policy, config)
+        trainer = config.trainer
+        metrics = MetricsLogger(config.run.dir, enabled=context.is_logging_rank,
+                                start_step=start_step, max_steps=trainer.max_steps)
+        per_rank = trainer.global_batch_size // config.parallel.dp
+        losses, saved = [], None
+        for step in range(start_step + 1, trainer.max_steps + 1):
+            faults.maybe_kill("step", step)
+            indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
+            mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
+            micro_batches = [collate([dataset[i] for i in mine[j:j + trainer.micro_batch_size]])
+                             for j in range(0, per_rank, trainer.micro_batch_size)]
+            result = policy.train_step(micro_batches)
+            tokens = trainer.global_batch_size * config.data.seq_length
+            metrics.log(step, {"loss": result.loss, "grad_norm": result.grad_norm,
+                               "lr": result.lr, "loss_tokens": result.num_tokens,
+                               "tokens": tokens})
+            losses.append(result.loss)
+            if step % trainer.save_interval == 0 or step == trainer.max_steps:
+                saved = checkpoint.save(config, step, policy.module, policy.optimizer,
+                                        policy.scheduler, tokenizer_dir=tokenizer_dir)
+        metrics.close()
+        speeds = metrics.tokens_per_s[1:]  # the first step includes warm-up
+        return SFTSummary(
+            start_step=start_step, end_step=max(start_step, trainer.max_steps),
+            first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
+            mean_tokens_per_s=sum(speeds) / len(speeds) if speeds else None,
+            num_samples=len(dataset), num_dropped=dataset.num_dropped, checkpoint=saved,
+            run_dir=config.run.dir)
