@@ -19,8 +19,9 @@ EXIT_USER_ERROR = 2
 def _user_errors() -> tuple[type[BaseException], ...]:
     from nemo_orch.data.conversations import DataError
     from nemo_orch.models.checkpoint import CheckpointError
+    from nemo_orch.models.tokenizer import TokenizerError
 
-    return (config_lib.ConfigError, CheckpointError, DataError, FileNotFoundError)
+    return (config_lib.ConfigError, CheckpointError, DataError, TokenizerError, FileNotFoundError)
 
 
 def _launch_workers(config: Config) -> int | None:

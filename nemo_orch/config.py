@@ -150,7 +150,7 @@ class DataConfig:
 
     sft_path: Optional[str] = None
     num_offline_conversations: int = 3000
-    seq_length: int = 384
+    seq_length: int = 640
 
     def __post_init__(self) -> None:
         _require_file(self.sft_path, "data.sft_path")

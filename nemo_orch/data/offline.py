@@ -21,6 +21,7 @@ ANSWER is copied from the last tool response; :func:`extract_answer` reads it ba
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 import operator
 import random
@@ -34,11 +35,10 @@ TOOLS: list[dict[str, Any]] = [
         "type": "function",
         "function": {
             "name": "python_sandbox",
-            "description": "Run Python code in a sandbox and return what it prints. "
-            "Cheap and exact for calculations.",
+            "description": "Run Python code and return what it prints. Cheap.",
             "parameters": {
                 "type": "object",
-                "properties": {"code": {"type": "string", "description": "Python code to run."}},
+                "properties": {"code": {"type": "string"}},
                 "required": ["code"],
             },
         },
@@ -47,11 +47,10 @@ TOOLS: list[dict[str, Any]] = [
         "type": "function",
         "function": {
             "name": "search",
-            "description": "Search a local document collection and return the most relevant "
-            "passage. Cheap; use it for facts about named entities.",
+            "description": "Search local documents for a passage about an entity. Cheap.",
             "parameters": {
                 "type": "object",
-                "properties": {"query": {"type": "string", "description": "What to look up."}},
+                "properties": {"query": {"type": "string"}},
                 "required": ["query"],
             },
         },
@@ -60,13 +59,13 @@ TOOLS: list[dict[str, Any]] = [
         "type": "function",
         "function": {
             "name": "call_expert",
-            "description": "Ask an expert model. math-small is cheap, math-large is expensive "
-            "but stronger on hard math, generalist handles language tasks.",
+            "description": "Ask an expert model: math-small (cheap), math-large (costly, best at "
+            "math) or generalist (language tasks).",
             "parameters": {
                 "type": "object",
                 "properties": {
                     "model": {"type": "string", "enum": ["math-small", "math-large", "generalist"]},
-                    "question": {"type": "string", "description": "The question to ask."},
+                    "question": {"type": "string"},
                 },
                 "required": ["model", "question"],
             },
@@ -95,7 +94,8 @@ _SYSTEM_PROMPTS = (
     "<answer>result</answer>.",
 )
 _PREFERENCE_JOINERS = (" ", "\n", "\nPreference: ", "\nUser preference: ")
-_PREFERENCES = {
+# Preference instructions by kind; the demonstrated choice of tool and expert follows the kind.
+PREFERENCES: dict[str, tuple[str, ...]] = {
     "cost": (
         "Keep the cost low.",
         "Minimize cost: use the cheapest tool that works.",
@@ -113,6 +113,8 @@ _PREFERENCES = {
 
 @dataclass
 class _Step:
+    """One tool call and the tool's response."""
+
     tool: str
     arguments: dict[str, Any]
     observation: str
@@ -120,10 +122,15 @@ class _Step:
 
 @dataclass
 class _Task:
+    """A question, the tool steps that answer it and the preference kinds it may be paired with.
+
+    Expert tasks have no steps: their one ``call_expert`` step is made once the preference is drawn.
+    """
+
     question: str
     steps: list[_Step]
     answer: str
-    preferences: tuple[str, ...] = ("cost", "accuracy", "no_search", "neutral")
+    preferences: tuple[str, ...] = tuple(PREFERENCES)
     # For expert tasks, whose model follows the preference: (easy model, hard model, is hard).
     expert_choice: tuple[str, str, bool] | None = None
 
@@ -497,7 +504,7 @@ def _expert_step(rng: random.Random, task: _Task, preference: str) -> _Step:
 def _conversation(rng: random.Random, task: _Task) -> dict[str, Any]:
     preference = rng.choice(task.preferences)
     system = rng.choice(_SYSTEM_PROMPTS) + rng.choice(_PREFERENCE_JOINERS)
-    system += rng.choice(_PREFERENCES[preference])
+    system += rng.choice(PREFERENCES[preference])
     steps = task.steps if task.expert_choice is None else [_expert_step(rng, task, preference)]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": system},
@@ -508,7 +515,7 @@ def _conversation(rng: random.Random, task: _Task) -> dict[str, Any]:
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         messages.append({"role": "tool", "content": step.observation})
     messages.append({"role": "assistant", "content": f"<answer>{task.answer}</answer>"})
-    return {"messages": messages, "tools": TOOLS}
+    return {"messages": messages, "tools": copy.deepcopy(TOOLS)}
 
 
 def generate_conversations(n: int, seed: int) -> list[dict[str, Any]]:

@@ -22,6 +22,8 @@ MANIFEST = "nemo_orch.json"
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+# Optimizer state in the canonical per-parameter layout, so checkpoints reshard across TP/PP/DP.
+_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 class CheckpointError(RuntimeError):
@@ -86,10 +88,10 @@ def save(config: Config, step: int, module, optimizer=None, scheduler=None, *,
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     barrier()
-    model_state = module.sharded_state_dict()
+    model_state = module.sharded_state_dict(metadata=_SHARDING)
     state = {"model": model_state}
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(model_state)
+        state["optimizer"] = optimizer.sharded_state_dict(model_state, metadata=_SHARDING)
         state["scheduler"] = scheduler.state_dict()
     dist_checkpointing.save(state, str(partial))
     faults.maybe_kill("save", step)
@@ -115,10 +117,11 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
     if optimizer is not None and "optimizer" not in checkpoint.manifest.get("contents", []):
         raise CheckpointError(f"{checkpoint.path}: holds model weights only, no optimizer state; "
                               f"start from it with trainer.init_from instead of resuming")
-    model_state = module.sharded_state_dict()
+    model_state = module.sharded_state_dict(metadata=_SHARDING)
     request = {"model": model_state}
     if optimizer is not None:
-        request["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True)
+        request["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
+                                                            metadata=_SHARDING)
     try:
         loaded = dist_checkpointing.load(request, str(checkpoint.path))
     except Exception as error:  # torch.distributed.checkpoint raises many kinds

@@ -53,7 +53,9 @@ def prepare_tokenizer(config: Config, conversations: list[dict]) -> tuple[object
     else:
         directory = config.run.dir / "tokenizer"
         if distributed.is_writer() and not (directory / "tokenizer.json").exists():
-            tokenization.train_tokenizer(offline.training_texts(conversations),
+            texts = (tokenization.render_conversation(c["messages"], c["tools"])
+                     for c in conversations)
+            tokenization.train_tokenizer(texts,
                                          vocab_size=config.tokenizer.vocab_size,
                                          min_frequency=config.tokenizer.min_frequency,
                                          out_dir=directory)

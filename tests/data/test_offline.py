@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import contextlib
+import io
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from nemo_orch.data.conversations import argument_errors, validate_conversation
+from nemo_orch.data.offline import PREFERENCES, TOOLS, extract_answer, generate_conversations
+
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def conversations() -> list[dict[str, Any]]:
+    return generate_conversations(1000, seed=7)
+
+
+def _calls(conversation: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        call["function"]
+        for message in conversation["messages"]
+        for call in message.get("tool_calls", [])
+    ]
+
+
+def _preference_kind(conversation: dict[str, Any]) -> str:
+    system = conversation["messages"][0]["content"]
+    [kind] = [k for k, texts in PREFERENCES.items() if any(system.endswith(t) for t in texts)]
+    return kind
+
+
+def test_deterministic_per_seed() -> None:
+    assert generate_conversations(50, seed=3) == generate_conversations(50, seed=3)
+    assert generate_conversations(50, seed=3) != generate_conversations(50, seed=4)
+
+
+def test_every_conversation_is_valid(conversations: list[dict[str, Any]]) -> None:
+    for conversation in conversations:
+        assert validate_conversation(conversation, "generated") == conversation
+        for call in _calls(conversation):
+            assert argument_errors(SCHEMAS[call["name"]], call["arguments"]) == []
+
+
+def test_all_tools_and_experts_are_demonstrated(conversations: list[dict[str, Any]]) -> None:
+    uses = Counter(name for c in conversations for name in {call["name"] for call in _calls(c)})
+    assert set(uses) == set(SCHEMAS)
+    assert all(count / len(conversations) > 0.2 for count in uses.values()), uses
+    models = Counter(
+        call["arguments"]["model"]
+        for c in conversations
+        for call in _calls(c)
+        if call["name"] == "call_expert"
+    )
+    assert set(models) == set(SCHEMAS["call_expert"]["properties"]["model"]["enum"])
+    assert min(models.values()) > 30, models
+
+
+def test_python_responses_are_what_the_code_prints(conversations: list[dict[str, Any]]) -> None:
+    checked = 0
+    for conversation in conversations:
+        messages = conversation["messages"]
+        for message, response in zip(messages, messages[1:]):
+            for call in message.get("tool_calls", []):
+                if call["function"]["name"] != "python_sandbox":
+                    continue
+                stdout = io.StringIO()
+                with contextlib.redirect_stdout(stdout):
+                    exec(call["function"]["arguments"]["code"], {})  # print(<arithmetic>)
+                assert response["role"] == "tool"
+                assert response["content"] == stdout.getvalue().strip()
+                checked += 1
+    assert checked > 300
+
+
+def test_final_answer_is_copied_from_the_last_tool_response(
+    conversations: list[dict[str, Any]],
+) -> None:
+    for conversation in conversations:
+        *_, last_response, final = conversation["messages"]
+        answer = extract_answer(final["content"])
+        assert final["content"] == f"<answer>{answer}</answer>"
+        assert answer and answer in last_response["content"]
+
+
+def test_choices_follow_the_preference(conversations: list[dict[str, Any]]) -> None:
+    kinds = Counter()
+    for conversation in conversations:
+        kind = _preference_kind(conversation)
+        kinds[kind] += 1
+        calls = _calls(conversation)
+        models = {call["arguments"].get("model") for call in calls}
+        if kind == "no_search":
+            assert all(call["name"] != "search" for call in calls)
+        if kind == "cost":
+            assert "math-large" not in models
+        if kind == "accuracy":
+            assert "math-small" not in models
+    assert set(kinds) == set(PREFERENCES)
+
+
+def test_surface_forms_vary(conversations: list[dict[str, Any]]) -> None:
+    questions = {c["messages"][1]["content"] for c in conversations}
+    systems = {c["messages"][0]["content"] for c in conversations}
+    assert len(questions) > 0.95 * len(conversations)
+    assert len(systems) > 100
+
+
+def test_extract_answer() -> None:
+    assert extract_answer("x <answer> 4 </answer> y <answer>5</answer>") == "5"
+    assert extract_answer("<answer>a\nb</answer>") == "a\nb"
+    assert extract_answer("no tags") is None

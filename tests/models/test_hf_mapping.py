@@ -1,0 +1,103 @@
+"""HF <-> Megatron weight mapping for every TP/PP layout, and the TensorRT-LLM checkpoint."""
+
+import itertools
+
+import pytest
+import torch
+
+from nemo_orch import config as config_lib
+from nemo_orch.models import trtllm
+from nemo_orch.models.hf_mapping import Layout, SeededHFWeights, hf_to_megatron, megatron_to_hf
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def model(request):
+    return config_lib.load([f"model.share_embeddings_and_output_weights={request.param}",
+                            "model.num_layers=4"]).model
+
+
+@pytest.fixture(scope="module")
+def hf(model):
+    return dict(SeededHFWeights(model, seed=3))
+
+
+def _shard_all(hf, model, tp, pp, impl="local"):
+    return [[hf_to_megatron(hf, model, Layout(tp, t, pp, p), impl) for t in range(tp)]
+            for p in range(pp)]
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("impl", ["local", "transformer_engine"])
+def test_hf_megatron_hf_is_exact(hf, model, tp, pp, impl):
+    back = megatron_to_hf(_shard_all(hf, model, tp, pp, impl), model, impl)
+    assert back.keys() == hf.keys()
+    for name in hf:
+        assert torch.equal(back[name], hf[name]), name
+
+
+def test_shards_have_megatron_shapes(hf, model):
+    shard = _shard_all(hf, model, 2, 2)[1][1]
+    d, groups, heads = model.kv_channels, model.num_query_groups, model.num_attention_heads
+    local_rows = (heads + 2 * groups) * d // 2
+    assert shard["decoder.layers.0.self_attention.linear_qkv.weight"].shape == (
+        local_rows, model.hidden_size)
+    assert shard["decoder.layers.1.mlp.linear_fc1.weight"].shape[0] == model.ffn_hidden_size
+    assert "embedding.word_embeddings.weight" not in shard  # second pipeline stage
+    assert shard["output_layer.weight"].shape[0] == model.vocab_size // 2
+    assert all(t.is_contiguous() for t in shard.values())
+
+
+def test_te_spec_fuses_norms_into_linears(hf, model):
+    shard = hf_to_megatron(hf, model, Layout(), "transformer_engine")
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in shard
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in shard
+    assert not any(k.endswith(("input_layernorm.weight", "pre_mlp_layernorm.weight"))
+                   for k in shard)
+
+
+def test_qkv_fusion_groups_queries_with_their_kv_head(hf, model):
+    fused = hf_to_megatron(hf, model, Layout())["decoder.layers.0.self_attention.linear_qkv.weight"]
+    d = model.kv_channels
+    per_group = model.num_attention_heads // model.num_query_groups
+    block = (per_group + 2) * d
+    q = hf["model.layers.0.self_attn.q_proj.weight"]
+    k = hf["model.layers.0.self_attn.k_proj.weight"]
+    for group in range(model.num_query_groups):
+        rows = fused[group * block:(group + 1) * block]
+        assert torch.equal(rows[:per_group * d], q[group * per_group * d:(group + 1) * per_group * d])
+        assert torch.equal(rows[per_group * d:per_group * d + d], k[group * d:(group + 1) * d])
+
+
+def test_seeded_weights_are_layout_independent_and_lazy(model):
+    a, b = SeededHFWeights(model, 5), SeededHFWeights(model, 5)
+    name = "model.layers.3.mlp.down_proj.weight"
+    assert torch.equal(a[name], b[name])
+    assert not torch.equal(a[name], SeededHFWeights(model, 6)[name])
+    assert a[name].std() < a["model.layers.3.mlp.up_proj.weight"].std()  # scaled output init
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_trtllm_shards_reassemble_to_hf(tmp_path, hf, model, tp):
+    trtllm.save_trtllm_checkpoint(tmp_path, hf, model, tp=tp, dtype="float32")
+    config, shards = trtllm.load_trtllm_checkpoint(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"] + [
+        f"rank{r}.safetensors" for r in range(tp)]
+    assert config["mapping"]["tp_size"] == tp and config["architecture"] == "Qwen3ForCausalLM"
+    back = trtllm.trtllm_shards_to_hf(shards, model)
+    assert back.keys() == hf.keys()
+    for name in hf:
+        assert torch.equal(back[name], hf[name]), name
+
+
+def test_trtllm_names_swap_gate_and_fc(hf, model):
+    shard = trtllm.hf_to_trtllm_shards(hf, model, tp=1)[0]
+    layer = "transformer.layers.2.mlp."
+    assert torch.equal(shard[layer + "fc.weight"], hf["model.layers.2.mlp.gate_proj.weight"])
+    assert torch.equal(shard[layer + "gate.weight"], hf["model.layers.2.mlp.up_proj.weight"])
+    assert torch.equal(shard["transformer.layers.2.attention.q_layernorm.weight"],
+                       hf["model.layers.2.self_attn.q_norm.weight"])
+
+
+def test_trtllm_rejects_indivisible_tp(hf, model):
+    with pytest.raises(ValueError, match="not divisible"):
+        trtllm.hf_to_trtllm_shards(hf, model, tp=3)

@@ -1,0 +1,39 @@
+"""The Megatron Qwen3 policy: builds from presets, matches transformers' Qwen3 logits."""
+
+import pytest
+import torch
+
+from nemo_orch import config as config_lib
+from nemo_orch.config import ConfigError
+from nemo_orch.models import qwen3
+from logits_parity import max_logit_difference
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_logits_match_hf_qwen3(megatron_world, tied):
+    config = config_lib.load([f"model.share_embeddings_and_output_weights={tied}"])
+    assert max_logit_difference(config) < 1e-4
+
+
+def test_parameter_count_matches_built_model(megatron_world):
+    config = config_lib.load()
+    module = qwen3.build_model(config.model, config.parallel, pre_process=True, post_process=True)
+    assert sum(p.numel() for p in module.parameters()) == config.model.num_parameters()
+
+
+def test_transformer_config_mirrors_qwen3(megatron_world):
+    config = config_lib.load(["model=qwen3-8b", "model.transformer_impl=local"])
+    tc = qwen3.transformer_config(config.model, config.parallel)
+    assert (tc.num_layers, tc.hidden_size, tc.num_query_groups, tc.kv_channels,
+            tc.ffn_hidden_size) == (36, 4096, 8, 128, 12288)
+    assert tc.qk_layernorm and tc.gated_linear_unit and tc.normalization == "RMSNorm"
+    assert not tc.add_bias_linear and tc.hidden_dropout == 0.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+@pytest.mark.parametrize("override", ["model.transformer_impl=transformer_engine",
+                                      "model.fp8=hybrid"])
+def test_gpu_only_choices_fail_clearly_on_cpu(override):
+    config = config_lib.load(["model.transformer_impl=transformer_engine", override])
+    with pytest.raises(ConfigError, match="GPU"):
+        qwen3.check_runtime(config.model)

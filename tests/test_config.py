@@ -1,0 +1,75 @@
+"""Config composition, validation and the CLI's handling of user mistakes."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from nemo_orch import cli
+from nemo_orch import config as config_lib
+from nemo_orch.config import ConfigError
+
+
+def test_default_tree_composes_all_groups():
+    cfg = config_lib.load()
+    assert cfg.model.preset == "tiny"
+    assert 1e6 < cfg.model.num_parameters() < 10e6  # "a few million parameters"
+    assert (cfg.tools.spec_files, cfg.reward.combination, cfg.rollout.engine,
+            cfg.launcher.executor) == ([], "toolorchestra", "hf", "local")
+
+
+@pytest.mark.parametrize("preset,params", [("qwen3-0.6b", 0.6e9), ("qwen3-8b", 8.2e9)])
+def test_presets_have_qwen3_sizes(preset, params):
+    cfg = config_lib.load([f"model={preset}"])
+    assert cfg.model.num_parameters() == pytest.approx(params, rel=0.05)
+
+
+def test_overrides_are_typed():
+    cfg = config_lib.load(["trainer.lr=0.5", "parallel.dp=2", "trainer.global_batch_size=32"])
+    assert cfg.trainer.lr == 0.5 and cfg.parallel.dp == 2 and cfg.num_microbatches == 2
+
+
+@pytest.mark.parametrize("override,named", [
+    ("trainer.no_such_key=1", "trainer.no_such_key"),
+    ("+trainer.no_such_key=1", "trainer.no_such_key"),
+    ("trainer.lr=fast", "trainer.lr"),
+    ("model=qwen3-9000b", "model/qwen3-9000b"),
+    ("data.sft_path=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
+    ("model.fp8=hybrid", "model.fp8"),
+    ("parallel.tp=3", "parallel.tp"),
+    ("trainer.micro_batch_size=3", "trainer.global_batch_size"),
+])
+def test_user_mistakes_name_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace("+", r"\+")):
+        config_lib.load([override])
+
+
+def test_fp8_is_valid_with_transformer_engine():
+    cfg = config_lib.load(["model=qwen3-8b", "model.fp8=hybrid", "model.fp8_recipe=tensorwise"])
+    assert cfg.model.fp8 == "hybrid"
+
+
+def test_print_config_round_trips(capsys):
+    assert cli.main(["train", "--print-config", "trainer.max_steps=7"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["trainer"]["max_steps"] == 7
+    assert config_lib.validate(printed).trainer.max_steps == 7
+
+
+def test_cli_reports_unknown_key_without_traceback():
+    result = subprocess.run([sys.executable, "-m", "nemo_orch.cli", "train",
+                             "trainer.no_such_key=1"], capture_output=True, text=True)
+    assert result.returncode == cli.EXIT_USER_ERROR
+    assert "trainer.no_such_key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_saved_config_reloads(tmp_path):
+    cfg = config_lib.load(["run.name=abc"])
+    path = tmp_path / "config.yaml"
+    path.write_text(config_lib.to_yaml(cfg))
+    assert config_lib.from_yaml_file(path) == cfg
+    path.write_text("model: [unclosed")
+    with pytest.raises(ConfigError, match="config.yaml"):
+        config_lib.from_yaml_file(path)
