@@ -1,7 +1,10 @@
-"""Shared fixtures: a small offline data set and a tokenizer trained on it (once per session)."""
+"""Shared fixtures: offline data, a small tokenizer trained on it, an in-process Megatron world,
+and ``cli_helpers`` (importable from every test directory) to run the real command line."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +13,8 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.data.offline import generate_conversations
 from nemo_orch.models.tokenizer import load_tokenizer, render_conversation, train_tokenizer
 
+sys.path.insert(0, str(Path(__file__).parent))
+
 
 @pytest.fixture(scope="session")
 def offline_conversations() -> list[dict[str, Any]]:
@@ -17,11 +22,25 @@ def offline_conversations() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(
-    offline_conversations: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
-) -> PreTrainedTokenizerBase:
-    """Trained, saved and loaded back the way a run does it."""
-    out_dir = tmp_path_factory.mktemp("tokenizer")
+def tiny_tokenizer_dir(offline_conversations: list[dict[str, Any]],
+                       tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tok")
     texts = (render_conversation(c["messages"], c["tools"]) for c in offline_conversations)
-    train_tokenizer(texts, vocab_size=1000, min_frequency=2, out_dir=out_dir)
-    return load_tokenizer(out_dir)
+    train_tokenizer(texts, vocab_size=1000, min_frequency=2, out_dir=directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir: Path) -> PreTrainedTokenizerBase:
+    return load_tokenizer(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def megatron_world():
+    """A single-rank Megatron world in this process (gloo on 127.0.0.1)."""
+    from nemo_orch import distributed
+    from nemo_orch.config import ParallelConfig
+
+    context = distributed.initialize(ParallelConfig(), seed=0)
+    yield context
+    distributed.shutdown()

@@ -2,8 +2,9 @@
 
 Every rank writes its shards into ``.step_<N>.partial/``; once all have finished, rank 0 writes
 ``nemo_orch.json`` (step, resolved config) and renames the directory to ``step_<N>``. A run killed
-mid-save leaves only a ``.partial`` directory, which resume never picks up. Distributed
-checkpoints are layout-agnostic: a TP=2 run can resume or be exported as TP=1.
+mid-save leaves only a ``.partial`` directory, which resume never picks up. Model weights are
+layout-agnostic (a TP=2 run can be exported, or trained on, as TP=1); optimizer state resumes
+under the same TP/PP layout.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from nemo_orch import faults
 from nemo_orch.config import Config, to_yaml
 from nemo_orch.distributed import barrier, is_writer
@@ -22,8 +25,10 @@ MANIFEST = "nemo_orch.json"
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-# Optimizer state in the canonical per-parameter layout, so checkpoints reshard across TP/PP/DP.
-_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
+# Model weights reshard across any TP/PP/DP layout; optimizer state across DP only. megatron-core
+# 0.16.1's "fully_reshardable" optimizer format cannot be loaded with torch's AdamW (no Apex/TE):
+# it expects a per-parameter "step" tensor that it never saved.
+_SHARDING = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 class CheckpointError(RuntimeError):
@@ -110,6 +115,23 @@ def save(config: Config, step: int, module, optimizer=None, scheduler=None, *,
     return final
 
 
+def _materialize_optimizer_state(optimizer) -> None:
+    """Give every parameter an (empty) Adam state before loading into it.
+
+    Without Apex/TE, megatron-core's DistributedOptimizer reads ``state["step"]`` of the wrapped
+    torch optimizer while building the state dict to load into, which a fresh optimizer lacks.
+    """
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = chained.optimizer
+        for group in inner.param_groups:
+            for param in group["params"]:
+                state = inner.state[param]
+                if not state:
+                    state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
+                                 exp_avg_sq=torch.zeros_like(param))
+
+
+@torch.no_grad()
 def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None:
     """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout."""
     from megatron.core import dist_checkpointing
@@ -120,6 +142,7 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
     model_state = module.sharded_state_dict(metadata=_SHARDING)
     request = {"model": model_state}
     if optimizer is not None:
+        _materialize_optimizer_state(optimizer)
         request["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
                                                             metadata=_SHARDING)
     try:
