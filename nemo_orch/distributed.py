@@ -54,18 +54,20 @@ def initialize(parallel: ParallelConfig, seed: int) -> ParallelContext:
 
     cpu_compat.apply()
     if not dist.is_initialized():
-        if "RANK" not in os.environ:  # a plain single process
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        world_size = int(os.environ["WORLD_SIZE"])
+        launched = "RANK" in os.environ  # torchrun (or another launcher) set up the world
+        world_size = int(os.environ["WORLD_SIZE"]) if launched else 1
         if world_size != parallel.world_size:
             raise ConfigError(
                 f"parallel.tp * parallel.pp * parallel.dp = {parallel.world_size} but "
                 f"{world_size} process(es) were launched")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(backend=backend)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        if launched:
+            dist.init_process_group(backend=backend)
+        else:  # a plain single process: a world of one on loopback, environment untouched
+            dist.init_process_group(backend=backend, rank=0, world_size=1,
+                                    init_method=f"tcp://127.0.0.1:{free_port()}")
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> list[str]:
@@ -18,9 +21,23 @@ def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> lis
 
 def run_cli(*args: str, env: dict[str, str] | None = None,
             expect: int | None = 0) -> subprocess.CompletedProcess:
-    """Run ``nemo-orch ARGS`` as users do; ``expect`` is the required exit code (None: any)."""
-    result = subprocess.run([sys.executable, "-m", "nemo_orch.cli", *args], capture_output=True,
-                            text=True, env={**os.environ, **(env or {})}, timeout=600)
+    """Run ``nemo-orch ARGS`` as users do; ``expect`` is the required exit code (None: any).
+
+    The command gets its own session, killed afterwards: a SIGKILLed run orphans
+    megatron-core's checkpoint-writer manager process, which would otherwise linger (and hold
+    pipes open, hence files rather than pipes for the output).
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen([sys.executable, "-m", "nemo_orch.cli", *args], stdout=out,
+                                   stderr=err, env={**os.environ, **(env or {})},
+                                   start_new_session=True)
+        try:
+            returncode = process.wait(timeout=600)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        out.seek(0), err.seek(0)
+        result = subprocess.CompletedProcess(args, returncode, out.read(), err.read())
     if expect is not None and result.returncode != expect:
         raise AssertionError(f"nemo-orch {' '.join(args)} exited {result.returncode}, expected "
                              f"{expect}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n"

@@ -135,6 +135,7 @@ def _materialize_optimizer_state(optimizer) -> None:
 def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None:
     """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout."""
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException as DCPException
 
     if optimizer is not None and "optimizer" not in checkpoint.manifest.get("contents", []):
         raise CheckpointError(f"{checkpoint.path}: holds model weights only, no optimizer state; "
@@ -147,7 +148,8 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
                                                             metadata=_SHARDING)
     try:
         loaded = dist_checkpointing.load(request, str(checkpoint.path))
-    except Exception as error:  # torch.distributed.checkpoint raises many kinds
+    # torch.distributed.checkpoint's CheckpointException derives from BaseException.
+    except (Exception, DCPException) as error:
         raise CheckpointError(f"{checkpoint.path}: cannot load checkpoint "
                               f"({type(error).__name__}: {str(error)[:300]})") from None
     module.load_state_dict(loaded["model"])

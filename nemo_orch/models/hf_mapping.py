@@ -231,6 +231,17 @@ def hf_config_dict(model: ModelConfig, torch_dtype: str | None = None) -> dict:
     }
 
 
+ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                       "kv_channels", "ffn_hidden_size", "vocab_size", "rotary_base",
+                       "layernorm_epsilon", "qk_layernorm", "share_embeddings_and_output_weights")
+
+
+def architecture_mismatch(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """``field: a != b`` for each architecture field on which two model configs differ."""
+    return [f"{name}: {getattr(a, name)} != {getattr(b, name)}" for name in ARCHITECTURE_FIELDS
+            if getattr(a, name) != getattr(b, name)]
+
+
 def model_config_from_hf(hf_config: Mapping, base: ModelConfig) -> ModelConfig:
     """Our model config for an HF Qwen3 ``config.json``; implementation fields come from base."""
     from dataclasses import replace

@@ -19,7 +19,8 @@ from nemo_orch.data.conversations import read_conversations
 from nemo_orch.data.sft import SFTDataset, collate, global_batch
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
-from nemo_orch.models.hf_mapping import HFCheckpoint, SeededHFWeights, model_config_from_hf
+from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, architecture_mismatch,
+                                         model_config_from_hf)
 from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Policy
 
@@ -88,11 +89,11 @@ def initialize_weights(policy: Policy, config: Config) -> int:
         policy.load_hf_weights(SeededHFWeights(config.model, config.run.seed))
     elif Path(source, "config.json").exists():
         hf = HFCheckpoint(source)
-        expected = model_config_from_hf(hf.config, config.model)
-        if expected != config.model:
-            raise ConfigError(f"trainer.init_from={source}: its architecture differs from "
-                              f"model.* (import it with `nemo-orch import --format hf` and train "
-                              f"with model fields from the HF config)")
+        mismatch = architecture_mismatch(config.model, model_config_from_hf(hf.config,
+                                                                            config.model))
+        if mismatch:
+            raise ConfigError(f"trainer.init_from={source}: architecture differs from model.* "
+                              f"(config vs checkpoint: {'; '.join(mismatch)})")
         policy.load_hf_weights(hf)
     else:
         checkpoint.load(checkpoint.open_checkpoint(source), policy.module)

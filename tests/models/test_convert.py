@@ -1,0 +1,94 @@
+"""``nemo-orch export`` / ``import``: HF and TensorRT-LLM checkpoints, and bad checkpoints."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cli_helpers import read_metrics, run_cli, small_sft_overrides
+from nemo_orch.models import checkpoint, convert, qwen3, trtllm
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_tokenizer_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, out, "trained"), "trainer.max_steps=2")
+    return out / "trained" / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def hf_export(trained, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf")
+    run_cli("export", "--format", "hf", "--checkpoint", str(trained), "--out", str(out))
+    return out
+
+
+def test_hf_export_loads_in_transformers_with_megatron_logits(megatron_world, trained, hf_export):
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    ckpt = checkpoint.open_checkpoint(trained)
+    config = convert.checkpoint_config(ckpt)
+    module = qwen3.build_model(config.model, config.parallel, pre_process=True, post_process=True)
+    checkpoint.load(ckpt, module)
+    tokens = torch.randint(0, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = module.eval()(tokens, torch.arange(40).expand_as(tokens), None)
+        theirs = Qwen3ForCausalLM.from_pretrained(hf_export).eval()(tokens).logits
+    assert (ours - theirs).abs().max() < 1e-4
+    assert AutoTokenizer.from_pretrained(hf_export).convert_tokens_to_ids("<tool_call>") > 0
+
+
+def test_trtllm_export_shards_reassemble_to_the_hf_export(trained, hf_export, tmp_path):
+    run_cli("export", "--format", "trtllm", "--tp", "2", "--checkpoint", str(trained),
+            "--out", str(tmp_path))
+    config, shards = trtllm.load_trtllm_checkpoint(tmp_path)
+    assert config["mapping"]["world_size"] == 2 and (tmp_path / "tokenizer.json").exists()
+    model = convert.checkpoint_config(checkpoint.open_checkpoint(trained)).model
+    reassembled = trtllm.trtllm_shards_to_hf(shards, model)
+    expected = load_file(str(hf_export / "model.safetensors"))
+    assert reassembled.keys() == expected.keys()
+    assert all(torch.equal(reassembled[k], expected[k]) for k in expected)
+
+
+def test_import_round_trips_and_both_init_paths_agree(hf_export, tiny_tokenizer_dir, tmp_path):
+    imported = tmp_path / "imported"
+    run_cli("import", "--format", "hf", "--hf-dir", str(hf_export), "--out", str(imported))
+    run_cli("export", "--format", "hf", "--checkpoint", str(imported / "step_0"),
+            "--out", str(tmp_path / "again"))
+    before = load_file(str(hf_export / "model.safetensors"))
+    after = load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    first_losses = []
+    for name, source in (("from-hf", hf_export), ("from-import", imported / "step_0")):
+        run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, name),
+                "trainer.max_steps=1", f"trainer.init_from={source}")
+        first_losses.append(read_metrics(tmp_path / name)[0]["loss"])
+    assert first_losses[0] == first_losses[1]
+
+
+def test_missing_checkpoint_is_named(tmp_path):
+    result = run_cli("export", "--format", "hf", "--checkpoint", str(tmp_path / "nope"),
+                     "--out", str(tmp_path / "out"), expect=2)
+    assert str(tmp_path / "nope") in result.stderr and "Traceback" not in result.stderr
+
+
+def test_partial_checkpoints_are_never_picked(trained, tmp_path):
+    partial = tmp_path / "checkpoints" / ".step_9.partial"
+    shutil.copytree(trained / "step_2", partial)
+    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
+        checkpoint.open_checkpoint(tmp_path / "checkpoints")
+
+
+def test_corrupt_checkpoints_fail_naming_the_path(trained, tmp_path):
+    broken = tmp_path / "step_2"
+    shutil.copytree(trained / "step_2", broken)
+    (broken / "nemo_orch.json").write_text("{not json")
+    with pytest.raises(checkpoint.CheckpointError, match="step_2"):
+        checkpoint.open_checkpoint(broken)
+    shutil.copy2(trained / "step_2" / "nemo_orch.json", broken / "nemo_orch.json")
+    for shard in broken.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])
+    result = run_cli("export", "--format", "hf", "--checkpoint", str(broken),
+                     "--out", str(tmp_path / "out"), expect=2)
+    assert "cannot load checkpoint" in result.stderr and str(broken) in result.stderr
