@@ -1,8 +1,9 @@
-"""Megatron Qwen3 logits vs. transformers' Qwen3ForCausalLM with the same weights.
+"""Megatron Qwen3 vs. transformers' Qwen3ForCausalLM with the same weights, in any layout.
 
 Run in-process (one rank) by the tests, or under torchrun for TP/PP layouts:
-``torchrun --nproc_per_node 2 tests/models/logits_parity.py parallel.tp=2``; rank 0 prints the
-maximum absolute logit difference as JSON.
+``torchrun --nproc_per_node 2 tests/models/logits_parity.py parallel.tp=2``; rank 0 prints JSON
+with ``roundtrip_exact`` (HF -> sharded Megatron -> gathered HF is bit-exact) and, when pp=1,
+``max_abs_diff`` (the largest logit difference).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import torch
 
 from nemo_orch import config as config_lib
+from nemo_orch.config import Config
 from nemo_orch.models import qwen3, weights
 from nemo_orch.models.hf_mapping import SeededHFWeights, hf_config_dict
 
@@ -28,23 +30,28 @@ def hf_reference(model, hf_weights):
     return reference
 
 
-def megatron_logits(module, tokens: torch.Tensor) -> torch.Tensor | None:
-    """Full-vocabulary logits on the last pipeline stage (None on other stages); pp=1 only."""
+def loaded_stage(config: Config, hf_weights) -> torch.nn.Module:
+    """This rank's pipeline stage with the given HF weights loaded."""
+    from megatron.core import parallel_state as ps
+
+    module = qwen3.build_model(config.model, config.parallel,
+                               pre_process=ps.is_pipeline_first_stage(),
+                               post_process=ps.is_pipeline_last_stage())
+    weights.load_hf_weights(module, hf_weights, config.model)
+    return module.eval()
+
+
+def max_logit_difference(config: Config, seed: int = 11) -> float | None:
+    """Largest |logit| difference on rank 0 (None elsewhere); needs pp=1."""
     from megatron.core import tensor_parallel
 
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-    with torch.no_grad():
-        logits = module(tokens, positions, None)
-    return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
-
-
-def max_logit_difference(config, seed: int = 11) -> float | None:
     hf_weights = SeededHFWeights(config.model, seed)
-    module = qwen3.build_model(config.model, config.parallel, pre_process=True, post_process=True)
-    weights.load_hf_weights(module, hf_weights, config.model)
+    module = loaded_stage(config, hf_weights)
     tokens = torch.randint(0, config.model.vocab_size, (2, 48),
                            generator=torch.Generator().manual_seed(seed))
-    ours = megatron_logits(module.eval(), tokens)
+    with torch.no_grad():
+        ours = tensor_parallel.gather_from_tensor_model_parallel_region(
+            module(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None))
     if torch.distributed.get_rank() != 0:
         return None
     with torch.no_grad():
@@ -52,14 +59,26 @@ def max_logit_difference(config, seed: int = 11) -> float | None:
     return float((ours - theirs).abs().max())
 
 
+def roundtrip_is_exact(config: Config, seed: int = 11) -> bool | None:
+    """HF -> this layout's shards -> gathered HF reproduces every tensor bit for bit (rank 0)."""
+    hf_weights = SeededHFWeights(config.model, seed)
+    gathered = weights.gather_hf_weights(loaded_stage(config, hf_weights), config.model)
+    if gathered is None:
+        return None
+    return gathered.keys() == set(hf_weights) and all(
+        torch.equal(gathered[name], hf_weights[name]) for name in hf_weights)
+
+
 def main(overrides: list[str]) -> None:
     from nemo_orch import distributed
 
     config = config_lib.load(overrides)
     with distributed.parallel_session(config.parallel, config.run.seed):
-        difference = max_logit_difference(config)
-        if difference is not None:
-            print(json.dumps({"max_abs_diff": difference}))
+        result = {"roundtrip_exact": roundtrip_is_exact(config)}
+        if config.parallel.pp == 1:
+            result["max_abs_diff"] = max_logit_difference(config)
+        if torch.distributed.get_rank() == 0:
+            print(json.dumps(result))
 
 
 if __name__ == "__main__":
