@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 
 from nemo_orch import config as config_lib
@@ -57,6 +58,9 @@ def cmd_sft(config: Config, args: argparse.Namespace) -> int:
 
     summary = sft.run(config)
     if "RANK" not in os.environ or os.environ["RANK"] == "0":
+        if args.command == "train":
+            print("train: the main job runs its supervised stage (the GRPO stage is not built "
+                  "yet)")
         _summarize_sft(summary, args.command)
     return 0
 
@@ -117,9 +121,21 @@ def _config_for(args: argparse.Namespace) -> Config:
     return config_lib.load(args.overrides)
 
 
+def _quiet_dependencies() -> None:
+    """Keep megatron-core's start-up chatter (missing Apex/TE, per-parameter listings) out of
+    the user's terminal; real warnings from our own code still show."""
+    logging.getLogger("megatron").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", module=r"megatron\.")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    # Raised inside megatron-core calls that pass through the CPU compatibility layer.
+    warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf")
+    warnings.filterwarnings("ignore", message=r"Please use DTensor instead")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    _quiet_dependencies()
     try:
         config = _config_for(args)
         if args.print_config:

@@ -199,17 +199,17 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 200
-    micro_batch_size: int = 8
-    global_batch_size: int = 16
+    max_steps: int = 150
+    micro_batch_size: int = 4
+    global_batch_size: int = 8
     lr: float = 2e-3
     min_lr: float = 2e-4
-    warmup_steps: int = 20
+    warmup_steps: int = 10
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     grad_clip: float = 1.0
-    save_interval: int = 100
+    save_interval: int = 50
     log_interval: int = 10
     resume: bool = False
     init_from: Optional[str] = None

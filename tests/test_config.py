@@ -26,7 +26,8 @@ def test_presets_have_qwen3_sizes(preset, params):
 
 
 def test_overrides_are_typed():
-    cfg = config_lib.load(["trainer.lr=0.5", "parallel.dp=2", "trainer.global_batch_size=32"])
+    cfg = config_lib.load(["trainer.lr=0.5", "parallel.dp=2", "trainer.global_batch_size=32",
+                           "trainer.micro_batch_size=8"])
     assert cfg.trainer.lr == 0.5 and cfg.parallel.dp == 2 and cfg.num_microbatches == 2
 
 
@@ -73,3 +74,8 @@ def test_saved_config_reloads(tmp_path):
     path.write_text("model: [unclosed")
     with pytest.raises(ConfigError, match="config.yaml"):
         config_lib.from_yaml_file(path)
+
+
+def test_schema_defaults_are_the_shipped_defaults():
+    # One set of defaults: the YAML tree and the dataclasses must not drift apart.
+    assert config_lib.load() == config_lib.Config()

@@ -115,20 +115,33 @@ def save(config: Config, step: int, module, optimizer=None, scheduler=None, *,
     return final
 
 
+def _torch_adams(optimizer):
+    return [chained.optimizer for chained in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
 def _materialize_optimizer_state(optimizer) -> None:
     """Give every parameter an (empty) Adam state before loading into it.
 
     Without Apex/TE, megatron-core's DistributedOptimizer reads ``state["step"]`` of the wrapped
     torch optimizer while building the state dict to load into, which a fresh optimizer lacks.
     """
-    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = chained.optimizer
-        for group in inner.param_groups:
+    for adam in _torch_adams(optimizer):
+        for group in adam.param_groups:
             for param in group["params"]:
-                state = inner.state[param]
-                if not state:
-                    state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
-                                 exp_avg_sq=torch.zeros_like(param))
+                if not adam.state[param]:
+                    adam.state[param].update(step=torch.tensor(0.0),
+                                             exp_avg=torch.zeros_like(param),
+                                             exp_avg_sq=torch.zeros_like(param))
+
+
+def _restore_adam_steps(optimizer) -> None:
+    """torch's AdamW counts steps per parameter (bias correction); megatron-core restores the
+    count only into ``param_groups[i]["step"]``. Without this a resumed run diverges."""
+    for adam in _torch_adams(optimizer):
+        for group in adam.param_groups:
+            if "step" in group:
+                for param in group["params"]:
+                    adam.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
 @torch.no_grad()
@@ -155,4 +168,5 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
     module.load_state_dict(loaded["model"])
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
+        _restore_adam_steps(optimizer)
         scheduler.load_state_dict(loaded["scheduler"])
