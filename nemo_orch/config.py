@@ -9,7 +9,6 @@ code past this point reads typed fields without defaults of its own.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,13 +324,14 @@ def to_yaml(config: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
-def from_yaml_file(path: str | os.PathLike) -> Config:
-    """Reload a config saved beside a checkpoint (validated again)."""
+def load_saved(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Reload a config saved beside a checkpoint, with ``key=value`` overrides, validated again."""
     path = Path(path)
     _require_file(str(path), "config")
     try:
         tree = OmegaConf.load(path)
-    except Exception as error:  # malformed YAML of any kind
+        tree.merge_with_dotlist(list(overrides))
+    except Exception as error:  # malformed YAML or override of any kind
         raise ConfigError(f"{path}: not a readable YAML config ({error})") from None
     return validate(tree)
 
@@ -339,7 +339,3 @@ def from_yaml_file(path: str | os.PathLike) -> Config:
 def replace(config: Config, **sections: object) -> Config:
     """A copy with whole sections replaced, validated again."""
     return validate(OmegaConf.structured(dataclasses.replace(config, **sections)))
-
-
-def ceil_to_multiple(value: int, multiple: int) -> int:
-    return int(math.ceil(value / multiple) * multiple)

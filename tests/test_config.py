@@ -70,10 +70,11 @@ def test_saved_config_reloads(tmp_path):
     cfg = config_lib.load(["run.name=abc"])
     path = tmp_path / "config.yaml"
     path.write_text(config_lib.to_yaml(cfg))
-    assert config_lib.from_yaml_file(path) == cfg
+    assert config_lib.load_saved(path) == cfg
+    assert config_lib.load_saved(path, ["trainer.lr=0.1"]).trainer.lr == 0.1
     path.write_text("model: [unclosed")
     with pytest.raises(ConfigError, match="config.yaml"):
-        config_lib.from_yaml_file(path)
+        config_lib.load_saved(path)
 
 
 def test_schema_defaults_are_the_shipped_defaults():

@@ -25,13 +25,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 
 def checkpoint_config(ckpt: checkpoint.Checkpoint, overrides: list[str] = ()) -> Config:
     """The config a checkpoint was trained with, as one process, with overrides applied."""
-    from omegaconf import OmegaConf
-
-    tree = OmegaConf.load(ckpt.config_path) if ckpt.config_path.exists() else None
-    if tree is None:
+    if not ckpt.config_path.exists():
         raise checkpoint.CheckpointError(f"{ckpt.path}: missing {checkpoint.CONFIG_FILE}")
-    tree.merge_with_dotlist(["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", *overrides])
-    return config_lib.validate(tree)
+    return config_lib.load_saved(ckpt.config_path, ["parallel.tp=1", "parallel.pp=1",
+                                                    "parallel.dp=1", *overrides])
 
 
 def _copy_tokenizer(source: Path, out: Path) -> None:

@@ -109,8 +109,6 @@ def run(config: Config) -> SFTSummary:
         conversations = load_conversations(config)
         tokenizer, tokenizer_dir = prepare_tokenizer(config, conversations)
         dataset = SFTDataset(tokenizer, conversations, config.data.seq_length)
-        if len(dataset) == 0:
-            raise ConfigError(f"no conversation fits data.seq_length={config.data.seq_length}")
 
         policy = Policy(config, context)
         start_step = initialize_weights(policy, config)

@@ -1,7 +1,5 @@
 """HF <-> Megatron weight mapping for every TP/PP layout, and the TensorRT-LLM checkpoint."""
 
-import itertools
-
 import pytest
 import torch
 
