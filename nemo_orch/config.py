@@ -209,7 +209,6 @@ class TrainerConfig:
     adam_beta2: float = 0.95
     grad_clip: float = 1.0
     save_interval: int = 50
-    log_interval: int = 10
     resume: bool = False
     init_from: Optional[str] = None
     num_threads: int = 0
@@ -221,8 +220,7 @@ class TrainerConfig:
                  "trainer.global_batch_size must be a multiple of trainer.micro_batch_size")
         _require(self.lr > 0 and 0 <= self.min_lr <= self.lr,
                  "trainer.lr must be > 0 and 0 <= trainer.min_lr <= trainer.lr")
-        _require(self.save_interval >= 1 and self.log_interval >= 1,
-                 "trainer.save_interval and trainer.log_interval must be >= 1")
+        _require(self.save_interval >= 1, "trainer.save_interval must be >= 1")
         _require(self.num_threads >= 0, "trainer.num_threads must be >= 0 (0: torch's choice)")
         _require_file(self.init_from, "trainer.init_from")
 

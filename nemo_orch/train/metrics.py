@@ -37,7 +37,8 @@ class MetricsLogger:
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Record one step; ``tokens`` (if present) also yields tokens/s since the last call."""
+        """Record one step; ``tokens`` (processed, padding included) also yields tokens/s since
+        the last call."""
         now = time.perf_counter()
         elapsed, self._last_time = now - self._last_time, now
         if "tokens" in metrics:
