@@ -55,13 +55,10 @@ def gather_hf_weights(module: torch.nn.Module, model: ModelConfig) -> dict[str, 
 
     layout = rank_layout()
     local = {k: v.cpu() for k, v in parameter_state(module).items()}
-    shards: list = [None] * dist.get_world_size() if dist.is_initialized() else [None]
-    entry = (ps.get_data_parallel_rank(), layout.pp_rank, layout.tp_rank, local)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_gather_object(shards, entry)
-    else:
-        shards = [entry]
-    if dist.is_initialized() and dist.get_rank() != 0:
+    shards: list = [None] * dist.get_world_size()
+    dist.all_gather_object(shards, (ps.get_data_parallel_rank(), layout.pp_rank, layout.tp_rank,
+                                    local))
+    if dist.get_rank() != 0:
         return None
     stages = [[None] * layout.tp_size for _ in range(layout.pp_size)]
     for dp_rank, pp_rank, tp_rank, state in shards:
