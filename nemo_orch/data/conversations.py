@@ -16,45 +16,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from nemo_orch.tools.schema import argument_errors
+
 ROLES = ("system", "user", "assistant", "tool")
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list,),
-    "object": (dict,),
-}
 _FUNCTION_SHAPE = "{'type': 'function', 'function': {'name': ...}}"
 _Schemas = dict[str, dict[str, Any]]  # a tool's name -> its parameters' JSON schema
 
 
 class DataError(ValueError):
     """Malformed training data; the message says where (file and line, or conversation index)."""
-
-
-def argument_errors(parameters: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
-    """What is wrong with tool-call ``arguments`` under a JSON-schema ``parameters`` object.
-
-    Checks the subset tool schemas use: required and undeclared arguments, basic types, enums.
-    """
-    properties = parameters.get("properties", {})
-    required = parameters.get("required", [])
-    errors = [f"missing argument {name!r}" for name in required if name not in arguments]
-    for name, value in arguments.items():
-        schema = properties.get(name)
-        if schema is None:
-            errors.append(f"undeclared argument {name!r}")
-            continue
-        expected = _JSON_TYPES.get(schema.get("type", ""))
-        # bool is an int subclass in Python, but not a JSON integer or number.
-        if expected is not None and (
-            not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected)
-        ):
-            errors.append(f"argument {name!r} should be of type {schema['type']}, got {value!r}")
-        elif "enum" in schema and value not in schema["enum"]:
-            errors.append(f"argument {name!r} must be one of {schema['enum']}, got {value!r}")
-    return errors
 
 
 def _check_tools(tools: Any, where: str) -> _Schemas:

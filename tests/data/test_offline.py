@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from nemo_orch.data.conversations import argument_errors, validate_conversation
+from nemo_orch.data.conversations import validate_conversation
+from nemo_orch.tools.schema import argument_errors
 from nemo_orch.data.offline import PREFERENCES, TOOLS, extract_answer, generate_conversations
 
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}

@@ -1,0 +1,353 @@
+"""One episode: the policy and the tools take turns until an answer, a limit or a failure.
+
+The token-level history is the record: the prompt and every observation are appended as
+template tokens (loss mask 0), every sampled token as a policy token (loss mask 1, with the
+engine's logprob). Earlier turns are never re-tokenized, so what the trainer scores is exactly what
+the engine sampled. Observations are cut from the chat template's own rendering, so the kept
+tokens decode to the template's rendering of the conversation (checked every turn when
+``check_template`` is on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from nemo_orch.models.tokenizer import MARKUP_TOKENS
+from nemo_orch.rollout.engines.base import Generation, SamplingParams
+from nemo_orch.rollout.format import FORMAT_ERRORS, ParsedTurn, TurnFormat, parse_turn
+from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
+from nemo_orch.tools.registry import Toolbox
+
+# Why an episode ended.
+TERMINATIONS = ("answer", "max_turns", "context_limit", "engine_error")
+
+
+class RolloutError(RuntimeError):
+    """The rollout machinery broke an invariant (never a model or tool mistake)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A question for the orchestrator. ``tools`` restricts the offered tools (None: all);
+    ``allowed_documents`` restricts what retrieval may return; ``answer`` is the reference."""
+
+    id: str
+    question: str
+    system: str | None = None
+    tools: tuple[str, ...] | None = None
+    answer: str | None = None
+    allowed_documents: frozenset[str] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """Limits and conventions of one episode (built from ``rollout.*`` of the config)."""
+
+    max_turns: int = 50
+    max_new_tokens: int = 256
+    max_context_tokens: int = 4096
+    max_observation_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    answer_format: str = "tag"
+    multiple_calls: str = "parallel"
+    # The orchestrator's own tokens are billed too (input: the whole context, every turn).
+    orchestrator_pricing: Pricing = Pricing.per_million_tokens(0.2, 0.2)
+    check_template: bool = True
+
+
+class PolicyClient(Protocol):
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+
+@dataclass
+class CallRecord:
+    tool: str | None
+    arguments: dict[str, Any] | None
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+    cached: bool = False
+    error: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class TurnRecord:
+    """The ledger line of one turn: what the orchestrator read and wrote, what it called."""
+
+    turn: int
+    input_tokens: int
+    output_tokens: int
+    generation_seconds: float
+    orchestrator_cost_usd: float
+    finish_reason: str
+    calls: list[CallRecord] = field(default_factory=list)
+    format_errors: list[str] = field(default_factory=list)
+
+    @property
+    def cost_usd(self) -> float:
+        return self.orchestrator_cost_usd + sum(call.cost_usd for call in self.calls)
+
+    @property
+    def tool_seconds(self) -> float:
+        # Calls of one turn run concurrently: the turn waits for the slowest.
+        return max((call.seconds for call in self.calls), default=0.0)
+
+
+@dataclass
+class Trajectory:
+    """A finished episode: the token record for training, the messages, and the ledger."""
+
+    task_id: str
+    sample: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    prompt_length: int
+    turns: list[TurnRecord]
+    termination: str
+    answer: str | None
+    wall_seconds: float
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(turn.cost_usd for turn in self.turns)
+
+    @property
+    def tool_seconds(self) -> float:
+        return sum(turn.tool_seconds for turn in self.turns)
+
+    @property
+    def generation_seconds(self) -> float:
+        return sum(turn.generation_seconds for turn in self.turns)
+
+    @property
+    def format_errors(self) -> dict[str, int]:
+        counts = Counter(kind for turn in self.turns for kind in turn.format_errors)
+        return {kind: counts[kind] for kind in FORMAT_ERRORS if counts[kind]}
+
+    def tool_counts(self) -> dict[str, int]:
+        return dict(Counter(call.tool for turn in self.turns for call in turn.calls
+                            if call.tool is not None and call.error is None))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id, "sample": self.sample, "messages": self.messages,
+            "termination": self.termination, "answer": self.answer,
+            "num_tokens": len(self.token_ids), "prompt_tokens": self.prompt_length,
+            "policy_tokens": sum(self.loss_mask), "cost_usd": self.cost_usd,
+            "tool_seconds": self.tool_seconds, "generation_seconds": self.generation_seconds,
+            "wall_seconds": self.wall_seconds, "format_errors": self.format_errors,
+            "tool_counts": self.tool_counts(),
+            "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
+            "token_ids": self.token_ids, "loss_mask": self.loss_mask, "logprobs": self.logprobs,
+        }
+
+
+def escape_markup(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    """Defuse chat-format tokens inside tool output, so an observation cannot close its own
+    ``<tool_response>`` or open a turn; the text stays readable."""
+    for token in (*tokenizer.all_special_tokens, *MARKUP_TOKENS):
+        if token in text:
+            text = text.replace(token, token.replace("<", "<\u200b", 1))
+    return text
+
+
+class _History:
+    """Token ids with, per token, the loss mask and the sampling logprob (0 off-policy)."""
+
+    def __init__(self, prompt_ids: list[int]) -> None:
+        self.ids = list(prompt_ids)
+        self.mask = [0] * len(prompt_ids)
+        self.logprobs = [0.0] * len(prompt_ids)
+
+    def add_policy(self, ids: list[int], logprobs: list[float]) -> None:
+        if len(ids) != len(logprobs):
+            raise RolloutError(f"engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += logprobs
+
+    def add_template(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+
+class Episode:
+    """Runs one task once. Build one per (task, sample) and ``await episode.run()``."""
+
+    def __init__(self, task: Task, sample: int, policy: PolicyClient, toolbox: Toolbox,
+                 tokenizer: PreTrainedTokenizerBase, settings: EpisodeSettings,
+                 seed: int = 0) -> None:
+        self.task, self.sample, self.policy, self.settings = task, sample, policy, settings
+        self.tokenizer = tokenizer
+        self.toolbox = toolbox if task.tools is None else toolbox.subset(task.tools)
+        self.schemas = self.toolbox.schemas()
+        self.format = TurnFormat.for_tools(self.schemas, answer_format=settings.answer_format,
+                                           multiple_calls=settings.multiple_calls)
+        self.context = ToolContext(task_id=task.id, episode_id=f"{task.id}#{sample}",
+                                   allowed_documents=task.allowed_documents, seed=seed)
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self.messages: list[dict[str, Any]] = []
+        if task.system:
+            self.messages.append({"role": "system",
+                                  "content": escape_markup(task.system, tokenizer)})
+        self.messages.append({"role": "user", "content": escape_markup(task.question, tokenizer)})
+
+    # ------------------------------------------------------------------ rendering
+    def _render(self, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            self.messages, tools=self.schemas or None, tokenize=False,
+            add_generation_prompt=generation_prompt)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _check_agreement(self, history: _History) -> None:
+        """The kept tokens must decode to the template's rendering of the messages so far."""
+        if not self.settings.check_template:
+            return
+        if self.messages[-1]["role"] == "assistant":
+            # The turn ends at its eos; the template adds a newline only before the next turn.
+            kept = self.tokenizer.decode(history.ids, skip_special_tokens=False) + "\n"
+            rendered = self._render(generation_prompt=False)
+        else:
+            kept = self.tokenizer.decode(history.ids, skip_special_tokens=False)
+            rendered = self._render(generation_prompt=True)
+        if kept != rendered:
+            at = next((i for i, (a, b) in enumerate(zip(kept, rendered)) if a != b),
+                      min(len(kept), len(rendered)))
+            raise RolloutError(f"episode {self.context.episode_id}: kept tokens and the chat "
+                               f"template disagree at character {at}: "
+                               f"{kept[at:at + 40]!r} vs {rendered[at:at + 40]!r}")
+
+    def _truncate_observation(self, text: str) -> str:
+        ids = self._encode(text)
+        limit = self.settings.max_observation_tokens
+        if len(ids) <= limit:
+            return text
+        return (self.tokenizer.decode(ids[:limit])
+                + f"\n[observation truncated: {len(ids)} tokens, showing {limit}]")
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> Trajectory:
+        started = time.perf_counter()
+        settings = self.settings
+        history = _History(self._encode(self._render(generation_prompt=True)))
+        prompt_length = len(history.ids)
+        turns: list[TurnRecord] = []
+        termination, answer = "max_turns", None
+        for turn_index in range(settings.max_turns):
+            room = settings.max_context_tokens - len(history.ids)
+            if room < 2:  # nothing useful fits: at least one token and the closing eos
+                termination = "context_limit"
+                break
+            params = SamplingParams(
+                max_new_tokens=min(settings.max_new_tokens, room - 1),
+                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                stop_token_ids=(self.eos_id,))
+            generation_start = time.perf_counter()
+            try:
+                generation = await self.policy.generate(history.ids, params)
+            except Exception as error:  # an engine failure ends this episode, not the batch
+                turns.append(TurnRecord(turn_index, len(history.ids), 0, 0.0, 0.0,
+                                        f"error: {type(error).__name__}: {error}"))
+                termination = "engine_error"
+                break
+            record = self._turn_record(turn_index, len(history.ids), generation,
+                                       time.perf_counter() - generation_start)
+            turns.append(record)
+            text = self._add_generation(history, generation)
+            parsed = parse_turn(text, self.format)
+            record.format_errors = list(parsed.format_errors)
+            if parsed.answer is not None:
+                termination, answer = "answer", parsed.answer
+                break
+            results = await self._run_calls(parsed, record)
+            final = next((r.answer for r in results if r.answer is not None), None)
+            if final is not None:
+                termination, answer = "answer", final
+                break
+            if not self._add_observations(history, parsed, results):
+                termination = "context_limit"
+                break
+        self._check_agreement(history)
+        return Trajectory(self.task.id, self.sample, self.messages, self.schemas, history.ids,
+                          history.mask, history.logprobs, prompt_length, turns, termination,
+                          answer, time.perf_counter() - started)
+
+    def _turn_record(self, turn: int, context_tokens: int, generation: Generation,
+                     seconds: float) -> TurnRecord:
+        pricing = self.settings.orchestrator_pricing
+        cost = (pricing.per_input_token * context_tokens
+                + pricing.per_output_token * len(generation.token_ids))
+        return TurnRecord(turn, context_tokens, len(generation.token_ids), seconds, cost,
+                          generation.finish_reason)
+
+    def _add_generation(self, history: _History, generation: Generation) -> str:
+        """Append the sampled tokens (closing the turn with a template eos if the engine hit
+        its length limit) and the assistant message; returns the turn's text."""
+        ids = list(generation.token_ids)
+        history.add_policy(ids, list(generation.logprobs))
+        if ids and ids[-1] == self.eos_id:
+            ids = ids[:-1]
+        else:
+            history.add_template([self.eos_id])
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        self.messages.append({"role": "assistant", "content": text})
+        return text
+
+    async def _run_calls(self, parsed: ParsedTurn, record: TurnRecord) -> list[ToolResult]:
+        valid = [call for call in parsed.calls if call.valid]
+        results = await asyncio.gather(*(self.toolbox.call(call.name, call.arguments,
+                                                           self.context) for call in valid))
+        by_call = iter(results)
+        for call in parsed.calls:
+            if not call.valid:
+                record.calls.append(CallRecord(call.name, call.arguments, error=call.error))
+                continue
+            result = next(by_call)
+            record.calls.append(CallRecord(
+                call.name, call.arguments, result.cost_usd, result.latency_s, result.cached,
+                result.error, result.usage.input_tokens, result.usage.output_tokens))
+        return list(results)
+
+    def _add_observations(self, history: _History, parsed: ParsedTurn,
+                          results: list[ToolResult]) -> bool:
+        """One tool message per call (its output or its error), then the turn-level format
+        error if any; appended as template tokens cut from the template's own rendering.
+        Returns False (appending nothing) when they would leave no room for another turn."""
+        by_call = iter(results)
+        observations = [next(by_call).observation if call.valid else f"Error: {call.error}"
+                        for call in parsed.calls]
+        if parsed.error is not None:
+            observations.append(f"Error: {parsed.error}")
+        before = self._render(generation_prompt=False)
+        for observation in observations:
+            content = self._truncate_observation(escape_markup(observation, self.tokenizer))
+            self.messages.append({"role": "tool", "content": content})
+        after = self._render(generation_prompt=True)
+        # `before` ends with the "\n" that follows the assistant's eos; the kept tokens end at
+        # the eos, so the delta starts with that newline.
+        if not after.startswith(before) or not before.endswith("\n"):
+            raise RolloutError("the chat template does not render tool messages as an "
+                               "append-only continuation; observations cannot be cut from it")
+        observation_ids = self._encode(after[len(before) - 1:])
+        if len(history.ids) + len(observation_ids) + 2 > self.settings.max_context_tokens:
+            del self.messages[-len(observations):]
+            return False
+        history.add_template(observation_ids)
+        self._check_agreement(history)
+        return True

@@ -1,0 +1,153 @@
+"""The tool-call format (Qwen3/Hermes) and its parser.
+
+The policy may think in ``<think>…</think>``, then either calls tools::
+
+    <tool_call>
+    {"name": "python_sandbox", "arguments": {"code": "print(2 + 2)"}}
+    </tool_call>
+
+or answers: ``<answer>…</answer>`` (``answer_format="tag"``), or, with ``answer_format="tool"``,
+calls a tool whose result ends the episode (``answer``: an expert writes the final answer). An
+answer tag next to tool calls is ignored: the calls run. Results come back in ``<tool_response>``.
+
+:func:`parse_turn` never raises: every way a turn can be wrong becomes an error observation with
+a kind (:data:`FORMAT_ERRORS`) that rollouts count, so RL can penalise it and logs can show it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_orch.tools.schema import argument_errors
+
+ANSWER_FORMATS = ("tag", "tool")
+MULTIPLE_CALL_POLICIES = ("first", "parallel")
+
+# Kinds of format error, each counted separately.
+FORMAT_ERRORS = (
+    "malformed_json",      # the text inside <tool_call> is not JSON
+    "bad_call_shape",      # JSON, but not {"name": str, "arguments": object}
+    "unclosed_tag",        # <tool_call> or <answer> without its closing tag
+    "unknown_tool",        # a name that is not among the offered tools
+    "invalid_arguments",   # missing / undeclared / mistyped argument
+    "no_call",             # neither a tool call nor an answer
+    "multiple_calls",      # several calls where only the first is run
+)
+
+# An unclosed think block runs to the end of the turn.
+_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
+_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call as written by the policy; ``error`` set when it cannot be run (then ``name`` and
+    ``arguments`` hold what could be read)."""
+
+    name: str | None
+    arguments: dict[str, Any] | None
+    error: str | None = None
+    error_kind: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments, "error": self.error,
+                "error_kind": self.error_kind}
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """What an assistant turn asks for: calls to run (valid or not), a final answer, or neither
+    (``error`` says why). ``format_errors`` lists every error kind found in the turn."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    answer: str | None = None
+    error: str | None = None
+    format_errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"calls": [c.to_json() for c in self.calls], "answer": self.answer,
+                "error": self.error, "format_errors": self.format_errors}
+
+
+@dataclass(frozen=True)
+class TurnFormat:
+    """How turns are read: the offered tools' parameter schemas, the answer convention, and what
+    to do with several calls in one turn."""
+
+    schemas: dict[str, dict[str, Any]]
+    answer_format: str = "tag"
+    multiple_calls: str = "parallel"
+
+    def __post_init__(self) -> None:
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}")
+        if self.multiple_calls not in MULTIPLE_CALL_POLICIES:
+            raise ValueError(f"multiple_calls must be one of {MULTIPLE_CALL_POLICIES}")
+
+    @classmethod
+    def for_tools(cls, tool_schemas: list[dict[str, Any]], **options: Any) -> "TurnFormat":
+        functions = [schema.get("function", schema) for schema in tool_schemas]
+        return cls({f["name"]: f["parameters"] for f in functions}, **options)
+
+
+def _parse_call(body: str, fmt: TurnFormat) -> ToolCall:
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError as error:
+        return ToolCall(None, None, f"the tool call is not valid JSON ({error.msg} at "
+                        f"character {error.pos}); write {{\"name\": ..., \"arguments\": {{...}}}}",
+                        "malformed_json")
+    if (not isinstance(payload, dict) or not isinstance(payload.get("name"), str)
+            or not isinstance(payload.get("arguments", {}), dict)):
+        return ToolCall(None, None, "a tool call must be a JSON object {\"name\": <string>, "
+                        "\"arguments\": <object>}", "bad_call_shape")
+    name, arguments = payload["name"], payload.get("arguments", {})
+    if name not in fmt.schemas:
+        return ToolCall(name, arguments, f"unknown tool {name!r}; available tools: "
+                        f"{', '.join(fmt.schemas)}", "unknown_tool")
+    problems = argument_errors(fmt.schemas[name], arguments)
+    if problems:
+        return ToolCall(name, arguments, f"invalid arguments for {name}: {'; '.join(problems)}",
+                        "invalid_arguments")
+    return ToolCall(name, arguments)
+
+
+def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
+    """Read one assistant turn (its text, without the closing ``<|im_end|>``)."""
+    visible = _THINK_RE.sub("", text)
+    errors: list[str] = []
+    calls = [_parse_call(body.strip(), fmt) for body in _CALL_RE.findall(visible)]
+    opened = visible.count("<tool_call>")
+    if opened > len(calls):
+        calls.append(ToolCall(None, None, "a <tool_call> is not closed with </tool_call>",
+                              "unclosed_tag"))
+    errors.extend(c.error_kind for c in calls if c.error_kind)
+
+    if fmt.answer_format == "tag":
+        answers = _ANSWER_RE.findall(visible)
+        if answers and not calls:
+            return ParsedTurn(answer=answers[-1].strip(), format_errors=errors)
+        if "<answer>" in visible and not answers and not calls:
+            return ParsedTurn(error="an <answer> is not closed with </answer>",
+                              format_errors=["unclosed_tag"])
+
+    if not calls:
+        expected = ("a <tool_call> or a final <answer>…</answer>" if fmt.answer_format == "tag"
+                    else "a <tool_call> (call the answer tool to finish)")
+        return ParsedTurn(error=f"no tool call or answer found; write {expected}",
+                          format_errors=["no_call"])
+    if len(calls) > 1 and fmt.multiple_calls == "first":
+        first = calls[0]
+        note = (f"only the first of {len(calls)} tool calls was run; make one call per turn")
+        return ParsedTurn(calls=[first], error=note,
+                          format_errors=errors[: 1 if first.error_kind else 0]
+                          + ["multiple_calls"])
+    return ParsedTurn(calls=calls, format_errors=errors)

@@ -1,0 +1,130 @@
+"""Many episodes at once on one asyncio loop.
+
+Episodes that wait on the policy are served together: :class:`GenerationBatcher` hands every
+prompt queued while the engine was busy to the next single ``generate`` call, so concurrency turns
+into batch size. Tool calls of different episodes overlap freely (bounded per tool by the
+toolbox), so a slow tool only delays the episodes that called it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from transformers import PreTrainedTokenizerBase
+
+from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams
+from nemo_orch.rollout.episode import Episode, EpisodeSettings, Task, Trajectory
+from nemo_orch.tools.registry import Toolbox
+
+
+@dataclass
+class BatchStats:
+    calls: int = 0
+    prompts: int = 0
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.prompts / self.calls if self.calls else 0.0
+
+
+class GenerationBatcher:
+    """Turns concurrent single-prompt requests into batched engine calls.
+
+    Requests with equal sampling parameters share a call (at most ``max_batch_size`` prompts);
+    the engine runs in a worker thread (or natively async via ``agenerate``) so tools and other
+    episodes keep running meanwhile. Each call gets its own seed from ``seed``, so a rollout is
+    reproducible for the same batching.
+    """
+
+    def __init__(self, engine: Engine, max_batch_size: int = 64, seed: int = 0) -> None:
+        self.engine, self.max_batch_size = engine, max_batch_size
+        self._seeds = itertools.count(seed)
+        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self.stats = BatchStats()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if self._worker is None or self._worker.done():
+            self._wakeup = asyncio.Event()
+            self._worker = asyncio.create_task(self._serve())
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt_ids, params, future))
+        self._wakeup.set()
+        return await future
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+
+    def _take_batch(self) -> tuple[SamplingParams, list[tuple[list[int], asyncio.Future]]]:
+        params = self._pending[0][1]
+        batch, rest = [], []
+        for prompt, p, future in self._pending:
+            (batch if p == params and len(batch) < self.max_batch_size else rest).append(
+                (prompt, p, future))
+        self._pending = rest
+        return params, [(prompt, future) for prompt, _, future in batch]
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            # One loop pass lets episodes that are ready in the same tick join this batch.
+            await asyncio.sleep(0)
+            while self._pending:
+                params, batch = self._take_batch()
+                prompts = [prompt for prompt, _ in batch]
+                seeded = replace(params, seed=next(self._seeds)) if params.seed is None else params
+                try:
+                    generations = await self._call_engine(prompts, seeded)
+                except Exception as error:  # each waiting episode decides what this means
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                self.stats.calls += 1
+                self.stats.prompts += len(prompts)
+                self.stats.sizes.append(len(prompts))
+                for (_, future), generation in zip(batch, generations):
+                    if not future.done():
+                        future.set_result(generation)
+            self._wakeup.clear()
+
+    async def _call_engine(self, prompts: list[list[int]],
+                           params: SamplingParams) -> list[Generation]:
+        agenerate = getattr(self.engine, "agenerate", None)
+        if agenerate is not None:
+            return await agenerate(prompts, params)
+        return await asyncio.to_thread(self.engine.generate, prompts, params)
+
+
+async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Engine,
+                       toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
+                       settings: EpisodeSettings, *, max_concurrent_episodes: int = 64,
+                       max_batch_size: int = 64, seed: int = 0,
+                       batcher: GenerationBatcher | None = None) -> list[Trajectory]:
+    """Run every task ``samples_per_task`` times (a GRPO group each), at most
+    ``max_concurrent_episodes`` at once; trajectories come back in (task, sample) order."""
+    own_batcher = batcher is None
+    batcher = batcher or GenerationBatcher(engine, max_batch_size, seed)
+    slots = asyncio.Semaphore(max_concurrent_episodes)
+
+    async def one(task: Task, sample: int, episode_seed: int) -> Trajectory:
+        async with slots:
+            episode = Episode(task, sample, batcher, toolbox, tokenizer, settings,
+                              seed=episode_seed)
+            return await episode.run()
+
+    jobs = [(task, sample) for task in tasks for sample in range(samples_per_task)]
+    try:
+        return list(await asyncio.gather(*(one(task, sample, seed + index)
+                                           for index, (task, sample) in enumerate(jobs))))
+    finally:
+        if own_batcher:
+            await batcher.close()

@@ -1,0 +1,143 @@
+"""The tool seam: a :class:`ToolSpec` (data) and an implementation with one async ``call``.
+
+A spec is what the policy sees (an OpenAI function schema, exactly what Qwen3 chat templates take)
+plus what the runner needs to price, bound and cache calls. An implementation never raises for a
+bad call: it returns a :class:`ToolResult` with ``error`` set, which becomes the observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class ToolError(ValueError):
+    """A tool declaration or option that cannot work (raised at load time, never during calls)."""
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """USD per call, per token in and out, and per second of tool time."""
+
+    per_call: float = 0.0
+    per_input_token: float = 0.0
+    per_output_token: float = 0.0
+    per_second: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("per_call", "per_input_token", "per_output_token", "per_second"):
+            if getattr(self, name) < 0:
+                raise ToolError(f"pricing.{name} must be >= 0")
+
+    @classmethod
+    def per_million_tokens(cls, input_usd: float, output_usd: float) -> "Pricing":
+        """Pricing from the usual list price: USD per million input / output tokens."""
+        return cls(per_input_token=input_usd / 1e6, per_output_token=output_usd / 1e6)
+
+    def cost(self, usage: "Usage", seconds: float) -> float:
+        return (self.per_call + self.per_input_token * usage.input_tokens
+                + self.per_output_token * usage.output_tokens + self.per_second * seconds)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens an expert model read and wrote on behalf of one tool call."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(self.input_tokens + other.input_tokens,
+                     self.output_tokens + other.output_tokens)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the policy sees it (``name``, ``description``, JSON-schema ``parameters``) and
+    as the runner treats it (price, expected latency, cacheability, concurrency, timeout)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    pricing: Pricing = field(default_factory=Pricing)
+    latency_hint_s: float = 0.0
+    # Same arguments, same output: results may be cached.
+    deterministic: bool = False
+    max_concurrency: int = 8
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ToolError(f"tool name {self.name!r} must be an identifier")
+        if self.parameters.get("type") != "object":
+            raise ToolError(f"tool {self.name!r}: parameters must be a JSON schema of type object")
+        if self.max_concurrency < 1 or self.timeout_s <= 0 or self.latency_hint_s < 0:
+            raise ToolError(f"tool {self.name!r}: max_concurrency must be >= 1, timeout_s > 0 "
+                            "and latency_hint_s >= 0")
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling form, as listed to the policy."""
+        return {"type": "function", "function": {"name": self.name,
+                                                 "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one call produced. ``output`` is the observation text; ``error`` (when set) replaces
+    it as the observation. ``answer`` is set by tools that end the episode with a final answer."""
+
+    output: str = ""
+    error: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    cached: bool = False
+    answer: str | None = None
+
+    @property
+    def observation(self) -> str:
+        return f"Error: {self.error}" if self.error is not None else self.output
+
+    def to_json(self) -> dict[str, Any]:
+        return {"output": self.output, "error": self.error, "cost_usd": self.cost_usd,
+                "latency_s": self.latency_s, "cached": self.cached, "answer": self.answer,
+                "usage": {"input_tokens": self.usage.input_tokens,
+                          "output_tokens": self.usage.output_tokens}}
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Per-call facts a tool may use: which task/episode is calling, the documents it may see
+    (None: all), and a seed for tools that sample."""
+
+    task_id: str = ""
+    episode_id: str = ""
+    allowed_documents: frozenset[str] | None = None
+    seed: int = 0
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A tool implementation. ``start`` warms pooled resources; ``close`` releases them."""
+
+    spec: ToolSpec
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class BaseTool:
+    """Convenience base: holds the spec; no resources to start or close."""
+
+    def __init__(self, spec: ToolSpec) -> None:
+        self.spec = spec
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,312 @@
+"""Tool declarations (one YAML/JSON file per tool) and the :class:`Toolbox` that runs calls.
+
+A declaration is the spec plus how to build the implementation::
+
+    name: python_sandbox
+    description: Run Python code and return what it prints.
+    parameters: {type: object, properties: {code: {type: string}}, required: [code]}
+    pricing: {per_second: 0.0001}
+    latency_hint_s: 0.05
+    deterministic: false
+    max_concurrency: 4
+    timeout_s: 15
+    class: nemo_orch.tools.sandbox.PythonSandbox    # or `endpoint: http://host:port/...`
+    options: {memory_mb: 1024}
+
+Adding a tool is adding such a file. The toolbox owns everything around a call that must hold for
+every tool: argument validation, a per-tool concurrency bound, the timeout, turning exceptions into
+error results, and the cache of deterministic tools. It never raises from :meth:`Toolbox.call`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nemo_orch.tools.base import Pricing, Tool, ToolContext, ToolError, ToolResult, ToolSpec, Usage
+from nemo_orch.tools.schema import argument_errors
+
+logger = logging.getLogger(__name__)
+
+_SPEC_KEYS = {"name", "description", "parameters", "pricing", "latency_hint_s", "deterministic",
+              "max_concurrency", "timeout_s"}
+_BUILD_KEYS = {"class", "endpoint", "options"}
+DECLARATION_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True)
+class ToolDeclaration:
+    """A parsed declaration file: the spec and how to build its implementation."""
+
+    spec: ToolSpec
+    class_path: str | None
+    endpoint: str | None
+    options: dict[str, Any]
+    source: Path
+
+
+def load_declaration(path: str | Path) -> ToolDeclaration:
+    """Parse and check one declaration file; errors name the file and the key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ToolError(f"{path}: cannot read the tool declaration: {error}") from None
+    if not isinstance(raw, dict):
+        raise ToolError(f"{path}: a tool declaration must be a mapping")
+    unknown = raw.keys() - _SPEC_KEYS - _BUILD_KEYS
+    if unknown:
+        raise ToolError(f"{path}: unknown keys {sorted(unknown)}")
+    missing = {"name", "description", "parameters"} - raw.keys()
+    if missing:
+        raise ToolError(f"{path}: missing keys {sorted(missing)}")
+    if ("class" in raw) == ("endpoint" in raw):
+        raise ToolError(f"{path}: give exactly one of `class` (an import path) or `endpoint`")
+    fields = {key: raw[key] for key in _SPEC_KEYS if key in raw}
+    try:
+        fields["pricing"] = Pricing(**(fields.get("pricing") or {}))
+        spec = ToolSpec(**fields)
+    except (TypeError, ToolError) as error:
+        raise ToolError(f"{path}: {error}") from None
+    options = raw.get("options") or {}
+    if not isinstance(options, dict):
+        raise ToolError(f"{path}: options must be a mapping")
+    return ToolDeclaration(spec, raw.get("class"), raw.get("endpoint"), options, path)
+
+
+def declaration_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named directly, and every declaration file (sorted) in directories named."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.suffix in DECLARATION_SUFFIXES))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ToolError(f"{path}: no such tool declaration file or directory")
+    return files
+
+
+def load_declarations(paths: Iterable[str | Path]) -> list[ToolDeclaration]:
+    declarations: dict[str, ToolDeclaration] = {}
+    for file in declaration_files(paths):
+        declaration = load_declaration(file)
+        name = declaration.spec.name
+        if name in declarations:
+            raise ToolError(f"tool {name!r} is declared twice: {declarations[name].source} and "
+                            f"{file}")
+        declarations[name] = declaration
+    return list(declarations.values())
+
+
+def _import(class_path: str, source: Path) -> type:
+    module_name, _, attribute = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ToolError(f"{source}: cannot import {class_path!r}: {error}") from None
+
+
+def build_tools(declarations: Sequence[ToolDeclaration]) -> list[Tool]:
+    """Instantiate every declared tool. A class whose constructor takes ``resolve`` gets a
+    function from a tool name to its built instance (how composite tools reach their parts)."""
+    by_name = {d.spec.name: d for d in declarations}
+    built: dict[str, Tool] = {}
+    building: list[str] = []
+
+    def resolve(name: str) -> Tool:
+        if name in built:
+            return built[name]
+        if name not in by_name:
+            raise ToolError(f"tool {building[-1]!r} needs tool {name!r}, which is not declared")
+        if name in building:
+            raise ToolError(f"tools depend on each other in a cycle: {' -> '.join(building)}")
+        building.append(name)
+        built[name] = _build(by_name[name], resolve)
+        building.pop()
+        return built[name]
+
+    return [resolve(d.spec.name) for d in declarations]
+
+
+def _build(declaration: ToolDeclaration, resolve) -> Tool:
+    if declaration.endpoint is not None:
+        from nemo_orch.tools.remote import RemoteTool
+
+        return RemoteTool(declaration.spec, declaration.endpoint, **declaration.options)
+    cls = _import(declaration.class_path, declaration.source)
+    options = dict(declaration.options)
+    if "resolve" in inspect.signature(cls).parameters:
+        options["resolve"] = resolve
+    try:
+        tool = cls(declaration.spec, **options)
+    except (TypeError, ValueError) as error:
+        raise ToolError(f"{declaration.source}: cannot build {declaration.class_path}: "
+                        f"{error}") from None
+    if not isinstance(tool, Tool):
+        raise ToolError(f"{declaration.source}: {declaration.class_path} is not a Tool "
+                        "(needs spec, async call/start/close)")
+    return tool
+
+
+def canonical_arguments(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class ResultCache:
+    """LRU of deterministic tools' results, bounded in entries and in stored output bytes."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: OrderedDict[tuple, ToolResult] = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def _size(result: ToolResult) -> int:
+        return len(result.output.encode())
+
+    def get(self, key: tuple) -> ToolResult | None:
+        result = self._entries.get(key)
+        if result is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return result
+
+    def put(self, key: tuple, result: ToolResult) -> None:
+        size = self._size(result)
+        if self.max_entries == 0 or size > self.max_bytes:
+            return
+        if key in self._entries:
+            self._bytes -= self._size(self._entries.pop(key))
+        self._entries[key] = result
+        self._bytes += size
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= self._size(evicted)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class Toolbox:
+    """The tools an episode may call, and the one place a call is validated, bounded and cached.
+
+    Per tool, at most ``spec.max_concurrency`` calls run at once and each gets ``spec.timeout_s``;
+    a slow or dead tool only delays the calls made to it.
+    """
+
+    def __init__(self, tools: Sequence[Tool], cache_entries: int = 4096,
+                 cache_bytes: int = 64 << 20) -> None:
+        self.tools: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.spec.name in self.tools:
+                raise ToolError(f"two tools are named {tool.spec.name!r}")
+            self.tools[tool.spec.name] = tool
+        self.cache = ResultCache(cache_entries, cache_bytes)
+        self._limits: dict[str, asyncio.Semaphore] = {}
+
+    @property
+    def specs(self) -> dict[str, ToolSpec]:
+        return {name: tool.spec for name, tool in self.tools.items()}
+
+    def schemas(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """OpenAI function schemas, in declaration order (or the order of ``names``)."""
+        chosen = self.tools.keys() if names is None else names
+        return [self.tools[name].spec.schema() for name in chosen]
+
+    def subset(self, names: Iterable[str]) -> "Toolbox":
+        """A toolbox over some of these tools that shares their instances and the cache."""
+        names = list(names)
+        unknown = [n for n in names if n not in self.tools]
+        if unknown:
+            raise ToolError(f"unknown tools {unknown}; declared: {sorted(self.tools)}")
+        subset = Toolbox([self.tools[n] for n in names])
+        subset.cache, subset._limits = self.cache, self._limits
+        return subset
+
+    async def start(self) -> None:
+        """Warm up pooled tools (sandbox workers, indexes) before the first episode."""
+        await asyncio.gather(*(tool.start() for tool in self.tools.values()))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(tool.close() for tool in self.tools.values()),
+                             return_exceptions=True)
+
+    async def __aenter__(self) -> "Toolbox":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _limit(self, name: str) -> asyncio.Semaphore:
+        if name not in self._limits:
+            self._limits[name] = asyncio.Semaphore(self.tools[name].spec.max_concurrency)
+        return self._limits[name]
+
+    async def call(self, name: str, arguments: dict[str, Any],
+                   context: ToolContext = ToolContext()) -> ToolResult:
+        """Run one call. Every failure (unknown tool, invalid arguments, timeout, exception
+        inside the tool) comes back as a result with ``error`` set."""
+        tool = self.tools.get(name)
+        if tool is None:
+            return ToolResult(error=f"unknown tool {name!r}; available: {', '.join(self.tools)}")
+        problems = argument_errors(tool.spec.parameters, arguments)
+        if problems:
+            return ToolResult(error=f"invalid arguments for {name}: {'; '.join(problems)}")
+        key = None
+        if tool.spec.deterministic:
+            allowed = None if context.allowed_documents is None else tuple(
+                sorted(context.allowed_documents))
+            key = (name, canonical_arguments(arguments), allowed)
+            hit = self.cache.get(key)
+            if hit is not None:
+                # The ledger still shows the call, at no marginal cost or time.
+                return dataclasses.replace(hit, cost_usd=0.0, latency_s=0.0, cached=True)
+        result = await self._run(tool, arguments, context)
+        if key is not None and result.error is None:
+            self.cache.put(key, result)
+        return result
+
+    async def _run(self, tool: Tool, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        spec = tool.spec
+        async with self._limit(spec.name):
+            start = time.perf_counter()
+            try:
+                result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
+            except asyncio.TimeoutError:
+                elapsed = time.perf_counter() - start
+                return ToolResult(error=f"{spec.name} timed out after {spec.timeout_s:g} s",
+                                  cost_usd=spec.pricing.cost(Usage(), elapsed),
+                                  latency_s=elapsed)
+            except Exception as error:  # a broken tool must not end the episode
+                logger.exception("tool %s raised", spec.name)
+                return ToolResult(error=f"{spec.name} failed: {type(error).__name__}: {error}",
+                                  latency_s=time.perf_counter() - start)
+        if not isinstance(result, ToolResult):
+            return ToolResult(error=f"{spec.name} returned {type(result).__name__}, not a "
+                              "ToolResult")
+        if result.latency_s == 0.0:
+            result = dataclasses.replace(result, latency_s=time.perf_counter() - start)
+        return result
+
+
+def load_toolbox(paths: Iterable[str | Path], cache_entries: int = 4096,
+                 cache_bytes: int = 64 << 20) -> Toolbox:
+    """Declarations -> built tools -> a toolbox (not started)."""
+    return Toolbox(build_tools(load_declarations(paths)), cache_entries, cache_bytes)

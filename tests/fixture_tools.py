@@ -1,0 +1,50 @@
+"""Small real tools for testing the toolbox and the rollout loop: they sleep, echo, count and
+fail on request, so timing and error paths can be checked exactly."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
+
+ECHO_PARAMETERS = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}, "delay_s": {"type": "number", "minimum": 0}},
+    "required": ["text"],
+}
+
+
+class DelayedEcho(BaseTool):
+    """Echoes ``text`` after ``delay_s`` (argument) or ``default_delay_s`` (option); ``text ==
+    "raise"`` raises, to exercise the toolbox's exception path."""
+
+    def __init__(self, spec: ToolSpec, default_delay_s: float = 0.0, prefix: str = "") -> None:
+        super().__init__(spec)
+        self.default_delay_s, self.prefix = default_delay_s, prefix
+        self.calls = 0
+        self.running = 0
+        self.max_running = 0
+        self.started = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        self.calls += 1
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            await asyncio.sleep(arguments.get("delay_s", self.default_delay_s))
+            if arguments["text"] == "raise":
+                raise RuntimeError("asked to fail")
+            usage = Usage(input_tokens=len(arguments["text"]), output_tokens=1)
+            return ToolResult(output=self.prefix + arguments["text"], usage=usage,
+                              cost_usd=self.spec.pricing.cost(usage, 0.0))
+        finally:
+            self.running -= 1
+
+
+def echo_spec(name: str = "echo", **fields: Any) -> ToolSpec:
+    return ToolSpec(name=name, description="Echo the text back.", parameters=ECHO_PARAMETERS,
+                    **fields)

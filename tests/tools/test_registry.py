@@ -1,0 +1,153 @@
+"""Declarations load from files; the toolbox validates, bounds, times out, caches and never
+raises."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import yaml
+from fixture_tools import ECHO_PARAMETERS, DelayedEcho, echo_spec
+
+from nemo_orch.tools.base import Pricing, ToolContext, ToolError
+from nemo_orch.tools.registry import Toolbox, load_declaration, load_toolbox
+
+
+def declare(directory, name="echo", **extra):
+    body = {"name": name, "description": "Echo the text back.", "parameters": ECHO_PARAMETERS,
+            "class": "fixture_tools.DelayedEcho", **extra}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_a_tool_is_a_file(tmp_path):
+    declare(tmp_path, "echo", pricing={"per_call": 0.01}, options={"prefix": ">"},
+            deterministic=True, max_concurrency=2, timeout_s=3)
+    declare(tmp_path, "shout", options={"prefix": "!"})
+    toolbox = load_toolbox([tmp_path])
+    assert [s["function"]["name"] for s in toolbox.schemas()] == ["echo", "shout"]
+    spec = toolbox.specs["echo"]
+    assert spec.pricing == Pricing(per_call=0.01) and spec.deterministic
+    assert spec.max_concurrency == 2 and spec.timeout_s == 3
+    result = asyncio.run(toolbox.call("echo", {"text": "hi"}))
+    assert result.output == ">hi" and result.error is None and result.cost_usd == 0.01
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"name": "x", "parameters": ECHO_PARAMETERS, "class": "a.B"}, "missing keys ['description']"),
+    ({"name": "x", "description": "d", "parameters": ECHO_PARAMETERS}, "exactly one of"),
+    ({"name": "x", "description": "d", "parameters": ECHO_PARAMETERS, "class": "a.B",
+      "colour": 1}, "unknown keys ['colour']"),
+    ({"name": "x y", "description": "d", "parameters": ECHO_PARAMETERS, "class": "a.B"},
+     "must be an identifier"),
+    ({"name": "x", "description": "d", "parameters": {"type": "string"}, "class": "a.B"},
+     "type object"),
+    ({"name": "x", "description": "d", "parameters": ECHO_PARAMETERS, "class": "a.B",
+      "pricing": {"per_call": -1}}, "pricing.per_call must be >= 0"),
+])
+def test_bad_declarations_name_the_file_and_key(tmp_path, body, message):
+    path = tmp_path / "tool.yaml"
+    path.write_text(yaml.safe_dump(body))
+    with pytest.raises(ToolError, match="tool.yaml") as error:
+        load_declaration(path)
+    assert message in str(error.value)
+
+
+def test_build_errors(tmp_path):
+    declare(tmp_path, "echo", **{"class": "fixture_tools.Missing"})
+    with pytest.raises(ToolError, match="cannot import 'fixture_tools.Missing'"):
+        load_toolbox([tmp_path])
+    (tmp_path / "echo.yaml").unlink()
+    declare(tmp_path, "echo", options={"volume": 11})
+    with pytest.raises(ToolError, match="cannot build fixture_tools.DelayedEcho"):
+        load_toolbox([tmp_path])
+    with pytest.raises(ToolError, match="no such tool declaration"):
+        load_toolbox([tmp_path / "absent.yaml"])
+
+
+def test_duplicate_names(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    declare(first), declare(second)
+    with pytest.raises(ToolError, match="declared twice"):
+        load_toolbox([first, second])
+
+
+def test_every_failure_is_an_error_result():
+    toolbox = Toolbox([DelayedEcho(echo_spec(timeout_s=0.2))])
+
+    async def calls():
+        return await asyncio.gather(
+            toolbox.call("nope", {}),
+            toolbox.call("echo", {"text": 1}),
+            toolbox.call("echo", {"txt": "a"}),
+            toolbox.call("echo", {"text": "raise"}),
+            toolbox.call("echo", {"text": "slow", "delay_s": 5}),
+            toolbox.call("echo", {"text": "fine"}))
+
+    unknown, mistyped, misnamed, raised, slow, fine = asyncio.run(calls())
+    assert "unknown tool 'nope'" in unknown.error
+    assert "'text' should be of type string" in mistyped.error
+    assert "missing argument 'text'" in misnamed.error and "undeclared argument 'txt'" in \
+        misnamed.error
+    assert raised.error == "echo failed: RuntimeError: asked to fail"
+    assert slow.error == "echo timed out after 0.2 s" and slow.latency_s >= 0.2
+    assert fine.error is None and fine.output == "fine"
+    assert fine.observation == "fine" and raised.observation.startswith("Error: ")
+
+
+def test_deterministic_results_are_cached_and_still_reported():
+    tool = DelayedEcho(echo_spec(deterministic=True, pricing=Pricing(per_call=0.5)))
+    toolbox = Toolbox([tool], cache_entries=2)
+    run = lambda text, docs=None: asyncio.run(  # noqa: E731
+        toolbox.call("echo", {"text": text}, ToolContext(allowed_documents=docs)))
+    first, again = run("a"), run("a")
+    assert (first.cached, first.cost_usd) == (False, 0.5)
+    assert (again.cached, again.cost_usd, again.output) == (True, 0.0, "a")
+    assert tool.calls == 1
+    run("a", frozenset({"d1"}))  # another whitelist is another key
+    assert tool.calls == 2
+    run("b"), run("c")  # evicts "a" (LRU, 2 entries)
+    run("a")
+    assert tool.calls == 5 and len(toolbox.cache) == 2
+    run("raise"), run("raise")  # failures are not cached
+    assert tool.calls == 7
+
+
+def test_cache_is_bounded_in_bytes():
+    toolbox = Toolbox([DelayedEcho(echo_spec(deterministic=True))], cache_bytes=10)
+    for text in ("aaaa", "bbbb", "cccc", "x" * 11):
+        asyncio.run(toolbox.call("echo", {"text": text}))
+    assert len(toolbox.cache) == 2 and toolbox.cache._bytes == 8
+
+
+def test_per_tool_concurrency_bound_and_independence():
+    slow = DelayedEcho(echo_spec("slow", max_concurrency=2), default_delay_s=0.3)
+    fast = DelayedEcho(echo_spec("fast"))
+    toolbox = Toolbox([slow, fast])
+
+    async def scenario():
+        await toolbox.start()
+        start = time.perf_counter()
+        slow_calls = [asyncio.create_task(toolbox.call("slow", {"text": str(i)}))
+                      for i in range(4)]
+        await toolbox.call("fast", {"text": "now"})
+        fast_done = time.perf_counter() - start
+        await asyncio.gather(*slow_calls)
+        return fast_done, time.perf_counter() - start
+
+    fast_done, all_done = asyncio.run(scenario())
+    assert slow.started and fast.started
+    assert slow.max_running == 2           # the bound held
+    assert all_done >= 0.6                 # 4 calls, 2 at a time, 0.3 s each
+    assert fast_done < 0.25                # the other tool did not wait behind them
+
+
+def test_subset_shares_instances_and_rejects_unknown():
+    echo = DelayedEcho(echo_spec())
+    toolbox = Toolbox([echo, DelayedEcho(echo_spec("other"))])
+    assert toolbox.subset(["echo"]).tools == {"echo": echo}
+    with pytest.raises(ToolError, match="unknown tools"):
+        toolbox.subset(["missing"])
