@@ -4,12 +4,18 @@ and ``--print-config``; user mistakes exit non-zero with one line naming the key
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
+import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import Config
@@ -21,8 +27,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from nemo_orch.data.conversations import DataError
     from nemo_orch.models.checkpoint import CheckpointError
     from nemo_orch.models.tokenizer import TokenizerError
+    from nemo_orch.rollout.engines.base import EngineError
+    from nemo_orch.tools.base import ToolError
 
-    return (config_lib.ConfigError, CheckpointError, DataError, TokenizerError, FileNotFoundError)
+    return (config_lib.ConfigError, CheckpointError, DataError, TokenizerError, ToolError,
+            EngineError, FileNotFoundError)
 
 
 def _launch_workers(config: Config) -> int | None:
@@ -83,13 +92,109 @@ def cmd_import(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_json(value: object) -> None:
+    print(json.dumps(value, ensure_ascii=False))
+
+
+def cmd_tools_list(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.rollout.builders import declared_schemas
+
+    _print_json(declared_schemas(config.tools))
+    return 0
+
+
+def _call_tool(config: Config, name: str, raw_arguments: str) -> dict:
+    from nemo_orch.rollout.builders import build_toolbox
+    from nemo_orch.tools.base import ToolResult
+
+    try:
+        arguments = json.loads(raw_arguments)
+    except json.JSONDecodeError as error:
+        return ToolResult(error=f"--args is not JSON: {error}").to_json()
+    if not isinstance(arguments, dict):
+        return ToolResult(error="--args must be a JSON object").to_json()
+
+    async def call() -> dict:
+        toolbox = build_toolbox(config.tools)
+        if name not in toolbox.tools:  # no need to start every tool to say so
+            return (await toolbox.call(name, arguments)).to_json()
+        toolbox = toolbox.subset([name])
+        async with toolbox:
+            return (await toolbox.call(name, arguments)).to_json()
+
+    return asyncio.run(call())
+
+
+def cmd_tools_call(config: Config, args: argparse.Namespace) -> int:
+    """Exit 0 whenever the tool ran or refused: its failure is in ``error``."""
+    _print_json(_call_tool(config, args.name, args.args))
+    return 0
+
+
+def cmd_tools_parse(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.rollout.builders import declared_schemas
+    from nemo_orch.rollout.format import TurnFormat, parse_turn
+
+    fmt = TurnFormat.for_tools(declared_schemas(config.tools),
+                               answer_format=config.rollout.answer_format,
+                               multiple_calls=config.rollout.multiple_calls)
+    turn = parse_turn(sys.stdin.read(), fmt)
+    _print_json({"calls": [{"name": c.name, "arguments": c.arguments} for c in turn.calls
+                           if c.valid],
+                 "error": turn.error or next((c.error for c in turn.calls if c.error), None),
+                 "answer": turn.answer, "format_errors": turn.format_errors,
+                 "invalid_calls": [c.to_json() for c in turn.calls if not c.valid]})
+    return 0
+
+
+def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.data.tasks import read_tasks
+    from nemo_orch.rollout import builders
+    from nemo_orch.rollout.runner import run_rollouts
+
+    tasks = read_tasks(args.tasks)
+    samples = args.n or config.rollout.group_size
+    engine, tokenizer = builders.build_engine(config)
+    settings = builders.episode_settings(config)
+
+    async def rollouts():
+        async with builders.build_toolbox(config.tools) as toolbox:
+            return await run_rollouts(
+                tasks, samples, engine, toolbox, tokenizer, settings,
+                max_concurrent_episodes=config.rollout.max_concurrent_episodes,
+                max_batch_size=config.rollout.max_batch_size, seed=config.run.seed)
+
+    started = time.perf_counter()
+    trajectories = asyncio.run(rollouts())
+    seconds = time.perf_counter() - started
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(t.to_json(), ensure_ascii=False) + "\n"
+                           for t in trajectories))
+    ended = collections.Counter(t.termination for t in trajectories)
+    mean_cost = statistics.mean(t.cost_usd for t in trajectories)
+    mean_turns = statistics.mean(len(t.turns) for t in trajectories)
+    print(f"rollout: {len(trajectories)} episodes ({len(tasks)} tasks x {samples}) in "
+          f"{seconds:.1f} s -> {out}")
+    print(f"  ended by {dict(ended)}; mean cost ${mean_cost:.6f}, mean turns {mean_turns:.1f}")
+    return 0
+
+
+def cmd_index_build(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.tools.retriever import build_index
+
+    out = build_index(args.corpus, args.out, encoder=args.encoder)
+    print(f"index: built {out} from {args.corpus} (encoder {args.encoder})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nemo-orch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, handler: Callable[[Config, argparse.Namespace], int],
-            help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+            help_text: str, group=commands) -> argparse.ArgumentParser:
+        sub = group.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("overrides", nargs="*", help="config overrides: key=value, group=option")
         sub.add_argument("--print-config", action="store_true",
                          help="print the resolved config as YAML and exit")
@@ -109,6 +214,33 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--format", required=True, choices=["hf"])
     imp.add_argument("--hf-dir", required=True)
     imp.add_argument("--out", required=True)
+
+    tools = commands.add_parser("tools", help="list, call and parse tools")
+    tool_commands = tools.add_subparsers(dest="tools_command", required=True)
+    add("list", cmd_tools_list, "print the configured tools' schemas as a JSON list",
+        tool_commands)
+    call = add("call", cmd_tools_call, "call one tool; prints {output, error, cost_usd, "
+               "latency_s, ...} as JSON", tool_commands)
+    call.add_argument("name")
+    call.add_argument("--args", required=True, help="the arguments as a JSON object")
+    add("parse", cmd_tools_parse, "parse assistant text from stdin into tool calls (JSON)",
+        tool_commands)
+
+    rollout = add("rollout", cmd_rollout, "run episodes of the policy on a task file and "
+                  "write trajectories (JSONL)")
+    rollout.add_argument("--tasks", required=True, help="JSONL task file")
+    rollout.add_argument("--n", type=int, default=None,
+                         help="episodes per task (default: rollout.group_size)")
+    rollout.add_argument("--out", required=True, help="JSONL file for the trajectories")
+
+    index = commands.add_parser("index", help="retrieval indexes")
+    index_commands = index.add_subparsers(dest="index_command", required=True)
+    build = add("build", cmd_index_build, "build a dense (FAISS) + BM25 index from a JSONL "
+                "corpus", index_commands)
+    build.add_argument("--corpus", required=True, help='JSONL: {"id": ..., "text": ...}')
+    build.add_argument("--out", required=True, help="index directory")
+    build.add_argument("--encoder", default="hashing",
+                       help="'hashing' (offline default) or a local HF encoder directory")
     return parser
 
 
@@ -124,7 +256,8 @@ def _config_for(args: argparse.Namespace) -> Config:
 def _quiet_dependencies() -> None:
     """Keep megatron-core's start-up chatter (missing Apex/TE, per-parameter listings) out of
     the user's terminal; real warnings from our own code still show."""
-    logging.getLogger("megatron").setLevel(logging.WARNING)
+    for noisy in ("megatron", "faiss", "bm25s", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module=r"megatron\.")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     # Raised inside megatron-core calls that pass through the CPU compatibility layer.

@@ -157,15 +157,30 @@ class DataConfig:
         _require(self.seq_length > 8, "data.seq_length must be > 8")
 
 
+def resolve_conf_path(path: str) -> Path:
+    """Relative paths in tool/task settings are relative to ``conf/`` (where they ship), unless
+    they exist relative to the working directory."""
+    candidate = Path(path)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    return CONF_DIR / candidate
+
+
 @dataclass
 class ToolsConfig:
-    """Tool declaration files (YAML/JSON, one tool each) available to the orchestrator."""
+    """Tool declaration files, or directories of them (one YAML/JSON file per tool), and the
+    cache of deterministic tools' results."""
 
-    spec_files: list[str] = field(default_factory=list)
+    declarations: list[str] = field(default_factory=list)
+    cache_entries: int = 4096
+    cache_mb: int = 64
 
     def __post_init__(self) -> None:
-        for index, path in enumerate(self.spec_files):
-            _require_file(path, f"tools.spec_files[{index}]")
+        for index, path in enumerate(self.declarations):
+            _require(resolve_conf_path(path).exists(),
+                     f"tools.declarations[{index}]: no such file or directory: {path}")
+        _require(self.cache_entries >= 0 and self.cache_mb >= 0,
+                 "tools.cache_entries and tools.cache_mb must be >= 0")
 
 
 @dataclass
@@ -180,20 +195,55 @@ class RewardConfig:
 
 @dataclass
 class RolloutConfig:
+    """Episodes and the engine that generates them.
+
+    ``policy``: a checkpoint (``step_N`` or ``checkpoints/``) or an HF model directory for the
+    ``hf`` engine; null takes the run's latest checkpoint. ``openai`` serves from ``base_url``
+    (key read from the environment variable ``api_key_env``). ``max_context_tokens`` null means
+    the model's ``max_position_embeddings``.
+    """
+
     engine: str = "hf"
+    policy: Optional[str] = None
+    base_url: Optional[str] = None
+    model_name: Optional[str] = None
+    api_key_env: Optional[str] = None
     group_size: int = 8
-    max_turns: int = 8
-    max_new_tokens: int = 128
+    max_turns: int = 50
+    max_new_tokens: int = 256
+    max_context_tokens: Optional[int] = None
+    max_observation_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    answer_format: str = "tag"
+    multiple_calls: str = "parallel"
+    max_concurrent_episodes: int = 64
+    max_batch_size: int = 64
+    # The orchestrator's own price (USD per million tokens), counted in every trajectory's cost.
+    input_usd_per_million: float = 0.2
+    output_usd_per_million: float = 0.2
+    check_template: bool = True
 
     def __post_init__(self) -> None:
         _require(self.engine in ("hf", "trtllm", "vllm", "openai"),
                  f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}")
-        _require(self.group_size >= 1 and self.max_turns >= 1 and self.max_new_tokens >= 1,
-                 "rollout.group_size, rollout.max_turns and rollout.max_new_tokens must be >= 1")
-        _require(self.temperature >= 0 and 0 < self.top_p <= 1,
-                 "rollout.temperature must be >= 0 and rollout.top_p in (0, 1]")
+        _require(self.engine != "openai" or (self.base_url and self.model_name),
+                 "rollout.engine=openai needs rollout.base_url and rollout.model_name")
+        _require_file(self.policy, "rollout.policy")
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_observation_tokens",
+                     "max_concurrent_episodes", "max_batch_size"):
+            _require(getattr(self, name) >= 1, f"rollout.{name} must be >= 1")
+        _require(self.max_context_tokens is None or self.max_context_tokens > 2,
+                 "rollout.max_context_tokens must be > 2")
+        _require(self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0,
+                 "rollout.temperature must be >= 0, rollout.top_p in (0, 1], rollout.top_k >= 0")
+        _require(self.answer_format in ("tag", "tool"),
+                 f"rollout.answer_format must be tag|tool, got {self.answer_format!r}")
+        _require(self.multiple_calls in ("first", "parallel"),
+                 f"rollout.multiple_calls must be first|parallel, got {self.multiple_calls!r}")
+        _require(self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
+                 "rollout prices must be >= 0")
 
 
 @dataclass
@@ -272,6 +322,13 @@ class Config:
         _require(self.tokenizer.path is not None
                  or self.tokenizer.vocab_size <= self.model.vocab_size,
                  "tokenizer.vocab_size must be <= model.vocab_size")
+        _require((self.rollout.max_context_tokens or 0) <= self.model.max_position_embeddings,
+                 "rollout.max_context_tokens must be <= model.max_position_embeddings")
+
+    @property
+    def context_tokens(self) -> int:
+        """The episode context budget in tokens."""
+        return self.rollout.max_context_tokens or self.model.max_position_embeddings
 
     @property
     def num_microbatches(self) -> int:

@@ -15,8 +15,8 @@ def test_default_tree_composes_all_groups():
     cfg = config_lib.load()
     assert cfg.model.preset == "tiny"
     assert 1e6 < cfg.model.num_parameters() < 10e6  # "a few million parameters"
-    assert (cfg.tools.spec_files, cfg.reward.combination, cfg.rollout.engine,
-            cfg.launcher.executor) == ([], "toolorchestra", "hf", "local")
+    assert (cfg.tools.declarations, cfg.reward.combination, cfg.rollout.engine,
+            cfg.launcher.executor) == (["tools/offline"], "toolorchestra", "hf", "local")
 
 
 @pytest.mark.parametrize("preset,params", [("qwen3-0.6b", 0.6e9), ("qwen3-8b", 8.2e9)])

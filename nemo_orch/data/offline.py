@@ -527,3 +527,18 @@ def generate_conversations(n: int, seed: int) -> list[dict[str, Any]]:
         make_task = rng.choices(families, weights)[0]
         conversations.append(_conversation(rng, make_task(rng)))
     return conversations
+
+
+def world_documents(conversations: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The passages ``search`` returned in ``conversations``, as a retrieval corpus
+    (``{"id", "text"}``, sorted, ids by position): what the offline ``search`` tool serves."""
+    passages: set[str] = set()
+    for conversation in conversations:
+        messages = conversation["messages"]
+        for call_message, response in zip(messages, messages[1:]):
+            calls = call_message.get("tool_calls") or []
+            if response["role"] == "tool" and any(c["function"]["name"] == "search"
+                                                  for c in calls):
+                passages.add(response["content"])
+    return [{"id": f"world-{index:05d}", "text": text}
+            for index, text in enumerate(sorted(passages))]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import MARKUP_TOKENS
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import FORMAT_ERRORS, ParsedTurn, TurnFormat, parse_turn
@@ -30,20 +31,6 @@ TERMINATIONS = ("answer", "max_turns", "context_limit", "engine_error")
 
 class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """A question for the orchestrator. ``tools`` restricts the offered tools (None: all);
-    ``allowed_documents`` restricts what retrieval may return; ``answer`` is the reference."""
-
-    id: str
-    question: str
-    system: str | None = None
-    tools: tuple[str, ...] | None = None
-    answer: str | None = None
-    allowed_documents: frozenset[str] | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -198,7 +185,8 @@ class Episode:
         self.format = TurnFormat.for_tools(self.schemas, answer_format=settings.answer_format,
                                            multiple_calls=settings.multiple_calls)
         self.context = ToolContext(task_id=task.id, episode_id=f"{task.id}#{sample}",
-                                   allowed_documents=task.allowed_documents, seed=seed)
+                                   allowed_documents=task.allowed_documents, seed=seed,
+                                   task=task)
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.messages: list[dict[str, Any]] = []
         if task.system:

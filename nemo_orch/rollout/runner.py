@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams
-from nemo_orch.rollout.episode import Episode, EpisodeSettings, Task, Trajectory
+from nemo_orch.data.tasks import Task
+from nemo_orch.rollout.episode import Episode, EpisodeSettings, Trajectory
 from nemo_orch.tools.registry import Toolbox
 
 

@@ -8,7 +8,10 @@ bad call: it returns a :class:`ToolResult` with ``error`` set, which becomes the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from nemo_orch.data.tasks import Task
 
 
 class ToolError(ValueError):
@@ -109,12 +112,15 @@ class ToolResult:
 @dataclass(frozen=True)
 class ToolContext:
     """Per-call facts a tool may use: which task/episode is calling, the documents it may see
-    (None: all), and a seed for tools that sample."""
+    (None: all), and a seed for tools that sample. ``task`` is the whole task, for tools that
+    act on its environment (a domain database) or, for the simulated expert only, its
+    reference answer."""
 
     task_id: str = ""
     episode_id: str = ""
     allowed_documents: frozenset[str] | None = None
     seed: int = 0
+    task: "Task | None" = None
 
 
 @runtime_checkable

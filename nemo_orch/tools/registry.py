@@ -13,7 +13,8 @@ A declaration is the spec plus how to build the implementation::
     class: nemo_orch.tools.sandbox.PythonSandbox    # or `endpoint: http://host:port/...`
     options: {memory_mb: 1024}
 
-Adding a tool is adding such a file. The toolbox owns everything around a call that must hold for
+Adding a tool is adding such a file. An option written ``file:<path>`` is a path relative to the
+declaration's own directory, so a tool can ship with its data. The toolbox owns everything around a call that must hold for
 every tool: argument validation, a per-tool concurrency bound, the timeout, turning exceptions into
 error results, and the cache of deterministic tools. It never raises from :meth:`Toolbox.call`.
 """
@@ -147,7 +148,8 @@ def _build(declaration: ToolDeclaration, resolve) -> Tool:
 
         return RemoteTool(declaration.spec, declaration.endpoint, **declaration.options)
     cls = _import(declaration.class_path, declaration.source)
-    options = dict(declaration.options)
+    options = {key: _resolve_file(value, declaration.source.parent)
+               for key, value in declaration.options.items()}
     if "resolve" in inspect.signature(cls).parameters:
         options["resolve"] = resolve
     try:
@@ -159,6 +161,12 @@ def _build(declaration: ToolDeclaration, resolve) -> Tool:
         raise ToolError(f"{declaration.source}: {declaration.class_path} is not a Tool "
                         "(needs spec, async call/start/close)")
     return tool
+
+
+def _resolve_file(value: Any, directory: Path) -> Any:
+    if isinstance(value, str) and value.startswith("file:"):
+        return str(directory / value.removeprefix("file:"))
+    return value
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> str:

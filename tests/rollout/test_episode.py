@@ -13,7 +13,8 @@ import pytest
 from fixture_tools import DelayedEcho, echo_spec
 
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
-from nemo_orch.rollout.episode import EpisodeSettings, Task
+from nemo_orch.data.tasks import Task
+from nemo_orch.rollout.episode import EpisodeSettings
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.tools.base import Pricing
 from nemo_orch.tools.registry import Toolbox

@@ -1,0 +1,95 @@
+"""Builders from the validated config to the rollout's parts: tools, engine, episode settings.
+
+Recipes (``nemo-orch rollout``, GRPO, evaluation) call these instead of reading config fields
+themselves, so every entry point builds the same parts the same way.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from typing import TYPE_CHECKING
+
+from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
+from nemo_orch.tools.base import Pricing
+from nemo_orch.tools.registry import Toolbox, load_declarations, load_toolbox
+
+if TYPE_CHECKING:  # torch and transformers load only for commands that generate
+    from transformers import PreTrainedTokenizerBase
+
+    from nemo_orch.rollout.engines.base import Engine
+    from nemo_orch.rollout.episode import EpisodeSettings
+
+
+def build_toolbox(tools: ToolsConfig) -> Toolbox:
+    """The declared tools, not yet started (``async with toolbox`` warms them up)."""
+    return load_toolbox([resolve_conf_path(path) for path in tools.declarations],
+                        cache_entries=tools.cache_entries, cache_bytes=tools.cache_mb << 20)
+
+
+def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:
+    """The declared tools' OpenAI schemas, read from their files without building them."""
+    declarations = load_declarations([resolve_conf_path(path) for path in tools.declarations])
+    return [declaration.spec.schema() for declaration in declarations]
+
+
+def episode_settings(config: Config) -> "EpisodeSettings":
+    from nemo_orch.rollout.episode import EpisodeSettings
+
+    rollout = config.rollout
+    return EpisodeSettings(
+        max_turns=rollout.max_turns, max_new_tokens=rollout.max_new_tokens,
+        max_context_tokens=config.context_tokens,
+        max_observation_tokens=rollout.max_observation_tokens,
+        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+        answer_format=rollout.answer_format, multiple_calls=rollout.multiple_calls,
+        orchestrator_pricing=Pricing.per_million_tokens(rollout.input_usd_per_million,
+                                                         rollout.output_usd_per_million),
+        check_template=rollout.check_template)
+
+
+def _policy_dir(config: Config, scratch: Path) -> Path:
+    """An HF directory holding the policy: ``rollout.policy`` as is when it is one, else the
+    checkpoint it names (or the run's latest) exported to ``scratch``."""
+    from nemo_orch.models import checkpoint
+    from nemo_orch.models.hf_mapping import HF_CONFIG
+
+    if config.rollout.policy is not None and (Path(config.rollout.policy) / HF_CONFIG).is_file():
+        return Path(config.rollout.policy)
+    source = config.rollout.policy or checkpoint.checkpoints_dir(config)
+    if config.rollout.policy is None and checkpoint.latest_checkpoint(Path(source)) is None:
+        raise ConfigError(f"rollout.policy is not set and {source} holds no checkpoint: train "
+                          "first (make train) or point rollout.policy at a checkpoint or an HF "
+                          "directory")
+    from nemo_orch.models import convert
+
+    return convert.export(str(source), "hf", str(scratch / "policy"))
+
+
+def build_engine(config: Config) -> tuple["Engine", "PreTrainedTokenizerBase"]:
+    """The policy's generation engine and the tokenizer its token ids belong to."""
+    from nemo_orch.models.tokenizer import load_tokenizer
+
+    rollout = config.rollout
+    if rollout.engine == "hf":
+        from nemo_orch.rollout.engines.hf import HFEngine
+
+        with tempfile.TemporaryDirectory(prefix="nemo-orch-policy-") as scratch:
+            directory = _policy_dir(config, Path(scratch))
+            tokenizer = load_tokenizer(directory)
+            return HFEngine.from_pretrained(directory, tokenizer=tokenizer,
+                                            base=config.model), tokenizer
+    if rollout.engine == "openai":
+        from nemo_orch.rollout.engines.openai import OpenAIClient, OpenAIEngine
+
+        if config.tokenizer.path is None:
+            raise ConfigError("rollout.engine=openai needs tokenizer.path (the served model's "
+                              "tokenizer) to keep token-level trajectories")
+        tokenizer = load_tokenizer(config.tokenizer.path)
+        client = OpenAIClient(rollout.base_url, rollout.model_name,
+                              api_key_env=rollout.api_key_env)
+        return OpenAIEngine(client, tokenizer), tokenizer
+    raise ConfigError(f"rollout.engine={rollout.engine} needs a GPU engine (TensorRT-LLM/vLLM), "
+                      "which is not part of this installation")

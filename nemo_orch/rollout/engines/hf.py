@@ -1,0 +1,217 @@
+"""The CPU rollout engine: transformers' ``Qwen3ForCausalLM`` in float32 with a KV cache.
+
+It is the reference implementation of the :class:`~nemo_orch.rollout.engines.base.Engine` seam
+(the GPU engines must agree with it) and what rollouts use on a machine without a GPU.
+
+Logprobs are those of the sampled tokens under ``log_softmax(logits / temperature)`` -- the
+distribution *before* top-k/top-p filtering, as verl and vLLM report them -- and under
+``log_softmax(logits)`` for greedy decoding (``temperature=0``). That is the quantity GRPO
+compares with the training policy's logprobs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from nemo_orch.config import ModelConfig
+from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, hf_config_dict,
+                                         model_config_from_hf)
+from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams
+
+
+def build_hf_model(model: ModelConfig) -> torch.nn.Module:
+    """An uninitialised-weights float32 ``Qwen3ForCausalLM`` in eval mode for our model config."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if not model.qk_layernorm:
+        raise EngineError("the HF engine serves Qwen3, which needs model.qk_layernorm=true")
+    fields = {k: v for k, v in hf_config_dict(model).items()
+              if k not in ("architectures", "model_type", "torch_dtype")}
+    config = Qwen3Config(**fields)
+    config._attn_implementation = "sdpa"
+    return Qwen3ForCausalLM(config).to(torch.float32).eval()
+
+
+def _row_seed(seed: int, row: int) -> int:
+    """Independent seed per batch row, so a row's samples do not depend on its neighbours."""
+    return zlib.crc32(f"{seed}:{row}".encode())
+
+
+def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature-scaled logits ``[b, v]`` with tokens outside top-k / the top-p nucleus at -inf
+    (the most likely token always survives)."""
+    if top_k and top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p.
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop[:, 0] = False
+        scaled = scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return scaled
+
+
+@dataclass
+class _Row:
+    """Generation state of one prompt."""
+
+    prompt_len: int
+    max_new: int
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop: str | int | None = None
+
+
+class HFEngine:
+    """Batched generation with transformers on CPU (float32), refit from HF-named weights.
+
+    ``weights``: full HF-named tensors; without them the model starts from
+    :class:`SeededHFWeights` with ``seed`` -- the same initial weights as a Megatron policy built
+    with that run seed. ``tokenizer`` decodes ``Generation.text`` and is needed for stop strings.
+    """
+
+    def __init__(self, model: ModelConfig, weights: Mapping[str, torch.Tensor] | None = None, *,
+                 seed: int = 0, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+        self.model_config = model
+        self.tokenizer = tokenizer
+        self.model = build_hf_model(model)
+        self.update_weights(weights if weights is not None else SeededHFWeights(model, seed))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *,
+                        tokenizer: PreTrainedTokenizerBase | None = None,
+                        base: ModelConfig | None = None) -> HFEngine:
+        """Load an HF Qwen3 directory (e.g. from ``nemo-orch export --format hf``); its tokenizer
+        is used when the directory has one and none is given."""
+        checkpoint = HFCheckpoint(directory)
+        model = model_config_from_hf(checkpoint.config, base or ModelConfig())
+        if tokenizer is None and (Path(directory) / "tokenizer.json").is_file():
+            from nemo_orch.models.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(directory)
+        return cls(model, checkpoint, tokenizer=tokenizer)
+
+    def update_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy full HF-named tensors into the model; the names must cover it exactly. Checked
+        before anything is copied, so a rejected state leaves the old weights intact."""
+        params = dict(self.model.named_parameters())  # a tied lm_head is listed once, as embed
+        names = set(state.keys())
+        missing, unexpected = sorted(params.keys() - names), sorted(names - params.keys())
+        if missing or unexpected:
+            raise EngineError(f"weights do not match the model: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+        tensors = {name: state[name] for name in params}
+        for name, tensor in tensors.items():
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise EngineError(f"{name}: shape {tuple(tensor.shape)} does not match the "
+                                  f"model's {tuple(params[name].shape)}")
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(tensors[name].to(param.dtype))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Continue every prompt; finished rows are dropped from the batch (and its KV cache)."""
+        from transformers import DynamicCache
+
+        if not prompts:
+            return []
+        if params.stop_strings and self.tokenizer is None:
+            raise EngineError("stop strings need a tokenizer: build the HFEngine with one")
+        max_positions = self.model_config.max_position_embeddings
+        vocab = self.model_config.vocab_size
+        for index, prompt in enumerate(prompts):
+            if not prompt:
+                raise EngineError(f"prompt {index} is empty")
+            if len(prompt) >= max_positions:
+                raise EngineError(f"prompt {index} has {len(prompt)} tokens; the model takes at "
+                                  f"most {max_positions - 1} to leave room for one new token")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise EngineError(f"prompt {index} has token ids outside [0, {vocab})")
+
+        base_seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2**62, (1,)))
+        rows = [_Row(prompt_len=len(p), max_new=min(params.max_new_tokens, max_positions - len(p)),
+                     generator=None if params.temperature == 0 else
+                     torch.Generator().manual_seed(_row_seed(base_seed, i)))
+                for i, p in enumerate(prompts)]
+
+        # Left-padded prefill: pads are masked out and real tokens get positions 0..n-1.
+        width = max(len(p) for p in prompts)
+        input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt):] = torch.tensor(prompt)
+            mask[i, width - len(prompt):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        active = list(range(len(prompts)))  # batch row -> index in rows
+        while True:
+            logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            tokens, logprobs = self._sample(logits.float(), params, [rows[i] for i in active])
+            still: list[int] = []
+            for batch_row, index in enumerate(active):
+                row = rows[index]
+                row.tokens.append(int(tokens[batch_row]))
+                row.logprobs.append(float(logprobs[batch_row]))
+                self._check_finished(row, params)
+                if row.finish_reason is None:
+                    still.append(batch_row)
+            if not still:
+                break
+            if len(still) < len(active):
+                keep = torch.tensor(still)
+                cache.batch_select_indices(keep)
+                mask, positions, tokens = mask[keep], positions[keep], tokens[keep]
+                active = [active[b] for b in still]
+            input_ids = tokens[:, None]
+            positions = positions[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype)], dim=1)
+        return [Generation(token_ids=row.tokens, logprobs=row.logprobs,
+                           finish_reason=row.finish_reason or "length", text=self._decode(row.tokens),
+                           prompt_tokens=row.prompt_len,
+                           extra={} if row.stop is None else {"stop": row.stop})
+                for row in rows]
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams,
+                rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token per row and its logprob (see the module docstring for which logprob)."""
+        if params.temperature == 0:
+            tokens = logits.argmax(-1)
+            return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
+        scaled = logits / params.temperature
+        logprobs = torch.log_softmax(scaled, -1)
+        probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), -1)
+        tokens = torch.stack([torch.multinomial(probs[b], 1, generator=row.generator)[0]
+                              for b, row in enumerate(rows)])
+        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+    def _check_finished(self, row: _Row, params: SamplingParams) -> None:
+        token = row.tokens[-1]
+        if token in params.stop_token_ids:
+            row.finish_reason, row.stop = "stop", token
+        elif params.stop_strings:
+            # Checked after every token, so a match is one the newest token completed.
+            text = self._decode(row.tokens)
+            for stop in params.stop_strings:
+                if stop in text:
+                    row.finish_reason, row.stop = "stop", stop
+                    break
+        if row.finish_reason is None and len(row.tokens) >= row.max_new:
+            row.finish_reason = "length"
+
+    def _decode(self, tokens: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -1,0 +1,118 @@
+"""ToolOrchestra's composite tools: an expert model writes, a basic tool executes.
+
+* ``search``: the expert turns the question into a search query; the retriever (or web search)
+  runs it.
+* ``enhance_reasoning``: the expert writes Python; the sandbox runs it.
+* ``answer``: the expert answers; the result ends the episode.
+
+Each takes a ``model`` argument choosing the expert (an alias of the expert tool) and bills the
+expert's tokens plus the basic tool's fees. They are configurations of existing tools, named in
+their declarations by ``expert`` and ``executor`` and built first by the registry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from nemo_orch.tools.base import BaseTool, Tool, ToolContext, ToolError, ToolResult, ToolSpec
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_code(text: str) -> str:
+    """The last fenced code block, or the whole reply when there is none."""
+    blocks = _CODE_BLOCK.findall(text)
+    return (blocks[-1] if blocks else text).strip()
+
+
+def extract_final_answer(text: str) -> str:
+    """``<answer>…</answer>`` if the expert used it, else its whole reply."""
+    answers = _ANSWER.findall(text)
+    return (answers[-1] if answers else text).strip()
+
+
+def _combine(expert: ToolResult, executed: ToolResult, output: str) -> ToolResult:
+    return ToolResult(output=output, error=executed.error, usage=expert.usage,
+                      cost_usd=expert.cost_usd + executed.cost_usd,
+                      latency_s=expert.latency_s + executed.latency_s)
+
+
+class _Composite(BaseTool):
+    """Resolves its parts by name. ``expert`` is any tool taking ``{"model", "question"}``."""
+
+    prompt: str = "{question}"
+
+    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
+                 prompt: str | None = None) -> None:
+        super().__init__(spec)
+        self.expert = resolve(expert)
+        if prompt is not None:
+            self.prompt = prompt
+        if "{question}" not in self.prompt:
+            raise ToolError(f"{spec.name}: prompt must contain {{question}}")
+
+    async def _ask(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        question = self.prompt.format(question=arguments["question"])
+        return await self.expert.call({"model": arguments["model"], "question": question},
+                                      context)
+
+
+class ExpertSearch(_Composite):
+    """The expert writes the query; ``executor`` (a retriever or web search) runs it."""
+
+    prompt = ("Write one short search query that would find the information needed to answer "
+              "this question. Reply with the query only.\n\nQuestion: {question}")
+
+    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
+                 executor: str, prompt: str | None = None) -> None:
+        super().__init__(spec, resolve, expert, prompt)
+        self.executor = resolve(executor)
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        written = await self._ask(arguments, context)
+        if written.error is not None:
+            return written
+        lines = written.output.strip().splitlines()
+        query = lines[0].strip().strip('"') if lines else ""
+        if not query:
+            return _combine(written, ToolResult(error="the expert wrote an empty query"), "")
+        found = await self.executor.call({"query": query}, context)
+        return _combine(written, found, f"Query: {query}\n{found.output}")
+
+
+class ExpertCode(_Composite):
+    """The expert writes Python; ``executor`` (the sandbox) runs it."""
+
+    prompt = ("Write a Python program that prints the information needed to answer this "
+              "question. Reply with one ```python code block.\n\nQuestion: {question}")
+
+    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
+                 executor: str, prompt: str | None = None) -> None:
+        super().__init__(spec, resolve, expert, prompt)
+        self.executor = resolve(executor)
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        written = await self._ask(arguments, context)
+        if written.error is not None:
+            return written
+        code = extract_code(written.output)
+        ran = await self.executor.call({"code": code}, context)
+        return _combine(written, ran, f"Code:\n{code}\nOutput:\n{ran.output}")
+
+
+class ExpertAnswer(_Composite):
+    """The expert answers; the episode ends with that answer."""
+
+    prompt = ("Answer the question. Put the final answer inside <answer></answer>."
+              "\n\nQuestion: {question}")
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        replied = await self._ask(arguments, context)
+        if replied.error is not None:
+            return replied
+        final = extract_final_answer(replied.output)
+        return ToolResult(output=replied.output, usage=replied.usage, cost_usd=replied.cost_usd,
+                          latency_s=replied.latency_s, answer=final)

@@ -1,0 +1,102 @@
+"""Expert models behind any OpenAI-compatible chat endpoint (vLLM, ``trtllm-serve``, NIM,
+OpenAI, the project's own server), chosen per call by alias and billed from the price table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_orch.rollout.engines.openai import OpenAIClient, OpenAIError
+from nemo_orch.tools.base import BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec
+from nemo_orch.tools.base import Usage
+from nemo_orch.tools.pricing import model_pricing
+
+
+@dataclass(frozen=True)
+class ExpertEndpoint:
+    """Where an alias is served: the endpoint, the served model name, the environment variable
+    holding the key (never the key itself) and, optionally, its own price (USD per million
+    input / output tokens) when the table lacks the model."""
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    usd_per_million: tuple[float, float] | None = None
+    max_tokens: int = 1024
+    temperature: float = 0.0
+
+
+class LLMTool(BaseTool):
+    """Arguments: ``model`` (an alias of ``models``) and ``question``; the reply is the output.
+
+    Options: ``models`` maps alias -> :class:`ExpertEndpoint` fields; ``system_prompt`` frames
+    every request; ``timeout_s`` / ``max_retries`` apply per request (retries back off
+    exponentially).
+    """
+
+    def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
+                 system_prompt: str | None = None, timeout_s: float = 60.0,
+                 max_retries: int = 2) -> None:
+        super().__init__(spec)
+        if not models:
+            raise ToolError(f"{spec.name}: no expert models configured")
+        self.system_prompt = system_prompt
+        self.endpoints: dict[str, ExpertEndpoint] = {}
+        self.pricing: dict[str, Pricing] = {}
+        self.clients: dict[str, OpenAIClient] = {}
+        for alias, options in models.items():
+            try:
+                endpoint = ExpertEndpoint(**options)
+            except TypeError as error:
+                raise ToolError(f"{spec.name}: model {alias!r}: {error}") from None
+            self.endpoints[alias] = endpoint
+            self.pricing[alias] = (Pricing.per_million_tokens(*endpoint.usd_per_million)
+                                   if endpoint.usd_per_million else model_pricing(endpoint.model))
+            # A missing key fails the call, not the construction: other aliases may still work.
+            self.clients[alias] = _LazyClient(endpoint, timeout_s, max_retries)
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
+
+    async def ask(self, alias: str, question: str) -> tuple[str | None, ToolResult]:
+        """The expert's reply text (None on failure) and the priced result of the request."""
+        endpoint = self.endpoints.get(alias)
+        if endpoint is None:
+            return None, ToolResult(error=f"unknown model {alias!r}; choose one of "
+                                    f"{sorted(self.endpoints)}")
+        messages = ([{"role": "system", "content": self.system_prompt}]
+                    if self.system_prompt else []) + [{"role": "user", "content": question}]
+        try:
+            reply = await self.clients[alias].chat(messages, max_tokens=endpoint.max_tokens,
+                                                   temperature=endpoint.temperature)
+        except OpenAIError as error:
+            return None, ToolResult(error=f"expert {alias!r} failed: {error}")
+        usage = Usage(reply.input_tokens, reply.output_tokens)
+        cost = self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(usage,
+                                                                              reply.latency_s)
+        return reply.text, ToolResult(output=reply.text, usage=usage, cost_usd=cost,
+                                      latency_s=reply.latency_s)
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        _, result = await self.ask(arguments["model"], arguments["question"])
+        return result
+
+
+class _LazyClient:
+    """An :class:`OpenAIClient` created at first use, so an unset key is a call error."""
+
+    def __init__(self, endpoint: ExpertEndpoint, timeout_s: float, max_retries: int) -> None:
+        self.endpoint, self.timeout_s, self.max_retries = endpoint, timeout_s, max_retries
+        self._client: OpenAIClient | None = None
+
+    async def chat(self, messages: list[dict[str, str]], **fields: Any):
+        if self._client is None:
+            self._client = OpenAIClient(self.endpoint.base_url, self.endpoint.model,
+                                        api_key_env=self.endpoint.api_key_env,
+                                        timeout_s=self.timeout_s, max_retries=self.max_retries)
+        return await self._client.chat(messages, **fields)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()

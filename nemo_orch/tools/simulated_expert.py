@@ -1,0 +1,90 @@
+"""A SIMULATED expert model, for the offline demo only: no model runs.
+
+It stands in for real experts (``llm`` tool) where none can be reached. It answers a task
+correctly with a probability set per model tier and task difficulty (``task.metadata
+["difficulty"]``, default ``easy``), writes a plausible wrong answer otherwise, draws its token
+usage from a log-normal distribution, and bills it at the list price of its real counterpart, so
+cost-aware training sees realistic trade-offs. It reads the task's reference answer from the
+tool context — which is exactly why it must never be used outside the offline demo.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_orch.tools.base import BaseTool, ToolContext, ToolError, ToolResult, ToolSpec, Usage
+from nemo_orch.tools.pricing import model_pricing
+
+
+@dataclass(frozen=True)
+class SimulatedModel:
+    """One alias: its real counterpart (for the price), accuracy per difficulty, usage and
+    speed."""
+
+    counterpart: str
+    accuracy: dict[str, float]
+    mean_output_tokens: float = 300.0
+    output_tokens_sigma: float = 0.5
+    tokens_per_second: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not all(0 <= p <= 1 for p in self.accuracy.values()):
+            raise ToolError(f"{self.counterpart}: accuracies must be in [0, 1]")
+        if self.mean_output_tokens < 1 or self.tokens_per_second <= 0:
+            raise ToolError(f"{self.counterpart}: mean_output_tokens must be >= 1 and "
+                            "tokens_per_second > 0")
+
+
+_NUMBER = re.compile(r"-?\d+")
+
+
+def _wrong_answer(answer: str, rng: random.Random) -> str:
+    """A near miss: numbers shifted, text replaced by a hedge."""
+    if _NUMBER.fullmatch(answer.strip()):
+        value = int(answer)
+        return str(value + rng.choice([-1, 1]) * rng.randint(1, max(2, abs(value) // 10)))
+    return rng.choice(["I am not sure.", "It cannot be determined.", answer[::-1]])
+
+
+class SimulatedExpert(BaseTool):
+    """Arguments: ``model`` (an alias of ``models``) and ``question``."""
+
+    def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
+                 prompt_overhead_tokens: int = 60) -> None:
+        super().__init__(spec)
+        try:
+            self.models = {alias: SimulatedModel(**options) for alias, options in models.items()}
+        except TypeError as error:
+            raise ToolError(f"{spec.name}: bad simulated model options: {error}") from None
+        self.pricing = {alias: model_pricing(m.counterpart) for alias, m in self.models.items()}
+        self.prompt_overhead_tokens = prompt_overhead_tokens
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        alias = arguments["model"]
+        model = self.models.get(alias)
+        if model is None:
+            return ToolResult(error=f"unknown model {alias!r}; choose one of {sorted(self.models)}")
+        if context.task is None or context.task.answer is None:
+            return ToolResult(error="the simulated expert only answers tasks with a reference "
+                              "answer (offline demo)")
+        question = arguments["question"]
+        # Same episode, model and question: same reply; different samples differ.
+        rng = random.Random(zlib.crc32(f"{context.seed}|{context.episode_id}|{alias}|"
+                                       f"{question}".encode()))
+        difficulty = context.task.metadata.get("difficulty", "easy")
+        correct = rng.random() < model.accuracy.get(difficulty, min(model.accuracy.values()))
+        answer = context.task.answer if correct else _wrong_answer(context.task.answer, rng)
+        output_tokens = max(1, round(rng.lognormvariate(
+            math.log(model.mean_output_tokens), model.output_tokens_sigma)))
+        usage = Usage(input_tokens=self.prompt_overhead_tokens + len(question) // 4,
+                      output_tokens=output_tokens)
+        # Simulated time: reported, not slept, so the demo runs fast.
+        seconds = output_tokens / model.tokens_per_second
+        return ToolResult(output=f"Answer: {answer}", usage=usage, latency_s=seconds,
+                          cost_usd=self.pricing[alias].cost(usage, 0.0)
+                          + self.spec.pricing.cost(Usage(), 0.0))

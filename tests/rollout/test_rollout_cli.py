@@ -1,0 +1,108 @@
+"""The command-line contracts other parts rely on: ``tools list|call|parse`` and ``rollout``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from cli_helpers import run_cli
+
+from nemo_orch.config import ModelConfig
+from nemo_orch.data.tasks import Task, write_tasks
+from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
+
+OFFLINE_TOOLS = ["call_expert", "python_sandbox", "search"]
+
+
+def test_tools_list_prints_schemas():
+    schemas = json.loads(run_cli("tools", "list").stdout)
+    assert [s["function"]["name"] for s in schemas] == OFFLINE_TOOLS
+    assert all(s["type"] == "function" and s["function"]["parameters"]["type"] == "object"
+               for s in schemas)
+
+
+@pytest.mark.parametrize("name, arguments, output, error", [
+    ("python_sandbox", {"code": "print(6 * 7)"}, "42\n", None),
+    ("python_sandbox", {"code": "1/0"}, "ZeroDivisionError", "exit status 1"),
+    ("search", {"query": "capital of Moror"}, "The capital of Moror is Kasen.", None),
+    ("search", {"query": 5}, "", "'query' should be of type string"),
+    ("nope", {}, "", "unknown tool 'nope'"),
+])
+def test_tools_call_reports_failures_in_json(name, arguments, output, error):
+    result = json.loads(run_cli("tools", "call", name, "--args", json.dumps(arguments)).stdout)
+    assert set(result) >= {"output", "error", "cost_usd", "latency_s"}
+    assert output in result["output"]
+    assert (result["error"] is None) if error is None else (error in result["error"])
+
+
+def test_tools_call_with_bad_json_still_exits_zero():
+    result = json.loads(run_cli("tools", "call", "search", "--args", "{oops").stdout)
+    assert "--args is not JSON" in result["error"]
+
+
+def test_tools_parse_reads_stdin():
+    import subprocess
+    import sys
+
+    def parse(text: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "nemo_orch.cli", "tools", "parse"],
+                              input=text, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    ok = parse('<think>go</think><tool_call>{"name": "search", "arguments": {"query": "x"}}'
+               '</tool_call>')
+    assert ok["calls"] == [{"name": "search", "arguments": {"query": "x"}}] and ok["error"] is None
+    bad = parse("<tool_call>{nope}</tool_call>")
+    assert bad["calls"] == [] and "not valid JSON" in bad["error"]
+    assert bad["format_errors"] == ["malformed_json"]
+    answer = parse("<answer>42</answer>")
+    assert answer["answer"] == "42" and answer["calls"] == [] and answer["error"] is None
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tiny_tokenizer_dir, tmp_path_factory):
+    """A random tiny Qwen3 in HF format with the test tokenizer: a policy to roll out."""
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                        kv_channels=16, ffn_hidden_size=128, vocab_size=1024,
+                        max_position_embeddings=1024)
+    directory = save_hf_checkpoint(tmp_path_factory.mktemp("policy"),
+                                   SeededHFWeights(model, seed=0), model)
+    for file in tiny_tokenizer_dir.iterdir():
+        shutil.copy(file, directory / file.name)
+    return directory
+
+
+def test_rollout_writes_trajectories(policy_dir, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, [Task("q1", "What is 2 + 3?", system="Use tools.", answer="5"),
+                        Task("q2", "Who founded Kaka Foods?", tools=("search",))])
+    out = tmp_path / "out" / "trajectories.jsonl"
+    result = run_cli("rollout", "--tasks", str(tasks), "--n", "2", "--out", str(out),
+                     f"rollout.policy={policy_dir}", "rollout.max_turns=2",
+                     "rollout.max_new_tokens=12", "rollout.temperature=1.0")
+    assert "4 episodes (2 tasks x 2)" in result.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["task_id"], r["sample"]) for r in records] == [("q1", 0), ("q1", 1), ("q2", 0),
+                                                               ("q2", 1)]
+    for record in records:
+        assert record["termination"] in ("answer", "max_turns", "context_limit")
+        assert len(record["token_ids"]) == len(record["loss_mask"]) == len(record["logprobs"])
+        assert record["policy_tokens"] == sum(record["loss_mask"]) > 0
+        assert record["cost_usd"] > 0 and record["ledger"][0]["input_tokens"] == \
+            record["prompt_tokens"]
+        # Sampled tokens carry their logprobs; template tokens none.
+        assert all(lp < 0 for lp, m in zip(record["logprobs"], record["loss_mask"]) if m)
+    assert records[2]["messages"][0] == {"role": "user", "content": "Who founded Kaka Foods?"}
+
+
+def test_rollout_user_errors(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a"}\n')
+    bad = run_cli("rollout", "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"),
+                  expect=2)
+    assert "tasks.jsonl:1: question must be a non-empty string" in bad.stderr
+    write_tasks(tasks, [Task("a", "q")])
+    none = run_cli("rollout", "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"),
+                   f"run.output_dir={tmp_path}", expect=2)
+    assert "rollout.policy is not set" in none.stderr

@@ -1,0 +1,134 @@
+"""The ``llm`` expert tool and the composite tools, against the project's own OpenAI-compatible
+server on 127.0.0.1 (a tiny Qwen3 for the plain path; a scripted engine where the reply must be
+a specific query, program or answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from nemo_orch.config import ModelConfig
+from nemo_orch.rollout.engines.hf import HFEngine
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.serve.openai_server import start_server
+from nemo_orch.tools import retriever, sandbox
+from nemo_orch.tools.base import ToolContext, ToolSpec
+from nemo_orch.tools.composite import ExpertAnswer, ExpertCode, ExpertSearch
+from nemo_orch.tools.llm import LLMTool
+from nemo_orch.tools.pricing import model_pricing
+
+EXPERT_SPEC = ToolSpec("call_expert", "Ask an expert model.", {
+    "type": "object", "required": ["model", "question"],
+    "properties": {"model": {"type": "string"}, "question": {"type": "string"}}})
+
+
+def composite_spec(name: str) -> ToolSpec:
+    return ToolSpec(name, f"{name} through an expert.", EXPERT_SPEC.parameters)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_tokenizer):
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                        kv_channels=16, ffn_hidden_size=128, vocab_size=1024,
+                        max_position_embeddings=512)
+    with start_server(HFEngine(model, tokenizer=tiny_tokenizer), tiny_tokenizer,
+                      "Qwen3-32B", api_key="local-secret") as handle:
+        yield handle
+
+
+def scripted_reply(prompt: str) -> str:
+    question = prompt.rsplit("Question: ", 1)[-1].split("<|im_end|>")[0]
+    if "search query" in prompt:
+        return f'"capital of {question.split()[-1].rstrip("?")}"\nextra line'
+    if "Python program" in prompt:
+        return "Here it is:\n```python\nprint(6 * 7)\n```"
+    return f"Thinking... <answer>{question.upper()}</answer>"
+
+
+@pytest.fixture(scope="module")
+def scripted_server(tiny_tokenizer):
+    with start_server(ScriptedEngine(tiny_tokenizer, scripted_reply), tiny_tokenizer,
+                      "gpt-5") as handle:
+        yield handle
+
+
+def test_llm_tool_prices_server_usage(tiny_server, tiny_tokenizer, monkeypatch):
+    monkeypatch.setenv("EXPERT_KEY", "local-secret")
+    tool = LLMTool(EXPERT_SPEC, {
+        "generalist": {"base_url": tiny_server.url, "model": "Qwen3-32B",
+                       "api_key_env": "EXPERT_KEY", "max_tokens": 8, "temperature": 0.0}},
+        system_prompt="You are an expert.")
+
+    async def calls():
+        ok = await tool.call({"model": "generalist", "question": "What is 2+2?"}, ToolContext())
+        unknown = await tool.call({"model": "gpt-9", "question": "q"}, ToolContext())
+        await tool.close()
+        return ok, unknown
+
+    ok, unknown = asyncio.run(calls())
+    assert ok.error is None and ok.usage.output_tokens == 8
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "system", "content": "You are an expert."},
+         {"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, tokenize=False)
+    assert ok.usage.input_tokens == len(tiny_tokenizer.encode(prompt, add_special_tokens=False))
+    assert ok.cost_usd == pytest.approx(model_pricing("Qwen3-32B").cost(ok.usage, 0.0))
+    assert ok.latency_s > 0
+    assert "unknown model 'gpt-9'" in unknown.error
+
+
+def test_llm_tool_key_errors_never_leak(tiny_server, monkeypatch):
+    monkeypatch.setenv("WRONG_KEY", "not-the-secret-123")
+    tool = LLMTool(EXPERT_SPEC, {
+        "wrong": {"base_url": tiny_server.url, "model": "Qwen3-32B", "api_key_env": "WRONG_KEY"},
+        "unset": {"base_url": tiny_server.url, "model": "Qwen3-32B", "api_key_env": "UNSET_KEY"},
+        "down": {"base_url": "http://127.0.0.1:9/v1", "model": "x", "usd_per_million": [1, 1]}},
+        max_retries=1, timeout_s=2)
+    async def calls():
+        return await asyncio.gather(*(tool.call({"model": alias, "question": "q"}, ToolContext())
+                                      for alias in ("wrong", "unset", "down")))
+
+    wrong, unset, down = asyncio.run(calls())
+    assert "401" in wrong.error and "not-the-secret-123" not in json.dumps(wrong.to_json())
+    assert "UNSET_KEY" in unset.error and "is not set" in unset.error
+    assert "after 2 attempts" in down.error
+
+
+def test_composites_bill_expert_and_executor(scripted_server, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(doc) + "\n" for doc in [
+        {"id": "d1", "text": "The capital of Vardenia is Ostrel."},
+        {"id": "d2", "text": "Mount Kelu is 4200 meters high."}]))
+    built = {
+        "expert": LLMTool(EXPERT_SPEC, {"strong": {"base_url": scripted_server.url,
+                                                   "model": "gpt-5"}}),
+        "retriever": retriever.Retriever(retriever.default_spec(), corpus=corpus, top_k=1),
+        "python_sandbox": sandbox.PythonSandbox(sandbox.default_spec(), pool_size=1),
+    }
+    search = ExpertSearch(composite_spec("search"), built.__getitem__, "expert", "retriever")
+    code = ExpertCode(composite_spec("enhance_reasoning"), built.__getitem__, "expert",
+                      "python_sandbox")
+    answer = ExpertAnswer(composite_spec("answer"), built.__getitem__, "expert")
+
+    async def calls():
+        await built["python_sandbox"].start()
+        try:
+            context = ToolContext()
+            return await asyncio.gather(
+                search.call({"model": "strong", "question": "What is the capital of Vardenia?"},
+                            context),
+                code.call({"model": "strong", "question": "What is six times seven?"}, context),
+                answer.call({"model": "strong", "question": "shout this"}, context))
+        finally:
+            await built["python_sandbox"].close()
+            await built["expert"].close()
+
+    found, computed, answered = asyncio.run(calls())
+    gpt5 = model_pricing("gpt-5")
+    assert found.error is None
+    assert found.output.startswith("Query: capital of Vardenia\n[d1] The capital of Vardenia")
+    assert found.cost_usd == pytest.approx(gpt5.cost(found.usage, 0.0))  # retrieval is free
+    assert computed.error is None and computed.output.endswith("Output:\n42\n")
+    assert computed.cost_usd > gpt5.cost(computed.usage, 0.0)  # + sandbox seconds
+    assert answered.answer == "SHOUT THIS" and answered.usage.output_tokens > 0

@@ -1,0 +1,332 @@
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from nemo_orch.tools.base import Tool, ToolContext
+from nemo_orch.tools.retriever import (
+    HashingEncoder,
+    HFEncoder,
+    RetrievalError,
+    RetrievalIndex,
+    Retriever,
+    build_index,
+    default_spec,
+    load_index,
+    read_corpus,
+)
+
+TOPICS = {
+    "photosynthesis": "Photosynthesis lets green plants convert sunlight into chemical energy "
+                      "stored in glucose, releasing oxygen as a by-product.",
+    "volcano": "Volcanoes erupt when molten magma rises through the crust; lava flows and ash "
+               "clouds follow the explosion.",
+    "rome": "The Western Roman Empire collapsed in 476 when Odoacer deposed the emperor Romulus "
+            "Augustulus.",
+    "dna": "DNA is a double helix that carries genetic instructions; Watson and Crick described "
+           "its structure in 1953.",
+    "black-hole": "A black hole is a region of spacetime where gravity is so strong that "
+                  "nothing, not even light, can escape.",
+    "jazz": "Jazz originated in New Orleans among African-American communities, blending blues "
+            "and ragtime with improvisation.",
+    "penicillin": "Alexander Fleming discovered penicillin in 1928, the first antibiotic able to "
+                  "kill bacteria.",
+    "tides": "Ocean tides are caused by the gravitational pull of the Moon and the Sun acting on "
+             "the seas.",
+    "printing": "Johannes Gutenberg invented the movable-type printing press around 1440 in "
+                "Mainz.",
+    "glacier": "Glaciers are slowly moving masses of ice that carve valleys as they advance and "
+               "retreat.",
+    "vaccine": "Vaccination trains the immune system to recognise a pathogen by exposing it to a "
+               "harmless antigen.",
+    "everest": "Mount Everest, the highest mountain above sea level, was first climbed by "
+               "Hillary and Norgay in 1953.",
+}
+# Paraphrased questions and the document that answers each.
+LABELLED = [
+    ("how do plants turn light into sugar", "photosynthesis"),
+    ("volcanic eruptions of magma", "volcano"),
+    ("who deposed the last western roman emperor", "rome"),
+    ("genetic molecule with a helical shape", "dna"),
+    ("gravitational collapse that traps light", "black-hole"),
+    ("improvised music from new orleans", "jazz"),
+    ("discovery of penicillin", "penicillin"),
+    ("what makes the sea rise and fall with the moon", "tides"),
+    ("Gutenberg movable type", "printing"),
+    ("ice carving valleys", "glacier"),
+    ("immunization against pathogens", "vaccine"),
+    ("first ascent of the highest peak", "everest"),
+]
+# Distractors sharing generic words ("first", "light", "music", "sea") with the questions.
+SUBJECTS = ("market bank loan football league bridge poem novel painting museum harbor festival "
+            "tax coffee bread cheese election parliament railway orchestra recipe garden tennis "
+            "castle village factory newspaper theatre").split()
+GENERIC = "first light energy discovery music sea system new history people large".split()
+VERBS = "opened grew changed closed expanded hosted attracted financed".split()
+
+
+def make_corpus(path: Path, fillers: int = 300) -> Path:
+    rng = random.Random(0)
+    records = [{"id": doc_id, "text": text} for doc_id, text in TOPICS.items()]
+    for i in range(fillers):
+        a, b, c = rng.sample(SUBJECTS, 3)
+        g1, g2 = rng.sample(GENERIC, 2)
+        records.append({"id": f"filler-{i:03d}", "title": f"{a.title()} news",
+                        "text": f"The {a} {rng.choice(VERBS)} the {g1} {b} in "
+                                f"{rng.randint(1800, 2020)}, and the {c} brought {g2} visitors."})
+    rng.shuffle(records)
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_corpus(tmp_path_factory.mktemp("corpus") / "docs.jsonl")
+
+
+@pytest.fixture(scope="module")
+def index_dir(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_index(corpus, tmp_path_factory.mktemp("index") / "idx", HashingEncoder())
+
+
+@pytest.fixture(scope="module")
+def index(index_dir: Path) -> RetrievalIndex:
+    return load_index(index_dir)
+
+
+def run_tool(tool: Retriever, arguments: dict, context: ToolContext = ToolContext()):
+    return asyncio.run(tool.call(arguments, context))
+
+
+def test_build_writes_a_complete_index_and_reload_matches_memory(corpus, index_dir, index):
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    assert manifest["num_docs"] == len(TOPICS) + 300
+    assert manifest["dim"] == 384
+    assert manifest["encoder"] == HashingEncoder().describe()
+    assert manifest["corpus_sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    assert {p.name for p in index_dir.iterdir()} >= {"manifest.json", "dense.faiss", "sparse",
+                                                     "docs.jsonl"}
+    in_memory = RetrievalIndex.build(read_corpus(corpus), HashingEncoder())
+    for query, _ in LABELLED:
+        assert index.search(query, 5) == in_memory.search(query, 5)
+    filler = next(doc for doc in index.docs if doc.title)
+    assert filler.title.endswith(" news")
+
+
+def test_paraphrase_ranks_the_answering_doc_first(index):
+    # "immunization"/"pathogens" never occur in the corpus: BM25 cannot match, the subword
+    # vectors can ("immune", "pathogen").
+    hits = index.search("immunization against pathogens", 3)
+    assert hits[0].id == "vaccine"
+    assert hits[0].sparse_rank is None and hits[0].dense_rank == 1
+    hits = index.search("volcanic eruptions of magma", 3)
+    assert hits[0].id == "volcano"
+    assert hits[0].dense_rank == 1 and hits[0].sparse_rank == 1
+
+
+def test_fused_scores_are_reciprocal_rank_sums(index):
+    for hit in index.search("first ascent of the highest peak", 10):
+        expected = sum(1.0 / (60 + rank) for rank in (hit.dense_rank, hit.sparse_rank)
+                       if rank is not None)
+        assert hit.score == pytest.approx(expected)
+    scores = [hit.score for hit in index.search("ice carving valleys", 10)]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_fusion_recalls_at_least_as_much_as_each_component(index):
+    def ranks(mode: str) -> dict[str, int | None]:
+        found = {}
+        for query, gold in LABELLED:
+            ids = [hit.id for hit in index.search(query, 10, mode=mode)]
+            found[gold] = ids.index(gold) + 1 if gold in ids else None
+        return found
+
+    dense, sparse, hybrid = ranks("dense"), ranks("sparse"), ranks("hybrid")
+
+    def recall(found: dict[str, int | None], k: int) -> int:
+        return sum(rank is not None and rank <= k for rank in found.values())
+
+    # The hashing encoder has no IDF, so generic words ("sea", "light") can outvote a single
+    # BM25 first place (RRF rewards two middling ranks): fusion is not better at every cut-off
+    # on this set, but its top 3 hold at least as many answers as either list's.
+    assert recall(hybrid, 3) >= max(recall(dense, 3), recall(sparse, 3))
+    assert recall(hybrid, 1) >= recall(dense, 1)
+    # Both components contribute: a doc only the dense side finds, and one the dense side
+    # ranks poorly that BM25 lifts into the fused top 2.
+    assert sparse["vaccine"] is None and hybrid["vaccine"] == 1
+    assert dense["photosynthesis"] > 3 and hybrid["photosynthesis"] <= 2
+
+
+def test_single_component_scores(index):
+    dense = index.search("volcanic eruptions of magma", 3, mode="dense")
+    assert dense[0].score == pytest.approx(dense[0].dense_score) and dense[0].sparse_rank is None
+    assert 0.0 < dense[0].score <= 1.0 + 1e-6  # cosine similarity of normalised vectors
+    sparse = index.search("volcanic eruptions of magma", 3, mode="sparse")
+    assert sparse[0].score == pytest.approx(sparse[0].sparse_score) and sparse[0].dense_rank is None
+    with pytest.raises(ValueError, match="mode"):
+        index.search("x", 3, mode="bogus")
+
+
+def test_whitelist_restricts_results_and_still_fills_k(index_dir):
+    shallow = load_index(index_dir, candidates=5)
+    unrestricted = [hit.id for hit in shallow.search("volcanic eruptions of magma", len(shallow))]
+    # The allowed docs are those ranked last overall: far below any candidate depth.
+    allowed = frozenset(unrestricted[-6:]) | {"no-such-doc"}
+    hits = shallow.search("volcanic eruptions of magma", 4, allowed_ids=allowed)
+    assert len(hits) == 4 and {hit.id for hit in hits} <= allowed
+    assert len(shallow.search("volcanic eruptions of magma", 10, allowed_ids=allowed)) == 6
+    # BM25 alone: only allowed docs that share a term with the query.
+    hits = shallow.search("penicillin", 3, allowed_ids={"penicillin", "volcano"}, mode="sparse")
+    assert [hit.id for hit in hits] == ["penicillin"]
+    assert shallow.search("penicillin", 3, allowed_ids=frozenset()) == []
+
+
+def test_tool_output_whitelist_and_truncation(index_dir):
+    tool = Retriever(index_dir=index_dir, max_chars_per_doc=30)
+    assert isinstance(tool, Tool)
+    assert tool.spec == default_spec() and tool.spec.deterministic
+    result = run_tool(tool, {"query": "volcanic eruptions of magma", "top_k": 2})
+    assert result.error is None
+    lines = result.output.splitlines()
+    assert len(lines) == 2
+    assert lines[0] == "[volcano] Volcanoes erupt when molten ma..."
+    context = ToolContext(task_id="t", allowed_documents=frozenset({"dna", "jazz"}))
+    result = run_tool(tool, {"query": "volcanic eruptions of magma"}, context)
+    assert {line.split("]")[0][1:] for line in result.output.splitlines()} == {"dna", "jazz"}
+    empty = run_tool(tool, {"query": "magma"}, ToolContext(allowed_documents=frozenset()))
+    assert empty.error is None and empty.output == "No documents found."
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({}, "missing argument 'query'"),
+    ({"query": "   "}, "non-empty"),
+    ({"query": 3}, "type string"),
+    ({"query": "magma", "top_k": 0}, ">= 1"),
+    ({"query": "magma", "top_k": 21}, "<= 20"),
+    ({"query": "magma", "top_k": "3"}, "type integer"),
+    ({"query": "magma", "top_k": True}, "type integer"),
+    ({"query": "magma", "k": 3}, "undeclared argument 'k'"),
+])
+def test_bad_arguments_are_error_results(index_dir, arguments, message):
+    result = run_tool(Retriever(index_dir=index_dir), arguments)
+    assert result.error is not None and message in result.error and result.output == ""
+
+
+def test_tool_builds_from_a_corpus_in_memory(corpus):
+    tool = Retriever(corpus=corpus, top_k=1)
+    result = run_tool(tool, {"query": "Gutenberg movable type"})
+    assert result.output.startswith("[printing] Johannes Gutenberg")
+    with pytest.raises(RetrievalError, match="exactly one"):
+        Retriever(corpus=corpus, index_dir=corpus.parent)
+    with pytest.raises(RetrievalError, match="exactly one"):
+        Retriever()
+
+
+def test_encoder_mismatch_is_a_clear_error(index_dir):
+    with pytest.raises(RetrievalError, match="built with encoder .* configured encoder"):
+        load_index(index_dir, HashingEncoder(dim=128))
+    with pytest.raises(RetrievalError, match="built with encoder"):
+        Retriever(index_dir=index_dir, encoder=HashingEncoder(ngram_range=(2, 4)))
+    with pytest.raises(RetrievalError, match="not a retrieval index"):
+        load_index(index_dir.parent)
+    with pytest.raises(RetrievalError, match="neither 'hashing' nor"):
+        load_index(index_dir, "no/such/model")
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"id": "a", "text": "x"}', '{"id": "b", "text": '], ":2: not valid JSON"),
+    (['["a", "x"]'], ":1: a document must be a JSON object"),
+    (['{"text": "x"}'], ":1: 'id' must be a non-empty string"),
+    (['{"id": 7, "text": "x"}'], ":1: 'id' must be a non-empty string"),
+    (['{"id": "a", "text": null}'], ":1: 'text' must be a string"),
+    (['{"id": "a", "text": "x", "title": 1}'], ":1: 'title' must be a string"),
+    (['{"id": "a", "text": "x"}', "", '{"id": "a", "text": "y"}'],
+     ":3: duplicate id 'a' \\(first on line 1\\)"),
+    (["", "  "], "no documents"),
+])
+def test_malformed_corpus_names_file_and_line(tmp_path, lines, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RetrievalError, match=f"bad.jsonl{message}" if message[0] == ":"
+                       else message):
+        build_index(path, tmp_path / "idx")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_missing_corpus_is_a_clear_error(tmp_path):
+    with pytest.raises(RetrievalError, match="cannot read the corpus"):
+        read_corpus(tmp_path / "absent.jsonl")
+
+
+def test_hashing_encoder_is_deterministic_across_processes():
+    text = "Volcanoes erupt when molten magma rises"
+    script = ("import sys; from nemo_orch.tools.retriever import HashingEncoder; "
+              "sys.stdout.write(HashingEncoder().encode([sys.argv[1]]).tobytes().hex())")
+    outputs = {subprocess.run([sys.executable, "-c", script, text], check=True,
+                              capture_output=True, text=True,
+                              env={"PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2")}
+    vector = HashingEncoder().encode([text])
+    assert outputs == {vector.tobytes().hex()}
+    assert vector.dtype == np.float32 and vector.shape == (1, 384)
+    assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-6)
+    assert not HashingEncoder().encode(["the of and"]).any()  # stopwords only: a zero vector
+
+
+def _tiny_bert(directory: Path, tokenizer_dir: Path, seed: int) -> Path:
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    BertModel(config).save_pretrained(directory)
+    for file in tokenizer_dir.iterdir():
+        shutil.copy(file, directory / file.name)
+    return directory
+
+
+def test_hf_encoder_from_a_local_directory(tmp_path, corpus, tiny_tokenizer_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model_dir = _tiny_bert(tmp_path / "bert", tiny_tokenizer_dir, seed=0)
+    encoder = HFEncoder(model_dir)
+    vectors = encoder.encode(["a short text", "a much longer text " * 40])  # truncated at 64
+    assert vectors.shape == (2, 32) and vectors.dtype == np.float32
+    assert np.linalg.norm(vectors, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
+
+    out = build_index(corpus, tmp_path / "idx", encoder)
+    assert json.loads((out / "manifest.json").read_text())["encoder"]["type"] == "hf"
+    reloaded = load_index(out, str(model_dir))
+    text = TOPICS["printing"]
+    assert reloaded.search(text, 1, mode="dense")[0].id == "printing"
+    with pytest.raises(RetrievalError, match="built with encoder"):
+        load_index(out)  # the default hashing encoder
+    other = _tiny_bert(tmp_path / "bert2", tiny_tokenizer_dir, seed=1)
+    with pytest.raises(RetrievalError, match="built with encoder"):
+        load_index(out, other)
+    with pytest.raises(RetrievalError, match="no config.json"):
+        HFEncoder(tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(faiss.get_num_gpus() == 0, reason="needs faiss-gpu and a GPU")
+def test_gpu_index_agrees_with_cpu(index_dir):
+    gpu = load_index(index_dir)
+    cpu = load_index(index_dir)
+    cpu._gpu_checked = True  # never moves to the GPU
+    for query, _ in LABELLED:
+        assert gpu.search(query, 1)[0].id == cpu.search(query, 1)[0].id
+    assert gpu._gpu_index is not None
+    allowed = {"dna", "jazz", "rome"}
+    assert {h.id for h in gpu.search("music", 3, allowed_ids=allowed)} == allowed
