@@ -147,6 +147,25 @@ def cmd_tools_parse(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tools_serve(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.rollout.builders import build_toolbox
+    from nemo_orch.serve.tool_server import start_tool_server
+
+    api_key = None
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise config_lib.ConfigError(f"--api-key-env: {args.api_key_env} is not set")
+    with start_tool_server(build_toolbox(config.tools), args.host, args.port,
+                           api_key=api_key) as server:
+        print(f"tools: serving {server.url}/tools/<name> (Ctrl-C to stop)", flush=True)
+        try:
+            server.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
 def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.data.tasks import read_tasks
     from nemo_orch.rollout import builders
@@ -155,14 +174,12 @@ def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
     tasks = read_tasks(args.tasks)
     samples = args.n or config.rollout.group_size
     engine, tokenizer = builders.build_engine(config)
-    settings = builders.episode_settings(config)
+    settings = config.resolved_rollout()
 
     async def rollouts():
         async with builders.build_toolbox(config.tools) as toolbox:
             return await run_rollouts(
-                tasks, samples, engine, toolbox, tokenizer, settings,
-                max_concurrent_episodes=config.rollout.max_concurrent_episodes,
-                max_batch_size=config.rollout.max_batch_size, seed=config.run.seed)
+                tasks, samples, engine, toolbox, tokenizer, settings, seed=config.run.seed)
 
     started = time.perf_counter()
     trajectories = asyncio.run(rollouts())
@@ -225,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--args", required=True, help="the arguments as a JSON object")
     add("parse", cmd_tools_parse, "parse assistant text from stdin into tool calls (JSON)",
         tool_commands)
+    serve = add("serve", cmd_tools_serve, "serve the configured tools over HTTP (for "
+                "`endpoint:` declarations elsewhere)", tool_commands)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8700)
+    serve.add_argument("--api-key-env", default=None,
+                       help="environment variable holding the key clients must send")
 
     rollout = add("rollout", cmd_rollout, "run episodes of the policy on a task file and "
                   "write trajectories (JSONL)")

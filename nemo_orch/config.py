@@ -325,10 +325,10 @@ class Config:
         _require((self.rollout.max_context_tokens or 0) <= self.model.max_position_embeddings,
                  "rollout.max_context_tokens must be <= model.max_position_embeddings")
 
-    @property
-    def context_tokens(self) -> int:
-        """The episode context budget in tokens."""
-        return self.rollout.max_context_tokens or self.model.max_position_embeddings
+    def resolved_rollout(self) -> RolloutConfig:
+        """``rollout`` with the context budget resolved (null: the model's positions)."""
+        return dataclasses.replace(self.rollout, max_context_tokens=self.rollout.max_context_tokens
+                                   or self.model.max_position_embeddings)
 
     @property
     def num_microbatches(self) -> int:

@@ -16,15 +16,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from nemo_orch.data.jsonl import DataError, read_jsonl
 from nemo_orch.tools.schema import argument_errors
+
+__all__ = ["DataError", "read_conversations", "validate_conversation", "write_conversations"]
 
 ROLES = ("system", "user", "assistant", "tool")
 _FUNCTION_SHAPE = "{'type': 'function', 'function': {'name': ...}}"
 _Schemas = dict[str, dict[str, Any]]  # a tool's name -> its parameters' JSON schema
-
-
-class DataError(ValueError):
-    """Malformed training data; the message says where (file and line, or conversation index)."""
 
 
 def _check_tools(tools: Any, where: str) -> _Schemas:
@@ -103,24 +102,8 @@ def validate_conversation(conversation: Any, where: str) -> dict[str, Any]:
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
     """Read and validate a JSONL conversation file; blank lines are skipped."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{path}: cannot read the conversation file: {error}") from error
-    conversations = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{where}: not valid JSON: {error}") from None
-        conversations.append(validate_conversation(record, where))
-    if not conversations:
-        raise DataError(f"{path}: no conversations")
-    return conversations
+    return [validate_conversation(record, where)
+            for where, record in read_jsonl(path, "conversation")]
 
 
 def write_conversations(path: str | Path, conversations: Iterable[dict[str, Any]]) -> None:

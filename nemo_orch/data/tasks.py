@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_orch.data.conversations import DataError
+from nemo_orch.data.jsonl import DataError, read_jsonl
 
 _FIELDS = {"id", "question", "system", "tools", "answer", "allowed_documents", "metadata"}
 
@@ -71,25 +71,13 @@ def task_from_json(record: Any, where: str) -> Task:
 
 def read_tasks(path: str | Path) -> list[Task]:
     """Every task of a JSONL file; a bad line is a :class:`DataError` naming file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such task file")
     tasks, seen = [], set()
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{where}: not JSON ({error.msg})") from None
+    for where, record in read_jsonl(path, "task"):
         task = task_from_json(record, where)
         if task.id in seen:
             raise DataError(f"{where}: duplicate task id {task.id!r}")
         seen.add(task.id)
         tasks.append(task)
-    if not tasks:
-        raise DataError(f"{path}: no tasks")
     return tasks
 
 

@@ -1,4 +1,4 @@
-"""Builders from the validated config to the rollout's parts: tools, engine, episode settings.
+"""Builders from the validated config to the rollout's parts: tools and engine.
 
 Recipes (``nemo-orch rollout``, GRPO, evaluation) call these instead of reading config fields
 themselves, so every entry point builds the same parts the same way.
@@ -13,14 +13,12 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
-from nemo_orch.tools.base import Pricing
 from nemo_orch.tools.registry import Toolbox, load_declarations, load_toolbox
 
 if TYPE_CHECKING:  # torch and transformers load only for commands that generate
     from transformers import PreTrainedTokenizerBase
 
     from nemo_orch.rollout.engines.base import Engine
-    from nemo_orch.rollout.episode import EpisodeSettings
 
 
 def build_toolbox(tools: ToolsConfig) -> Toolbox:
@@ -33,21 +31,6 @@ def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:
     """The declared tools' OpenAI schemas, read from their files without building them."""
     declarations = load_declarations([resolve_conf_path(path) for path in tools.declarations])
     return [declaration.spec.schema() for declaration in declarations]
-
-
-def episode_settings(config: Config) -> "EpisodeSettings":
-    from nemo_orch.rollout.episode import EpisodeSettings
-
-    rollout = config.rollout
-    return EpisodeSettings(
-        max_turns=rollout.max_turns, max_new_tokens=rollout.max_new_tokens,
-        max_context_tokens=config.context_tokens,
-        max_observation_tokens=rollout.max_observation_tokens,
-        temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-        answer_format=rollout.answer_format, multiple_calls=rollout.multiple_calls,
-        orchestrator_pricing=Pricing.per_million_tokens(rollout.input_usd_per_million,
-                                                         rollout.output_usd_per_million),
-        check_template=rollout.check_template)
 
 
 def _policy_dir(config: Config, scratch: Path) -> Path:

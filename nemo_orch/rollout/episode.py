@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import MARKUP_TOKENS
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
@@ -31,24 +32,6 @@ TERMINATIONS = ("answer", "max_turns", "context_limit", "engine_error")
 
 class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
-
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """Limits and conventions of one episode (built from ``rollout.*`` of the config)."""
-
-    max_turns: int = 50
-    max_new_tokens: int = 256
-    max_context_tokens: int = 4096
-    max_observation_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    answer_format: str = "tag"
-    multiple_calls: str = "parallel"
-    # The orchestrator's own tokens are billed too (input: the whole context, every turn).
-    orchestrator_pricing: Pricing = Pricing.per_million_tokens(0.2, 0.2)
-    check_template: bool = True
 
 
 class PolicyClient(Protocol):
@@ -173,12 +156,18 @@ class _History:
 
 
 class Episode:
-    """Runs one task once. Build one per (task, sample) and ``await episode.run()``."""
+    """Runs one task once under ``rollout.*`` settings (limits, sampling, answer format,
+    the orchestrator's price). Build one per (task, sample) and ``await episode.run()``."""
 
     def __init__(self, task: Task, sample: int, policy: PolicyClient, toolbox: Toolbox,
-                 tokenizer: PreTrainedTokenizerBase, settings: EpisodeSettings,
+                 tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
                  seed: int = 0) -> None:
+        if settings.max_context_tokens is None:
+            raise RolloutError("rollout.max_context_tokens must be resolved (see "
+                               "Config.resolved_rollout)")
         self.task, self.sample, self.policy, self.settings = task, sample, policy, settings
+        self.orchestrator_pricing = Pricing.per_million_tokens(settings.input_usd_per_million,
+                                                               settings.output_usd_per_million)
         self.tokenizer = tokenizer
         self.toolbox = toolbox if task.tools is None else toolbox.subset(task.tools)
         self.schemas = self.toolbox.schemas()
@@ -278,7 +267,7 @@ class Episode:
 
     def _turn_record(self, turn: int, context_tokens: int, generation: Generation,
                      seconds: float) -> TurnRecord:
-        pricing = self.settings.orchestrator_pricing
+        pricing = self.orchestrator_pricing
         cost = (pricing.per_input_token * context_tokens
                 + pricing.per_output_token * len(generation.token_ids))
         return TurnRecord(turn, context_tokens, len(generation.token_ids), seconds, cost,

@@ -17,7 +17,8 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams
 from nemo_orch.data.tasks import Task
-from nemo_orch.rollout.episode import Episode, EpisodeSettings, Trajectory
+from nemo_orch.config import RolloutConfig
+from nemo_orch.rollout.episode import Episode, Trajectory
 from nemo_orch.tools.registry import Toolbox
 
 
@@ -107,14 +108,14 @@ class GenerationBatcher:
 
 async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Engine,
                        toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
-                       settings: EpisodeSettings, *, max_concurrent_episodes: int = 64,
-                       max_batch_size: int = 64, seed: int = 0,
+                       settings: RolloutConfig, *, seed: int = 0,
                        batcher: GenerationBatcher | None = None) -> list[Trajectory]:
     """Run every task ``samples_per_task`` times (a GRPO group each), at most
-    ``max_concurrent_episodes`` at once; trajectories come back in (task, sample) order."""
+    ``settings.max_concurrent_episodes`` at once; trajectories come back in (task, sample)
+    order."""
     own_batcher = batcher is None
-    batcher = batcher or GenerationBatcher(engine, max_batch_size, seed)
-    slots = asyncio.Semaphore(max_concurrent_episodes)
+    batcher = batcher or GenerationBatcher(engine, settings.max_batch_size, seed)
+    slots = asyncio.Semaphore(settings.max_concurrent_episodes)
 
     async def one(task: Task, sample: int, episode_seed: int) -> Trajectory:
         async with slots:

@@ -1,7 +1,6 @@
 """An OpenAI-compatible HTTP endpoint for any :class:`Engine` (the trained orchestrator, on CPU).
 
-Standard-library ``ThreadingHTTPServer`` (no web framework dependency); one lock serialises the
-engine. Routes: ``POST /v1/chat/completions`` (messages and optional tools rendered with the
+Served by :func:`nemo_orch.serve.http_server.serve_json`; one lock serialises the engine. Routes: ``POST /v1/chat/completions`` (messages and optional tools rendered with the
 tokenizer's chat template), ``POST /v1/completions`` (text or token-id prompts, one or a batch),
 ``GET /v1/models`` and ``GET /health``. Besides the OpenAI fields it accepts vLLM's sampling
 extensions (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
@@ -16,35 +15,21 @@ and other features that would silently change the meaning of a request.
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import Engine, EngineError, Generation, SamplingParams
+from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
-_MAX_BODY_BYTES = 16 * 2**20
-
-
-class RequestError(Exception):
-    """A request the server refuses: answered with ``status`` and an OpenAI error body."""
-
-    def __init__(self, message: str, status: int = 400,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
 
 
 def _field(body: dict, name: str, types: type | tuple[type, ...], default: Any = None) -> Any:
@@ -233,107 +218,15 @@ class _Service:
         return out
 
 
-def _handler(service: _Service, api_key: str | None) -> type[BaseHTTPRequestHandler]:
-    routes: dict[tuple[str, str], Callable[..., dict]] = {
-        ("GET", "/v1/models"): lambda _: service.models(),
-        ("GET", "/health"): lambda _: {"status": "ok"},
-        ("POST", "/v1/chat/completions"): service.chat,
-        ("POST", "/v1/completions"): service.completions,
-    }
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: clients reuse their connections
-
-        def do_GET(self) -> None:
-            self._serve("GET")
-
-        def do_POST(self) -> None:
-            self._serve("POST")
-
-        def _serve(self, method: str) -> None:
-            try:
-                body = self._read_body() if method == "POST" else {}
-                route = routes.get((method, self.path.split("?")[0].rstrip("/") or "/"))
-                if route is None:
-                    raise RequestError(f"no route {method} {self.path}", 404, "not_found_error")
-                if api_key is not None and route is not routes[("GET", "/health")]:
-                    given = self.headers.get("Authorization", "")
-                    if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                        raise RequestError("missing or wrong API key", 401,
-                                           "authentication_error")
-                self._reply(200, route(body))
-            except RequestError as error:
-                self._reply(error.status, {"error": {"message": str(error), "type": error.kind,
-                                                     "code": error.status}})
-            except Exception:
-                log.exception("%s %s failed", method, self.path)
-                self._reply(500, {"error": {"message": "internal server error",
-                                            "type": "server_error", "code": 500}})
-
-        def _read_body(self) -> dict:
-            try:
-                length = int(self.headers.get("Content-Length", 0))
-            except ValueError:
-                raise RequestError("bad Content-Length") from None
-            if length > _MAX_BODY_BYTES:
-                raise RequestError(f"request body over {_MAX_BODY_BYTES} bytes", 413)
-            try:
-                body = json.loads(self.rfile.read(length) or b"null")
-            except ValueError as error:
-                raise RequestError(f"the body is not valid JSON: {error}") from None
-            if not isinstance(body, dict):
-                raise RequestError("the body must be a JSON object")
-            return body
-
-        def _reply(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s " + format, self.address_string(), *args)
-
-    return Handler
-
-
-class ServerHandle:
-    """A running server: ``url`` is the OpenAI base URL (``http://host:port/v1``)."""
-
-    def __init__(self, server: ThreadingHTTPServer) -> None:
-        self._server = server
-        self.host, self.port = server.server_address[:2]
-        self.url = f"http://{self.host}:{self.port}/v1"
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                         name=f"openai-server-{self.port}", daemon=True)
-        self._thread.start()
-
-    def wait(self) -> None:
-        """Block until the server is closed (e.g. by Ctrl-C in ``nemo-orch serve``)."""
-        while self._thread.is_alive():
-            self._thread.join(timeout=0.5)
-
-    def close(self) -> None:
-        """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    def __enter__(self) -> ServerHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def start_server(engine: Engine, tokenizer: PreTrainedTokenizerBase, model_name: str,
                  host: str = "127.0.0.1", port: int = 0, *,
                  api_key: str | None = None) -> ServerHandle:
     """Serve ``engine`` in background threads (``port=0``: a free port); with ``api_key``, every
     route but ``/health`` requires ``Authorization: Bearer <api_key>``."""
-    server = ThreadingHTTPServer((host, port), _handler(_Service(engine, tokenizer, model_name),
-                                                        api_key))
-    server.daemon_threads = True
-    return ServerHandle(server)
+    service = _Service(engine, tokenizer, model_name)
+    routes = {
+        ("GET", "/v1/models"): lambda _: service.models(),
+        ("POST", "/v1/chat/completions"): service.chat,
+        ("POST", "/v1/completions"): service.completions,
+    }
+    return serve_json(routes, host, port, api_key=api_key, url_path="/v1", name="openai-server")

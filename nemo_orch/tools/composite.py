@@ -60,47 +60,49 @@ class _Composite(BaseTool):
                                       context)
 
 
-class ExpertSearch(_Composite):
+def first_line(text: str) -> str:
+    """The first line of the reply, unquoted (a search query)."""
+    lines = text.strip().splitlines()
+    return lines[0].strip().strip('"') if lines else ""
+
+
+class _ExpertThenTool(_Composite):
+    """The expert writes the ``argument`` of ``executor``, which then runs it."""
+
+    argument: str
+    extract: Callable[[str], str]
+
+    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
+                 executor: str, prompt: str | None = None) -> None:
+        super().__init__(spec, resolve, expert, prompt)
+        self.executor = resolve(executor)
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        written = await self._ask(arguments, context)
+        if written.error is not None:
+            return written
+        value = self.extract(written.output)
+        if not value:
+            return _combine(written, ToolResult(error=f"the expert wrote no {self.argument}"), "")
+        ran = await self.executor.call({self.argument: value}, context)
+        return _combine(written, ran, f"{self.argument.capitalize()}:\n{value}\n"
+                        f"Result:\n{ran.observation}")
+
+
+class ExpertSearch(_ExpertThenTool):
     """The expert writes the query; ``executor`` (a retriever or web search) runs it."""
 
+    argument, extract = "query", staticmethod(first_line)
     prompt = ("Write one short search query that would find the information needed to answer "
               "this question. Reply with the query only.\n\nQuestion: {question}")
 
-    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
-                 executor: str, prompt: str | None = None) -> None:
-        super().__init__(spec, resolve, expert, prompt)
-        self.executor = resolve(executor)
 
-    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        written = await self._ask(arguments, context)
-        if written.error is not None:
-            return written
-        lines = written.output.strip().splitlines()
-        query = lines[0].strip().strip('"') if lines else ""
-        if not query:
-            return _combine(written, ToolResult(error="the expert wrote an empty query"), "")
-        found = await self.executor.call({"query": query}, context)
-        return _combine(written, found, f"Query: {query}\n{found.output}")
-
-
-class ExpertCode(_Composite):
+class ExpertCode(_ExpertThenTool):
     """The expert writes Python; ``executor`` (the sandbox) runs it."""
 
+    argument, extract = "code", staticmethod(extract_code)
     prompt = ("Write a Python program that prints the information needed to answer this "
               "question. Reply with one ```python code block.\n\nQuestion: {question}")
-
-    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
-                 executor: str, prompt: str | None = None) -> None:
-        super().__init__(spec, resolve, expert, prompt)
-        self.executor = resolve(executor)
-
-    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        written = await self._ask(arguments, context)
-        if written.error is not None:
-            return written
-        code = extract_code(written.output)
-        ran = await self.executor.call({"code": code}, context)
-        return _combine(written, ran, f"Code:\n{code}\nOutput:\n{ran.output}")
 
 
 class ExpertAnswer(_Composite):

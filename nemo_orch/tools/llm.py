@@ -52,8 +52,10 @@ class LLMTool(BaseTool):
             self.endpoints[alias] = endpoint
             self.pricing[alias] = (Pricing.per_million_tokens(*endpoint.usd_per_million)
                                    if endpoint.usd_per_million else model_pricing(endpoint.model))
-            # A missing key fails the call, not the construction: other aliases may still work.
-            self.clients[alias] = _LazyClient(endpoint, timeout_s, max_retries)
+            # The key is read at the first request: a missing one fails that alias's calls only.
+            self.clients[alias] = OpenAIClient(endpoint.base_url, endpoint.model,
+                                               api_key_env=endpoint.api_key_env,
+                                               timeout_s=timeout_s, max_retries=max_retries)
 
     async def close(self) -> None:
         for client in self.clients.values():
@@ -81,22 +83,3 @@ class LLMTool(BaseTool):
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         _, result = await self.ask(arguments["model"], arguments["question"])
         return result
-
-
-class _LazyClient:
-    """An :class:`OpenAIClient` created at first use, so an unset key is a call error."""
-
-    def __init__(self, endpoint: ExpertEndpoint, timeout_s: float, max_retries: int) -> None:
-        self.endpoint, self.timeout_s, self.max_retries = endpoint, timeout_s, max_retries
-        self._client: OpenAIClient | None = None
-
-    async def chat(self, messages: list[dict[str, str]], **fields: Any):
-        if self._client is None:
-            self._client = OpenAIClient(self.endpoint.base_url, self.endpoint.model,
-                                        api_key_env=self.endpoint.api_key_env,
-                                        timeout_s=self.timeout_s, max_retries=self.max_retries)
-        return await self._client.chat(messages, **fields)
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()

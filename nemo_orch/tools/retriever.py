@@ -38,6 +38,7 @@ import faiss
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 
+from nemo_orch.data.jsonl import read_jsonl
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolError, ToolResult, ToolSpec, Usage
 from nemo_orch.tools.schema import argument_errors
 
@@ -259,38 +260,23 @@ class Document:
 def read_corpus(path: str | Path) -> list[Document]:
     """Parse a JSONL corpus (``{"id": str, "text": str, "title"?: str, ...}`` per line; blank lines
     skipped); every problem is reported as ``file:line``."""
-    path = Path(path)
     docs: list[Document] = []
-    first_line: dict[str, int] = {}
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as error:
-        raise RetrievalError(f"{path}: cannot read the corpus: {error}") from None
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise RetrievalError(f"{where}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise RetrievalError(f"{where}: a document must be a JSON object")
-            doc_id, text, title = record.get("id"), record.get("text"), record.get("title")
-            if not isinstance(doc_id, str) or not doc_id:
-                raise RetrievalError(f"{where}: 'id' must be a non-empty string")
-            if not isinstance(text, str):
-                raise RetrievalError(f"{where}: 'text' must be a string")
-            if title is not None and not isinstance(title, str):
-                raise RetrievalError(f"{where}: 'title' must be a string")
-            if doc_id in first_line:
-                raise RetrievalError(f"{where}: duplicate id {doc_id!r} (first on line "
-                                     f"{first_line[doc_id]})")
-            first_line[doc_id] = number
-            docs.append(Document(doc_id, text, title or None))
-    if not docs:
-        raise RetrievalError(f"{path}: the corpus has no documents")
+    first_seen: dict[str, str] = {}
+    for where, record in read_jsonl(path, "corpus document", RetrievalError):
+        if not isinstance(record, dict):
+            raise RetrievalError(f"{where}: a document must be a JSON object")
+        doc_id, text, title = record.get("id"), record.get("text"), record.get("title")
+        if not isinstance(doc_id, str) or not doc_id:
+            raise RetrievalError(f"{where}: 'id' must be a non-empty string")
+        if not isinstance(text, str):
+            raise RetrievalError(f"{where}: 'text' must be a string")
+        if title is not None and not isinstance(title, str):
+            raise RetrievalError(f"{where}: 'title' must be a string")
+        if doc_id in first_seen:
+            raise RetrievalError(f"{where}: duplicate id {doc_id!r} (first at "
+                                 f"{first_seen[doc_id]})")
+        first_seen[doc_id] = where
+        docs.append(Document(doc_id, text, title or None))
     return docs
 
 

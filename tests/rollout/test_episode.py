@@ -14,7 +14,7 @@ from fixture_tools import DelayedEcho, echo_spec
 
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.data.tasks import Task
-from nemo_orch.rollout.episode import EpisodeSettings
+from nemo_orch.config import RolloutConfig
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.tools.base import Pricing
 from nemo_orch.tools.registry import Toolbox
@@ -43,10 +43,14 @@ def make_toolbox(**echo_options) -> Toolbox:
                     DelayedEcho(echo_spec("slow"), default_delay_s=2.0)])
 
 
-def rollout(tokenizer, tasks, reply=echo_then_answer, samples=1, toolbox=None, **settings):
+def settings(**fields) -> RolloutConfig:
+    return RolloutConfig(**{"max_context_tokens": 2048, **fields})
+
+
+def rollout(tokenizer, tasks, reply=echo_then_answer, samples=1, toolbox=None, **fields):
     engine = ScriptedEngine(tokenizer, reply)
     trajectories = asyncio.run(run_rollouts(
-        tasks, samples, engine, toolbox or make_toolbox(), tokenizer, EpisodeSettings(**settings)))
+        tasks, samples, engine, toolbox or make_toolbox(), tokenizer, settings(**fields)))
     return trajectories, engine
 
 
@@ -150,7 +154,7 @@ def test_engine_failure_ends_only_that_episode(tiny_tokenizer):
     tasks = [Task("ok", "echo: fine"), Task("bad", "explode: now")]
     engine = OnePerCall(tiny_tokenizer, reply)
     trajectories = asyncio.run(run_rollouts(tasks, 1, engine, make_toolbox(), tiny_tokenizer,
-                                            EpisodeSettings(), max_batch_size=1))
+                                            settings(max_batch_size=1)))
     assert [t.termination for t in trajectories] == ["answer", "engine_error"]
     assert "engine down" in trajectories[1].turns[0].finish_reason
 
@@ -166,7 +170,7 @@ def test_slow_tool_does_not_delay_other_episodes(tiny_tokenizer):
 
         async def timed(task):
             (trajectory,) = await run_rollouts([task], 1, engine, toolbox, tiny_tokenizer,
-                                               EpisodeSettings(), batcher=batcher)
+                                               settings(), batcher=batcher)
             done[task.id] = time.perf_counter() - start
             return trajectory
 

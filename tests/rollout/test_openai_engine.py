@@ -213,8 +213,9 @@ def test_api_key_is_sent_but_never_shown(monkeypatch):
     assert stub.requests[0][0]["Authorization"] == f"Bearer {secret}"
     assert secret not in str(error.value) and secret not in repr(client)
     monkeypatch.delenv("NEMO_ORCH_TEST_KEY")
+    unset = OpenAIClient(stub.url, "m", api_key_env="NEMO_ORCH_TEST_KEY")  # read when used
     with pytest.raises(OpenAIError, match="NEMO_ORCH_TEST_KEY.*not set"):
-        OpenAIClient(stub.url, "m", api_key_env="NEMO_ORCH_TEST_KEY")
+        asyncio.run(unset.chat(MESSAGES))
 
 
 def test_server_api_key(engine, tiny_tokenizer, monkeypatch):

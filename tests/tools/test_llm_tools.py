@@ -127,8 +127,9 @@ def test_composites_bill_expert_and_executor(scripted_server, tmp_path):
     found, computed, answered = asyncio.run(calls())
     gpt5 = model_pricing("gpt-5")
     assert found.error is None
-    assert found.output.startswith("Query: capital of Vardenia\n[d1] The capital of Vardenia")
+    assert found.output.startswith("Query:\ncapital of Vardenia\nResult:\n[d1] The capital of "
+                                   "Vardenia")
     assert found.cost_usd == pytest.approx(gpt5.cost(found.usage, 0.0))  # retrieval is free
-    assert computed.error is None and computed.output.endswith("Output:\n42\n")
+    assert computed.error is None and computed.output.endswith("Result:\n42\n")
     assert computed.cost_usd > gpt5.cost(computed.usage, 0.0)  # + sandbox seconds
     assert answered.answer == "SHOUT THIS" and answered.usage.output_tokens > 0

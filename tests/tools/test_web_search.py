@@ -150,7 +150,7 @@ def test_server_errors_are_retried_with_backoff(tavily, caplog):
     result = search(fast_tool(tavily.url), {"query": "q"})
     assert result.error is None and result.output.startswith("[1] Mount Everest")
     assert len(tavily.requests) == 3
-    retries = [r for r in caplog.records if "retrying" in r.getMessage()]
+    retries = [r for r in caplog.records if "retry" in r.getMessage()]
     assert [r.levelno for r in retries] == [logging.WARNING] * 2
     assert "HTTP 500" in retries[0].getMessage() and "HTTP 503" in retries[1].getMessage()
 
@@ -163,7 +163,8 @@ def test_rate_limit_honours_retry_after_then_gives_up(tavily):
     tavily.requests.clear()
     tavily.script += [(429, {"detail": "slow down"}, {})] * 3
     result = search(fast_tool(tavily.url, max_retries=2), {"query": "q"})
-    assert result.error == "web search failed after 3 attempts: HTTP 429"
+    assert result.error.startswith("web search failed: ")
+    assert "failed after 3 attempts; last error: HTTP 429" in result.error
     assert len(tavily.requests) == 3 and result.cost_usd == 0.0
 
 
@@ -187,7 +188,7 @@ def test_a_hanging_server_times_out_after_bounded_retries(tavily):
     start = time.perf_counter()
     result = search(fast_tool(tavily.url, request_timeout_s=0.3, max_retries=1), {"query": "q"})
     elapsed = time.perf_counter() - start
-    assert result.error == "web search failed after 2 attempts: timed out after 0.3 s"
+    assert result.error.endswith("failed after 2 attempts; last error: timed out after 0.3 s")
     assert len(tavily.requests) == 2 and elapsed < 3.0
 
 
@@ -196,8 +197,8 @@ def test_an_unreachable_server_fails_after_bounded_retries():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     result = search(fast_tool(f"http://127.0.0.1:{port}", max_retries=2), {"query": "q"})
-    assert result.error == (f"web search failed after 3 attempts: cannot reach "
-                            f"http://127.0.0.1:{port}/search (ConnectError)")
+    assert result.error.startswith(f"web search failed: POST http://127.0.0.1:{port}/search "
+                                   "failed after 3 attempts; last error: ConnectError")
 
 
 def test_malformed_responses_are_error_results(tavily):
@@ -235,15 +236,6 @@ def test_the_tool_survives_successive_event_loops(tavily):
         result = asyncio.run(tool.call({"query": "q"}, ToolContext()))
         assert result.error is None
     asyncio.run(tool.close())
-
-
-def test_backoff_is_exponential_jittered_and_capped():
-    tool = WebSearch(backoff_base_s=1.0, backoff_max_s=4.0, seed=0)
-    for attempt, full in enumerate([1.0, 2.0, 4.0, 4.0]):
-        delays = [tool._backoff(attempt, None) for _ in range(50)]
-        assert all(full / 2 <= delay <= full for delay in delays)
-        assert len(set(delays)) > 1
-    assert tool._backoff(0, 30.0) == 4.0
 
 
 def test_spec_and_options():

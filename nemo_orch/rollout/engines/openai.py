@@ -18,27 +18,25 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.http import JSONClient
 from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _TOKEN_ID_PREFIX = "token_id:"
 
 
 class OpenAIError(EngineError):
-    """A request that failed for good; ``status`` is the HTTP status (None: no response)."""
+    """A request that failed for good; ``status`` is the HTTP status (None: no response).
+    An :class:`EngineError`, so engine users handle it like any other engine failure."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -59,101 +57,18 @@ class ChatResult:
     tool_calls: list[dict] = field(default_factory=list)
 
 
-class OpenAIClient:
-    """Async client of one OpenAI-compatible server (``base_url`` ends in ``/v1``).
+class OpenAIClient(JSONClient):
+    """Async client of one OpenAI-compatible server (``base_url`` ends in ``/v1``); the timeout,
+    retry and key rules are :class:`~nemo_orch.http.JSONClient`'s."""
 
-    ``api_key_env`` names the environment variable holding the key (sent as
-    ``Authorization: Bearer``); a named variable that is unset is an error. Usable from several
-    event loops in turn (each loop gets its own connection pool), so sync callers may wrap calls
-    in ``asyncio.run``.
-    """
+    error_type = OpenAIError
 
-    def __init__(self, base_url: str, model: str | None = None, *, api_key_env: str | None = None,
-                 timeout_s: float = 60.0, max_retries: int = 3, backoff_s: float = 0.5,
-                 max_backoff_s: float = 8.0) -> None:
-        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0:
-            raise ValueError("need max_retries >= 0, timeout_s > 0 and backoff_s >= 0")
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_url: str, model: str | None = None, **options: Any) -> None:
+        super().__init__(base_url, **options)
         self.model = model
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self._api_key: str | None = None
-        if api_key_env:
-            self._api_key = os.environ.get(api_key_env)
-            if not self._api_key:
-                raise OpenAIError(f"environment variable {api_key_env} (the API key of "
-                                  f"{self.base_url}) is not set")
-        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
 
     def __repr__(self) -> str:
         return f"OpenAIClient({self.base_url!r}, model={self.model!r})"
-
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        for other in [old for old in self._clients if old.is_closed()]:
-            del self._clients[other]  # its connections died with their loop
-        if loop not in self._clients:
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._clients[loop] = httpx.AsyncClient(base_url=self.base_url, headers=headers,
-                                                    timeout=self.timeout_s)
-        return self._clients[loop]
-
-    async def aclose(self) -> None:
-        """Close this loop's connection pool."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
-
-    async def __aenter__(self) -> OpenAIClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._api_key, "***") if self._api_key else text
-
-    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
-        retry_after = response.headers.get("retry-after") if response is not None else None
-        if retry_after is not None:
-            try:
-                return min(float(retry_after), self.max_backoff_s)
-            except ValueError:
-                pass
-        return min(self.backoff_s * 2**attempt, self.max_backoff_s) * (0.5 + random.random() / 2)
-
-    async def request(self, method: str, path: str, payload: Mapping[str, Any] | None = None
-                      ) -> dict[str, Any]:
-        """One JSON request with the retry policy; the decoded JSON body on success."""
-        url = f"{self.base_url}/{path.lstrip('/')}"
-        for attempt in range(self.max_retries + 1):
-            response = None
-            try:
-                response = await self._client().request(method, path.lstrip("/"), json=payload)
-            except httpx.TransportError as error:  # connect errors, timeouts, dropped connections
-                problem = f"{type(error).__name__}: {error}"
-            else:
-                if response.status_code < 400:
-                    try:
-                        return response.json()
-                    except ValueError:
-                        raise OpenAIError(f"{method} {url}: response is not JSON",
-                                          response.status_code) from None
-                problem = f"HTTP {response.status_code}: {_error_message(response)}"
-                if response.status_code not in RETRY_STATUSES:
-                    raise OpenAIError(self._scrub(f"{method} {url} failed with {problem}"),
-                                      response.status_code)
-            if attempt == self.max_retries:
-                raise OpenAIError(self._scrub(
-                    f"{method} {url} failed after {attempt + 1} attempts; last error: {problem}"),
-                    response.status_code if response is not None else None)
-            delay = self._delay(attempt, response)
-            log.warning("%s %s: %s; retry %d/%d in %.2f s", method, url, self._scrub(problem),
-                        attempt + 1, self.max_retries, delay)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
 
     async def models(self) -> list[str]:
         """Ids of the served models."""
@@ -200,18 +115,6 @@ class OpenAIClient:
         if not chosen:
             raise OpenAIError("no model name: pass model= or build the client with one")
         return chosen
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The server's error message (OpenAI ``{"error": {"message"}}`` or raw text, shortened)."""
-    try:
-        body = response.json()
-        error = body.get("error", body) if isinstance(body, dict) else body
-        message = error.get("message", error) if isinstance(error, dict) else error
-        text = str(message)
-    except ValueError:
-        text = response.text
-    return text[:500]
 
 
 def run_sync(coroutine: Any) -> Any:

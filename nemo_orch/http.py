@@ -1,0 +1,159 @@
+"""JSON over HTTP with the project's rules for external calls: a timeout on every request, a
+bounded retry with exponential backoff (and jitter) on connection errors, timeouts, 408, 429 and
+5xx, an immediate clear error on other 4xx, and an API key read from the environment that never
+appears in logs, reprs or errors.
+
+Used by every client the project has: OpenAI-compatible servers, Tavily web search and remote
+tool endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class HTTPError(RuntimeError):
+    """A request that failed for good; ``status`` is the HTTP status (None: no response)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_message(response: httpx.Response) -> str:
+    """The server's error message (``{"error": {"message"}}``, ``{"detail"}`` or raw text),
+    shortened."""
+    try:
+        body = response.json()
+        error = body.get("error", body.get("detail", body)) if isinstance(body, dict) else body
+        message = error.get("message", error) if isinstance(error, dict) else error
+        text = str(message)
+    except ValueError:
+        text = response.text
+    return text[:500]
+
+
+class JSONClient:
+    """Async JSON client of one server (``base_url``).
+
+    ``api_key_env`` names the environment variable holding the key, sent as
+    ``Authorization: Bearer``; it is read at the first request, so an unset variable is an error
+    of that request (naming the variable), not of construction. Usable from several event loops
+    in turn (each gets its own connection pool), so sync callers may use ``asyncio.run``.
+    ``error_type`` is the exception raised (a subclass of :class:`HTTPError` or any class taking
+    ``(message, status)``).
+    """
+
+    error_type: type[Exception] = HTTPError
+
+    def __init__(self, base_url: str, *, api_key_env: str | None = None, timeout_s: float = 60.0,
+                 max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
+                 seed: int | None = None) -> None:
+        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0 or max_backoff_s < backoff_s:
+            raise ValueError("need max_retries >= 0, timeout_s > 0 and "
+                             "0 <= backoff_s <= max_backoff_s")
+        self.base_url = base_url.rstrip("/")
+        self.api_key_env = api_key_env
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self._rng = random.Random(seed)
+        self._api_key: str | None = None
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url!r})"
+
+    def _key(self) -> str | None:
+        if self.api_key_env is None:
+            return None
+        if self._api_key is None:
+            key = os.environ.get(self.api_key_env, "").strip()
+            if not key:
+                raise self.error_type(f"environment variable {self.api_key_env} (the API key of "
+                                      f"{self.base_url}) is not set", None)
+            self._api_key = key
+        return self._api_key
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        for other in [old for old in self._clients if old.is_closed()]:
+            del self._clients[other]  # its connections died with their loop
+        if loop not in self._clients:
+            key = self._key()
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            self._clients[loop] = httpx.AsyncClient(base_url=self.base_url, headers=headers,
+                                                    timeout=self.timeout_s)
+        return self._clients[loop]
+
+    async def aclose(self) -> None:
+        """Close this loop's connection pool."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    async def __aenter__(self) -> "JSONClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def scrub(self, text: str) -> str:
+        """``text`` without the key (servers sometimes echo it in errors)."""
+        return text.replace(self._api_key, "[redacted]") if self._api_key else text
+
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
+        retry_after = response.headers.get("retry-after") if response is not None else None
+        if retry_after is not None:
+            try:
+                return min(max(0.0, float(retry_after)), self.max_backoff_s)
+            except ValueError:
+                pass
+        delay = min(self.backoff_s * 2**attempt, self.max_backoff_s)
+        return delay / 2 + self._rng.uniform(0, delay / 2)
+
+    async def request(self, method: str, path: str,
+                      payload: Mapping[str, Any] | None = None) -> Any:
+        """One JSON request under the retry policy; the decoded JSON body on success."""
+        url = f"{self.base_url}/{path.lstrip('/')}"
+        client = self._client()
+        for attempt in range(self.max_retries + 1):
+            response = None
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    response = await client.request(method, path.lstrip("/"), json=payload)
+            except (TimeoutError, httpx.TimeoutException):
+                problem = f"timed out after {self.timeout_s:g} s"
+            except httpx.TransportError as error:  # connect errors, dropped connections
+                problem = f"{type(error).__name__}: {error}"
+            else:
+                if response.status_code < 400:
+                    try:
+                        return response.json()
+                    except ValueError:
+                        raise self.error_type(f"{method} {url}: response is not JSON",
+                                              response.status_code) from None
+                problem = f"HTTP {response.status_code}: {error_message(response)}"
+                if response.status_code not in RETRY_STATUSES:
+                    raise self.error_type(self.scrub(f"{method} {url} failed with {problem}"),
+                                          response.status_code)
+            if attempt == self.max_retries:
+                raise self.error_type(self.scrub(
+                    f"{method} {url} failed after {attempt + 1} attempts; last error: {problem}"),
+                    response.status_code if response is not None else None)
+            delay = self._delay(attempt, response)
+            log.warning("%s %s: %s; retry %d/%d in %.2f s", method, url, self.scrub(problem),
+                        attempt + 1, self.max_retries, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")

@@ -1,0 +1,133 @@
+"""A small JSON-over-HTTP server for the project's endpoints (OpenAI-compatible generation,
+tools), on the standard library's ``ThreadingHTTPServer``: no web framework dependency.
+
+Routes map ``(method, path)`` to a function of the decoded JSON body returning a JSON-able dict.
+A :class:`RequestError` becomes its status with an OpenAI-style error body; any other exception
+a 500 with a generic message (details go to the log, not to the client). With ``api_key``, every
+route but ``GET /health`` requires ``Authorization: Bearer <api_key>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 2**20
+Route = Callable[[dict], dict]
+
+
+class RequestError(Exception):
+    """A request the server refuses: answered with ``status`` and an OpenAI error body."""
+
+    def __init__(self, message: str, status: int = 400,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def _handler(routes: Mapping[tuple[str, str], Route],
+             api_key: str | None) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: clients reuse their connections
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+        def _serve(self, method: str) -> None:
+            try:
+                body = self._read_body() if method == "POST" else {}
+                path = self.path.split("?")[0].rstrip("/") or "/"
+                route = routes.get((method, path))
+                if route is None:
+                    raise RequestError(f"no route {method} {self.path}", 404, "not_found_error")
+                if api_key is not None and (method, path) != ("GET", "/health"):
+                    given = self.headers.get("Authorization", "")
+                    if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                        raise RequestError("missing or wrong API key", 401,
+                                           "authentication_error")
+                self._reply(200, route(body))
+            except RequestError as error:
+                self._reply(error.status, {"error": {"message": str(error), "type": error.kind,
+                                                     "code": error.status}})
+            except Exception:
+                log.exception("%s %s failed", method, self.path)
+                self._reply(500, {"error": {"message": "internal server error",
+                                            "type": "server_error", "code": 500}})
+
+        def _read_body(self) -> dict:
+            try:
+                length = int(self.headers.get("Content-Length", 0))
+            except ValueError:
+                raise RequestError("bad Content-Length") from None
+            if length > MAX_BODY_BYTES:
+                raise RequestError(f"request body over {MAX_BODY_BYTES} bytes", 413)
+            try:
+                body = json.loads(self.rfile.read(length) or b"null")
+            except ValueError as error:
+                raise RequestError(f"the body is not valid JSON: {error}") from None
+            if not isinstance(body, dict):
+                raise RequestError("the body must be a JSON object")
+            return body
+
+        def _reply(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s " + format, self.address_string(), *args)
+
+    return Handler
+
+
+class ServerHandle:
+    """A running server; ``url`` is ``http://host:port`` plus the server's base path."""
+
+    def __init__(self, server: ThreadingHTTPServer, url_path: str, name: str) -> None:
+        self._server = server
+        self.host, self.port = server.server_address[:2]
+        self.url = f"http://{self.host}:{self.port}{url_path}"
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"{name}-{self.port}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the server is closed (e.g. by Ctrl-C in a ``serve`` command)."""
+        while self._thread.is_alive():
+            self._thread.join(timeout=0.5)
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_json(routes: Mapping[tuple[str, str], Route], host: str = "127.0.0.1", port: int = 0,
+               *, api_key: str | None = None, url_path: str = "",
+               name: str = "json-server") -> ServerHandle:
+    """Serve ``routes`` (plus ``GET /health``) in background threads; ``port=0``: a free port."""
+    routes = {("GET", "/health"): lambda _: {"status": "ok"}, **routes}
+    server = ThreadingHTTPServer((host, port), _handler(routes, api_key))
+    server.daemon_threads = True
+    return ServerHandle(server, url_path, name)
