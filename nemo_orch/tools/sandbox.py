@@ -1,0 +1,652 @@
+"""The ``python_sandbox`` tool: model-written Python in a contained, throwaway process.
+
+Each call runs in its own interpreter process that is discarded afterwards, so hostile code can
+never poison the next call. The process is contained by the strongest mechanisms the host allows,
+probed once at start (``PythonSandbox.isolation`` says which are in force):
+
+* ``netns`` / ``pidns``: private network (no route out, not even 127.0.0.1) and PID namespaces
+  (``unshare``); when the worker dies the kernel kills everything it spawned, and no host process
+  is visible.
+* ``uid``: the code runs as an unprivileged uid of its own (``uid_base + n``), so it cannot write
+  root's files, read other processes' environments or signal other sandboxes, and
+  ``RLIMIT_NPROC`` binds (it does not bind root).
+* ``mountns``: when the interpreter lives under a directory the unprivileged uid cannot search
+  (e.g. ``/root/.pyenv``), that directory is covered by an empty tmpfs in a private mount
+  namespace and only the interpreter's prefixes are bound back in, which also hides the rest.
+* ``cgroup-pids`` / ``cgroup-memory``: a cgroup v1 group per worker bounds the process count and
+  the memory of the whole tree, and lets the tree be killed completely.
+* ``rlimits`` (always): CPU seconds, address space, file size, process count; plus a wall-clock
+  timeout that kills the process group, a fresh working directory, an environment without the
+  parent's variables, and ``no-new-privs`` so setuid binaries cannot regain privileges.
+
+Workers are pre-spawned (``pool_size``) up to the point where they wait for code on stdin, which
+takes the interpreter start-up (~50-150 ms) off the call path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.tools.base import BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec, Usage
+
+logger = logging.getLogger(__name__)
+
+ISOLATION_MODES = ("auto", "strict", "rlimits")
+
+# Comparable to hosted code interpreters: about $0.03 per CPU-hour of a small container plus
+# overhead, i.e. ~1e-5 USD/s; 1e-4 USD/s (0.36 USD/hour) deliberately prices a sandbox second
+# at roughly one call of a small LLM so the policy learns not to burn time in loops.
+SANDBOX_USD_PER_SECOND = 1e-4
+
+_READY = b"ready\n"
+_TAIL_BYTES = 2048
+_CPU_EXIT = 128 + signal.SIGXCPU
+_SPAWN_TIMEOUT_S = 30.0
+_KILL_TIMEOUT_S = 5.0
+# Distinct uids per worker; reused round-robin, never concurrently within one process.
+_UID_COUNT = 1000
+
+# Runs as the worker's main program: enters its cgroups, applies the limits, drops privileges,
+# says it is ready, then reads the code from stdin and executes it as ``__main__``. User code is
+# compiled as "<sandbox>" and registered with linecache so tracebacks show its source lines.
+_BOOTSTRAP = r'''
+import ctypes, json, linecache, os, resource, signal, sys, traceback, types
+cfg = json.loads(sys.argv[1])
+for path in cfg["cgroup_procs"]:
+    with open(path, "w") as f:
+        f.write("0")
+libc = ctypes.CDLL(None, use_errno=True)
+def mount(source, target, fstype, flags, data):
+    if libc.mount(source.encode(), target.encode(), fstype and fstype.encode(), flags,
+                  data and data.encode()):
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), target)
+for hidden, exposed in cfg["mounts"]:
+    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in exposed]
+    mount("tmpfs", hidden, "tmpfs", 2 | 4, "mode=0755,size=1m")  # MS_NOSUID | MS_NODEV
+    for p, fd in zip(exposed, fds):
+        os.makedirs(p, 0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", p, None, 4096 | 16384, None)  # MS_BIND | MS_REC
+        os.close(fd)
+for name, (soft, hard) in cfg["rlimits"].items():
+    limit = getattr(resource, name)
+    current = resource.getrlimit(limit)[1]
+    if current != resource.RLIM_INFINITY:
+        hard = min(hard, current)
+    resource.setrlimit(limit, (min(soft, hard), hard))
+if cfg["uid"] is not None:
+    os.setgroups([])
+    os.setgid(cfg["uid"])
+    os.setuid(cfg["uid"])
+if cfg["no_new_privs"] and libc.prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+def cpu_exceeded(signum, frame):
+    os.write(2, b"\nCPU time limit exceeded\n")
+    os._exit(cfg["cpu_exit"])
+signal.signal(signal.SIGXCPU, cpu_exceeded)
+os.umask(0o077)
+sys.stdout.buffer.write(b"ready\n")
+sys.stdout.flush()
+source = sys.stdin.buffer.read().decode("utf-8", "replace")
+devnull = os.open(os.devnull, os.O_RDONLY)
+os.dup2(devnull, 0)
+os.close(devnull)
+linecache.cache["<sandbox>"] = (len(source), None, source.splitlines(True), "<sandbox>")
+main = types.ModuleType("__main__")
+sys.modules["__main__"] = main
+sys.argv = [""]
+sys.path.insert(0, "")
+try:
+    exec(compile(source, "<sandbox>", "exec"), main.__dict__)
+except SystemExit:
+    raise
+except BaseException as exc:
+    sys.stdout.flush()
+    traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+    sys.exit(1)
+'''
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-call limits. ``cpu_seconds`` is CPU time of the main process (``RLIMIT_CPU``);
+    ``memory_mb`` bounds each process's address space and, with ``cgroup-memory``, the tree."""
+
+    timeout_s: float = 10.0
+    cpu_seconds: int = 10
+    memory_mb: int = 1024
+    max_file_mb: int = 16
+    max_processes: int = 32
+    max_output_bytes: int = 16384
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "cpu_seconds", "memory_mb", "max_file_mb", "max_processes",
+                     "max_output_bytes"):
+            if getattr(self, name) <= 0:
+                raise ToolError(f"python_sandbox: {name} must be > 0")
+
+
+def default_spec() -> ToolSpec:
+    """The spec the policy sees; billed per second of sandbox time (see SANDBOX_USD_PER_SECOND)."""
+    return ToolSpec(
+        name="python_sandbox",
+        description=("Run a Python 3 program in a fresh, isolated process and return what it "
+                     "printed (stdout and stderr). No network access, no state kept between "
+                     "calls; print the values you need."),
+        parameters={"type": "object",
+                    "properties": {"code": {"type": "string",
+                                            "description": "A complete Python program."}},
+                    "required": ["code"]},
+        pricing=Pricing(per_second=SANDBOX_USD_PER_SECOND),
+        latency_hint_s=0.2,
+        timeout_s=30.0,
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How workers are started: what ``unshare`` creates, which uid they drop to, which
+    directories are re-exposed in the mount namespace, and the cgroup v1 parents used."""
+
+    unshare: tuple[str, ...] = ()
+    uid_base: int | None = None
+    mounts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    cgroups: tuple[tuple[str, Path], ...] = ()
+
+    @property
+    def isolation(self) -> tuple[str, ...]:
+        names = []
+        if "--net" in self.unshare:
+            names.append("netns")
+        if "--pid" in self.unshare:
+            names.append("pidns")
+        if self.mounts:
+            names.append("mountns")
+        if self.uid_base is not None:
+            names.append("uid")
+        names += [f"cgroup-{controller}" for controller, _ in self.cgroups]
+        return (*names, "rlimits", "no-new-privs")
+
+
+@dataclass
+class _Worker:
+    proc: asyncio.subprocess.Process
+    workdir: Path
+    cgroups: list[Path]
+    uid: int | None
+
+
+@dataclass
+class _Output:
+    """Captured output kept to ``limit`` bytes (head) plus a small tail, so tracebacks after a
+    flood of output stay visible while the parent's memory stays bounded."""
+
+    limit: int
+    head: bytearray = field(default_factory=bytearray)
+    tail: collections.deque = field(default_factory=collections.deque)
+    tail_size: int = 0
+    total: int = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail.append(data[-_TAIL_BYTES:])
+            self.tail_size += len(self.tail[-1])
+            while self.tail_size - len(self.tail[0]) >= _TAIL_BYTES:
+                self.tail_size -= len(self.tail.popleft())
+
+    def text(self) -> str:
+        head = self.head.decode("utf-8", "replace")
+        if self.total <= self.limit:
+            return head
+        tail = b"".join(self.tail)[-_TAIL_BYTES:]
+        skipped = self.total - self.limit - len(tail)
+        marker = f"\n[output truncated after {self.limit} bytes"
+        marker += f"; {skipped} bytes omitted, last {len(tail)} follow]\n" if skipped else "]\n"
+        return head + marker + tail.decode("utf-8", "replace")
+
+
+class _SpawnError(RuntimeError):
+    pass
+
+
+class PythonSandbox(BaseTool):
+    """Runs ``{"code": str}`` in a pre-started, single-use, contained worker process."""
+
+    def __init__(self, spec: ToolSpec, *, timeout_s: float = 10.0, cpu_seconds: int = 10,
+                 memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 32,
+                 max_output_bytes: int = 16384, pool_size: int = 2, isolation: str = "auto",
+                 uid_base: int = 60000) -> None:
+        super().__init__(spec)
+        if isolation not in ISOLATION_MODES:
+            raise ToolError(f"python_sandbox: isolation must be one of {ISOLATION_MODES}")
+        if pool_size < 0:
+            raise ToolError("python_sandbox: pool_size must be >= 0")
+        self.limits = SandboxLimits(timeout_s, cpu_seconds, memory_mb, max_file_mb,
+                                    max_processes, max_output_bytes)
+        self.pool_size = pool_size
+        self.isolation_mode = isolation
+        self.uid_base = uid_base
+        self._plan: _Plan | None = None
+        self._plan_lock = asyncio.Lock()
+        self._idle: collections.deque[_Worker] = collections.deque()
+        self._spawning = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._seq = itertools.count()
+        self._closed = False
+
+    @property
+    def isolation(self) -> tuple[str, ...]:
+        """The mechanisms in force (empty before ``start``/the first call)."""
+        return self._plan.isolation if self._plan else ()
+
+    @property
+    def cgroup_parents(self) -> tuple[Path, ...]:
+        """Directories in which per-worker cgroups are created (for inspection and tests)."""
+        return tuple(parent for _, parent in self._plan.cgroups) if self._plan else ()
+
+    async def start(self) -> None:
+        """Probe the isolation available and fill the worker pool."""
+        await self._ensure_plan()
+        self._refill()
+        await asyncio.gather(*list(self._tasks))
+
+    async def close(self) -> None:
+        """Kill idle workers and remove their cgroups and directories; waits for retirements."""
+        self._closed = True
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._idle:
+            await self._destroy(self._idle.popleft())
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        started = time.perf_counter()
+        code = arguments.get("code")
+        if not isinstance(code, str):
+            return ToolResult(error="argument 'code' must be a string")
+        try:
+            worker = await self._acquire()
+        except (_SpawnError, ToolError) as exc:
+            return self._result("", f"sandbox failed to start: {exc}", started)
+        try:
+            output, error = await self._run(worker, code)
+        finally:
+            self._background(self._destroy(worker))
+        return self._result(output, error, started)
+
+    def _result(self, output: str, error: str | None, started: float) -> ToolResult:
+        seconds = time.perf_counter() - started
+        return ToolResult(output=output, error=error, latency_s=seconds,
+                          cost_usd=self.spec.pricing.cost(Usage(), seconds))
+
+    # ----------------------------------------------------------------------------- the pool
+
+    async def _acquire(self) -> _Worker:
+        if self._closed:
+            raise ToolError("the sandbox is closed")
+        await self._ensure_plan()
+        while self._idle:
+            worker = self._idle.popleft()
+            self._refill()
+            if worker.proc.returncode is None:
+                return worker
+            self._background(self._destroy(worker))
+        self._refill()
+        return await self._spawn(self._plan)
+
+    def _refill(self) -> None:
+        while not self._closed and len(self._idle) + self._spawning < self.pool_size:
+            self._spawning += 1
+            self._background(self._spawn_into_pool())
+
+    async def _spawn_into_pool(self) -> None:
+        try:
+            worker = await self._spawn(self._plan)
+        except _SpawnError as exc:
+            logger.warning("python_sandbox: could not pre-start a worker: %s", exc)
+            return
+        finally:
+            self._spawning -= 1
+        if self._closed:
+            await self._destroy(worker)
+        else:
+            self._idle.append(worker)
+
+    def _background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------------ one worker
+
+    async def _spawn(self, plan: _Plan) -> _Worker:
+        seq = next(self._seq)
+        uid = None if plan.uid_base is None else plan.uid_base + seq % _UID_COUNT
+        workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
+        worker = None
+        try:
+            argv = [*plan.unshare, sys.executable, "-I", "-u", "-c", _BOOTSTRAP,
+                    json.dumps(self._bootstrap_config(plan, cgroups, uid))]
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd=workdir, env=self._environment(workdir), start_new_session=True)
+            worker = _Worker(proc, workdir, cgroups, uid)
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                line = b"(no answer within %d s)" % _SPAWN_TIMEOUT_S
+            if line != _READY:
+                rest = b"" if proc.stdout.at_eof() else await _read_some(proc.stdout)
+                raise _SpawnError((line + rest).decode("utf-8", "replace").strip()[-2000:]
+                                  or f"exit status {await proc.wait()}")
+            return worker
+        except BaseException:
+            if worker is not None:
+                await self._destroy(worker)
+            else:
+                await asyncio.to_thread(_remove, workdir, cgroups)
+            raise
+
+    def _prepare(self, plan: _Plan, seq: int, uid: int | None) -> tuple[Path, list[Path]]:
+        """Create the worker's directory (owned by its uid) and cgroups (with their limits)."""
+        workdir = Path(tempfile.mkdtemp(prefix="nemo_orch_sandbox_"))
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        cgroups = []
+        try:
+            for controller, parent in plan.cgroups:
+                group = parent / f"nemo_orch_sandbox.{os.getpid()}.{seq}"
+                group.mkdir()
+                cgroups.append(group)
+                _write_cgroup_limits(controller, group, self.limits)
+        except OSError:
+            _remove(workdir, cgroups)
+            raise
+        return workdir, cgroups
+
+    def _bootstrap_config(self, plan: _Plan, cgroups: list[Path], uid: int | None) -> dict:
+        limits = self.limits
+        memory = limits.memory_mb << 20
+        nproc = limits.max_processes
+        if uid is None and os.geteuid() != 0:
+            # RLIMIT_NPROC counts all processes of the (shared) uid: allow what already runs.
+            nproc += _count_processes(os.getuid())
+        return {
+            "cgroup_procs": [str(group / "cgroup.procs") for group in cgroups],
+            "mounts": [[hidden, list(exposed)] for hidden, exposed in plan.mounts],
+            "rlimits": {"RLIMIT_CPU": [limits.cpu_seconds, limits.cpu_seconds + 1],
+                        "RLIMIT_AS": [memory, memory],
+                        "RLIMIT_FSIZE": [limits.max_file_mb << 20] * 2,
+                        "RLIMIT_NPROC": [nproc, nproc],
+                        "RLIMIT_CORE": [0, 0]},
+            "uid": uid,
+            "no_new_privs": True,
+            "cpu_exit": _CPU_EXIT,
+        }
+
+    @staticmethod
+    def _environment(workdir: Path) -> dict[str, str]:
+        """A fresh environment: nothing of the parent's (tokens, keys) is inherited."""
+        return {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+                "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
+                # One BLAS/OpenMP thread: each extra thread reserves address space that counts
+                # against RLIMIT_AS, and one call should not take every core.
+                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    async def _run(self, worker: _Worker, code: str) -> tuple[str, str | None]:
+        proc = worker.proc
+        output = _Output(self.limits.max_output_bytes)
+        reader = asyncio.create_task(_drain(proc.stdout, output))
+        timed_out = False
+        try:
+            async with asyncio.timeout(self.limits.timeout_s):
+                try:
+                    proc.stdin.write(code.encode("utf-8", "replace"))
+                    await proc.stdin.drain()
+                    proc.stdin.close()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker died first; its exit status says why
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+        # Whatever it left running (background children) dies now, which closes the pipe.
+        oom_kills = await asyncio.to_thread(_kill_tree, worker)
+        await proc.wait()
+        try:
+            await asyncio.wait_for(reader, _KILL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass  # an escaped process still holds the pipe; the output so far is what we have
+        text = output.text()
+        return text, self._error(proc.returncode, timed_out, oom_kills, text)
+
+    def _error(self, returncode: int, timed_out: bool, oom_kills: int, text: str) -> str | None:
+        limits = self.limits
+        if timed_out:
+            return f"timed out after {float(limits.timeout_s)} s"
+        if oom_kills or (returncode == 1 and text.rstrip().rsplit("\n", 1)[-1]
+                         .startswith("MemoryError")):
+            return f"exceeded the memory limit ({limits.memory_mb} MB)"
+        if returncode in (_CPU_EXIT, -signal.SIGXCPU):
+            return f"exceeded the CPU time limit ({limits.cpu_seconds} s)"
+        if returncode < 0:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        if returncode > 0:
+            return f"exit status {returncode}"
+        return None
+
+    async def _destroy(self, worker: _Worker) -> None:
+        await asyncio.to_thread(_kill_tree, worker)
+        await worker.proc.wait()
+        await asyncio.to_thread(_remove, worker.workdir, worker.cgroups)
+
+    # ------------------------------------------------------------------------ detection
+
+    async def _ensure_plan(self) -> None:
+        async with self._plan_lock:
+            if self._plan is None:
+                self._plan = await self._detect()
+                logger.info("python_sandbox isolation: %s", ", ".join(self._plan.isolation))
+
+    async def _detect(self) -> _Plan:
+        """Try candidate plans from the strongest down with a canary program; the first that
+        runs it correctly is used. ``strict`` accepts only the strongest."""
+        if self.isolation_mode == "rlimits":
+            return _Plan()
+        cgroups = tuple(await asyncio.to_thread(_usable_cgroups, self.limits))
+        root = os.geteuid() == 0
+        namespaces = (("unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net",
+                       "--") if root else
+                      ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
+                       "--mount-proc", "--net", "--"))
+        if shutil.which("unshare") is None:
+            namespaces = ()
+        mounts = _hidden_prefixes() if namespaces else ()
+        candidates = []
+        if root:
+            candidates += [_Plan(namespaces, self.uid_base, mounts, cgroups),
+                           _Plan((), self.uid_base, (), cgroups)]
+        candidates += [_Plan(namespaces, None, (), cgroups), _Plan((), None, (), cgroups)]
+        if self.isolation_mode == "strict":
+            candidates = candidates[:1]
+        failures = []
+        for plan in dict.fromkeys(candidates):
+            failure = await self._probe(plan)
+            if failure is None:
+                return plan
+            failures.append(f"[{', '.join(plan.isolation)}]: {failure}")
+        raise ToolError("python_sandbox: no usable isolation; " + "; ".join(failures))
+
+    async def _probe(self, plan: _Plan) -> str | None:
+        canary = "import datetime, json\nopen('probe', 'w').write('ok')\nprint('ok')\n"
+        try:
+            worker = await self._spawn(plan)
+        except (_SpawnError, OSError) as exc:
+            return str(exc)
+        try:
+            output, error = await self._run(worker, canary)
+        finally:
+            await self._destroy(worker)
+        return None if error is None and output == "ok\n" else f"{error}: {output[-500:]}"
+
+
+async def _read_some(stream: asyncio.StreamReader) -> bytes:
+    try:
+        return await asyncio.wait_for(stream.read(8192), 1.0)
+    except asyncio.TimeoutError:
+        return b""
+
+
+async def _drain(stream: asyncio.StreamReader, output: _Output) -> None:
+    """Read everything (so the writer never blocks) but keep only what ``output`` keeps."""
+    while data := await stream.read(1 << 16):
+        output.add(data)
+
+
+def _kill_tree(worker: _Worker) -> int:
+    """SIGKILL the worker's process group and every process in its cgroups, until they are
+    empty; returns how many processes the memory cgroup OOM-killed."""
+    try:
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+    deadline = time.monotonic() + _KILL_TIMEOUT_S
+    for group in worker.cgroups:
+        while time.monotonic() < deadline:
+            pids = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+    oom_kills = 0
+    for group in worker.cgroups:
+        oom_control = group / "memory.oom_control"
+        if oom_control.exists():
+            for line in oom_control.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    oom_kills += int(line.split()[1])
+    return oom_kills
+
+
+def _remove(workdir: Path, cgroups: list[Path]) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
+    for group in cgroups:
+        _rmdir_cgroup(group)
+
+
+def _rmdir_cgroup(group: Path) -> None:
+    # Killed tasks may linger in the group for a moment after SIGKILL (EBUSY).
+    for _ in range(200):
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.005)
+    logger.warning("python_sandbox: could not remove cgroup %s", group)
+
+
+def _write_cgroup_limits(controller: str, group: Path, limits: SandboxLimits) -> None:
+    if controller == "pids":
+        (group / "pids.max").write_text(str(limits.max_processes))
+    else:
+        memory = str(limits.memory_mb << 20)
+        (group / "memory.limit_in_bytes").write_text(memory)
+        swap = group / "memory.memsw.limit_in_bytes"
+        if swap.exists():
+            try:
+                swap.write_text(memory)  # memory + swap: without it the limit spills into swap
+            except OSError:
+                pass  # swap accounting is off: there is nothing to bound
+    (group / "notify_on_release").write_text("0")
+
+
+def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
+    """cgroup v1 ``pids`` and ``memory`` directories of this process in which a child group can
+    be created and limited (tried with a probe group)."""
+    usable = []
+    for controller in ("pids", "memory"):
+        parent = _cgroup_v1_dir(controller)
+        if parent is None:
+            continue
+        probe = parent / f"nemo_orch_sandbox.{os.getpid()}.probe"
+        try:
+            probe.mkdir(exist_ok=True)
+            _write_cgroup_limits(controller, probe, limits)
+            usable.append((controller, parent))
+        except OSError as exc:
+            logger.debug("python_sandbox: cgroup %s unusable: %s", controller, exc)
+        finally:
+            _rmdir_cgroup(probe)
+    return usable
+
+
+def _cgroup_v1_dir(controller: str) -> Path | None:
+    """This process's cgroup directory for a v1 controller, from /proc/self/{cgroup,mountinfo}."""
+    try:
+        memberships = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    own = next((line.split(":", 2)[2] for line in memberships
+                if controller in line.split(":", 2)[1].split(",")), None)
+    if own is None:
+        return None
+    for line in mounts:
+        fields, _, tail = line.partition(" - ")
+        fstype, _, options = tail.split(" ")[:3]
+        if fstype == "cgroup" and controller in options.split(","):
+            root, mount_point = fields.split(" ")[3:5]
+            relative = os.path.relpath(own, root)
+            if relative.startswith(".."):
+                return None
+            return Path(mount_point, relative).resolve()
+    return None
+
+
+def _hidden_prefixes() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Directories other users cannot search that contain the interpreter's prefixes (e.g. a
+    pyenv under /root), each with the prefixes to bind back into its covering tmpfs."""
+    hidden: dict[str, set[str]] = {}
+    for prefix in {sys.base_prefix, sys.prefix}:
+        path = Path(prefix).resolve()
+        for ancestor in [*reversed(path.parents), path][1:]:
+            if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+                hidden.setdefault(str(ancestor), set()).add(str(path))
+                break
+    return tuple((directory, tuple(sorted(prefixes))) for directory, prefixes in hidden.items())
+
+
+def _count_processes(uid: int) -> int:
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        uid_line = next((line for line in text.splitlines() if line.startswith("Uid:")), "")
+        count += uid_line.split()[1:2] == [str(uid)]
+    return count

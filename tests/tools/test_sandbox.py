@@ -1,0 +1,196 @@
+"""The python_sandbox tool: normal code works, hostile code is contained with a clear error, the
+host is unaffected, and the next call still works."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from nemo_orch.tools.base import ToolContext, ToolResult
+from nemo_orch.tools.sandbox import PythonSandbox, default_spec
+
+CTX = ToolContext(task_id="t", episode_id="e")
+
+
+def run(codes: list[str], concurrent: bool = False, **options) -> tuple[list[ToolResult], tuple]:
+    """Start a sandbox, run ``codes`` (then ``print(1)`` to show the next call works), close it."""
+    options = {"timeout_s": 2.0, "memory_mb": 256, **options}
+
+    async def main() -> tuple[list[ToolResult], tuple]:
+        sandbox = PythonSandbox(default_spec(), **options)
+        await sandbox.start()
+        try:
+            calls = [sandbox.call({"code": code}, CTX) for code in codes]
+            if concurrent:
+                results = list(await asyncio.gather(*calls))
+            else:
+                results = [await call for call in calls]
+            results.append(await sandbox.call({"code": "print(1)"}, CTX))
+        finally:
+            await sandbox.close()
+        return results, sandbox.isolation
+
+    results, isolation = asyncio.run(main())
+    assert results[-1].error is None and results[-1].output == "1\n", "the next call must work"
+    return results[:-1], isolation
+
+
+def children() -> list[int]:
+    """Live (non-zombie) processes whose parent is this test process."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines()
+                          if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(os.getpid()) and \
+                not fields.get("State", "").startswith("Z"):
+            found.append(int(status.parent.name))
+    return found
+
+
+def test_print_and_accounting():
+    (result,), isolation = run(["print(1 + 1)"])
+    assert result.error is None and result.output == "2\n"
+    assert result.latency_s > 0
+    assert result.cost_usd == pytest.approx(default_spec().pricing.per_second * result.latency_s)
+    assert "rlimits" in isolation
+
+
+def test_syntax_error_and_exception_show_their_message():
+    (syntax, raised), _ = run(["print(", "def f():\n    return 1 / 0\nf()\n"])
+    assert syntax.error == "exit status 1" and "SyntaxError" in syntax.output
+    assert raised.error == "exit status 1"
+    assert "ZeroDivisionError" in raised.output and "return 1 / 0" in raised.output
+    assert "Traceback" in raised.output and "exec(" not in raised.output  # no bootstrap frames
+
+
+def test_bad_arguments_are_an_error():
+    async def main() -> ToolResult:
+        sandbox = PythonSandbox(default_spec(), pool_size=0, isolation="rlimits")
+        return await sandbox.call({"code": 1}, CTX)
+
+    assert "must be a string" in asyncio.run(main()).error
+
+
+def test_infinite_loop_times_out():
+    (result,), _ = run(["print('started')\nwhile True: pass"])
+    assert result.error == "timed out after 2.0 s"
+    assert result.output == "started\n"  # output before the timeout is kept (unbuffered)
+
+
+def test_cpu_limit():
+    (result,), _ = run(["while True: pass"], timeout_s=6.0, cpu_seconds=1)
+    assert result.error == "exceeded the CPU time limit (1 s)"
+
+
+def test_fork_bomb_is_contained():
+    before = children()
+    (result,), _ = run(["import os\nwhile True:\n    os.fork()\n"])
+    assert result.error is not None
+    assert children() == before
+
+
+def test_huge_allocations_hit_the_memory_limit():
+    (big, growing), _ = run(["x = bytearray(10**11)",
+                             "x = []\nwhile True:\n    x.append(bytearray(10**6))\n"])
+    assert big.error == "exceeded the memory limit (256 MB)" and "MemoryError" in big.output
+    assert growing.error == "exceeded the memory limit (256 MB)"
+
+
+def test_memory_limit_covers_the_process_tree():
+    """Children each under RLIMIT_AS but together over the limit: the memory cgroup stops them."""
+    code = ("import os, time\n"
+            "for _ in range(4):\n"
+            "    if os.fork() == 0:\n"
+            "        x = b'x' * (200 * 2**20)\n"  # touched pages, unlike bytearray(n)
+            "        time.sleep(1)\n"
+            "        os._exit(0)\n"
+            "os.wait(); os.wait(); os.wait(); os.wait()\n")
+    (result,), isolation = run([code], timeout_s=4.0)
+    if "cgroup-memory" not in isolation:
+        pytest.skip("no memory cgroup here")
+    assert result.error == "exceeded the memory limit (256 MB)"
+
+
+def test_cannot_write_outside_its_directory():
+    targets = [Path("/etc/nemo_orch_pwned"), Path(__file__).with_name("nemo_orch_pwned")]
+    code = "\n".join(f"open({str(t)!r}, 'w').write('x')" for t in targets)
+    (first, second, own), isolation = run(
+        [code, f"open({str(targets[1])!r}, 'w').write('x')",
+         "open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())"])
+    if "uid" not in isolation:
+        pytest.skip("running as root without a uid drop: files cannot be protected")
+    for result in (first, second):
+        assert result.error == "exit status 1" and "PermissionError" in result.output
+    assert not any(t.exists() for t in targets)
+    assert own.error is None and own.output == "ok\n"  # its own directory is writable
+
+
+def test_no_network():
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    try:
+        (result,), isolation = run(
+            [f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"])
+    finally:
+        listener.close()
+    if "netns" not in isolation:
+        pytest.skip("no network namespace here")
+    assert result.error == "exit status 1" and "OSError" in result.output
+
+
+def test_parent_secrets_are_not_visible(monkeypatch):
+    monkeypatch.setenv("NEMO_ORCH_TEST_SECRET", "s3cret")
+    code = ("import os\nprint(dict(os.environ))\n"
+            f"try:\n    print(open('/proc/{os.getpid()}/environ').read())\n"
+            "except OSError as exc:\n    print(type(exc).__name__)\n")
+    (result,), _ = run([code])
+    assert result.error is None
+    assert "s3cret" not in result.output and "NEMO_ORCH_TEST_SECRET" not in result.output
+
+
+def test_huge_output_is_truncated():
+    (result,), _ = run(["print('x' * 100_000_000)\nraise ValueError('at the end')"],
+                       max_output_bytes=1000, timeout_s=8.0)
+    assert result.error == "exit status 1"
+    assert result.output.startswith("x" * 1000 + "\n[output truncated after 1000 bytes")
+    assert "ValueError: at the end" in result.output  # the tail stays visible
+    assert len(result.output) < 4000
+
+
+def test_concurrent_calls_beyond_the_pool():
+    codes = [f"import time\ntime.sleep(0.3)\nprint({i})" for i in range(4)]
+    results, _ = run(codes, concurrent=True, pool_size=2)
+    assert [(r.error, r.output) for r in results] == [(None, f"{i}\n") for i in range(4)]
+
+
+def test_close_leaves_no_processes_cgroups_or_directories():
+    before = children()
+
+    async def main() -> PythonSandbox:
+        sandbox = PythonSandbox(default_spec(), pool_size=3, timeout_s=2.0)
+        await sandbox.start()
+        await asyncio.gather(*(sandbox.call({"code": "import os; os.system('sleep 30 &')"},
+                                            CTX) for _ in range(2)))
+        workdirs = [w.workdir for w in sandbox._idle]
+        await sandbox.close()
+        assert not any(path.exists() for path in workdirs)
+        return sandbox
+
+    sandbox = asyncio.run(main())
+    assert children() == before
+    for parent in sandbox.cgroup_parents:
+        assert not list(parent.glob(f"nemo_orch_sandbox.{os.getpid()}.*"))
+
+
+def test_rlimits_only_fallback():
+    (ok, loop), isolation = run(["print('fallback')", "while True: pass"], isolation="rlimits")
+    assert isolation == ("rlimits", "no-new-privs")
+    assert ok.error is None and ok.output == "fallback\n"
+    assert loop.error == "timed out after 2.0 s"
