@@ -24,6 +24,8 @@ test-fast: $(STAMP)
 
 benchmark: $(STAMP)
 	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/rollout.py
+	$(PY) benchmarks/sandbox.py
 
 clean:
 	rm -rf $(VENV) runs

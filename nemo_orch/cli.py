@@ -9,6 +9,7 @@ import collections
 import json
 import logging
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,10 @@ def cmd_tools_serve(config: Config, args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise config_lib.ConfigError(f"--api-key-env: {args.api_key_env} is not set")
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops cleanly too: sandbox workers, cgroups
+
+    signal.signal(signal.SIGTERM, stop)
     with start_tool_server(build_toolbox(config.tools), args.host, args.port,
                            api_key=api_key) as server:
         print(f"tools: serving {server.url}/tools/<name> (Ctrl-C to stop)", flush=True)

@@ -171,7 +171,7 @@ class ToolsConfig:
     """Tool declaration files, or directories of them (one YAML/JSON file per tool), and the
     cache of deterministic tools' results."""
 
-    declarations: list[str] = field(default_factory=list)
+    declarations: list[str] = field(default_factory=lambda: ["tools/offline"])
     cache_entries: int = 4096
     cache_mb: int = 64
 

@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP endpoint for any :class:`Engine` (the trained orchestrator, on CPU).
 
-Served by :func:`nemo_orch.serve.http_server.serve_json`; one lock serialises the engine. Routes: ``POST /v1/chat/completions`` (messages and optional tools rendered with the
-tokenizer's chat template), ``POST /v1/completions`` (text or token-id prompts, one or a batch),
+Served by :func:`nemo_orch.serve.http_server.serve_json`; one lock serialises the engine.
+Routes: ``POST /v1/chat/completions`` (messages and optional tools rendered with the tokenizer's
+chat template), ``POST /v1/completions`` (text or token-id prompts, one or a batch),
 ``GET /v1/models`` and ``GET /health``. Besides the OpenAI fields it accepts vLLM's sampling
 extensions (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
 ``return_tokens_as_token_ids``), so :class:`~nemo_orch.rollout.engines.openai.OpenAIEngine`

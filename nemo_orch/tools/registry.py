@@ -14,7 +14,9 @@ A declaration is the spec plus how to build the implementation::
     options: {memory_mb: 1024}
 
 Adding a tool is adding such a file. An option written ``file:<path>`` is a path relative to the
-declaration's own directory, so a tool can ship with its data. The toolbox owns everything around a call that must hold for
+declaration's own directory, so a tool can ship with its data.
+
+The toolbox owns everything around a call that must hold for
 every tool: argument validation, a per-tool concurrency bound, the timeout, turning exceptions into
 error results, and the cache of deterministic tools. It never raises from :meth:`Toolbox.call`.
 """
@@ -36,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from nemo_orch.tools.base import Pricing, Tool, ToolContext, ToolError, ToolResult, ToolSpec, Usage
+from nemo_orch.tools.base import Pricing, Tool, ToolContext, ToolError, ToolResult, ToolSpec
+from nemo_orch.tools.base import Usage
 from nemo_orch.tools.schema import argument_errors
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ def context_to_json(context: ToolContext) -> dict[str, Any]:
 def context_from_json(record: dict[str, Any]) -> ToolContext:
     documents = record.get("allowed_documents")
     return ToolContext(task_id=str(record.get("task_id", "")),
-                       episode_id=str(record.get("episode_id", "")), seed=int(record.get("seed", 0)),
+                       episode_id=str(record.get("episode_id", "")),
+                       seed=int(record.get("seed", 0)),
                        allowed_documents=None if documents is None else frozenset(documents))
 
 

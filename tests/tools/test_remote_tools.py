@@ -47,3 +47,32 @@ def test_unreachable_endpoint_is_an_error_result(tmp_path):
                                                                   "timeout_s": 1}}))
     result = asyncio.run(load_toolbox([tmp_path]).call("gone", {"text": "x"}))
     assert result.error.startswith("gone endpoint failed:") and "after 2 attempts" in result.error
+
+
+def test_tools_serve_command_serves_and_stops_on_sigterm():
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    server = subprocess.Popen([sys.executable, "-m", "nemo_orch.cli", "tools", "serve",
+                               "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("tools: serving http://127.0.0.1:"), server.stderr.read()
+        base = line.split()[2].removesuffix("/tools/<name>")
+        listed = httpx.get(f"{base}/tools", timeout=30).json()["tools"]
+        assert [t["function"]["name"] for t in listed] == ["call_expert", "python_sandbox",
+                                                           "search"]
+        reply = httpx.post(f"{base}/tools/python_sandbox", timeout=30,
+                           json={"arguments": {"code": "print(6 * 7)"}}).json()
+        assert reply["output"] == "42\n" and reply["error"] is None
+        bad = httpx.post(f"{base}/tools/search", timeout=30, json={"arguments": "q"})
+        assert bad.status_code == 400 and "'arguments' must be a JSON object" in json.dumps(
+            bad.json())
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0

@@ -179,8 +179,8 @@ class HFEngine:
             positions = positions[:, -1:] + 1
             mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype)], dim=1)
         return [Generation(token_ids=row.tokens, logprobs=row.logprobs,
-                           finish_reason=row.finish_reason or "length", text=self._decode(row.tokens),
-                           prompt_tokens=row.prompt_len,
+                           finish_reason=row.finish_reason or "length",
+                           text=self._decode(row.tokens), prompt_tokens=row.prompt_len,
                            extra={} if row.stop is None else {"stop": row.stop})
                 for row in rows]
 
