@@ -63,15 +63,25 @@ def _summarize_sft(summary, job: str) -> None:
           f"{summary.run_dir / 'tensorboard'})")
 
 
+def _is_rank_zero() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
 def cmd_sft(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.train import sft
 
     summary = sft.run(config)
-    if "RANK" not in os.environ or os.environ["RANK"] == "0":
-        if args.command == "train":
-            print("train: the main job runs its supervised stage (the GRPO stage is not built "
-                  "yet)")
+    if _is_rank_zero():
         _summarize_sft(summary, args.command)
+    return 0
+
+
+def cmd_train(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.train import main_job
+
+    summary = main_job.run(config)
+    if _is_rank_zero():
+        print("\n".join(main_job.summary_lines(summary)))
     return 0
 
 
@@ -223,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    add("train", cmd_sft, "the main job (today: its SFT stage on the configured data)")
+    add("train", cmd_train, "the main job: demonstrations, SFT, GRPO, evaluation and report")
     add("sft", cmd_sft, "supervised fine-tuning on chat conversations (assistant-token loss)")
     export = add("export", cmd_export, "write an HF or TensorRT-LLM checkpoint from a checkpoint")
     export.add_argument("--format", required=True, choices=["hf", "trtllm"])

@@ -185,12 +185,102 @@ class ToolsConfig:
 
 @dataclass
 class RewardConfig:
+    """How finished groups of trajectories are scored (see :mod:`nemo_orch.reward`).
+
+    ``combination``: ``toolorchestra`` (wrong -> 0; right -> preference-weighted sum of
+    group-min-max-normalized features, cost and latency entering negated), ``weighted``
+    (per-component group baselines, weighted: GDPO-style) or ``linear`` (``linear_*``
+    coefficients; USD and seconds divided by their references). The LLM judge is used for answers
+    that are neither empty, too long nor an exact match, when ``judge_base_url`` is set.
+    """
+
     combination: str = "toolorchestra"
+    numeric_rel_tol: float = 1e-6
+    numeric_abs_tol: float = 1e-9
+    max_answer_words: int = 500
+    judge_base_url: Optional[str] = None
+    judge_model: Optional[str] = None
+    judge_api_key_env: Optional[str] = None
+    # weighted: weight of each component's group-baselined value
+    weights: dict[str, float] = field(default_factory=lambda: {
+        "outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2})
+    # linear: alpha * outcome - beta * usd/usd_reference - gamma * s/seconds_reference + delta * pref
+    linear_alpha: float = 0.6
+    linear_beta: float = 0.25
+    linear_gamma: float = 0.1
+    linear_delta: float = 0.05
+    usd_reference: float = 0.01
+    seconds_reference: float = 10.0
+    # advantages and filters
+    leave_one_out: bool = False
+    advantage_clip: float = 3.0
+    advantage_eps: float = 1e-6
+    drop_format_errors: bool = False
+    drop_unanswered: bool = False
+    min_group_std: float = 0.0
 
     def __post_init__(self) -> None:
         _require(self.combination in ("toolorchestra", "weighted", "linear"),
                  f"reward.combination must be toolorchestra|weighted|linear, "
                  f"got {self.combination!r}")
+        _require(self.numeric_rel_tol >= 0 and self.numeric_abs_tol >= 0,
+                 "reward.numeric_rel_tol and reward.numeric_abs_tol must be >= 0")
+        _require(self.max_answer_words >= 1, "reward.max_answer_words must be >= 1")
+        _require(self.judge_base_url is None or self.judge_model is not None,
+                 "reward.judge_base_url needs reward.judge_model")
+        _require(self.usd_reference > 0 and self.seconds_reference > 0,
+                 "reward.usd_reference and reward.seconds_reference must be > 0")
+        _require(self.advantage_clip > 0 and self.advantage_eps > 0,
+                 "reward.advantage_clip and reward.advantage_eps must be > 0")
+        _require(self.min_group_std >= 0, "reward.min_group_std must be >= 0")
+
+
+@dataclass
+class GRPOConfig:
+    """The RL stage of ``nemo-orch train``: GRPO on the Megatron policy.
+
+    Per step, ``prompts_per_step`` tasks x ``rollout.group_size`` episodes are rolled out;
+    groups are filtered and, with ``dynamic_sampling``, more are generated (at most
+    ``max_sampling_rounds`` rounds) until the batch is full; then ``updates_per_step`` optimizer
+    steps run over ``mini_batches`` of the samples. Loss: clipped ratio (``clip_low``,
+    ``clip_high``), dual clip ``dual_clip`` (0: off), KL to the frozen start policy (``kl_type``
+    k3|mse, ``kl_coef``), token-mean aggregation. ``sample_mode``: whole trajectories, or one
+    sample per turn.
+    """
+
+    max_steps: int = 60
+    prompts_per_step: int = 16
+    updates_per_step: int = 1
+    mini_batches: int = 2
+    micro_batch_size: int = 8
+    lr: float = 5e-4
+    min_lr: float = 5e-4
+    warmup_steps: int = 0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float = 3.0
+    kl_type: str = "k3"
+    kl_coef: float = 0.1
+    sample_mode: str = "trajectory"
+    dynamic_sampling: bool = True
+    max_sampling_rounds: int = 3
+    save_interval: int = 20
+    eval_tasks: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
+                     "micro_batch_size", "max_sampling_rounds", "save_interval"):
+            _require(getattr(self, name) >= 1, f"grpo.{name} must be >= 1")
+        _require(self.lr > 0 and 0 <= self.min_lr <= self.lr,
+                 "grpo.lr must be > 0 and 0 <= grpo.min_lr <= grpo.lr")
+        _require(self.clip_low > 0 and self.clip_high > 0, "grpo.clip_low/high must be > 0")
+        _require(self.dual_clip == 0 or self.dual_clip > 1, "grpo.dual_clip must be 0 or > 1")
+        _require(self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, "
+                 f"got {self.kl_type!r}")
+        _require(self.kl_coef >= 0, "grpo.kl_coef must be >= 0")
+        _require(self.sample_mode in ("trajectory", "turn"),
+                 f"grpo.sample_mode must be trajectory|turn, got {self.sample_mode!r}")
+        _require(self.eval_tasks >= 0, "grpo.eval_tasks must be >= 0")
 
 
 @dataclass
@@ -300,6 +390,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
     def __post_init__(self) -> None:

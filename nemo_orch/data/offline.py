@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
+import itertools
 import math
 import operator
 import random
@@ -336,12 +338,33 @@ def _entity(rng: random.Random, kind: str) -> str:
     return f"Mount {_name(rng, rng.randint(2, 3))}"
 
 
-def _fact(rng: random.Random, relation: _Relation) -> tuple[str, str, _Step]:
-    """A random entity, its fact (the same every time: the world is fixed) and the search step."""
-    entity = _entity(rng, relation.kind)
+# The world is finite, so the bundled corpus (conf/tools/offline/world.jsonl) holds every fact a
+# task can ask about.
+WORLD_ENTITIES_PER_RELATION = 200
+
+
+@functools.lru_cache(maxsize=None)
+def _world_entities(relation: str) -> tuple[str, ...]:
+    kind = _RELATIONS[relation].kind
+    entities: dict[str, None] = {}  # distinct names, in a fixed order
+    for index in itertools.count():
+        if len(entities) == WORLD_ENTITIES_PER_RELATION:
+            return tuple(entities)
+        entities[_entity(random.Random(f"world|{relation}|{index}"), kind)] = None
+    raise AssertionError("unreachable")
+
+
+def _passage(relation: _Relation, entity: str) -> tuple[str, str]:
+    """The fact's value and the one passage stating it (fixed: the world does not change)."""
     world = random.Random(f"{relation.name}|{entity}")
     value = relation.value(world)
-    passage = world.choice(relation.passages).format(e=entity, v=value)
+    return value, world.choice(relation.passages).format(e=entity, v=value)
+
+
+def _fact(rng: random.Random, relation: _Relation) -> tuple[str, str, _Step]:
+    """An entity of the world, its fact and the search step that finds it."""
+    entity = rng.choice(_world_entities(relation.name))
+    value, passage = _passage(relation, entity)
     query = rng.choice(relation.queries).format(e=entity)
     return entity, value, _Step("search", {"query": query}, passage)
 
@@ -486,6 +509,39 @@ _FAMILIES: tuple[tuple[Callable[[random.Random], _Task], float], ...] = (
     (_math_expert, 0.22),
     (_word_puzzle, 0.08),
 )
+FAMILY_NAMES = {_arithmetic: "arithmetic", _lookup: "lookup", _lookup_then_compute: "lookup_compute",
+                _math_expert: "math", _word_puzzle: "word"}
+
+
+@dataclass(frozen=True)
+class OfflineTask:
+    """A task of the offline world for rollouts: its family, the exact-tool route that solves it
+    (empty when only an expert can), how hard it is for an expert (``easy``, ``hard``, or
+    ``unknown``: facts of the made-up world no model knows) and the preference kinds it may get."""
+
+    family: str
+    question: str
+    answer: str
+    route: tuple[tuple[str, dict[str, Any]], ...]
+    difficulty: str
+    preferences: tuple[str, ...]
+
+
+def draw_task(rng: random.Random) -> OfflineTask:
+    """One task from the same family mix as the demonstrations."""
+    families, weights = zip(*_FAMILIES)
+    make_task = rng.choices(families, weights)[0]
+    task = make_task(rng)
+    family = FAMILY_NAMES[make_task]
+    if family == "word":
+        difficulty = "language"
+    elif task.expert_choice is not None:
+        difficulty = "hard" if task.expert_choice[2] else "easy"
+    else:
+        difficulty = "unknown" if family.startswith("lookup") else "easy"
+    return OfflineTask(family, task.question, task.answer,
+                       tuple((step.tool, step.arguments) for step in task.steps), difficulty,
+                       task.preferences)
 _EXPERT_REPLIES = ("Answer: {a}", "{a}", "The answer is {a}")
 
 
@@ -529,16 +585,9 @@ def generate_conversations(n: int, seed: int) -> list[dict[str, Any]]:
     return conversations
 
 
-def world_documents(conversations: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """The passages ``search`` returned in ``conversations``, as a retrieval corpus
-    (``{"id", "text"}``, sorted, ids by position): what the offline ``search`` tool serves."""
-    passages: set[str] = set()
-    for conversation in conversations:
-        messages = conversation["messages"]
-        for call_message, response in zip(messages, messages[1:]):
-            calls = call_message.get("tool_calls") or []
-            if response["role"] == "tool" and any(c["function"]["name"] == "search"
-                                                  for c in calls):
-                passages.add(response["content"])
-    return [{"id": f"world-{index:05d}", "text": text}
-            for index, text in enumerate(sorted(passages))]
+def world_documents() -> list[dict[str, str]]:
+    """Every passage of the world, as a retrieval corpus (``{"id", "text"}``): what the offline
+    ``search`` tool serves (``conf/tools/offline/world.jsonl``)."""
+    return [{"id": f"{name}-{index:03d}", "text": _passage(relation, entity)[1]}
+            for name, relation in _RELATIONS.items()
+            for index, entity in enumerate(_world_entities(name))]

@@ -2,14 +2,18 @@
 
 Losses are summed per token and divided by the number of loss tokens in the *global* batch
 (``calculate_per_token_loss``), so TP, PP, DP and micro-batching all give the same gradients as one
-process. Used by SFT now and by GRPO, which supplies its own per-token loss.
+process. Used by SFT and by GRPO, which supplies its own per-token loss (with extra metrics) and
+reads per-token log-probabilities through forward-only passes (:func:`forward_logprobs`), also of a
+frozen :class:`ReferenceModel`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -19,14 +23,27 @@ from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import qwen3, weights
 
 Batch = Mapping[str, torch.Tensor]
-# (per-token loss [b, s] or logits, batch) -> (loss summed over tokens, number of loss tokens)
-TokenLossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, torch.Tensor]]
 
 
-def masked_token_loss(token_losses: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+class TokenLoss(NamedTuple):
+    """One micro-batch's loss: summed over its loss tokens (differentiable), their number, and
+    detached metrics that are summed over tokens (reported as means over the global batch's loss
+    tokens) or maxima (reported as the global maximum)."""
+
+    loss_sum: torch.Tensor
+    num_tokens: torch.Tensor
+    metric_sums: Mapping[str, torch.Tensor] = {}
+    metric_maxima: Mapping[str, torch.Tensor] = {}
+
+
+# (per-token cross entropy [b, s] = -logprob of each label, micro-batch) -> its loss
+TokenLossFn = Callable[[torch.Tensor, Batch], TokenLoss]
+
+
+def masked_token_loss(token_losses: torch.Tensor, batch: Batch) -> TokenLoss:
     """Cross entropy summed over the tokens whose loss mask is set (the SFT objective)."""
     mask = batch["loss_mask"]
-    return (token_losses.float() * mask).sum(), mask.sum().to(torch.int)
+    return TokenLoss((token_losses.float() * mask).sum(), mask.sum().to(torch.int))
 
 
 @dataclass
@@ -35,6 +52,45 @@ class StepResult:
     num_tokens: int      # loss tokens in the global batch
     grad_norm: float
     lr: float
+    # the loss function's metrics: token means (sums / num_tokens) and maxima, global batch
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def forward_logprobs(model: torch.nn.Module,
+                     micro_batches: list[Batch]) -> list[torch.Tensor | None]:
+    """Log-probabilities of the labels, [b, s] per micro-batch, from a forward-only pass.
+
+    Runs through Megatron's pipeline schedule, so every pipeline stage must call it with the same
+    micro-batches. Returns the tensors on the last stage (the same on each of its TP ranks, which is
+    where a token loss is computed) and None per micro-batch elsewhere.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, stage):
+        batch = next(data_iterator)
+        output = stage(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+
+        def collect(token_losses: torch.Tensor):
+            return (token_losses.sum(), torch.zeros((), dtype=torch.int),
+                    {"logprobs": -token_losses.detach().float()})
+
+        return output, collect
+
+    model.eval()
+    with torch.no_grad():
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[model],
+            num_microbatches=len(micro_batches),
+            seq_length=micro_batches[0]["tokens"].shape[1],
+            micro_batch_size=micro_batches[0]["tokens"].shape[0],
+            forward_only=True,
+        )
+    if not parallel_state.is_pipeline_last_stage():
+        return [None] * len(micro_batches)
+    return [entry["logprobs"] for entry in outputs]
 
 
 class Policy:
@@ -89,6 +145,11 @@ class Policy:
         # The distributed optimizer keeps fp32 main params: refresh them from the model.
         self.optimizer.reload_model_params()
 
+    def forward_logprobs(self, micro_batches: list[Batch]) -> list[torch.Tensor | None]:
+        """The current policy's label log-probabilities (see :func:`forward_logprobs`), e.g. the
+        ``old_logprobs`` of a GRPO batch before its updates."""
+        return forward_logprobs(self.model, micro_batches)
+
     def train_step(self, micro_batches: list[Batch],
                    token_loss: TokenLossFn = masked_token_loss) -> StepResult:
         """Forward/backward over this DP rank's micro-batches, then one optimizer step."""
@@ -108,28 +169,69 @@ class Policy:
         )
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
-        loss_sum, num_tokens = self._global_loss(losses)
+        loss_sum, num_tokens, metrics = self._global_totals([entry["loss"] for entry in losses])
         return StepResult(loss=loss_sum / max(num_tokens, 1), num_tokens=num_tokens,
                           grad_norm=float(grad_norm or 0.0),
-                          lr=self.optimizer.param_groups[0]["lr"])
+                          lr=self.optimizer.param_groups[0]["lr"], metrics=metrics)
 
     def _forward_step(self, token_loss: TokenLossFn, data_iterator, model):
         batch = next(data_iterator)
         output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
 
         def loss_func(token_losses: torch.Tensor):
-            loss_sum, num_tokens = token_loss(token_losses, batch)
-            return loss_sum, num_tokens, {"loss": torch.stack([loss_sum.detach(),
-                                                               num_tokens.float()])}
+            result = token_loss(token_losses, batch)
+            kept = result._replace(loss_sum=result.loss_sum.detach())
+            return result.loss_sum, result.num_tokens, {"loss": kept}
 
         return output, loss_func
 
-    def _global_loss(self, losses: list[dict]) -> tuple[float, int]:
-        """Loss sum and token count over the global batch, known on every rank."""
-        totals = torch.zeros(2)
+    def _global_totals(self, losses: list[TokenLoss]) -> tuple[float, int, dict[str, float]]:
+        """Loss sum, token count and metrics over the global batch, known on every rank.
+
+        Each DP rank's last stage (TP rank 0; the others hold the same values) contributes its
+        micro-batches. Metric names are only known where the loss ran, hence an object gather.
+        """
+        mine: dict = {"loss": 0.0, "tokens": 0, "sums": {}, "maxima": {}}
         if self.context.is_last_stage and self.context.tp_rank == 0:
             for entry in losses:
-                totals += entry["loss"].float().cpu()
+                mine["loss"] += float(entry.loss_sum)
+                mine["tokens"] += int(entry.num_tokens)
+                for key, value in entry.metric_sums.items():
+                    mine["sums"][key] = float(value) + mine["sums"].get(key, 0.0)
+                for key, value in entry.metric_maxima.items():
+                    mine["maxima"][key] = max(float(value), mine["maxima"].get(key, -math.inf))
+        everyone = [mine]
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(totals)
-        return float(totals[0]), int(totals[1])
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+        num_tokens = sum(part["tokens"] for part in everyone)
+        metrics: dict[str, float] = {}
+        for part in everyone:
+            for key, value in part["sums"].items():
+                metrics[key] = value / max(num_tokens, 1) + metrics.get(key, 0.0)
+            for key, value in part["maxima"].items():
+                metrics[key] = max(value, metrics.get(key, -math.inf))
+        return sum(part["loss"] for part in everyone), num_tokens, metrics
+
+
+class ReferenceModel:
+    """The frozen policy a GRPO loss's KL term is measured against: the same pipeline stage as
+    :class:`Policy` on this rank, without optimizer or gradients."""
+
+    def __init__(self, config: Config, context: ParallelContext) -> None:
+        self.config = config
+        self.module = qwen3.build_model(config.model, config.parallel,
+                                        pre_process=context.is_first_stage,
+                                        post_process=context.is_last_stage)
+        self.module.requires_grad_(False).eval()
+
+    def load_hf_weights(self, hf: Mapping[str, torch.Tensor]) -> None:
+        weights.load_hf_weights(self.module, hf, self.config.model)
+
+    def load_state_from(self, policy: Policy) -> None:
+        """Freeze a copy of the policy's current weights (same layout, so a plain state copy)."""
+        self.module.load_state_dict(policy.module.state_dict())
+
+    def forward_logprobs(self, micro_batches: list[Batch]) -> list[torch.Tensor | None]:
+        """Label log-probabilities under the reference weights (see :func:`forward_logprobs`)."""
+        return forward_logprobs(self.module, micro_batches)

@@ -14,6 +14,7 @@ import torch
 
 from nemo_orch import distributed, faults
 from nemo_orch.config import Config, ConfigError
+from nemo_orch.distributed import ParallelContext
 from nemo_orch.data import offline
 from nemo_orch.data.conversations import read_conversations
 from nemo_orch.data.sft import SFTDataset, collate, global_batch
@@ -102,41 +103,47 @@ def initialize_weights(policy: Policy, config: Config) -> int:
 
 
 def run(config: Config) -> SFTSummary:
+    """SFT in its own process group (the ``sft`` command)."""
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
-        if config.trainer.num_threads:
-            torch.set_num_threads(config.trainer.num_threads)
-        check_no_stale_run(config)
-        conversations = load_conversations(config)
-        tokenizer, tokenizer_dir = prepare_tokenizer(config, conversations)
-        dataset = SFTDataset(tokenizer, conversations, config.data.seq_length)
+        return train(config, context)
 
-        policy = Policy(config, context)
-        start_step = initialize_weights(policy, config)
-        trainer = config.trainer
-        metrics = MetricsLogger(config.run.dir, enabled=context.is_logging_rank,
-                                start_step=start_step, max_steps=trainer.max_steps)
-        per_rank = trainer.global_batch_size // config.parallel.dp
-        losses, saved = [], None
-        for step in range(start_step + 1, trainer.max_steps + 1):
-            faults.maybe_kill("step", step)
-            indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
-            mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
-            micro_batches = [collate([dataset[i] for i in mine[j:j + trainer.micro_batch_size]])
-                             for j in range(0, per_rank, trainer.micro_batch_size)]
-            result = policy.train_step(micro_batches)
-            tokens = trainer.global_batch_size * config.data.seq_length
-            metrics.log(step, {"loss": result.loss, "grad_norm": result.grad_norm,
-                               "lr": result.lr, "loss_tokens": result.num_tokens,
-                               "tokens": tokens})
-            losses.append(result.loss)
-            if step % trainer.save_interval == 0 or step == trainer.max_steps:
-                saved = checkpoint.save(config, step, policy.module, policy.optimizer,
-                                        policy.scheduler, tokenizer_dir=tokenizer_dir)
-        metrics.close()
-        speeds = metrics.tokens_per_s[1:]  # the first step includes warm-up
-        return SFTSummary(
-            start_step=start_step, end_step=max(start_step, trainer.max_steps),
-            first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
-            mean_tokens_per_s=sum(speeds) / len(speeds) if speeds else None,
-            num_samples=len(dataset), num_dropped=dataset.num_dropped, checkpoint=saved,
-            run_dir=config.run.dir)
+
+def train(config: Config, context: ParallelContext) -> SFTSummary:
+    """SFT inside a running parallel session (see :func:`run`)."""
+    if config.trainer.num_threads:
+        torch.set_num_threads(config.trainer.num_threads)
+    check_no_stale_run(config)
+    conversations = load_conversations(config)
+    tokenizer, tokenizer_dir = prepare_tokenizer(config, conversations)
+    dataset = SFTDataset(tokenizer, conversations, config.data.seq_length)
+
+    policy = Policy(config, context)
+    start_step = initialize_weights(policy, config)
+    trainer = config.trainer
+    metrics = MetricsLogger(config.run.dir, enabled=context.is_logging_rank,
+                            start_step=start_step, max_steps=trainer.max_steps)
+    per_rank = trainer.global_batch_size // config.parallel.dp
+    losses, saved = [], None
+    for step in range(start_step + 1, trainer.max_steps + 1):
+        faults.maybe_kill("step", step)
+        indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
+        mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
+        micro_batches = [collate([dataset[i] for i in mine[j:j + trainer.micro_batch_size]])
+                         for j in range(0, per_rank, trainer.micro_batch_size)]
+        result = policy.train_step(micro_batches)
+        tokens = trainer.global_batch_size * config.data.seq_length
+        metrics.log(step, {"loss": result.loss, "grad_norm": result.grad_norm,
+                           "lr": result.lr, "loss_tokens": result.num_tokens,
+                           "tokens": tokens})
+        losses.append(result.loss)
+        if step % trainer.save_interval == 0 or step == trainer.max_steps:
+            saved = checkpoint.save(config, step, policy.module, policy.optimizer,
+                                    policy.scheduler, tokenizer_dir=tokenizer_dir)
+    metrics.close()
+    speeds = metrics.tokens_per_s[1:]  # the first step includes warm-up
+    return SFTSummary(
+        start_step=start_step, end_step=max(start_step, trainer.max_steps),
+        first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
+        mean_tokens_per_s=sum(speeds) / len(speeds) if speeds else None,
+        num_samples=len(dataset), num_dropped=dataset.num_dropped, checkpoint=saved,
+        run_dir=config.run.dir)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from nemo_orch.data.conversations import validate_conversation
-from nemo_orch.tools.schema import argument_errors
 from nemo_orch.data.offline import PREFERENCES, TOOLS, extract_answer, generate_conversations
+from nemo_orch.tools.schema import argument_errors
 
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 
@@ -113,3 +113,20 @@ def test_extract_answer() -> None:
     assert extract_answer("x <answer> 4 </answer> y <answer>5</answer>") == "5"
     assert extract_answer("<answer>a\nb</answer>") == "a\nb"
     assert extract_answer("no tags") is None
+
+
+def test_bundled_corpus_is_the_whole_world():
+    import json
+
+    from nemo_orch.config import CONF_DIR
+    from nemo_orch.data.offline import world_documents
+
+    shipped = [json.loads(line) for line in
+               (CONF_DIR / "tools" / "offline" / "world.jsonl").read_text().splitlines()]
+    assert shipped == world_documents()
+    passages = {doc["text"] for doc in shipped}
+    for conversation in generate_conversations(200, seed=3):
+        for call, reply in zip(conversation["messages"], conversation["messages"][1:]):
+            names = [c["function"]["name"] for c in call.get("tool_calls") or []]
+            if names == ["search"]:
+                assert reply["content"] in passages

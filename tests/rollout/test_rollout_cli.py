@@ -25,7 +25,8 @@ def test_tools_list_prints_schemas():
 @pytest.mark.parametrize("name, arguments, output, error", [
     ("python_sandbox", {"code": "print(6 * 7)"}, "42\n", None),
     ("python_sandbox", {"code": "1/0"}, "ZeroDivisionError", "exit status 1"),
-    ("search", {"query": "capital of Moror"}, "The capital of Moror is Kasen.", None),
+    ("search", {"query": "capital of Ultormark"}, "The capital of Ultormark is Rikgarburg.",
+     None),
     ("search", {"query": 5}, "", "'query' should be of type string"),
     ("nope", {}, "", "unknown tool 'nope'"),
 ])
@@ -76,7 +77,7 @@ def policy_dir(tiny_tokenizer_dir, tmp_path_factory):
 def test_rollout_writes_trajectories(policy_dir, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, [Task("q1", "What is 2 + 3?", system="Use tools.", answer="5"),
-                        Task("q2", "Who founded Kaka Foods?", tools=("search",))])
+                        Task("q2", "Who founded Esvin Labs?", tools=("search",))])
     out = tmp_path / "out" / "trajectories.jsonl"
     result = run_cli("rollout", "--tasks", str(tasks), "--n", "2", "--out", str(out),
                      f"rollout.policy={policy_dir}", "rollout.max_turns=2",
@@ -93,7 +94,7 @@ def test_rollout_writes_trajectories(policy_dir, tmp_path):
             record["prompt_tokens"]
         # Sampled tokens carry their logprobs; template tokens none.
         assert all(lp < 0 for lp, m in zip(record["logprobs"], record["loss_mask"]) if m)
-    assert records[2]["messages"][0] == {"role": "user", "content": "Who founded Kaka Foods?"}
+    assert records[2]["messages"][0] == {"role": "user", "content": "Who founded Esvin Labs?"}
 
 
 def test_rollout_user_errors(tmp_path):

@@ -1,0 +1,208 @@
+"""The offline environment of the main job: tasks where the right tool matters, each with a
+preference vector the policy reads as an instruction, naive routers for demonstrations, and the
+oracle that knows the simulated experts.
+
+* Families (see :mod:`nemo_orch.data.offline`): arithmetic (the sandbox is exact and nearly free),
+  lookups in the made-up world (only the retriever's bundled corpus holds the facts), lookup then
+  compute, number theory (experts only; easy or hard) and word puzzles (the generalist's domain).
+* Preferences: a vector over ``accuracy``, ``cost`` and tool call counts (``tool:<name>``,
+  negative weight: avoid), stated in the system prompt with the same instructions as the
+  demonstrations use.
+* Utility (for evaluation and the oracle, on an absolute scale): 0 if wrong, else
+  ``w_accuracy - w_cost * usd / usd_reference + sum over tool features w * [called]``: the
+  ToolOrchestra reward with the group normalization replaced by a fixed cost scale.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_orch.data.offline import PREFERENCES, draw_task
+from nemo_orch.data.tasks import Task
+from nemo_orch.rollout.engines.base import Generation, SamplingParams
+
+PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
+    "accuracy": {"accuracy": 1.0},
+    "cost": {"accuracy": 1.0, "cost": 1.0},
+    "neutral": {"accuracy": 1.0, "cost": 0.3},
+    "no_code": {"accuracy": 1.0, "tool:python_sandbox": -1.0},
+}
+INSTRUCTIONS: dict[str, tuple[str, ...]] = {
+    **{kind: PREFERENCES[kind] for kind in ("accuracy", "cost", "neutral")},
+    "no_code": ("Do not run code.", "Code execution is not allowed for this task."),
+}
+# The preferences a family's tasks get: each changes what the best route is for some of them.
+FAMILY_PREFERENCES: dict[str, tuple[str, ...]] = {
+    "arithmetic": ("accuracy", "cost", "no_code"),
+    "lookup": ("accuracy", "cost", "neutral"),
+    "lookup_compute": ("accuracy", "cost", "neutral"),
+    "math": ("accuracy", "cost", "neutral"),
+    "word": ("accuracy", "cost"),
+}
+SYSTEM_PROMPT = ("You are an orchestrator that answers questions by calling tools. "
+                 "Finish with the final answer inside <answer></answer> tags.")
+EXPERT_TOOL = "call_expert"
+# A route is the tool calls that answer a task: the family's exact tools, or one expert.
+Route = tuple[tuple[str, dict[str, Any]], ...]
+
+
+def make_tasks(n: int, seed: int, prefix: str = "task") -> list[Task]:
+    """``n`` tasks with a preference each (same ``seed``, same tasks)."""
+    rng = random.Random(seed)
+    tasks = []
+    for index in range(n):
+        drawn = draw_task(rng)
+        preference = rng.choice(FAMILY_PREFERENCES[drawn.family])
+        system = f"{SYSTEM_PROMPT}\n{rng.choice(INSTRUCTIONS[preference])}"
+        tasks.append(Task(
+            id=f"{prefix}-{index:05d}", question=drawn.question, system=system,
+            answer=drawn.answer,
+            metadata={"family": drawn.family, "difficulty": drawn.difficulty,
+                      "preference_name": preference,
+                      "preference": PREFERENCE_VECTORS[preference],
+                      "route": [list(step) for step in drawn.route]}))
+    return tasks
+
+
+def routes(task: Task, experts: Mapping[str, Any]) -> dict[str, Route]:
+    """Every sensible way to answer ``task``: ``tools`` (when the family has an exact route) and
+    ``expert:<alias>`` for each expert."""
+    found: dict[str, Route] = {}
+    if task.metadata["route"]:
+        found["tools"] = tuple((name, dict(arguments)) for name, arguments in
+                               task.metadata["route"])
+    for alias in experts:
+        found[f"expert:{alias}"] = ((EXPERT_TOOL, {"model": alias, "question": task.question}),)
+    return found
+
+
+@dataclass(frozen=True)
+class RouteValue:
+    route: str
+    accuracy: float
+    usd: float
+    utility: float
+
+
+def utility(preference: Mapping[str, float], correct: bool, usd: float,
+            tool_counts: Mapping[str, int], usd_reference: float) -> float:
+    """The absolute, preference-weighted utility of one episode (see the module docstring)."""
+    if not correct:
+        return 0.0
+    value = preference.get("accuracy", 0.0) - preference.get("cost", 0.0) * usd / usd_reference
+    for feature, weight in preference.items():
+        if feature.startswith("tool:") and tool_counts.get(feature[5:], 0) > 0:
+            value += weight
+    return value
+
+
+def route_values(task: Task, experts: Mapping[str, Any], expert_pricing: Mapping[str, Any],
+                 orchestrator_usd_per_turn: float, usd_reference: float,
+                 tool_usd: Mapping[str, float]) -> list[RouteValue]:
+    """Expected accuracy, USD and utility of each route, from the simulated experts' known
+    accuracies, usage distributions and prices (tools: assumed exact, at ``tool_usd`` per
+    call); the orchestrator pays one turn per call plus the answer turn."""
+    values = []
+    for name, route in routes(task, experts).items():
+        usd = orchestrator_usd_per_turn * (len(route) + 1)
+        counts: dict[str, int] = {}
+        accuracy = 1.0
+        for tool, arguments in route:
+            counts[tool] = counts.get(tool, 0) + 1
+            if tool == EXPERT_TOOL:
+                model = experts[arguments["model"]]
+                accuracy = model.accuracy.get(task.metadata["difficulty"],
+                                              min(model.accuracy.values()))
+                pricing = expert_pricing[arguments["model"]]
+                mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma ** 2
+                                                                   / 2)
+                usd += (pricing.per_input_token * (60 + len(task.question) // 4)
+                        + pricing.per_output_token * mean_output)
+            else:
+                usd += tool_usd.get(tool, 0.0)
+        preference = task.metadata["preference"]
+        values.append(RouteValue(name, accuracy, usd, accuracy * utility(
+            preference, True, usd, counts, usd_reference)))
+    return values
+
+
+def oracle(values: list[RouteValue]) -> RouteValue:
+    return max(values, key=lambda value: value.utility)
+
+
+_RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+class RouterPolicy:
+    """A naive router that writes a fixed route's calls, then answers from the last
+    observation (the sandbox's output, the passage's fact, the expert's answer). A scripted
+    demonstrator, not a model; its episodes become SFT demonstrations."""
+
+    def __init__(self, tokenizer: Any, route: Route, answer: str) -> None:
+        self.tokenizer, self.route, self.answer = tokenizer, route, answer
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    def _reply(self, prompt: str) -> str:
+        observations = _RESPONSE_RE.findall(prompt.split("<|im_start|>user\n", 1)[-1])
+        if len(observations) < len(self.route):
+            tool, arguments = self.route[len(observations)]
+            return (f"<tool_call>\n{json.dumps({'name': tool, 'arguments': arguments})}\n"
+                    "</tool_call>")
+        last = observations[-1].strip() if observations else ""
+        # The fact inside a passage or output when it is there; else what the expert said.
+        stated = re.search(rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
+        copied = self.answer if stated else last.removeprefix("Answer:").strip()
+        return f"<answer>{copied}</answer>"
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        text = self._reply(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
+        return Generation(ids, [0.0] * len(ids), "stop", text, len(prompt_ids))
+
+
+def strongest_expert(task: Task, experts: Mapping[str, Any],
+                     expert_pricing: Mapping[str, Any]) -> str:
+    """The most accurate expert for the task's difficulty; the most expensive among equals."""
+    difficulty = task.metadata["difficulty"]
+    return max(experts, key=lambda alias: (
+        experts[alias].accuracy.get(difficulty, min(experts[alias].accuracy.values())),
+        expert_pricing[alias].per_output_token))
+
+
+async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollout: Any,
+                         seed: int, strongest_share: float = 0.5) -> list[dict[str, Any]]:
+    """SFT conversations from naive routers run through the real tools: with probability
+    ``strongest_share`` the strongest (most expensive) expert, otherwise a uniformly random
+    route (exact tools or any expert). Only episodes that end with the right answer are kept,
+    so every demonstration copies arguments and results correctly."""
+    import asyncio
+
+    from nemo_orch.rollout.episode import Episode
+
+    expert_tool = toolbox.tools[EXPERT_TOOL]
+    experts, pricing = expert_tool.models, expert_tool.pricing
+    rng = random.Random(seed)
+    slots = asyncio.Semaphore(rollout.max_concurrent_episodes)
+
+    async def demonstrate(index: int, task: Task) -> dict[str, Any] | None:
+        options = routes(task, experts)
+        if rng.random() < strongest_share:
+            route = options[f"expert:{strongest_expert(task, experts, pricing)}"]
+        else:
+            route = options[rng.choice(sorted(options))]
+        policy = RouterPolicy(tokenizer, route, task.answer or "")
+        async with slots:
+            trajectory = await Episode(task, 0, policy, toolbox, tokenizer, rollout,
+                                       seed=seed + index).run()
+        if trajectory.answer != task.answer:
+            return None
+        return {"messages": trajectory.messages, "tools": trajectory.tools}
+
+    kept = await asyncio.gather(*(demonstrate(i, t) for i, t in enumerate(tasks)))
+    return [conversation for conversation in kept if conversation is not None]

@@ -1,0 +1,231 @@
+"""Evaluation of an orchestrator on the offline environment, and the oracle it is compared to.
+
+For each policy: ``reward`` (the absolute preference utility of
+:func:`nemo_orch.data.environment.utility`), ``accuracy``, ``usd_per_task``,
+``seconds_per_task``, ``pref_adherence`` (the share of tasks answered by the oracle's route for
+their preference), ``format_error_rate`` (format errors per turn) and ``tool_mix`` (the share of
+each route per family and preference). The oracle's numbers are expectations over the simulated
+experts' known accuracies and prices.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from nemo_orch.data.environment import EXPERT_TOOL, oracle, route_values, utility
+from nemo_orch.data.tasks import Task
+from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.tools.base import Usage
+from nemo_orch.tools.registry import Toolbox
+
+NO_ROUTE = "none"
+
+
+def route_of(trajectory: Trajectory) -> str:
+    """How the episode answered: ``expert:<alias>`` (the first expert it asked), ``tools``
+    (only basic tools) or ``none``."""
+    calls = [call for turn in trajectory.turns for call in turn.calls
+             if call.tool is not None and call.error is None]
+    experts = [call for call in calls if call.tool == EXPERT_TOOL]
+    if experts:
+        return f"expert:{experts[0].arguments['model']}"
+    return "tools" if calls else NO_ROUTE
+
+
+def group_key(task: Task) -> str:
+    return f"{task.metadata['family']}/{task.metadata['preference_name']}"
+
+
+def _mix(routes_by_group: Mapping[str, list[str]]) -> dict[str, dict[str, float]]:
+    return {group: {route: count / len(routes) for route, count in sorted(Counter(routes).items())}
+            for group, routes in sorted(routes_by_group.items())}
+
+
+class OracleTable:
+    """The best route of every task under its preference, from the known simulated experts."""
+
+    def __init__(self, toolbox: Toolbox, tokenizer: Any, usd_reference: float,
+                 orchestrator_usd_per_token: tuple[float, float]) -> None:
+        expert = toolbox.tools[EXPERT_TOOL]
+        self.experts, self.pricing = expert.models, expert.pricing
+        self.toolbox, self.tokenizer = toolbox, tokenizer
+        self.usd_reference = usd_reference
+        self.input_price, self.output_price = orchestrator_usd_per_token
+        self.tool_usd = {name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
+                         for name, tool in toolbox.tools.items() if name != EXPERT_TOOL}
+
+    def values(self, task: Task):
+        messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
+            {"role": "user", "content": task.question}]
+        prompt = self.tokenizer.apply_chat_template(messages, tools=self.toolbox.schemas(),
+                                                    tokenize=False, add_generation_prompt=True)
+        # Each turn reads the context (the prompt, plus a little per earlier turn) and writes
+        # ~32 tokens.
+        per_turn = (self.input_price * (len(self.tokenizer.encode(prompt)) + 48)
+                    + self.output_price * 32)
+        return route_values(task, self.experts, self.pricing, per_turn, self.usd_reference,
+                            self.tool_usd)
+
+    def best(self, task: Task):
+        return oracle(self.values(task))
+
+    def report(self, tasks: list[Task]) -> dict[str, Any]:
+        best = [self.best(task) for task in tasks]
+        routes_by_group: dict[str, list[str]] = defaultdict(list)
+        for task, value in zip(tasks, best):
+            routes_by_group[group_key(task)].append(value.route)
+        return {"reward": statistics.mean(v.utility for v in best),
+                "accuracy": statistics.mean(v.accuracy for v in best),
+                "usd_per_task": statistics.mean(v.usd for v in best),
+                "seconds_per_task": None, "pref_adherence": 1.0, "format_error_rate": 0.0,
+                "tool_mix": _mix(routes_by_group)}
+
+
+def evaluation_report(tasks: list[Task], trajectories: list[Trajectory], table: OracleTable,
+                      correct: list[bool]) -> dict[str, Any]:
+    """The metrics of one policy's episodes (one per task, in task order)."""
+    routes_by_group: dict[str, list[str]] = defaultdict(list)
+    utilities, adherent, turns, format_errors = [], [], 0, 0
+    for task, trajectory, right in zip(tasks, trajectories, correct):
+        route = route_of(trajectory)
+        routes_by_group[group_key(task)].append(route)
+        utilities.append(utility(task.metadata["preference"], right, trajectory.cost_usd,
+                                 trajectory.tool_counts(), table.usd_reference))
+        adherent.append(route == table.best(task).route)
+        turns += len(trajectory.turns)
+        format_errors += sum(trajectory.format_errors.values())
+    return {
+        "reward": statistics.mean(utilities),
+        "accuracy": statistics.mean(map(float, correct)),
+        "usd_per_task": statistics.mean(t.cost_usd for t in trajectories),
+        "seconds_per_task": statistics.mean(t.tool_seconds + t.generation_seconds
+                                            for t in trajectories),
+        "pref_adherence": statistics.mean(map(float, adherent)),
+        "format_error_rate": format_errors / max(turns, 1),
+        "tool_mix": _mix(routes_by_group),
+    }
+
+
+def gap_closed(report: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """The share of the SFT-to-oracle reward gap that GRPO closed."""
+    gap = report["oracle"]["reward"] - report["sft"]["reward"]
+    if gap <= 0:
+        return None
+    return (report["grpo"]["reward"] - report["sft"]["reward"]) / gap
+
+
+def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], tasks: list[Task],
+                      tokenizer_dir: Any) -> dict[str, Any]:
+    """Greedy episodes of each policy (HF-named weights) on ``tasks``, scored; the oracle."""
+    import asyncio
+    import dataclasses
+
+    from nemo_orch.models.tokenizer import load_tokenizer
+    from nemo_orch.reward.outcome import OutcomeScorer
+    from nemo_orch.rollout.builders import build_toolbox
+    from nemo_orch.rollout.engines.hf import HFEngine
+    from nemo_orch.rollout.runner import run_rollouts
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    settings = dataclasses.replace(config.resolved_rollout(), temperature=0.0)
+    scorer = OutcomeScorer(config.reward)
+
+    async def evaluate() -> dict[str, Any]:
+        report: dict[str, Any] = {}
+        async with build_toolbox(config.tools) as toolbox:
+            table = OracleTable(toolbox, tokenizer, config.reward.usd_reference,
+                                (config.rollout.input_usd_per_million / 1e6,
+                                 config.rollout.output_usd_per_million / 1e6))
+            for name, hf in policies.items():
+                engine = HFEngine(config.model, hf, tokenizer=tokenizer)
+                trajectories = await run_rollouts(tasks, 1, engine, toolbox, tokenizer, settings,
+                                                  seed=config.run.seed)
+                outcomes = await asyncio.gather(*(scorer.score(task, t.answer)
+                                                  for task, t in zip(tasks, trajectories)))
+                report[name] = evaluation_report(tasks, trajectories, table,
+                                                 [o.correct for o in outcomes])
+            report["oracle"] = table.report(tasks)
+        report["gap_closed"] = gap_closed(report)
+        report["eval_tasks"] = len(tasks)
+        return report
+
+    return asyncio.run(evaluate())
+
+
+def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None:
+    """``report.json``, ``report.md`` and the training-curve plots of the GRPO stage."""
+    import json
+    from pathlib import Path
+
+    run_dir, grpo_dir = Path(run_dir), Path(grpo_dir)
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+    plots = plot_curves(grpo_dir / "metrics.jsonl", run_dir)
+    lines = ["# nemo-orch train report", "",
+             f"Held-out tasks: {report['eval_tasks']} (greedy decoding); oracle: expected values "
+             "from the simulated experts' accuracies and prices.", "",
+             "| policy | reward | accuracy | USD/task | s/task | pref. adherence | format errors |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in ("sft", "grpo", "oracle"):
+        row = report[name]
+        seconds = "" if row["seconds_per_task"] is None else f"{row['seconds_per_task']:.2f}"
+        lines.append(f"| {name} | {row['reward']:.3f} | {row['accuracy']:.3f} | "
+                     f"{row['usd_per_task']:.6f} | {seconds} | {row['pref_adherence']:.3f} | "
+                     f"{row['format_error_rate']:.3f} |")
+    if report.get("gap_closed") is not None:
+        lines += ["", f"GRPO closed {report['gap_closed']:.0%} of the SFT -> oracle reward gap."]
+    lines += ["", "## Route mix per (family, preference)", "",
+              "| group | sft | grpo | oracle |", "|---|---|---|---|"]
+    for group in report["oracle"]["tool_mix"]:
+        cells = [", ".join(f"{route} {share:.0%}" for route, share in
+                           report[name]["tool_mix"].get(group, {}).items())
+                 for name in ("sft", "grpo", "oracle")]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    if "wall_seconds" in report:
+        lines += ["", "Wall time: " + ", ".join(f"{k} {v:.0f} s"
+                                                 for k, v in report["wall_seconds"].items())]
+    lines += ["", *[f"![{plot.stem}]({plot.name})" for plot in plots]]
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:
+    """PNG plots of the GRPO curves: reward, accuracy and USD per task; route shares."""
+    import json
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics_path, out_dir = Path(metrics_path), Path(out_dir)
+    if not metrics_path.exists():
+        return []
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    records = [r for r in records if "reward" in r]
+    if not records:
+        return []
+    steps = [r["step"] for r in records]
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    for axis, key in zip(axes, ("reward", "accuracy", "usd_per_task")):
+        axis.plot(steps, [r[key] for r in records])
+        axis.set_title(key)
+        axis.set_xlabel("GRPO step")
+    figure.tight_layout()
+    curves = out_dir / "curves.png"
+    figure.savefig(curves, dpi=100)
+    plt.close(figure)
+    routes = sorted({k for r in records for k in r if k.startswith("route/")})
+    figure, axis = plt.subplots(figsize=(6.5, 3.5))
+    for key in routes:
+        axis.plot(steps, [r.get(key, 0.0) for r in records], label=key.removeprefix("route/"))
+    axis.set_title("route share of episodes")
+    axis.set_xlabel("GRPO step")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    mix = out_dir / "routes.png"
+    figure.savefig(mix, dpi=100)
+    plt.close(figure)
+    return [curves, mix]

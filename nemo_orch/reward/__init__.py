@@ -1,0 +1,27 @@
+"""Rewards: pure functions over a finished group of trajectories of one task, giving each
+trajectory a scalar and the components it came from (see DESIGN.md, "Reward").
+
+``outcome`` decides right or wrong (exact, numeric, LLM judge, database state); ``components``
+extracts cost, latency, call counts and preference adherence; ``combine`` turns a group into
+rewards (``reward.combination``); ``advantages`` turns rewards into GRPO advantages and filters
+groups; ``scoring`` runs it all over a batch.
+"""
+
+from nemo_orch.reward.advantages import (
+    SamplingStats, fill_batch, group_advantages, group_drop_reason, keep_group,
+    trajectory_drop_reason)
+from nemo_orch.reward.combine import RewardBreakdown, score_group
+from nemo_orch.reward.components import (
+    Features, extract_features, preference_instruction, preference_match, task_preference)
+from nemo_orch.reward.outcome import (
+    OUTCOME_METHODS, DomainEnvironment, OutcomeResult, OutcomeScorer, database_outcome,
+    exact_match, normalize_answer, numeric_match)
+from nemo_orch.reward.scoring import score_groups
+
+__all__ = [
+    "OUTCOME_METHODS", "DomainEnvironment", "Features", "OutcomeResult", "OutcomeScorer",
+    "RewardBreakdown", "SamplingStats", "database_outcome", "exact_match", "extract_features",
+    "fill_batch", "group_advantages", "group_drop_reason", "keep_group", "normalize_answer",
+    "numeric_match", "preference_instruction", "preference_match", "score_group", "score_groups",
+    "task_preference", "trajectory_drop_reason",
+]

@@ -1,0 +1,205 @@
+"""Is the final answer right? String and number matching, the LLM judge, and database state.
+
+The protocol follows the ToolOrchestra reference: an empty answer, or one longer than
+``reward.max_answer_words`` words, is wrong; a normalized exact match or a numeric match is right;
+anything else goes to the LLM judge when one is configured (``reward.judge_base_url``) and is
+wrong otherwise. A judge that fails or answers unreadably makes the answer wrong with the reason
+recorded (method ``judge_error``): scoring never raises over an external call.
+
+Domain (database) tasks are right when replaying the gold actions on a fresh environment reaches
+the same state as the episode did and every required fact was told to the user
+(:func:`database_outcome`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+from nemo_orch.config import RewardConfig
+from nemo_orch.data.tasks import Task
+from nemo_orch.rollout.engines.openai import OpenAIClient
+
+# How an outcome was decided; every one is logged as its own component.
+OUTCOME_METHODS = ("empty", "too_long", "exact", "numeric", "judge", "no_match", "judge_error",
+                   "database")
+
+_ANSWER_PREFIX = re.compile(r"^\s*(?:final\s+)?answer\s*:\s*", re.IGNORECASE)
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+# Punctuation that carries a number's meaning: a sign before a digit, a decimal point or a
+# fraction bar between digits. SQuAD normalization would turn "-3.5" and "35" into the same string.
+_NUMERIC_PUNCTUATION = re.compile(r"(?:(?<![\w.])-(?=\d)|(?<=\d)[./](?=\d))")
+_PUNCTUATION = frozenset(string.punctuation)
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+|(?<=\d))"
+                     r"(?:\s*/\s*\d+(?![\d.]))?(?:[eE][-+]?\d+)?")
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
+_VERDICT = re.compile(r"\b(incorrect|wrong|yes|no|(?:not\s+)?(?:correct|right))\b")
+_POSITIVE = frozenset({"correct", "right", "yes"})
+
+JUDGE_MAX_TOKENS = 256  # room for a short justification; reasoning judges think before it
+JUDGE_SYSTEM = ("You grade answers to questions. Decide whether the prediction means the same as "
+                "the reference answer; ignore formatting, capitalization and extra explanation. "
+                "Reply with one word: correct or incorrect.")
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD-style normalization (lowercase; punctuation, articles and extra whitespace removed),
+    after dropping a leading ``Answer:``. Signs, decimal points and fraction bars inside numbers
+    are kept, so different numbers never normalize to the same string."""
+    text = _ANSWER_PREFIX.sub("", text).lower()
+    kept = {match.start() for match in _NUMERIC_PUNCTUATION.finditer(text)}
+    text = "".join(char for index, char in enumerate(text)
+                   if char not in _PUNCTUATION or index in kept)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, reference: str) -> bool:
+    """Equal after :func:`normalize_answer` (an empty normalization never matches)."""
+    normalized = normalize_answer(prediction)
+    return bool(normalized) and normalized == normalize_answer(reference)
+
+
+def parse_number(text: str) -> float | None:
+    """The value of ``text`` if it is one number written like ``1,234``, ``-3.5``, ``.5``,
+    ``1e-3`` or ``3/4``; else None."""
+    text = text.strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    text = text.replace(",", "").replace(" ", "")
+    try:
+        return float(Fraction(text)) if "/" in text else float(text)
+    except ZeroDivisionError:
+        return None
+
+
+def numeric_match(prediction: str, reference: str, rel_tol: float, abs_tol: float) -> bool:
+    """The last number in the prediction equals the reference, which must be a single number
+    (optionally with ``$``, ``%`` or a final period), within ``rel_tol`` / ``abs_tol``."""
+    core = _ANSWER_PREFIX.sub("", reference).strip().removesuffix(".").strip()
+    expected = parse_number(core.removeprefix("$").removesuffix("%"))
+    numbers = [match[0] for match in _NUMBER.finditer(prediction)]
+    got = parse_number(numbers[-1]) if numbers else None
+    if expected is None or got is None:
+        return False
+    return math.isclose(got, expected, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+@dataclass(frozen=True)
+class OutcomeResult:
+    """Whether an answer is right, how that was decided (one of :data:`OUTCOME_METHODS`) and why."""
+
+    correct: bool
+    method: str
+    detail: str = ""
+
+
+def parse_verdict(text: str) -> bool | None:
+    """The judge's verdict: the first of correct/incorrect/yes/no/right/wrong after any
+    ``<think>`` block; None when there is none."""
+    found = _VERDICT.search(_THINK.sub(" ", text).lower())
+    return None if found is None else found[1] in _POSITIVE
+
+
+class OutcomeScorer:
+    """Scores final answers under the reference protocol (see the module docstring).
+
+    ``client`` overrides the judge client built from ``config`` (e.g. with other timeouts).
+    Judge verdicts are cached per (task id, normalized answer), and concurrent requests for the
+    same pair share one judge call, so a group repeating a wrong answer costs one request.
+    Judge failures are not cached: the next score asks again.
+    """
+
+    def __init__(self, config: RewardConfig, client: OpenAIClient | None = None) -> None:
+        self.config = config
+        if client is None and config.judge_base_url is not None:
+            client = OpenAIClient(config.judge_base_url, config.judge_model,
+                                  api_key_env=config.judge_api_key_env)
+        self.client = client
+        self._verdicts: dict[tuple[str, str], OutcomeResult] = {}
+        self._pending: dict[tuple[str, str], asyncio.Future[OutcomeResult]] = {}
+
+    async def score(self, task: Task, answer: str | None) -> OutcomeResult:
+        """The outcome of ``answer`` (None: the episode gave none) for ``task``."""
+        answer = (answer or "").strip()
+        if not normalize_answer(answer):
+            return OutcomeResult(False, "empty")
+        words = len(answer.split())
+        if words > self.config.max_answer_words:
+            return OutcomeResult(False, "too_long",
+                                 f"{words} words > max_answer_words={self.config.max_answer_words}")
+        if task.answer is None:
+            return OutcomeResult(False, "no_match", "the task has no reference answer")
+        if exact_match(answer, task.answer):
+            return OutcomeResult(True, "exact")
+        if numeric_match(answer, task.answer, self.config.numeric_rel_tol,
+                         self.config.numeric_abs_tol):
+            return OutcomeResult(True, "numeric")
+        if self.client is None:
+            return OutcomeResult(False, "no_match")
+        return await self._judged(task, answer)
+
+    async def _judged(self, task: Task, answer: str) -> OutcomeResult:
+        key = (task.id, normalize_answer(answer))
+        if key in self._verdicts:
+            return self._verdicts[key]
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._ask_judge(task, answer))
+            self._pending[key] = pending
+            pending.add_done_callback(lambda done: self._forget(key, done))
+        # Shielded: one waiter's cancellation must not cancel the call the others share.
+        result = await asyncio.shield(pending)
+        if result.method == "judge":
+            self._verdicts[key] = result
+        return result
+
+    def _forget(self, key: tuple[str, str], done: asyncio.Future[OutcomeResult]) -> None:
+        if self._pending.get(key) is done:
+            del self._pending[key]
+
+    async def _ask_judge(self, task: Task, answer: str) -> OutcomeResult:
+        assert self.client is not None
+        prompt = (f"Question:\n{task.question}\n\nReference answer:\n{task.answer}\n\n"
+                  f"Prediction:\n{answer}\n\nIs the prediction correct?")
+        try:
+            reply = await self.client.chat(
+                [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}],
+                max_tokens=JUDGE_MAX_TOKENS, temperature=0.0)
+        except Exception as error:  # any failure of the judge is a wrong answer, never a crash
+            return OutcomeResult(False, "judge_error", f"{type(error).__name__}: {error}")
+        verdict = parse_verdict(reply.text)
+        if verdict is None:
+            return OutcomeResult(False, "judge_error", f"no verdict in {reply.text[:200]!r}")
+        return OutcomeResult(verdict, "judge", reply.text[:200])
+
+
+class DomainEnvironment(Protocol):
+    """A domain task's database (tau2-style): actions change it, its state has a hash."""
+
+    def apply(self, action: dict) -> str: ...
+
+    def state_hash(self) -> str: ...
+
+
+def database_outcome(final_state_hash: str, gold_actions: list[dict],
+                     make_env: Callable[[], DomainEnvironment], required_facts: list[str],
+                     communicated: str) -> OutcomeResult:
+    """Right when the episode left the database as the gold actions do (replayed on a fresh
+    environment) and every required fact (normalized) appears in what the user was told."""
+    env = make_env()
+    for action in gold_actions:
+        env.apply(action)
+    if env.state_hash() != final_state_hash:
+        return OutcomeResult(False, "database", "the final database state differs from the gold "
+                                                "state")
+    told = normalize_answer(communicated)
+    missing = [fact for fact in required_facts if normalize_answer(fact) not in told]
+    if missing:
+        return OutcomeResult(False, "database", f"not communicated: {missing}")
+    return OutcomeResult(True, "database")

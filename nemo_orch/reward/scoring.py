@@ -1,0 +1,26 @@
+"""Scoring whole batches: what the GRPO trainer and the evaluator call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from nemo_orch.config import RewardConfig
+from nemo_orch.data.tasks import Task
+from nemo_orch.reward.combine import RewardBreakdown, score_group
+from nemo_orch.reward.outcome import OutcomeScorer
+from nemo_orch.rollout.episode import Trajectory
+
+
+async def score_groups(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
+                       config: RewardConfig, scorer: OutcomeScorer
+                       ) -> list[list[RewardBreakdown]]:
+    """The breakdowns of every group (``groups[i]`` are ``tasks[i]``'s trajectories). All answers
+    are scored concurrently (judge calls overlap), then each group is combined on its own."""
+    if len(tasks) != len(groups):
+        raise ValueError(f"{len(tasks)} tasks but {len(groups)} groups")
+    outcomes = await asyncio.gather(*(asyncio.gather(*(scorer.score(task, t.answer)
+                                                       for t in group))
+                                      for task, group in zip(tasks, groups)))
+    return [score_group(task, group, group_outcomes, config)
+            for task, group, group_outcomes in zip(tasks, groups, outcomes)]

@@ -1,0 +1,358 @@
+"""GRPO recipe: the RL stage of ``nemo-orch train``, on the Megatron policy.
+
+Read top to bottom. Each step: rank 0 rolls out ``grpo.prompts_per_step`` tasks x
+``rollout.group_size`` episodes with the CPU engine and the real tools, scores the groups
+(:mod:`nemo_orch.reward`), filters them and, with dynamic sampling, rolls out more until the batch
+is full; the samples go to every rank; the trainer recomputes the old log-probabilities (and
+logs their mismatch with the engine's), the frozen reference's, and runs ``updates_per_step``
+passes over ``mini_batches`` optimizer steps; then the new weights are synced into the engine and,
+every ``save_interval`` steps, checkpointed. A resumed run continues from its last checkpoint;
+tasks and sampling seeds depend on the step only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import statistics
+import time
+import zlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_orch import distributed, faults
+from nemo_orch.config import Config
+from nemo_orch.data.environment import make_tasks
+from nemo_orch.data.tasks import Task
+from nemo_orch.eval.orchestration import group_key, route_of
+from nemo_orch.models import checkpoint, weights
+from nemo_orch.models.tokenizer import load_tokenizer
+from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_drop_reason,
+                                         trajectory_drop_reason)
+from nemo_orch.reward.combine import RewardBreakdown
+from nemo_orch.reward.outcome import OutcomeScorer
+from nemo_orch.reward.scoring import score_groups
+from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
+from nemo_orch.train.grpo_loss import grpo_token_loss
+from nemo_orch.train.metrics import MetricsLogger
+from nemo_orch.train.policy import Batch, Policy, ReferenceModel
+
+log = logging.getLogger(__name__)
+
+# Sequences are padded to a multiple of this (fewer distinct shapes, the same loss).
+PAD_MULTIPLE = 16
+
+
+@dataclass
+class Group:
+    task: Task
+    trajectories: list[Trajectory]
+    breakdowns: list[RewardBreakdown]
+
+
+@dataclass
+class Sample:
+    """One training sequence: token ids, which of them the loss covers, the engine's logprobs and
+    the advantage on those tokens."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    engine_logprobs: list[float]
+    advantage: float
+
+
+@dataclass
+class GRPOSummary:
+    start_step: int
+    end_step: int
+    first_reward: float | None
+    last_reward: float | None
+    checkpoint: Path | None
+    run_dir: Path
+
+
+def policy_config(config: Config) -> Config:
+    """The config the Megatron policy is built from for this stage: the optimizer and schedule
+    of ``grpo.*``."""
+    grpo = config.grpo
+    trainer = dataclasses.replace(
+        config.trainer, lr=grpo.lr, min_lr=grpo.min_lr, warmup_steps=grpo.warmup_steps,
+        max_steps=grpo.max_steps * grpo.updates_per_step * grpo.mini_batches,
+        micro_batch_size=grpo.micro_batch_size, global_batch_size=grpo.micro_batch_size
+        * config.parallel.dp, save_interval=grpo.save_interval)
+    return dataclasses.replace(config, trainer=trainer)
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+class Rollouts:
+    """Rank 0's side of a step: the engine, the tools, the reward, the tasks of each step."""
+
+    def __init__(self, config: Config, engine: Any, tokenizer: Any, toolbox: Any) -> None:
+        self.config, self.engine, self.tokenizer, self.toolbox = config, engine, tokenizer, toolbox
+        self.settings = config.resolved_rollout()
+        self.scorer = OutcomeScorer(config.reward)
+
+    def tasks(self, step: int, round_index: int, count: int) -> list[Task]:
+        seed = _seed(self.config.run.seed, "tasks", step, round_index)
+        return make_tasks(count, seed, prefix=f"s{step}r{round_index}")
+
+    async def groups(self, step: int, round_index: int, count: int) -> list[Group]:
+        tasks = self.tasks(step, round_index, count)
+        batcher = GenerationBatcher(self.engine, self.settings.max_batch_size,
+                                    seed=self.config.run.seed + 1000 * step + round_index)
+        trajectories = await run_rollouts(tasks, self.settings.group_size, self.engine,
+                                          self.toolbox, self.tokenizer, self.settings,
+                                          batcher=batcher)
+        await batcher.close()
+        size = self.settings.group_size
+        grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
+        breakdowns = await score_groups(tasks, grouped, self.config.reward, self.scorer)
+        return [Group(task, group, scored)
+                for task, group, scored in zip(tasks, grouped, breakdowns)]
+
+    def drop_reason(self, group: Group) -> str | None:
+        return group_drop_reason(group.breakdowns, self.config.reward)
+
+    async def batch(self, step: int) -> tuple[list[Group], Any]:
+        grpo = self.config.grpo
+        rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
+        return await fill_batch(lambda count, r: self.groups(step, r, count),
+                                grpo.prompts_per_step, rounds, self.drop_reason)
+
+
+def samples_of(groups: list[Group], config: Config) -> list[Sample]:
+    """Training samples: whole trajectories (observations masked) or, with
+    ``grpo.sample_mode=turn``, one per turn (the prefix up to it, loss on that turn only)."""
+    samples = []
+    for group in groups:
+        advantages = group_advantages([b.reward for b in group.breakdowns], config.reward)
+        for trajectory, breakdown, advantage in zip(group.trajectories, group.breakdowns,
+                                                    advantages):
+            if trajectory_drop_reason(breakdown, config.reward) or not any(trajectory.loss_mask):
+                continue
+            ids, mask, logprobs = (trajectory.token_ids, trajectory.loss_mask,
+                                   trajectory.logprobs)
+            if config.grpo.sample_mode == "trajectory":
+                samples.append(Sample(ids, mask, logprobs, advantage))
+                continue
+            for start, end in _turn_spans(mask):
+                turn_mask = [1 if start <= i < end else 0 for i in range(end)]
+                samples.append(Sample(ids[:end], turn_mask, logprobs[:end], advantage))
+    return samples
+
+
+def _turn_spans(mask: list[int]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for index, flag in enumerate(mask + [0]):
+        if flag and start is None:
+            start = index
+        elif not flag and start is not None:
+            spans.append((start, index))
+            start = None
+    return spans
+
+
+def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int) -> list[Batch]:
+    """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label."""
+    length = max(len(s.token_ids) for s in samples) - 1
+    length = -(-length // PAD_MULTIPLE) * PAD_MULTIPLE
+    batches = []
+    for start in range(0, len(samples), micro_batch_size):
+        chunk = samples[start:start + micro_batch_size]
+
+        def column(values: list[list[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([row + [fill] * (length - len(row)) for row in values],
+                                dtype=dtype)
+
+        mask = column([s.loss_mask[1:] for s in chunk], 0, torch.float)
+        batches.append({
+            "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
+            "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
+            "loss_mask": mask,
+            "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
+            "advantages": mask * torch.tensor([[s.advantage] for s in chunk]),
+            "position_ids": torch.arange(length).repeat(len(chunk), 1),
+        })
+    return batches
+
+
+def _even_split(samples: list[Sample], parts: int, rng: random.Random) -> list[list[Sample]]:
+    """Shuffled, then cut into ``parts`` chunks of equal size (the remainder is dropped, so
+    every rank and every mini-batch sees the same number of micro-batches)."""
+    samples = samples[:]
+    rng.shuffle(samples)
+    size = len(samples) // parts
+    return [samples[i * size:(i + 1) * size] for i in range(parts)]
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
+    """Per-step means over every episode, and reward and route shares per (family,
+    preference), so a collapse onto one shortcut shows while it happens."""
+    episodes = [(g.task, t, b) for g in groups for t, b in zip(g.trajectories, g.breakdowns)]
+    if not episodes:
+        return {"sampling/rounds": stats.rounds, "sampling/kept": 0}
+    metrics: dict[str, float] = {
+        "reward": statistics.mean(b.reward for _, _, b in episodes),
+        "accuracy": statistics.mean(b.components["outcome"] for _, _, b in episodes),
+        "usd_per_task": statistics.mean(t.cost_usd for _, t, _ in episodes),
+        "seconds_per_task": statistics.mean(t.tool_seconds + t.generation_seconds
+                                            for _, t, _ in episodes),
+        "format_error_rate": sum(sum(t.format_errors.values()) for _, t, _ in episodes)
+        / max(sum(len(t.turns) for _, t, _ in episodes), 1),
+        "answered": statistics.mean(float(t.answer is not None) for _, t, _ in episodes),
+        "turns": statistics.mean(len(t.turns) for _, t, _ in episodes),
+        "sampling/rounds": stats.rounds, "sampling/generated": stats.generated,
+        "sampling/kept": stats.kept,
+        **{f"sampling/dropped_{reason}": count for reason, count in stats.dropped.items()},
+    }
+    routes = Counter(route_of(t) for _, t, _ in episodes)
+    metrics.update({f"route/{name}": count / len(episodes) for name, count in routes.items()})
+    by_group: dict[str, list[tuple[Trajectory, RewardBreakdown]]] = defaultdict(list)
+    for task, trajectory, breakdown in episodes:
+        by_group[group_key(task)].append((trajectory, breakdown))
+    for key, members in by_group.items():
+        metrics[f"group/{key}/reward"] = statistics.mean(b.reward for _, b in members)
+        for name, count in Counter(route_of(t) for t, _ in members).items():
+            metrics[f"group/{key}/route/{name}"] = count / len(members)
+    return metrics
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def _start(policy: Policy, config: Config, init_from: Path) -> int:
+    """Resume from this stage's latest checkpoint, or start from ``init_from`` (the SFT
+    checkpoint); returns the last completed step."""
+    latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
+    if latest is not None:
+        checkpoint.load(latest, policy.module, policy.optimizer, policy.scheduler)
+        log.info("resumed GRPO from %s", latest.path)
+        return latest.step
+    checkpoint.load(checkpoint.open_checkpoint(init_from), policy.module)
+    policy.optimizer.reload_model_params()
+    return 0
+
+
+def run(config: Config, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
+    """GRPO from the checkpoint ``init_from`` into ``config.run.dir``, in its own process group."""
+    with distributed.parallel_session(config.parallel, config.run.seed) as context:
+        return train(config, context, init_from, tokenizer_dir)
+
+
+def train(config: Config, context: Any, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
+    """GRPO inside a running parallel session (see :func:`run`)."""
+    from nemo_orch.rollout.engines.hf import HFEngine
+
+    config = policy_config(config)
+    grpo = config.grpo
+    if config.trainer.num_threads:
+        torch.set_num_threads(config.trainer.num_threads)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    policy = Policy(config, context)
+    start_step = _start(policy, config, init_from)
+    reference = ReferenceModel(config, context)
+    # The reference is the stage's starting point (the SFT policy), also on resume.
+    start_weights = checkpoint.open_checkpoint(init_from)
+    checkpoint.load(start_weights, reference.module)
+    hf = weights.gather_hf_weights(policy.module, config.model)
+
+    writer = distributed.is_writer()
+    engine = HFEngine(config.model, hf, tokenizer=tokenizer) if writer else None
+    toolbox = build_toolbox(config.tools) if writer else None
+    loop = asyncio.new_event_loop() if writer else None
+    if writer:
+        loop.run_until_complete(toolbox.start())
+    rollouts = Rollouts(config, engine, tokenizer, toolbox) if writer else None
+    metrics = MetricsLogger(config.run.dir, enabled=context.is_logging_rank,
+                            start_step=start_step, max_steps=grpo.max_steps)
+    loss_fn = grpo_token_loss(grpo)
+    rewards, saved = [], None
+    try:
+        for step in range(start_step + 1, grpo.max_steps + 1):
+            faults.maybe_kill("step", step)
+            started = time.perf_counter()
+            payload = None
+            if writer:
+                groups, stats = loop.run_until_complete(rollouts.batch(step))
+                payload = (samples_of(groups, config), rollout_metrics(groups, stats))
+            shared = [payload]
+            if dist.get_world_size() > 1:
+                dist.broadcast_object_list(shared, src=0)
+            samples, step_metrics = shared[0]
+            rollout_seconds = time.perf_counter() - started
+
+            train_started = time.perf_counter()
+            trained = _update(policy, reference, loss_fn, samples, config, step,
+                              context.dp_rank, tokenizer.pad_token_id)
+            train_seconds = time.perf_counter() - train_started
+
+            hf = weights.gather_hf_weights(policy.module, config.model)
+            if writer:
+                engine.update_weights(hf)
+            step_metrics.update(trained)
+            step_metrics.update({"time/rollout_s": rollout_seconds,
+                                 "time/train_s": train_seconds,
+                                 "samples": len(samples)})
+            metrics.log(step, step_metrics)
+            if "reward" in step_metrics:
+                rewards.append(step_metrics["reward"])
+            if step % grpo.save_interval == 0 or step == grpo.max_steps:
+                saved = checkpoint.save(config, step, policy.module, policy.optimizer,
+                                        policy.scheduler, tokenizer_dir=tokenizer_dir)
+    finally:
+        metrics.close()
+        if writer:
+            loop.run_until_complete(toolbox.close())
+            loop.close()
+    return GRPOSummary(start_step, max(start_step, grpo.max_steps),
+                       rewards[0] if rewards else None, rewards[-1] if rewards else None,
+                       saved, config.run.dir)
+
+
+def _seed(*parts: object) -> int:
+    """A seed from its parts, the same in every process (unlike ``hash`` of a string)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: list[Sample],
+            config: Config, step: int, dp_rank: int, pad_id: int) -> dict[str, float]:
+    """``updates_per_step`` passes of ``mini_batches`` optimizer steps over this DP rank's share
+    of the samples, with old and reference logprobs computed before the first update."""
+    grpo, dp = config.grpo, config.parallel.dp
+    if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
+        return {"skipped_update": 1.0}
+    minis = []
+    for mini in _even_split(samples, grpo.mini_batches, random.Random(_seed(config.run.seed,
+                                                                            "mini", step))):
+        mine = _even_split(mini, dp, random.Random(0))[dp_rank]
+        mine = mine[:len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
+        batches = micro_batches(mine, grpo.micro_batch_size, pad_id)
+        for batch, old, ref in zip(batches, policy.forward_logprobs(batches),
+                                   reference.forward_logprobs(batches)):
+            if old is not None:  # the last pipeline stage, where the loss is computed
+                batch["old_logprobs"], batch["ref_logprobs"] = old, ref
+        minis.append(batches)
+    totals: dict[str, list[float]] = defaultdict(list)
+    tokens = 0
+    for _ in range(grpo.updates_per_step):
+        for batches in minis:
+            result = policy.train_step(batches, loss_fn)
+            tokens += sum(batch["tokens"].numel() for batch in batches) * dp
+            totals["loss"].append(result.loss)
+            totals["grad_norm"].append(result.grad_norm)
+            totals["lr"].append(result.lr)
+            for key, value in result.metrics.items():
+                totals[key].append(value)
+    return {**{key: statistics.mean(values) for key, values in totals.items()},
+            "tokens": tokens}

@@ -1,0 +1,171 @@
+"""The main job, ``nemo-orch train``: the whole method on the offline environment, end to end.
+
+1. **setup**: a tokenizer trained on the offline world's text; demonstrations from naive routers
+   (the strongest expert half the time, a random route otherwise) run through the real tools,
+   keeping the episodes that end right (``demonstrations.jsonl``);
+2. **sft**: the policy learns the call format, argument copying and a first routing
+   (``sft/``);
+3. **grpo**: RL on fresh tasks with preference vectors (``grpo/``);
+4. **eval**: the SFT and GRPO policies on held-out tasks (greedy), next to the oracle;
+   ``report.json``, ``report.md`` and plots; ``runs/latest`` points at the run.
+
+Every stage resumes: a finished stage is skipped, an interrupted one continues from its last
+checkpoint. All stages share one process group, so ``parallel.*`` layouts run the whole job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_orch import distributed
+from nemo_orch.config import Config
+from nemo_orch.data import offline
+from nemo_orch.data.conversations import write_conversations
+from nemo_orch.data.environment import demonstrations, make_tasks
+from nemo_orch.distributed import ParallelContext
+from nemo_orch.models import checkpoint, weights
+from nemo_orch.train import grpo, sft
+
+log = logging.getLogger(__name__)
+
+DEMONSTRATIONS = "demonstrations.jsonl"
+
+
+@dataclass
+class MainJobSummary:
+    run_dir: Path
+    seconds: dict[str, float]
+    sft: sft.SFTSummary
+    grpo: grpo.GRPOSummary
+    report: dict[str, Any] | None
+
+
+def stage(config: Config, name: str, **sections: Any) -> Config:
+    """The config of one stage: its own directory under the run, resuming by default."""
+    run = dataclasses.replace(config.run, name=f"{config.run.name}/{name}")
+    trainer = dataclasses.replace(config.trainer, resume=True)
+    return dataclasses.replace(config, run=run, trainer=trainer, **sections)
+
+
+def _prepare_demonstrations(config: Config, tokenizer_dir: Path) -> Path:
+    """Rank 0 writes the demonstrations once (atomically); the other ranks wait."""
+    from nemo_orch.models.tokenizer import load_tokenizer
+    from nemo_orch.rollout.builders import build_toolbox
+
+    path = config.run.dir / DEMONSTRATIONS
+    if distributed.is_writer() and not path.exists():
+        tokenizer = load_tokenizer(tokenizer_dir)
+        wanted = config.data.num_offline_conversations
+        tasks = make_tasks(2 * wanted, seed=config.run.seed, prefix="demo")
+
+        async def generate() -> list[dict]:
+            async with build_toolbox(config.tools) as toolbox:
+                return await demonstrations(tasks, toolbox, tokenizer, config.resolved_rollout(),
+                                            seed=config.run.seed)
+
+        conversations = asyncio.run(generate())[:wanted]
+        partial = path.with_suffix(".partial")
+        write_conversations(partial, conversations)
+        partial.rename(path)
+        log.info("wrote %d demonstrations to %s", len(conversations), path)
+    distributed.barrier()
+    return path
+
+
+def _tokenizer(config: Config) -> Path:
+    """The run's tokenizer: trained (by rank 0) on the offline world's conversations."""
+    _, directory = sft.prepare_tokenizer(
+        config, offline.generate_conversations(config.data.num_offline_conversations,
+                                               config.run.seed))
+    return directory
+
+
+def run(config: Config) -> MainJobSummary:
+    from nemo_orch.eval import orchestration
+
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    with distributed.parallel_session(config.parallel, config.run.seed) as context:
+        tokenizer_dir = _tokenizer(config)
+        demos = _prepare_demonstrations(config, tokenizer_dir)
+        seconds["setup"] = time.perf_counter() - started
+
+        mark = time.perf_counter()
+        data = dataclasses.replace(config.data, sft_path=str(demos))
+        tokenizer = dataclasses.replace(config.tokenizer, path=str(tokenizer_dir))
+        sft_config = stage(config, "sft", data=data, tokenizer=tokenizer)
+        sft_summary = sft.train(sft_config, context)
+        seconds["sft"] = time.perf_counter() - mark
+
+        mark = time.perf_counter()
+        sft_checkpoint = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(sft_config))
+        grpo_config = stage(config, "grpo", tokenizer=tokenizer)
+        grpo_summary = grpo.train(grpo_config, context, sft_checkpoint.path, tokenizer_dir)
+        seconds["grpo"] = time.perf_counter() - mark
+
+        mark = time.perf_counter()
+        report = _evaluate(config, context, sft_checkpoint.path, grpo_config, tokenizer_dir)
+        seconds["eval"] = time.perf_counter() - mark
+        if report is not None:
+            report["wall_seconds"] = seconds
+            orchestration.write_report(config.run.dir, report, grpo_config.run.dir)
+            _point_latest(config.run.dir)
+    return MainJobSummary(config.run.dir, seconds, sft_summary, grpo_summary, report)
+
+
+def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
+              grpo_config: Config, tokenizer_dir: Path) -> dict[str, Any] | None:
+    """The SFT and GRPO policies on held-out tasks, greedy, and the oracle (rank 0's report)."""
+    from nemo_orch.eval import orchestration
+    from nemo_orch.models import qwen3
+
+    policies = {}
+    for name, source in (("sft", sft_checkpoint),
+                         ("grpo", checkpoint.checkpoints_dir(grpo_config))):
+        module = qwen3.build_model(config.model, config.parallel,
+                                   pre_process=context.is_first_stage,
+                                   post_process=context.is_last_stage)
+        checkpoint.load(checkpoint.open_checkpoint(source), module)
+        policies[name] = weights.gather_hf_weights(module, config.model)
+    if not distributed.is_writer():
+        return None
+    tasks = make_tasks(config.grpo.eval_tasks, seed=config.run.seed + 7919, prefix="eval")
+    return orchestration.evaluate_policies(config, policies, tasks, tokenizer_dir)
+
+
+def _point_latest(run_dir: Path) -> None:
+    latest = run_dir.parent / "latest"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    os.symlink(run_dir.name, latest)
+
+
+def summary_lines(summary: MainJobSummary) -> list[str]:
+    """What ``nemo-orch train`` prints at the end."""
+    lines = [f"train: run {summary.run_dir} ("
+             + ", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items()) + ")"]
+    if summary.report is not None:
+        lines.append(f"  {'policy':8} {'reward':>8} {'accuracy':>9} {'usd/task':>10} "
+                     f"{'pref.adh':>9} {'fmt.err':>8}")
+        for name in ("sft", "grpo", "oracle"):
+            row = summary.report[name]
+            lines.append(f"  {name:8} {row['reward']:8.3f} {row['accuracy']:9.3f} "
+                         f"{row['usd_per_task']:10.6f} {row['pref_adherence']:9.3f} "
+                         f"{row['format_error_rate']:8.3f}")
+        closed = summary.report.get("gap_closed")
+        if closed is not None:
+            lines.append(f"  GRPO closed {closed:.0%} of the SFT -> oracle reward gap")
+        lines.append(f"  report {summary.run_dir / 'report.md'}")
+    return lines
+
+
+def dump(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=2, sort_keys=True)

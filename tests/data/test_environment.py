@@ -1,0 +1,76 @@
+"""The offline environment: tasks with preferences, routes, the oracle, router demonstrations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from nemo_orch import config as config_lib
+from nemo_orch.data.environment import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, demonstrations,
+                                        make_tasks, oracle, route_values, routes, utility)
+from nemo_orch.rollout.builders import build_toolbox
+
+
+@pytest.fixture(scope="module")
+def offline_config():
+    return config_lib.load()
+
+
+def test_tasks_are_seeded_and_carry_preferences():
+    tasks = make_tasks(300, seed=5)
+    assert [t.to_json() for t in tasks] == [t.to_json() for t in make_tasks(300, seed=5)]
+    for task in tasks:
+        family, kind = task.metadata["family"], task.metadata["preference_name"]
+        assert kind in FAMILY_PREFERENCES[family]
+        assert task.metadata["preference"] == PREFERENCE_VECTORS[kind]
+        assert task.system.count("\n") == 1 and task.answer
+    assert set(Counter(t.metadata["family"] for t in tasks)) == set(FAMILY_PREFERENCES)
+
+
+def test_utility_counts_cost_and_avoided_tools():
+    cost = PREFERENCE_VECTORS["cost"]
+    assert utility(cost, False, 0.0, {}, 0.002) == 0.0
+    assert utility(cost, True, 0.001, {}, 0.002) == pytest.approx(0.5)
+    assert utility(PREFERENCE_VECTORS["accuracy"], True, 0.001, {}, 0.002) == 1.0
+    assert utility(PREFERENCE_VECTORS["no_code"], True, 0.0, {"python_sandbox": 1}, 0.002) == 0.0
+
+
+def test_oracle_depends_on_the_preference(offline_config):
+    toolbox = build_toolbox(offline_config.tools)
+    expert = toolbox.tools["call_expert"]
+    best: dict[tuple[str, str, str], Counter] = {}
+    for task in make_tasks(400, seed=1):
+        values = route_values(task, expert.models, expert.pricing, 1e-4, 0.002,
+                              {"python_sandbox": 5e-6})
+        assert {v.route for v in values} == set(routes(task, expert.models))
+        key = (task.metadata["family"], task.metadata["difficulty"],
+               task.metadata["preference_name"])
+        best.setdefault(key, Counter())[oracle(values).route] += 1
+    top = {key: counts.most_common(1)[0][0] for key, counts in best.items()}
+    assert top[("arithmetic", "easy", "cost")] == "tools"
+    assert top[("arithmetic", "easy", "no_code")].startswith("expert:")
+    assert top[("lookup", "unknown", "accuracy")] == "tools"
+    assert top[("math", "hard", "accuracy")] == "expert:math-large"
+    assert top[("math", "hard", "cost")] != "expert:math-large"  # the frontier model is too dear
+
+
+def test_router_demonstrations_are_right_and_use_every_route(offline_config, tiny_tokenizer):
+    tasks = make_tasks(60, seed=2)
+
+    async def run():
+        async with build_toolbox(offline_config.tools) as toolbox:
+            return await demonstrations(tasks, toolbox, tiny_tokenizer,
+                                        offline_config.resolved_rollout(), seed=0)
+
+    conversations = asyncio.run(run())
+    assert 15 <= len(conversations) < len(tasks)  # wrong routes (e.g. experts on lookups) dropped
+    used = Counter()
+    for conversation in conversations:
+        messages = conversation["messages"]
+        assert messages[-1]["content"].startswith("<answer>")
+        for message in messages:
+            if message["role"] == "assistant" and "<tool_call>" in message["content"]:
+                used[message["content"].split('"name": "')[1].split('"')[0]] += 1
+    assert set(used) == {"python_sandbox", "search", "call_expert"}

@@ -1,0 +1,192 @@
+"""Answer matching, the judge protocol against the project's own server, and database outcomes."""
+
+import asyncio
+import hashlib
+import json
+import re
+import socket
+
+import pytest
+
+from nemo_orch.config import RewardConfig
+from nemo_orch.data.tasks import Task
+from nemo_orch.reward.outcome import (
+    OutcomeScorer, database_outcome, exact_match, normalize_answer, numeric_match,
+    parse_number, parse_verdict)
+from nemo_orch.rollout.engines.openai import OpenAIClient
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.serve.openai_server import start_server
+
+CAPITAL = Task(id="capital", question="What is the capital of France?", answer="Paris")
+
+
+@pytest.mark.parametrize("text, normalized", [
+    ("Answer: The Eiffel Tower.", "eiffel tower"),
+    ("  An   apple,  a day! ", "apple day"),
+    ("U.S.", "us"),
+    ("-3.5", "-3.5"),
+    ("1,234", "1234"),
+    ("3/4 cup", "3/4 cup"),
+])
+def test_normalize_answer(text, normalized):
+    assert normalize_answer(text) == normalized
+
+
+def test_exact_match_keeps_numbers_apart():
+    assert exact_match("answer: the PARIS", "Paris")
+    assert not exact_match("3.5", "35") and not exact_match("-3", "3")
+    assert not exact_match("...", "")
+
+
+@pytest.mark.parametrize("prediction, reference, matches", [
+    ("The total is 1,234.", "1234", True),
+    ("42.0", "42", True),
+    ("-3.5", "-3.5", True),
+    ("3.5", "-3.5", False),
+    ("0.75", "3/4", True),
+    ("3/4", "0.75", True),
+    ("first 7, then 12", "12", True),
+    ("first 12, then 7", "12", False),
+    ("5-3", "3", True),
+    ("$12", "$12.00", True),
+    ("1e-3", "0.001", True),
+    ("2", "World War 2", False),  # the reference is not a number
+    ("12", "1,2", False),         # nor is a list
+    ("no number", "12", False),
+])
+def test_numeric_match(prediction, reference, matches):
+    assert numeric_match(prediction, reference, rel_tol=1e-6, abs_tol=1e-9) is matches
+
+
+def test_numeric_tolerances():
+    assert numeric_match("3.1416", "3.14159", rel_tol=1e-4, abs_tol=0)
+    assert not numeric_match("3.1416", "3.14159", rel_tol=1e-6, abs_tol=0)
+    assert numeric_match("0.0000001", "0", rel_tol=0, abs_tol=1e-6)
+    assert parse_number("1/0") is None and parse_number("nan") is None
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    ("Correct", True), ("incorrect.", False), ("Yes, it matches.", True),
+    ("No.", False), ("The prediction is not correct.", False), ("It is wrong", False),
+    ("<think>Is it correct? No wait.</think>\nYes", True), ("I cannot tell.", None),
+])
+def test_parse_verdict(reply, verdict):
+    assert parse_verdict(reply) is verdict
+
+
+def score(scorer, task, answer):
+    return asyncio.run(scorer.score(task, answer))
+
+
+def test_protocol_without_judge():
+    scorer = OutcomeScorer(RewardConfig(max_answer_words=5))
+    number = Task(id="n", question="2 + 2?", answer="4")
+    assert (score(scorer, CAPITAL, None).method, score(scorer, CAPITAL, " . ").method) == (
+        "empty", "empty")
+    long = score(scorer, CAPITAL, "Paris is the capital city of France")
+    assert (long.correct, long.method) == (False, "too_long")
+    assert (score(scorer, CAPITAL, "Answer: paris.").correct,
+            score(scorer, CAPITAL, "Answer: paris.").method) == (True, "exact")
+    assert score(scorer, number, "It is 4.0").method == "numeric"
+    assert score(scorer, CAPITAL, "The city of Paris").method == "no_match"
+    assert not score(scorer, Task(id="x", question="?"), "Paris").correct
+
+
+def judge_reply(calls):
+    """A judge that accepts any prediction mentioning Paris, and counts its calls."""
+
+    def reply(prompt: str) -> str:
+        calls.append(prompt)
+        prediction = re.search(r"Prediction:\n(.*?)\n", prompt, re.DOTALL)[1]
+        return "Correct" if "paris" in prediction.lower() else "Incorrect, that is another city."
+
+    return reply
+
+
+@pytest.fixture(scope="module")
+def judge(tiny_tokenizer):
+    calls: list[str] = []
+    with start_server(ScriptedEngine(tiny_tokenizer, judge_reply(calls)), tiny_tokenizer,
+                      "judge") as server:
+        yield server, calls
+
+
+def test_judge_decides_and_caches(judge):
+    server, calls = judge
+    calls.clear()
+    scorer = OutcomeScorer(RewardConfig(judge_base_url=server.url, judge_model="judge"))
+    right = score(scorer, CAPITAL, "The city of Paris")
+    wrong = score(scorer, CAPITAL, "Lyon")
+    assert (right.correct, right.method) == (True, "judge")
+    assert (wrong.correct, wrong.method) == (False, "judge")
+    assert "capital of France" in calls[0] and "Reference answer:\nParis" in calls[0]
+    assert score(scorer, CAPITAL, "the city of PARIS!") == right  # same normalized answer
+    assert score(scorer, CAPITAL, "Paris").method == "exact"      # never reaches the judge
+    assert len(calls) == 2
+
+
+def test_concurrent_identical_answers_share_one_judge_call(judge):
+    server, calls = judge
+    calls.clear()
+    scorer = OutcomeScorer(RewardConfig(judge_base_url=server.url, judge_model="judge"))
+
+    async def group():
+        return await asyncio.gather(*(scorer.score(CAPITAL, "Lyon") for _ in range(4)))
+
+    assert all(r.method == "judge" and not r.correct for r in asyncio.run(group()))
+    assert len(calls) == 1
+
+
+def test_unreadable_verdict_is_a_judge_error(tiny_tokenizer):
+    with start_server(ScriptedEngine(tiny_tokenizer, lambda _: "Hmm, hard to say."),
+                      tiny_tokenizer, "judge") as server:
+        scorer = OutcomeScorer(RewardConfig(judge_base_url=server.url, judge_model="judge"))
+        result = score(scorer, CAPITAL, "Lyon")
+    assert (result.correct, result.method) == (False, "judge_error")
+    assert "no verdict" in result.detail
+
+
+def test_judge_down_is_a_judge_error_not_an_exception():
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    client = OpenAIClient(url, "judge", timeout_s=2, max_retries=0)
+    scorer = OutcomeScorer(RewardConfig(judge_base_url=url, judge_model="judge"), client=client)
+    result = score(scorer, CAPITAL, "The city of Paris")
+    assert (result.correct, result.method) == (False, "judge_error")
+    assert "ConnectError" in result.detail or "connect" in result.detail.lower()
+
+
+class KeyValueStore:
+    """A tiny domain environment: ``{"set": key, "value": v}`` and ``{"delete": key}``."""
+
+    def __init__(self) -> None:
+        self.data = {"order-7": "pending"}
+
+    def apply(self, action: dict) -> str:
+        if "delete" in action:
+            self.data.pop(action["delete"], None)
+            return f"deleted {action['delete']}"
+        self.data[action["set"]] = action["value"]
+        return f"{action['set']} = {action['value']}"
+
+    def state_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()
+
+
+def test_database_outcome():
+    gold = [{"set": "order-7", "value": "cancelled"}, {"set": "refund-7", "value": "$20"}]
+    episode = KeyValueStore()
+    for action in gold:
+        episode.apply(action)
+    facts = ["refund of $20"]
+    right = database_outcome(episode.state_hash(), gold, KeyValueStore, facts,
+                             "Done: your order is cancelled, and a refund of $20 is on its way.")
+    assert (right.correct, right.method) == (True, "database")
+    silent = database_outcome(episode.state_hash(), gold, KeyValueStore, facts, "Done.")
+    assert not silent.correct and "refund of $20" in silent.detail
+    episode.apply({"delete": "refund-7"})
+    wrong_state = database_outcome(episode.state_hash(), gold, KeyValueStore, facts,
+                                   "A refund of $20 is on its way.")
+    assert not wrong_state.correct and "state" in wrong_state.detail

@@ -1,0 +1,149 @@
+"""The GRPO loss: hand-computed per-token values for every branch, and real steps on a tiny policy."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from dist.grpo_step import OVERRIDES, micro_batches, synthetic_batch
+from nemo_orch import config as config_lib
+from nemo_orch.config import GRPOConfig
+from nemo_orch.models.hf_mapping import SeededHFWeights
+from nemo_orch.train.grpo_loss import grpo_token_loss
+from nemo_orch.train.policy import Policy, ReferenceModel
+
+# One row per token: which branch of the loss it takes, worked out by hand with clip_low 0.2,
+# clip_high 0.28 (ratios kept in [0.8, 1.28]) and dual_clip 3.
+#   branch                  logp  old   A     ref  mask  ratio=e^(logp-old)  surrogate
+#   unclipped               -1.0  -1.1   1.0  -1.0  1    e^0.1 = 1.105171    -1.105171
+#   clipped high            -0.5  -1.0   2.0  -1.0  1    e^0.5 = 1.648721    -2 * 1.28  = -2.56
+#   clipped low             -2.0  -1.5  -1.0  -1.5  1    e^-.5 = 0.606531     1 * 0.8   =  0.8
+#   dual clip               -0.2  -1.6  -0.5  -0.2  1    e^1.4 = 4.055200     0.5 * 3   =  1.5
+#   A < 0, ratio in (1.28,3) -1.0 -1.7  -1.0   0.0  1    e^0.7 = 2.013753     2.013753
+#   masked                  -0.1  -3.0   5.0  -2.0  0    e^2.9 = 18.17       (ignored)
+# k3 = e^(ref-logp) - (ref-logp) - 1: 0, e^-.5-.5 = .106531, e^.5-1.5 = .148721, 0, e-2 = .718282
+# mse = (logp-ref)^2 / 2:              0, .125,                .125,              0, .5
+LOGP = [[-1.0, -0.5, -2.0], [-0.2, -1.0, -0.1]]
+OLD = [[-1.1, -1.0, -1.5], [-1.6, -1.7, -3.0]]
+ADVANTAGES = [[1.0, 2.0, -1.0], [-0.5, -1.0, 5.0]]
+REF = [[-1.0, -1.0, -1.5], [-0.2, 0.0, -2.0]]
+MASK = [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
+ENGINE_OFFSET = [[0.1, -0.2, 0.0], [0.0, 0.3, 9.0]]
+
+SURROGATE_SUM = -1.105171 - 2.56 + 0.8 + 1.5 + 2.013753   # 0.648582
+K3_SUM = 0.106531 + 0.148721 + 0.718282                   # 0.973534
+MSE_SUM = 0.125 + 0.125 + 0.5
+RATIO_SUM = 1.105171 + 1.648721 + 0.606531 + 4.055200 + 2.013753
+
+
+def hand_batch(requires_grad: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    token_losses = (-torch.tensor(LOGP)).requires_grad_(requires_grad)
+    batch = {"old_logprobs": torch.tensor(OLD), "advantages": torch.tensor(ADVANTAGES),
+             "ref_logprobs": torch.tensor(REF), "loss_mask": torch.tensor(MASK),
+             "engine_logprobs": torch.tensor(OLD) + torch.tensor(ENGINE_OFFSET)}
+    return token_losses, batch
+
+
+def grpo(**changes) -> GRPOConfig:
+    return GRPOConfig(**{"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_type": "k3",
+                         "kl_coef": 0.1, **changes})
+
+
+@pytest.mark.parametrize("kl_type, kl_sum", [("k3", K3_SUM), ("mse", MSE_SUM)])
+def test_loss_and_metrics_by_hand(kl_type, kl_sum):
+    result = grpo_token_loss(grpo(kl_type=kl_type))(*hand_batch())
+    assert int(result.num_tokens) == 5
+    assert float(result.loss_sum) == pytest.approx(SURROGATE_SUM + 0.1 * kl_sum, abs=1e-5)
+    sums = {key: float(value) for key, value in result.metric_sums.items()}
+    assert sums == pytest.approx({
+        "policy_loss": SURROGATE_SUM, "kl": kl_sum, "kl_loss": 0.1 * kl_sum,
+        "ratio_mean": RATIO_SUM, "clip_frac_high": 1.0, "clip_frac_low": 1.0,
+        "clip_frac_dual": 1.0, "engine_logprob_abs_diff": 0.1 + 0.2 + 0.3}, abs=1e-5)
+    # the masked token's ratio (18.17) does not count
+    assert float(result.metric_maxima["ratio_max"]) == pytest.approx(4.055200, abs=1e-5)
+
+
+def test_without_dual_clip_the_negative_advantage_loss_follows_the_ratio():
+    result = grpo_token_loss(grpo(dual_clip=0.0, kl_coef=0.0))(*hand_batch())
+    assert float(result.metric_sums["policy_loss"]) == pytest.approx(
+        SURROGATE_SUM - 1.5 + 0.5 * 4.055200, abs=1e-5)
+    assert float(result.metric_sums["clip_frac_dual"]) == 0.0
+
+
+def test_only_unclipped_tokens_carry_gradient():
+    token_losses, batch = hand_batch(requires_grad=True)
+    grpo_token_loss(grpo(kl_coef=0.0))(token_losses, batch).loss_sum.backward()
+    # d(-r A)/d(-logp) = r A on unclipped tokens; clipped, dual-clipped and masked ones get none
+    torch.testing.assert_close(token_losses.grad, torch.tensor([[1.105171, 0.0, 0.0],
+                                                                [0.0, -2.013753, 0.0]]),
+                               atol=1e-5, rtol=0)
+
+
+def test_without_a_kl_term_the_reference_is_optional():
+    token_losses, batch = hand_batch()
+    del batch["ref_logprobs"], batch["engine_logprobs"]
+    result = grpo_token_loss(grpo(kl_coef=0.0))(token_losses, batch)
+    assert float(result.loss_sum) == pytest.approx(SURROGATE_SUM, abs=1e-5)
+    assert {"kl", "kl_loss", "engine_logprob_abs_diff"}.isdisjoint(result.metric_sums)
+
+
+@pytest.fixture
+def tiny_policy(megatron_world):
+    config = config_lib.load(OVERRIDES)
+    policy = Policy(config, megatron_world)
+    policy.load_hf_weights(SeededHFWeights(config.model, config.run.seed))
+    return config, policy, megatron_world
+
+
+def on_policy_batches(config, policy, context, advantage_per_sequence: torch.Tensor):
+    """Micro-batches whose old and reference log-probabilities are the policy's own (ratio 1)."""
+    batch = synthetic_batch(config)
+    batch["advantages"] = advantage_per_sequence[:, None] * batch["loss_mask"]
+    batches = micro_batches(batch, context, config.grpo.micro_batch_size)
+    for micro_batch, logprobs in zip(batches, policy.forward_logprobs(batches)):
+        micro_batch.update(old_logprobs=logprobs, ref_logprobs=logprobs)
+    return batches
+
+
+def sequence_mean_logprobs(policy, batches) -> torch.Tensor:
+    logprobs = torch.cat(policy.forward_logprobs(batches))
+    mask = torch.cat([batch["loss_mask"] for batch in batches])
+    return (logprobs * mask).sum(1) / mask.sum(1)
+
+
+def test_a_step_raises_the_logprobs_of_positive_advantages(tiny_policy):
+    config, policy, context = tiny_policy
+    advantages = torch.tensor([1.0, -1.0] * 4)
+    batches = on_policy_batches(config, policy, context, advantages)
+    before = sequence_mean_logprobs(policy, batches)
+    result = policy.train_step(batches, grpo_token_loss(config.grpo))
+    change = sequence_mean_logprobs(policy, batches) - before
+    assert (change[advantages > 0] > 0).all() and (change[advantages < 0] < 0).all()
+    assert result.metrics["ratio_mean"] == pytest.approx(1.0) and result.metrics["kl"] == 0.0
+    assert result.metrics["ratio_max"] == pytest.approx(1.0)
+
+
+def test_zero_advantages_on_policy_without_kl_is_zero_loss(tiny_policy):
+    config, policy, context = tiny_policy
+    batches = on_policy_batches(config, policy, context, torch.zeros(8))
+    for batch in batches:
+        del batch["ref_logprobs"]
+    result = policy.train_step(batches, grpo_token_loss(dataclasses.replace(config.grpo,
+                                                                            kl_coef=0.0)))
+    assert result.loss == 0.0 and result.grad_norm == 0.0 and result.num_tokens > 0
+    assert result.metrics == pytest.approx({"policy_loss": 0.0, "ratio_mean": 1.0,
+                                            "ratio_max": 1.0, "clip_frac_low": 0.0,
+                                            "clip_frac_high": 0.0, "clip_frac_dual": 0.0})
+
+
+def test_reference_is_a_frozen_copy_of_the_policy(tiny_policy):
+    config, policy, context = tiny_policy
+    reference = ReferenceModel(config, context)
+    reference.load_state_from(policy)
+    batches = on_policy_batches(config, policy, context, torch.ones(8))
+    start = torch.cat(reference.forward_logprobs(batches))
+    torch.testing.assert_close(start, torch.cat(policy.forward_logprobs(batches)), atol=0, rtol=0)
+    policy.train_step(batches, grpo_token_loss(config.grpo))
+    torch.testing.assert_close(torch.cat(reference.forward_logprobs(batches)), start, atol=0,
+                               rtol=0)
+    assert not any(p.requires_grad for p in reference.module.parameters())
