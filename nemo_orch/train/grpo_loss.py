@@ -49,12 +49,11 @@ def clipped_surrogate(
     loss = torch.maximum(unclipped, clipped)
     negative = advantages < 0
     bound_active = clipped > unclipped  # r > 1 + clip_high with A > 0, r < 1 - clip_low with A < 0
-    # For A < 0 and r > dual_clip the loss would grow without bound in r: cap it (zero gradient).
-    floor = -advantages * config.dual_clip
-    dual = negative & (loss > floor) if config.dual_clip > 0 else torch.zeros_like(negative)
-    loss = torch.where(dual, floor, loss)
-    active = {"clip_frac_high": bound_active & ~negative,
-              "clip_frac_low": bound_active & negative & ~dual,
+    # With A < 0 the loss grows without bound in r: cap it at -dual_clip A (no gradient there).
+    cap = -advantages * config.dual_clip
+    dual = negative & (loss > cap) if config.dual_clip > 0 else torch.zeros_like(negative)
+    loss = torch.where(dual, cap, loss)
+    active = {"clip_frac_high": bound_active & ~negative, "clip_frac_low": bound_active & negative,
               "clip_frac_dual": dual}
     return loss, ratio, active
 

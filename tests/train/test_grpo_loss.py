@@ -1,4 +1,4 @@
-"""The GRPO loss: hand-computed per-token values for every branch, and real steps on a tiny policy."""
+"""The GRPO loss: hand-computed values for every branch, and real steps on a tiny policy."""
 
 import dataclasses
 

@@ -1,0 +1,61 @@
+"""Two gloo processes in TP=2, PP=2 and DP=2 layouts reproduce one process: SFT's per-step losses
+through the command line, and GRPO steps' loss, grad norm and metrics."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import read_metrics, run_cli, small_sft_overrides
+from dist.grpo_step import OVERRIDES, grpo_steps
+from nemo_orch import config as config_lib
+from nemo_orch.distributed import free_port
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+LAYOUTS = ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"]
+# A smaller model than small_sft_overrides' (the tiny preset) with every conversation still fitting:
+# each run is mostly start-up, the fewer steps' seconds the better.
+SFT_OVERRIDES = ["trainer.max_steps=3", "model.num_layers=2", "model.hidden_size=128",
+                 "model.ffn_hidden_size=256", "model.kv_channels=32", "data.seq_length=512"]
+
+
+def sft_losses(tokenizer_dir: Path, output_dir: Path, name: str, *overrides: str) -> list[float]:
+    run_cli("sft", *small_sft_overrides(tokenizer_dir, output_dir, name), *SFT_OVERRIDES,
+            *overrides)
+    return [record["loss"] for record in read_metrics(output_dir / name)]
+
+
+@pytest.fixture(scope="module")
+def one_process_sft_losses(tiny_tokenizer_dir, tmp_path_factory) -> list[float]:
+    return sft_losses(tiny_tokenizer_dir, tmp_path_factory.mktemp("runs"), "one")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sft_losses_match_one_process(one_process_sft_losses, tiny_tokenizer_dir, tmp_path,
+                                      layout):
+    losses = sft_losses(tiny_tokenizer_dir, tmp_path, "two", layout)
+    assert len(losses) == 3
+    assert losses == pytest.approx(one_process_sft_losses, abs=1e-4)
+
+
+def test_grpo_steps_match_one_process(megatron_world):
+    expected = grpo_steps(config_lib.load(OVERRIDES), megatron_world)
+    first = expected[0]
+    # the batch exercises every branch of the loss, so agreement means something
+    assert min(first["clip_frac_low"], first["clip_frac_high"], first["clip_frac_dual"],
+               first["kl"]) > 0
+    # one launch for all layouts: starting two processes costs more than the steps
+    launched = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+         str(Path(__file__).with_name("grpo_step.py")), *LAYOUTS],
+        capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-5000:]
+    results = json.loads(launched.stdout.strip().splitlines()[-1])
+    for layout in LAYOUTS:
+        for step, want in zip(results[layout], expected, strict=True):
+            assert step.keys() == want.keys()
+            assert step == pytest.approx(want, abs=1e-5), layout
