@@ -217,7 +217,7 @@ class RewardConfig:
     advantage_eps: float = 1e-6
     drop_format_errors: bool = False
     drop_unanswered: bool = False
-    min_group_std: float = 0.0
+    min_group_std: float = 1e-6
 
     def __post_init__(self) -> None:
         _require(self.combination in ("toolorchestra", "weighted", "linear"),
@@ -248,10 +248,10 @@ class GRPOConfig:
     sample per turn.
     """
 
-    max_steps: int = 60
-    prompts_per_step: int = 16
+    max_steps: int = 10
+    prompts_per_step: int = 8
     updates_per_step: int = 1
-    mini_batches: int = 2
+    mini_batches: int = 1
     micro_batch_size: int = 8
     lr: float = 5e-4
     min_lr: float = 5e-4
@@ -263,9 +263,9 @@ class GRPOConfig:
     kl_coef: float = 0.1
     sample_mode: str = "trajectory"
     dynamic_sampling: bool = True
-    max_sampling_rounds: int = 3
-    save_interval: int = 20
-    eval_tasks: int = 200
+    max_sampling_rounds: int = 2
+    save_interval: int = 5
+    eval_tasks: int = 100
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",

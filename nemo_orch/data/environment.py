@@ -78,7 +78,7 @@ def routes(task: Task, experts: Mapping[str, Any]) -> dict[str, Route]:
         found["tools"] = tuple((name, dict(arguments)) for name, arguments in
                                task.metadata["route"])
     for alias in experts:
-        found[f"expert:{alias}"] = ((EXPERT_TOOL, {"model": alias, "question": task.question}),)
+        found[f"expert:{alias}"] = ((EXPERT_TOOL, {"model": alias}),)
     return found
 
 
@@ -176,11 +176,13 @@ def strongest_expert(task: Task, experts: Mapping[str, Any],
 
 
 async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollout: Any,
-                         seed: int, strongest_share: float = 0.5) -> list[dict[str, Any]]:
-    """SFT conversations from naive routers run through the real tools: with probability
-    ``strongest_share`` the strongest (most expensive) expert, otherwise a uniformly random
-    route (exact tools or any expert). Only episodes that end with the right answer are kept,
-    so every demonstration copies arguments and results correctly."""
+                         seed: int, strongest_share: float = 0.5,
+                         family_share: float = 0.25) -> list[dict[str, Any]]:
+    """SFT conversations from naive routers run through the real tools, none of which reads the
+    preference: with probability ``strongest_share`` the strongest (most expensive) expert, with
+    ``family_share`` the family's exact tools (where it has them), otherwise a uniformly random
+    route. Only episodes that end with the right answer are kept, so every demonstration copies
+    arguments and results correctly."""
     import asyncio
 
     from nemo_orch.rollout.episode import Episode
@@ -192,8 +194,11 @@ async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollou
 
     async def demonstrate(index: int, task: Task) -> dict[str, Any] | None:
         options = routes(task, experts)
-        if rng.random() < strongest_share:
+        draw = rng.random()
+        if draw < strongest_share:
             route = options[f"expert:{strongest_expert(task, experts, pricing)}"]
+        elif draw < strongest_share + family_share and "tools" in options:
+            route = options["tools"]
         else:
             route = options[rng.choice(sorted(options))]
         policy = RouterPolicy(tokenizer, route, task.answer or "")

@@ -52,7 +52,8 @@ def _wrong_answer(answer: str, rng: random.Random) -> str:
 
 
 class SimulatedExpert(BaseTool):
-    """Arguments: ``model`` (an alias of ``models``) and ``question``."""
+    """Arguments: ``model`` (an alias of ``models``) and, optionally, ``question`` (default: the
+    task's question, as when the expert is handed the task)."""
 
     def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
                  prompt_overhead_tokens: int = 60) -> None:
@@ -72,7 +73,7 @@ class SimulatedExpert(BaseTool):
         if context.task is None or context.task.answer is None:
             return ToolResult(error="the simulated expert only answers tasks with a reference "
                               "answer (offline demo)")
-        question = arguments["question"]
+        question = arguments.get("question") or context.task.question
         # Same episode, model and question: same reply; different samples differ.
         rng = random.Random(zlib.crc32(f"{context.seed}|{context.episode_id}|{alias}|"
                                        f"{question}".encode()))

@@ -332,16 +332,23 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
     grpo, dp = config.grpo, config.parallel.dp
     if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
+    on_policy_once = grpo.updates_per_step == 1 and grpo.mini_batches == 1
     minis = []
     for mini in _even_split(samples, grpo.mini_batches, random.Random(_seed(config.run.seed,
                                                                             "mini", step))):
         mine = _even_split(mini, dp, random.Random(0))[dp_rank]
         mine = mine[:len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
         batches = micro_batches(mine, grpo.micro_batch_size, pad_id)
-        for batch, old, ref in zip(batches, policy.forward_logprobs(batches),
-                                   reference.forward_logprobs(batches)):
-            if old is not None:  # the last pipeline stage, where the loss is computed
-                batch["old_logprobs"], batch["ref_logprobs"] = old, ref
+        # With one update per batch the policy is still the sampling one: the loss uses its own
+        # detached logprobs as the old ones (see grpo_loss), saving a forward pass.
+        none = [None] * len(batches)
+        olds = none if on_policy_once else policy.forward_logprobs(batches)
+        refs = reference.forward_logprobs(batches) if grpo.kl_coef > 0 else none
+        for batch, old, ref in zip(batches, olds, refs):  # None off the last pipeline stage
+            if old is not None:
+                batch["old_logprobs"] = old
+            if ref is not None:
+                batch["ref_logprobs"] = ref
         minis.append(batches)
     totals: dict[str, list[float]] = defaultdict(list)
     tokens = 0

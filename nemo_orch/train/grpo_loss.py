@@ -5,8 +5,10 @@ Micro-batches carry, besides ``tokens``/``labels``/``loss_mask``/``position_ids`
 aligned with ``labels``:
 
 * ``advantages``: the trajectory's advantage on each of its policy tokens;
-* ``old_logprobs``: the policy's log-probabilities before this batch's updates (recomputed by the
-  trainer with :meth:`Policy.forward_logprobs`; the ratio's denominator);
+* ``old_logprobs``: the policy's log-probabilities before this batch's updates, the ratio's
+  denominator (recomputed by the trainer with :meth:`Policy.forward_logprobs`). Left out when
+  each batch gets exactly one update: they equal this forward pass's own values, which serve
+  detached, and the extra pass is saved;
 * ``ref_logprobs``: the reference model's (may be left out when ``kl_coef`` is 0);
 * ``engine_logprobs`` (optional): what the rollout engine reported, only to log its mismatch with
   the trainer (``engine_logprob_abs_diff``), which grows with precision or kernel differences.
@@ -67,7 +69,8 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
     def token_loss(token_losses: torch.Tensor, batch: Batch) -> TokenLoss:
         mask = batch["loss_mask"].float()
         logprobs = -token_losses.float()
-        surrogate, ratio, active = clipped_surrogate(logprobs, batch["old_logprobs"],
+        old_logprobs = batch["old_logprobs"] if "old_logprobs" in batch else logprobs.detach()
+        surrogate, ratio, active = clipped_surrogate(logprobs, old_logprobs,
                                                      batch["advantages"], config)
         loss, per_token = surrogate, {"policy_loss": surrogate}
         if config.kl_coef > 0 or "ref_logprobs" in batch:
@@ -79,7 +82,7 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
             per_token.update({key: flag.float() for key, flag in active.items()})
             if "engine_logprobs" in batch:
                 per_token["engine_logprob_abs_diff"] = (batch["engine_logprobs"]
-                                                        - batch["old_logprobs"]).abs()
+                                                        - old_logprobs).abs()
             sums = {key: (value.detach() * mask).sum() for key, value in per_token.items()}
             maxima = {"ratio_max": ratio.masked_fill(mask == 0, 0.0).max()}
         return TokenLoss((loss * mask).sum(), mask.sum().to(torch.int), sums, maxima)

@@ -55,7 +55,8 @@ def test_group_filters():
     assert group_drop_reason([breakdown(1.0), breakdown(1.0)], config) == "low_std"
     assert group_drop_reason([breakdown(1.0, answered=False), breakdown(0.0, answered=False)],
                              config) == "empty"
-    assert keep_group([breakdown(1.0)] * 2, RewardConfig())  # min_group_std 0 keeps everything
+    assert keep_group([breakdown(1.0)] * 2, RewardConfig(min_group_std=0.0))  # 0 keeps all
+    assert not keep_group([breakdown(1.0)] * 2, RewardConfig())  # default: equal rewards drop
 
 
 def run_fill(script, needed, max_rounds):
