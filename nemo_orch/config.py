@@ -300,7 +300,7 @@ class RolloutConfig:
     api_key_env: Optional[str] = None
     group_size: int = 8
     max_turns: int = 50
-    max_new_tokens: int = 256
+    max_new_tokens: int = 96
     max_context_tokens: Optional[int] = None
     max_observation_tokens: int = 512
     temperature: float = 1.0

@@ -31,6 +31,7 @@ from nemo_orch import distributed, faults
 from nemo_orch.config import Config
 from nemo_orch.data.environment import make_tasks
 from nemo_orch.data.tasks import Task
+from nemo_orch.distributed import ParallelContext
 from nemo_orch.eval.orchestration import group_key, route_of
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
@@ -101,6 +102,8 @@ class Rollouts:
         self.config, self.engine, self.tokenizer, self.toolbox = config, engine, tokenizer, toolbox
         self.settings = config.resolved_rollout()
         self.scorer = OutcomeScorer(config.reward)
+        # Every group of the current step, kept or not: what the step's metrics describe.
+        self.generated: list[Group] = []
 
     def tasks(self, step: int, round_index: int, count: int) -> list[Task]:
         seed = _seed(self.config.run.seed, "tasks", step, round_index)
@@ -117,17 +120,22 @@ class Rollouts:
         size = self.settings.group_size
         grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
         breakdowns = await score_groups(tasks, grouped, self.config.reward, self.scorer)
-        return [Group(task, group, scored)
-                for task, group, scored in zip(tasks, grouped, breakdowns)]
+        groups = [Group(task, group, scored)
+                  for task, group, scored in zip(tasks, grouped, breakdowns)]
+        self.generated.extend(groups)
+        return groups
 
     def drop_reason(self, group: Group) -> str | None:
         return group_drop_reason(group.breakdowns, self.config.reward)
 
-    async def batch(self, step: int) -> tuple[list[Group], Any]:
+    async def batch(self, step: int) -> tuple[list[Group], list[Group], Any]:
+        """The kept groups, every generated group, and the sampling stats of ``step``."""
         grpo = self.config.grpo
         rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
-        return await fill_batch(lambda count, r: self.groups(step, r, count),
-                                grpo.prompts_per_step, rounds, self.drop_reason)
+        self.generated = []
+        kept, stats = await fill_batch(lambda count, r: self.groups(step, r, count),
+                                       grpo.prompts_per_step, rounds, self.drop_reason)
+        return kept, self.generated, stats
 
 
 def samples_of(groups: list[Group], config: Config) -> list[Sample]:
@@ -198,8 +206,9 @@ def _even_split(samples: list[Sample], parts: int, rng: random.Random) -> list[l
 # ----------------------------------------------------------------------------- metrics
 
 def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
-    """Per-step means over every episode, and reward and route shares per (family,
-    preference), so a collapse onto one shortcut shows while it happens."""
+    """Per-step means over every episode generated (kept for training or not), and reward and
+    route shares per (family, preference), so a collapse onto one shortcut shows while it
+    happens."""
     episodes = [(g.task, t, b) for g in groups for t, b in zip(g.trajectories, g.breakdowns)]
     if not episodes:
         return {"sampling/rounds": stats.rounds, "sampling/kept": 0}
@@ -250,7 +259,8 @@ def run(config: Config, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
         return train(config, context, init_from, tokenizer_dir)
 
 
-def train(config: Config, context: Any, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
+def train(config: Config, context: ParallelContext, init_from: Path,
+          tokenizer_dir: Path) -> GRPOSummary:
     """GRPO inside a running parallel session (see :func:`run`)."""
     from nemo_orch.rollout.engines.hf import HFEngine
 
@@ -284,8 +294,8 @@ def train(config: Config, context: Any, init_from: Path, tokenizer_dir: Path) ->
             started = time.perf_counter()
             payload = None
             if writer:
-                groups, stats = loop.run_until_complete(rollouts.batch(step))
-                payload = (samples_of(groups, config), rollout_metrics(groups, stats))
+                kept, generated, stats = loop.run_until_complete(rollouts.batch(step))
+                payload = (samples_of(kept, config), rollout_metrics(generated, stats))
             shared = [payload]
             if dist.get_world_size() > 1:
                 dist.broadcast_object_list(shared, src=0)

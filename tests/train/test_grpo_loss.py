@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from dist.grpo_step import OVERRIDES, micro_batches, synthetic_batch
+from multiprocess.grpo_step import OVERRIDES, micro_batches, synthetic_batch
 from nemo_orch import config as config_lib
 from nemo_orch.config import GRPOConfig
 from nemo_orch.models.hf_mapping import SeededHFWeights

@@ -2,7 +2,7 @@
 
 Run in-process (one rank) by the tests, or under torchrun for TP/PP/DP layouts, one per argument,
 all in one launch (a launch costs more than the steps):
-``python -m torch.distributed.run --nproc_per_node 2 tests/dist/grpo_step.py parallel.tp=2
+``python -m torch.distributed.run --nproc_per_node 2 tests/multiprocess/grpo_step.py parallel.tp=2
 parallel.pp=2``; rank 0 prints JSON: per layout, per step the loss, loss tokens, grad norm and the
 loss's metrics.
 

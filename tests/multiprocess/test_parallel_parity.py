@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import read_metrics, run_cli, small_sft_overrides
-from dist.grpo_step import OVERRIDES, grpo_steps
+from multiprocess.grpo_step import OVERRIDES, grpo_steps
 from nemo_orch import config as config_lib
 from nemo_orch.distributed import free_port
 
