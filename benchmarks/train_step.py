@@ -45,7 +45,7 @@ from nemo_orch import config as config_lib
 from nemo_orch import distributed
 from nemo_orch.config import Config
 from nemo_orch.models import qwen3
-from nemo_orch.models.hf_mapping import SeededHFWeights, hf_config_dict
+from nemo_orch.models.hf_mapping import SeededHFWeights, build_hf_model
 from nemo_orch.train.policy import Policy
 
 Batch = dict[str, torch.Tensor]
@@ -128,12 +128,8 @@ def measure_megatron(config: Config, batch: Batch, warmup: int, steps: int) -> M
         return Measurement(count_parameters(policy.module), times, losses)
 
 
-def build_hf_model(config: Config) -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    fields = {key: value for key, value in hf_config_dict(config.model).items()
-              if key not in ("architectures", "model_type", "torch_dtype")}
-    model = Qwen3ForCausalLM(Qwen3Config(**fields))
+def seeded_hf_model(config: Config) -> torch.nn.Module:
+    model = build_hf_model(config.model)
     # A tied lm_head has no entry of its own; it follows the embeddings after tie_weights().
     model.load_state_dict(dict(SeededHFWeights(config.model, config.run.seed)), strict=False)
     model.tie_weights()
@@ -141,7 +137,7 @@ def build_hf_model(config: Config) -> torch.nn.Module:
 
 
 def measure_transformers(config: Config, batch: Batch, warmup: int, steps: int) -> Measurement:
-    model = build_hf_model(config)
+    model = seeded_hf_model(config)
     trainer = config.trainer
     decayed = [p for p in model.parameters() if p.ndim > 1]
     not_decayed = [p for p in model.parameters() if p.ndim <= 1]

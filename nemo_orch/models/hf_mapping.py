@@ -231,6 +231,18 @@ def hf_config_dict(model: ModelConfig, torch_dtype: str | None = None) -> dict:
     }
 
 
+def build_hf_model(model: ModelConfig, attn_implementation: str | None = None) -> torch.nn.Module:
+    """transformers' ``Qwen3ForCausalLM`` for ``model`` (float32, freshly initialised: load
+    weights into it next)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    fields = {key: value for key, value in hf_config_dict(model).items()
+              if key not in ("architectures", "model_type", "torch_dtype")}
+    if attn_implementation is not None:
+        fields["attn_implementation"] = attn_implementation
+    return Qwen3ForCausalLM(Qwen3Config(**fields))
+
+
 ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                        "kv_channels", "ffn_hidden_size", "vocab_size", "rotary_base",
                        "layernorm_epsilon", "qk_layernorm", "share_embeddings_and_output_weights")

@@ -16,15 +16,11 @@ import torch
 from nemo_orch import config as config_lib
 from nemo_orch.config import Config
 from nemo_orch.models import qwen3, weights
-from nemo_orch.models.hf_mapping import SeededHFWeights, hf_config_dict
+from nemo_orch.models.hf_mapping import SeededHFWeights, build_hf_model
 
 
 def hf_reference(model, hf_weights):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    fields = {k: v for k, v in hf_config_dict(model).items()
-              if k not in ("architectures", "model_type", "torch_dtype")}
-    reference = Qwen3ForCausalLM(Qwen3Config(**fields)).eval()
+    reference = build_hf_model(model).eval()
     reference.load_state_dict(dict(hf_weights), strict=False)  # tied lm_head follows embeddings
     reference.tie_weights()
     return reference

@@ -20,22 +20,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import ModelConfig
-from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, hf_config_dict,
+from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, build_hf_model,
                                          model_config_from_hf)
 from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams
-
-
-def build_hf_model(model: ModelConfig) -> torch.nn.Module:
-    """An uninitialised-weights float32 ``Qwen3ForCausalLM`` in eval mode for our model config."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    if not model.qk_layernorm:
-        raise EngineError("the HF engine serves Qwen3, which needs model.qk_layernorm=true")
-    fields = {k: v for k, v in hf_config_dict(model).items()
-              if k not in ("architectures", "model_type", "torch_dtype")}
-    config = Qwen3Config(**fields)
-    config._attn_implementation = "sdpa"
-    return Qwen3ForCausalLM(config).to(torch.float32).eval()
 
 
 def _row_seed(seed: int, row: int) -> int:
@@ -84,7 +71,9 @@ class HFEngine:
                  seed: int = 0, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
         self.model_config = model
         self.tokenizer = tokenizer
-        self.model = build_hf_model(model)
+        if not model.qk_layernorm:
+            raise EngineError("the HF engine serves Qwen3, which needs model.qk_layernorm=true")
+        self.model = build_hf_model(model, attn_implementation="sdpa").to(torch.float32).eval()
         self.update_weights(weights if weights is not None else SeededHFWeights(model, seed))
 
     @classmethod
