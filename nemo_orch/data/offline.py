@@ -509,8 +509,16 @@ _FAMILIES: tuple[tuple[Callable[[random.Random], _Task], float], ...] = (
     (_math_expert, 0.22),
     (_word_puzzle, 0.08),
 )
-FAMILY_NAMES = {_arithmetic: "arithmetic", _lookup: "lookup", _lookup_then_compute: "lookup_compute",
-                _math_expert: "math", _word_puzzle: "word"}
+FAMILY_NAMES = {_arithmetic: "arithmetic", _lookup: "lookup",
+                _lookup_then_compute: "lookup_compute", _math_expert: "math",
+                _word_puzzle: "word"}
+
+
+def _draw(rng: random.Random) -> tuple[Callable[[random.Random], _Task], _Task]:
+    """A family by its weight, and a task of it."""
+    families, weights = zip(*_FAMILIES)
+    make_task = rng.choices(families, weights)[0]
+    return make_task, make_task(rng)
 
 
 @dataclass(frozen=True)
@@ -529,9 +537,7 @@ class OfflineTask:
 
 def draw_task(rng: random.Random) -> OfflineTask:
     """One task from the same family mix as the demonstrations."""
-    families, weights = zip(*_FAMILIES)
-    make_task = rng.choices(families, weights)[0]
-    task = make_task(rng)
+    make_task, task = _draw(rng)
     family = FAMILY_NAMES[make_task]
     if family == "word":
         difficulty = "language"
@@ -577,12 +583,7 @@ def _conversation(rng: random.Random, task: _Task) -> dict[str, Any]:
 def generate_conversations(n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` demonstration conversations, the same for the same ``seed``."""
     rng = random.Random(seed)
-    families, weights = zip(*_FAMILIES)
-    conversations = []
-    for _ in range(n):
-        make_task = rng.choices(families, weights)[0]
-        conversations.append(_conversation(rng, make_task(rng)))
-    return conversations
+    return [_conversation(rng, _draw(rng)[1]) for _ in range(n)]
 
 
 def world_documents() -> list[dict[str, str]]:

@@ -26,10 +26,6 @@ from nemo_orch.rollout.format import FORMAT_ERRORS, ParsedTurn, TurnFormat, pars
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
 
-# Why an episode ended.
-TERMINATIONS = ("answer", "max_turns", "context_limit", "engine_error")
-
-
 class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
 
@@ -86,7 +82,7 @@ class Trajectory:
     logprobs: list[float]
     prompt_length: int
     turns: list[TurnRecord]
-    termination: str
+    termination: str  # answer | max_turns | context_limit | engine_error
     answer: str | None
     wall_seconds: float
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -165,7 +164,3 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
             lines.append(f"  GRPO closed {closed:.0%} of the SFT -> oracle reward gap")
         lines.append(f"  report {summary.run_dir / 'report.md'}")
     return lines
-
-
-def dump(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=True)
