@@ -43,7 +43,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import render_conversation, train_tokenizer
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import Episode
-from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.rollout.runner import DirectPolicy, run_rollouts
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec
 from nemo_orch.tools.registry import Toolbox
 
@@ -77,13 +77,8 @@ def scripted_policy(calls_per_episode: int):
 async def sequential(tasks: list[Task], engine: ScriptedEngine, toolbox: Toolbox,
                      tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig) -> list:
     """One episode at a time; each generation its own engine call."""
-
-    class Direct:
-        async def generate(self, prompt_ids, params):
-            return engine.generate([prompt_ids], params)[0]
-
-    return [await Episode(task, 0, Direct(), toolbox, tokenizer, settings).run()
-            for task in tasks]
+    policy = DirectPolicy(engine)
+    return [await Episode(task, 0, policy, toolbox, tokenizer, settings).run() for task in tasks]
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ oracle that knows the simulated experts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -25,7 +26,9 @@ from typing import Any
 
 from nemo_orch.data.offline import PREFERENCES, draw_task
 from nemo_orch.data.tasks import Task
-from nemo_orch.rollout.engines.base import Generation, SamplingParams
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.rollout.episode import Episode
+from nemo_orch.rollout.runner import DirectPolicy
 
 PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
     "accuracy": {"accuracy": 1.0},
@@ -139,16 +142,15 @@ def oracle(values: list[RouteValue]) -> RouteValue:
 _RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 
-class RouterPolicy:
-    """A naive router that writes a fixed route's calls, then answers from the last
-    observation (the sandbox's output, the passage's fact, the expert's answer). A scripted
-    demonstrator, not a model; its episodes become SFT demonstrations."""
+class RouterReplies:
+    """A naive router's replies: a fixed route's calls, then the answer from the last
+    observation (the sandbox's output, the passage's fact, the expert's answer). Played by a
+    :class:`ScriptedEngine`, not a model; its episodes become SFT demonstrations."""
 
-    def __init__(self, tokenizer: Any, route: Route, answer: str) -> None:
-        self.tokenizer, self.route, self.answer = tokenizer, route, answer
-        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    def __init__(self, route: Route, answer: str) -> None:
+        self.route, self.answer = route, answer
 
-    def _reply(self, prompt: str) -> str:
+    def __call__(self, prompt: str) -> str:
         observations = _RESPONSE_RE.findall(prompt.split("<|im_start|>user\n", 1)[-1])
         if len(observations) < len(self.route):
             tool, arguments = self.route[len(observations)]
@@ -159,11 +161,6 @@ class RouterPolicy:
         stated = re.search(rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
         copied = self.answer if stated else last.removeprefix("Answer:").strip()
         return f"<answer>{copied}</answer>"
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        text = self._reply(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
-        return Generation(ids, [0.0] * len(ids), "stop", text, len(prompt_ids))
 
 
 def strongest_expert(task: Task, experts: Mapping[str, Any],
@@ -183,10 +180,6 @@ async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollou
     ``family_share`` the family's exact tools (where it has them), otherwise a uniformly random
     route. Only episodes that end with the right answer are kept, so every demonstration copies
     arguments and results correctly."""
-    import asyncio
-
-    from nemo_orch.rollout.episode import Episode
-
     expert_tool = toolbox.tools[EXPERT_TOOL]
     experts, pricing = expert_tool.models, expert_tool.pricing
     rng = random.Random(seed)
@@ -201,7 +194,7 @@ async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollou
             route = options["tools"]
         else:
             route = options[rng.choice(sorted(options))]
-        policy = RouterPolicy(tokenizer, route, task.answer or "")
+        policy = DirectPolicy(ScriptedEngine(tokenizer, RouterReplies(route, task.answer or "")))
         async with slots:
             trajectory = await Episode(task, 0, policy, toolbox, tokenizer, rollout,
                                        seed=seed + index).run()

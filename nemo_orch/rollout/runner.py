@@ -106,6 +106,17 @@ class GenerationBatcher:
         return await asyncio.to_thread(self.engine.generate, prompts, params)
 
 
+class DirectPolicy:
+    """The engine called with one prompt at a time, in the loop's thread: no batching and no
+    overlap. What a strictly sequential runner does, and all a scripted demonstrator needs."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return self.engine.generate([prompt_ids], params)[0]
+
+
 async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Engine,
                        toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
                        settings: RolloutConfig, *, seed: int = 0,
