@@ -16,6 +16,7 @@ oracle that knows the simulated experts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -182,6 +183,8 @@ async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollou
     arguments and results correctly."""
     expert_tool = toolbox.tools[EXPERT_TOOL]
     experts, pricing = expert_tool.models, expert_tool.pricing
+    # The policy's per-turn token limit is for sampling; a demonstrator's reply is never cut.
+    rollout = dataclasses.replace(rollout, max_new_tokens=rollout.max_context_tokens)
     rng = random.Random(seed)
     slots = asyncio.Semaphore(rollout.max_concurrent_episodes)
 
