@@ -44,6 +44,28 @@ def _mix(routes_by_group: Mapping[str, list[str]]) -> dict[str, dict[str, float]
             for group, routes in sorted(routes_by_group.items())}
 
 
+def route_mix(tasks: list[Task], trajectories: list[Trajectory]) -> dict[str, dict[str, float]]:
+    """The share of each route per (family, preference) group (``trajectories[i]`` is one
+    episode of ``tasks[i]``)."""
+    routes_by_group: dict[str, list[str]] = defaultdict(list)
+    for task, trajectory in zip(tasks, trajectories):
+        routes_by_group[group_key(task)].append(route_of(trajectory))
+    return _mix(routes_by_group)
+
+
+def episode_stats(trajectories: list[Trajectory]) -> dict[str, float]:
+    """What training logs and evaluation reports alike: USD and seconds per task, format errors
+    per turn."""
+    turns = sum(len(t.turns) for t in trajectories)
+    return {
+        "usd_per_task": statistics.mean(t.cost_usd for t in trajectories),
+        "seconds_per_task": statistics.mean(t.tool_seconds + t.generation_seconds
+                                            for t in trajectories),
+        "format_error_rate": sum(sum(t.format_errors.values()) for t in trajectories)
+        / max(turns, 1),
+    }
+
+
 class OracleTable:
     """The best route of every task under its preference, from the known simulated experts."""
 
@@ -56,6 +78,7 @@ class OracleTable:
         self.input_price, self.output_price = orchestrator_usd_per_token
         self.tool_usd = {name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
                          for name, tool in toolbox.tools.items() if name != EXPERT_TOOL}
+        self._best: dict[str, Any] = {}  # by task id: every policy's report asks again
 
     def values(self, task: Task):
         messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
@@ -70,7 +93,9 @@ class OracleTable:
                             self.tool_usd)
 
     def best(self, task: Task):
-        return oracle(self.values(task))
+        if task.id not in self._best:
+            self._best[task.id] = oracle(self.values(task))
+        return self._best[task.id]
 
     def report(self, tasks: list[Task]) -> dict[str, Any]:
         best = [self.best(task) for task in tasks]
@@ -87,25 +112,17 @@ class OracleTable:
 def evaluation_report(tasks: list[Task], trajectories: list[Trajectory], table: OracleTable,
                       correct: list[bool]) -> dict[str, Any]:
     """The metrics of one policy's episodes (one per task, in task order)."""
-    routes_by_group: dict[str, list[str]] = defaultdict(list)
-    utilities, adherent, turns, format_errors = [], [], 0, 0
-    for task, trajectory, right in zip(tasks, trajectories, correct):
-        route = route_of(trajectory)
-        routes_by_group[group_key(task)].append(route)
-        utilities.append(utility(task.metadata["preference"], right, trajectory.cost_usd,
-                                 trajectory.tool_counts(), table.usd_reference))
-        adherent.append(route == table.best(task).route)
-        turns += len(trajectory.turns)
-        format_errors += sum(trajectory.format_errors.values())
+    utilities = [utility(task.metadata["preference"], right, trajectory.cost_usd,
+                         trajectory.tool_counts(), table.usd_reference)
+                 for task, trajectory, right in zip(tasks, trajectories, correct)]
+    adherent = [route_of(trajectory) == table.best(task).route
+                for task, trajectory in zip(tasks, trajectories)]
     return {
         "reward": statistics.mean(utilities),
         "accuracy": statistics.mean(map(float, correct)),
-        "usd_per_task": statistics.mean(t.cost_usd for t in trajectories),
-        "seconds_per_task": statistics.mean(t.tool_seconds + t.generation_seconds
-                                            for t in trajectories),
+        **episode_stats(trajectories),
         "pref_adherence": statistics.mean(map(float, adherent)),
-        "format_error_rate": format_errors / max(turns, 1),
-        "tool_mix": _mix(routes_by_group),
+        "tool_mix": route_mix(tasks, trajectories),
     }
 
 

@@ -32,7 +32,7 @@ from nemo_orch.config import Config
 from nemo_orch.data.environment import make_tasks
 from nemo_orch.data.tasks import Task
 from nemo_orch.distributed import ParallelContext
-from nemo_orch.eval.orchestration import group_key, route_of
+from nemo_orch.eval.orchestration import episode_stats, group_key, route_mix, route_of
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_drop_reason,
@@ -215,11 +215,7 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     metrics: dict[str, float] = {
         "reward": statistics.mean(b.reward for _, _, b in episodes),
         "accuracy": statistics.mean(b.components["outcome"] for _, _, b in episodes),
-        "usd_per_task": statistics.mean(t.cost_usd for _, t, _ in episodes),
-        "seconds_per_task": statistics.mean(t.tool_seconds + t.generation_seconds
-                                            for _, t, _ in episodes),
-        "format_error_rate": sum(sum(t.format_errors.values()) for _, t, _ in episodes)
-        / max(sum(len(t.turns) for _, t, _ in episodes), 1),
+        **episode_stats([t for _, t, _ in episodes]),
         "answered": statistics.mean(float(t.answer is not None) for _, t, _ in episodes),
         "turns": statistics.mean(len(t.turns) for _, t, _ in episodes),
         "sampling/rounds": stats.rounds, "sampling/generated": stats.generated,
@@ -228,13 +224,14 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     }
     routes = Counter(route_of(t) for _, t, _ in episodes)
     metrics.update({f"route/{name}": count / len(episodes) for name, count in routes.items()})
-    by_group: dict[str, list[tuple[Trajectory, RewardBreakdown]]] = defaultdict(list)
-    for task, trajectory, breakdown in episodes:
-        by_group[group_key(task)].append((trajectory, breakdown))
-    for key, members in by_group.items():
-        metrics[f"group/{key}/reward"] = statistics.mean(b.reward for _, b in members)
-        for name, count in Counter(route_of(t) for t, _ in members).items():
-            metrics[f"group/{key}/route/{name}"] = count / len(members)
+    rewards: dict[str, list[float]] = defaultdict(list)
+    for task, _, breakdown in episodes:
+        rewards[group_key(task)].append(breakdown.reward)
+    for key, values in rewards.items():
+        metrics[f"group/{key}/reward"] = statistics.mean(values)
+    shares = route_mix([task for task, _, _ in episodes], [t for _, t, _ in episodes])
+    for key, routes in shares.items():
+        metrics.update({f"group/{key}/route/{name}": share for name, share in routes.items()})
     return metrics
 
 
