@@ -128,18 +128,27 @@ class ParallelConfig:
         return self.tp * self.pp * self.dp
 
 
+# The keys of nemo_orch.models.tokenizer.CHAT_TEMPLATES (not imported here: transformers is heavy).
+CHAT_FORMATS = ("qwen3", "compact")
+
+
 @dataclass
 class TokenizerConfig:
-    """``path`` points at an HF tokenizer directory (e.g. a real Qwen3 one); null trains a BPE
-    tokenizer on the training data into the run directory."""
+    """``path`` points at an HF tokenizer directory (e.g. a real Qwen3 one, which uses the
+    ``qwen3`` chat format); null trains a BPE tokenizer on the training data into the run
+    directory, saved with ``chat_format`` (``compact`` lists tools as signatures, not JSON
+    schemas: sequences a third as long for a model trained from scratch)."""
 
     path: Optional[str] = None
     vocab_size: int = 4000
     min_frequency: int = 2
+    chat_format: str = "compact"
 
     def __post_init__(self) -> None:
         _require_file(self.path, "tokenizer.path")
         _require(self.vocab_size >= 512, "tokenizer.vocab_size must be >= 512")
+        _require(self.chat_format in CHAT_FORMATS,
+                 f"tokenizer.chat_format must be one of {CHAT_FORMATS}")
 
 
 @dataclass

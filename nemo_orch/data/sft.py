@@ -1,10 +1,11 @@
-"""Supervised fine-tuning samples: one conversation per fixed-length sample, loss on the assistant.
+"""Supervised fine-tuning samples: one conversation per sample, loss on the assistant.
 
 A sample holds ``tokens`` (the model input), ``labels`` (the next token at each position) and
 ``loss_mask`` (1.0 where the label is an assistant token, including the ``<|im_end|>`` that ends
-each assistant turn). Conversations are padded, never packed together, so attention needs no
-per-document masking; those that do not fit are dropped and counted rather than truncated, since a
-truncated demonstration teaches the model to stop mid-answer.
+each assistant turn). Conversations are padded per batch (to its longest, rounded up to
+:data:`PAD_MULTIPLE`), never packed together, so attention needs no per-document masking; those
+longer than ``seq_length`` are dropped and counted rather than truncated, since a truncated
+demonstration teaches the model to stop mid-answer.
 
 Batches are a pure function of (step, seed): :func:`global_batch` reads a chain of seeded
 per-epoch permutations, so a run resumed at step k sees exactly the samples of an uninterrupted one.
@@ -12,7 +13,7 @@ per-epoch permutations, so a run resumed at step k sees exactly the samples of a
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,16 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.data.conversations import DataError
+
+# Batches are padded to a multiple of this: few distinct shapes, divisible by any TP size used
+# with sequence parallelism.
+PAD_MULTIPLE = 16
+
+
+def padded_length(lengths: Iterable[int], cap: int | None = None) -> int:
+    """The longest of ``lengths`` rounded up to :data:`PAD_MULTIPLE` (at most ``cap``)."""
+    length = -(-max(lengths) // PAD_MULTIPLE) * PAD_MULTIPLE
+    return length if cap is None else min(length, cap)
 
 
 def tokenize_conversation(
@@ -44,7 +55,8 @@ def tokenize_conversation(
 
 
 class SFTDataset(Dataset[dict[str, torch.Tensor]]):
-    """Fixed-length SFT samples, one per conversation that fits in ``seq_length + 1`` tokens."""
+    """Unpadded SFT samples, one per conversation that fits in ``seq_length + 1`` tokens (see
+    :func:`collate` for batches)."""
 
     def __init__(
         self,
@@ -55,38 +67,31 @@ class SFTDataset(Dataset[dict[str, torch.Tensor]]):
         if tokenizer.pad_token_id is None:
             raise DataError("the tokenizer has no pad token")
         self.seq_length = seq_length
+        self.pad_id = tokenizer.pad_token_id
         self.num_dropped = 0
-        tokens, labels, loss_mask = [], [], []
+        self.samples: list[dict[str, torch.Tensor]] = []
         for conversation in conversations:
             ids, mask = tokenize_conversation(tokenizer, conversation)
             # seq_length inputs predict seq_length labels: one token more than the sample holds.
             if len(ids) > seq_length + 1:
                 self.num_dropped += 1
                 continue
-            padding = seq_length + 1 - len(ids)
-            ids = ids + [tokenizer.pad_token_id] * padding
-            mask = mask + [0] * padding
-            tokens.append(ids[:-1])
-            labels.append(ids[1:])
-            loss_mask.append(mask[1:])
-        if not tokens:
+            self.samples.append({
+                "tokens": torch.tensor(ids[:-1], dtype=torch.long),
+                "labels": torch.tensor(ids[1:], dtype=torch.long),
+                "loss_mask": torch.tensor(mask[1:], dtype=torch.float),
+            })
+        if not self.samples:
             raise DataError(
                 f"all {len(conversations)} conversations are longer than seq_length + 1 = "
                 f"{seq_length + 1} tokens"
             )
-        self.tokens = torch.tensor(tokens, dtype=torch.long)
-        self.labels = torch.tensor(labels, dtype=torch.long)
-        self.loss_mask = torch.tensor(loss_mask, dtype=torch.float)
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.samples)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {
-            "tokens": self.tokens[index],
-            "labels": self.labels[index],
-            "loss_mask": self.loss_mask[index],
-        }
+        return self.samples[index]
 
 
 def global_batch(dataset: Sized, step: int, global_batch_size: int, seed: int) -> list[int]:
@@ -103,9 +108,14 @@ def global_batch(dataset: Sized, step: int, global_batch_size: int, seed: int) -
     return order[offset : offset + global_batch_size].tolist()
 
 
-def collate(samples: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack samples into ``[batch, seq]`` tensors and add ``position_ids``."""
-    batch = {key: torch.stack([sample[key] for sample in samples]) for key in samples[0]}
-    batch_size, seq_length = batch["tokens"].shape
-    batch["position_ids"] = torch.arange(seq_length).repeat(batch_size, 1)
+def collate(samples: Sequence[dict[str, torch.Tensor]], length: int,
+            pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad samples to ``length`` (tokens and labels with ``pad_id``, the loss mask with 0),
+    stack them into ``[batch, length]`` tensors and add ``position_ids``."""
+    fills = {"tokens": pad_id, "labels": pad_id, "loss_mask": 0}
+    batch = {key: torch.stack([torch.nn.functional.pad(sample[key],
+                                                       (0, length - len(sample[key])),
+                                                       value=fill) for sample in samples])
+             for key, fill in fills.items()}
+    batch["position_ids"] = torch.arange(length).repeat(len(samples), 1)
     return batch

@@ -1,7 +1,9 @@
 """The tokenizer and the chat format every stage (SFT, rollouts, RL) shares.
 
 Conversations are rendered the Qwen3/Hermes way by :data:`CHAT_TEMPLATE`, so a locally trained
-BPE tokenizer and a real Qwen3 one see the same text. The template marks what the model must learn
+BPE tokenizer and a real Qwen3 one see the same text; the ``compact`` format differs only in how
+the system turn lists the tools (signatures instead of JSON schemas), for small models trained
+here. The template marks what the model must learn
 (each assistant message's content, tool calls and closing ``<|im_end|>``) with
 ``{% generation %}``, which is what ``apply_chat_template(..., return_assistant_tokens_mask=True)``
 turns into the loss mask.
@@ -45,9 +47,9 @@ _SPECIAL_TOKEN_RE = re.compile("|".join(re.escape(token) for token in SPECIAL_TO
 # Qwen3's official template restricted to non-thinking conversations, with two changes: the
 # final assistant turn gets no empty "<think>\n\n</think>\n\n" block (so every assistant turn,
 # tool call or answer, starts right after the "<|im_start|>assistant\n" generation prompt), and
-# an unknown role is an error instead of being dropped silently.
-CHAT_TEMPLATE = r"""
-{%- if tools %}
+# an unknown role is an error instead of being dropped silently. The system turn that lists the
+# tools is one of the headers below; the rest is shared.
+_QWEN3_TOOLS_HEADER = r"""
     {{- '<|im_start|>system\n' }}
     {%- if messages[0].role == 'system' %}
         {{- messages[0].content + '\n\n' }}
@@ -60,6 +62,33 @@ CHAT_TEMPLATE = r"""
     {{- "\n</tools>\n\nFor each function call, return a json object with function name and "
         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
         "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+"""
+# One signature line per tool, ``name(arg, optional?, choice: a|b)``, and no descriptions: for
+# models trained from scratch, which learn what a tool does from its results, not from prose, and
+# for which the JSON schemas would be most of every sequence.
+_COMPACT_TOOLS_HEADER = r"""
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- 'Tools:' }}
+    {%- for tool in tools %}
+        {%- set function = tool.function or tool %}
+        {%- set required = function.parameters.required or [] %}
+        {{- '\n' + function.name + '(' }}
+        {%- for name, schema in (function.parameters.properties or {}).items() %}
+            {{- (', ' if not loop.first else '') + name + ('' if name in required else '?') }}
+            {%- if schema.enum %}
+                {{- ': ' + schema.enum | join('|') }}
+            {%- endif %}
+        {%- endfor %}
+        {{- ')' }}
+    {%- endfor %}
+    {{- '<|im_end|>\n' }}
+"""
+_TEMPLATE_BODY = r"""
+{%- if tools %}
+TOOLS_HEADER
 {%- elif messages[0].role == 'system' %}
     {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
 {%- endif %}
@@ -103,6 +132,13 @@ CHAT_TEMPLATE = r"""
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 """
+# Chat formats by name (``tokenizer.chat_format``): ``qwen3`` for real Qwen3 tokenizers, and the
+# one a locally trained tokenizer is saved with.
+CHAT_TEMPLATES = {
+    "qwen3": _TEMPLATE_BODY.replace("TOOLS_HEADER", _QWEN3_TOOLS_HEADER.strip("\n")),
+    "compact": _TEMPLATE_BODY.replace("TOOLS_HEADER", _COMPACT_TOOLS_HEADER.strip("\n")),
+}
+CHAT_TEMPLATE = CHAT_TEMPLATES["qwen3"]
 
 
 class TokenizerError(ValueError):
@@ -113,12 +149,14 @@ def render_conversation(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = False,
+    chat_format: str = "qwen3",
 ) -> str:
-    """Render messages with :data:`CHAT_TEMPLATE` without a tokenizer (e.g. to train one)."""
+    """Render messages in a chat format of :data:`CHAT_TEMPLATES` without a tokenizer (e.g. to
+    train one)."""
     rendered, _ = render_jinja_template(
         conversations=[messages],
         tools=tools or None,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=CHAT_TEMPLATES[chat_format],
         add_generation_prompt=add_generation_prompt,
     )
     return rendered[0]
@@ -132,9 +170,11 @@ def _split_special_tokens(texts: Iterable[str]) -> Iterator[str]:
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path
+    texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path,
+    chat_format: str = "qwen3",
 ) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``texts``, save it in HF format to ``out_dir``.
+    """Train a byte-level BPE tokenizer on ``texts``, save it in HF format to ``out_dir`` with
+    the chat template of ``chat_format``.
 
     Byte-level with Qwen's pre-tokenization, so any text encodes (no unknown token) and the same
     input always yields the same vocabulary. The special tokens take ids ``0..8``.
@@ -170,17 +210,18 @@ def train_tokenizer(
         tokenizer_object=backend,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=CHAT_TEMPLATES[chat_format],
     )
     tokenizer.save_pretrained(str(out_dir))
     return tokenizer
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """Load an HF tokenizer directory (ours or Qwen3's) set up for :data:`CHAT_TEMPLATE`.
+    """Load an HF tokenizer directory (ours or Qwen3's) set up for our chat format.
 
-    The template, ``eos=<|im_end|>`` and ``pad=<|endoftext|>`` are always set, so a base Qwen3
-    tokenizer (whose eos is ``<|endoftext|>``) and ours end turns and pad the same way.
+    A directory saved with one of :data:`CHAT_TEMPLATES` keeps it; any other (a base Qwen3 one)
+    gets the ``qwen3`` format. ``eos=<|im_end|>`` and ``pad=<|endoftext|>`` are always set, so a
+    base Qwen3 tokenizer (whose eos is ``<|endoftext|>``) and ours end turns and pad the same way.
     """
     path = Path(path)
     if not path.is_dir():
@@ -194,7 +235,8 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     for token in SPECIAL_TOKENS:
         if len(tokenizer.encode(token, add_special_tokens=False)) != 1:
             raise TokenizerError(f"{path}: {token!r} is not a single token in this vocabulary")
-    tokenizer.chat_template = CHAT_TEMPLATE
+    if tokenizer.chat_template not in CHAT_TEMPLATES.values():
+        tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.eos_token = EOS_TOKEN
     tokenizer.pad_token = PAD_TOKEN
     return tokenizer

@@ -519,16 +519,21 @@ def default_spec() -> ToolSpec:
 
 
 class Retriever(BaseTool):
-    """Hybrid search over a prebuilt index (``index_dir``) or a corpus indexed in memory at
-    construction (``corpus``). Honours the per-task whitelist ``context.allowed_documents``."""
+    """Search over a prebuilt index (``index_dir``) or a corpus indexed in memory at
+    construction (``corpus``): hybrid by default, or one component alone (``mode``: ``sparse``
+    suits made-up names, which only exact terms find). Honours the per-task whitelist
+    ``context.allowed_documents``."""
 
     def __init__(self, spec: ToolSpec | None = None, *, index_dir: str | Path | None = None,
                  corpus: str | Path | None = None, encoder: str | Path | Encoder = "hashing",
                  top_k: int = 5, max_top_k: int = 20, max_chars_per_doc: int = 400,
-                 rrf_k: float = 60.0, candidates: int = 100) -> None:
+                 rrf_k: float = 60.0, candidates: int = 100, mode: Mode = "hybrid") -> None:
         super().__init__(spec or default_spec())
         if (index_dir is None) == (corpus is None):
             raise RetrievalError("retriever: give exactly one of index_dir or corpus")
+        if mode not in ("hybrid", "dense", "sparse"):
+            raise RetrievalError(f"retriever: unknown mode {mode!r} (hybrid, dense or sparse)")
+        self.mode = mode
         if not 1 <= top_k <= max_top_k or max_chars_per_doc < 1:
             raise RetrievalError("retriever: need 1 <= top_k <= max_top_k and "
                                  "max_chars_per_doc >= 1")
@@ -562,7 +567,7 @@ class Retriever(BaseTool):
         if errors:
             return ToolResult(error="; ".join(errors), latency_s=time.perf_counter() - start)
         hits = await asyncio.to_thread(self.index.search, query, top_k,
-                                       context.allowed_documents)
+                                       context.allowed_documents, self.mode)
         output = "\n".join(map(self._format, hits)) if hits else "No documents found."
         latency = time.perf_counter() - start
         return ToolResult(output=output, latency_s=latency,

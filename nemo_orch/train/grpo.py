@@ -30,6 +30,7 @@ import torch.distributed as dist
 from nemo_orch import distributed, faults
 from nemo_orch.config import Config
 from nemo_orch.data.environment import make_tasks
+from nemo_orch.data.sft import padded_length
 from nemo_orch.data.tasks import Task
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.eval.orchestration import episode_stats, group_key, route_mix, route_of
@@ -48,10 +49,6 @@ from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel
 
 log = logging.getLogger(__name__)
-
-# Sequences are padded to a multiple of this (fewer distinct shapes, the same loss).
-PAD_MULTIPLE = 16
-
 
 @dataclass
 class Group:
@@ -172,8 +169,7 @@ def _turn_spans(mask: list[int]) -> list[tuple[int, int]]:
 
 def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int) -> list[Batch]:
     """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label."""
-    length = max(len(s.token_ids) for s in samples) - 1
-    length = -(-length // PAD_MULTIPLE) * PAD_MULTIPLE
+    length = padded_length(len(s.token_ids) - 1 for s in samples)
     batches = []
     for start in range(0, len(samples), micro_batch_size):
         chunk = samples[start:start + micro_batch_size]

@@ -17,7 +17,7 @@ from nemo_orch.config import Config, ConfigError
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.data import offline
 from nemo_orch.data.conversations import read_conversations
-from nemo_orch.data.sft import SFTDataset, collate, global_batch
+from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
 from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, architecture_mismatch,
@@ -55,12 +55,14 @@ def prepare_tokenizer(config: Config, conversations: list[dict]) -> tuple[object
     else:
         directory = config.run.dir / "tokenizer"
         if distributed.is_writer() and not (directory / "tokenizer.json").exists():
-            texts = (tokenization.render_conversation(c["messages"], c["tools"])
+            chat_format = config.tokenizer.chat_format
+            texts = (tokenization.render_conversation(c["messages"], c["tools"],
+                                                      chat_format=chat_format)
                      for c in conversations)
             tokenization.train_tokenizer(texts,
                                          vocab_size=config.tokenizer.vocab_size,
                                          min_frequency=config.tokenizer.min_frequency,
-                                         out_dir=directory)
+                                         out_dir=directory, chat_format=chat_format)
         distributed.barrier()
     tokenizer = tokenization.load_tokenizer(directory)
     if len(tokenizer) > config.model.vocab_size:
@@ -128,10 +130,13 @@ def train(config: Config, context: ParallelContext) -> SFTSummary:
         faults.maybe_kill("step", step)
         indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
         mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
-        micro_batches = [collate([dataset[i] for i in mine[j:j + trainer.micro_batch_size]])
+        samples = [dataset[i] for i in mine]
+        # One length for the step: a pipeline's micro-batches must share their shape.
+        length = padded_length((len(s["tokens"]) for s in samples), cap=config.data.seq_length)
+        micro_batches = [collate(samples[j:j + trainer.micro_batch_size], length, dataset.pad_id)
                          for j in range(0, per_rank, trainer.micro_batch_size)]
         result = policy.train_step(micro_batches)
-        tokens = trainer.global_batch_size * config.data.seq_length
+        tokens = trainer.global_batch_size * length
         metrics.log(step, {"loss": result.loss, "grad_norm": result.grad_norm,
                            "lr": result.lr, "loss_tokens": result.num_tokens,
                            "tokens": tokens})

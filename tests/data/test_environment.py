@@ -74,3 +74,22 @@ def test_router_demonstrations_are_right_and_use_every_route(offline_config, tin
             if message["role"] == "assistant" and "<tool_call>" in message["content"]:
                 used[message["content"].split('"name": "')[1].split('"')[0]] += 1
     assert set(used) == {"python_sandbox", "search", "call_expert"}
+
+
+def test_exact_tool_routes_reach_the_answer(offline_config):
+    """The oracle prices a family's tool route as exact: each one, run through the real tools,
+    ends with an observation that states the answer."""
+    tasks = [task for task in make_tasks(200, seed=3) if task.metadata["route"]][:60]
+
+    async def last_observations():
+        async with build_toolbox(offline_config.tools) as toolbox:
+            outputs = []
+            for task in tasks:
+                for tool, arguments in task.metadata["route"]:
+                    result = await toolbox.call(tool, arguments)
+                outputs.append(result.output)
+            return outputs
+
+    observations = asyncio.run(last_observations())
+    assert {t.metadata["family"] for t in tasks} == {"arithmetic", "lookup", "lookup_compute"}
+    assert [task.answer in output for task, output in zip(tasks, observations)] == [True] * 60

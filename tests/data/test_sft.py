@@ -8,7 +8,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.data.conversations import DataError
-from nemo_orch.data.sft import SFTDataset, collate, global_batch, tokenize_conversation
+from nemo_orch.data.sft import (PAD_MULTIPLE, SFTDataset, collate, global_batch, padded_length,
+                                tokenize_conversation)
 from nemo_orch.models.tokenizer import render_conversation
 
 _ASSISTANT_TURN_RE = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.DOTALL)
@@ -32,7 +33,7 @@ def test_mask_is_on_assistant_tokens_only(
         assert ends.count(1) == assistant_turns
 
 
-def test_samples_are_shifted_fixed_length_and_padded(
+def test_samples_are_shifted_and_batches_padded_to_their_longest(
     tiny_tokenizer: PreTrainedTokenizerBase, offline_conversations: list[dict[str, Any]]
 ) -> None:
     conversations = offline_conversations[:20]
@@ -42,16 +43,21 @@ def test_samples_are_shifted_fixed_length_and_padded(
     for index, conversation in enumerate(conversations):
         ids, mask = tokenize_conversation(tiny_tokenizer, conversation)
         sample = dataset[index]
-        assert {k: (v.shape, v.dtype) for k, v in sample.items()} == {
-            "tokens": ((seq_length,), torch.long),
-            "labels": ((seq_length,), torch.long),
-            "loss_mask": ((seq_length,), torch.float),
-        }
-        padding = seq_length + 1 - len(ids)
-        full = ids + [tiny_tokenizer.pad_token_id] * padding
-        assert sample["tokens"].tolist() == full[:-1]
-        assert sample["labels"].tolist() == full[1:]
-        assert sample["loss_mask"].tolist() == (mask + [0] * padding)[1:]
+        assert sample["tokens"].tolist() == ids[:-1]
+        assert sample["labels"].tolist() == ids[1:]
+        assert sample["loss_mask"].tolist() == mask[1:]
+    indices = [3, 7, 11]
+    longest = max(len(dataset[i]["tokens"]) for i in indices)
+    length = padded_length([len(dataset[i]["tokens"]) for i in indices])
+    assert length % PAD_MULTIPLE == 0 and longest <= length < longest + PAD_MULTIPLE
+    assert padded_length([longest], cap=longest) == longest
+    batch = collate([dataset[i] for i in indices], length, dataset.pad_id)
+    for row, index in enumerate(indices):
+        sample, padding = dataset[index], length - len(dataset[index]["tokens"])
+        pad = [tiny_tokenizer.pad_token_id] * padding
+        assert batch["tokens"][row].tolist() == sample["tokens"].tolist() + pad
+        assert batch["labels"][row].tolist() == sample["labels"].tolist() + pad
+        assert batch["loss_mask"][row].tolist() == sample["loss_mask"].tolist() + [0] * padding
 
 
 def test_long_conversations_are_dropped_and_counted(
@@ -107,7 +113,8 @@ def test_collate(
     tiny_tokenizer: PreTrainedTokenizerBase, offline_conversations: list[dict[str, Any]]
 ) -> None:
     dataset = SFTDataset(tiny_tokenizer, offline_conversations[:8], seq_length=512)
-    batch = collate([dataset[i] for i in global_batch(dataset, 0, 3, seed=0)])
+    batch = collate([dataset[i] for i in global_batch(dataset, 0, 3, seed=0)], 512,
+                    dataset.pad_id)
     assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
         "tokens": ((3, 512), torch.long),
         "labels": ((3, 512), torch.long),

@@ -10,8 +10,10 @@ from jinja2.exceptions import TemplateError
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from nemo_orch.config import CHAT_FORMATS
 from nemo_orch.models.tokenizer import (
     CHAT_TEMPLATE,
+    CHAT_TEMPLATES,
     CONTROL_TOKENS,
     MARKUP_TOKENS,
     SPECIAL_TOKENS,
@@ -84,6 +86,21 @@ def _examples(conversations: list[dict[str, Any]]) -> list[tuple[list[dict], lis
 
 def test_template_renders_tools_calls_and_grouped_responses() -> None:
     assert render_conversation(MESSAGES, TOOLS) == EXPECTED
+
+
+def test_compact_format_lists_signatures_and_renders_the_rest_alike() -> None:
+    tools = TOOLS + [{"name": "ask", "parameters": {
+        "type": "object", "required": ["model"],
+        "properties": {"model": {"type": "string", "enum": ["small", "large"]},
+                       "question": {"type": "string"}}}}]
+    compact = render_conversation(MESSAGES, tools, chat_format="compact")
+    header = ("<|im_start|>system\nBe brief.\n\nTools:\nadd(a, b)\n"
+              "ask(model: small|large, question?)<|im_end|>\n")
+    assert compact.startswith(header)
+    # Everything after the system turn is the qwen3 rendering.
+    user = "<|im_start|>user"
+    assert compact[compact.index(user):] == EXPECTED[EXPECTED.index(user):]
+    assert set(CHAT_TEMPLATES) == set(CHAT_FORMATS)
 
 
 def test_template_without_tools_and_generation_prompt() -> None:
@@ -174,6 +191,10 @@ def test_save_and_load_roundtrip(
     assert loaded.chat_template == trained.chat_template == CHAT_TEMPLATE
     assert loaded.eos_token_id == trained.eos_token_id
     assert loaded.pad_token_id == trained.pad_token_id
+    # A tokenizer saved with the compact format keeps it.
+    train_tokenizer(texts, vocab_size=400, min_frequency=2, out_dir=tmp_path / "compact",
+                    chat_format="compact")
+    assert load_tokenizer(tmp_path / "compact").chat_template == CHAT_TEMPLATES["compact"]
 
 
 def test_load_overrides_template_eos_and_pad(

@@ -232,6 +232,16 @@ def test_tool_builds_from_a_corpus_in_memory(corpus):
         Retriever()
 
 
+def test_tool_searches_one_component_alone_when_configured(index_dir):
+    query = {"query": "penicillin mold", "top_k": 3}
+    sparse = run_tool(Retriever(index_dir=index_dir, mode="sparse"), query)
+    expected = load_index(index_dir).search("penicillin mold", 3, mode="sparse")
+    assert [line.split("]")[0][1:] for line in sparse.output.splitlines()] == [
+        hit.id for hit in expected]
+    with pytest.raises(RetrievalError, match="unknown mode 'bm25'"):
+        Retriever(index_dir=index_dir, mode="bm25")
+
+
 def test_encoder_mismatch_is_a_clear_error(index_dir):
     with pytest.raises(RetrievalError, match="built with encoder .* configured encoder"):
         load_index(index_dir, HashingEncoder(dim=128))

@@ -11,7 +11,8 @@ from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.episode import Trajectory, TurnRecord
-from nemo_orch.train.grpo import PAD_MULTIPLE, Group, Sample, micro_batches, samples_of
+from nemo_orch.data.sft import PAD_MULTIPLE
+from nemo_orch.train.grpo import Group, Sample, micro_batches, samples_of
 
 
 def trajectory(ids, mask, logprobs) -> Trajectory:
