@@ -545,9 +545,11 @@ def draw_task(rng: random.Random) -> OfflineTask:
         difficulty = "hard" if task.expert_choice[2] else "easy"
     else:
         difficulty = "unknown" if family.startswith("lookup") else "easy"
-    return OfflineTask(family, task.question, task.answer,
-                       tuple((step.tool, step.arguments) for step in task.steps), difficulty,
-                       task.preferences)
+    # The route searches with the question itself: BM25 finds the fact from it, and copying the
+    # question whole is the simplest query a small policy can learn to write.
+    route = tuple(("search", {"query": task.question}) if step.tool == "search"
+                  else (step.tool, step.arguments) for step in task.steps)
+    return OfflineTask(family, task.question, task.answer, route, difficulty, task.preferences)
 _EXPERT_REPLIES = ("Answer: {a}", "{a}", "The answer is {a}")
 
 

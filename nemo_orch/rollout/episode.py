@@ -11,6 +11,7 @@ tokens decode to the template's rendering of the conversation (checked every tur
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,8 @@ from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import MARKUP_TOKENS
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
-from nemo_orch.rollout.format import FORMAT_ERRORS, ParsedTurn, TurnFormat, parse_turn
+from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
+                                      call_text, decision_end, parse_turn)
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
 
@@ -79,6 +81,7 @@ class Trajectory:
     tools: list[dict[str, Any]]
     token_ids: list[int]
     loss_mask: list[int]
+    decision_mask: list[int]
     logprobs: list[float]
     prompt_length: int
     turns: list[TurnRecord]
@@ -117,7 +120,8 @@ class Trajectory:
             "wall_seconds": self.wall_seconds, "format_errors": self.format_errors,
             "tool_counts": self.tool_counts(),
             "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
-            "token_ids": self.token_ids, "loss_mask": self.loss_mask, "logprobs": self.logprobs,
+            "token_ids": self.token_ids, "loss_mask": self.loss_mask,
+            "decision_mask": self.decision_mask, "logprobs": self.logprobs,
         }
 
 
@@ -131,11 +135,13 @@ def escape_markup(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 class _History:
-    """Token ids with, per token, the loss mask and the sampling logprob (0 off-policy)."""
+    """Token ids with, per token, the loss mask, whether it is part of a routing decision (see
+    :func:`~nemo_orch.rollout.format.decision_end`) and the sampling logprob (0 off-policy)."""
 
     def __init__(self, prompt_ids: list[int]) -> None:
         self.ids = list(prompt_ids)
         self.mask = [0] * len(prompt_ids)
+        self.decisions = [0] * len(prompt_ids)
         self.logprobs = [0.0] * len(prompt_ids)
 
     def add_policy(self, ids: list[int], logprobs: list[float]) -> None:
@@ -143,21 +149,30 @@ class _History:
             raise RolloutError(f"engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
         self.ids += ids
         self.mask += [1] * len(ids)
+        self.decisions += [0] * len(ids)
         self.logprobs += logprobs
 
     def add_template(self, ids: list[int]) -> None:
         self.ids += ids
         self.mask += [0] * len(ids)
+        self.decisions += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+
+    def mark_decision(self, start: int, count: int) -> None:
+        self.decisions[start:start + count] = [1] * count
 
 
 class Episode:
     """Runs one task once under ``rollout.*`` settings (limits, sampling, answer format,
-    the orchestrator's price). Build one per (task, sample) and ``await episode.run()``."""
+    the orchestrator's price). Build one per (task, sample) and ``await episode.run()``.
+
+    ``forced_choice`` (directed exploration) makes the first turn start with the decision
+    tokens of a call of that choice; the policy writes the rest (its arguments). Forced tokens
+    are policy tokens with logprob 0: they were not sampled."""
 
     def __init__(self, task: Task, sample: int, policy: PolicyClient, toolbox: Toolbox,
                  tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
-                 seed: int = 0) -> None:
+                 seed: int = 0, forced_choice: Choice | None = None) -> None:
         if settings.max_context_tokens is None:
             raise RolloutError("rollout.max_context_tokens must be resolved (see "
                                "Config.resolved_rollout)")
@@ -173,6 +188,7 @@ class Episode:
                                    allowed_documents=task.allowed_documents, seed=seed,
                                    task=task)
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self.forced_ids = [] if forced_choice is None else self._decision_prefix(forced_choice)
         self.messages: list[dict[str, Any]] = []
         if task.system:
             self.messages.append({"role": "system",
@@ -227,13 +243,18 @@ class Episode:
             if room < 2:  # nothing useful fits: at least one token and the closing eos
                 termination = "context_limit"
                 break
+            forced = self.forced_ids if turn_index == 0 else []
             params = SamplingParams(
-                max_new_tokens=min(settings.max_new_tokens, room - 1),
+                max_new_tokens=max(1, min(settings.max_new_tokens, room - 1) - len(forced)),
                 temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                 stop_token_ids=(self.eos_id,))
             generation_start = time.perf_counter()
             try:
-                generation = await self.policy.generate(history.ids, params)
+                generation = await self.policy.generate(history.ids + forced, params)
+                if forced:
+                    generation = dataclasses.replace(
+                        generation, token_ids=forced + list(generation.token_ids),
+                        logprobs=[0.0] * len(forced) + list(generation.logprobs))
             except Exception as error:  # an engine failure ends this episode, not the batch
                 turns.append(TurnRecord(turn_index, len(history.ids), 0, 0.0, 0.0,
                                         f"error: {type(error).__name__}: {error}"))
@@ -242,9 +263,12 @@ class Episode:
             record = self._turn_record(turn_index, len(history.ids), generation,
                                        time.perf_counter() - generation_start)
             turns.append(record)
+            turn_start = len(history.ids)
             text = self._add_generation(history, generation)
             parsed = parse_turn(text, self.format)
             record.format_errors = list(parsed.format_errors)
+            history.mark_decision(turn_start, self._decision_tokens(
+                history.ids[turn_start:], text, decision_end(text, parsed, self.format)))
             if parsed.answer is not None:
                 termination, answer = "answer", parsed.answer
                 break
@@ -258,8 +282,27 @@ class Episode:
                 break
         self._check_agreement(history)
         return Trajectory(self.task.id, self.sample, self.messages, self.schemas, history.ids,
-                          history.mask, history.logprobs, prompt_length, turns, termination,
-                          answer, time.perf_counter() - started)
+                          history.mask, history.decisions, history.logprobs, prompt_length,
+                          turns, termination, answer, time.perf_counter() - started)
+
+    def _decision_prefix(self, choice: Choice) -> list[int]:
+        """The decision tokens of the canonical call of ``choice``, cut at a token boundary of
+        its own tokenization (so the policy continues as from a sampled prefix)."""
+        text = call_text(choice)
+        ids = self._encode(text)
+        # Read as the valid call it starts (its other arguments are the policy's to write).
+        end = decision_end(text, ParsedTurn(calls=[ToolCall(*choice)]), self.format)
+        return ids[:self._decision_tokens(ids, text, end)]
+
+    def _decision_tokens(self, turn_ids: list[int], text: str, end: int) -> int:
+        """How many of the turn's tokens it takes to write its first ``end`` characters (all of
+        them, the closing eos included, when the decision is the whole turn)."""
+        if end >= len(text):
+            return len(turn_ids)
+        for count in range(1, len(turn_ids) + 1):
+            if len(self.tokenizer.decode(turn_ids[:count], skip_special_tokens=False)) >= end:
+                return count
+        return len(turn_ids)
 
     def _turn_record(self, turn: int, context_tokens: int, generation: Generation,
                      seconds: float) -> TurnRecord:

@@ -151,3 +151,60 @@ def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
                           format_errors=errors[: 1 if first.error_kind else 0]
                           + ["multiple_calls"])
     return ParsedTurn(calls=calls, format_errors=errors)
+
+
+# A routing choice: a tool and the values of its choice (``enum``) arguments.
+Choice = tuple[str, dict[str, Any]]
+
+
+def choices(fmt: TurnFormat) -> list[Choice]:
+    """Every routing choice the offered tools allow: one per value of a tool's first choice
+    argument (e.g. each expert model), or the tool alone."""
+    found: list[Choice] = []
+    for name, schema in fmt.schemas.items():
+        enums = [(key, spec["enum"]) for key, spec in schema.get("properties", {}).items()
+                 if "enum" in spec]
+        if enums:
+            key, values = enums[0]
+            found.extend((name, {key: value}) for value in values)
+        else:
+            found.append((name, {}))
+    return found
+
+
+def choice_of(name: str, arguments: dict[str, Any], fmt: TurnFormat) -> Choice:
+    """The routing choice a valid call of ``name`` with ``arguments`` makes."""
+    properties = fmt.schemas[name].get("properties", {})
+    first_enum = next((key for key, spec in properties.items() if "enum" in spec), None)
+    return (name, {first_enum: arguments[first_enum]} if first_enum in arguments else {})
+
+
+def call_text(choice: Choice) -> str:
+    """The canonical text of a call of ``choice`` (the chat template's rendering)."""
+    name, arguments = choice
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def decision_end(text: str, parsed: ParsedTurn, fmt: TurnFormat) -> int:
+    """Where a turn's routing decision ends, as a character index into ``text``: after the
+    ``<answer>`` tag (the decision to answer now), or after the last tool name and choice
+    argument (one with an ``enum`` in the schema) of its calls; the whole turn when it has a
+    format error, which is one bad decision. What follows (free-text arguments, the answer's
+    text) is copying, which GRPO's ``advantage_tokens=decisions`` leaves to SFT and the KL term."""
+    if parsed.format_errors or parsed.error is not None:
+        return len(text)
+    if parsed.answer is not None:
+        return text.index("<answer>") + len("<answer>")
+    end = position = 0
+    for call in parsed.calls:
+        properties = fmt.schemas[call.name].get("properties", {})
+        pieces = [("name", call.name)] + [(key, value) for key, value in call.arguments.items()
+                                          if "enum" in properties.get(key, {})]
+        for key, value in pieces:
+            found = re.compile(re.escape(json.dumps(key)) + r"\s*:\s*"
+                               + re.escape(json.dumps(value))).search(text, position)
+            if found is None:  # written in a form json.dumps does not produce: all of it
+                return len(text)
+            end = max(end, found.end())
+        position = end
+    return end

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
@@ -19,6 +19,7 @@ from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams
 from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
 from nemo_orch.rollout.episode import Episode, Trajectory
+from nemo_orch.rollout.format import Choice
 from nemo_orch.tools.registry import Toolbox
 
 
@@ -120,24 +121,31 @@ class DirectPolicy:
 async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Engine,
                        toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
                        settings: RolloutConfig, *, seed: int = 0,
-                       batcher: GenerationBatcher | None = None) -> list[Trajectory]:
+                       batcher: GenerationBatcher | None = None,
+                       forced_choices: Mapping[tuple[int, int], Choice] | None = None,
+                       ) -> list[Trajectory]:
     """Run every task ``samples_per_task`` times (a GRPO group each), at most
     ``settings.max_concurrent_episodes`` at once; trajectories come back in (task, sample)
-    order."""
+    order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
+    with (directed exploration)."""
     own_batcher = batcher is None
     batcher = batcher or GenerationBatcher(engine, settings.max_batch_size, seed)
     slots = asyncio.Semaphore(settings.max_concurrent_episodes)
 
-    async def one(task: Task, sample: int, episode_seed: int) -> Trajectory:
+    forced_choices = forced_choices or {}
+
+    async def one(task_index: int, sample: int, episode_seed: int) -> Trajectory:
         async with slots:
-            episode = Episode(task, sample, batcher, toolbox, tokenizer, settings,
-                              seed=episode_seed)
+            episode = Episode(tasks[task_index], sample, batcher, toolbox, tokenizer, settings,
+                              seed=episode_seed,
+                              forced_choice=forced_choices.get((task_index, sample)))
             return await episode.run()
 
-    jobs = [(task, sample) for task in tasks for sample in range(samples_per_task)]
+    jobs = [(task_index, sample) for task_index in range(len(tasks))
+            for sample in range(samples_per_task)]
     try:
-        return list(await asyncio.gather(*(one(task, sample, seed + index)
-                                           for index, (task, sample) in enumerate(jobs))))
+        return list(await asyncio.gather(*(one(task_index, sample, seed + index)
+                                           for index, (task_index, sample) in enumerate(jobs))))
     finally:
         if own_batcher:
             await batcher.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import random
 import statistics
 import time
@@ -43,7 +44,9 @@ from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.scoring import score_groups
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
+from nemo_orch.train import curriculum
 from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel
@@ -59,13 +62,14 @@ class Group:
 
 @dataclass
 class Sample:
-    """One training sequence: token ids, which of them the loss covers, the engine's logprobs and
-    the advantage on those tokens."""
+    """One training sequence: token ids, which of them the loss covers, the engine's logprobs,
+    the advantage and the tokens it applies to (``advantage_mask``, within ``loss_mask``)."""
 
     token_ids: list[int]
     loss_mask: list[int]
     engine_logprobs: list[float]
     advantage: float
+    advantage_mask: list[int]
 
 
 @dataclass
@@ -93,29 +97,66 @@ def policy_config(config: Config) -> Config:
 # ----------------------------------------------------------------------------- rollouts
 
 class Rollouts:
-    """Rank 0's side of a step: the engine, the tools, the reward, the tasks of each step."""
+    """Rank 0's side of a step: the engine, the tools, the reward, the tasks of each step, and
+    the choices directed exploration forces."""
 
     def __init__(self, config: Config, engine: Any, tokenizer: Any, toolbox: Any) -> None:
         self.config, self.engine, self.tokenizer, self.toolbox = config, engine, tokenizer, toolbox
         self.settings = config.resolved_rollout()
         self.scorer = OutcomeScorer(config.reward)
+        self.format = TurnFormat.for_tools(toolbox.schemas())
+        self.tools: list[str] | None = None  # the curriculum stage's tools (None: all)
         # Every group of the current step, kept or not: what the step's metrics describe.
         self.generated: list[Group] = []
+        # How often the policy itself made each routing choice, this step and the previous one.
+        self.current_choices: Counter = Counter()
+        self.previous_choices: Counter = Counter()
+        self.forced_episodes = 0
 
     def tasks(self, step: int, round_index: int, count: int) -> list[Task]:
         seed = _seed(self.config.run.seed, "tasks", step, round_index)
-        return make_tasks(count, seed, prefix=f"s{step}r{round_index}")
+        tasks = make_tasks(count, seed, prefix=f"s{step}r{round_index}")
+        if self.tools is None:
+            return tasks
+        return [dataclasses.replace(task, tools=tuple(self.tools)) for task in tasks]
+
+    def forced_choices(self, num_tasks: int) -> dict[tuple[int, int], Choice]:
+        """The last ``explore_share`` of each group's samples start with the choice the policy
+        made least in the previous step; each assignment counts, so they rotate."""
+        size = self.settings.group_size
+        per_group = round(self.config.grpo.explore_share * size)
+        counts = Counter(self.previous_choices)
+        options = choices(self.format)
+        forced = {}
+        for task_index in range(num_tasks):
+            for sample in range(size - per_group, size):
+                choice = min(options, key=lambda option: counts[_choice_key(option)])
+                counts[_choice_key(choice)] += 1
+                forced[(task_index, sample)] = choice
+        return forced
+
+    def first_choice(self, trajectory: Trajectory) -> Choice | None:
+        calls = [call for call in trajectory.turns[0].calls if call.error is None] \
+            if trajectory.turns else []
+        return choice_of(calls[0].tool, calls[0].arguments, self.format) if calls else None
 
     async def groups(self, step: int, round_index: int, count: int) -> list[Group]:
         tasks = self.tasks(step, round_index, count)
         batcher = GenerationBatcher(self.engine, self.settings.max_batch_size,
                                     seed=self.config.run.seed + 1000 * step + round_index)
+        forced = self.forced_choices(len(tasks))
+        self.forced_episodes += len(forced)
         trajectories = await run_rollouts(tasks, self.settings.group_size, self.engine,
                                           self.toolbox, self.tokenizer, self.settings,
-                                          batcher=batcher)
+                                          batcher=batcher, forced_choices=forced)
         await batcher.close()
         size = self.settings.group_size
         grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
+        for task_index, group in enumerate(grouped):
+            for sample, trajectory in enumerate(group):
+                choice = self.first_choice(trajectory)
+                if (task_index, sample) not in forced and choice is not None:
+                    self.current_choices[_choice_key(choice)] += 1
         breakdowns = await score_groups(tasks, grouped, self.config.reward, self.scorer)
         groups = [Group(task, group, scored)
                   for task, group, scored in zip(tasks, grouped, breakdowns)]
@@ -129,10 +170,16 @@ class Rollouts:
         """The kept groups, every generated group, and the sampling stats of ``step``."""
         grpo = self.config.grpo
         rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
-        self.generated = []
+        self.generated, self.current_choices, self.forced_episodes = [], Counter(), 0
         kept, stats = await fill_batch(lambda count, r: self.groups(step, r, count),
                                        grpo.prompts_per_step, rounds, self.drop_reason)
+        self.previous_choices = self.current_choices
         return kept, self.generated, stats
+
+
+def _choice_key(choice: Choice) -> str:
+    name, arguments = choice
+    return ":".join([name, *map(str, arguments.values())])
 
 
 def samples_of(groups: list[Group], config: Config) -> list[Sample]:
@@ -147,12 +194,15 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
                 continue
             ids, mask, logprobs = (trajectory.token_ids, trajectory.loss_mask,
                                    trajectory.logprobs)
+            driven = (trajectory.decision_mask if config.grpo.advantage_tokens == "decisions"
+                      else mask)
             if config.grpo.sample_mode == "trajectory":
-                samples.append(Sample(ids, mask, logprobs, advantage))
+                samples.append(Sample(ids, mask, logprobs, advantage, driven))
                 continue
             for start, end in _turn_spans(mask):
                 turn_mask = [1 if start <= i < end else 0 for i in range(end)]
-                samples.append(Sample(ids[:end], turn_mask, logprobs[:end], advantage))
+                samples.append(Sample(ids[:end], turn_mask, logprobs[:end], advantage,
+                                      [a * b for a, b in zip(turn_mask, driven)]))
     return samples
 
 
@@ -184,7 +234,8 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int) -> 
             "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
             "loss_mask": mask,
             "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
-            "advantages": mask * torch.tensor([[s.advantage] for s in chunk]),
+            "advantages": column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
+            * torch.tensor([[s.advantage] for s in chunk]),
             "position_ids": torch.arange(length).repeat(len(chunk), 1),
         })
     return batches
@@ -277,6 +328,10 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     if writer:
         loop.run_until_complete(toolbox.start())
     rollouts = Rollouts(config, engine, tokenizer, toolbox) if writer else None
+    if writer:
+        curriculum.check_tools(grpo.curriculum, list(toolbox.tools))
+    # Every step's mean reward so far: the curriculum's stage depends on them.
+    history = curriculum.logged_rewards(config.run.dir / "metrics.jsonl", start_step)
     metrics = MetricsLogger(config.run.dir, enabled=context.is_logging_rank,
                             start_step=start_step, max_steps=grpo.max_steps)
     loss_fn = grpo_token_loss(grpo)
@@ -287,8 +342,13 @@ def train(config: Config, context: ParallelContext, init_from: Path,
             started = time.perf_counter()
             payload = None
             if writer:
+                rollouts.tools = curriculum.stage_tools(grpo.curriculum, history)
                 kept, generated, stats = loop.run_until_complete(rollouts.batch(step))
-                payload = (samples_of(kept, config), rollout_metrics(generated, stats))
+                step_metrics = rollout_metrics(generated, stats)
+                step_metrics["explore/forced_episodes"] = rollouts.forced_episodes
+                step_metrics["curriculum/stage"] = curriculum.stage_index(grpo.curriculum,
+                                                                          history)
+                payload = (samples_of(kept, config), step_metrics)
             shared = [payload]
             if dist.get_world_size() > 1:
                 dist.broadcast_object_list(shared, src=0)
@@ -308,6 +368,7 @@ def train(config: Config, context: ParallelContext, init_from: Path,
                                  "time/train_s": train_seconds,
                                  "samples": len(samples)})
             metrics.log(step, step_metrics)
+            history.append(step_metrics.get("reward", math.nan))
             if "reward" in step_metrics:
                 rewards.append(step_metrics["reward"])
             if step % grpo.save_interval == 0 or step == grpo.max_steps:

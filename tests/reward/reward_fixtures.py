@@ -17,5 +17,5 @@ def trajectory(answer: str | None = "42", *, usd: float = 0.0, seconds: float = 
                       calls=[CallRecord(tool, arguments) for tool, arguments in calls],
                       format_errors=list(format_errors))
     return Trajectory(task_id="t", sample=0, messages=[], tools=[], token_ids=[1, 2],
-                      loss_mask=[0, 1], logprobs=[0.0, 0.0], prompt_length=1, turns=[turn],
+                      loss_mask=[0, 1], decision_mask=[0, 1], logprobs=[0.0, 0.0], prompt_length=1, turns=[turn],
                       termination=termination, answer=answer, wall_seconds=seconds)

@@ -81,6 +81,11 @@ def test_tool_call_then_answer(tiny_tokenizer):
     assert trajectory.messages[3]["content"] == "42"
     assert_tokens_match_template(trajectory, tiny_tokenizer)
     assert trajectory.tool_counts() == {"echo": 1} and trajectory.format_errors == {}
+    # The routing decisions: which tool, then to answer (not the copied text); a token that
+    # finishes the tool name and goes on (here '",') is part of the decision.
+    decisions = [t for t, flag in zip(trajectory.token_ids, trajectory.decision_mask) if flag]
+    assert tiny_tokenizer.decode(decisions, skip_special_tokens=False) == (
+        '<tool_call>\n{"name": "echo",<think>got it</think><answer>')
 
     first, second = trajectory.turns
     orchestrator = Pricing.per_million_tokens(0.2, 0.2)
@@ -95,6 +100,31 @@ def test_tool_call_then_answer(tiny_tokenizer):
     record = trajectory.to_json()
     assert record["ledger"][0]["calls"][0]["arguments"] == {"text": "42"}
     assert json.loads(json.dumps(record))["termination"] == "answer"
+
+
+def test_forced_choice_starts_the_first_turn(tiny_tokenizer):
+    """Directed exploration: the first turn starts with the choice's decision tokens (logprob 0,
+    not sampled) and the policy writes the rest of the call."""
+    prompts = []
+
+    def continue_call(prompt: str) -> str:
+        prompts.append(prompt)
+        if len(prompts) == 1:
+            return ' "arguments": {"text": "forced"}}\n</tool_call>'
+        return "<answer>done</answer>"
+
+    engine = ScriptedEngine(tiny_tokenizer, continue_call)
+    task = Task("t", "slow: not this one", system=SYSTEM)
+    trajectory = asyncio.run(run_rollouts([task], 1, engine, make_toolbox(), tiny_tokenizer,
+                                          settings(), forced_choices={(0, 0): ("echo", {})}))[0]
+    assert prompts[0].endswith('<|im_start|>assistant\n<tool_call>\n{"name": "echo",')
+    assert trajectory.tool_counts() == {"echo": 1} and trajectory.messages[3]["content"] == "forced"
+    assert_tokens_match_template(trajectory, tiny_tokenizer)
+    start = trajectory.prompt_length
+    forced = tiny_tokenizer.encode('<tool_call>\n{"name": "echo",', add_special_tokens=False)
+    assert trajectory.token_ids[start:start + len(forced)] == forced
+    assert trajectory.logprobs[start:start + len(forced)] == [0.0] * len(forced)
+    assert trajectory.decision_mask[start:start + len(forced)] == [1] * len(forced)
 
 
 def test_format_errors_become_observations(tiny_tokenizer):

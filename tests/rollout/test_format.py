@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from nemo_orch.rollout.format import FORMAT_ERRORS, TurnFormat, parse_turn
+from nemo_orch.rollout.format import (FORMAT_ERRORS, TurnFormat, call_text, choice_of, choices,
+                                      decision_end, parse_turn)
 
 SCHEMAS = {
     "python_sandbox": {"type": "object", "properties": {"code": {"type": "string"}},
@@ -102,3 +103,46 @@ def test_error_kinds_are_declared():
     texts = ["x", call("nope"), "<tool_call>{</tool_call>", call("retriever")]
     for text in texts:
         assert set(parse_turn(text, FORMAT).format_errors) <= set(FORMAT_ERRORS)
+
+
+DECISION_SCHEMAS = [
+    {"name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                      "required": ["query"]}},
+    {"name": "call_expert", "parameters": {
+        "type": "object", "required": ["model"],
+        "properties": {"model": {"type": "string", "enum": ["small", "large"]},
+                       "question": {"type": "string"}}}},
+]
+DECISION_FORMAT = TurnFormat.for_tools(DECISION_SCHEMAS)
+
+
+def _end(text: str) -> str:
+    return text[:decision_end(text, parse_turn(text, DECISION_FORMAT),
+                             DECISION_FORMAT)]
+
+
+def test_the_decision_is_the_tool_name_and_its_choice_arguments():
+    search = '<tool_call>\n{"name": "search", "arguments": {"query": "capital of X"}}\n</tool_call>'
+    assert _end(search) == '<tool_call>\n{"name": "search"'
+    expert = ('<tool_call>\n{"name": "call_expert", "arguments": {"question": "why?", '
+              '"model": "large"}}\n</tool_call>')
+    assert _end(expert) == expert[:expert.index('"large"') + len('"large"')]
+    both = search + "\n" + expert
+    assert _end(both) == both[:both.index('"large"') + len('"large"')]
+
+
+def test_answering_is_the_tag_and_a_format_error_is_the_whole_turn():
+    assert _end("<answer>42</answer>") == "<answer>"
+    for broken in ('<tool_call>\n{"name": "search"', "I think 42",
+                   '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'):
+        assert _end(broken) == broken
+
+
+def test_choices_are_tools_and_the_values_of_their_first_choice_argument():
+    assert choices(DECISION_FORMAT) == [("search", {}), ("call_expert", {"model": "small"}),
+                                        ("call_expert", {"model": "large"})]
+    assert choice_of("call_expert", {"question": "q", "model": "large"}, DECISION_FORMAT) == (
+        "call_expert", {"model": "large"})
+    assert choice_of("search", {"query": "q"}, DECISION_FORMAT) == ("search", {})
+    assert call_text(("search", {})) == (
+        '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>')

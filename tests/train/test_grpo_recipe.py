@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import torch
 
@@ -12,11 +13,12 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.episode import Trajectory, TurnRecord
 from nemo_orch.data.sft import PAD_MULTIPLE
-from nemo_orch.train.grpo import Group, Sample, micro_batches, samples_of
+from nemo_orch.train.grpo import Group, Rollouts, Sample, micro_batches, samples_of
 
 
-def trajectory(ids, mask, logprobs) -> Trajectory:
-    return Trajectory("t", 0, [], [], ids, mask, logprobs, 2,
+def trajectory(ids, mask, logprobs, decisions=None) -> Trajectory:
+    return Trajectory("t", 0, [], [], ids, mask, mask if decisions is None else decisions,
+                      logprobs, 2,
                       [TurnRecord(0, 2, 2, 0.0, 0.0, "stop")], "answer", "1", 0.0)
 
 
@@ -35,14 +37,22 @@ def test_samples_carry_group_advantages_and_turns():
     turns = samples_of([group], config_lib.load(["grpo.sample_mode=turn"]))
     assert [(s.token_ids, s.loss_mask) for s in turns[:2]] == [
         (ids[:4], [0, 0, 1, 1]), (ids[:6], [0, 0, 0, 0, 0, 1])]
+    decisions = [0, 0, 1, 0, 0, 1, 0]
+    group.trajectories = [trajectory(ids, mask, logprobs, decisions)] * 2
+    assert samples_of([group], config)[0].advantage_mask == mask
+    only = config_lib.load(["grpo.advantage_tokens=decisions"])
+    assert samples_of([group], only)[0].advantage_mask == decisions
+    per_turn = samples_of([group], config_lib.load(["grpo.advantage_tokens=decisions",
+                                                    "grpo.sample_mode=turn"]))
+    assert [s.advantage_mask for s in per_turn[:2]] == [[0, 0, 1, 0], [0, 0, 0, 0, 0, 1]]
     dropping = config_lib.load(["reward.drop_format_errors=true"])
     group.breakdowns[1] = breakdown(0.0, format_errors=1.0)
     assert len(samples_of([group], dropping)) == 1
 
 
 def test_micro_batches_align_labels_and_pad():
-    samples = [Sample([5, 6, 7, 8], [0, 1, 1, 0], [0.0, -0.5, -0.25, 0.0], 2.0),
-               Sample([5, 6], [0, 1], [0.0, -1.0], -1.0)]
+    samples = [Sample([5, 6, 7, 8], [0, 1, 1, 0], [0.0, -0.5, -0.25, 0.0], 2.0, [0, 1, 0, 0]),
+               Sample([5, 6], [0, 1], [0.0, -1.0], -1.0, [0, 1])]
     (batch,) = micro_batches(samples, micro_batch_size=2, pad_id=0)
     assert batch["tokens"].shape == (2, PAD_MULTIPLE)
     assert batch["tokens"][0, :3].tolist() == [5, 6, 7] and batch["labels"][0, :3].tolist() == [
@@ -50,6 +60,7 @@ def test_micro_batches_align_labels_and_pad():
     assert batch["loss_mask"][0, :3].tolist() == [1, 1, 0]
     assert batch["engine_logprobs"][0, :2].tolist() == [-0.5, -0.25]
     assert batch["advantages"][1, :2].tolist() == [-1.0, 0.0]
+    assert batch["advantages"][0, :3].tolist() == [2.0, 0.0, 0.0]  # only where the mask says
     assert torch.equal(batch["position_ids"][1], torch.arange(PAD_MULTIPLE))
 
 
@@ -81,3 +92,27 @@ def test_main_job_end_to_end(tmp_path):
     rerun = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text()
              .splitlines()]
     assert rerun == metrics
+
+
+def test_exploration_forces_the_least_chosen_routes_in_rotation():
+    from fixture_tools import DelayedEcho, echo_spec
+    from nemo_orch.tools.base import ToolSpec
+    from nemo_orch.tools.registry import Toolbox
+
+    ask = ToolSpec(name="ask", description="Ask a model.", parameters={
+        "type": "object", "required": ["model"],
+        "properties": {"model": {"type": "string", "enum": ["small", "large"]}}})
+    toolbox = Toolbox([DelayedEcho(echo_spec("echo")), DelayedEcho(ask)])
+    config = config_lib.load(["grpo.explore_share=0.25"])  # 2 of each group of 8
+    rollouts = Rollouts(config, None, None, toolbox)
+    rollouts.previous_choices = Counter({"echo": 5, "ask:large": 1})
+    forced = rollouts.forced_choices(num_tasks=2)
+    assert sorted(forced) == [(0, 6), (0, 7), (1, 6), (1, 7)]
+    assert [forced[key] for key in sorted(forced)] == [
+        ("ask", {"model": "small"}), ("ask", {"model": "small"}),
+        ("ask", {"model": "large"}), ("ask", {"model": "small"})]
+    assert Rollouts(config_lib.load(), None, None, toolbox).forced_choices(3) == {}
+    # A curriculum stage's tools are what every task of the step offers.
+    assert all(task.tools is None for task in rollouts.tasks(1, 0, 4))
+    rollouts.tools = ["echo"]
+    assert all(task.tools == ("echo",) for task in rollouts.tasks(1, 0, 4))
