@@ -36,9 +36,23 @@ def _require_file(path: Optional[str], key: str) -> None:
 
 @dataclass
 class RunConfig:
+    """Run identity: outputs go to ``output_dir/name``.
+
+    ``wandb_project`` (null: off) also logs the training metrics to Weights & Biases, from the
+    logging rank. ``wandb_mode``: ``offline`` writes under the run directory (upload later with
+    ``wandb sync``); ``online`` streams, with the key from ``WANDB_API_KEY`` in the environment
+    (never in the config).
+    """
+
     name: str = "tiny-sft"
     seed: int = 1234
     output_dir: str = "runs"
+    wandb_project: Optional[str] = None
+    wandb_mode: str = "offline"
+
+    def __post_init__(self) -> None:
+        _require(self.wandb_mode in ("online", "offline"),
+                 f"run.wandb_mode must be online|offline, got {self.wandb_mode!r}")
 
     @property
     def dir(self) -> Path:
@@ -55,15 +69,15 @@ class ModelConfig:
     share_embeddings_and_output_weights.
     """
 
-    preset: str = "tiny"
+    preset: str = "micro"
     num_layers: int = 4
-    hidden_size: int = 256
+    hidden_size: int = 128
     num_attention_heads: int = 4
     num_query_groups: int = 2
-    kv_channels: int = 64
-    ffn_hidden_size: int = 768
-    vocab_size: int = 4096
-    max_position_embeddings: int = 2048
+    kv_channels: int = 32
+    ffn_hidden_size: int = 512
+    vocab_size: int = 2048
+    max_position_embeddings: int = 1024
     rotary_base: float = 1_000_000.0
     layernorm_epsilon: float = 1e-6
     qk_layernorm: bool = True
@@ -140,7 +154,7 @@ class TokenizerConfig:
     schemas: sequences a third as long for a model trained from scratch)."""
 
     path: Optional[str] = None
-    vocab_size: int = 4000
+    vocab_size: int = 2000
     min_frequency: int = 2
     chat_format: str = "compact"
 
@@ -154,15 +168,19 @@ class TokenizerConfig:
 @dataclass
 class DataConfig:
     """``sft_path`` is a JSONL file of conversations (``{"messages": [...], "tools": [...]}``);
-    null uses the bundled offline generator with ``num_offline_conversations`` examples."""
+    null uses the bundled offline generator with ``num_offline_conversations`` examples.
+    ``num_copy_conversations`` short copy-into-the-answer conversations are mixed in (see
+    ``data.offline.copy_conversations``; 0: none)."""
 
     sft_path: Optional[str] = None
-    num_offline_conversations: int = 3000
+    num_offline_conversations: int = 6000
+    num_copy_conversations: int = 6000
     seq_length: int = 640
 
     def __post_init__(self) -> None:
         _require_file(self.sft_path, "data.sft_path")
         _require(self.num_offline_conversations > 0, "data.num_offline_conversations must be > 0")
+        _require(self.num_copy_conversations >= 0, "data.num_copy_conversations must be >= 0")
         _require(self.seq_length > 8, "data.seq_length must be > 8")
 
 
@@ -282,13 +300,13 @@ class GRPOConfig:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
     """
 
-    max_steps: int = 10
+    max_steps: int = 30
     prompts_per_step: int = 8
     updates_per_step: int = 1
     mini_batches: int = 1
     micro_batch_size: int = 8
-    lr: float = 5e-4
-    min_lr: float = 5e-4
+    lr: float = 2.5e-4
+    min_lr: float = 2.5e-4
     warmup_steps: int = 0
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -296,13 +314,13 @@ class GRPOConfig:
     kl_type: str = "k3"
     kl_coef: float = 0.1
     sample_mode: str = "trajectory"
-    advantage_tokens: str = "all"
+    advantage_tokens: str = "decisions"
     explore_share: float = 0.0
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2
-    save_interval: int = 5
-    eval_tasks: int = 100
+    save_interval: int = 10
+    eval_tasks: int = 300
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
@@ -383,9 +401,9 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 150
-    micro_batch_size: int = 4
-    global_batch_size: int = 8
+    max_steps: int = 800
+    micro_batch_size: int = 16
+    global_batch_size: int = 16
     lr: float = 2e-3
     min_lr: float = 2e-4
     warmup_steps: int = 10
@@ -393,7 +411,7 @@ class TrainerConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     grad_clip: float = 1.0
-    save_interval: int = 50
+    save_interval: int = 200
     resume: bool = False
     init_from: Optional[str] = None
     num_threads: int = 0

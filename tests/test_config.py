@@ -13,7 +13,7 @@ from nemo_orch.config import ConfigError
 
 def test_default_tree_composes_all_groups():
     cfg = config_lib.load()
-    assert cfg.model.preset == "tiny"
+    assert cfg.model.preset == "micro"
     assert 1e6 < cfg.model.num_parameters() < 10e6  # "a few million parameters"
     assert (cfg.tools.declarations, cfg.reward.combination, cfg.rollout.engine,
             cfg.launcher.executor) == (["tools/offline"], "toolorchestra", "hf", "local")

@@ -100,13 +100,19 @@ class OracleTable:
     def report(self, tasks: list[Task]) -> dict[str, Any]:
         best = [self.best(task) for task in tasks]
         routes_by_group: dict[str, list[str]] = defaultdict(list)
+        values_by_group: dict[str, list[Any]] = defaultdict(list)
         for task, value in zip(tasks, best):
             routes_by_group[group_key(task)].append(value.route)
+            values_by_group[group_key(task)].append(value)
         return {"reward": statistics.mean(v.utility for v in best),
                 "accuracy": statistics.mean(v.accuracy for v in best),
                 "usd_per_task": statistics.mean(v.usd for v in best),
                 "seconds_per_task": None, "pref_adherence": 1.0, "format_error_rate": 0.0,
-                "tool_mix": _mix(routes_by_group)}
+                "tool_mix": _mix(routes_by_group),
+                "groups": {group: {"tasks": len(values),
+                                   "reward": statistics.mean(v.utility for v in values),
+                                   "accuracy": statistics.mean(v.accuracy for v in values)}
+                           for group, values in sorted(values_by_group.items())}}
 
 
 def evaluation_report(tasks: list[Task], trajectories: list[Trajectory], table: OracleTable,
@@ -117,12 +123,19 @@ def evaluation_report(tasks: list[Task], trajectories: list[Trajectory], table: 
                  for task, trajectory, right in zip(tasks, trajectories, correct)]
     adherent = [route_of(trajectory) == table.best(task).route
                 for task, trajectory in zip(tasks, trajectories)]
+    by_group: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for task, value, right in zip(tasks, utilities, correct):
+        by_group[group_key(task)].append((value, right))
     return {
         "reward": statistics.mean(utilities),
         "accuracy": statistics.mean(map(float, correct)),
         **episode_stats(trajectories),
         "pref_adherence": statistics.mean(map(float, adherent)),
         "tool_mix": route_mix(tasks, trajectories),
+        "groups": {group: {"tasks": len(rows),
+                           "reward": statistics.mean(value for value, _ in rows),
+                           "accuracy": statistics.mean(float(right) for _, right in rows)}
+                   for group, rows in sorted(by_group.items())},
     }
 
 
@@ -135,10 +148,13 @@ def gap_closed(report: Mapping[str, Mapping[str, Any]]) -> float | None:
 
 
 def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], tasks: list[Task],
-                      tokenizer_dir: Any) -> dict[str, Any]:
-    """Greedy episodes of each policy (HF-named weights) on ``tasks``, scored; the oracle."""
+                      tokenizer_dir: Any, episodes_dir: Any = None) -> dict[str, Any]:
+    """Greedy episodes of each policy (HF-named weights) on ``tasks``, scored; the oracle. With
+    ``episodes_dir``, each policy's trajectories go to ``<episodes_dir>/<policy>.jsonl``."""
     import asyncio
     import dataclasses
+    import json
+    from pathlib import Path
 
     from nemo_orch.models.tokenizer import load_tokenizer
     from nemo_orch.reward.outcome import OutcomeScorer
@@ -164,6 +180,13 @@ def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], ta
                                                   for task, t in zip(tasks, trajectories)))
                 report[name] = evaluation_report(tasks, trajectories, table,
                                                  [o.correct for o in outcomes])
+                if episodes_dir is not None:
+                    path = Path(episodes_dir, f"{name}.jsonl")
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text("".join(
+                        json.dumps({**t.to_json(), "reference": task.answer,
+                                    "correct": o.correct}) + "\n"
+                        for task, t, o in zip(tasks, trajectories, outcomes)))
             report["oracle"] = table.report(tasks)
         report["gap_closed"] = gap_closed(report)
         report["eval_tasks"] = len(tasks)
@@ -193,13 +216,17 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
                      f"{row['format_error_rate']:.3f} |")
     if report.get("gap_closed") is not None:
         lines += ["", f"GRPO closed {report['gap_closed']:.0%} of the SFT -> oracle reward gap."]
-    lines += ["", "## Route mix per (family, preference)", "",
-              "| group | sft | grpo | oracle |", "|---|---|---|---|"]
-    for group in report["oracle"]["tool_mix"]:
+    lines += ["", "## Reward and route mix per (family, preference)", "",
+              "| group | tasks | reward sft / grpo / oracle | routes sft | routes grpo | "
+              "routes oracle |", "|---|---:|---|---|---|---|"]
+    for group, oracle_row in report["oracle"]["groups"].items():
+        rewards = " / ".join(f"{report[name]['groups'][group]['reward']:.2f}"
+                             for name in ("sft", "grpo", "oracle"))
         cells = [", ".join(f"{route} {share:.0%}" for route, share in
                            report[name]["tool_mix"].get(group, {}).items())
                  for name in ("sft", "grpo", "oracle")]
-        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+        lines.append(f"| {group} | {oracle_row['tasks']} | {rewards} | " + " | ".join(cells)
+                     + " |")
     if "wall_seconds" in report:
         lines += ["", "Wall time: " + ", ".join(f"{k} {v:.0f} s"
                                                  for k, v in report["wall_seconds"].items())]

@@ -522,18 +522,21 @@ class Retriever(BaseTool):
     """Search over a prebuilt index (``index_dir``) or a corpus indexed in memory at
     construction (``corpus``): hybrid by default, or one component alone (``mode``: ``sparse``
     suits made-up names, which only exact terms find). Honours the per-task whitelist
-    ``context.allowed_documents``."""
+    ``context.allowed_documents``. With ``question_as_query``, a call without a query searches
+    for the task's question (declare ``query`` optional then): the tool is handed the task, as
+    an expert is."""
 
     def __init__(self, spec: ToolSpec | None = None, *, index_dir: str | Path | None = None,
                  corpus: str | Path | None = None, encoder: str | Path | Encoder = "hashing",
                  top_k: int = 5, max_top_k: int = 20, max_chars_per_doc: int = 400,
-                 rrf_k: float = 60.0, candidates: int = 100, mode: Mode = "hybrid") -> None:
+                 rrf_k: float = 60.0, candidates: int = 100, mode: Mode = "hybrid",
+                 question_as_query: bool = False) -> None:
         super().__init__(spec or default_spec())
         if (index_dir is None) == (corpus is None):
             raise RetrievalError("retriever: give exactly one of index_dir or corpus")
         if mode not in ("hybrid", "dense", "sparse"):
             raise RetrievalError(f"retriever: unknown mode {mode!r} (hybrid, dense or sparse)")
-        self.mode = mode
+        self.mode, self.question_as_query = mode, question_as_query
         if not 1 <= top_k <= max_top_k or max_chars_per_doc < 1:
             raise RetrievalError("retriever: need 1 <= top_k <= max_top_k and "
                                  "max_chars_per_doc >= 1")
@@ -558,6 +561,8 @@ class Retriever(BaseTool):
         start = time.perf_counter()
         errors = argument_errors(self.spec.parameters, arguments)
         query = arguments.get("query")
+        if query is None and self.question_as_query and context.task is not None:
+            query = context.task.question
         top_k = arguments.get("top_k", self.top_k)
         if not errors and (not isinstance(query, str) or not query.strip()):
             errors.append("argument 'query' must be a non-empty string")

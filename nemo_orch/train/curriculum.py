@@ -6,10 +6,6 @@ run, which reads them back from ``metrics.jsonl``, is in the same stage as an un
 
 from __future__ import annotations
 
-import json
-import math
-from pathlib import Path
-
 from nemo_orch.config import ConfigError, CurriculumStage
 
 
@@ -38,14 +34,3 @@ def check_tools(stages: list[CurriculumStage], declared: list[str]) -> None:
         if unknown:
             raise ConfigError(f"grpo.curriculum[{index}].tools: {', '.join(unknown)} not "
                               f"declared (declared: {', '.join(declared)})")
-
-
-def logged_rewards(metrics_path: Path, through_step: int) -> list[float]:
-    """The mean reward of steps 1..``through_step`` from a run's ``metrics.jsonl``."""
-    rewards = [math.nan] * through_step
-    if metrics_path.exists():
-        for line in metrics_path.read_text().splitlines():
-            record = json.loads(line) if line.strip() else {}
-            if 1 <= record.get("step", 0) <= through_step:
-                rewards[record["step"] - 1] = record.get("reward", math.nan)
-    return rewards

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import random
@@ -328,12 +329,17 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     if writer:
         loop.run_until_complete(toolbox.start())
     rollouts = Rollouts(config, engine, tokenizer, toolbox) if writer else None
+    # What a resumed run needs from the steps before it: every step's mean reward (the
+    # curriculum's stage depends on them) and the last step's choices (exploration's).
+    logged = logged_steps(config.run.dir / "metrics.jsonl", start_step)
+    history = [record.get("reward", math.nan) for record in logged]
     if writer:
         curriculum.check_tools(grpo.curriculum, list(toolbox.tools))
-    # Every step's mean reward so far: the curriculum's stage depends on them.
-    history = curriculum.logged_rewards(config.run.dir / "metrics.jsonl", start_step)
-    metrics = MetricsLogger(config.run.dir, enabled=context.is_logging_rank,
-                            start_step=start_step, max_steps=grpo.max_steps)
+        rollouts.previous_choices = Counter({
+            key.removeprefix("choices/"): count for key, count in
+            (logged[-1] if logged else {}).items() if key.startswith("choices/")})
+    metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
+                                      start_step=start_step, max_steps=grpo.max_steps)
     loss_fn = grpo_token_loss(grpo)
     rewards, saved = [], None
     try:
@@ -346,6 +352,8 @@ def train(config: Config, context: ParallelContext, init_from: Path,
                 kept, generated, stats = loop.run_until_complete(rollouts.batch(step))
                 step_metrics = rollout_metrics(generated, stats)
                 step_metrics["explore/forced_episodes"] = rollouts.forced_episodes
+                step_metrics.update({f"choices/{key}": count for key, count
+                                     in rollouts.previous_choices.items()})
                 step_metrics["curriculum/stage"] = curriculum.stage_index(grpo.curriculum,
                                                                           history)
                 payload = (samples_of(kept, config), step_metrics)
@@ -382,6 +390,18 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)
+
+
+def logged_steps(metrics_path: Path, through_step: int) -> list[dict[str, Any]]:
+    """The records of steps 1..``through_step`` in a run's ``metrics.jsonl`` ({} where a step
+    is missing)."""
+    records: list[dict[str, Any]] = [{} for _ in range(through_step)]
+    if metrics_path.exists():
+        for line in metrics_path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if 1 <= record.get("step", 0) <= through_step:
+                records[record["step"] - 1] = record
+    return records
 
 
 def _seed(*parts: object) -> int:

@@ -137,7 +137,8 @@ def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
     if not distributed.is_writer():
         return None
     tasks = make_tasks(config.grpo.eval_tasks, seed=config.run.seed + 7919, prefix="eval")
-    return orchestration.evaluate_policies(config, policies, tasks, tokenizer_dir)
+    return orchestration.evaluate_policies(config, policies, tasks, tokenizer_dir,
+                                           episodes_dir=config.run.dir / "episodes")
 
 
 def _point_latest(run_dir: Path) -> None:

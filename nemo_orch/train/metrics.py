@@ -1,33 +1,59 @@
-"""Training metrics: ``metrics.jsonl`` (one record per step), TensorBoard, and a progress bar."""
+"""Training metrics: ``metrics.jsonl`` (one record per step), TensorBoard, a progress bar, and
+optionally Weights & Biases."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 
 class MetricsLogger:
     """Writes on the logging rank only; a resumed run first drops records past its checkpoint,
-    so the log never holds a step twice."""
+    so the log never holds a step twice.
 
-    def __init__(self, run_dir: Path, *, enabled: bool, start_step: int, max_steps: int) -> None:
+    With ``wandb_project`` set, every step also goes to a W&B run whose files live under
+    ``run_dir/wandb`` (``wandb_mode``: ``offline``, synced later with ``wandb sync``, or
+    ``online``, with the key from ``WANDB_API_KEY``)."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool, start_step: int, max_steps: int,
+                 wandb_project: str | None = None, wandb_mode: str = "offline",
+                 run_name: str | None = None, config: dict[str, Any] | None = None) -> None:
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self._writer = None
         self._bar = None
+        self._wandb = None
         self._last_time = time.perf_counter()
         self.tokens_per_s: list[float] = []
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
+        if wandb_project is not None:
+            # First, so a missing package fails before anything else is opened.
+            self._wandb = _start_wandb(run_dir, project=wandb_project, mode=wandb_mode,
+                                       name=run_name, config=config)
         self._truncate_after(start_step)
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
         self._bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    @classmethod
+    def for_stage(cls, config: Any, *, enabled: bool, start_step: int,
+                  max_steps: int) -> "MetricsLogger":
+        """The logger of a training stage (SFT, GRPO): its run directory and ``run.*`` W&B
+        settings, with the resolved config on the W&B run."""
+        import dataclasses
+
+        run = config.run
+        return cls(run.dir, enabled=enabled, start_step=start_step, max_steps=max_steps,
+                   wandb_project=run.wandb_project, wandb_mode=run.wandb_mode, run_name=run.name,
+                   config=dataclasses.asdict(config))
 
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
@@ -48,8 +74,11 @@ class MetricsLogger:
             return
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
-        for key, value in metrics.items():
-            self._writer.add_scalar(f"train/{key}", value, step)
+        scalars = {f"train/{key}": value for key, value in metrics.items()}
+        for tag, value in scalars.items():
+            self._writer.add_scalar(tag, value, step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
         self._bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}",
                               tok_s=f"{metrics.get('tokens_per_s', 0):.0f}")
         self._bar.update(1)
@@ -58,3 +87,22 @@ class MetricsLogger:
         if self.enabled:
             self._writer.close()
             self._bar.close()
+            if self._wandb is not None:
+                self._wandb.finish()
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B run id of a run directory: the same directory always maps to the same id, so a
+    resumed run continues its W&B run rather than starting another."""
+    return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def _start_wandb(run_dir: Path, *, project: str, mode: str, name: str | None,
+                 config: dict[str, Any] | None):
+    try:
+        import wandb  # optional dependency: only runs that set run.wandb_project need it
+    except ImportError:
+        raise ImportError("run.wandb_project is set but the wandb package is not installed: "
+                          "pip install -r requirements.txt (or pip install wandb)") from None
+    return wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, config=config,
+                      id=wandb_run_id(run_dir), resume="allow")

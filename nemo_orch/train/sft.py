@@ -42,9 +42,14 @@ class SFTSummary:
 
 
 def load_conversations(config: Config) -> list[dict]:
-    if config.data.sft_path is not None:
-        return read_conversations(config.data.sft_path)
-    return offline.generate_conversations(config.data.num_offline_conversations, config.run.seed)
+    """The SFT data: the configured file or the bundled generator's conversations, plus the
+    copy conversations (``data.num_copy_conversations``)."""
+    data = config.data
+    conversations = (read_conversations(data.sft_path) if data.sft_path is not None
+                     else offline.generate_conversations(data.num_offline_conversations,
+                                                         config.run.seed))
+    return conversations + offline.copy_conversations(data.num_copy_conversations,
+                                                      config.run.seed + 1)
 
 
 def prepare_tokenizer(config: Config, conversations: list[dict]) -> tuple[object, Path]:
@@ -122,8 +127,8 @@ def train(config: Config, context: ParallelContext) -> SFTSummary:
     policy = Policy(config, context)
     start_step = initialize_weights(policy, config)
     trainer = config.trainer
-    metrics = MetricsLogger(config.run.dir, enabled=context.is_logging_rank,
-                            start_step=start_step, max_steps=trainer.max_steps)
+    metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
+                                      start_step=start_step, max_steps=trainer.max_steps)
     per_rank = trainer.global_batch_size // config.parallel.dp
     losses, saved = [], None
     for step in range(start_step + 1, trainer.max_steps + 1):

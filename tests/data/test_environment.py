@@ -11,6 +11,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.data.environment import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, demonstrations,
                                         make_tasks, oracle, route_values, routes, utility)
 from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.tools.base import ToolContext
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_exact_tool_routes_reach_the_answer(offline_config):
             outputs = []
             for task in tasks:
                 for tool, arguments in task.metadata["route"]:
-                    result = await toolbox.call(tool, arguments)
+                    result = await toolbox.call(tool, arguments, ToolContext(task=task))
                 outputs.append(result.output)
             return outputs
 

@@ -130,3 +130,18 @@ def test_bundled_corpus_is_the_whole_world():
             names = [c["function"]["name"] for c in call.get("tool_calls") or []]
             if names == ["search"]:
                 assert reply["content"] in passages
+
+
+def test_copy_conversations_copy_the_request_into_the_answer():
+    from nemo_orch.data.offline import copy_conversations
+
+    conversations = copy_conversations(200, seed=4)
+    assert conversations == copy_conversations(200, seed=4)
+    for conversation in conversations:
+        system, user, assistant = conversation["messages"]
+        span = extract_answer(assistant["content"])
+        assert span and span in user["content"] and conversation["tools"] == []
+    # Every kind of span a route copies shows up: numbers, names, expressions, questions.
+    spans = [extract_answer(c["messages"][2]["content"]) for c in conversations]
+    assert any(s.lstrip("-").isdigit() for s in spans)
+    assert any("?" in s for s in spans) and any(" * " in s or " + " in s for s in spans)

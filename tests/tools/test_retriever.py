@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import hashlib
 import json
@@ -240,6 +242,23 @@ def test_tool_searches_one_component_alone_when_configured(index_dir):
         hit.id for hit in expected]
     with pytest.raises(RetrievalError, match="unknown mode 'bm25'"):
         Retriever(index_dir=index_dir, mode="bm25")
+
+
+def test_a_call_without_query_searches_for_the_task_question(index_dir):
+    from nemo_orch.data.tasks import Task
+
+    spec = dataclasses.replace(default_spec(), parameters={
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": []})
+    tool = Retriever(spec, index_dir=index_dir, top_k=1, question_as_query=True)
+    task = Task("t", "Who invented movable type printing, Gutenberg?")
+    result = run_tool(tool, {}, ToolContext(task=task))
+    assert result.output.startswith("[printing]")
+    assert run_tool(tool, {"query": "penicillin"}, ToolContext(task=task)).output.startswith(
+        "[penicillin]")
+    missing = run_tool(tool, {}, ToolContext())  # no task to take the question from
+    assert missing.error is not None and "query" in missing.error
+    plain = run_tool(Retriever(spec, index_dir=index_dir), {}, ToolContext(task=task))
+    assert plain.error is not None and "query" in plain.error
 
 
 def test_encoder_mismatch_is_a_clear_error(index_dir):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, CurriculumStage
-from nemo_orch.train.curriculum import check_tools, logged_rewards, stage_index, stage_tools
+from nemo_orch.train.curriculum import check_tools, stage_index, stage_tools
 
 STAGES = [CurriculumStage(tools=["search", "python_sandbox"], until_step=3),
           CurriculumStage(tools=["search", "python_sandbox", "call_expert"], until_reward=0.5),
@@ -26,16 +25,6 @@ def test_stages_advance_by_step_then_by_reward():
     assert stage_tools(STAGES, [0.0]) == ["search", "python_sandbox"]
     assert stage_tools(STAGES, [0.0] * 3 + [0.6]) is None
     assert stage_tools([], [0.0]) is None
-
-
-def test_rewards_are_read_back_for_a_resumed_run(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    records = [{"step": 1, "reward": 0.1}, {"step": 2}, {"step": 3, "reward": 0.7},
-               {"step": 4, "reward": 0.9}]
-    path.write_text("".join(json.dumps(record) + "\n" for record in records))
-    rewards = logged_rewards(path, through_step=3)
-    assert rewards[0] == 0.1 and math.isnan(rewards[1]) and rewards[2] == 0.7
-    assert len(logged_rewards(tmp_path / "missing.jsonl", 2)) == 2
 
 
 def test_stage_validation():

@@ -13,7 +13,8 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.episode import Trajectory, TurnRecord
 from nemo_orch.data.sft import PAD_MULTIPLE
-from nemo_orch.train.grpo import Group, Rollouts, Sample, micro_batches, samples_of
+from nemo_orch.train.grpo import (Group, Rollouts, Sample, logged_steps, micro_batches,
+                                  samples_of)
 
 
 def trajectory(ids, mask, logprobs, decisions=None) -> Trajectory:
@@ -39,7 +40,8 @@ def test_samples_carry_group_advantages_and_turns():
         (ids[:4], [0, 0, 1, 1]), (ids[:6], [0, 0, 0, 0, 0, 1])]
     decisions = [0, 0, 1, 0, 0, 1, 0]
     group.trajectories = [trajectory(ids, mask, logprobs, decisions)] * 2
-    assert samples_of([group], config)[0].advantage_mask == mask
+    every = config_lib.load(["grpo.advantage_tokens=all"])
+    assert samples_of([group], every)[0].advantage_mask == mask
     only = config_lib.load(["grpo.advantage_tokens=decisions"])
     assert samples_of([group], only)[0].advantage_mask == decisions
     per_turn = samples_of([group], config_lib.load(["grpo.advantage_tokens=decisions",
@@ -79,6 +81,9 @@ def test_main_job_end_to_end(tmp_path):
         assert set(report[policy]) >= {"reward", "accuracy", "usd_per_task", "seconds_per_task",
                                        "pref_adherence", "format_error_rate", "tool_mix"}
     assert set(report["wall_seconds"]) == {"setup", "sft", "grpo", "eval"}
+    assert set(report["sft"]["groups"]) == set(report["oracle"]["groups"])
+    episodes = (run_dir / "episodes" / "grpo.jsonl").read_text().splitlines()
+    assert len(episodes) == 4 and {"reference", "correct", "ledger"} <= json.loads(episodes[0]).keys()
     assert "| grpo |" in (run_dir / "report.md").read_text()
     assert (run_dir / "curves.png").exists() and (run_dir / "routes.png").exists()
     assert (tmp_path / "latest").resolve() == run_dir.resolve()
@@ -92,6 +97,15 @@ def test_main_job_end_to_end(tmp_path):
     rerun = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text()
              .splitlines()]
     assert rerun == metrics
+
+
+def test_a_resumed_run_reads_back_the_steps_before_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = [{"step": 1, "reward": 0.1}, {"step": 3, "reward": 0.7, "choices/echo": 4},
+               {"step": 4, "reward": 0.9}]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert logged_steps(path, through_step=3) == [records[0], {}, records[1]]
+    assert logged_steps(tmp_path / "missing.jsonl", 2) == [{}, {}]
 
 
 def test_exploration_forces_the_least_chosen_routes_in_rotation():
