@@ -12,9 +12,10 @@ import tempfile
 from pathlib import Path
 
 def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> list[str]:
-    """A few-second SFT configuration of the tiny model on the offline data."""
+    """A few-second SFT configuration of the default (micro) model on the offline data."""
     return [f"run.output_dir={output_dir}", f"run.name={name}", f"tokenizer.path={tokenizer_dir}",
             "model.vocab_size=1024", "data.num_offline_conversations=64",
+            "data.num_copy_conversations=64",
             "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
             "trainer.warmup_steps=2", "trainer.num_threads=1"]
 

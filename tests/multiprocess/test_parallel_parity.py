@@ -16,7 +16,7 @@ from nemo_orch.distributed import free_port
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 LAYOUTS = ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"]
-# A smaller model than small_sft_overrides' (the tiny preset) with every conversation still fitting:
+# A smaller model than small_sft_overrides' (the micro preset) with every conversation still fitting:
 # each run is mostly start-up, the fewer steps' seconds the better.
 SFT_OVERRIDES = ["trainer.max_steps=3", "model.num_layers=2", "model.hidden_size=128",
                  "model.ffn_hidden_size=256", "model.kv_channels=32", "data.seq_length=512"]

@@ -68,6 +68,7 @@ def test_micro_batches_align_labels_and_pad():
 
 def test_main_job_end_to_end(tmp_path):
     overrides = [f"run.output_dir={tmp_path}", "run.name=e2e", "data.num_offline_conversations=24",
+                 "data.num_copy_conversations=24",
                  "tokenizer.vocab_size=1000", "model.vocab_size=1024", "trainer.max_steps=2",
                  "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
                  "trainer.num_threads=1", "grpo.max_steps=2", "grpo.prompts_per_step=2",
