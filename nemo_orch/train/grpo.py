@@ -137,8 +137,10 @@ class Rollouts:
         return forced
 
     def first_choice(self, trajectory: Trajectory) -> Choice | None:
-        calls = [call for call in trajectory.turns[0].calls if call.error is None] \
-            if trajectory.turns else []
+        """The routing choice of the episode's first turn (None: it answered, or no call ran)."""
+        if not trajectory.turns:
+            return None
+        calls = [call for call in trajectory.turns[0].calls if call.error is None]
         return choice_of(calls[0].tool, calls[0].arguments, self.format) if calls else None
 
     async def groups(self, step: int, round_index: int, count: int) -> list[Group]:

@@ -11,7 +11,7 @@ from cli_helpers import run_cli
 from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
-from nemo_orch.rollout.episode import Trajectory, TurnRecord
+from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord
 from nemo_orch.data.sft import PAD_MULTIPLE
 from nemo_orch.train.grpo import (Group, Rollouts, Sample, logged_steps, micro_batches,
                                   samples_of)
@@ -127,6 +127,12 @@ def test_exploration_forces_the_least_chosen_routes_in_rotation():
         ("ask", {"model": "small"}), ("ask", {"model": "small"}),
         ("ask", {"model": "large"}), ("ask", {"model": "small"})]
     assert Rollouts(config_lib.load(), None, None, toolbox).forced_choices(3) == {}
+    # What the policy chose itself: its first turn's first call that ran.
+    episode = trajectory([1, 2], [0, 1], [0.0, 0.0])
+    assert rollouts.first_choice(episode) is None
+    episode.turns[0].calls += [CallRecord("ask", {"model": "large"}, error="timeout"),
+                               CallRecord("ask", {"model": "small"})]
+    assert rollouts.first_choice(episode) == ("ask", {"model": "small"})
     # A curriculum stage's tools are what every task of the step offers.
     assert all(task.tools is None for task in rollouts.tasks(1, 0, 4))
     rollouts.tools = ["echo"]
