@@ -32,7 +32,8 @@ from nemo_orch.train.policy import Batch, Policy, ReferenceModel
 OVERRIDES = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
              "model.num_attention_heads=4", "model.num_query_groups=2", "model.kv_channels=16",
              "model.vocab_size=512", "tokenizer.vocab_size=512", "trainer.lr=1e-3",
-             "trainer.warmup_steps=0", "grpo.micro_batch_size=2"]
+             "trainer.warmup_steps=0", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
+             "grpo.micro_batch_size=2"]
 NUM_SEQUENCES, SEQ_LENGTH = 8, 24
 OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
 
