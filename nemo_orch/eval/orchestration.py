@@ -53,6 +53,18 @@ def route_mix(tasks: list[Task], trajectories: list[Trajectory]) -> dict[str, di
     return _mix(routes_by_group)
 
 
+def group_means(tasks: list[Task], rewards: list[float],
+                accuracies: list[float]) -> dict[str, dict[str, float]]:
+    """Per (family, preference) group: its number of tasks, mean reward and mean accuracy."""
+    rows: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for task, reward, accuracy in zip(tasks, rewards, accuracies):
+        rows[group_key(task)].append((reward, accuracy))
+    return {group: {"tasks": len(members),
+                    "reward": statistics.mean(reward for reward, _ in members),
+                    "accuracy": statistics.mean(accuracy for _, accuracy in members)}
+            for group, members in sorted(rows.items())}
+
+
 def episode_stats(trajectories: list[Trajectory]) -> dict[str, float]:
     """What training logs and evaluation reports alike: USD and seconds per task, format errors
     per turn."""
@@ -100,19 +112,15 @@ class OracleTable:
     def report(self, tasks: list[Task]) -> dict[str, Any]:
         best = [self.best(task) for task in tasks]
         routes_by_group: dict[str, list[str]] = defaultdict(list)
-        values_by_group: dict[str, list[Any]] = defaultdict(list)
         for task, value in zip(tasks, best):
             routes_by_group[group_key(task)].append(value.route)
-            values_by_group[group_key(task)].append(value)
         return {"reward": statistics.mean(v.utility for v in best),
                 "accuracy": statistics.mean(v.accuracy for v in best),
                 "usd_per_task": statistics.mean(v.usd for v in best),
                 "seconds_per_task": None, "pref_adherence": 1.0, "format_error_rate": 0.0,
                 "tool_mix": _mix(routes_by_group),
-                "groups": {group: {"tasks": len(values),
-                                   "reward": statistics.mean(v.utility for v in values),
-                                   "accuracy": statistics.mean(v.accuracy for v in values)}
-                           for group, values in sorted(values_by_group.items())}}
+                "groups": group_means(tasks, [v.utility for v in best],
+                                      [v.accuracy for v in best])}
 
 
 def evaluation_report(tasks: list[Task], trajectories: list[Trajectory], table: OracleTable,
@@ -123,19 +131,13 @@ def evaluation_report(tasks: list[Task], trajectories: list[Trajectory], table: 
                  for task, trajectory, right in zip(tasks, trajectories, correct)]
     adherent = [route_of(trajectory) == table.best(task).route
                 for task, trajectory in zip(tasks, trajectories)]
-    by_group: dict[str, list[tuple[float, bool]]] = defaultdict(list)
-    for task, value, right in zip(tasks, utilities, correct):
-        by_group[group_key(task)].append((value, right))
     return {
         "reward": statistics.mean(utilities),
         "accuracy": statistics.mean(map(float, correct)),
         **episode_stats(trajectories),
         "pref_adherence": statistics.mean(map(float, adherent)),
         "tool_mix": route_mix(tasks, trajectories),
-        "groups": {group: {"tasks": len(rows),
-                           "reward": statistics.mean(value for value, _ in rows),
-                           "accuracy": statistics.mean(float(right) for _, right in rows)}
-                   for group, rows in sorted(by_group.items())},
+        "groups": group_means(tasks, utilities, [float(right) for right in correct]),
     }
 
 

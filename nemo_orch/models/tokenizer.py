@@ -47,13 +47,9 @@ _SPECIAL_TOKEN_RE = re.compile("|".join(re.escape(token) for token in SPECIAL_TO
 # Qwen3's official template restricted to non-thinking conversations, with two changes: the
 # final assistant turn gets no empty "<think>\n\n</think>\n\n" block (so every assistant turn,
 # tool call or answer, starts right after the "<|im_start|>assistant\n" generation prompt), and
-# an unknown role is an error instead of being dropped silently. The system turn that lists the
-# tools is one of the headers below; the rest is shared.
-_QWEN3_TOOLS_HEADER = r"""
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0].role == 'system' %}
-        {{- messages[0].content + '\n\n' }}
-    {%- endif %}
+# an unknown role is an error instead of being dropped silently. How the system turn lists the
+# tools is one of the listings below; the rest is shared.
+_QWEN3_TOOLS_LISTING = r"""
     {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
     {%- for tool in tools %}
@@ -61,16 +57,12 @@ _QWEN3_TOOLS_HEADER = r"""
     {%- endfor %}
     {{- "\n</tools>\n\nFor each function call, return a json object with function name and "
         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>" }}
 """
 # One signature line per tool, ``name(arg, optional?, choice: a|b)``, and no descriptions: for
 # models trained from scratch, which learn what a tool does from its results, not from prose, and
 # for which the JSON schemas would be most of every sequence.
-_COMPACT_TOOLS_HEADER = r"""
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0].role == 'system' %}
-        {{- messages[0].content + '\n\n' }}
-    {%- endif %}
+_COMPACT_TOOLS_LISTING = r"""
     {{- 'Tools:' }}
     {%- for tool in tools %}
         {%- set function = tool.function or tool %}
@@ -84,11 +76,15 @@ _COMPACT_TOOLS_HEADER = r"""
         {%- endfor %}
         {{- ')' }}
     {%- endfor %}
-    {{- '<|im_end|>\n' }}
 """
 _TEMPLATE_BODY = r"""
 {%- if tools %}
-TOOLS_HEADER
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+TOOLS_LISTING
+    {{- '<|im_end|>\n' }}
 {%- elif messages[0].role == 'system' %}
     {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
 {%- endif %}
@@ -135,8 +131,8 @@ TOOLS_HEADER
 # Chat formats by name (``tokenizer.chat_format``): ``qwen3`` for real Qwen3 tokenizers, and the
 # one a locally trained tokenizer is saved with.
 CHAT_TEMPLATES = {
-    "qwen3": _TEMPLATE_BODY.replace("TOOLS_HEADER", _QWEN3_TOOLS_HEADER.strip("\n")),
-    "compact": _TEMPLATE_BODY.replace("TOOLS_HEADER", _COMPACT_TOOLS_HEADER.strip("\n")),
+    "qwen3": _TEMPLATE_BODY.replace("TOOLS_LISTING", _QWEN3_TOOLS_LISTING.strip("\n")),
+    "compact": _TEMPLATE_BODY.replace("TOOLS_LISTING", _COMPACT_TOOLS_LISTING.strip("\n")),
 }
 CHAT_TEMPLATE = CHAT_TEMPLATES["qwen3"]
 

@@ -157,26 +157,29 @@ def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
 Choice = tuple[str, dict[str, Any]]
 
 
+def _choice_argument(schema: dict[str, Any]) -> str | None:
+    """A tool's first choice argument: the first property with an ``enum``."""
+    return next((key for key, spec in schema.get("properties", {}).items() if "enum" in spec),
+                None)
+
+
 def choices(fmt: TurnFormat) -> list[Choice]:
     """Every routing choice the offered tools allow: one per value of a tool's first choice
     argument (e.g. each expert model), or the tool alone."""
     found: list[Choice] = []
     for name, schema in fmt.schemas.items():
-        enums = [(key, spec["enum"]) for key, spec in schema.get("properties", {}).items()
-                 if "enum" in spec]
-        if enums:
-            key, values = enums[0]
-            found.extend((name, {key: value}) for value in values)
-        else:
+        key = _choice_argument(schema)
+        if key is None:
             found.append((name, {}))
+        else:
+            found.extend((name, {key: value}) for value in schema["properties"][key]["enum"])
     return found
 
 
 def choice_of(name: str, arguments: dict[str, Any], fmt: TurnFormat) -> Choice:
     """The routing choice a valid call of ``name`` with ``arguments`` makes."""
-    properties = fmt.schemas[name].get("properties", {})
-    first_enum = next((key for key, spec in properties.items() if "enum" in spec), None)
-    return (name, {first_enum: arguments[first_enum]} if first_enum in arguments else {})
+    key = _choice_argument(fmt.schemas[name])
+    return (name, {key: arguments[key]} if key in arguments else {})
 
 
 def call_text(choice: Choice) -> str:

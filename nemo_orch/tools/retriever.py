@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import bm25s
 import faiss
@@ -58,6 +58,7 @@ _BM25_PARAMS = {"method": "lucene", "k1": 1.5, "b": 0.75}
 _ENCODE_BATCH = 256
 
 Mode = Literal["hybrid", "dense", "sparse"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 class RetrievalError(ToolError):
@@ -451,7 +452,7 @@ class RetrievalIndex:
                mode: Mode = "hybrid") -> list[Hit]:
         """The ``k`` best documents for ``query``, restricted to ``allowed_ids`` when given
         (unknown ids are ignored). ``mode`` picks one component alone (for evaluation)."""
-        if mode not in ("hybrid", "dense", "sparse"):
+        if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}")
         rows = self._rows(allowed_ids)
         pool = len(self.docs) if rows is None else len(rows)
@@ -534,8 +535,8 @@ class Retriever(BaseTool):
         super().__init__(spec or default_spec())
         if (index_dir is None) == (corpus is None):
             raise RetrievalError("retriever: give exactly one of index_dir or corpus")
-        if mode not in ("hybrid", "dense", "sparse"):
-            raise RetrievalError(f"retriever: unknown mode {mode!r} (hybrid, dense or sparse)")
+        if mode not in MODES:
+            raise RetrievalError(f"retriever: unknown mode {mode!r} ({', '.join(MODES)})")
         self.mode, self.question_as_query = mode, question_as_query
         if not 1 <= top_k <= max_top_k or max_chars_per_doc < 1:
             raise RetrievalError("retriever: need 1 <= top_k <= max_top_k and "

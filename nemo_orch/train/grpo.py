@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import math
 import random
@@ -49,7 +48,7 @@ from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.train import curriculum
 from nemo_orch.train.grpo_loss import grpo_token_loss
-from nemo_orch.train.metrics import MetricsLogger
+from nemo_orch.train.metrics import MetricsLogger, logged_steps
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel
 
 log = logging.getLogger(__name__)
@@ -333,7 +332,7 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     rollouts = Rollouts(config, engine, tokenizer, toolbox) if writer else None
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
-    logged = logged_steps(config.run.dir / "metrics.jsonl", start_step)
+    logged = logged_steps(config.run.dir, start_step)
     history = [record.get("reward", math.nan) for record in logged]
     if writer:
         curriculum.check_tools(grpo.curriculum, list(toolbox.tools))
@@ -392,18 +391,6 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)
-
-
-def logged_steps(metrics_path: Path, through_step: int) -> list[dict[str, Any]]:
-    """The records of steps 1..``through_step`` in a run's ``metrics.jsonl`` ({} where a step
-    is missing)."""
-    records: list[dict[str, Any]] = [{} for _ in range(through_step)]
-    if metrics_path.exists():
-        for line in metrics_path.read_text().splitlines():
-            record = json.loads(line) if line.strip() else {}
-            if 1 <= record.get("step", 0) <= through_step:
-                records[record["step"] - 1] = record
-    return records
 
 
 def _seed(*parts: object) -> int:

@@ -12,6 +12,9 @@ from typing import Any
 from tqdm import tqdm
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
 class MetricsLogger:
     """Writes on the logging rank only; a resumed run first drops records past its checkpoint,
     so the log never holds a step twice.
@@ -24,7 +27,7 @@ class MetricsLogger:
                  wandb_project: str | None = None, wandb_mode: str = "offline",
                  run_name: str | None = None, config: dict[str, Any] | None = None) -> None:
         self.enabled = enabled
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         self._writer = None
         self._bar = None
         self._wandb = None
@@ -106,3 +109,16 @@ def _start_wandb(run_dir: Path, *, project: str, mode: str, name: str | None,
                           "pip install -r requirements.txt (or pip install wandb)") from None
     return wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, config=config,
                       id=wandb_run_id(run_dir), resume="allow")
+
+
+def logged_steps(run_dir: Path, through_step: int) -> list[dict[str, Any]]:
+    """The records of steps 1..``through_step`` in a run's ``metrics.jsonl`` ({} where a step
+    is missing): what a resumed stage reads back of the steps before it."""
+    records: list[dict[str, Any]] = [{} for _ in range(through_step)]
+    metrics_path = run_dir / METRICS_FILE
+    if metrics_path.exists():
+        for line in metrics_path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if 1 <= record.get("step", 0) <= through_step:
+                records[record["step"] - 1] = record
+    return records

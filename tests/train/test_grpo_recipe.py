@@ -13,8 +13,8 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord
 from nemo_orch.data.sft import PAD_MULTIPLE
-from nemo_orch.train.grpo import (Group, Rollouts, Sample, logged_steps, micro_batches,
-                                  samples_of)
+from nemo_orch.train.grpo import Group, Rollouts, Sample, micro_batches, samples_of
+from nemo_orch.train.metrics import logged_steps
 
 
 def trajectory(ids, mask, logprobs, decisions=None) -> Trajectory:
@@ -105,8 +105,8 @@ def test_a_resumed_run_reads_back_the_steps_before_it(tmp_path):
     records = [{"step": 1, "reward": 0.1}, {"step": 3, "reward": 0.7, "choices/echo": 4},
                {"step": 4, "reward": 0.9}]
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
-    assert logged_steps(path, through_step=3) == [records[0], {}, records[1]]
-    assert logged_steps(tmp_path / "missing.jsonl", 2) == [{}, {}]
+    assert logged_steps(tmp_path, through_step=3) == [records[0], {}, records[1]]
+    assert logged_steps(tmp_path / "missing", 2) == [{}, {}]
 
 
 def test_exploration_forces_the_least_chosen_routes_in_rotation():
