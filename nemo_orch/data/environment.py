@@ -5,6 +5,10 @@ oracle that knows the simulated experts.
 * Families (see :mod:`nemo_orch.data.offline`): arithmetic (the sandbox is exact and nearly free),
   lookups in the made-up world (only the retriever's bundled corpus holds the facts), lookup then
   compute, number theory (experts only; easy or hard) and word puzzles (the generalist's domain).
+* Experts are handed the task and the episode's observations, and their answer ends the episode
+  (ToolOrchestra's ``answer`` tool): a lookup is answered by the policy reading the passage
+  itself (``tools``), or by retrieving it and handing it to an expert (``tools+expert:<alias>``),
+  not by an expert alone, who does not know the made-up world.
 * Preferences: a vector over ``accuracy``, ``cost`` and tool call counts (``tool:<name>``,
   negative weight: avoid), stated in the system prompt with the same instructions as the
   demonstrations use.
@@ -30,6 +34,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import Episode
 from nemo_orch.rollout.runner import DirectPolicy
+from nemo_orch.tools.simulated_expert import SimulatedExpert
 
 PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
     "accuracy": {"accuracy": 1.0},
@@ -70,19 +75,29 @@ def make_tasks(n: int, seed: int, prefix: str = "task") -> list[Task]:
             metadata={"family": drawn.family, "difficulty": drawn.difficulty,
                       "preference_name": preference,
                       "preference": PREFERENCE_VECTORS[preference],
-                      "route": [list(step) for step in drawn.route]}))
+                      "route": [list(step) for step in drawn.route],
+                      "evidence": drawn.evidence,
+                      "evidence_route": [list(step) for step in drawn.evidence_route]}))
     return tasks
 
 
+def _route(steps: list[list[Any]]) -> Route:
+    return tuple((name, dict(arguments)) for name, arguments in steps)
+
+
 def routes(task: Task, experts: Mapping[str, Any]) -> dict[str, Route]:
-    """Every sensible way to answer ``task``: ``tools`` (when the family has an exact route) and
-    ``expert:<alias>`` for each expert."""
+    """Every sensible way to answer ``task``: ``tools`` (when the family has an exact route),
+    ``expert:<alias>`` for each expert and, for lookups, ``tools+expert:<alias>`` (retrieve the
+    evidence, then hand the task to the expert)."""
     found: dict[str, Route] = {}
     if task.metadata["route"]:
-        found["tools"] = tuple((name, dict(arguments)) for name, arguments in
-                               task.metadata["route"])
+        found["tools"] = _route(task.metadata["route"])
     for alias in experts:
         found[f"expert:{alias}"] = ((EXPERT_TOOL, {"model": alias}),)
+    if task.metadata["evidence_route"]:
+        for alias in experts:
+            found[f"tools+expert:{alias}"] = (_route(task.metadata["evidence_route"])
+                                              + ((EXPERT_TOOL, {"model": alias}),))
     return found
 
 
@@ -106,24 +121,26 @@ def utility(preference: Mapping[str, float], correct: bool, usd: float,
     return value
 
 
-def route_values(task: Task, experts: Mapping[str, Any], expert_pricing: Mapping[str, Any],
-                 orchestrator_usd_per_turn: float, usd_reference: float,
-                 tool_usd: Mapping[str, float]) -> list[RouteValue]:
+def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn: float,
+                 usd_reference: float, tool_usd: Mapping[str, float]) -> list[RouteValue]:
     """Expected accuracy, USD and utility of each route, from the simulated experts' known
     accuracies, usage distributions and prices (tools: assumed exact, at ``tool_usd`` per
-    call); the orchestrator pays one turn per call plus the answer turn."""
+    call; an expert after the evidence's retrieval: the task is easy); the orchestrator pays one
+    turn per call plus the answer turn, unless the expert's answer ends the episode."""
     values = []
-    for name, route in routes(task, experts).items():
-        usd = orchestrator_usd_per_turn * (len(route) + 1)
+    for name, route in routes(task, expert.models).items():
+        ends = expert.ends_episode and route[-1][0] == EXPERT_TOOL
+        usd = orchestrator_usd_per_turn * (len(route) + (0 if ends else 1))
         counts: dict[str, int] = {}
         accuracy = 1.0
         for tool, arguments in route:
             counts[tool] = counts.get(tool, 0) + 1
             if tool == EXPERT_TOOL:
-                model = experts[arguments["model"]]
-                accuracy = model.accuracy.get(task.metadata["difficulty"],
-                                              min(model.accuracy.values()))
-                pricing = expert_pricing[arguments["model"]]
+                model = expert.models[arguments["model"]]
+                # Handed the retrieved evidence, every expert finds the task easy.
+                difficulty = "easy" if name.startswith("tools+") else task.metadata["difficulty"]
+                accuracy = model.accuracy_on(difficulty)
+                pricing = expert.pricing[arguments["model"]]
                 mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma ** 2
                                                                    / 2)
                 usd += (pricing.per_input_token * (60 + len(task.question) // 4)
@@ -168,9 +185,8 @@ def strongest_expert(task: Task, experts: Mapping[str, Any],
                      expert_pricing: Mapping[str, Any]) -> str:
     """The most accurate expert for the task's difficulty; the most expensive among equals."""
     difficulty = task.metadata["difficulty"]
-    return max(experts, key=lambda alias: (
-        experts[alias].accuracy.get(difficulty, min(experts[alias].accuracy.values())),
-        expert_pricing[alias].per_output_token))
+    return max(experts, key=lambda alias: (experts[alias].accuracy_on(difficulty),
+                                           expert_pricing[alias].per_output_token))
 
 
 async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollout: Any,

@@ -135,6 +135,8 @@ class _Task:
     preferences: tuple[str, ...] = tuple(PREFERENCES)
     # For expert tasks, whose model follows the preference: (easy model, hard model, is hard).
     expert_choice: tuple[str, str, bool] | None = None
+    # For lookups: the fact the task hinges on, stated by the search step's passage.
+    evidence: str | None = None
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -378,7 +380,7 @@ def _lookup(rng: random.Random) -> _Task:
     relation = rng.choice(tuple(_RELATIONS.values()))
     entity, value, step = _fact(rng, relation)
     question = rng.choice(relation.questions).format(e=entity)
-    return _Task(question, [step], value, preferences=_LOOKUP_PREFERENCES)
+    return _Task(question, [step], value, preferences=_LOOKUP_PREFERENCES, evidence=value)
 
 
 def _lookup_then_compute(rng: random.Random) -> _Task:
@@ -388,7 +390,7 @@ def _lookup_then_compute(rng: random.Random) -> _Task:
         question = rng.choice(
             ("How many years before {now} was {e} founded?", "How old will {e} be in {now}?")
         ).format(e=entity, now=now)
-        code, value = f"print({now} - {year})", now - int(year)
+        code, value, fact = f"print({now} - {year})", now - int(year), year
     else:
         entity, meters, search = _fact(rng, _RELATIONS["height"])
         question = rng.choice(
@@ -398,8 +400,10 @@ def _lookup_then_compute(rng: random.Random) -> _Task:
             )
         ).format(e=entity)
         code, value = f"print(round({meters} * 3.28084))", round(int(meters) * 3.28084)
+        fact = meters
     compute = _Step("python_sandbox", {"code": code}, str(value))
-    return _Task(question, [search, compute], str(value), preferences=_LOOKUP_PREFERENCES)
+    return _Task(question, [search, compute], str(value), preferences=_LOOKUP_PREFERENCES,
+                 evidence=fact)
 
 
 # ----------------------------------------------------------------------------- experts
@@ -526,7 +530,9 @@ def _draw(rng: random.Random) -> tuple[Callable[[random.Random], _Task], _Task]:
 class OfflineTask:
     """A task of the offline world for rollouts: its family, the exact-tool route that solves it
     (empty when only an expert can), how hard it is for an expert (``easy``, ``hard``, or
-    ``unknown``: facts of the made-up world no model knows) and the preference kinds it may get."""
+    ``unknown``: facts of the made-up world no model knows) and the preference kinds it may get.
+    Lookups also name their ``evidence`` (the fact) and the ``evidence_route`` that retrieves
+    it: an expert handed that passage finds the task easy."""
 
     family: str
     question: str
@@ -534,6 +540,8 @@ class OfflineTask:
     route: tuple[tuple[str, dict[str, Any]], ...]
     difficulty: str
     preferences: tuple[str, ...]
+    evidence: str | None = None
+    evidence_route: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 def draw_task(rng: random.Random) -> OfflineTask:
@@ -550,7 +558,9 @@ def draw_task(rng: random.Random) -> OfflineTask:
     # finds the fact from it.
     route = tuple(("search", {}) if step.tool == "search" else (step.tool, step.arguments)
                   for step in task.steps)
-    return OfflineTask(family, task.question, task.answer, route, difficulty, task.preferences)
+    evidence_route = tuple(step for step in route if step[0] == "search")
+    return OfflineTask(family, task.question, task.answer, route, difficulty, task.preferences,
+                       task.evidence, evidence_route)
 _EXPERT_REPLIES = ("Answer: {a}", "{a}", "The answer is {a}")
 
 

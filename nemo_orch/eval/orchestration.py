@@ -25,13 +25,15 @@ NO_ROUTE = "none"
 
 
 def route_of(trajectory: Trajectory) -> str:
-    """How the episode answered: ``expert:<alias>`` (the first expert it asked), ``tools``
-    (only basic tools) or ``none``."""
+    """How the episode answered: ``expert:<alias>`` (the first expert it asked),
+    ``tools+expert:<alias>`` (basic tools before it), ``tools`` (only basic tools) or ``none``."""
     calls = [call for turn in trajectory.turns for call in turn.calls
              if call.tool is not None and call.error is None]
-    experts = [call for call in calls if call.tool == EXPERT_TOOL]
-    if experts:
-        return f"expert:{experts[0].arguments['model']}"
+    first_expert = next((index for index, call in enumerate(calls) if call.tool == EXPERT_TOOL),
+                        None)
+    if first_expert is not None:
+        expert = f"expert:{calls[first_expert].arguments['model']}"
+        return f"tools+{expert}" if first_expert else expert
     return "tools" if calls else NO_ROUTE
 
 
@@ -83,8 +85,7 @@ class OracleTable:
 
     def __init__(self, toolbox: Toolbox, tokenizer: Any, usd_reference: float,
                  orchestrator_usd_per_token: tuple[float, float]) -> None:
-        expert = toolbox.tools[EXPERT_TOOL]
-        self.experts, self.pricing = expert.models, expert.pricing
+        self.expert = toolbox.tools[EXPERT_TOOL]
         self.toolbox, self.tokenizer = toolbox, tokenizer
         self.usd_reference = usd_reference
         self.input_price, self.output_price = orchestrator_usd_per_token
@@ -101,8 +102,7 @@ class OracleTable:
         # ~32 tokens.
         per_turn = (self.input_price * (len(self.tokenizer.encode(prompt)) + 48)
                     + self.output_price * 32)
-        return route_values(task, self.experts, self.pricing, per_turn, self.usd_reference,
-                            self.tool_usd)
+        return route_values(task, self.expert, per_turn, self.usd_reference, self.tool_usd)
 
     def best(self, task: Task):
         if task.id not in self._best:

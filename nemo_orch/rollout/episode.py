@@ -327,8 +327,10 @@ class Episode:
 
     async def _run_calls(self, parsed: ParsedTurn, record: TurnRecord) -> list[ToolResult]:
         valid = [call for call in parsed.calls if call.valid]
-        results = await asyncio.gather(*(self.toolbox.call(call.name, call.arguments,
-                                                           self.context) for call in valid))
+        context = dataclasses.replace(self.context, observations=tuple(
+            message["content"] for message in self.messages if message["role"] == "tool"))
+        results = await asyncio.gather(*(self.toolbox.call(call.name, call.arguments, context)
+                                         for call in valid))
         by_call = iter(results)
         for call in parsed.calls:
             if not call.valid:

@@ -114,13 +114,15 @@ class ToolContext:
     """Per-call facts a tool may use: which task/episode is calling, the documents it may see
     (None: all), and a seed for tools that sample. ``task`` is the whole task, for tools that
     act on its environment (a domain database) or, for the simulated expert only, its
-    reference answer."""
+    reference answer. ``observations`` are what the episode's earlier calls returned: the
+    context an expert is handed with the task, as ToolOrchestra's experts are."""
 
     task_id: str = ""
     episode_id: str = ""
     allowed_documents: frozenset[str] | None = None
     seed: int = 0
     task: "Task | None" = None
+    observations: tuple[str, ...] = ()
 
 
 @runtime_checkable

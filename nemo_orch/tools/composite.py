@@ -5,8 +5,9 @@
 * ``enhance_reasoning``: the expert writes Python; the sandbox runs it.
 * ``answer``: the expert answers; the result ends the episode.
 
-Each takes a ``model`` argument choosing the expert (an alias of the expert tool) and bills the
-expert's tokens plus the basic tool's fees. They are configurations of existing tools, named in
+Each takes a ``model`` argument choosing the expert (an alias of the expert tool), hands it the
+episode's observations so far (retrieved passages, code output) as context, as the reference
+does, and bills the expert's tokens plus the basic tool's fees. They are configurations of existing tools, named in
 their declarations by ``expert`` and ``executor`` and built first by the registry.
 """
 
@@ -40,8 +41,16 @@ def _combine(expert: ToolResult, executed: ToolResult, output: str) -> ToolResul
                       latency_s=expert.latency_s + executed.latency_s)
 
 
+def context_text(context: ToolContext) -> str:
+    """The episode's observations as a prompt section (empty when there are none)."""
+    if not context.observations:
+        return ""
+    return "\n\nContext:\n" + "\n\n".join(context.observations)
+
+
 class _Composite(BaseTool):
-    """Resolves its parts by name. ``expert`` is any tool taking ``{"model", "question"}``."""
+    """Resolves its parts by name. ``expert`` is any tool taking ``{"model", "question"}``.
+    A prompt must place ``{question}`` and may place ``{context}`` (see :func:`context_text`)."""
 
     prompt: str = "{question}"
 
@@ -55,7 +64,8 @@ class _Composite(BaseTool):
             raise ToolError(f"{spec.name}: prompt must contain {{question}}")
 
     async def _ask(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        question = self.prompt.format(question=arguments["question"])
+        question = self.prompt.format(question=arguments["question"],
+                                      context=context_text(context))
         return await self.expert.call({"model": arguments["model"], "question": question},
                                       context)
 
@@ -94,7 +104,7 @@ class ExpertSearch(_ExpertThenTool):
 
     argument, extract = "query", staticmethod(first_line)
     prompt = ("Write one short search query that would find the information needed to answer "
-              "this question. Reply with the query only.\n\nQuestion: {question}")
+              "this question. Reply with the query only.{context}\n\nQuestion: {question}")
 
 
 class ExpertCode(_ExpertThenTool):
@@ -102,13 +112,13 @@ class ExpertCode(_ExpertThenTool):
 
     argument, extract = "code", staticmethod(extract_code)
     prompt = ("Write a Python program that prints the information needed to answer this "
-              "question. Reply with one ```python code block.\n\nQuestion: {question}")
+              "question. Reply with one ```python code block.{context}\n\nQuestion: {question}")
 
 
 class ExpertAnswer(_Composite):
     """The expert answers; the episode ends with that answer."""
 
-    prompt = ("Answer the question. Put the final answer inside <answer></answer>."
+    prompt = ("Answer the question. Put the final answer inside <answer></answer>.{context}"
               "\n\nQuestion: {question}")
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:

@@ -2,7 +2,7 @@
 retriever next to its index, reached with the project's retry and key rules.
 
 Protocol: ``POST <endpoint>`` with ``{"arguments": {...}, "context": {"task_id", "episode_id",
-"allowed_documents", "seed"}}``; the answer is a :class:`ToolResult` as JSON (what
+"allowed_documents", "seed", "observations"}}``; the answer is a :class:`ToolResult` as JSON (what
 :func:`nemo_orch.serve.tool_server.start_tool_server` serves).
 """
 
@@ -17,7 +17,8 @@ from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Us
 def context_to_json(context: ToolContext) -> dict[str, Any]:
     documents = context.allowed_documents
     return {"task_id": context.task_id, "episode_id": context.episode_id, "seed": context.seed,
-            "allowed_documents": None if documents is None else sorted(documents)}
+            "allowed_documents": None if documents is None else sorted(documents),
+            "observations": list(context.observations)}
 
 
 def context_from_json(record: dict[str, Any]) -> ToolContext:
@@ -25,7 +26,8 @@ def context_from_json(record: dict[str, Any]) -> ToolContext:
     return ToolContext(task_id=str(record.get("task_id", "")),
                        episode_id=str(record.get("episode_id", "")),
                        seed=int(record.get("seed", 0)),
-                       allowed_documents=None if documents is None else frozenset(documents))
+                       allowed_documents=None if documents is None else frozenset(documents),
+                       observations=tuple(map(str, record.get("observations", ()))))
 
 
 def result_from_json(record: dict[str, Any]) -> ToolResult:

@@ -6,6 +6,11 @@ correctly with a probability set per model tier and task difficulty (``task.meta
 usage from a log-normal distribution, and bills it at the list price of its real counterpart, so
 cost-aware training sees realistic trade-offs. It reads the task's reference answer from the
 tool context — which is exactly why it must never be used outside the offline demo.
+
+Like ToolOrchestra's experts it is handed the episode's context: a task whose ``evidence``
+(``task.metadata["evidence"]``, the fact it hinges on) is already in an observation, e.g. a
+retrieved passage, is ``easy`` for every model. With ``ends_episode`` its answer is the episode's
+final answer, as with ToolOrchestra's ``answer`` tool.
 """
 
 from __future__ import annotations
@@ -39,6 +44,20 @@ class SimulatedModel:
             raise ToolError(f"{self.counterpart}: mean_output_tokens must be >= 1 and "
                             "tokens_per_second > 0")
 
+    def accuracy_on(self, difficulty: str) -> float:
+        """Its accuracy on tasks of ``difficulty``; its lowest for a difficulty not listed."""
+        return self.accuracy.get(difficulty, min(self.accuracy.values()))
+
+
+def difficulty(context: ToolContext) -> str:
+    """The task's difficulty for an expert handed this context: ``easy`` once the task's
+    evidence is in an observation, else ``task.metadata["difficulty"]`` (default ``easy``)."""
+    metadata = context.task.metadata if context.task is not None else {}
+    evidence = metadata.get("evidence")
+    if evidence and any(evidence in observation for observation in context.observations):
+        return "easy"
+    return metadata.get("difficulty", "easy")
+
 
 _NUMBER = re.compile(r"-?\d+")
 
@@ -56,7 +75,7 @@ class SimulatedExpert(BaseTool):
     task's question, as when the expert is handed the task)."""
 
     def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
-                 prompt_overhead_tokens: int = 60) -> None:
+                 prompt_overhead_tokens: int = 60, ends_episode: bool = False) -> None:
         super().__init__(spec)
         try:
             self.models = {alias: SimulatedModel(**options) for alias, options in models.items()}
@@ -64,6 +83,7 @@ class SimulatedExpert(BaseTool):
             raise ToolError(f"{spec.name}: bad simulated model options: {error}") from None
         self.pricing = {alias: model_pricing(m.counterpart) for alias, m in self.models.items()}
         self.prompt_overhead_tokens = prompt_overhead_tokens
+        self.ends_episode = ends_episode
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         alias = arguments["model"]
@@ -77,15 +97,16 @@ class SimulatedExpert(BaseTool):
         # Same episode, model and question: same reply; different samples differ.
         rng = random.Random(zlib.crc32(f"{context.seed}|{context.episode_id}|{alias}|"
                                        f"{question}".encode()))
-        difficulty = context.task.metadata.get("difficulty", "easy")
-        correct = rng.random() < model.accuracy.get(difficulty, min(model.accuracy.values()))
+        correct = rng.random() < model.accuracy_on(difficulty(context))
         answer = context.task.answer if correct else _wrong_answer(context.task.answer, rng)
         output_tokens = max(1, round(rng.lognormvariate(
             math.log(model.mean_output_tokens), model.output_tokens_sigma)))
-        usage = Usage(input_tokens=self.prompt_overhead_tokens + len(question) // 4,
-                      output_tokens=output_tokens)
+        context_tokens = sum(len(observation) for observation in context.observations) // 4
+        usage = Usage(input_tokens=self.prompt_overhead_tokens + len(question) // 4
+                      + context_tokens, output_tokens=output_tokens)
         # Simulated time: reported, not slept, so the demo runs fast.
         seconds = output_tokens / model.tokens_per_second
         return ToolResult(output=f"Answer: {answer}", usage=usage, latency_s=seconds,
                           cost_usd=self.pricing[alias].cost(usage, 0.0)
-                          + self.spec.pricing.cost(Usage(), 0.0))
+                          + self.spec.pricing.cost(Usage(), 0.0),
+                          answer=answer if self.ends_episode else None)

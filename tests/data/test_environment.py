@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -43,8 +44,7 @@ def test_oracle_depends_on_the_preference(offline_config):
     expert = toolbox.tools["call_expert"]
     best: dict[tuple[str, str, str], Counter] = {}
     for task in make_tasks(400, seed=1):
-        values = route_values(task, expert.models, expert.pricing, 1e-4, 0.002,
-                              {"python_sandbox": 5e-6})
+        values = route_values(task, expert, 1e-4, 0.002, {"python_sandbox": 5e-6})
         assert {v.route for v in values} == set(routes(task, expert.models))
         key = (task.metadata["family"], task.metadata["difficulty"],
                task.metadata["preference_name"])
@@ -70,11 +70,42 @@ def test_router_demonstrations_are_right_and_use_every_route(offline_config, tin
     used = Counter()
     for conversation in conversations:
         messages = conversation["messages"]
-        assert messages[-1]["content"].startswith("<answer>")
-        for message in messages:
-            if message["role"] == "assistant" and "<tool_call>" in message["content"]:
-                used[message["content"].split('"name": "')[1].split('"')[0]] += 1
+        calls = [message["content"].split('"name": "')[1].split('"')[0] for message in messages
+                 if message["role"] == "assistant" and "<tool_call>" in message["content"]]
+        used.update(calls)
+        # The expert's answer ends the episode; otherwise the policy answers.
+        if calls and calls[-1] == "call_expert":
+            assert messages[-1]["role"] == "assistant" and "call_expert" in messages[-1]["content"]
+        else:
+            assert messages[-1]["content"].startswith("<answer>")
     assert set(used) == {"python_sandbox", "search", "call_expert"}
+
+
+def test_experts_handed_the_retrieved_evidence_answer_lookups(offline_config):
+    """A lookup no expert knows becomes easy once its passage is in the episode's context: the
+    oracle prices ``tools+expert:<alias>`` so, and the simulated expert answers so."""
+    lookups = [task for task in make_tasks(300, seed=4)
+               if task.metadata["family"] == "lookup"][:40]
+    toolbox = build_toolbox(offline_config.tools)
+    expert = toolbox.tools["call_expert"]
+    values = {v.route: v for v in route_values(lookups[0], expert, 1e-4, 0.002, {})}
+    assert values["expert:generalist"].accuracy == 0.05
+    assert values["tools+expert:generalist"].accuracy == 0.9
+
+    async def answers(with_passage: bool) -> list[bool]:
+        async with toolbox:
+            right = []
+            for task in lookups:
+                context = ToolContext(episode_id=task.id, task=task)
+                if with_passage:
+                    passage = await toolbox.call("search", {}, context)
+                    context = dataclasses.replace(context, observations=(passage.observation,))
+                result = await toolbox.call("call_expert", {"model": "generalist"}, context)
+                right.append(result.answer == task.answer)
+            return right
+
+    assert sum(asyncio.run(answers(with_passage=False))) <= 8
+    assert sum(asyncio.run(answers(with_passage=True))) >= 30
 
 
 def test_exact_tool_routes_reach_the_answer(offline_config):

@@ -44,6 +44,9 @@ def scripted_reply(prompt: str) -> str:
         return f'"capital of {question.split()[-1].rstrip("?")}"\nextra line'
     if "Python program" in prompt:
         return "Here it is:\n```python\nprint(6 * 7)\n```"
+    if "Context:\n" in prompt:  # answers from the first observation handed to it
+        first_observation = prompt.split("Context:\n")[1].splitlines()[0]
+        return f"<answer>{first_observation}</answer>"
     return f"Thinking... <answer>{question.upper()}</answer>"
 
 
@@ -119,12 +122,14 @@ def test_composites_bill_expert_and_executor(scripted_server, tmp_path):
                 search.call({"model": "strong", "question": "What is the capital of Vardenia?"},
                             context),
                 code.call({"model": "strong", "question": "What is six times seven?"}, context),
-                answer.call({"model": "strong", "question": "shout this"}, context))
+                answer.call({"model": "strong", "question": "shout this"}, context),
+                answer.call({"model": "strong", "question": "Which city?"},
+                            ToolContext(observations=("Ostrel", "a later observation"))))
         finally:
             await built["python_sandbox"].close()
             await built["expert"].close()
 
-    found, computed, answered = asyncio.run(calls())
+    found, computed, answered, from_context = asyncio.run(calls())
     gpt5 = model_pricing("gpt-5")
     assert found.error is None
     assert found.output.startswith("Query:\ncapital of Vardenia\nResult:\n[d1] The capital of "
@@ -133,3 +138,4 @@ def test_composites_bill_expert_and_executor(scripted_server, tmp_path):
     assert computed.error is None and computed.output.endswith("Result:\n42\n")
     assert computed.cost_usd > gpt5.cost(computed.usage, 0.0)  # + sandbox seconds
     assert answered.answer == "SHOUT THIS" and answered.usage.output_tokens > 0
+    assert from_context.answer == "Ostrel"  # the episode's observations reach the expert
