@@ -4,6 +4,7 @@ fail on request, so timing and error paths can be checked exactly."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
@@ -48,3 +49,19 @@ class DelayedEcho(BaseTool):
 def echo_spec(name: str = "echo", **fields: Any) -> ToolSpec:
     return ToolSpec(name=name, description="Echo the text back.", parameters=ECHO_PARAMETERS,
                     **fields)
+
+
+class ContextRecorder(DelayedEcho):
+    """An echo that keeps the observations each call was handed and, for ``text == "final"``,
+    answers (ending the episode)."""
+
+    def __init__(self, spec: ToolSpec, **options: Any) -> None:
+        super().__init__(spec, **options)
+        self.handed: list[tuple[str, ...]] = []
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        self.handed.append(context.observations)
+        result = await super().call(arguments, context)
+        if arguments["text"] == "final":
+            return dataclasses.replace(result, answer="done")
+        return result

@@ -77,6 +77,7 @@ def make_tasks(n: int, seed: int, prefix: str = "task") -> list[Task]:
                       "preference": PREFERENCE_VECTORS[preference],
                       "route": [list(step) for step in drawn.route],
                       "evidence": drawn.evidence,
+                      "evidence_difficulty": drawn.evidence_difficulty,
                       "evidence_route": [list(step) for step in drawn.evidence_route]}))
     return tasks
 
@@ -125,8 +126,9 @@ def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn:
                  usd_reference: float, tool_usd: Mapping[str, float]) -> list[RouteValue]:
     """Expected accuracy, USD and utility of each route, from the simulated experts' known
     accuracies, usage distributions and prices (tools: assumed exact, at ``tool_usd`` per
-    call; an expert after the evidence's retrieval: the task is easy); the orchestrator pays one
-    turn per call plus the answer turn, unless the expert's answer ends the episode."""
+    call; an expert after the evidence's retrieval: at the task's evidence difficulty); the
+    orchestrator pays one turn per call plus the answer turn, unless the expert's answer ends
+    the episode."""
     values = []
     for name, route in routes(task, expert.models).items():
         ends = expert.ends_episode and route[-1][0] == EXPERT_TOOL
@@ -137,8 +139,8 @@ def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn:
             counts[tool] = counts.get(tool, 0) + 1
             if tool == EXPERT_TOOL:
                 model = expert.models[arguments["model"]]
-                # Handed the retrieved evidence, every expert finds the task easy.
-                difficulty = "easy" if name.startswith("tools+") else task.metadata["difficulty"]
+                difficulty = task.metadata[("evidence_difficulty" if name.startswith("tools+")
+                                            else "difficulty")]
                 accuracy = model.accuracy_on(difficulty)
                 pricing = expert.pricing[arguments["model"]]
                 mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma ** 2

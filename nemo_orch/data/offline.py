@@ -135,8 +135,10 @@ class _Task:
     preferences: tuple[str, ...] = tuple(PREFERENCES)
     # For expert tasks, whose model follows the preference: (easy model, hard model, is hard).
     expert_choice: tuple[str, str, bool] | None = None
-    # For lookups: the fact the task hinges on, stated by the search step's passage.
+    # For lookups: the fact the task hinges on, stated by the search step's passage, and how
+    # hard the task is for an expert handed that passage.
     evidence: str | None = None
+    evidence_difficulty: str = "easy"
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -380,7 +382,9 @@ def _lookup(rng: random.Random) -> _Task:
     relation = rng.choice(tuple(_RELATIONS.values()))
     entity, value, step = _fact(rng, relation)
     question = rng.choice(relation.questions).format(e=entity)
-    return _Task(question, [step], value, preferences=_LOOKUP_PREFERENCES, evidence=value)
+    # Reading the fact off the passage is a language task.
+    return _Task(question, [step], value, preferences=_LOOKUP_PREFERENCES, evidence=value,
+                 evidence_difficulty="language")
 
 
 def _lookup_then_compute(rng: random.Random) -> _Task:
@@ -531,8 +535,8 @@ class OfflineTask:
     """A task of the offline world for rollouts: its family, the exact-tool route that solves it
     (empty when only an expert can), how hard it is for an expert (``easy``, ``hard``, or
     ``unknown``: facts of the made-up world no model knows) and the preference kinds it may get.
-    Lookups also name their ``evidence`` (the fact) and the ``evidence_route`` that retrieves
-    it: an expert handed that passage finds the task easy."""
+    Lookups also name their ``evidence`` (the fact), the ``evidence_route`` that retrieves it
+    and the ``evidence_difficulty`` of the task for an expert handed that passage."""
 
     family: str
     question: str
@@ -542,6 +546,7 @@ class OfflineTask:
     preferences: tuple[str, ...]
     evidence: str | None = None
     evidence_route: tuple[tuple[str, dict[str, Any]], ...] = ()
+    evidence_difficulty: str = "easy"
 
 
 def draw_task(rng: random.Random) -> OfflineTask:
@@ -560,7 +565,7 @@ def draw_task(rng: random.Random) -> OfflineTask:
                   for step in task.steps)
     evidence_route = tuple(step for step in route if step[0] == "search")
     return OfflineTask(family, task.question, task.answer, route, difficulty, task.preferences,
-                       task.evidence, evidence_route)
+                       task.evidence, evidence_route, task.evidence_difficulty)
 _EXPERT_REPLIES = ("Answer: {a}", "{a}", "The answer is {a}")
 
 

@@ -7,8 +7,9 @@
 
 Each takes a ``model`` argument choosing the expert (an alias of the expert tool), hands it the
 episode's observations so far (retrieved passages, code output) as context, as the reference
-does, and bills the expert's tokens plus the basic tool's fees. They are configurations of existing tools, named in
-their declarations by ``expert`` and ``executor`` and built first by the registry.
+does, and bills the expert's tokens plus the basic tool's fees. They are configurations of
+existing tools, named in their declarations by ``expert`` and ``executor`` and built first by
+the registry.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ usage from a log-normal distribution, and bills it at the list price of its real
 cost-aware training sees realistic trade-offs. It reads the task's reference answer from the
 tool context — which is exactly why it must never be used outside the offline demo.
 
-Like ToolOrchestra's experts it is handed the episode's context: a task whose ``evidence``
-(``task.metadata["evidence"]``, the fact it hinges on) is already in an observation, e.g. a
-retrieved passage, is ``easy`` for every model. With ``ends_episode`` its answer is the episode's
+Like ToolOrchestra's experts it is handed the episode's context: once a task's ``evidence``
+(``task.metadata["evidence"]``, the fact it hinges on) is in an observation, e.g. a retrieved
+passage, the task has ``task.metadata["evidence_difficulty"]`` instead (default ``easy``). With ``ends_episode`` its answer is the episode's
 final answer, as with ToolOrchestra's ``answer`` tool.
 """
 
@@ -50,12 +50,12 @@ class SimulatedModel:
 
 
 def difficulty(context: ToolContext) -> str:
-    """The task's difficulty for an expert handed this context: ``easy`` once the task's
-    evidence is in an observation, else ``task.metadata["difficulty"]`` (default ``easy``)."""
+    """The task's difficulty for an expert handed this context: its ``evidence_difficulty``
+    once its evidence is in an observation, else its ``difficulty`` (defaults: ``easy``)."""
     metadata = context.task.metadata if context.task is not None else {}
     evidence = metadata.get("evidence")
     if evidence and any(evidence in observation for observation in context.observations):
-        return "easy"
+        return metadata.get("evidence_difficulty", "easy")
     return metadata.get("difficulty", "easy")
 
 

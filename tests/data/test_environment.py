@@ -9,9 +9,14 @@ from collections import Counter
 import pytest
 
 from nemo_orch import config as config_lib
-from nemo_orch.data.environment import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, demonstrations,
-                                        make_tasks, oracle, route_values, routes, utility)
+from nemo_orch.data.environment import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, RouterReplies,
+                                        demonstrations, make_tasks, oracle, route_values, routes,
+                                        utility)
+from nemo_orch.eval.orchestration import route_of
 from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.rollout.episode import Episode
+from nemo_orch.rollout.runner import DirectPolicy
 from nemo_orch.tools.base import ToolContext
 
 
@@ -90,7 +95,7 @@ def test_experts_handed_the_retrieved_evidence_answer_lookups(offline_config):
     expert = toolbox.tools["call_expert"]
     values = {v.route: v for v in route_values(lookups[0], expert, 1e-4, 0.002, {})}
     assert values["expert:generalist"].accuracy == 0.05
-    assert values["tools+expert:generalist"].accuracy == 0.9
+    assert values["tools+expert:generalist"].accuracy == 0.95  # reading a passage: language
 
     async def answers(with_passage: bool) -> list[bool]:
         async with toolbox:
@@ -125,3 +130,25 @@ def test_exact_tool_routes_reach_the_answer(offline_config):
     observations = asyncio.run(last_observations())
     assert {t.metadata["family"] for t in tasks} == {"arithmetic", "lookup", "lookup_compute"}
     assert [task.answer in output for task, output in zip(tasks, observations)] == [True] * 60
+
+
+def test_every_route_is_named_back_from_its_episode(offline_config, tiny_tokenizer):
+    """``route_of`` (the reports' and metrics' tool mix) names each route of a lookup as the
+    oracle does, from the episode a router following it plays through the real tools."""
+    task = next(t for t in make_tasks(50, seed=6) if t.metadata["family"] == "lookup")
+
+    async def play() -> dict[str, str]:
+        async with build_toolbox(offline_config.tools) as toolbox:
+            named = {}
+            for name, route in routes(task, toolbox.tools["call_expert"].models).items():
+                policy = DirectPolicy(ScriptedEngine(tiny_tokenizer,
+                                                     RouterReplies(route, task.answer)))
+                trajectory = await Episode(task, 0, policy, toolbox, tiny_tokenizer,
+                                           offline_config.resolved_rollout()).run()
+                named[name] = route_of(trajectory)
+            return named
+
+    named = asyncio.run(play())
+    assert set(named) == {"tools", *(f"{shape}expert:{alias}" for shape in ("", "tools+")
+                                     for alias in ("math-small", "math-large", "generalist"))}
+    assert all(route_of_episode == name for name, route_of_episode in named.items())

@@ -10,7 +10,7 @@ import re
 import time
 
 import pytest
-from fixture_tools import DelayedEcho, echo_spec
+from fixture_tools import ContextRecorder, DelayedEcho, echo_spec
 
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.data.tasks import Task
@@ -100,6 +100,22 @@ def test_tool_call_then_answer(tiny_tokenizer):
     record = trajectory.to_json()
     assert record["ledger"][0]["calls"][0]["arguments"] == {"text": "42"}
     assert json.loads(json.dumps(record))["termination"] == "answer"
+
+
+def test_tools_are_handed_earlier_observations_and_may_end_the_episode(tiny_tokenizer):
+    """Each call gets what the episode's earlier calls returned (an expert's context); a tool
+    that answers ends the episode with its answer, with no turn after it."""
+    def three_calls(prompt: str) -> str:
+        seen = len(re.findall(r"<tool_response>", prompt))
+        return call("echo", text=("first", "second", "final")[seen])
+
+    recorder = ContextRecorder(echo_spec("echo"))
+    (trajectory,), _ = rollout(tiny_tokenizer, [Task("t", "go", system=SYSTEM)],
+                               reply=three_calls, toolbox=Toolbox([recorder]))
+    assert recorder.handed == [(), ("first",), ("first", "second")]
+    assert trajectory.termination == "answer" and trajectory.answer == "done"
+    assert len(trajectory.turns) == 3 and trajectory.messages[-1]["role"] == "assistant"
+    assert_tokens_match_template(trajectory, tiny_tokenizer)
 
 
 def test_forced_choice_starts_the_first_turn(tiny_tokenizer):

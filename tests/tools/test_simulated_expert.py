@@ -64,3 +64,23 @@ def test_reproducible_and_clear_errors():
     with pytest.raises(ToolError, match="no price for model 'gpt-9'"):
         SimulatedExpert(SPEC, {"x": {"counterpart": "gpt-9", "accuracy": {"easy": 1.0}}})
     assert model_pricing("Qwen/Qwen3-32B") == model_pricing("Qwen3-32B")
+
+
+def test_evidence_in_the_context_changes_the_difficulty_and_answers_end_the_episode():
+    expert = SimulatedExpert(SPEC, MODELS, ends_episode=True)
+    task = Task("t", "Who wrote Ostrel?", answer="Vel Anor", metadata={
+        "difficulty": "hard", "evidence": "Vel Anor", "evidence_difficulty": "easy"})
+
+    def accuracy(observations: tuple[str, ...]) -> float:
+        async def calls():
+            return await asyncio.gather(*(expert.call(
+                {"model": "small"}, ToolContext(episode_id=f"t#{i}", task=task,
+                                                observations=observations))
+                for i in range(400)))
+        results = asyncio.run(calls())
+        assert all(r.answer == r.output.removeprefix("Answer: ") for r in results)
+        return sum(r.answer == "Vel Anor" for r in results) / len(results)
+
+    assert accuracy(()) == pytest.approx(0.3, abs=0.07)  # hard
+    assert accuracy(("Ostrel is a novel by Someone Else.",)) == pytest.approx(0.3, abs=0.07)
+    assert accuracy(("Ostrel is a novel by Vel Anor.",)) == pytest.approx(0.9, abs=0.07)  # easy
