@@ -219,12 +219,21 @@ def _turn_spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int) -> list[Batch]:
-    """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label."""
-    length = padded_length(len(s.token_ids) - 1 for s in samples)
+def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int,
+                  one_length: bool = False) -> list[Batch]:
+    """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label.
+
+    Samples are grouped by length and each micro-batch is padded to its longest, so one long
+    episode does not pad the whole batch (the loss is a token mean over the global batch: the
+    grouping does not change it). ``one_length``: every micro-batch gets the longest's length,
+    as pipeline stages exchange activations of one shape."""
+    samples = sorted(samples, key=lambda sample: len(sample.token_ids))
+    step_length = padded_length(len(s.token_ids) - 1 for s in samples)
     batches = []
     for start in range(0, len(samples), micro_batch_size):
         chunk = samples[start:start + micro_batch_size]
+        length = step_length if one_length else padded_length(len(s.token_ids) - 1
+                                                              for s in chunk)
 
         def column(values: list[list[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor([row + [fill] * (length - len(row)) for row in values],
@@ -411,7 +420,8 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
                                                                             "mini", step))):
         mine = _even_split(mini, dp, random.Random(0))[dp_rank]
         mine = mine[:len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
-        batches = micro_batches(mine, grpo.micro_batch_size, pad_id)
+        batches = micro_batches(mine, grpo.micro_batch_size, pad_id,
+                                one_length=config.parallel.pp > 1)
         # With one update per batch the policy is still the sampling one: the loss uses its own
         # detached logprobs as the old ones (see grpo_loss), saving a forward pass.
         none = [None] * len(batches)

@@ -53,17 +53,29 @@ def test_samples_carry_group_advantages_and_turns():
 
 
 def test_micro_batches_align_labels_and_pad():
-    samples = [Sample([5, 6, 7, 8], [0, 1, 1, 0], [0.0, -0.5, -0.25, 0.0], 2.0, [0, 1, 0, 0]),
-               Sample([5, 6], [0, 1], [0.0, -1.0], -1.0, [0, 1])]
+    samples = [Sample([5, 6], [0, 1], [0.0, -1.0], -1.0, [0, 1]),
+               Sample([5, 6, 7, 8], [0, 1, 1, 0], [0.0, -0.5, -0.25, 0.0], 2.0, [0, 1, 0, 0])]
     (batch,) = micro_batches(samples, micro_batch_size=2, pad_id=0)
     assert batch["tokens"].shape == (2, PAD_MULTIPLE)
-    assert batch["tokens"][0, :3].tolist() == [5, 6, 7] and batch["labels"][0, :3].tolist() == [
+    assert batch["tokens"][1, :3].tolist() == [5, 6, 7] and batch["labels"][1, :3].tolist() == [
         6, 7, 8]
-    assert batch["loss_mask"][0, :3].tolist() == [1, 1, 0]
-    assert batch["engine_logprobs"][0, :2].tolist() == [-0.5, -0.25]
-    assert batch["advantages"][1, :2].tolist() == [-1.0, 0.0]
-    assert batch["advantages"][0, :3].tolist() == [2.0, 0.0, 0.0]  # only where the mask says
-    assert torch.equal(batch["position_ids"][1], torch.arange(PAD_MULTIPLE))
+    assert batch["loss_mask"][1, :3].tolist() == [1, 1, 0]
+    assert batch["engine_logprobs"][1, :2].tolist() == [-0.5, -0.25]
+    assert batch["advantages"][0, :2].tolist() == [-1.0, 0.0]
+    assert batch["advantages"][1, :3].tolist() == [2.0, 0.0, 0.0]  # only where the mask says
+    assert torch.equal(batch["position_ids"][0], torch.arange(PAD_MULTIPLE))
+
+
+def test_micro_batches_group_by_length_and_pad_each_unless_pipelined():
+    lengths = [3, 40, 5, 4]
+    samples = [Sample(list(range(1, n + 1)), [1] * n, [0.0] * n, float(n), [1] * n)
+               for n in lengths]
+    short, long = micro_batches(samples, micro_batch_size=2, pad_id=0)
+    assert short["tokens"].shape == (2, PAD_MULTIPLE) and long["tokens"].shape == (2, 48)
+    assert [row[0].item() for row in short["advantages"]] == [3.0, 4.0]  # the two shortest
+    assert [row[0].item() for row in long["advantages"]] == [5.0, 40.0]
+    piped = micro_batches(samples, micro_batch_size=2, pad_id=0, one_length=True)
+    assert [batch["tokens"].shape for batch in piped] == [(2, 48), (2, 48)]
 
 
 def test_main_job_end_to_end(tmp_path):
