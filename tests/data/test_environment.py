@@ -60,6 +60,9 @@ def test_oracle_depends_on_the_preference(offline_config):
     assert top[("lookup", "unknown", "accuracy")] == "tools"
     assert top[("math", "hard", "accuracy")] == "expert:math-large"
     assert top[("math", "hard", "cost")] != "expert:math-large"  # the frontier model is too dear
+    assert top[("math", "easy", "accuracy")] == "expert:math-large"
+    assert top[("math", "easy", "cost")] == "expert:math-small"
+    assert top[("arithmetic", "easy", "no_code")] == "expert:math-large"
 
 
 def test_router_demonstrations_are_right_and_use_every_route(offline_config, tiny_tokenizer):
