@@ -300,7 +300,7 @@ class GRPOConfig:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
     """
 
-    max_steps: int = 30
+    max_steps: int = 40
     prompts_per_step: int = 8
     updates_per_step: int = 1
     mini_batches: int = 1
@@ -362,7 +362,7 @@ class RolloutConfig:
     model_name: Optional[str] = None
     api_key_env: Optional[str] = None
     group_size: int = 8
-    max_turns: int = 50
+    max_turns: int = 10
     max_new_tokens: int = 96
     max_context_tokens: Optional[int] = None
     max_observation_tokens: int = 512
