@@ -11,6 +11,11 @@ micro-batches after it is drawn, so every layout trains on the same tokens. Old 
 are the policy's own plus fixed per-token offsets (ratios from ~0.67 to ~4.5: unclipped, clipped
 low and high, dual-clipped) and the reference is a differently seeded model, so every branch of the
 loss and the KL term take part.
+
+Each sequence ends at its own length (loss-masked padding after it). Without pipeline
+parallelism every micro-batch is cut to its longest sequence, as GRPO's micro-batches are, so the
+TP and DP layouts train on micro-batches of different lengths and must still match one process
+(which cuts them the same way) and PP (which cannot: its stages exchange one shape).
 """
 
 from __future__ import annotations
@@ -47,21 +52,30 @@ def synthetic_batch(config: Config, seed: int = 7) -> dict[str, torch.Tensor]:
     ids = torch.randint(0, config.model.vocab_size, (NUM_SEQUENCES, SEQ_LENGTH + 1),
                         generator=generator)
     prompt_lengths = torch.randint(2, SEQ_LENGTH // 2, (NUM_SEQUENCES, 1), generator=generator)
-    loss_mask = (torch.arange(SEQ_LENGTH) >= prompt_lengths).float()
+    ends = torch.tensor([[SEQ_LENGTH if index % 4 == 3 else SEQ_LENGTH // 2 + 2 * (index % 4)]
+                         for index in range(NUM_SEQUENCES)])
+    positions = torch.arange(SEQ_LENGTH)
+    loss_mask = ((positions >= prompt_lengths) & (positions < ends)).float()
     advantages = torch.randn(NUM_SEQUENCES, 1, generator=generator).expand(shape) * loss_mask
     choice = torch.randint(0, len(OLD_LOGPROB_OFFSETS), shape, generator=generator)
-    return {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": loss_mask,
+    return {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": loss_mask, "end": ends,
             "position_ids": torch.arange(SEQ_LENGTH).repeat(NUM_SEQUENCES, 1),
             "advantages": advantages.contiguous(), "old_offset": OLD_LOGPROB_OFFSETS[choice],
             "engine_offset": 0.01 * torch.randn(shape, generator=generator)}
 
 
 def micro_batches(batch: Batch, context: ParallelContext, micro_batch_size: int) -> list[Batch]:
-    """This DP rank's share of a global batch, cut into micro-batches."""
+    """This DP rank's share of a global batch, cut into micro-batches, each cut to its longest
+    sequence unless pipelined."""
     per_rank = len(batch["tokens"]) // context.parallel.dp
     start = context.dp_rank * per_rank
-    return [{key: value[i:i + micro_batch_size] for key, value in batch.items()}
-            for i in range(start, start + per_rank, micro_batch_size)]
+    chunks = []
+    for i in range(start, start + per_rank, micro_batch_size):
+        chunk = {key: value[i:i + micro_batch_size] for key, value in batch.items()}
+        length = SEQ_LENGTH if context.parallel.pp > 1 else int(chunk.pop("end").max())
+        chunk.pop("end", None)
+        chunks.append({key: value[:, :length] for key, value in chunk.items()})
+    return chunks
 
 
 def grpo_steps(config: Config, context: ParallelContext, steps: int = 2) -> list[dict]:
