@@ -106,9 +106,9 @@ def on_policy_batches(config, policy, context, advantage_per_sequence: torch.Ten
 
 
 def sequence_mean_logprobs(policy, batches) -> torch.Tensor:
-    logprobs = torch.cat(policy.forward_logprobs(batches))
-    mask = torch.cat([batch["loss_mask"] for batch in batches])
-    return (logprobs * mask).sum(1) / mask.sum(1)
+    """Per sequence, over the micro-batches (which differ in length)."""
+    return torch.cat([(logprobs * batch["loss_mask"]).sum(1) / batch["loss_mask"].sum(1)
+                      for logprobs, batch in zip(policy.forward_logprobs(batches), batches)])
 
 
 def test_a_step_raises_the_logprobs_of_positive_advantages(tiny_policy):
@@ -141,9 +141,8 @@ def test_reference_is_a_frozen_copy_of_the_policy(tiny_policy):
     reference = ReferenceModel(config, context)
     reference.load_state_from(policy)
     batches = on_policy_batches(config, policy, context, torch.ones(8))
-    start = torch.cat(reference.forward_logprobs(batches))
-    torch.testing.assert_close(start, torch.cat(policy.forward_logprobs(batches)), atol=0, rtol=0)
+    start = reference.forward_logprobs(batches)
+    torch.testing.assert_close(start, policy.forward_logprobs(batches), atol=0, rtol=0)
     policy.train_step(batches, grpo_token_loss(config.grpo))
-    torch.testing.assert_close(torch.cat(reference.forward_logprobs(batches)), start, atol=0,
-                               rtol=0)
+    torch.testing.assert_close(reference.forward_logprobs(batches), start, atol=0, rtol=0)
     assert not any(p.requires_grad for p in reference.module.parameters())
