@@ -145,7 +145,8 @@ def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn:
                 pricing = expert.pricing[arguments["model"]]
                 mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma ** 2
                                                                    / 2)
-                usd += (pricing.per_input_token * (60 + len(task.question) // 4)
+                usd += (pricing.per_input_token
+                        * (expert.prompt_overhead_tokens + len(task.question) // 4)
                         + pricing.per_output_token * mean_output)
             else:
                 usd += tool_usd.get(tool, 0.0)

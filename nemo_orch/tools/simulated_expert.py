@@ -9,8 +9,9 @@ tool context — which is exactly why it must never be used outside the offline 
 
 Like ToolOrchestra's experts it is handed the episode's context: once a task's ``evidence``
 (``task.metadata["evidence"]``, the fact it hinges on) is in an observation, e.g. a retrieved
-passage, the task has ``task.metadata["evidence_difficulty"]`` instead (default ``easy``). With ``ends_episode`` its answer is the episode's
-final answer, as with ToolOrchestra's ``answer`` tool.
+passage, the task has ``task.metadata["evidence_difficulty"]`` instead (default ``easy``). With
+``ends_episode`` its answer is the episode's final answer, as with ToolOrchestra's ``answer``
+tool.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ optionally Weights & Biases."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -51,8 +52,6 @@ class MetricsLogger:
                   max_steps: int) -> "MetricsLogger":
         """The logger of a training stage (SFT, GRPO): its run directory and ``run.*`` W&B
         settings, with the resolved config on the W&B run."""
-        import dataclasses
-
         run = config.run
         return cls(run.dir, enabled=enabled, start_step=start_step, max_steps=max_steps,
                    wandb_project=run.wandb_project, wandb_mode=run.wandb_mode, run_name=run.name,
