@@ -9,6 +9,7 @@ code past this point reads typed fields without defaults of its own.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,23 +166,35 @@ class TokenizerConfig:
                  f"tokenizer.chat_format must be one of {CHAT_FORMATS}")
 
 
+# The naive routers that play the main job's demonstrations (data.environment.demonstrations).
+DEMO_ROUTERS = ("strongest", "thrifty", "family", "random")
+
+
 @dataclass
 class DataConfig:
     """``sft_path`` is a JSONL file of conversations (``{"messages": [...], "tools": [...]}``);
     null uses the bundled offline generator with ``num_offline_conversations`` examples.
     ``num_copy_conversations`` short copy-into-the-answer conversations are mixed in (see
-    ``data.offline.copy_conversations``; 0: none)."""
+    ``data.offline.copy_conversations``; 0: none). ``demo_routers``: the share of the main
+    job's demonstrations each naive router (:data:`DEMO_ROUTERS`) plays; they sum to 1."""
 
     sft_path: Optional[str] = None
     num_offline_conversations: int = 6000
     num_copy_conversations: int = 6000
     seq_length: int = 640
+    demo_routers: dict[str, float] = field(default_factory=lambda: {
+        "strongest": 0.3, "thrifty": 0.3, "family": 0.15, "random": 0.25})
 
     def __post_init__(self) -> None:
         _require_file(self.sft_path, "data.sft_path")
         _require(self.num_offline_conversations > 0, "data.num_offline_conversations must be > 0")
         _require(self.num_copy_conversations >= 0, "data.num_copy_conversations must be >= 0")
         _require(self.seq_length > 8, "data.seq_length must be > 8")
+        _require(set(self.demo_routers) == set(DEMO_ROUTERS),
+                 f"data.demo_routers must give a share to each of {', '.join(DEMO_ROUTERS)}")
+        _require(all(share >= 0 for share in self.demo_routers.values())
+                 and math.isclose(sum(self.demo_routers.values()), 1.0),
+                 "data.demo_routers: shares must be >= 0 and sum to 1")
 
 
 def resolve_conf_path(path: str) -> Path:

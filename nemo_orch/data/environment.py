@@ -10,8 +10,8 @@ oracle that knows the simulated experts.
   itself (``tools``), or by retrieving it and handing it to an expert (``tools+expert:<alias>``),
   not by an expert alone, who does not know the made-up world.
 * Preferences: a vector over ``accuracy``, ``cost`` and tool call counts (``tool:<name>``,
-  negative weight: avoid), stated in the system prompt with the same instructions as the
-  demonstrations use.
+  negative weight: avoid), stated after the question in the user's message (one of
+  :data:`INSTRUCTIONS`).
 * Utility (for evaluation and the oracle, on an absolute scale): 0 if wrong, else
   ``w_accuracy - w_cost * usd / usd_reference + sum over tool features w * [called]``: the
   ToolOrchestra reward with the group normalization replaced by a fixed cost scale.
@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_orch.config import DEMO_ROUTERS
 from nemo_orch.data.offline import PREFERENCES, draw_task
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
@@ -68,12 +69,14 @@ def make_tasks(n: int, seed: int, prefix: str = "task") -> list[Task]:
     for index in range(n):
         drawn = draw_task(rng)
         preference = rng.choice(FAMILY_PREFERENCES[drawn.family])
-        system = f"{SYSTEM_PROMPT}\n{rng.choice(INSTRUCTIONS[preference])}"
+        # The user states the preference after the question, as ToolOrchestra's users do: next
+        # to where the policy decides, not ahead of the tool list in the system prompt.
+        instruction = rng.choice(INSTRUCTIONS[preference])
         tasks.append(Task(
-            id=f"{prefix}-{index:05d}", question=drawn.question, system=system,
-            answer=drawn.answer,
+            id=f"{prefix}-{index:05d}", question=f"{drawn.question}\n{instruction}",
+            system=SYSTEM_PROMPT, answer=drawn.answer,
             metadata={"family": drawn.family, "difficulty": drawn.difficulty,
-                      "preference_name": preference,
+                      "preference_name": preference, "instruction": instruction,
                       "preference": PREFERENCE_VECTORS[preference],
                       "route": [list(step) for step in drawn.route],
                       "evidence": drawn.evidence,
@@ -192,14 +195,20 @@ def strongest_expert(task: Task, experts: Mapping[str, Any],
                                            expert_pricing[alias].per_output_token))
 
 
+def cheapest_expert(experts: Mapping[str, Any], expert_pricing: Mapping[str, Any]) -> str:
+    return min(experts, key=lambda alias: expert_pricing[alias].per_output_token)
+
+
 async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollout: Any,
-                         seed: int, strongest_share: float = 0.5,
-                         family_share: float = 0.25) -> list[dict[str, Any]]:
-    """SFT conversations from naive routers run through the real tools, none of which reads the
-    preference: with probability ``strongest_share`` the strongest (most expensive) expert, with
-    ``family_share`` the family's exact tools (where it has them), otherwise a uniformly random
-    route. Only episodes that end with the right answer are kept, so every demonstration copies
-    arguments and results correctly."""
+                         seed: int, router_shares: Mapping[str, float]) -> list[dict[str, Any]]:
+    """SFT conversations from naive routers run through the real tools. Each task's router is
+    drawn with ``router_shares`` (over :data:`~nemo_orch.config.DEMO_ROUTERS`): the strongest
+    (most expensive) expert for the task's difficulty; ``thrifty``, a keyword rule that takes
+    the cheapest expert when the instruction asks to keep the cost low and the strongest
+    otherwise; the family's exact tools (where it has them, else a random route); or a
+    uniformly random route. Only the thrifty rule reads the preference, and it knows neither
+    the experts' accuracies nor the other preferences: what is best is left to RL. Only episodes that end with the right answer
+    are kept, so every demonstration copies arguments and results correctly."""
     expert_tool = toolbox.tools[EXPERT_TOOL]
     experts, pricing = expert_tool.models, expert_tool.pricing
     # The policy's per-turn token limit is for sampling; a demonstrator's reply is never cut.
@@ -209,10 +218,12 @@ async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollou
 
     async def demonstrate(index: int, task: Task) -> dict[str, Any] | None:
         options = routes(task, experts)
-        draw = rng.random()
-        if draw < strongest_share:
+        router = rng.choices(DEMO_ROUTERS, [router_shares[name] for name in DEMO_ROUTERS])[0]
+        if router == "thrifty" and task.metadata["preference_name"] == "cost":
+            route = options[f"expert:{cheapest_expert(experts, pricing)}"]
+        elif router in ("strongest", "thrifty"):
             route = options[f"expert:{strongest_expert(task, experts, pricing)}"]
-        elif draw < strongest_share + family_share and "tools" in options:
+        elif router == "family" and "tools" in options:
             route = options["tools"]
         else:
             route = options[rng.choice(sorted(options))]

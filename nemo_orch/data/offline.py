@@ -10,7 +10,7 @@ Every conversation offers the same three tools (:data:`TOOLS`) and demonstrates 
   ``math-large``; word puzzles: ``call_expert`` with ``generalist``.
 
 The system prompt carries a preference instruction sampled per task ("Keep the cost low.",
-"Prefer accuracy over cost.", "Do not use web search.", ...), and the choice of expert follows it:
+"Accuracy matters most.", "Do not use web search.", ...), and the choice of expert follows it:
 cost-minded prompts get ``math-small``, accuracy-minded ones ``math-large``, the others the model
 that fits the question's difficulty. Tool-calling assistant messages have empty content.
 
@@ -103,9 +103,10 @@ PREFERENCES: dict[str, tuple[str, ...]] = {
         "Minimize cost: use the cheapest tool that works.",
         "The budget is tight, so prefer cheap tools.",
     ),
+    # No word is shared with the cost phrases: a tiny policy tells them apart by their words.
     "accuracy": (
-        "Prefer accuracy over cost.",
-        "Accuracy matters more than cost here.",
+        "Accuracy matters most.",
+        "Get it right, whatever it takes.",
         "Use the strongest model available when in doubt.",
     ),
     "no_search": ("Do not use web search.", "Web search is not allowed for this task."),

@@ -2,8 +2,10 @@
 
 For each policy: ``reward`` (the absolute preference utility of
 :func:`nemo_orch.data.environment.utility`), ``accuracy``, ``usd_per_task``,
-``seconds_per_task``, ``pref_adherence`` (the share of tasks answered by the oracle's route for
-their preference), ``format_error_rate`` (format errors per turn) and ``tool_mix`` (the share of
+``seconds_per_task``, ``pref_adherence`` (how well the routes taken serve each task's
+preference: the route's expected utility over the oracle route's, so a policy is judged on its
+choice, not on how it carried it out), ``oracle_route_share`` (the share of tasks answered by
+exactly the oracle's route), ``format_error_rate`` (format errors per turn) and ``tool_mix`` (the share of
 each route per family and preference). The oracle's numbers are expectations over the simulated
 experts' known accuracies and prices.
 """
@@ -15,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_orch.data.environment import EXPERT_TOOL, oracle, route_values, utility
+from nemo_orch.data.environment import EXPERT_TOOL, RouteValue, oracle, route_values, utility
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.base import Usage
@@ -91,9 +93,14 @@ class OracleTable:
         self.input_price, self.output_price = orchestrator_usd_per_token
         self.tool_usd = {name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
                          for name, tool in toolbox.tools.items() if name != EXPERT_TOOL}
-        self._best: dict[str, Any] = {}  # by task id: every policy's report asks again
+        self._values: dict[str, list[RouteValue]] = {}  # by task id: every report asks again
 
-    def values(self, task: Task):
+    def values(self, task: Task) -> list[RouteValue]:
+        if task.id not in self._values:
+            self._values[task.id] = self._route_values(task)
+        return self._values[task.id]
+
+    def _route_values(self, task: Task) -> list[RouteValue]:
         messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
             {"role": "user", "content": task.question}]
         prompt = self.tokenizer.apply_chat_template(messages, tools=self.toolbox.schemas(),
@@ -104,10 +111,17 @@ class OracleTable:
                     + self.output_price * 32)
         return route_values(task, self.expert, per_turn, self.usd_reference, self.tool_usd)
 
-    def best(self, task: Task):
-        if task.id not in self._best:
-            self._best[task.id] = oracle(self.values(task))
-        return self._best[task.id]
+    def best(self, task: Task) -> RouteValue:
+        return oracle(self.values(task))
+
+    def adherence(self, task: Task, route: str) -> float:
+        """The expected utility of ``route`` for the task's preference over the best route's,
+        in [0, 1] (0 for a route that cannot answer, such as ``none``)."""
+        best = self.best(task)
+        taken = next((v.utility for v in self.values(task) if v.route == route), 0.0)
+        if best.utility <= 0:
+            return float(route == best.route)
+        return min(max(taken / best.utility, 0.0), 1.0)
 
     def report(self, tasks: list[Task]) -> dict[str, Any]:
         best = [self.best(task) for task in tasks]
@@ -117,7 +131,8 @@ class OracleTable:
         return {"reward": statistics.mean(v.utility for v in best),
                 "accuracy": statistics.mean(v.accuracy for v in best),
                 "usd_per_task": statistics.mean(v.usd for v in best),
-                "seconds_per_task": None, "pref_adherence": 1.0, "format_error_rate": 0.0,
+                "seconds_per_task": None, "pref_adherence": 1.0, "oracle_route_share": 1.0,
+                "format_error_rate": 0.0,
                 "tool_mix": _mix(routes_by_group),
                 "groups": group_means(tasks, [v.utility for v in best],
                                       [v.accuracy for v in best])}
@@ -129,13 +144,15 @@ def evaluation_report(tasks: list[Task], trajectories: list[Trajectory], table: 
     utilities = [utility(task.metadata["preference"], right, trajectory.cost_usd,
                          trajectory.tool_counts(), table.usd_reference)
                  for task, trajectory, right in zip(tasks, trajectories, correct)]
-    adherent = [route_of(trajectory) == table.best(task).route
-                for task, trajectory in zip(tasks, trajectories)]
+    routes = [route_of(trajectory) for trajectory in trajectories]
     return {
         "reward": statistics.mean(utilities),
         "accuracy": statistics.mean(map(float, correct)),
         **episode_stats(trajectories),
-        "pref_adherence": statistics.mean(map(float, adherent)),
+        "pref_adherence": statistics.mean(table.adherence(task, route)
+                                          for task, route in zip(tasks, routes)),
+        "oracle_route_share": statistics.mean(float(route == table.best(task).route)
+                                              for task, route in zip(tasks, routes)),
         "tool_mix": route_mix(tasks, trajectories),
         "groups": group_means(tasks, utilities, [float(right) for right in correct]),
     }
@@ -207,15 +224,17 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
     plots = plot_curves(grpo_dir / "metrics.jsonl", run_dir)
     lines = ["# nemo-orch train report", "",
              f"Held-out tasks: {report['eval_tasks']} (greedy decoding); oracle: expected values "
-             "from the simulated experts' accuracies and prices.", "",
-             "| policy | reward | accuracy | USD/task | s/task | pref. adherence | format errors |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "from the simulated experts' accuracies and prices. Pref. adherence: the expected "
+             "utility of the route taken for the task's preference over the oracle route's; "
+             "oracle route: the share of tasks answered by exactly the oracle's route.", "",
+             "| policy | reward | accuracy | USD/task | s/task | pref. adherence | oracle route | "
+             "format errors |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in ("sft", "grpo", "oracle"):
         row = report[name]
         seconds = "" if row["seconds_per_task"] is None else f"{row['seconds_per_task']:.2f}"
         lines.append(f"| {name} | {row['reward']:.3f} | {row['accuracy']:.3f} | "
                      f"{row['usd_per_task']:.6f} | {seconds} | {row['pref_adherence']:.3f} | "
-                     f"{row['format_error_rate']:.3f} |")
+                     f"{row['oracle_route_share']:.3f} | {row['format_error_rate']:.3f} |")
     if report.get("gap_closed") is not None:
         lines += ["", f"GRPO closed {report['gap_closed']:.0%} of the SFT -> oracle reward gap."]
     lines += ["", "## Reward and route mix per (family, preference)", "",

@@ -68,7 +68,7 @@ def _prepare_demonstrations(config: Config, tokenizer_dir: Path) -> Path:
         async def generate() -> list[dict]:
             async with build_toolbox(config.tools) as toolbox:
                 return await demonstrations(tasks, toolbox, tokenizer, config.resolved_rollout(),
-                                            seed=config.run.seed)
+                                            config.run.seed, config.data.demo_routers)
 
         conversations = asyncio.run(generate())[:wanted]
         partial = path.with_suffix(".partial")
@@ -154,12 +154,12 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
              + ", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items()) + ")"]
     if summary.report is not None:
         lines.append(f"  {'policy':8} {'reward':>8} {'accuracy':>9} {'usd/task':>10} "
-                     f"{'pref.adh':>9} {'fmt.err':>8}")
+                     f"{'pref.adh':>9} {'or.route':>9} {'fmt.err':>8}")
         for name in ("sft", "grpo", "oracle"):
             row = summary.report[name]
             lines.append(f"  {name:8} {row['reward']:8.3f} {row['accuracy']:9.3f} "
                          f"{row['usd_per_task']:10.6f} {row['pref_adherence']:9.3f} "
-                         f"{row['format_error_rate']:8.3f}")
+                         f"{row['oracle_route_share']:9.3f} {row['format_error_rate']:8.3f}")
         closed = summary.report.get("gap_closed")
         if closed is not None:
             lines.append(f"  GRPO closed {closed:.0%} of the SFT -> oracle reward gap")

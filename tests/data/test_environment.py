@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from nemo_orch import config as config_lib
-from nemo_orch.data.environment import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, RouterReplies,
+from nemo_orch.data.environment import (FAMILY_PREFERENCES, INSTRUCTIONS, PREFERENCE_VECTORS,
+                                        RouterReplies,
                                         demonstrations, make_tasks, oracle, route_values, routes,
                                         utility)
 from nemo_orch.eval.orchestration import route_of
@@ -32,7 +33,8 @@ def test_tasks_are_seeded_and_carry_preferences():
         family, kind = task.metadata["family"], task.metadata["preference_name"]
         assert kind in FAMILY_PREFERENCES[family]
         assert task.metadata["preference"] == PREFERENCE_VECTORS[kind]
-        assert task.system.count("\n") == 1 and task.answer
+        assert task.question.endswith(f"\n{task.metadata['instruction']}") and task.answer
+        assert task.metadata["instruction"] in INSTRUCTIONS[kind]
     assert set(Counter(t.metadata["family"] for t in tasks)) == set(FAMILY_PREFERENCES)
 
 
@@ -71,7 +73,8 @@ def test_router_demonstrations_are_right_and_use_every_route(offline_config, tin
     async def run():
         async with build_toolbox(offline_config.tools) as toolbox:
             return await demonstrations(tasks, toolbox, tiny_tokenizer,
-                                        offline_config.resolved_rollout(), seed=0)
+                                        offline_config.resolved_rollout(), 0,
+                                        offline_config.data.demo_routers)
 
     conversations = asyncio.run(run())
     assert 15 <= len(conversations) < len(tasks)  # wrong routes (e.g. experts on lookups) dropped
@@ -87,6 +90,33 @@ def test_router_demonstrations_are_right_and_use_every_route(offline_config, tin
         else:
             assert messages[-1]["content"].startswith("<answer>")
     assert set(used) == {"python_sandbox", "search", "call_expert"}
+
+
+def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
+    """On easy math the strongest router always calls the frontier model; the thrifty one calls
+    the cheap model exactly when the instruction asks for low cost."""
+    tasks = [task for task in make_tasks(600, seed=3) if task.metadata["family"] == "math"
+             and task.metadata["difficulty"] == "easy"]
+    assert {"cost", "accuracy"} <= {task.metadata["preference_name"] for task in tasks}
+
+    def models_called(router):
+        shares = {name: float(name == router) for name in offline_config.data.demo_routers}
+
+        async def run():
+            async with build_toolbox(offline_config.tools) as toolbox:
+                return await demonstrations(tasks, toolbox, tiny_tokenizer,
+                                            offline_config.resolved_rollout(), 0, shares)
+
+        return [(conversation["messages"][1]["content"].split("\n")[-1],
+                 conversation["messages"][2]["content"].split('"model": "')[1].split('"')[0])
+                for conversation in asyncio.run(run())]
+
+    assert {model for _, model in models_called("strongest")} == {"math-large"}
+    thrifty = models_called("thrifty")
+    cost_instructions = set(INSTRUCTIONS["cost"])
+    assert all((model == "math-small") == (instruction in cost_instructions)
+               for instruction, model in thrifty)
+    assert {"math-small", "math-large"} <= {model for _, model in thrifty}
 
 
 def test_experts_handed_the_retrieved_evidence_answer_lookups(offline_config):

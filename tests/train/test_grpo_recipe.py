@@ -92,7 +92,8 @@ def test_main_job_end_to_end(tmp_path):
     report = json.loads((run_dir / "report.json").read_text())
     for policy in ("sft", "grpo", "oracle"):
         assert set(report[policy]) >= {"reward", "accuracy", "usd_per_task", "seconds_per_task",
-                                       "pref_adherence", "format_error_rate", "tool_mix"}
+                                       "pref_adherence", "oracle_route_share",
+                                       "format_error_rate", "tool_mix"}
     assert set(report["wall_seconds"]) == {"setup", "sft", "grpo", "eval"}
     assert set(report["sft"]["groups"]) == set(report["oracle"]["groups"])
     episodes = (run_dir / "episodes" / "grpo.jsonl").read_text().splitlines()
