@@ -1,10 +1,9 @@
 """The main job, ``nemo-orch train``: the whole method on the offline environment, end to end.
 
-1. **setup**: a tokenizer trained on the offline world's text; demonstrations from naive routers
-   (the strongest expert half the time, a random route otherwise) run through the real tools,
-   keeping the episodes that end right (``demonstrations.jsonl``);
-2. **sft**: the policy learns the call format, argument copying and a first routing
-   (``sft/``);
+1. **setup**: a tokenizer trained on the offline world's text; demonstrations from the naive
+   routers of ``data.demo_routers`` run through the real tools, keeping the episodes that end
+   right (``demonstrations.jsonl``);
+2. **sft**: the policy learns the call format and a first routing (``sft/``);
 3. **grpo**: RL on fresh tasks with preference vectors (``grpo/``);
 4. **eval**: the SFT and GRPO policies on held-out tasks (greedy), next to the oracle;
    ``report.json``, ``report.md`` and plots; ``runs/latest`` points at the run.
