@@ -207,8 +207,9 @@ async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollou
     the cheapest expert when the instruction asks to keep the cost low and the strongest
     otherwise; the family's exact tools (where it has them, else a random route); or a
     uniformly random route. Only the thrifty rule reads the preference, and it knows neither
-    the experts' accuracies nor the other preferences: what is best is left to RL. Only episodes that end with the right answer
-    are kept, so every demonstration copies arguments and results correctly."""
+    the experts' accuracies nor the other preferences: what is best is left to RL. Only
+    episodes that end with the right answer are kept, so every demonstration copies arguments
+    and results correctly."""
     expert_tool = toolbox.tools[EXPERT_TOOL]
     experts, pricing = expert_tool.models, expert_tool.pricing
     # The policy's per-turn token limit is for sampling; a demonstrator's reply is never cut.
@@ -219,7 +220,7 @@ async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollou
     async def demonstrate(index: int, task: Task) -> dict[str, Any] | None:
         options = routes(task, experts)
         router = rng.choices(DEMO_ROUTERS, [router_shares[name] for name in DEMO_ROUTERS])[0]
-        if router == "thrifty" and task.metadata["preference_name"] == "cost":
+        if router == "thrifty" and task.metadata["instruction"] in INSTRUCTIONS["cost"]:
             route = options[f"expert:{cheapest_expert(experts, pricing)}"]
         elif router in ("strongest", "thrifty"):
             route = options[f"expert:{strongest_expert(task, experts, pricing)}"]

@@ -5,8 +5,8 @@ For each policy: ``reward`` (the absolute preference utility of
 ``seconds_per_task``, ``pref_adherence`` (how well the routes taken serve each task's
 preference: the route's expected utility over the oracle route's, so a policy is judged on its
 choice, not on how it carried it out), ``oracle_route_share`` (the share of tasks answered by
-exactly the oracle's route), ``format_error_rate`` (format errors per turn) and ``tool_mix`` (the share of
-each route per family and preference). The oracle's numbers are expectations over the simulated
+exactly the oracle's route), ``format_error_rate`` (format errors per turn) and ``tool_mix``
+(the share of each route per family and preference). The oracle's numbers are expectations over the simulated
 experts' known accuracies and prices.
 """
 
