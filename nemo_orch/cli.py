@@ -212,6 +212,46 @@ def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(config: Config, args: argparse.Namespace) -> int:
+    default = Path(config.run.output_dir) / "eval" / "-".join(
+        [args.benchmark, args.domain, *([args.split] if args.benchmark == "tau2" else []),
+         args.agent])
+    out = args.out or default
+    if args.benchmark == "toolscale":
+        from nemo_orch.eval import toolscale
+
+        report = toolscale.run_gold_replay(config, args.data or config.synth.out_dir,
+                                           args.domain, limit=args.limit)
+        path = toolscale.write_report(report, out)
+        rate, passed, tasks, seconds = (report["pass_rate"], report["passed"], report["tasks"],
+                                        report["seconds"])
+    else:
+        from nemo_orch.eval import tau2
+
+        tau2_report = tau2.run(args.domain, args.split, args.agent, limit=args.limit)
+        path = tau2.write_report(tau2_report, out)
+        rate, passed, tasks, seconds = (tau2_report.pass_rate, tau2_report.passed,
+                                        len(tau2_report.results), tau2_report.seconds)
+    print(f"eval: {args.benchmark} {args.domain}, agent {args.agent}: pass rate {rate:.3f} "
+          f"({passed}/{tasks} tasks) in {seconds:.1f} s -> {path}")
+    return 0
+
+
+def cmd_synth(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.data.toolscale import generator, synth
+
+    if not args.offline:
+        print("\n".join(synth.summary_lines(synth.run(config.synth))))
+        return 0
+    summary = generator.write_offline(config.synth.out_dir, args.tasks_per_domain, args.seed)
+    print(f"synth --offline: {len(summary['domains'])} domains -> {summary['out_dir']}")
+    for domain in summary["domains"]:
+        dropped = domain["validation"]["dropped"]
+        print(f"  {domain['name']}: {domain['tools']} tools, {domain['tasks']} tasks -> "
+              f"{domain['tasks_file']} (drafts dropped: {dropped})")
+    return 0
+
+
 def cmd_index_build(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.tools.retriever import build_index
 
@@ -270,6 +310,33 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--n", type=int, default=None,
                          help="episodes per task (default: rollout.group_size)")
     rollout.add_argument("--out", required=True, help="JSONL file for the trajectories")
+
+    from nemo_orch.eval.tau2 import AGENTS as TAU2_AGENTS
+
+    evaluate = add("eval", cmd_eval, "run an agent on a benchmark's tasks, score them with the "
+                   "benchmark's own evaluator, write report.json and report.md")
+    evaluate.add_argument("--benchmark", required=True, choices=["tau2", "toolscale"])
+    evaluate.add_argument("--domain", required=True, help="tau2: retail, airline, telecom, ...; "
+                          "toolscale: a domain directory under --data")
+    evaluate.add_argument("--split", default="test", help="tau2: the task split (train, test, "
+                          "base)")
+    evaluate.add_argument("--data", default=None, help="toolscale: what `nemo-orch synth` "
+                          "wrote (default: synth.out_dir)")
+    evaluate.add_argument("--agent", required=True, choices=sorted(TAU2_AGENTS),
+                          help="gold-replay: the tasks' gold actions through our tools (checks "
+                          "the adapter: every task should pass)")
+    evaluate.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    evaluate.add_argument("--out", default=None, help="report directory (default: "
+                          "<run.output_dir>/eval/<benchmark>-<domain>[-<split>]-<agent>)")
+
+    synthesize = add("synth", cmd_synth, "synthesize ToolScale domains and tasks with an LLM "
+                     "(synth.*), or generate them offline (--offline): write <domain>/domain.json,"
+                     " <domain>/tasks.jsonl and summary.json under synth.out_dir")
+    synthesize.add_argument("--offline", action="store_true",
+                            help="the seeded generator (3 domains, no LLM) instead of the LLM")
+    synthesize.add_argument("--tasks-per-domain", type=int, default=200,
+                            help="--offline: tasks per domain")
+    synthesize.add_argument("--seed", type=int, default=0, help="--offline: the seed")
 
     index = commands.add_parser("index", help="retrieval indexes")
     index_commands = index.add_subparsers(dest="index_command", required=True)

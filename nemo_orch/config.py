@@ -176,7 +176,10 @@ class DataConfig:
     null uses the bundled offline generator with ``num_offline_conversations`` examples.
     ``num_copy_conversations`` short copy-into-the-answer conversations are mixed in (see
     ``data.offline.copy_conversations``; 0: none). ``demo_routers``: the share of the main
-    job's demonstrations each naive router (:data:`DEMO_ROUTERS`) plays; they sum to 1."""
+    job's demonstrations each naive router (:data:`DEMO_ROUTERS`) plays; they sum to 1.
+    ``toolscale_tasks_per_domain``: the main job writes the offline ToolScale domains with that
+    many tasks each (``toolscale/`` in the run) and evaluates the GRPO policy, next to the gold
+    replay, on the first ``toolscale_eval_tasks`` of each (0: neither)."""
 
     sft_path: Optional[str] = None
     num_offline_conversations: int = 6000
@@ -184,6 +187,8 @@ class DataConfig:
     seq_length: int = 640
     demo_routers: dict[str, float] = field(default_factory=lambda: {
         "strongest": 0.3, "thrifty": 0.3, "family": 0.15, "random": 0.25})
+    toolscale_tasks_per_domain: int = 200
+    toolscale_eval_tasks: int = 20
 
     def __post_init__(self) -> None:
         _require_file(self.sft_path, "data.sft_path")
@@ -195,6 +200,8 @@ class DataConfig:
         _require(all(share >= 0 for share in self.demo_routers.values())
                  and math.isclose(sum(self.demo_routers.values()), 1.0),
                  "data.demo_routers: shares must be >= 0 and sum to 1")
+        _require(0 <= self.toolscale_eval_tasks <= self.toolscale_tasks_per_domain,
+                 "data.toolscale_eval_tasks must be in [0, data.toolscale_tasks_per_domain]")
 
 
 def resolve_conf_path(path: str) -> Path:
@@ -208,17 +215,20 @@ def resolve_conf_path(path: str) -> Path:
 
 @dataclass
 class ToolsConfig:
-    """Tool declaration files, or directories of them (one YAML/JSON file per tool), and the
-    cache of deterministic tools' results."""
+    """Tool declaration files, or directories of them (one YAML/JSON file per tool), domain
+    files (``Domain.save``: their tools act on each episode's database, and their tasks are
+    scored on it) and the cache of deterministic tools' results."""
 
     declarations: list[str] = field(default_factory=lambda: ["tools/offline"])
+    domains: list[str] = field(default_factory=list)
     cache_entries: int = 4096
     cache_mb: int = 64
 
     def __post_init__(self) -> None:
-        for index, path in enumerate(self.declarations):
-            _require(resolve_conf_path(path).exists(),
-                     f"tools.declarations[{index}]: no such file or directory: {path}")
+        for key in ("declarations", "domains"):
+            for index, path in enumerate(getattr(self, key)):
+                _require(resolve_conf_path(path).exists(),
+                         f"tools.{key}[{index}]: no such file or directory: {path}")
         _require(self.cache_entries >= 0 and self.cache_mb >= 0,
                  "tools.cache_entries and tools.cache_mb must be >= 0")
 
@@ -456,6 +466,59 @@ class LauncherConfig:
 
 
 @dataclass
+class SynthConfig:
+    """``nemo-orch synth``: the ToolScale synthesis pipeline (``data/toolscale/synth.py``).
+
+    Each step is one chat request to ``base_url`` (OpenAI-compatible, ``model``; the key read
+    from the environment variable ``api_key_env``); a reply that does not parse or check is sent
+    back with the error at most ``max_retries`` times. Per domain: ``records_per_table``
+    records, ``num_purposes`` purposes with ``tasks_per_purpose`` tasks each, and up to
+    ``evolve_rounds`` harder rewrites per task; a task with more than ``max_actions`` gold
+    actions is dropped. The run stops cleanly after ``max_llm_calls`` requests or ``max_usd``
+    (at the ``*_usd_per_million`` token prices; null: no limit); ``concurrency`` bounds the
+    requests in flight. Outputs and the resumable cache go to ``out_dir``.
+    """
+
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key_env: Optional[str] = None
+    out_dir: str = "runs/synth"
+    num_domains: int = 1
+    records_per_table: int = 10
+    num_purposes: int = 5
+    tasks_per_purpose: int = 3
+    evolve_rounds: int = 1
+    max_actions: int = 12
+    max_retries: int = 2
+    max_llm_calls: Optional[int] = None
+    max_usd: Optional[float] = None
+    input_usd_per_million: float = 0.0
+    output_usd_per_million: float = 0.0
+    temperature: float = 0.7
+    max_tokens: int = 8192
+    timeout_s: float = 300.0
+    concurrency: int = 4
+
+    def __post_init__(self) -> None:
+        _require(self.base_url is None or self.model is not None,
+                 "synth.base_url needs synth.model")
+        for name in ("num_domains", "records_per_table", "num_purposes", "tasks_per_purpose",
+                     "max_actions", "max_tokens", "concurrency"):
+            _require(getattr(self, name) >= 1, f"synth.{name} must be >= 1")
+        _require(self.evolve_rounds >= 0 and self.max_retries >= 0,
+                 "synth.evolve_rounds and synth.max_retries must be >= 0")
+        _require(self.max_llm_calls is None or self.max_llm_calls >= 1,
+                 "synth.max_llm_calls must be null or >= 1")
+        _require(self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
+                 "synth prices must be >= 0")
+        _require(self.max_usd is None or (self.max_usd > 0 and self.input_usd_per_million
+                                          + self.output_usd_per_million > 0),
+                 "synth.max_usd must be > 0 and needs a price (synth.*_usd_per_million)")
+        _require(self.temperature >= 0 and self.timeout_s > 0,
+                 "synth.temperature must be >= 0 and synth.timeout_s > 0")
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -468,6 +531,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
 
     def __post_init__(self) -> None:
         _require(self.model.num_layers % self.parallel.pp == 0,

@@ -176,14 +176,13 @@ def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], ta
     from pathlib import Path
 
     from nemo_orch.models.tokenizer import load_tokenizer
-    from nemo_orch.reward.outcome import OutcomeScorer
-    from nemo_orch.rollout.builders import build_toolbox
+    from nemo_orch.rollout.builders import build_scorer, build_toolbox
     from nemo_orch.rollout.engines.hf import HFEngine
     from nemo_orch.rollout.runner import run_rollouts
 
     tokenizer = load_tokenizer(tokenizer_dir)
     settings = dataclasses.replace(config.resolved_rollout(), temperature=0.0)
-    scorer = OutcomeScorer(config.reward)
+    scorer = build_scorer(config)
 
     async def evaluate() -> dict[str, Any]:
         report: dict[str, Any] = {}
@@ -195,7 +194,7 @@ def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], ta
                 engine = HFEngine(config.model, hf, tokenizer=tokenizer)
                 trajectories = await run_rollouts(tasks, 1, engine, toolbox, tokenizer, settings,
                                                   seed=config.run.seed)
-                outcomes = await asyncio.gather(*(scorer.score(task, t.answer)
+                outcomes = await asyncio.gather(*(scorer.score(task, t.answer, t.calls())
                                                   for task, t in zip(tasks, trajectories)))
                 report[name] = evaluation_report(tasks, trajectories, table,
                                                  [o.correct for o in outcomes])
@@ -248,6 +247,12 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
                  for name in ("sft", "grpo", "oracle")]
         lines.append(f"| {group} | {oracle_row['tasks']} | {rewards} | " + " | ".join(cells)
                      + " |")
+    if "toolscale" in report:
+        lines += ["", "## ToolScale domain tasks (database state and facts; greedy)", "",
+                  "| agent | domain | tasks | pass rate | calls/task |", "|---|---|---:|---:|---:|"]
+        for agent, domains in report["toolscale"].items():
+            lines += [f"| {agent} | {domain} | {row['tasks']} | {row['pass_rate']:.3f} | "
+                      f"{row['calls_per_task']:.1f} |" for domain, row in domains.items()]
     if "wall_seconds" in report:
         lines += ["", "Wall time: " + ", ".join(f"{k} {v:.0f} s"
                                                  for k, v in report["wall_seconds"].items())]

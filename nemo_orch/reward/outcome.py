@@ -6,9 +6,10 @@ anything else goes to the LLM judge when one is configured (``reward.judge_base_
 wrong otherwise. A judge that fails or answers unreadably makes the answer wrong with the reason
 recorded (method ``judge_error``): scoring never raises over an external call.
 
-Domain (database) tasks are right when replaying the gold actions on a fresh environment reaches
-the same state as the episode did and every required fact was told to the user
-(:func:`database_outcome`).
+Domain (database) tasks, rows whose ``metadata["scorer"]`` is ``database``, are right when the
+episode's tool calls, replayed on a fresh database, reach the state the gold actions reach and every
+required fact is in the final answer (method ``database``; see
+:func:`nemo_orch.data.domain_tasks.score_episode`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import asyncio
 import math
 import re
 import string
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Protocol
+from typing import Any
 
 from nemo_orch.config import RewardConfig
+from nemo_orch.data.domain import Domain
+from nemo_orch.data.domain_tasks import DomainTask, score_episode
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.openai import OpenAIClient
 
@@ -115,8 +118,11 @@ class OutcomeScorer:
     Judge failures are not cached: the next score asks again.
     """
 
-    def __init__(self, config: RewardConfig, client: OpenAIClient | None = None) -> None:
+    def __init__(self, config: RewardConfig, client: OpenAIClient | None = None,
+                 domains: Mapping[str, Domain] | None = None) -> None:
         self.config = config
+        self.domains = dict(domains or {})
+        self._domain_tasks: dict[str, DomainTask] = {}
         if client is None and config.judge_base_url is not None:
             client = OpenAIClient(config.judge_base_url, config.judge_model,
                                   api_key_env=config.judge_api_key_env)
@@ -124,8 +130,12 @@ class OutcomeScorer:
         self._verdicts: dict[tuple[str, str], OutcomeResult] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[OutcomeResult]] = {}
 
-    async def score(self, task: Task, answer: str | None) -> OutcomeResult:
-        """The outcome of ``answer`` (None: the episode gave none) for ``task``."""
+    async def score(self, task: Task, answer: str | None,
+                    calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult:
+        """The outcome of ``answer`` (None: the episode gave none) for ``task``; ``calls`` are
+        the episode's tool calls, which a domain task is scored on."""
+        if task.metadata.get("scorer") == "database":
+            return self._database(task, answer or "", calls)
         answer = (answer or "").strip()
         if not normalize_answer(answer):
             return OutcomeResult(False, "empty")
@@ -143,6 +153,21 @@ class OutcomeScorer:
         if self.client is None:
             return OutcomeResult(False, "no_match")
         return await self._judged(task, answer)
+
+    def _database(self, task: Task, answer: str,
+                  calls: Sequence[tuple[str, dict[str, Any]]]) -> OutcomeResult:
+        name = task.metadata["domain"]
+        if name not in self.domains:
+            raise ValueError(f"task {task.id}: domain {name!r} is not loaded (tools.domains)")
+        domain_task = self._domain_tasks.get(task.id)
+        if domain_task is None:
+            domain_task = DomainTask.model_validate(task.metadata["domain_task"])
+            self._domain_tasks[task.id] = domain_task
+        score = score_episode(self.domains[name], domain_task, calls, answer)
+        problems = ([] if score.db_match else ["the database differs from the gold state"]) + [
+            f"not communicated: {fact!r}" for fact in score.missing_facts] + [
+            f"not called: {action}" for action in score.missing_actions]
+        return OutcomeResult(score.reward == 1.0, "database", "; ".join(problems))
 
     async def _judged(self, task: Task, answer: str) -> OutcomeResult:
         key = (task.id, normalize_answer(answer))
@@ -177,29 +202,3 @@ class OutcomeScorer:
         if verdict is None:
             return OutcomeResult(False, "judge_error", f"no verdict in {reply.text[:200]!r}")
         return OutcomeResult(verdict, "judge", reply.text[:200])
-
-
-class DomainEnvironment(Protocol):
-    """A domain task's database (tau2-style): actions change it, its state has a hash."""
-
-    def apply(self, action: dict) -> str: ...
-
-    def state_hash(self) -> str: ...
-
-
-def database_outcome(final_state_hash: str, gold_actions: list[dict],
-                     make_env: Callable[[], DomainEnvironment], required_facts: list[str],
-                     communicated: str) -> OutcomeResult:
-    """Right when the episode left the database as the gold actions do (replayed on a fresh
-    environment) and every required fact (normalized) appears in what the user was told."""
-    env = make_env()
-    for action in gold_actions:
-        env.apply(action)
-    if env.state_hash() != final_state_hash:
-        return OutcomeResult(False, "database", "the final database state differs from the gold "
-                                                "state")
-    told = normalize_answer(communicated)
-    missing = [fact for fact in required_facts if normalize_answer(fact) not in told]
-    if missing:
-        return OutcomeResult(False, "database", f"not communicated: {missing}")
-    return OutcomeResult(True, "database")

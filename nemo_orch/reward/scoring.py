@@ -19,7 +19,7 @@ async def score_groups(tasks: Sequence[Task], groups: Sequence[Sequence[Trajecto
     are scored concurrently (judge calls overlap), then each group is combined on its own."""
     if len(tasks) != len(groups):
         raise ValueError(f"{len(tasks)} tasks but {len(groups)} groups")
-    outcomes = await asyncio.gather(*(asyncio.gather(*(scorer.score(task, t.answer)
+    outcomes = await asyncio.gather(*(asyncio.gather(*(scorer.score(task, t.answer, t.calls())
                                                        for t in group))
                                       for task, group in zip(tasks, groups)))
     return [score_group(task, group, group_outcomes, config)

@@ -13,7 +13,10 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
-from nemo_orch.tools.registry import Toolbox, load_declarations, load_toolbox
+from nemo_orch.data.domain import Domain
+from nemo_orch.reward.outcome import OutcomeScorer
+from nemo_orch.tools.domain import domain_tools, load_domains
+from nemo_orch.tools.registry import Toolbox, build_tools, load_declarations
 
 if TYPE_CHECKING:  # torch and transformers load only for commands that generate
     from transformers import PreTrainedTokenizerBase
@@ -22,9 +25,22 @@ if TYPE_CHECKING:  # torch and transformers load only for commands that generate
 
 
 def build_toolbox(tools: ToolsConfig) -> Toolbox:
-    """The declared tools, not yet started (``async with toolbox`` warms them up)."""
-    return load_toolbox([resolve_conf_path(path) for path in tools.declarations],
-                        cache_entries=tools.cache_entries, cache_bytes=tools.cache_mb << 20)
+    """The declared tools and the domains' tools, not yet started (``async with toolbox`` warms
+    them up)."""
+    declared = build_tools(load_declarations([resolve_conf_path(p) for p in tools.declarations]))
+    domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
+    return Toolbox([*declared, *domain], cache_entries=tools.cache_entries,
+                   cache_bytes=tools.cache_mb << 20)
+
+
+def build_domains(tools: ToolsConfig) -> dict[str, Domain]:
+    """The configured domains (``tools.domains``), by name."""
+    return load_domains([resolve_conf_path(path) for path in tools.domains])
+
+
+def build_scorer(config: Config) -> OutcomeScorer:
+    """The outcome scorer: the reward protocol, with the configured domains' databases."""
+    return OutcomeScorer(config.reward, domains=build_domains(config.tools))
 
 
 def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:

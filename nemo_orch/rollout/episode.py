@@ -101,6 +101,12 @@ class Trajectory:
     def generation_seconds(self) -> float:
         return sum(turn.generation_seconds for turn in self.turns)
 
+    def calls(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every well-formed tool call of the episode, in order (what a domain task is scored
+        on: the database replays them)."""
+        return [(call.tool, call.arguments) for turn in self.turns for call in turn.calls
+                if call.tool is not None and call.arguments is not None]
+
     @property
     def format_errors(self) -> dict[str, int]:
         counts = Counter(kind for turn in self.turns for kind in turn.format_errors)

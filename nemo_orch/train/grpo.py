@@ -40,9 +40,8 @@ from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_drop_reason,
                                          trajectory_drop_reason)
 from nemo_orch.reward.combine import RewardBreakdown
-from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.scoring import score_groups
-from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.rollout.builders import build_scorer, build_toolbox
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
@@ -103,7 +102,7 @@ class Rollouts:
     def __init__(self, config: Config, engine: Any, tokenizer: Any, toolbox: Any) -> None:
         self.config, self.engine, self.tokenizer, self.toolbox = config, engine, tokenizer, toolbox
         self.settings = config.resolved_rollout()
-        self.scorer = OutcomeScorer(config.reward)
+        self.scorer = build_scorer(config)
         self.format = TurnFormat.for_tools(toolbox.schemas())
         self.tools: list[str] | None = None  # the curriculum stage's tools (None: all)
         # Every group of the current step, kept or not: what the step's metrics describe.

@@ -2,11 +2,12 @@
 
 1. **setup**: a tokenizer trained on the offline world's text; demonstrations from the naive
    routers of ``data.demo_routers`` run through the real tools, keeping the episodes that end
-   right (``demonstrations.jsonl``);
+   right (``demonstrations.jsonl``); the offline ToolScale domains and tasks (``toolscale/``);
 2. **sft**: the policy learns the call format and a first routing (``sft/``);
 3. **grpo**: RL on fresh tasks with preference vectors (``grpo/``);
-4. **eval**: the SFT and GRPO policies on held-out tasks (greedy), next to the oracle;
-   ``report.json``, ``report.md`` and plots; ``runs/latest`` points at the run.
+4. **eval**: the SFT and GRPO policies on held-out tasks (greedy), next to the oracle, and the
+   GRPO policy on the offline ToolScale domain tasks written in setup (``toolscale/``), next to
+   the gold replay; ``report.json``, ``report.md`` and plots; ``runs/latest`` points at the run.
 
 Every stage resumes: a finished stage is skipped, an interrupted one continues from its last
 checkpoint. All stages share one process group, so ``parallel.*`` layouts run the whole job.
@@ -18,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ from nemo_orch.train import grpo, sft
 log = logging.getLogger(__name__)
 
 DEMONSTRATIONS = "demonstrations.jsonl"
+TOOLSCALE = "toolscale"
 
 
 @dataclass
@@ -78,6 +81,22 @@ def _prepare_demonstrations(config: Config, tokenizer_dir: Path) -> Path:
     return path
 
 
+def _prepare_toolscale(config: Config) -> Path | None:
+    """Rank 0 writes the offline ToolScale domains and tasks once (atomically)."""
+    from nemo_orch.data.toolscale.generator import write_offline
+
+    if config.data.toolscale_eval_tasks == 0:
+        return None
+    path = config.run.dir / TOOLSCALE
+    if distributed.is_writer() and not path.exists():
+        partial = path.with_suffix(".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        write_offline(partial, config.data.toolscale_tasks_per_domain, config.run.seed)
+        partial.rename(path)
+    distributed.barrier()
+    return path
+
+
 def _tokenizer(config: Config) -> Path:
     """The run's tokenizer: trained (by rank 0) on the offline world's conversations."""
     _, directory = sft.prepare_tokenizer(
@@ -94,6 +113,7 @@ def run(config: Config) -> MainJobSummary:
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
         tokenizer_dir = _tokenizer(config)
         demos = _prepare_demonstrations(config, tokenizer_dir)
+        toolscale_dir = _prepare_toolscale(config)
         seconds["setup"] = time.perf_counter() - started
 
         mark = time.perf_counter()
@@ -110,7 +130,8 @@ def run(config: Config) -> MainJobSummary:
         seconds["grpo"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        report = _evaluate(config, context, sft_checkpoint.path, grpo_config, tokenizer_dir)
+        report = _evaluate(config, context, sft_checkpoint.path, grpo_config, tokenizer_dir,
+                           toolscale_dir)
         seconds["eval"] = time.perf_counter() - mark
         if report is not None:
             report["wall_seconds"] = seconds
@@ -120,10 +141,13 @@ def run(config: Config) -> MainJobSummary:
 
 
 def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
-              grpo_config: Config, tokenizer_dir: Path) -> dict[str, Any] | None:
-    """The SFT and GRPO policies on held-out tasks, greedy, and the oracle (rank 0's report)."""
-    from nemo_orch.eval import orchestration
+              grpo_config: Config, tokenizer_dir: Path,
+              toolscale_dir: Path | None) -> dict[str, Any] | None:
+    """The SFT and GRPO policies on held-out tasks, greedy, and the oracle; the GRPO policy
+    and the gold replay on ToolScale domain tasks (rank 0's report)."""
+    from nemo_orch.eval import orchestration, toolscale
     from nemo_orch.models import qwen3
+    from nemo_orch.models.tokenizer import load_tokenizer
 
     policies = {}
     for name, source in (("sft", sft_checkpoint),
@@ -136,8 +160,13 @@ def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
     if not distributed.is_writer():
         return None
     tasks = make_tasks(config.grpo.eval_tasks, seed=config.run.seed + 7919, prefix="eval")
-    return orchestration.evaluate_policies(config, policies, tasks, tokenizer_dir,
-                                           episodes_dir=config.run.dir / "episodes")
+    report = orchestration.evaluate_policies(config, policies, tasks, tokenizer_dir,
+                                             episodes_dir=config.run.dir / "episodes")
+    if toolscale_dir is not None:
+        report["toolscale"] = toolscale.evaluate_policies(
+            config, {"grpo": policies["grpo"]}, toolscale_dir, config.data.toolscale_eval_tasks,
+            load_tokenizer(tokenizer_dir))
+    return report
 
 
 def _point_latest(run_dir: Path) -> None:
@@ -162,5 +191,8 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
         closed = summary.report.get("gap_closed")
         if closed is not None:
             lines.append(f"  GRPO closed {closed:.0%} of the SFT -> oracle reward gap")
+        for agent, domains in summary.report.get("toolscale", {}).items():
+            lines.append(f"  ToolScale domain tasks, {agent}: pass rate " + ", ".join(
+                f"{domain} {row['pass_rate']:.2f}" for domain, row in domains.items()))
         lines.append(f"  report {summary.run_dir / 'report.md'}")
     return lines

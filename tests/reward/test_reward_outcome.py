@@ -1,8 +1,6 @@
 """Answer matching, the judge protocol against the project's own server, and database outcomes."""
 
 import asyncio
-import hashlib
-import json
 import re
 import socket
 
@@ -10,9 +8,10 @@ import pytest
 
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.tasks import Task
+from nemo_orch.data.domain_tasks import gold_calls, to_task_row
+from nemo_orch.data.toolscale.generator import generate_domain, generate_tasks
 from nemo_orch.reward.outcome import (
-    OutcomeScorer, database_outcome, exact_match, normalize_answer, numeric_match,
-    parse_number, parse_verdict)
+    OutcomeScorer, exact_match, normalize_answer, numeric_match, parse_number, parse_verdict)
 from nemo_orch.rollout.engines.openai import OpenAIClient
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server
@@ -74,8 +73,8 @@ def test_parse_verdict(reply, verdict):
     assert parse_verdict(reply) is verdict
 
 
-def score(scorer, task, answer):
-    return asyncio.run(scorer.score(task, answer))
+def score(scorer, task, answer, calls=()):
+    return asyncio.run(scorer.score(task, answer, calls))
 
 
 def test_protocol_without_judge():
@@ -158,35 +157,17 @@ def test_judge_down_is_a_judge_error_not_an_exception():
     assert "ConnectError" in result.detail or "connect" in result.detail.lower()
 
 
-class KeyValueStore:
-    """A tiny domain environment: ``{"set": key, "value": v}`` and ``{"delete": key}``."""
-
-    def __init__(self) -> None:
-        self.data = {"order-7": "pending"}
-
-    def apply(self, action: dict) -> str:
-        if "delete" in action:
-            self.data.pop(action["delete"], None)
-            return f"deleted {action['delete']}"
-        self.data[action["set"]] = action["value"]
-        return f"{action['set']} = {action['value']}"
-
-    def state_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()
-
-
-def test_database_outcome():
-    gold = [{"set": "order-7", "value": "cancelled"}, {"set": "refund-7", "value": "$20"}]
-    episode = KeyValueStore()
-    for action in gold:
-        episode.apply(action)
-    facts = ["refund of $20"]
-    right = database_outcome(episode.state_hash(), gold, KeyValueStore, facts,
-                             "Done: your order is cancelled, and a refund of $20 is on its way.")
+def test_domain_task_outcome_replays_the_episode_calls():
+    shop = generate_domain("shop", seed=0)
+    drawn = next(t for t in generate_tasks(shop, seed=0) if t.facts and len(t.gold_actions) > 2)
+    row = to_task_row(shop, drawn)
+    scorer = OutcomeScorer(RewardConfig(), domains={"shop": shop})
+    told = "Done. " + " and ".join(drawn.facts)
+    right = score(scorer, row, told, gold_calls(drawn))
     assert (right.correct, right.method) == (True, "database")
-    silent = database_outcome(episode.state_hash(), gold, KeyValueStore, facts, "Done.")
-    assert not silent.correct and "refund of $20" in silent.detail
-    episode.apply({"delete": "refund-7"})
-    wrong_state = database_outcome(episode.state_hash(), gold, KeyValueStore, facts,
-                                   "A refund of $20 is on its way.")
-    assert not wrong_state.correct and "state" in wrong_state.detail
+    silent = score(scorer, row, "Done.", gold_calls(drawn))
+    assert not silent.correct and "not communicated" in silent.detail
+    idle = score(scorer, row, told, [])
+    assert not idle.correct and "database differs" in idle.detail
+    with pytest.raises(ValueError, match="domain 'shop' is not loaded"):
+        score(OutcomeScorer(RewardConfig()), row, told, [])

@@ -86,6 +86,7 @@ def test_main_job_end_to_end(tmp_path):
                  "trainer.num_threads=1", "grpo.max_steps=2", "grpo.prompts_per_step=2",
                  "rollout.group_size=2", "grpo.mini_batches=1", "grpo.micro_batch_size=2",
                  "grpo.eval_tasks=4", "rollout.max_turns=2", "rollout.max_new_tokens=8",
+                 "data.toolscale_tasks_per_domain=6", "data.toolscale_eval_tasks=2",
                  "reward.min_group_std=0"]  # a random policy's groups all score 0: keep them
     result = run_cli("train", *overrides)
     run_dir = tmp_path / "e2e"
@@ -99,6 +100,13 @@ def test_main_job_end_to_end(tmp_path):
     episodes = (run_dir / "episodes" / "grpo.jsonl").read_text().splitlines()
     assert len(episodes) == 4 and {"reference", "correct", "ledger"} <= json.loads(episodes[0]).keys()
     assert "| grpo |" in (run_dir / "report.md").read_text()
+    domains = report["toolscale"]["gold-replay"]
+    assert set(domains) == {"shop", "clinic", "mobile"}
+    assert all(row["tasks"] == 2 and row["pass_rate"] == 1.0 for row in domains.values())
+    assert set(report["toolscale"]["grpo"]) == set(domains)
+    assert len((run_dir / "toolscale" / "shop" / "tasks.jsonl").read_text().splitlines()) == 6
+    assert ("ToolScale domain tasks, gold-replay: pass rate clinic 1.00, mobile 1.00, shop 1.00"
+            in result.stdout)
     assert (run_dir / "curves.png").exists() and (run_dir / "routes.png").exists()
     assert (tmp_path / "latest").resolve() == run_dir.resolve()
     metrics = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text()

@@ -1,0 +1,319 @@
+"""tau2-bench (customer-service domains: retail, airline, telecom) as one of our environments.
+
+A domain's tools become our :class:`~nemo_orch.tools.base.Tool` implementations, with tau2's own
+OpenAI schemas, so the policy sees what tau2's agents see; each episode runs on its own fresh
+tau2 ``Environment``, so observations are byte-identical to tau2's. Its tasks become our task
+rows: the domain policy is the system prompt and the user's scenario is stated up front (the user
+side is scripted: there is no simulated user to ask). Episodes are scored by tau2's own
+evaluator on a trajectory carrying our executor's outputs, so a score here is a tau2 score.
+
+User-side tools (telecom's phone) are a second toolset, run by the scripted user on the same
+per-episode environment; the assistant never sees them.
+
+tau2 is an optional extra (``pip install 'nemo-orch[tau2]'``), imported only when used.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from nemo_orch.data.domain_tasks import DomainTask
+from nemo_orch.data.jsonl import DataError
+from nemo_orch.data.tasks import Task
+from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec
+from nemo_orch.tools.domain import EpisodeStates
+from nemo_orch.tools.registry import Toolbox
+
+logger = logging.getLogger(__name__)
+
+BENCHMARK = "tau2"
+ASSISTANT, USER = "assistant", "user"
+INSTALL_HINT = "pip install 'nemo-orch[tau2]'"
+# A retail environment holds ~13 MB of database; this bounds the episodes alive at once.
+DEFAULT_MAX_EPISODES = 64
+_ERROR_PREFIX = "Error: "  # how tau2 writes a failed call's output
+
+
+class Tau2Error(DataError):
+    """tau2 is missing, or a domain, split or task it does not have was asked for."""
+
+
+@functools.cache
+def _tau2() -> SimpleNamespace:
+    """The tau2 modules this adapter uses, imported on first use."""
+    # litellm (imported by tau2) otherwise fetches its model price map over the network.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        from loguru import logger as tau2_logger
+
+        # tau2 logs its registry on import, and every tool response, at DEBUG level to stderr.
+        tau2_logger.disable("tau2")
+        from tau2.data_model import message, simulation, tasks
+        from tau2.evaluator import evaluator
+        from tau2.registry import registry
+    except ImportError as error:
+        raise Tau2Error(f"tau2-bench needs the tau2 extra ({INSTALL_HINT}): {error}") from None
+    return SimpleNamespace(message=message, simulation=simulation, tasks=tasks,
+                           evaluator=evaluator, registry=registry)
+
+
+def domains() -> list[str]:
+    """The tau2 domains that have both an environment and tasks."""
+    registry = _tau2().registry
+    return sorted(set(registry.get_domains()) & set(registry.get_task_sets()))
+
+
+def _check_domain(domain: str) -> None:
+    if domain not in domains():
+        raise Tau2Error(f"unknown tau2 domain {domain!r}; domains: {', '.join(domains())}")
+
+
+def splits(domain: str) -> list[str]:
+    """The task splits of a domain (e.g. ``train``, ``test``, ``base``)."""
+    _check_domain(domain)
+    load_splits = _tau2().registry.get_task_splits_loader(domain)
+    return [] if load_splits is None else sorted(load_splits())
+
+
+def tau2_task_of(task: Task) -> Any:
+    """The tau2 task a row was made from (kept whole in its metadata)."""
+    if task.metadata.get("benchmark") != BENCHMARK:
+        raise Tau2Error(f"task {task.id!r} is not a tau2 task")
+    return _tau2().tasks.Task.model_validate(task.metadata["tau2_task"])
+
+
+def episode_environments(domain: str,
+                         max_episodes: int = DEFAULT_MAX_EPISODES) -> EpisodeStates[Any]:
+    """One fresh tau2 environment per episode, in its task's initial state, made on the
+    episode's first call and shared by its assistant and user tools."""
+    _check_domain(domain)
+    make_environment = _tau2().registry.get_env_constructor(domain)
+
+    def make(context: ToolContext) -> Any:
+        if context.task is None:
+            raise Tau2Error("a tau2 tool needs the task in its call context")
+        if context.task.metadata.get("domain") != domain:
+            raise Tau2Error(f"task {context.task.id!r} is not a {domain} task")
+        initial = tau2_task_of(context.task).initial_state
+        environment = make_environment()
+        if initial is not None:
+            environment.set_state(initial.initialization_data, initial.initialization_actions,
+                                  initial.message_history or [])
+        return environment
+
+    return EpisodeStates(make, max_episodes)
+
+
+class Tau2Tool(BaseTool):
+    """One tau2 tool, called as ``requestor`` (assistant or user) on the episode's environment.
+    tau2's tools are in-memory and take milliseconds, so they run inline."""
+
+    def __init__(self, spec: ToolSpec, requestor: str,
+                 environments: EpisodeStates[Any]) -> None:
+        super().__init__(spec)
+        self.requestor, self.environments = requestor, environments
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        try:
+            environment = self.environments.get(context)
+        except Tau2Error as error:
+            return ToolResult(error=str(error))
+        tool_call = _tau2().message.ToolCall(name=self.spec.name, arguments=arguments,
+                                             requestor=self.requestor)
+        response = environment.get_response(tool_call)
+        if response.error:
+            # Our observation of an error is "Error: <error>": the same text as tau2's.
+            return ToolResult(error=response.content.removeprefix(_ERROR_PREFIX))
+        return ToolResult(output=response.content)
+
+
+def _spec(tau2_tool: Any) -> ToolSpec:
+    function = tau2_tool.openai_schema["function"]
+    return ToolSpec(name=function["name"], description=function["description"],
+                    parameters=function["parameters"])
+
+
+def to_task(tau2_task: Any, domain: str, policy: str, tool_names: Sequence[str]) -> Task:
+    """Our task row for a tau2 task; its metadata keeps the whole tau2 task for scoring."""
+    return Task(id=f"{BENCHMARK}-{domain}-{tau2_task.id}", question=DomainTask.model_validate(
+                    tau2_task.model_dump(mode="json")).scenario_text(),
+                system=policy, tools=tuple(tool_names),
+                metadata={"benchmark": BENCHMARK, "domain": domain,
+                          "tau2_task": tau2_task.model_dump(mode="json")})
+
+
+@dataclass
+class Tau2Domain:
+    """A loaded domain: its policy, the tasks of a split, and both toolsets, whose tools share
+    the per-episode ``environments``."""
+
+    name: str
+    split: str
+    policy: str
+    tasks: list[Task]
+    assistant_tools: list[Tau2Tool]
+    user_tools: list[Tau2Tool]
+    environments: EpisodeStates[Any]
+
+    def assistant_toolbox(self) -> Toolbox:
+        return Toolbox(self.assistant_tools)
+
+    def user_toolbox(self) -> Toolbox:
+        return Toolbox(self.user_tools)
+
+
+def load_domain(domain: str, split: str,
+                max_episodes: int = DEFAULT_MAX_EPISODES) -> Tau2Domain:
+    """A tau2 domain as our environment, with the tasks of ``split``."""
+    available = splits(domain)
+    if split not in available:
+        raise Tau2Error(f"tau2 domain {domain!r} has no split {split!r}; splits: "
+                        f"{', '.join(available) or 'none'}")
+    registry = _tau2().registry
+    environments = episode_environments(domain, max_episodes)
+    template = registry.get_env_constructor(domain)()
+    assistant_tools = [Tau2Tool(_spec(tool), ASSISTANT, environments)
+                       for tool in template.get_tools()]
+    user_tools = [] if template.user_tools is None else [
+        Tau2Tool(_spec(tool), USER, environments) for tool in template.get_user_tools()]
+    policy, names = template.get_policy(), [tool.spec.name for tool in assistant_tools]
+    tasks = [to_task(tau2_task, domain, policy, names)
+             for tau2_task in registry.get_tasks_loader(domain)(split)]
+    return Tau2Domain(domain, split, policy, tasks, assistant_tools, user_tools, environments)
+
+
+@dataclass(frozen=True)
+class ExecutedCall:
+    """A tool call and what our executor returned for it."""
+
+    name: str
+    arguments: dict[str, Any]
+    result: ToolResult
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of an episode: its sender (assistant or user), its text and its calls."""
+
+    role: str
+    text: str | None = None
+    calls: tuple[ExecutedCall, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.role not in (ASSISTANT, USER):
+            raise ValueError(f"a turn's role is {ASSISTANT!r} or {USER!r}, not {self.role!r}")
+
+
+def to_tau2_messages(tau2_task: Any, turns: Sequence[Turn]) -> list[Any]:
+    """The tau2 trajectory of an episode: the task's message history, then every turn with its
+    tool calls, each followed by our executor's output as the tool message."""
+    message = _tau2().message
+    initial = tau2_task.initial_state
+    messages = list(initial.message_history or []) if initial is not None else []
+    call_index = 0
+    for turn in turns:
+        tool_calls, tool_messages = [], []
+        for call in turn.calls:
+            call_id = f"call_{call_index}"
+            call_index += 1
+            tool_calls.append(message.ToolCall(id=call_id, name=call.name,
+                                               arguments=call.arguments, requestor=turn.role))
+            tool_messages.append(message.ToolMessage(
+                id=call_id, role="tool", content=call.result.observation,
+                requestor=turn.role, error=call.result.error is not None))
+        sender = message.AssistantMessage if turn.role == ASSISTANT else message.UserMessage
+        messages.append(sender(role=turn.role, content=turn.text, tool_calls=tool_calls or None))
+        messages.extend(tool_messages)
+    return messages
+
+
+@dataclass(frozen=True)
+class Tau2Score:
+    """tau2's verdict on an episode: the reward, its breakdown (the reward basis' components
+    and every check) and, when the reward is not 1, why."""
+
+    reward: float
+    breakdown: dict[str, Any] = field(default_factory=dict)
+    failures: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        # tau2 counts a task as solved at reward 1 (up to rounding).
+        return math.isclose(self.reward, 1.0, abs_tol=1e-6)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reward": self.reward, "passed": self.passed, "breakdown": self.breakdown,
+                "failures": list(self.failures)}
+
+
+def _call_text(requestor: str, name: str, arguments: dict[str, Any]) -> str:
+    listed = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+    return f"{requestor}.{name}({listed})"
+
+
+def _breakdown(info: Any) -> dict[str, Any]:
+    return {
+        "reward_basis": [basis.value for basis in info.reward_basis or []],
+        "components": {basis.value: value
+                       for basis, value in (info.reward_breakdown or {}).items()},
+        "db_match": None if info.db_check is None else info.db_check.db_match,
+        "env_assertions": [
+            {"assertion": _call_text(check.env_assertion.env_type,
+                                     check.env_assertion.func_name,
+                                     check.env_assertion.arguments), "met": check.met}
+            for check in info.env_assertions or []],
+        "actions": [
+            {"action": _call_text(check.action.requestor, check.action.name,
+                                  check.action.arguments), "matched": check.action_match}
+            for check in info.action_checks or []],
+        "communicate": [{"info": check.info, "met": check.met}
+                        for check in info.communicate_checks or []],
+    }
+
+
+def _failures(breakdown: dict[str, Any]) -> list[str]:
+    """Why a reward is below 1: the failed checks of the components that count."""
+    failed = {basis for basis, value in breakdown["components"].items() if value < 1.0}
+    reasons = []
+    if "DB" in failed:
+        reasons.append("the database differs from the one the gold actions leave")
+    if "ENV_ASSERTION" in failed:
+        reasons += [f"assertion not met: {check['assertion']}"
+                    for check in breakdown["env_assertions"] if not check["met"]]
+    if "ACTION" in failed:
+        reasons += [f"gold action not taken: {check['action']}"
+                    for check in breakdown["actions"] if not check["matched"]]
+    if "COMMUNICATE" in failed:
+        reasons += [f"not told to the user: {check['info']!r}"
+                    for check in breakdown["communicate"] if not check["met"]]
+    return reasons
+
+
+def score_episode(task: Task, turns: Sequence[Turn]) -> Tau2Score:
+    """Score an episode that the assistant ended, with tau2's evaluator (database, assertions,
+    actions and communicated facts, as the task's reward basis says)."""
+    tau2 = _tau2()
+    tau2_task = tau2_task_of(task)
+    run = tau2.simulation.SimulationRun(
+        id=f"{task.id}-episode", task_id=tau2_task.id, start_time="", end_time="", duration=0.0,
+        termination_reason=tau2.simulation.TerminationReason.AGENT_STOP,
+        messages=to_tau2_messages(tau2_task, turns))
+    try:
+        info = tau2.evaluator.evaluate_simulation(
+            run, tau2_task, tau2.evaluator.EvaluationType.ALL, solo_mode=False,
+            domain=task.metadata["domain"])
+    except ValueError as error:
+        # tau2 replays the trajectory and refuses one whose tool outputs it does not reproduce.
+        return Tau2Score(0.0, failures=(f"tau2 could not replay the episode: {error}",))
+    breakdown = _breakdown(info)
+    failures = _failures(breakdown)
+    if info.reward < 1.0 and not failures:
+        failures = [f"tau2: {info.info}"]
+    return Tau2Score(info.reward, breakdown, tuple(failures))

@@ -1,0 +1,174 @@
+"""ToolScale domain tasks as a benchmark: agents run on a domain's task rows through the toolbox
+(the domain's tools act on each episode's database) and are scored on the database they leave.
+
+Data is what ``nemo-orch synth`` writes (``<dir>/<domain>/domain.json`` and ``tasks.jsonl``,
+offline or LLM-made). Agents:
+
+* ``gold-replay`` sends each task's gold actions through the toolbox, then tells the user every
+  required fact. It checks the executor and the scorer, not a model: every task must pass.
+* a policy (HF-format weights) runs greedy episodes with the episode runner, as in training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.config import Config
+from nemo_orch.data.domain import Domain
+from nemo_orch.data.domain_tasks import DomainTask, read_domain_tasks, to_task_row
+from nemo_orch.data.jsonl import DataError
+from nemo_orch.data.tasks import Task
+from nemo_orch.eval.tau2 import final_message
+from nemo_orch.reward.outcome import OutcomeResult, OutcomeScorer
+from nemo_orch.tools.base import ToolContext
+from nemo_orch.tools.registry import Toolbox
+
+BENCHMARK = "toolscale"
+
+
+def load_rows(directory: str | Path, domain_name: str, limit: int | None = None
+              ) -> tuple[Path, Domain, list[Task]]:
+    """The domain file, the domain and the first ``limit`` task rows of ``<dir>/<domain>/``."""
+    folder = Path(directory) / domain_name
+    if not (folder / "domain.json").is_file():
+        raise DataError(f"{folder}: no domain.json (write one with `nemo-orch synth`)")
+    domain = Domain.load(folder / "domain.json")
+    tasks = read_domain_tasks(folder / "tasks.jsonl")[:limit]
+    return folder / "domain.json", domain, [to_task_row(domain, task) for task in tasks]
+
+
+@dataclass(frozen=True)
+class DomainResult:
+    """One task's outcome, its number of gold actions and the calls the agent made."""
+
+    task_id: str
+    outcome: OutcomeResult
+    gold_actions: int
+    calls: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "passed": self.outcome.correct,
+                "failures": self.outcome.detail, "gold_actions": self.gold_actions,
+                "calls": self.calls, "seconds": round(self.seconds, 3)}
+
+
+def summarize(results: list[DomainResult]) -> dict[str, Any]:
+    """Pass rate overall and per difficulty (gold actions), mean calls per task."""
+    by_difficulty: dict[int, list[bool]] = {}
+    for result in results:
+        by_difficulty.setdefault(result.gold_actions, []).append(result.outcome.correct)
+    passed = sum(result.outcome.correct for result in results)
+    return {"tasks": len(results), "passed": passed,
+            "pass_rate": passed / len(results) if results else 0.0,
+            "calls_per_task": (sum(r.calls for r in results) / len(results)) if results else 0.0,
+            "pass_rate_by_gold_actions": {str(k): sum(v) / len(v)
+                                          for k, v in sorted(by_difficulty.items())}}
+
+
+async def gold_replay(rows: list[Task], toolbox: Toolbox, scorer: OutcomeScorer
+                      ) -> list[DomainResult]:
+    """Each row's gold actions through ``toolbox``, scored on the database they leave."""
+    results = []
+    for row in rows:
+        started = time.perf_counter()
+        task = DomainTask.model_validate(row.metadata["domain_task"])
+        context = ToolContext(task_id=row.id, episode_id=f"{row.id}/gold-replay", task=row)
+        # Only the calls the executor carried out count: one it refused changed nothing.
+        executed = []
+        for action in task.gold_actions:
+            result = await toolbox.call(action.name, action.arguments, context)
+            if result.error is None:
+                executed.append((action.name, action.arguments))
+        outcome = await scorer.score(row, final_message(task.facts), executed)
+        results.append(DomainResult(row.id, outcome, len(task.gold_actions), len(executed),
+                                    time.perf_counter() - started))
+    return results
+
+
+def run_gold_replay(config: Config, directory: str | Path, domain_name: str,
+                    limit: int | None = None) -> dict[str, Any]:
+    """``nemo-orch eval --benchmark toolscale --agent gold-replay``: the report as JSON."""
+    from nemo_orch.rollout.builders import build_scorer, build_toolbox
+
+    started = time.perf_counter()
+    domain_file, _, rows = load_rows(directory, domain_name, limit)
+    config = replace(config, tools=replace(config.tools, declarations=[],
+                                           domains=[str(domain_file)]))
+
+    async def run() -> list[DomainResult]:
+        async with build_toolbox(config.tools) as toolbox:
+            return await gold_replay(rows, toolbox, build_scorer(config))
+
+    results = asyncio.run(run())
+    return {"benchmark": BENCHMARK, "domain": domain_name, "agent": "gold-replay",
+            **summarize(results), "seconds": round(time.perf_counter() - started, 3),
+            "results": [result.to_json() for result in results]}
+
+
+def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
+                      directory: str | Path, per_domain: int, tokenizer: Any
+                      ) -> dict[str, Any]:
+    """Greedy episodes of each policy (HF-named weights) on the first ``per_domain`` tasks of
+    every domain under ``directory``, next to the gold replay; per domain and policy, the
+    summary of :func:`summarize`."""
+    from nemo_orch.rollout.builders import build_scorer, build_toolbox
+    from nemo_orch.rollout.engines.hf import HFEngine
+    from nemo_orch.rollout.runner import run_rollouts
+
+    loaded = {folder.name: load_rows(directory, folder.name, per_domain)
+              for folder in sorted(Path(directory).iterdir()) if folder.is_dir()}
+    rows = [row for _, _, domain_rows in loaded.values() for row in domain_rows]
+    config = replace(config, tools=replace(config.tools, domains=[
+        str(domain_file) for domain_file, _, _ in loaded.values()]))
+    settings = replace(config.resolved_rollout(), temperature=0.0)
+    scorer = build_scorer(config)
+
+    async def run() -> dict[str, list[DomainResult]]:
+        results = {}
+        async with build_toolbox(config.tools) as toolbox:
+            results["gold-replay"] = await gold_replay(rows, toolbox, scorer)
+            for name, weights in policies.items():
+                started = time.perf_counter()
+                engine = HFEngine(config.model, weights, tokenizer=tokenizer)
+                trajectories = await run_rollouts(rows, 1, engine, toolbox, tokenizer, settings,
+                                                  seed=config.run.seed)
+                seconds = (time.perf_counter() - started) / len(rows)
+                outcomes = await asyncio.gather(*(scorer.score(row, t.answer, t.calls())
+                                                  for row, t in zip(rows, trajectories)))
+                results[name] = [
+                    DomainResult(row.id, outcome, row.metadata["difficulty"], len(t.calls()),
+                                 seconds)
+                    for row, t, outcome in zip(rows, trajectories, outcomes)]
+        return results
+
+    results = asyncio.run(run())
+    return {agent: {domain: summarize([r for r in agent_results
+                                       if r.task_id.startswith(f"{domain}/")])
+                    for domain in loaded}
+            for agent, agent_results in results.items()}
+
+
+def write_report(report: Mapping[str, Any], out_dir: str | Path) -> Path:
+    """``report.json`` and ``report.md`` of a gold replay; returns the JSON's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"# ToolScale {report['domain']}, agent {report['agent']}", "",
+             f"Pass rate **{report['pass_rate']:.3f}** ({report['passed']}/{report['tasks']} "
+             f"tasks) in {report['seconds']:.1f} s.", "",
+             "| gold actions | pass rate |", "|---:|---:|",
+             *[f"| {k} | {v:.3f} |" for k, v in report["pass_rate_by_gold_actions"].items()]]
+    failed = [r for r in report["results"] if not r["passed"]]
+    if failed:
+        lines += ["", "| failed task | why |", "|---|---|",
+                  *[f"| {r['task_id']} | {r['failures']} |" for r in failed]]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
