@@ -2,7 +2,8 @@
 (the domain's tools act on each episode's database) and are scored on the database they leave.
 
 Data is what ``nemo-orch synth`` writes (``<dir>/<domain>/domain.json`` and ``tasks.jsonl``,
-offline or LLM-made). Agents:
+offline or LLM-made); tasks that fail the validation filters are dropped and listed in the
+report. Agents:
 
 * ``gold-replay`` sends each task's gold actions through the toolbox, then tells the user every
   required fact. It checks the executor and the scorer, not a model: every task must pass.
@@ -12,6 +13,7 @@ offline or LLM-made). Agents:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Mapping
@@ -24,6 +26,8 @@ from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, read_domain_tasks, to_task_row
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task
+from nemo_orch.data.toolscale.generator import MAX_ACTIONS
+from nemo_orch.data.toolscale.validate import ValidationSummary, validated
 from nemo_orch.eval.tau2 import final_message
 from nemo_orch.reward.outcome import OutcomeResult, OutcomeScorer
 from nemo_orch.tools.base import ToolContext
@@ -32,15 +36,30 @@ from nemo_orch.tools.registry import Toolbox
 BENCHMARK = "toolscale"
 
 
+@dataclass(frozen=True)
+class LoadedDomain:
+    """A domain's file, the domain, the rows of its valid tasks and the tasks dropped."""
+
+    domain_file: Path
+    domain: Domain
+    rows: list[Task]
+    validation: ValidationSummary
+
+
 def load_rows(directory: str | Path, domain_name: str, limit: int | None = None
-              ) -> tuple[Path, Domain, list[Task]]:
-    """The domain file, the domain and the first ``limit`` task rows of ``<dir>/<domain>/``."""
+              ) -> LoadedDomain:
+    """The first ``limit`` tasks of ``<dir>/<domain>/`` that pass the validation filters (a
+    task file from elsewhere may hold tasks whose gold actions fail: they are dropped and
+    reported, never scored), as rows."""
     folder = Path(directory) / domain_name
     if not (folder / "domain.json").is_file():
         raise DataError(f"{folder}: no domain.json (write one with `nemo-orch synth`)")
     domain = Domain.load(folder / "domain.json")
-    tasks = read_domain_tasks(folder / "tasks.jsonl")[:limit]
-    return folder / "domain.json", domain, [to_task_row(domain, task) for task in tasks]
+    summary = ValidationSummary()
+    tasks = itertools.islice(validated(domain, read_domain_tasks(folder / "tasks.jsonl"),
+                                       MAX_ACTIONS, summary), limit)
+    rows = [to_task_row(domain, task) for task in tasks]
+    return LoadedDomain(folder / "domain.json", domain, rows, summary)
 
 
 @dataclass(frozen=True)
@@ -98,17 +117,18 @@ def run_gold_replay(config: Config, directory: str | Path, domain_name: str,
     from nemo_orch.rollout.builders import build_scorer, build_toolbox
 
     started = time.perf_counter()
-    domain_file, _, rows = load_rows(directory, domain_name, limit)
+    loaded = load_rows(directory, domain_name, limit)
     config = replace(config, tools=replace(config.tools, declarations=[],
-                                           domains=[str(domain_file)]))
+                                           domains=[str(loaded.domain_file)]))
 
     async def run() -> list[DomainResult]:
         async with build_toolbox(config.tools) as toolbox:
-            return await gold_replay(rows, toolbox, build_scorer(config))
+            return await gold_replay(loaded.rows, toolbox, build_scorer(config))
 
     results = asyncio.run(run())
     return {"benchmark": BENCHMARK, "domain": domain_name, "agent": "gold-replay",
             **summarize(results), "seconds": round(time.perf_counter() - started, 3),
+            "dropped": loaded.validation.to_json()["rejections"],
             "results": [result.to_json() for result in results]}
 
 
@@ -124,9 +144,9 @@ def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
 
     loaded = {folder.name: load_rows(directory, folder.name, per_domain)
               for folder in sorted(Path(directory).iterdir()) if folder.is_dir()}
-    rows = [row for _, _, domain_rows in loaded.values() for row in domain_rows]
+    rows = [row for domain in loaded.values() for row in domain.rows]
     config = replace(config, tools=replace(config.tools, domains=[
-        str(domain_file) for domain_file, _, _ in loaded.values()]))
+        str(domain.domain_file) for domain in loaded.values()]))
     settings = replace(config.resolved_rollout(), temperature=0.0)
     scorer = build_scorer(config)
 
@@ -164,6 +184,11 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path) -> Path:
              f"tasks) in {report['seconds']:.1f} s.", "",
              "| gold actions | pass rate |", "|---:|---:|",
              *[f"| {k} | {v:.3f} |" for k, v in report["pass_rate_by_gold_actions"].items()]]
+    if report["dropped"]:
+        lines += ["", "Dropped by the validation filters (not scored):", "",
+                  "| task | filter | why |", "|---|---|---|",
+                  *[f"| {r['task_id']} | {r['filter']} | {r['reason']} |"
+                    for r in report["dropped"]]]
     failed = [r for r in report["results"] if not r["passed"]]
     if failed:
         lines += ["", "| failed task | why |", "|---|---|",

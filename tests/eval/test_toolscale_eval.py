@@ -42,6 +42,21 @@ def test_bad_data_is_a_clear_error(tmp_path):
     broken = run_cli("eval", "--benchmark", "toolscale", "--domain", "shop", "--data",
                      str(data), "--agent", "gold-replay", expect=2)
     assert f"{tasks}:2: user_scenario: Field required" in broken.stderr
+    # A task whose gold action fails is dropped and reported, never scored.
+    lines[1] = lines[1].replace('"user_scenari0"', '"user_scenario"')
+    record = json.loads(lines[2])
+    record["evaluation_criteria"]["actions"].append(
+        {"action_id": "x", "name": "cancel_pending_order", "arguments": {"order_id": "#O999"}})
+    lines[2] = json.dumps(record)
+    tasks.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "eval"
+    run_cli("eval", "--benchmark", "toolscale", "--domain", "shop", "--data", str(data),
+            "--agent", "gold-replay", "--out", str(out))
+    report = json.loads((out / "report.json").read_text())
+    assert report["tasks"] == 2 and report["pass_rate"] == 1.0
+    assert [(d["task_id"], d["filter"]) for d in report["dropped"]] == [
+        (record["id"], "execution")]
+    assert "no orders record" in (out / "report.md").read_text()
     missing = run_cli("eval", "--benchmark", "toolscale", "--domain", "bank", "--data",
                       str(data), "--agent", "gold-replay", expect=2)
     assert "no domain.json" in missing.stderr
