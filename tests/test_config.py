@@ -1,5 +1,6 @@
 """Config composition, validation and the CLI's handling of user mistakes."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -78,5 +79,13 @@ def test_saved_config_reloads(tmp_path):
 
 
 def test_schema_defaults_are_the_shipped_defaults():
-    # One set of defaults: the YAML tree and the dataclasses must not drift apart.
+    # One set of defaults: the YAML tree and the dataclasses must not drift apart, and every
+    # field is in the YAML tree (a key missing there cannot be overridden from the command line).
     assert config_lib.load() == config_lib.Config()
+    tree = config_lib.compose()
+    missing = [f"{section.name}.{field.name}"
+               for section in dataclasses.fields(config_lib.Config)
+               for field in dataclasses.fields(section.type if isinstance(section.type, type)
+                                               else getattr(config_lib, section.type))
+               if field.name not in tree[section.name]]
+    assert missing == []

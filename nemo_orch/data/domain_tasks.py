@@ -273,14 +273,27 @@ def _called(action: Action, calls: Sequence[tuple[str, dict[str, Any]]]) -> bool
         for name, arguments in calls)
 
 
+def unscorable(task: DomainTask) -> str | None:
+    """Why :func:`score_episode` cannot score ``task``, or None: environment assertions belong
+    to tau2's own domains (see ``data.tau2_bench``), and natural-language assertions in the
+    reward basis need an LLM judge."""
+    criteria = task.evaluation_criteria or EvaluationCriteria()
+    if criteria.env_assertions or "ENV_ASSERTION" in criteria.reward_basis:
+        return "env_assertions need the tau2 adapter (nemo_orch.data.tau2_bench)"
+    if "NL_ASSERTION" in criteria.reward_basis:
+        return "NL_ASSERTION in the reward basis needs an LLM judge"
+    return None
+
+
 def score_episode(domain: Domain, task: DomainTask, calls: Sequence[tuple[str, dict[str, Any]]],
                   told: str) -> DomainScore:
     """Score an episode's tool ``calls`` and what it ``told`` the user (see the module
-    docstring). Environment assertions belong to tau2 domains: see ``data.tau2_bench``."""
+    docstring); :class:`DataError` for a task it cannot score (:func:`unscorable`).
+    Natural-language assertions outside the reward basis are counted, not checked."""
     criteria = task.evaluation_criteria or EvaluationCriteria()
-    if criteria.env_assertions:
-        raise DataError(f"task {task.id}: env_assertions need the tau2 adapter "
-                        "(nemo_orch.data.tau2_bench)")
+    problem = unscorable(task)
+    if problem is not None:
+        raise DataError(f"task {task.id}: {problem}")
     initial = replay(domain, task, []).state_hash
     gold = replay(domain, task, gold_calls(task))
     episode = replay(domain, task, calls)

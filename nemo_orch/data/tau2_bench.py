@@ -89,8 +89,18 @@ def tau2_task_of(task: Task) -> Any:
     return _tau2().tasks.Task.model_validate(task.metadata["tau2_task"])
 
 
+@dataclass
+class Tau2Episode:
+    """An episode's tau2 environment and every call that reached it, in order, with its
+    requestor: the trajectory tau2's evaluator replays (a call our toolbox refused, e.g. for
+    malformed arguments, never reached the environment and changed nothing)."""
+
+    environment: Any
+    calls: list[tuple[str, "ExecutedCall"]] = field(default_factory=list)
+
+
 def episode_environments(domain: str,
-                         max_episodes: int = DEFAULT_MAX_EPISODES) -> EpisodeStates[Any]:
+                         max_episodes: int = DEFAULT_MAX_EPISODES) -> EpisodeStates[Tau2Episode]:
     """One fresh tau2 environment per episode, in its task's initial state, made on the
     episode's first call and shared by its assistant and user tools."""
     _check_domain(domain)
@@ -106,7 +116,7 @@ def episode_environments(domain: str,
         if initial is not None:
             environment.set_state(initial.initialization_data, initial.initialization_actions,
                                   initial.message_history or [])
-        return environment
+        return Tau2Episode(environment)
 
     return EpisodeStates(make, max_episodes)
 
@@ -116,22 +126,23 @@ class Tau2Tool(BaseTool):
     tau2's tools are in-memory and take milliseconds, so they run inline."""
 
     def __init__(self, spec: ToolSpec, requestor: str,
-                 environments: EpisodeStates[Any]) -> None:
+                 environments: EpisodeStates[Tau2Episode]) -> None:
         super().__init__(spec)
         self.requestor, self.environments = requestor, environments
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         try:
-            environment = self.environments.get(context)
+            episode = self.environments.get(context)
         except Tau2Error as error:
             return ToolResult(error=str(error))
         tool_call = _tau2().message.ToolCall(name=self.spec.name, arguments=arguments,
                                              requestor=self.requestor)
-        response = environment.get_response(tool_call)
-        if response.error:
-            # Our observation of an error is "Error: <error>": the same text as tau2's.
-            return ToolResult(error=response.content.removeprefix(_ERROR_PREFIX))
-        return ToolResult(output=response.content)
+        response = episode.environment.get_response(tool_call)
+        # Our observation of an error is "Error: <error>": the same text as tau2's.
+        result = (ToolResult(error=response.content.removeprefix(_ERROR_PREFIX))
+                  if response.error else ToolResult(output=response.content))
+        episode.calls.append((self.requestor, ExecutedCall(self.spec.name, arguments, result)))
+        return result
 
 
 def _spec(tau2_tool: Any) -> ToolSpec:
@@ -160,7 +171,7 @@ class Tau2Domain:
     tasks: list[Task]
     assistant_tools: list[Tau2Tool]
     user_tools: list[Tau2Tool]
-    environments: EpisodeStates[Any]
+    environments: EpisodeStates[Tau2Episode]
 
     def assistant_toolbox(self) -> Toolbox:
         return Toolbox(self.assistant_tools)
@@ -294,6 +305,17 @@ def _failures(breakdown: dict[str, Any]) -> list[str]:
         reasons += [f"not told to the user: {check['info']!r}"
                     for check in breakdown["communicate"] if not check["met"]]
     return reasons
+
+
+def recorded_turns(domain: Tau2Domain, task: Task, episode_id: str,
+                   answer: str | None) -> list[Turn]:
+    """An episode the episode runner played (the policy's calls went through the domain's
+    toolboxes) as tau2 turns: every call that reached the environment, then the answer as the
+    assistant's closing message."""
+    episode = domain.environments.get(ToolContext(task_id=task.id, episode_id=episode_id,
+                                                  task=task))
+    return [*(Turn(requestor, calls=(call,)) for requestor, call in episode.calls),
+            Turn(ASSISTANT, text=answer or "")]
 
 
 def score_episode(task: Task, turns: Sequence[Turn]) -> Tau2Score:

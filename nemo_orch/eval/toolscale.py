@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import json
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -71,15 +72,18 @@ class DomainResult:
     gold_actions: int
     calls: int
     seconds: float
+    termination: str = "answer"
 
     def to_json(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "passed": self.outcome.correct,
                 "failures": self.outcome.detail, "gold_actions": self.gold_actions,
-                "calls": self.calls, "seconds": round(self.seconds, 3)}
+                "calls": self.calls, "termination": self.termination,
+                "seconds": round(self.seconds, 3)}
 
 
 def summarize(results: list[DomainResult]) -> dict[str, Any]:
-    """Pass rate overall and per difficulty (gold actions), mean calls per task."""
+    """Pass rate overall and per difficulty (gold actions), mean calls per task, and how the
+    episodes ended."""
     by_difficulty: dict[int, list[bool]] = {}
     for result in results:
         by_difficulty.setdefault(result.gold_actions, []).append(result.outcome.correct)
@@ -87,6 +91,7 @@ def summarize(results: list[DomainResult]) -> dict[str, Any]:
     return {"tasks": len(results), "passed": passed,
             "pass_rate": passed / len(results) if results else 0.0,
             "calls_per_task": (sum(r.calls for r in results) / len(results)) if results else 0.0,
+            "terminations": dict(Counter(result.termination for result in results)),
             "pass_rate_by_gold_actions": {str(k): sum(v) / len(v)
                                           for k, v in sorted(by_difficulty.items())}}
 
@@ -164,7 +169,7 @@ def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
                                                   for row, t in zip(rows, trajectories)))
                 results[name] = [
                     DomainResult(row.id, outcome, row.metadata["difficulty"], len(t.calls()),
-                                 seconds)
+                                 seconds, t.termination)
                     for row, t, outcome in zip(rows, trajectories, outcomes)]
         return results
 

@@ -155,6 +155,10 @@ def test_every_validation_filter(shop):
                        + [("cancel_pending_order", {"order_id": order})]),
     }
     unknown_tool = task(shop, [("refund_everything", {})])
+    judged = task(shop, [("cancel_pending_order", {"order_id": order})]).to_json()
+    judged["evaluation_criteria"]["reward_basis"] = ["DB", "NL_ASSERTION"]
+    judged["evaluation_criteria"]["nl_assertions"] = ["The agent is polite."]
+    assert "needs an LLM judge" in rejection(shop, DomainTask.model_validate(judged), 12).reason
     read_nothing = task(shop, [("get_order_details", {"order_id": order})])
     for expected, drafted in cases.items():
         assert rejection(shop, drafted, max_actions=12).filter == expected

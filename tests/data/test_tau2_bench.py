@@ -234,3 +234,39 @@ def test_missing_tau2_names_the_extra(monkeypatch):
             tau2_bench.domains()
     finally:
         tau2_bench._tau2.cache_clear()
+
+
+def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
+    """A scripted policy plays retail tasks through our episode runner and the domain's
+    toolbox; tau2's evaluator scores the calls that reached its environment. A malformed call
+    that our toolbox refuses first never reaches tau2 and does not spoil the score."""
+    from scripted_plans import follow_plan, with_plan
+
+    from nemo_orch.config import RolloutConfig
+    from nemo_orch.rollout.engines.scripted import ScriptedEngine
+    from nemo_orch.rollout.runner import run_rollouts
+
+    tasks = [_task(retail, "0"), _task(retail, "1")]
+    rows = []
+    for task in tasks:
+        criteria = tau2_bench.tau2_task_of(task).evaluation_criteria
+        calls = [(action.name, action.arguments) for action in criteria.actions]
+        calls.insert(0, ("get_order_details", {"order": "#W1"}))  # refused: no order_id
+        rows.append(with_plan(task, calls, final_message(criteria.communicate_info or [])))
+    rows.append(dataclasses.replace(with_plan(tasks[0], [], "Nothing to do."),
+                                    id=f"{tasks[0].id}-idle"))
+    settings = RolloutConfig(max_context_tokens=1 << 15, max_turns=12, max_new_tokens=512,
+                             check_template=False)
+    trajectories = asyncio.run(run_rollouts(rows, 1, ScriptedEngine(tiny_tokenizer, follow_plan),
+                                            retail.assistant_toolbox(), tiny_tokenizer,
+                                            settings))
+    assert [t.termination for t in trajectories] == ["answer"] * 3
+    assert "invalid arguments" in trajectories[0].turns[0].calls[0].error
+    scores = []
+    for row, trajectory in zip(rows, trajectories):
+        episode_id = f"{row.id}#0"
+        turns = tau2_bench.recorded_turns(retail, row, episode_id, trajectory.answer)
+        scores.append(score_episode(row, turns))
+        retail.environments.release(episode_id)
+    assert [score.reward for score in scores] == [1.0, 1.0, 0.0]
+    assert len(turns) == 1  # the idle episode reached tau2 with no call

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import re
 
 import pytest
+from scripted_plans import follow_plan, with_plan
 
 from nemo_orch.config import Config, RolloutConfig, ToolsConfig
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row
@@ -64,28 +64,12 @@ def test_each_episode_writes_its_own_database(mobile):
     assert mobile.database["lines"][line]["status"] == "active"  # the domain itself untouched
 
 
-def scripted_gold(prompt: str) -> str:
-    """Calls the task's gold actions one per turn (read from the task row the test embeds in
-    the question), then answers with the facts."""
-    plan = json.loads(re.search(r"PLAN (\{.*\}) END", prompt, re.DOTALL)[1])
-    done = prompt.count("<tool_response>")
-    if done < len(plan["calls"]):
-        name, arguments = plan["calls"][done]
-        body = json.dumps({"name": name, "arguments": arguments})
-        return f"<tool_call>\n{body}\n</tool_call>"
-    return f"<answer>Done: {' '.join(plan['facts'])}</answer>"
-
-
 def test_an_episode_on_a_domain_task_is_scored_on_its_database(mobile, domain_file,
                                                                tiny_tokenizer):
     drawn = list(itertools.islice((t for t in generate_tasks(mobile, seed=1)
                                    if 2 <= len(t.gold_actions) <= 4), 3))
-    rows = []
-    for task in drawn:
-        row = to_task_row(mobile, task)
-        plan = json.dumps({"calls": gold_calls(task), "facts": task.facts})
-        rows.append(Task(id=row.id, question=f"{row.question}\nPLAN {plan} END",
-                         system=row.system, tools=row.tools, metadata=row.metadata))
+    rows = [with_plan(to_task_row(mobile, task), gold_calls(task), "Done: " + " ".join(task.facts))
+            for task in drawn]
 
     config = Config(tools=ToolsConfig(declarations=[], domains=[str(domain_file)]))
     settings = RolloutConfig(max_context_tokens=8192, max_turns=8, max_new_tokens=256,
@@ -93,7 +77,7 @@ def test_an_episode_on_a_domain_task_is_scored_on_its_database(mobile, domain_fi
 
     async def run():
         async with build_toolbox(config.tools) as toolbox:
-            return await run_rollouts(rows, 1, ScriptedEngine(tiny_tokenizer, scripted_gold), toolbox,
+            return await run_rollouts(rows, 1, ScriptedEngine(tiny_tokenizer, follow_plan), toolbox,
                                       tiny_tokenizer, settings)
 
     trajectories = asyncio.run(run())

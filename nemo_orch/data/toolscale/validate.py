@@ -3,8 +3,9 @@
 The reference pipeline keeps what the LLM wrote; these filters drop, and report, every task that
 cannot be scored honestly:
 
-* ``schema``: every gold action names a tool of the domain and its arguments validate against
-  that tool's schema (a user-side action has no tool here: it is dropped too);
+* ``schema``: the task can be scored here (no environment assertions, no natural-language
+  assertions in the reward basis), and every gold action names a tool of the domain and its
+  arguments validate against that tool's schema (a user-side action has no tool here);
 * ``execution``: the gold actions run without error, in order, on a fresh database;
 * ``no_effect``: a task whose gold actions write must change the database, and a task that
   changes nothing must at least ask for facts to be communicated (else doing nothing passes);
@@ -18,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from nemo_orch.data.domain import ActionError, Domain
-from nemo_orch.data.domain_tasks import DomainTask, gold_calls, replay
+from nemo_orch.data.domain_tasks import DomainTask, gold_calls, replay, unscorable
 
 FILTERS = ("schema", "execution", "no_effect", "budget")
 
@@ -50,6 +51,9 @@ class ValidationSummary:
 def rejection(domain: Domain, task: DomainTask, max_actions: int) -> Rejection | None:
     """Why ``task`` must be dropped (the first filter it fails), or None to keep it."""
     actions = task.gold_actions
+    problem = unscorable(task)
+    if problem is not None:
+        return Rejection(task.id, "schema", problem)
     for action in actions:
         if action.requestor != "assistant":
             return Rejection(task.id, "schema", f"{action.name}: a user-side action; this "
