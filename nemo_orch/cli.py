@@ -223,7 +223,7 @@ def cmd_eval(config: Config, args: argparse.Namespace) -> int:
         report = toolscale.run_gold_replay(config, args.data or config.synth.out_dir,
                                            args.domain, limit=args.limit)
         path = toolscale.write_report(report, out)
-        rate, passed, tasks, seconds = (report["pass_rate"], report["passed"], report["tasks"],
+        rate, passed, tasks, seconds = (report["accuracy"], report["correct"], report["tasks"],
                                         report["seconds"])
     else:
         from nemo_orch.eval import tau2

@@ -249,11 +249,11 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
                      + " |")
     if "toolscale" in report:
         lines += ["", "## ToolScale domain tasks (database state and facts; greedy)", "",
-                  "| agent | domain | tasks | pass rate | calls/task | episodes ended by |",
-                  "|---|---|---:|---:|---:|---|"]
+                  "| agent | domain | tasks | accuracy | USD/task | calls/task | "
+                  "episodes ended by |", "|---|---|---:|---:|---:|---:|---|"]
         for agent, domains in report["toolscale"].items():
-            lines += [f"| {agent} | {domain} | {row['tasks']} | {row['pass_rate']:.3f} | "
-                      f"{row['calls_per_task']:.1f} | "
+            lines += [f"| {agent} | {domain} | {row['tasks']} | {row['accuracy']:.3f} | "
+                      f"{row['usd_per_task']:.6f} | {row['calls_per_task']:.1f} | "
                       + ", ".join(f"{k} {v}" for k, v in row["terminations"].items()) + " |"
                       for domain, row in domains.items()]
     if "wall_seconds" in report:

@@ -18,7 +18,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,9 @@ from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task
 from nemo_orch.data.toolscale.generator import MAX_ACTIONS
 from nemo_orch.data.toolscale.validate import ValidationSummary, validated
+from nemo_orch.eval.report import EpisodeResult, summarize as summarize_episodes
 from nemo_orch.eval.tau2 import final_message
-from nemo_orch.reward.outcome import OutcomeResult, OutcomeScorer
+from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.registry import Toolbox
 
@@ -65,35 +66,29 @@ def load_rows(directory: str | Path, domain_name: str, limit: int | None = None
 
 @dataclass(frozen=True)
 class DomainResult:
-    """One task's outcome, its number of gold actions and the calls the agent made."""
+    """One task's episode (:class:`EpisodeResult`), why it failed, its number of gold actions
+    and how it ended."""
 
-    task_id: str
-    outcome: OutcomeResult
+    episode: EpisodeResult
+    failures: str
     gold_actions: int
-    calls: int
-    seconds: float
-    termination: str = "answer"
+    termination: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "passed": self.outcome.correct,
-                "failures": self.outcome.detail, "gold_actions": self.gold_actions,
-                "calls": self.calls, "termination": self.termination,
-                "seconds": round(self.seconds, 3)}
+        return {**asdict(self.episode), "failures": self.failures,
+                "gold_actions": self.gold_actions, "termination": self.termination}
 
 
 def summarize(results: list[DomainResult]) -> dict[str, Any]:
-    """Pass rate overall and per difficulty (gold actions), mean calls per task, and how the
-    episodes ended."""
+    """The shared report's numbers (:func:`nemo_orch.eval.report.summarize`), accuracy per
+    difficulty (gold actions) and how the episodes ended."""
     by_difficulty: dict[int, list[bool]] = {}
     for result in results:
-        by_difficulty.setdefault(result.gold_actions, []).append(result.outcome.correct)
-    passed = sum(result.outcome.correct for result in results)
-    return {"tasks": len(results), "passed": passed,
-            "pass_rate": passed / len(results) if results else 0.0,
-            "calls_per_task": (sum(r.calls for r in results) / len(results)) if results else 0.0,
+        by_difficulty.setdefault(result.gold_actions, []).append(result.episode.correct)
+    return {**summarize_episodes([result.episode for result in results]),
             "terminations": dict(Counter(result.termination for result in results)),
-            "pass_rate_by_gold_actions": {str(k): sum(v) / len(v)
-                                          for k, v in sorted(by_difficulty.items())}}
+            "accuracy_by_gold_actions": {str(k): sum(v) / len(v)
+                                         for k, v in sorted(by_difficulty.items())}}
 
 
 async def gold_replay(rows: list[Task], toolbox: Toolbox, scorer: OutcomeScorer
@@ -101,18 +96,20 @@ async def gold_replay(rows: list[Task], toolbox: Toolbox, scorer: OutcomeScorer
     """Each row's gold actions through ``toolbox``, scored on the database they leave."""
     results = []
     for row in rows:
-        started = time.perf_counter()
         task = DomainTask.model_validate(row.metadata["domain_task"])
         context = ToolContext(task_id=row.id, episode_id=f"{row.id}/gold-replay", task=row)
         # Only the calls the executor carried out count: one it refused changed nothing.
-        executed = []
+        executed, calls, usd, seconds = [], Counter(), 0.0, 0.0
         for action in task.gold_actions:
             result = await toolbox.call(action.name, action.arguments, context)
+            usd, seconds = usd + result.cost_usd, seconds + result.latency_s
             if result.error is None:
                 executed.append((action.name, action.arguments))
+                calls[action.name] += 1
         outcome = await scorer.score(row, final_message(task.facts), executed)
-        results.append(DomainResult(row.id, outcome, len(task.gold_actions), len(executed),
-                                    time.perf_counter() - started))
+        episode = EpisodeResult(row.id, outcome.correct, usd, seconds,
+                                turns=len(task.gold_actions) + 1, tool_calls=dict(calls))
+        results.append(DomainResult(episode, outcome.detail, len(task.gold_actions), "answer"))
     return results
 
 
@@ -160,22 +157,21 @@ def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
         async with build_toolbox(config.tools) as toolbox:
             results["gold-replay"] = await gold_replay(rows, toolbox, scorer)
             for name, weights in policies.items():
-                started = time.perf_counter()
                 engine = HFEngine(config.model, weights, tokenizer=tokenizer)
                 trajectories = await run_rollouts(rows, 1, engine, toolbox, tokenizer, settings,
                                                   seed=config.run.seed)
-                seconds = (time.perf_counter() - started) / len(rows)
                 outcomes = await asyncio.gather(*(scorer.score(row, t.answer, t.calls())
                                                   for row, t in zip(rows, trajectories)))
                 results[name] = [
-                    DomainResult(row.id, outcome, row.metadata["difficulty"], len(t.calls()),
-                                 seconds, t.termination)
+                    DomainResult(EpisodeResult.from_trajectory(
+                        t, outcome.correct, judge_error=outcome.method == "judge_error"),
+                        outcome.detail, row.metadata["difficulty"], t.termination)
                     for row, t, outcome in zip(rows, trajectories, outcomes)]
         return results
 
     results = asyncio.run(run())
     return {agent: {domain: summarize([r for r in agent_results
-                                       if r.task_id.startswith(f"{domain}/")])
+                                       if r.episode.task_id.startswith(f"{domain}/")])
                     for domain in loaded}
             for agent, agent_results in results.items()}
 
@@ -185,16 +181,16 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# ToolScale {report['domain']}, agent {report['agent']}", "",
-             f"Pass rate **{report['pass_rate']:.3f}** ({report['passed']}/{report['tasks']} "
+             f"Accuracy **{report['accuracy']:.3f}** ({report['correct']}/{report['tasks']} "
              f"tasks) in {report['seconds']:.1f} s.", "",
-             "| gold actions | pass rate |", "|---:|---:|",
-             *[f"| {k} | {v:.3f} |" for k, v in report["pass_rate_by_gold_actions"].items()]]
+             "| gold actions | accuracy |", "|---:|---:|",
+             *[f"| {k} | {v:.3f} |" for k, v in report["accuracy_by_gold_actions"].items()]]
     if report["dropped"]:
         lines += ["", "Dropped by the validation filters (not scored):", "",
                   "| task | filter | why |", "|---|---|---|",
                   *[f"| {r['task_id']} | {r['filter']} | {r['reason']} |"
                     for r in report["dropped"]]]
-    failed = [r for r in report["results"] if not r["passed"]]
+    failed = [r for r in report["results"] if not r["correct"]]
     if failed:
         lines += ["", "| failed task | why |", "|---|---|",
                   *[f"| {r['task_id']} | {r['failures']} |" for r in failed]]

@@ -192,7 +192,7 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
         if closed is not None:
             lines.append(f"  GRPO closed {closed:.0%} of the SFT -> oracle reward gap")
         for agent, domains in summary.report.get("toolscale", {}).items():
-            lines.append(f"  ToolScale domain tasks, {agent}: pass rate " + ", ".join(
-                f"{domain} {row['pass_rate']:.2f}" for domain, row in domains.items()))
+            lines.append(f"  ToolScale domain tasks, {agent}: accuracy " + ", ".join(
+                f"{domain} {row['accuracy']:.2f}" for domain, row in domains.items()))
         lines.append(f"  report {summary.run_dir / 'report.md'}")
     return lines

@@ -27,8 +27,8 @@ def test_offline_synth_then_gold_replay(tmp_path):
                          str(data), "--agent", "gold-replay", "--out", str(out))
         assert "pass rate 1.000 (40/40 tasks)" in result.stdout
         report = json.loads((out / "report.json").read_text())
-        assert report["pass_rate"] == 1.0 and len(report["results"]) == 40
-        assert report["calls_per_task"] > 1
+        assert report["accuracy"] == 1.0 and len(report["results"]) == 40
+        assert report["calls_per_task"] > 1 and report["accuracy_ci95"][0] > 0.9
         assert "| 3 | 1.000 |" in (out / "report.md").read_text()
 
 
@@ -53,7 +53,7 @@ def test_bad_data_is_a_clear_error(tmp_path):
     run_cli("eval", "--benchmark", "toolscale", "--domain", "shop", "--data", str(data),
             "--agent", "gold-replay", "--out", str(out))
     report = json.loads((out / "report.json").read_text())
-    assert report["tasks"] == 2 and report["pass_rate"] == 1.0
+    assert report["tasks"] == 2 and report["accuracy"] == 1.0
     assert [(d["task_id"], d["filter"]) for d in report["dropped"]] == [
         (record["id"], "execution")]
     assert "no orders record" in (out / "report.md").read_text()

@@ -102,10 +102,10 @@ def test_main_job_end_to_end(tmp_path):
     assert "| grpo |" in (run_dir / "report.md").read_text()
     domains = report["toolscale"]["gold-replay"]
     assert set(domains) == {"shop", "clinic", "mobile"}
-    assert all(row["tasks"] == 2 and row["pass_rate"] == 1.0 for row in domains.values())
+    assert all(row["tasks"] == 2 and row["accuracy"] == 1.0 for row in domains.values())
     assert set(report["toolscale"]["grpo"]) == set(domains)
     assert len((run_dir / "toolscale" / "shop" / "tasks.jsonl").read_text().splitlines()) == 6
-    assert ("ToolScale domain tasks, gold-replay: pass rate clinic 1.00, mobile 1.00, shop 1.00"
+    assert ("ToolScale domain tasks, gold-replay: accuracy clinic 1.00, mobile 1.00, shop 1.00"
             in result.stdout)
     assert (run_dir / "curves.png").exists() and (run_dir / "routes.png").exists()
     assert (tmp_path / "latest").resolve() == run_dir.resolve()

@@ -1,0 +1,202 @@
+"""What every evaluation reports, for every system the same way: accuracy with a 95% interval,
+mean and p90 USD and seconds per task, the tool-call mix, format errors per turn, judge failures
+and, where tasks carry preference vectors, preference adherence.
+
+The reference reports accuracy only (its price table is never used). Here one
+:class:`EpisodeResult` per task and system is reduced by :func:`summarize`; :func:`write_report`
+writes ``report.json``, ``report.md``, a cost-accuracy Pareto plot of the systems (``pareto.png``)
+and their tool mix (``tool_mix.png``); :func:`compare` puts several such reports side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPORT = "report.json"
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One system's episode on one task. ``judge_error``: the judge failed, so ``correct`` is
+    False by the protocol; it is counted apart, never silently scored wrong."""
+
+    task_id: str
+    correct: bool
+    usd: float
+    seconds: float
+    turns: int
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    format_errors: int = 0
+    pref_adherence: float | None = None
+    judge_error: bool = False
+
+    @classmethod
+    def from_trajectory(cls, trajectory: Any, correct: bool, judge_error: bool = False,
+                        pref_adherence: float | None = None) -> "EpisodeResult":
+        """From a :class:`~nemo_orch.rollout.episode.Trajectory`: its ledger's USD (orchestrator
+        and tools), its tool and generation seconds, calls and format errors."""
+        return cls(trajectory.task_id, correct, trajectory.cost_usd,
+                   trajectory.tool_seconds + trajectory.generation_seconds,
+                   len(trajectory.turns), trajectory.tool_counts(),
+                   sum(trajectory.format_errors.values()), pref_adherence, judge_error)
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95% by default): unlike the normal
+    approximation it stays inside [0, 1] and is sensible at 0/n and n/n."""
+    if trials == 0:
+        return (0.0, 1.0)
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    center = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), linearly interpolated between order statistics."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
+    """A system's numbers over its episodes (one per task)."""
+    if not results:
+        raise ValueError("no episodes to summarize")
+    correct = sum(result.correct for result in results)
+    usd = [result.usd for result in results]
+    seconds = [result.seconds for result in results]
+    calls: Counter[str] = Counter()
+    for result in results:
+        calls.update(result.tool_calls)
+    total_calls, turns = sum(calls.values()), sum(result.turns for result in results)
+    adherence = [r.pref_adherence for r in results if r.pref_adherence is not None]
+    low, high = wilson_interval(correct, len(results))
+    return {
+        "tasks": len(results), "correct": correct, "accuracy": correct / len(results),
+        "accuracy_ci95": [low, high],
+        "usd_per_task": statistics.mean(usd), "usd_p90": percentile(usd, 90),
+        "seconds_per_task": statistics.mean(seconds), "seconds_p90": percentile(seconds, 90),
+        "calls_per_task": total_calls / len(results),
+        "tool_mix": {name: count / total_calls for name, count in sorted(calls.items())},
+        "format_error_rate": sum(r.format_errors for r in results) / max(turns, 1),
+        "judge_errors": sum(result.judge_error for result in results),
+        "pref_adherence": statistics.mean(adherence) if adherence else None,
+    }
+
+
+def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
+    """The systems no other beats on both cost (lower) and accuracy (higher), cheapest first."""
+    front = [name for name, (usd, accuracy) in points.items()
+             if not any(other_usd <= usd and other_accuracy >= accuracy
+                        and (other_usd, other_accuracy) != (usd, accuracy)
+                        for other_usd, other_accuracy in points.values())]
+    return sorted(front, key=lambda name: points[name][0])
+
+
+def _table(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str]) -> list[str]:
+    lines = ["| system | tasks | accuracy (95% CI) | USD/task | USD p90 | s/task | s p90 | "
+             "calls/task | format errors/turn | judge errors | pref. adherence |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in systems.items():
+        low, high = row["accuracy_ci95"]
+        adherence = "" if row["pref_adherence"] is None else f"{row['pref_adherence']:.3f}"
+        marker = " *" if name in front else ""
+        lines.append(
+            f"| {name}{marker} | {row['tasks']} | {row['accuracy']:.3f} ({low:.3f}-{high:.3f})"
+            f" | {row['usd_per_task']:.6f} | {row['usd_p90']:.6f} | {row['seconds_per_task']:.2f}"
+            f" | {row['seconds_p90']:.2f} | {row['calls_per_task']:.2f} | "
+            f"{row['format_error_rate']:.3f} | {row['judge_errors']} | {adherence} |")
+    return lines
+
+
+def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
+           out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4.5))
+    for name, row in systems.items():
+        low, high = row["accuracy_ci95"]
+        axes.errorbar(row["usd_per_task"], row["accuracy"],
+                      yerr=[[row["accuracy"] - low], [high - row["accuracy"]]], fmt="o",
+                      capsize=3, label=name)
+    axes.plot([systems[name]["usd_per_task"] for name in front],
+              [systems[name]["accuracy"] for name in front], "k--", linewidth=1,
+              label="Pareto front")
+    axes.set_xlabel("USD per task (mean)")
+    axes.set_ylabel("accuracy (95% CI)")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    pareto = out_dir / "pareto.png"
+    figure.savefig(pareto, dpi=120)
+    plt.close(figure)
+
+    tools = sorted({tool for row in systems.values() for tool in row["tool_mix"]})
+    figure, axes = plt.subplots(figsize=(6, 0.5 + 0.5 * len(systems)))
+    left = [0.0] * len(systems)
+    for tool in tools:
+        shares = [row["tool_mix"].get(tool, 0.0) for row in systems.values()]
+        axes.barh(list(systems), shares, left=left, label=tool)
+        left = [a + b for a, b in zip(left, shares)]
+    axes.set_xlabel("share of tool calls")
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    figure.tight_layout()
+    mix = out_dir / "tool_mix.png"
+    figure.savefig(mix, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    return [pareto, mix]
+
+
+def write_report(out_dir: str | Path, benchmark: str,
+                 systems: Mapping[str, Sequence[EpisodeResult]]) -> Path:
+    """``report.json`` (the summaries and every episode), ``report.md``, ``pareto.png`` and
+    ``tool_mix.png`` for the systems evaluated on ``benchmark``; returns the JSON's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {name: summarize(results) for name, results in systems.items()}
+    front = pareto_front({name: (row["usd_per_task"], row["accuracy"])
+                          for name, row in summaries.items()})
+    plots = _plots(summaries, front, out_dir)
+    lines = [f"# {benchmark}", "", *_table(summaries, front), "",
+             "\\* on the cost-accuracy Pareto front.", "",
+             *[f"![{plot.stem}]({plot.name})" for plot in plots]]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+    path = out_dir / REPORT
+    path.write_text(json.dumps({
+        "benchmark": benchmark, "systems": summaries, "pareto_front": front,
+        "episodes": {name: [asdict(result) for result in results]
+                     for name, results in systems.items()}}, indent=1) + "\n")
+    return path
+
+
+def compare(run_dirs: Sequence[str | Path]) -> str:
+    """The systems of several reports side by side (markdown), each named
+    ``<run directory>/<system>``, with the Pareto front over all of them."""
+    systems: dict[str, Mapping[str, Any]] = {}
+    for run_dir in map(Path, run_dirs):
+        try:
+            report = json.loads((run_dir / REPORT).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"{run_dir}: no readable {REPORT} ({error})") from None
+        for name, row in report["systems"].items():
+            key = f"{run_dir.name}/{name}"
+            if key in systems:
+                raise ValueError(f"two runs named {run_dir.name!r} hold system {name!r}")
+            systems[key] = row
+    front = pareto_front({name: (row["usd_per_task"], row["accuracy"])
+                          for name, row in systems.items()})
+    return "\n".join(_table(systems, front)) + "\n"

@@ -1,0 +1,80 @@
+"""The shared evaluation report: intervals, percentiles, summaries, the Pareto front, the files
+written, and comparing runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from nemo_orch.eval.report import (EpisodeResult, compare, pareto_front, percentile, summarize,
+                                   wilson_interval, write_report)
+
+
+def test_wilson_interval_matches_the_formula_and_stays_in_range():
+    low, high = wilson_interval(8, 10)
+    assert math.isclose(low, 0.4902, abs_tol=1e-4) and math.isclose(high, 0.9433, abs_tol=1e-4)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    assert wilson_interval(0, 20)[1] > 0.0  # 0/20 does not prove the rate is 0
+    narrow, wide = wilson_interval(500, 1000), wilson_interval(5, 10)
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+
+
+def test_percentile_interpolates():
+    values = list(range(1, 11))
+    assert percentile(values, 90) == pytest.approx(9.1)
+    assert percentile(values, 0) == 1 and percentile(values, 100) == 10
+    assert percentile([3.0], 90) == 3.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def results(correct: list[bool], usd: float, tools: dict[str, int], adherence=None,
+            judge_errors: int = 0) -> list[EpisodeResult]:
+    return [EpisodeResult(f"t{i}", right, usd * (i + 1), 0.5 * (i + 1), turns=2,
+                          tool_calls=tools, format_errors=int(i == 0),
+                          pref_adherence=adherence, judge_error=i < judge_errors)
+            for i, right in enumerate(correct)]
+
+
+def test_summarize():
+    summary = summarize(results([True, True, False, True], 0.01, {"search": 2, "expert": 1},
+                                adherence=0.5, judge_errors=1))
+    assert summary["accuracy"] == 0.75 and summary["correct"] == 3
+    assert summary["accuracy_ci95"] == list(wilson_interval(3, 4))
+    assert summary["usd_per_task"] == pytest.approx(0.025)
+    assert summary["usd_p90"] == pytest.approx(percentile([0.01, 0.02, 0.03, 0.04], 90))
+    assert summary["seconds_p90"] == pytest.approx(percentile([0.5, 1.0, 1.5, 2.0], 90))
+    assert summary["tool_mix"] == {"expert": pytest.approx(1 / 3), "search": pytest.approx(2 / 3)}
+    assert summary["calls_per_task"] == 3 and summary["format_error_rate"] == 1 / 8
+    assert summary["judge_errors"] == 1 and summary["pref_adherence"] == 0.5
+    assert summarize(results([False], 0.0, {}))["pref_adherence"] is None
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_pareto_front():
+    points = {"cheap": (0.001, 0.5), "strong": (0.01, 0.9), "dominated": (0.02, 0.8),
+              "middle": (0.005, 0.7), "tie": (0.005, 0.7)}
+    assert pareto_front(points) == ["cheap", "middle", "tie", "strong"]
+
+
+def test_write_report_and_compare(tmp_path):
+    systems = {"orchestrator": results([True, True, False], 0.002, {"search": 1}),
+               "fixed:strongest": results([True, True, True], 0.02, {"call_expert": 1}),
+               "random": results([False, True, False], 0.03, {"search": 1, "call_expert": 1})}
+    path = write_report(tmp_path / "a", "offline", systems)
+    report = json.loads(path.read_text())
+    assert report["pareto_front"] == ["orchestrator", "fixed:strongest"]
+    assert len(report["episodes"]["random"]) == 3
+    markdown = (tmp_path / "a" / "report.md").read_text()
+    assert "| orchestrator * | 3 | 0.667 (" in markdown and "| random | 3 |" in markdown
+    assert (tmp_path / "a" / "pareto.png").stat().st_size > 1000
+    assert (tmp_path / "a" / "tool_mix.png").stat().st_size > 1000
+    write_report(tmp_path / "b", "offline", {"monolith": results([True, False, True], 0.05,
+                                                                   {"search": 3})})
+    table = compare([tmp_path / "a", tmp_path / "b"])
+    assert "| a/orchestrator * |" in table and "| b/monolith |" in table
+    with pytest.raises(ValueError, match="no readable report.json"):
+        compare([tmp_path / "missing"])
