@@ -134,7 +134,8 @@ class DomainSpec:
                  tools: list[ToolDef]) -> None:
         self.name, self.policy, self.tables = name, policy, tables
         self.tools = {tool.name: tool for tool in tools}
-        self._models = {tool.name: self._argument_model(tool) for tool in tools}
+        self._fields = {tool.name: self._argument_fields(tool) for tool in tools}
+        self._models = {name: self._argument_model(name) for name in self.tools}
 
     # ------------------------------------------------------------------ declaration
     @classmethod
@@ -224,12 +225,11 @@ class DomainSpec:
             fields["amount"] = FieldSpec(table.fields[tool.field].type)
         return fields
 
-    def _argument_model(self, tool: ToolDef) -> type[pydantic.BaseModel]:
-        fields = {name: (spec.python_type(), ...)
-                  for name, spec in self._argument_fields(tool).items()}
+    def _argument_model(self, name: str) -> type[pydantic.BaseModel]:
+        fields = {field: (spec.python_type(), ...) for field, spec in self._fields[name].items()}
         return pydantic.create_model(  # strict: "3" is not an integer, as in a JSON schema
-            f"{tool.name}_arguments", __config__=pydantic.ConfigDict(extra="forbid",
-                                                                     strict=True), **fields)
+            f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid", strict=True),
+            **fields)
 
     def parameters(self, name: str) -> dict[str, Any]:
         """The tool's JSON-schema ``parameters`` (what the agent sees)."""
@@ -246,7 +246,7 @@ class DomainSpec:
         if not isinstance(arguments, dict):
             raise ActionError(f"{name}: arguments must be an object")
         # JSON numbers: an integer is a valid number (strict mode would refuse 3 for float).
-        fields = self._argument_fields(self.tools[name])
+        fields = self._fields[name]
         coerced = {key: float(value) if key in fields and fields[key].type == "number"
                    and isinstance(value, int) and not isinstance(value, bool) else value
                    for key, value in arguments.items()}

@@ -153,11 +153,11 @@ def _spec(tau2_tool: Any) -> ToolSpec:
 
 def to_task(tau2_task: Any, domain: str, policy: str, tool_names: Sequence[str]) -> Task:
     """Our task row for a tau2 task; its metadata keeps the whole tau2 task for scoring."""
-    return Task(id=f"{BENCHMARK}-{domain}-{tau2_task.id}", question=DomainTask.model_validate(
-                    tau2_task.model_dump(mode="json")).scenario_text(),
-                system=policy, tools=tuple(tool_names),
-                metadata={"benchmark": BENCHMARK, "domain": domain,
-                          "tau2_task": tau2_task.model_dump(mode="json")})
+    record = tau2_task.model_dump(mode="json")
+    return Task(id=f"{BENCHMARK}-{domain}-{tau2_task.id}",
+                question=DomainTask.model_validate(record).scenario_text(), system=policy,
+                tools=tuple(tool_names),
+                metadata={"benchmark": BENCHMARK, "domain": domain, "tau2_task": record})
 
 
 @dataclass

@@ -166,6 +166,24 @@ def gap_closed(report: Mapping[str, Mapping[str, Any]]) -> float | None:
     return (report["grpo"]["reward"] - report["sft"]["reward"]) / gap
 
 
+async def scored_episodes(config: Any, weights: Mapping[str, Any], tasks: list[Task],
+                          toolbox: Toolbox, tokenizer: Any, settings: Any, scorer: Any
+                          ) -> tuple[list[Trajectory], list[Any]]:
+    """One episode per task of the policy with HF-named ``weights`` (CPU engine, under
+    ``settings``), and each episode's outcome."""
+    import asyncio
+
+    from nemo_orch.rollout.engines.hf import HFEngine
+    from nemo_orch.rollout.runner import run_rollouts
+
+    engine = HFEngine(config.model, weights, tokenizer=tokenizer)
+    trajectories = await run_rollouts(tasks, 1, engine, toolbox, tokenizer, settings,
+                                      seed=config.run.seed)
+    outcomes = await asyncio.gather(*(scorer.score(task, t.answer, t.calls())
+                                      for task, t in zip(tasks, trajectories)))
+    return trajectories, list(outcomes)
+
+
 def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], tasks: list[Task],
                       tokenizer_dir: Any, episodes_dir: Any = None) -> dict[str, Any]:
     """Greedy episodes of each policy (HF-named weights) on ``tasks``, scored; the oracle. With
@@ -177,8 +195,6 @@ def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], ta
 
     from nemo_orch.models.tokenizer import load_tokenizer
     from nemo_orch.rollout.builders import build_scorer, build_toolbox
-    from nemo_orch.rollout.engines.hf import HFEngine
-    from nemo_orch.rollout.runner import run_rollouts
 
     tokenizer = load_tokenizer(tokenizer_dir)
     settings = dataclasses.replace(config.resolved_rollout(), temperature=0.0)
@@ -191,11 +207,8 @@ def evaluate_policies(config: Any, policies: Mapping[str, Mapping[str, Any]], ta
                                 (config.rollout.input_usd_per_million / 1e6,
                                  config.rollout.output_usd_per_million / 1e6))
             for name, hf in policies.items():
-                engine = HFEngine(config.model, hf, tokenizer=tokenizer)
-                trajectories = await run_rollouts(tasks, 1, engine, toolbox, tokenizer, settings,
-                                                  seed=config.run.seed)
-                outcomes = await asyncio.gather(*(scorer.score(task, t.answer, t.calls())
-                                                  for task, t in zip(tasks, trajectories)))
+                trajectories, outcomes = await scored_episodes(config, hf, tasks, toolbox,
+                                                               tokenizer, settings, scorer)
                 report[name] = evaluation_report(tasks, trajectories, table,
                                                  [o.correct for o in outcomes])
                 if episodes_dir is not None:

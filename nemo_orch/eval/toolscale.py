@@ -29,6 +29,7 @@ from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task
 from nemo_orch.data.toolscale.generator import MAX_ACTIONS
 from nemo_orch.data.toolscale.validate import ValidationSummary, validated
+from nemo_orch.eval.orchestration import scored_episodes
 from nemo_orch.eval.report import EpisodeResult, summarize as summarize_episodes
 from nemo_orch.eval.tau2 import final_message
 from nemo_orch.reward.outcome import OutcomeScorer
@@ -141,8 +142,6 @@ def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
     every domain under ``directory``, next to the gold replay; per domain and policy, the
     summary of :func:`summarize`."""
     from nemo_orch.rollout.builders import build_scorer, build_toolbox
-    from nemo_orch.rollout.engines.hf import HFEngine
-    from nemo_orch.rollout.runner import run_rollouts
 
     loaded = {folder.name: load_rows(directory, folder.name, per_domain)
               for folder in sorted(Path(directory).iterdir()) if folder.is_dir()}
@@ -157,11 +156,8 @@ def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
         async with build_toolbox(config.tools) as toolbox:
             results["gold-replay"] = await gold_replay(rows, toolbox, scorer)
             for name, weights in policies.items():
-                engine = HFEngine(config.model, weights, tokenizer=tokenizer)
-                trajectories = await run_rollouts(rows, 1, engine, toolbox, tokenizer, settings,
-                                                  seed=config.run.seed)
-                outcomes = await asyncio.gather(*(scorer.score(row, t.answer, t.calls())
-                                                  for row, t in zip(rows, trajectories)))
+                trajectories, outcomes = await scored_episodes(config, weights, rows, toolbox,
+                                                               tokenizer, settings, scorer)
                 results[name] = [
                     DomainResult(EpisodeResult.from_trajectory(
                         t, outcome.correct, judge_error=outcome.method == "judge_error"),

@@ -349,37 +349,29 @@ def _fact(value: float) -> str:
     return f"{value:g}"
 
 
+def _check_then_write(table: str, owner: str, read: str, write: str, request: str,
+                      extra: Callable[[random.Random], dict[str, Any]] | None = None,
+                      **match: Any) -> Goal:
+    """The commonest goal: pick one of the user's ``table`` records (``owner`` is the user,
+    ``match`` the rest of the condition), read it with ``read``, then call ``write`` on it with
+    the ``extra`` arguments; the user's ``request`` is formatted with ``key`` and them."""
+
+    def goal(draft: _Draft, rng: random.Random, user: str) -> bool:
+        records = draft.records(table, **{owner: user}, **match)
+        if not records:
+            return False
+        key_field = draft.domain.spec.tables[table].key
+        key = rng.choice(records)[key_field]
+        arguments = extra(rng) if extra is not None else {}
+        draft.call(read, **{key_field: key})
+        draft.call(write, **{key_field: key}, **arguments)
+        draft.requests.append(request.format(key=key, **arguments))
+        return True
+
+    return goal
+
+
 def _shop_goals() -> list[Goal]:
-    def cancel(draft: _Draft, rng: random.Random, user: str) -> bool:
-        orders = draft.records("orders", customer_id=user, status="pending")
-        if not orders:
-            return False
-        order = rng.choice(orders)["order_id"]
-        draft.call("get_order_details", order_id=order)
-        draft.call("cancel_pending_order", order_id=order)
-        draft.requests.append(f"cancel order {order}")
-        return True
-
-    def redirect(draft: _Draft, rng: random.Random, user: str) -> bool:
-        orders = draft.records("orders", customer_id=user, status="pending")
-        if not orders:
-            return False
-        order, address = rng.choice(orders)["order_id"], _address(rng)
-        draft.call("get_order_details", order_id=order)
-        draft.call("change_order_address", order_id=order, address=address)
-        draft.requests.append(f"have order {order} sent to {address}")
-        return True
-
-    def give_back(draft: _Draft, rng: random.Random, user: str) -> bool:
-        orders = draft.records("orders", customer_id=user, status="delivered")
-        if not orders:
-            return False
-        order = rng.choice(orders)["order_id"]
-        draft.call("get_order_details", order_id=order)
-        draft.call("request_return", order_id=order)
-        draft.requests.append(f"return order {order}")
-        return True
-
     def move(draft: _Draft, rng: random.Random, user: str) -> bool:
         address = _address(rng)
         draft.call("update_customer_address", customer_id=user, address=address)
@@ -405,7 +397,15 @@ def _shop_goals() -> list[Goal]:
         draft.facts.append(_fact(amount))
         return True
 
-    return [cancel, redirect, give_back, move, buy, credit]
+    return [
+        _check_then_write("orders", "customer_id", "get_order_details", "cancel_pending_order",
+                          "cancel order {key}", status="pending"),
+        _check_then_write("orders", "customer_id", "get_order_details", "change_order_address",
+                          "have order {key} sent to {address}",
+                          lambda rng: {"address": _address(rng)}, status="pending"),
+        _check_then_write("orders", "customer_id", "get_order_details", "request_return",
+                          "return order {key}", status="delivered"),
+        move, buy, credit]
 
 
 def _clinic_goals() -> list[Goal]:
@@ -419,27 +419,6 @@ def _clinic_goals() -> list[Goal]:
         draft.requests.append(f"book the first {specialty} doctor on {date} at {time} and hear "
                               "the fee")
         draft.facts.append(_fact(fee))
-        return True
-
-    def cancel(draft: _Draft, rng: random.Random, user: str) -> bool:
-        scheduled = draft.records("appointments", patient_id=user, status="scheduled")
-        if not scheduled:
-            return False
-        appointment = rng.choice(scheduled)["appointment_id"]
-        draft.call("get_appointment_details", appointment_id=appointment)
-        draft.call("cancel_appointment", appointment_id=appointment)
-        draft.requests.append(f"cancel appointment {appointment}")
-        return True
-
-    def move(draft: _Draft, rng: random.Random, user: str) -> bool:
-        scheduled = draft.records("appointments", patient_id=user, status="scheduled")
-        if not scheduled:
-            return False
-        appointment, date = rng.choice(scheduled)["appointment_id"], _date(rng)
-        draft.call("get_appointment_details", appointment_id=appointment)
-        draft.call("reschedule_appointment", appointment_id=appointment, date=date,
-                   time="09:00")
-        draft.requests.append(f"move appointment {appointment} to {date} at 09:00")
         return True
 
     def phone(draft: _Draft, rng: random.Random, user: str) -> bool:
@@ -462,7 +441,15 @@ def _clinic_goals() -> list[Goal]:
         draft.facts.append(str(scheduled))
         return True
 
-    return [book, cancel, move, phone, insurance, count]
+    return [
+        book,
+        _check_then_write("appointments", "patient_id", "get_appointment_details",
+                          "cancel_appointment", "cancel appointment {key}", status="scheduled"),
+        _check_then_write("appointments", "patient_id", "get_appointment_details",
+                          "reschedule_appointment", "move appointment {key} to {date} at {time}",
+                          lambda rng: {"date": _date(rng), "time": "09:00"},
+                          status="scheduled"),
+        phone, insurance, count]
 
 
 def _mobile_goals() -> list[Goal]:
@@ -481,26 +468,6 @@ def _mobile_goals() -> list[Goal]:
         draft.facts.append(_fact(fee))
         return True
 
-    def suspend(draft: _Draft, rng: random.Random, user: str) -> bool:
-        lines = draft.records("lines", subscriber_id=user, status="active")
-        if not lines:
-            return False
-        line = rng.choice(lines)["line_id"]
-        draft.call("get_line_details", line_id=line)
-        draft.call("suspend_line", line_id=line)
-        draft.requests.append(f"suspend line {line}")
-        return True
-
-    def resume(draft: _Draft, rng: random.Random, user: str) -> bool:
-        lines = draft.records("lines", subscriber_id=user, status="suspended")
-        if not lines:
-            return False
-        line = rng.choice(lines)["line_id"]
-        draft.call("get_line_details", line_id=line)
-        draft.call("resume_line", line_id=line)
-        draft.requests.append(f"resume line {line}")
-        return True
-
     def pay(draft: _Draft, rng: random.Random, user: str) -> bool:
         unpaid = draft.records("bills", subscriber_id=user, status="unpaid")
         if not unpaid:
@@ -512,23 +479,23 @@ def _mobile_goals() -> list[Goal]:
         draft.facts.append(_fact(bill["amount"]))
         return True
 
-    def top_up(draft: _Draft, rng: random.Random, user: str) -> bool:
-        lines = draft.records("lines", subscriber_id=user)
-        if not lines:
-            return False
-        line, gigabytes = rng.choice(lines)["line_id"], float(rng.choice((1, 2, 5)))
-        draft.call("get_line_details", line_id=line)
-        draft.call("add_data", line_id=line, amount=gigabytes)
-        draft.requests.append(f"add {gigabytes:g} GB of data to line {line}")
-        return True
-
     def balance(draft: _Draft, rng: random.Random, user: str) -> bool:
         amount = draft.call("get_subscriber_details", subscriber_id=user)["balance"]
         draft.requests.append("learn your account balance")
         draft.facts.append(_fact(amount))
         return True
 
-    return [replan, suspend, resume, pay, top_up, balance]
+    return [
+        replan,
+        _check_then_write("lines", "subscriber_id", "get_line_details", "suspend_line",
+                          "suspend line {key}", status="active"),
+        _check_then_write("lines", "subscriber_id", "get_line_details", "resume_line",
+                          "resume line {key}", status="suspended"),
+        pay,
+        _check_then_write("lines", "subscriber_id", "get_line_details", "add_data",
+                          "add {amount:g} GB of data to line {key}",
+                          lambda rng: {"amount": float(rng.choice((1, 2, 5)))}),
+        balance]
 
 
 _GOALS: dict[str, Callable[[], list[Goal]]] = {
