@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.tau2-stamp
 
-.PHONY: train test test-fast benchmark clean
+.PHONY: train test test-fast compare benchmark clean
 
 $(STAMP): requirements.txt setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,15 @@ $(TEST_STAMP): $(STAMP) requirements-tau2.txt
 
 train: $(STAMP)
 	$(VENV)/bin/nemo-orch train trainer.resume=true
+
+# The README's offline comparison: the policy `make train` trained, next to the fixed routers and
+# a monolith (a SIMULATED frontier model with the basic tools, served on 127.0.0.1), on the main
+# job's 300 held-out tasks. Report: runs/eval/offline/.
+compare: $(STAMP)
+	$(VENV)/bin/nemo-orch eval --benchmark offline --agent orchestrator --agent fixed:cheapest \
+		--agent fixed:strongest --agent random --agent monolith \
+		rollout.policy=runs/tiny-sft/grpo/checkpoints eval.concurrency=64 \
+		eval.max_requests_per_endpoint=64
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q

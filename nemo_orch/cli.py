@@ -213,27 +213,36 @@ def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_eval(config: Config, args: argparse.Namespace) -> int:
-    default = Path(config.run.output_dir) / "eval" / "-".join(
-        [args.benchmark, args.domain, *([args.split] if args.benchmark == "tau2" else []),
-         args.agent])
-    out = args.out or default
-    if args.benchmark == "toolscale":
-        from nemo_orch.eval import toolscale
+    from nemo_orch.eval import harness
 
-        report = toolscale.run_gold_replay(config, args.data or config.synth.out_dir,
-                                           args.domain, limit=args.limit)
-        path = toolscale.write_report(report, out)
-        rate, passed, tasks, seconds = (report["accuracy"], report["correct"], report["tasks"],
-                                        report["seconds"])
-    else:
-        from nemo_orch.eval import tau2
+    summary = harness.run(config, args.benchmark, args.agent)
+    print(f"eval: {summary.benchmark}, {len(summary.systems)} systems in "
+          f"{summary.seconds:.1f} s -> {summary.report.parent}")
+    print(f"  {'system':16} {'tasks':>6} {'accuracy':>9} {'95% CI':>13} {'usd/task':>10} "
+          f"{'s/task':>7} {'calls':>6} {'judge.err':>9}")
+    for name, row in summary.systems.items():
+        low, high = row["accuracy_ci95"]
+        print(f"  {name:16} {row['tasks']:6d} {row['accuracy']:9.3f} {low:6.3f}-{high:<6.3f} "
+              f"{row['usd_per_task']:10.6f} {row['seconds_per_task']:7.2f} "
+              f"{row['calls_per_task']:6.2f} {row['judge_errors']:9d}")
+    return 0
 
-        tau2_report = tau2.run(args.domain, args.split, args.agent, limit=args.limit)
-        path = tau2.write_report(tau2_report, out)
-        rate, passed, tasks, seconds = (tau2_report.pass_rate, tau2_report.passed,
-                                        len(tau2_report.results), tau2_report.seconds)
-    print(f"eval: {args.benchmark} {args.domain}, agent {args.agent}: pass rate {rate:.3f} "
-          f"({passed}/{tasks} tasks) in {seconds:.1f} s -> {path}")
+
+def eval_compare(argv: list[str]) -> int:
+    """``nemo-orch eval compare RUN...``: the systems of several evaluations side by side."""
+    from nemo_orch.eval.report import compare
+
+    parser = argparse.ArgumentParser(prog="nemo-orch eval compare",
+                                     description="put the systems of several evaluations "
+                                     "(their eval.out_dir) side by side, with the Pareto front "
+                                     "over all of them")
+    parser.add_argument("runs", nargs="+", help="evaluation directories (holding report.json)")
+    args = parser.parse_args(argv)
+    try:
+        print(compare(args.runs), end="")
+    except ValueError as error:
+        print(f"nemo-orch eval compare: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
     return 0
 
 
@@ -311,23 +320,19 @@ def build_parser() -> argparse.ArgumentParser:
                          help="episodes per task (default: rollout.group_size)")
     rollout.add_argument("--out", required=True, help="JSONL file for the trajectories")
 
-    from nemo_orch.eval.tau2 import AGENTS as TAU2_AGENTS
+    from nemo_orch.config import BENCHMARKS
+    from nemo_orch.eval.agents import AGENT_KINDS
 
-    evaluate = add("eval", cmd_eval, "run an agent on a benchmark's tasks, score them with the "
-                   "benchmark's own evaluator, write report.json and report.md")
-    evaluate.add_argument("--benchmark", required=True, choices=["tau2", "toolscale"])
-    evaluate.add_argument("--domain", required=True, help="tau2: retail, airline, telecom, ...; "
-                          "toolscale: a domain directory under --data")
-    evaluate.add_argument("--split", default="test", help="tau2: the task split (train, test, "
-                          "base)")
-    evaluate.add_argument("--data", default=None, help="toolscale: what `nemo-orch synth` "
-                          "wrote (default: synth.out_dir)")
-    evaluate.add_argument("--agent", required=True, choices=sorted(TAU2_AGENTS),
-                          help="gold-replay: the tasks' gold actions through our tools (checks "
-                          "the adapter: every task should pass)")
-    evaluate.add_argument("--limit", type=int, default=None, help="only the first N tasks")
-    evaluate.add_argument("--out", default=None, help="report directory (default: "
-                          "<run.output_dir>/eval/<benchmark>-<domain>[-<split>]-<agent>)")
+    evaluate = add("eval", cmd_eval, "run agents on a benchmark, side by side: accuracy (95% CI), "
+                   "USD and seconds per task, tool mix; report.json, report.md and plots under "
+                   "eval.out_dir (resumable). `nemo-orch eval compare RUN...` puts several "
+                   "evaluations side by side")
+    evaluate.add_argument("--benchmark", required=True, choices=BENCHMARKS)
+    evaluate.add_argument("--agent", required=True, action="append", choices=AGENT_KINDS,
+                          help="repeat to compare several: orchestrator (rollout.*: a checkpoint "
+                          "or an endpoint), monolith (eval.monolith.*), fixed:cheapest, "
+                          "fixed:strongest, random (the expert tool's models), gold-replay "
+                          "(toolscale, tau2)")
 
     synthesize = add("synth", cmd_synth, "synthesize ToolScale domains and tasks with an LLM "
                      "(synth.*), or generate them offline (--offline): write <domain>/domain.json,"
@@ -371,6 +376,9 @@ def _quiet_dependencies() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["eval", "compare"]:
+        return eval_compare(argv[2:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _quiet_dependencies()

@@ -223,6 +223,9 @@ class ToolsConfig:
     domains: list[str] = field(default_factory=list)
     cache_entries: int = 4096
     cache_mb: int = 64
+    # USD per million (input, output) tokens of models, over the built-in list prices
+    # (nemo_orch/tools/pricing.py): how a price table is swapped at evaluation time.
+    prices: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("declarations", "domains"):
@@ -231,6 +234,10 @@ class ToolsConfig:
                          f"tools.{key}[{index}]: no such file or directory: {path}")
         _require(self.cache_entries >= 0 and self.cache_mb >= 0,
                  "tools.cache_entries and tools.cache_mb must be >= 0")
+        for model, prices in self.prices.items():
+            _require(len(prices) == 2 and all(price >= 0 for price in prices),
+                     f"tools.prices.{model} must be [input, output] USD per million tokens, "
+                     "both >= 0")
 
 
 @dataclass
@@ -241,7 +248,9 @@ class RewardConfig:
     group-min-max-normalized features, cost and latency entering negated), ``weighted``
     (per-component group baselines, weighted: GDPO-style) or ``linear`` (``linear_*``
     coefficients; USD and seconds divided by their references). The LLM judge is used for answers
-    that are neither empty, too long nor an exact match, when ``judge_base_url`` is set.
+    that are neither empty, too long nor an exact match, when ``judge_base_url`` is set; each
+    request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
+    after which the answer counts as a judge failure.
     """
 
     combination: str = "toolorchestra"
@@ -251,6 +260,8 @@ class RewardConfig:
     judge_base_url: Optional[str] = None
     judge_model: Optional[str] = None
     judge_api_key_env: Optional[str] = None
+    judge_max_retries: int = 2
+    judge_timeout_s: float = 60.0
     # weighted: weight of each component's group-baselined value
     weights: dict[str, float] = field(default_factory=lambda: {
         "outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2})
@@ -278,6 +289,8 @@ class RewardConfig:
         _require(self.max_answer_words >= 1, "reward.max_answer_words must be >= 1")
         _require(self.judge_base_url is None or self.judge_model is not None,
                  "reward.judge_base_url needs reward.judge_model")
+        _require(self.judge_max_retries >= 0 and self.judge_timeout_s > 0,
+                 "reward.judge_max_retries must be >= 0 and reward.judge_timeout_s > 0")
         _require(self.usd_reference > 0 and self.seconds_reference > 0,
                  "reward.usd_reference and reward.seconds_reference must be > 0")
         _require(self.advantage_clip > 0 and self.advantage_eps > 0,
@@ -518,6 +531,73 @@ class SynthConfig:
                  "synth.temperature must be >= 0 and synth.timeout_s > 0")
 
 
+BENCHMARKS = ("offline", "toolscale", "tau2", "hle", "frames")
+
+
+@dataclass
+class MonolithConfig:
+    """The monolith baseline: one OpenAI-compatible chat model (``model`` at ``base_url``, key
+    from the environment variable ``api_key_env``) with the benchmark's tools except
+    ``drop_tools`` (the experts), called with standard function calling. Priced at
+    ``usd_per_million`` (input, output) or, when null, the price table's entry for ``model``.
+
+    With ``base_url`` null on the offline benchmark, a SIMULATED frontier model is served on
+    127.0.0.1 for the evaluation (``nemo_orch/serve/simulated_chat.py``): the offline experts'
+    alias ``simulate``, sleeping ``time_scale`` times its simulated generation time."""
+
+    base_url: Optional[str] = None
+    model: str = "gpt-5"
+    api_key_env: Optional[str] = None
+    usd_per_million: Optional[list[float]] = None
+    drop_tools: list[str] = field(default_factory=lambda: ["call_expert"])
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    simulate: str = "math-large"
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.usd_per_million is None or (len(self.usd_per_million) == 2 and all(
+            price >= 0 for price in self.usd_per_million)),
+            "eval.monolith.usd_per_million must be null or [input, output], both >= 0")
+        _require(self.max_tokens >= 1 and self.temperature >= 0 and self.time_scale >= 0,
+                 "eval.monolith: max_tokens must be >= 1, temperature and time_scale >= 0")
+
+
+@dataclass
+class EvalConfig:
+    """``nemo-orch eval``: where results go and how the benchmark is run.
+
+    ``out_dir`` (null: ``<run.output_dir>/eval/<benchmark>``) holds the report and one
+    per-example cache per agent (``episodes/<agent>.jsonl``): with ``resume`` a killed
+    evaluation continues where it stopped. ``data``: the benchmark's file (hle, frames: JSONL or
+    parquet) or directory (toolscale; null: ``synth.out_dir``); ``domain``: a toolscale domain
+    (null: all) or the tau2 domain, with ``split``. ``tasks``: held-out offline tasks (the main
+    job's). ``limit``: only the first N tasks. Episode ``i`` runs with seed ``seed + i`` (null:
+    ``run.seed``) at ``temperature``; ``concurrency`` episodes at once, at most
+    ``max_requests_per_endpoint`` requests in flight to each OpenAI-compatible endpoint the
+    evaluation calls (orchestrator, monolith, judge)."""
+
+    out_dir: Optional[str] = None
+    data: Optional[str] = None
+    domain: Optional[str] = None
+    split: str = "test"
+    tasks: int = 300
+    limit: Optional[int] = None
+    seed: Optional[int] = None
+    temperature: float = 0.0
+    concurrency: int = 16
+    max_requests_per_endpoint: int = 8
+    resume: bool = True
+    monolith: MonolithConfig = field(default_factory=MonolithConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.tasks >= 1 and self.concurrency >= 1
+                 and self.max_requests_per_endpoint >= 1,
+                 "eval.tasks, eval.concurrency and eval.max_requests_per_endpoint must be >= 1")
+        _require(self.limit is None or self.limit >= 1, "eval.limit must be null or >= 1")
+        _require(self.temperature >= 0, "eval.temperature must be >= 0")
+
+
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -532,6 +612,7 @@ class Config:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         _require(self.model.num_layers % self.parallel.pp == 0,

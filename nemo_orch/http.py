@@ -52,17 +52,20 @@ class JSONClient:
     of that request (naming the variable), not of construction. Usable from several event loops
     in turn (each gets its own connection pool), so sync callers may use ``asyncio.run``.
     ``error_type`` is the exception raised (a subclass of :class:`HTTPError` or any class taking
-    ``(message, status)``).
+    ``(message, status)``). ``max_in_flight`` bounds the requests sent at once (per event loop;
+    the others wait their turn): how an evaluation keeps a bound per endpoint.
     """
 
     error_type: type[Exception] = HTTPError
 
     def __init__(self, base_url: str, *, api_key_env: str | None = None, timeout_s: float = 60.0,
                  max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, max_in_flight: int | None = None) -> None:
         if max_retries < 0 or timeout_s <= 0 or backoff_s < 0 or max_backoff_s < backoff_s:
             raise ValueError("need max_retries >= 0, timeout_s > 0 and "
                              "0 <= backoff_s <= max_backoff_s")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError("max_in_flight must be None or >= 1")
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
         self.timeout_s = timeout_s
@@ -71,6 +74,8 @@ class JSONClient:
         self._rng = random.Random(seed)
         self._api_key: str | None = None
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self.max_in_flight = max_in_flight
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
@@ -126,6 +131,18 @@ class JSONClient:
     async def request(self, method: str, path: str,
                       payload: Mapping[str, Any] | None = None) -> Any:
         """One JSON request under the retry policy; the decoded JSON body on success."""
+        if self.max_in_flight is None:
+            return await self._request(method, path, payload)
+        loop = asyncio.get_running_loop()
+        if loop not in self._slots:
+            self._slots = {old: slots for old, slots in self._slots.items()
+                           if not old.is_closed()}
+            self._slots[loop] = asyncio.Semaphore(self.max_in_flight)
+        async with self._slots[loop]:
+            return await self._request(method, path, payload)
+
+    async def _request(self, method: str, path: str,
+                       payload: Mapping[str, Any] | None) -> Any:
         url = f"{self.base_url}/{path.lstrip('/')}"
         client = self._client()
         for attempt in range(self.max_retries + 1):

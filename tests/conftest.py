@@ -36,6 +36,24 @@ def tiny_tokenizer(tiny_tokenizer_dir: Path) -> PreTrainedTokenizerBase:
 
 
 @pytest.fixture(scope="session")
+def random_policy_dir(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Qwen3 in HF format with the test tokenizer: a policy to roll out."""
+    import shutil
+
+    from nemo_orch.config import ModelConfig
+    from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
+
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                        kv_channels=16, ffn_hidden_size=128, vocab_size=1024,
+                        max_position_embeddings=1024)
+    directory = save_hf_checkpoint(tmp_path_factory.mktemp("policy"),
+                                   SeededHFWeights(model, seed=0), model)
+    for file in tiny_tokenizer_dir.iterdir():
+        shutil.copy(file, directory / file.name)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def megatron_world():
     """A single-rank Megatron world in this process (gloo on 127.0.0.1)."""
     from nemo_orch import distributed

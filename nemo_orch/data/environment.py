@@ -35,6 +35,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import Episode
 from nemo_orch.rollout.runner import DirectPolicy
+from nemo_orch.tools.composite import extract_final_answer
 from nemo_orch.tools.simulated_expert import SimulatedExpert
 
 PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
@@ -60,6 +61,16 @@ SYSTEM_PROMPT = ("You are an orchestrator that answers questions by calling tool
 EXPERT_TOOL = "call_expert"
 # A route is the tool calls that answer a task: the family's exact tools, or one expert.
 Route = tuple[tuple[str, dict[str, Any]], ...]
+
+
+# Held-out tasks are drawn with the run's seed plus this: the main job's evaluation and
+# `nemo-orch eval --benchmark offline` see the same tasks, which training never does.
+HELD_OUT_SEED_OFFSET = 7919
+
+
+def held_out_tasks(n: int, run_seed: int) -> list[Task]:
+    """The first ``n`` held-out evaluation tasks of a run seeded ``run_seed``."""
+    return make_tasks(n, seed=run_seed + HELD_OUT_SEED_OFFSET, prefix="eval")
 
 
 def make_tasks(n: int, seed: int, prefix: str = "task") -> list[Task]:
@@ -168,10 +179,11 @@ _RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL
 
 class RouterReplies:
     """A naive router's replies: a fixed route's calls, then the answer from the last
-    observation (the sandbox's output, the passage's fact, the expert's answer). Played by a
-    :class:`ScriptedEngine`, not a model; its episodes become SFT demonstrations."""
+    observation (the sandbox's output, the passage's fact when ``answer`` is known and stated
+    in it, else what the expert said). Played by a :class:`ScriptedEngine`, not a model; its
+    episodes become SFT demonstrations and the fixed routers evaluations compare against."""
 
-    def __init__(self, route: Route, answer: str) -> None:
+    def __init__(self, route: Route, answer: str | None = None) -> None:
         self.route, self.answer = route, answer
 
     def __call__(self, prompt: str) -> str:
@@ -182,8 +194,10 @@ class RouterReplies:
                     "</tool_call>")
         last = observations[-1].strip() if observations else ""
         # The fact inside a passage or output when it is there; else what the expert said.
-        stated = re.search(rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
-        copied = self.answer if stated else last.removeprefix("Answer:").strip()
+        stated = self.answer is not None and re.search(
+            rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
+        copied = self.answer if stated else extract_final_answer(
+            last.removeprefix("Answer:").strip())
         return f"<answer>{copied}</answer>"
 
 

@@ -132,7 +132,8 @@ def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
     for name, row in systems.items():
         low, high = row["accuracy_ci95"]
         axes.errorbar(row["usd_per_task"], row["accuracy"],
-                      yerr=[[row["accuracy"] - low], [high - row["accuracy"]]], fmt="o",
+                      yerr=[[max(0.0, row["accuracy"] - low)], [max(0.0, high - row["accuracy"])]],
+                      fmt="o",
                       capsize=3, label=name)
     axes.plot([systems[name]["usd_per_task"] for name in front],
               [systems[name]["accuracy"] for name in front], "k--", linewidth=1,
@@ -146,38 +147,62 @@ def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
     plt.close(figure)
 
     tools = sorted({tool for row in systems.values() for tool in row["tool_mix"]})
-    figure, axes = plt.subplots(figsize=(6, 0.5 + 0.5 * len(systems)))
+    figure, axes = plt.subplots(figsize=(6, max(2.0, 0.5 + 0.5 * len(systems))))
     left = [0.0] * len(systems)
     for tool in tools:
         shares = [row["tool_mix"].get(tool, 0.0) for row in systems.values()]
         axes.barh(list(systems), shares, left=left, label=tool)
         left = [a + b for a, b in zip(left, shares)]
     axes.set_xlabel("share of tool calls")
+    # The legend sits outside the axes; bbox_inches="tight" makes room for it when saving.
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
-    figure.tight_layout()
     mix = out_dir / "tool_mix.png"
     figure.savefig(mix, dpi=120, bbox_inches="tight")
     plt.close(figure)
     return [pareto, mix]
 
 
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _notes(notes: Mapping[str, Any]) -> list[str]:
+    """What the benchmark left out: a list of records becomes a table, anything else a line."""
+    lines: list[str] = []
+    for key, value in notes.items():
+        if not value:
+            continue
+        if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+            columns = list(value[0])
+            lines += ["", f"{key}:", "", "| " + " | ".join(columns) + " |",
+                      "|" + "---|" * len(columns),
+                      *["| " + " | ".join(_cell(item.get(c, "")) for c in columns) + " |"
+                        for item in value]]
+        else:
+            lines += ["", f"{key}: {_cell(value)}"]
+    return lines
+
+
 def write_report(out_dir: str | Path, benchmark: str,
-                 systems: Mapping[str, Sequence[EpisodeResult]]) -> Path:
-    """``report.json`` (the summaries and every episode), ``report.md``, ``pareto.png`` and
-    ``tool_mix.png`` for the systems evaluated on ``benchmark``; returns the JSON's path."""
+                 systems: Mapping[str, Sequence[EpisodeResult]],
+                 notes: Mapping[str, Any] | None = None) -> Path:
+    """``report.json`` (the summaries, every episode and the benchmark's ``notes``: what it
+    left out and why), ``report.md``, ``pareto.png`` and ``tool_mix.png`` for the systems
+    evaluated on ``benchmark``; returns the JSON's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    notes = dict(notes or {})
     summaries = {name: summarize(results) for name, results in systems.items()}
     front = pareto_front({name: (row["usd_per_task"], row["accuracy"])
                           for name, row in summaries.items()})
     plots = _plots(summaries, front, out_dir)
     lines = [f"# {benchmark}", "", *_table(summaries, front), "",
-             "\\* on the cost-accuracy Pareto front.", "",
+             "\\* on the cost-accuracy Pareto front.", *_notes(notes), "",
              *[f"![{plot.stem}]({plot.name})" for plot in plots]]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
     path = out_dir / REPORT
     path.write_text(json.dumps({
-        "benchmark": benchmark, "systems": summaries, "pareto_front": front,
+        "benchmark": benchmark, "systems": summaries, "pareto_front": front, "notes": notes,
         "episodes": {name: [asdict(result) for result in results]
                      for name, results in systems.items()}}, indent=1) + "\n")
     return path

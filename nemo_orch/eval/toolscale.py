@@ -1,21 +1,17 @@
-"""ToolScale domain tasks as a benchmark: agents run on a domain's task rows through the toolbox
-(the domain's tools act on each episode's database) and are scored on the database they leave.
+"""ToolScale domain tasks: the rows of a domain's valid tasks, and the main job's evaluation of
+its policies on them next to the gold replay (``nemo-orch eval --benchmark toolscale`` runs any
+agent on them through :mod:`nemo_orch.eval.harness`).
 
 Data is what ``nemo-orch synth`` writes (``<dir>/<domain>/domain.json`` and ``tasks.jsonl``,
-offline or LLM-made); tasks that fail the validation filters are dropped and listed in the
-report. Agents:
-
-* ``gold-replay`` sends each task's gold actions through the toolbox, then tells the user every
-  required fact. It checks the executor and the scorer, not a model: every task must pass.
-* a policy (HF-format weights) runs greedy episodes with the episode runner, as in training.
+offline or LLM-made); tasks that fail the validation filters are dropped and reported, never
+scored. Episodes act on their own copy of the domain's database and are scored on the database
+they leave.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -24,19 +20,17 @@ from typing import Any
 
 from nemo_orch.config import Config
 from nemo_orch.data.domain import Domain
-from nemo_orch.data.domain_tasks import DomainTask, read_domain_tasks, to_task_row
+from nemo_orch.data.domain_tasks import read_domain_tasks, to_task_row
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task
 from nemo_orch.data.toolscale.generator import MAX_ACTIONS
 from nemo_orch.data.toolscale.validate import ValidationSummary, validated
+from nemo_orch.eval.agents import GoldReplayAgent
+from nemo_orch.eval.benchmarks import toolscale_gold_plan
 from nemo_orch.eval.orchestration import scored_episodes
 from nemo_orch.eval.report import EpisodeResult, summarize as summarize_episodes
-from nemo_orch.eval.tau2 import final_message
-from nemo_orch.reward.outcome import OutcomeScorer
-from nemo_orch.tools.base import ToolContext
-from nemo_orch.tools.registry import Toolbox
-
-BENCHMARK = "toolscale"
+from nemo_orch.reward.outcome import OutcomeResult
+from nemo_orch.rollout.episode import Trajectory
 
 
 @dataclass(frozen=True)
@@ -92,47 +86,12 @@ def summarize(results: list[DomainResult]) -> dict[str, Any]:
                                          for k, v in sorted(by_difficulty.items())}}
 
 
-async def gold_replay(rows: list[Task], toolbox: Toolbox, scorer: OutcomeScorer
-                      ) -> list[DomainResult]:
-    """Each row's gold actions through ``toolbox``, scored on the database they leave."""
-    results = []
-    for row in rows:
-        task = DomainTask.model_validate(row.metadata["domain_task"])
-        context = ToolContext(task_id=row.id, episode_id=f"{row.id}/gold-replay", task=row)
-        # Only the calls the executor carried out count: one it refused changed nothing.
-        executed, calls, usd, seconds = [], Counter(), 0.0, 0.0
-        for action in task.gold_actions:
-            result = await toolbox.call(action.name, action.arguments, context)
-            usd, seconds = usd + result.cost_usd, seconds + result.latency_s
-            if result.error is None:
-                executed.append((action.name, action.arguments))
-                calls[action.name] += 1
-        outcome = await scorer.score(row, final_message(task.facts), executed)
-        episode = EpisodeResult(row.id, outcome.correct, usd, seconds,
-                                turns=len(task.gold_actions) + 1, tool_calls=dict(calls))
-        results.append(DomainResult(episode, outcome.detail, len(task.gold_actions), "answer"))
-    return results
-
-
-def run_gold_replay(config: Config, directory: str | Path, domain_name: str,
-                    limit: int | None = None) -> dict[str, Any]:
-    """``nemo-orch eval --benchmark toolscale --agent gold-replay``: the report as JSON."""
-    from nemo_orch.rollout.builders import build_scorer, build_toolbox
-
-    started = time.perf_counter()
-    loaded = load_rows(directory, domain_name, limit)
-    config = replace(config, tools=replace(config.tools, declarations=[],
-                                           domains=[str(loaded.domain_file)]))
-
-    async def run() -> list[DomainResult]:
-        async with build_toolbox(config.tools) as toolbox:
-            return await gold_replay(loaded.rows, toolbox, build_scorer(config))
-
-    results = asyncio.run(run())
-    return {"benchmark": BENCHMARK, "domain": domain_name, "agent": "gold-replay",
-            **summarize(results), "seconds": round(time.perf_counter() - started, 3),
-            "dropped": loaded.validation.to_json()["rejections"],
-            "results": [result.to_json() for result in results]}
+def _domain_results(rows: list[Task], trajectories: list[Trajectory],
+                    outcomes: list[OutcomeResult]) -> list[DomainResult]:
+    return [DomainResult(EpisodeResult.from_trajectory(
+        trajectory, outcome.correct, judge_error=outcome.method == "judge_error"),
+        outcome.detail, row.metadata["difficulty"], trajectory.termination)
+        for row, trajectory, outcome in zip(rows, trajectories, outcomes)]
 
 
 def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
@@ -154,15 +113,15 @@ def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
     async def run() -> dict[str, list[DomainResult]]:
         results = {}
         async with build_toolbox(config.tools) as toolbox:
-            results["gold-replay"] = await gold_replay(rows, toolbox, scorer)
+            gold = GoldReplayAgent(toolscale_gold_plan, toolbox)
+            trajectories = [await gold.episode(row, config.run.seed) for row in rows]
+            outcomes = [await scorer.score(row, t.answer, t.calls())
+                        for row, t in zip(rows, trajectories)]
+            results["gold-replay"] = _domain_results(rows, trajectories, outcomes)
             for name, weights in policies.items():
                 trajectories, outcomes = await scored_episodes(config, weights, rows, toolbox,
                                                                tokenizer, settings, scorer)
-                results[name] = [
-                    DomainResult(EpisodeResult.from_trajectory(
-                        t, outcome.correct, judge_error=outcome.method == "judge_error"),
-                        outcome.detail, row.metadata["difficulty"], t.termination)
-                    for row, t, outcome in zip(rows, trajectories, outcomes)]
+                results[name] = _domain_results(rows, trajectories, outcomes)
         return results
 
     results = asyncio.run(run())
@@ -170,27 +129,3 @@ def evaluate_policies(config: Config, policies: Mapping[str, Mapping[str, Any]],
                                        if r.episode.task_id.startswith(f"{domain}/")])
                     for domain in loaded}
             for agent, agent_results in results.items()}
-
-
-def write_report(report: Mapping[str, Any], out_dir: str | Path) -> Path:
-    """``report.json`` and ``report.md`` of a gold replay; returns the JSON's path."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"# ToolScale {report['domain']}, agent {report['agent']}", "",
-             f"Accuracy **{report['accuracy']:.3f}** ({report['correct']}/{report['tasks']} "
-             f"tasks) in {report['seconds']:.1f} s.", "",
-             "| gold actions | accuracy |", "|---:|---:|",
-             *[f"| {k} | {v:.3f} |" for k, v in report["accuracy_by_gold_actions"].items()]]
-    if report["dropped"]:
-        lines += ["", "Dropped by the validation filters (not scored):", "",
-                  "| task | filter | why |", "|---|---|---|",
-                  *[f"| {r['task_id']} | {r['filter']} | {r['reason']} |"
-                    for r in report["dropped"]]]
-    failed = [r for r in report["results"] if not r["correct"]]
-    if failed:
-        lines += ["", "| failed task | why |", "|---|---|",
-                  *[f"| {r['task_id']} | {r['failures']} |" for r in failed]]
-    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
-    path = out_dir / "report.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    return path

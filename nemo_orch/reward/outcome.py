@@ -112,20 +112,25 @@ def parse_verdict(text: str) -> bool | None:
 class OutcomeScorer:
     """Scores final answers under the reference protocol (see the module docstring).
 
-    ``client`` overrides the judge client built from ``config`` (e.g. with other timeouts).
+    ``client`` overrides the judge client built from ``config`` (e.g. with other timeouts);
+    ``judge_in_flight`` bounds the built client's requests in flight.
     Judge verdicts are cached per (task id, normalized answer), and concurrent requests for the
     same pair share one judge call, so a group repeating a wrong answer costs one request.
     Judge failures are not cached: the next score asks again.
     """
 
     def __init__(self, config: RewardConfig, client: OpenAIClient | None = None,
-                 domains: Mapping[str, Domain] | None = None) -> None:
+                 domains: Mapping[str, Domain] | None = None,
+                 judge_in_flight: int | None = None) -> None:
         self.config = config
         self.domains = dict(domains or {})
         self._domain_tasks: dict[str, DomainTask] = {}
         if client is None and config.judge_base_url is not None:
             client = OpenAIClient(config.judge_base_url, config.judge_model,
-                                  api_key_env=config.judge_api_key_env)
+                                  api_key_env=config.judge_api_key_env,
+                                  timeout_s=config.judge_timeout_s,
+                                  max_retries=config.judge_max_retries,
+                                  max_in_flight=judge_in_flight)
         self.client = client
         self._verdicts: dict[tuple[str, str], OutcomeResult] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[OutcomeResult]] = {}

@@ -16,6 +16,7 @@ from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
 from nemo_orch.data.domain import Domain
 from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.tools.domain import domain_tools, load_domains
+from nemo_orch.tools.pricing import price_overrides
 from nemo_orch.tools.registry import Toolbox, build_tools, load_declarations
 
 if TYPE_CHECKING:  # torch and transformers load only for commands that generate
@@ -25,9 +26,11 @@ if TYPE_CHECKING:  # torch and transformers load only for commands that generate
 
 
 def build_toolbox(tools: ToolsConfig) -> Toolbox:
-    """The declared tools and the domains' tools, not yet started (``async with toolbox`` warms
-    them up)."""
-    declared = build_tools(load_declarations([resolve_conf_path(p) for p in tools.declarations]))
+    """The declared tools, priced with ``tools.prices`` over the list prices, and the domains'
+    tools, not yet started (``async with toolbox`` warms them up)."""
+    with price_overrides(tools.prices):
+        declared = build_tools(load_declarations([resolve_conf_path(p)
+                                                  for p in tools.declarations]))
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
     return Toolbox([*declared, *domain], cache_entries=tools.cache_entries,
                    cache_bytes=tools.cache_mb << 20)
@@ -38,9 +41,11 @@ def build_domains(tools: ToolsConfig) -> dict[str, Domain]:
     return load_domains([resolve_conf_path(path) for path in tools.domains])
 
 
-def build_scorer(config: Config) -> OutcomeScorer:
-    """The outcome scorer: the reward protocol, with the configured domains' databases."""
-    return OutcomeScorer(config.reward, domains=build_domains(config.tools))
+def build_scorer(config: Config, judge_in_flight: int | None = None) -> OutcomeScorer:
+    """The outcome scorer: the reward protocol, with the configured domains' databases and at
+    most ``judge_in_flight`` judge requests at once (None: no bound)."""
+    return OutcomeScorer(config.reward, domains=build_domains(config.tools),
+                         judge_in_flight=judge_in_flight)
 
 
 def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:
@@ -67,8 +72,10 @@ def _policy_dir(config: Config, scratch: Path) -> Path:
     return convert.export(str(source), "hf", str(scratch / "policy"))
 
 
-def build_engine(config: Config) -> tuple["Engine", "PreTrainedTokenizerBase"]:
-    """The policy's generation engine and the tokenizer its token ids belong to."""
+def build_engine(config: Config, max_requests: int = 8
+                 ) -> tuple["Engine", "PreTrainedTokenizerBase"]:
+    """The policy's generation engine and the tokenizer its token ids belong to; a served
+    policy gets at most ``max_requests`` requests in flight."""
     from nemo_orch.models.tokenizer import load_tokenizer
 
     rollout = config.rollout
@@ -88,7 +95,7 @@ def build_engine(config: Config) -> tuple["Engine", "PreTrainedTokenizerBase"]:
                               "tokenizer) to keep token-level trajectories")
         tokenizer = load_tokenizer(config.tokenizer.path)
         client = OpenAIClient(rollout.base_url, rollout.model_name,
-                              api_key_env=rollout.api_key_env)
-        return OpenAIEngine(client, tokenizer), tokenizer
+                              api_key_env=rollout.api_key_env, max_in_flight=max_requests)
+        return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
     raise ConfigError(f"rollout.engine={rollout.engine} needs a GPU engine (TensorRT-LLM/vLLM), "
                       "which is not part of this installation")

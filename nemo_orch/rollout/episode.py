@@ -28,6 +28,12 @@ from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCal
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
 
+def episode_id(task_id: str, sample: int = 0) -> str:
+    """The id of a task's ``sample``-th episode: per-episode state (a domain's database, a tau2
+    environment) is keyed by it."""
+    return f"{task_id}#{sample}"
+
+
 class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
 
@@ -88,6 +94,16 @@ class Trajectory:
     termination: str  # answer | max_turns | context_limit | engine_error
     answer: str | None
     wall_seconds: float
+
+    @classmethod
+    def without_tokens(cls, task_id: str, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]], turns: list[TurnRecord], termination: str,
+                       answer: str | None, wall_seconds: float) -> "Trajectory":
+        """The episode of an agent that is not a token-level policy (a chat endpoint, a gold
+        replay): the same messages and ledger, no token record."""
+        return cls(task_id, 0, messages, tools, token_ids=[], loss_mask=[], decision_mask=[],
+                   logprobs=[], prompt_length=0, turns=turns, termination=termination,
+                   answer=answer, wall_seconds=wall_seconds)
 
     @property
     def cost_usd(self) -> float:
@@ -190,7 +206,7 @@ class Episode:
         self.schemas = self.toolbox.schemas()
         self.format = TurnFormat.for_tools(self.schemas, answer_format=settings.answer_format,
                                            multiple_calls=settings.multiple_calls)
-        self.context = ToolContext(task_id=task.id, episode_id=f"{task.id}#{sample}",
+        self.context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample),
                                    allowed_documents=task.allowed_documents, seed=seed,
                                    task=task)
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)

@@ -10,13 +10,17 @@ episode's observations so far (retrieved passages, code output) as context, as t
 does, and bills the expert's tokens plus the basic tool's fees. They are configurations of
 existing tools, named in their declarations by ``expert`` and ``executor`` and built first by
 the registry.
+
+As in the reference, each expert model may have its own context length: an expert tool that
+declares one per alias (``context_budget``, see :class:`BudgetedExpert`) is handed only the
+newest observations that fit it (:func:`fit_observations`); the question is never cut.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from nemo_orch.tools.base import BaseTool, Tool, ToolContext, ToolError, ToolResult, ToolSpec
 
@@ -42,11 +46,56 @@ def _combine(expert: ToolResult, executed: ToolResult, output: str) -> ToolResul
                       latency_s=expert.latency_s + executed.latency_s)
 
 
-def context_text(context: ToolContext) -> str:
-    """The episode's observations as a prompt section (empty when there are none)."""
-    if not context.observations:
+# We do not have every expert's tokenizer: budgets count ~4 characters per token, about what
+# BPE tokenizers average on English text.
+CHARS_PER_TOKEN = 4
+
+
+def check_context_budget(max_context_tokens: int | None) -> None:
+    """An expert's ``max_context_tokens`` must be None (no budget) or an integer >= 1."""
+    if max_context_tokens is not None and (
+            not isinstance(max_context_tokens, int) or isinstance(max_context_tokens, bool)
+            or max_context_tokens < 1):
+        raise ToolError(f"max_context_tokens must be null or an integer >= 1, got "
+                        f"{max_context_tokens!r}")
+
+
+def fit_observations(observations: tuple[str, ...],
+                     max_tokens: int | None) -> tuple[str, ...]:
+    """What an expert with a context budget of ``max_tokens`` (None: no budget) sees of the
+    episode's observations, estimating a token as :data:`CHARS_PER_TOKEN` characters. The most
+    recent are the most relevant, so the oldest whole observations are dropped first and the
+    oldest one kept loses its start if only part of it fits. Without a budget the tuple itself
+    comes back."""
+    if max_tokens is None:
+        return observations
+    room = max_tokens * CHARS_PER_TOKEN
+    kept: list[str] = []
+    for observation in reversed(observations):
+        if len(observation) > room:
+            if room:
+                kept.append(observation[len(observation) - room:])
+            break
+        kept.append(observation)
+        room -= len(observation)
+    return tuple(reversed(kept))
+
+
+def context_text(context: ToolContext, max_tokens: int | None = None) -> str:
+    """The episode's observations, fitted to ``max_tokens`` (see :func:`fit_observations`), as
+    a prompt section (empty when there are none)."""
+    observations = fit_observations(context.observations, max_tokens)
+    if not observations:
         return ""
-    return "\n\nContext:\n" + "\n\n".join(context.observations)
+    return "\n\nContext:\n" + "\n\n".join(observations)
+
+
+@runtime_checkable
+class BudgetedExpert(Protocol):
+    """An expert tool whose models have their own context lengths (``llm``, the simulated
+    expert); composites hand any other expert the whole context."""
+
+    def context_budget(self, alias: str) -> int | None: ...
 
 
 class _Composite(BaseTool):
@@ -65,8 +114,10 @@ class _Composite(BaseTool):
             raise ToolError(f"{spec.name}: prompt must contain {{question}}")
 
     async def _ask(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        budget = (self.expert.context_budget(arguments["model"])
+                  if isinstance(self.expert, BudgetedExpert) else None)
         question = self.prompt.format(question=arguments["question"],
-                                      context=context_text(context))
+                                      context=context_text(context, budget))
         return await self.expert.call({"model": arguments["model"], "question": question},
                                       context)
 

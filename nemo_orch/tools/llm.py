@@ -9,6 +9,7 @@ from typing import Any
 from nemo_orch.rollout.engines.openai import OpenAIClient, OpenAIError
 from nemo_orch.tools.base import BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec
 from nemo_orch.tools.base import Usage
+from nemo_orch.tools.composite import check_context_budget
 from nemo_orch.tools.pricing import model_pricing
 
 
@@ -16,7 +17,9 @@ from nemo_orch.tools.pricing import model_pricing
 class ExpertEndpoint:
     """Where an alias is served: the endpoint, the served model name, the environment variable
     holding the key (never the key itself) and, optionally, its own price (USD per million
-    input / output tokens) when the table lacks the model."""
+    input / output tokens) when the table lacks the model. ``max_context_tokens`` (None: no
+    budget) bounds the episode context composite tools hand this model, as ToolOrchestra gives
+    each expert its own context length (see :func:`nemo_orch.tools.composite.fit_observations`)."""
 
     base_url: str
     model: str
@@ -24,6 +27,10 @@ class ExpertEndpoint:
     usd_per_million: tuple[float, float] | None = None
     max_tokens: int = 1024
     temperature: float = 0.0
+    max_context_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        check_context_budget(self.max_context_tokens)
 
 
 class LLMTool(BaseTool):
@@ -47,7 +54,7 @@ class LLMTool(BaseTool):
         for alias, options in models.items():
             try:
                 endpoint = ExpertEndpoint(**options)
-            except TypeError as error:
+            except (TypeError, ToolError) as error:
                 raise ToolError(f"{spec.name}: model {alias!r}: {error}") from None
             self.endpoints[alias] = endpoint
             self.pricing[alias] = (Pricing.per_million_tokens(*endpoint.usd_per_million)
@@ -60,6 +67,12 @@ class LLMTool(BaseTool):
     async def close(self) -> None:
         for client in self.clients.values():
             await client.aclose()
+
+    def context_budget(self, alias: str) -> int | None:
+        """The context tokens ``alias`` may be handed (None: no budget, or an alias this tool
+        does not serve, whose call then fails)."""
+        endpoint = self.endpoints.get(alias)
+        return None if endpoint is None else endpoint.max_context_tokens
 
     async def ask(self, alias: str, question: str) -> tuple[str | None, ToolResult]:
         """The expert's reply text (None on failure) and the priced result of the request."""

@@ -2,9 +2,16 @@
 
 One table for expert tools, simulated experts and the orchestrator's own tokens. (The reference
 implementation priced gpt-5 input at 0.125, ten times too low; OpenAI's list price is 1.25.)
+
+:func:`price_overrides` changes entries while tools are built (``tools.prices``): a price table
+is swapped at evaluation time without touching the declarations.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from nemo_orch.tools.base import Pricing, ToolError
 
@@ -20,10 +27,26 @@ USD_PER_MILLION_TOKENS: dict[str, tuple[float, float]] = {
 }
 
 
-def model_pricing(model: str, table: dict[str, tuple[float, float]] | None = None) -> Pricing:
+_OVERRIDES: ContextVar[Mapping[str, Sequence[float]]] = ContextVar("price_overrides",
+                                                                   default={})
+
+
+@contextmanager
+def price_overrides(prices: Mapping[str, Sequence[float]]) -> Iterator[None]:
+    """Within the block, :func:`model_pricing` reads ``prices`` (model -> USD per million input
+    and output tokens) over the built-in table."""
+    token = _OVERRIDES.set(prices)
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def model_pricing(model: str, table: Mapping[str, Sequence[float]] | None = None) -> Pricing:
     """Token pricing of ``model``: an exact entry, else the entry its name ends with (so
-    "Qwen/Qwen3-32B" finds "Qwen3-32B")."""
-    table = USD_PER_MILLION_TOKENS if table is None else table
+    "Qwen/Qwen3-32B" finds "Qwen3-32B"). The table: ``table``, else the built-in one with any
+    :func:`price_overrides` in force."""
+    table = {**USD_PER_MILLION_TOKENS, **_OVERRIDES.get()} if table is None else table
     if model in table:
         return Pricing.per_million_tokens(*table[model])
     for name, prices in table.items():

@@ -29,7 +29,7 @@ from nemo_orch import distributed
 from nemo_orch.config import Config
 from nemo_orch.data import offline
 from nemo_orch.data.conversations import write_conversations
-from nemo_orch.data.environment import demonstrations, make_tasks
+from nemo_orch.data.environment import demonstrations, held_out_tasks, make_tasks
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.train import grpo, sft
@@ -159,7 +159,7 @@ def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
         policies[name] = weights.gather_hf_weights(module, config.model)
     if not distributed.is_writer():
         return None
-    tasks = make_tasks(config.grpo.eval_tasks, seed=config.run.seed + 7919, prefix="eval")
+    tasks = held_out_tasks(config.grpo.eval_tasks, config.run.seed)
     report = orchestration.evaluate_policies(config, policies, tasks, tokenizer_dir,
                                              episodes_dir=config.run.dir / "episodes")
     if toolscale_dir is not None:

@@ -17,7 +17,9 @@ from nemo_orch.data import tau2_bench  # noqa: E402
 from nemo_orch.data.tasks import task_from_json  # noqa: E402
 from nemo_orch.data.tau2_bench import (ASSISTANT, USER, ExecutedCall, Tau2Error,  # noqa: E402
                                        Turn, load_domain, score_episode)
-from nemo_orch.eval.tau2 import final_message, gold_replay, run  # noqa: E402
+from nemo_orch.eval.agents import GoldReplayAgent, final_message  # noqa: E402
+from nemo_orch.eval.benchmarks import tau2_gold_plan  # noqa: E402
+from nemo_orch.rollout.episode import episode_id  # noqa: E402
 from nemo_orch.tools.base import ToolContext  # noqa: E402
 
 pytestmark = pytest.mark.tau2
@@ -123,10 +125,13 @@ def test_each_episode_has_its_own_bounded_environment(retail):
 
 
 async def _replay(domain, task):
-    turns = await gold_replay(task, domain.assistant_toolbox(), domain.user_toolbox(),
-                              _context(task, f"replay-{task.id}"))
-    domain.environments.release(f"replay-{task.id}")
-    return turns
+    """The gold replay agent's episode as tau2 turns: the calls that reached the environment."""
+    agent = GoldReplayAgent(tau2_gold_plan, domain.assistant_toolbox(), domain.user_toolbox())
+    trajectory = await agent.episode(task, seed=0)
+    try:
+        return tau2_bench.recorded_turns(domain, task, episode_id(task.id), trajectory.answer)
+    finally:
+        domain.environments.release(episode_id(task.id))
 
 
 def test_a_wrong_order_id_in_a_write_action_scores_zero(retail):
@@ -204,19 +209,18 @@ def test_a_task_with_message_history_starts_from_it(retail):
     assert score_episode(task, asyncio.run(_replay(retail, task))).passed
 
 
+def _failed_gold_replays(domain):
+    return [task.id for task in domain.tasks
+            if not score_episode(task, asyncio.run(_replay(domain, task))).passed]
+
+
 @pytest.mark.slow
-def test_gold_replay_passes_every_retail_train_task():
-    report = run("retail", "train", "gold-replay")
-    assert len(report.results) == 74
-    assert [r.task_id for r in report.results if not r.score.passed] == []
-    assert report.pass_rate == 1.0
+def test_gold_replay_passes_every_retail_train_task(retail):
+    assert len(retail.tasks) == 74 and _failed_gold_replays(retail) == []
 
 
-def test_gold_replay_passes_every_telecom_train_task():
-    report = run("telecom", "train", "gold-replay")
-    assert len(report.results) == 74
-    assert [r.task_id for r in report.results if not r.score.passed] == []
-    assert report.pass_rate == 1.0
+def test_gold_replay_passes_every_telecom_train_task(telecom):
+    assert len(telecom.tasks) == 74 and _failed_gold_replays(telecom) == []
 
 
 def test_unknown_domain_or_split_is_a_clear_error():

@@ -22,14 +22,16 @@ def test_offline_synth_then_gold_replay(tmp_path):
     for domain in ("shop", "clinic", "mobile"):
         assert ((data / domain / "tasks.jsonl").read_bytes()
                 == (again / domain / "tasks.jsonl").read_bytes())
-        out = tmp_path / f"eval-{domain}"
-        result = run_cli("eval", "--benchmark", "toolscale", "--domain", domain, "--data",
-                         str(data), "--agent", "gold-replay", "--out", str(out))
-        assert "pass rate 1.000 (40/40 tasks)" in result.stdout
-        report = json.loads((out / "report.json").read_text())
-        assert report["accuracy"] == 1.0 and len(report["results"]) == 40
-        assert report["calls_per_task"] > 1 and report["accuracy_ci95"][0] > 0.9
-        assert "| 3 | 1.000 |" in (out / "report.md").read_text()
+    out = tmp_path / "eval"
+    result = run_cli("eval", "--benchmark", "toolscale", "--agent", "gold-replay",
+                     f"eval.data={data}", f"eval.out_dir={out}")
+    assert result.stdout.splitlines()[-1].split()[:3] == ["gold-replay", "120", "1.000"]
+    row = json.loads((out / "report.json").read_text())["systems"]["gold-replay"]
+    assert row["accuracy"] == 1.0 and row["tasks"] == 120
+    assert row["calls_per_task"] > 1 and row["accuracy_ci95"][0] > 0.95
+    assert {"shop/", "clinic/", "mobile/"} == {
+        line.split('"task_id": "')[1].split("/")[0] + "/"
+        for line in (out / "episodes" / "gold-replay.jsonl").read_text().splitlines()[1:]}
 
 
 def test_bad_data_is_a_clear_error(tmp_path):
@@ -39,8 +41,9 @@ def test_bad_data_is_a_clear_error(tmp_path):
     lines = tasks.read_text().splitlines()
     lines[1] = lines[1].replace('"user_scenario"', '"user_scenari0"')
     tasks.write_text("\n".join(lines) + "\n")
-    broken = run_cli("eval", "--benchmark", "toolscale", "--domain", "shop", "--data",
-                     str(data), "--agent", "gold-replay", expect=2)
+    shop = ("eval", "--benchmark", "toolscale", "--agent", "gold-replay", f"eval.data={data}",
+            "eval.domain=shop")
+    broken = run_cli(*shop, expect=2)
     assert f"{tasks}:2: user_scenario: Field required" in broken.stderr
     # A task whose gold action fails is dropped and reported, never scored.
     lines[1] = lines[1].replace('"user_scenari0"', '"user_scenario"')
@@ -50,13 +53,15 @@ def test_bad_data_is_a_clear_error(tmp_path):
     lines[2] = json.dumps(record)
     tasks.write_text("\n".join(lines) + "\n")
     out = tmp_path / "eval"
-    run_cli("eval", "--benchmark", "toolscale", "--domain", "shop", "--data", str(data),
-            "--agent", "gold-replay", "--out", str(out))
+    run_cli(*shop, f"eval.out_dir={out}")
     report = json.loads((out / "report.json").read_text())
-    assert report["tasks"] == 2 and report["accuracy"] == 1.0
-    assert [(d["task_id"], d["filter"]) for d in report["dropped"]] == [
+    assert report["systems"]["gold-replay"]["tasks"] == 2
+    assert report["systems"]["gold-replay"]["accuracy"] == 1.0
+    assert [(d["task_id"], d["filter"]) for d in report["notes"]["dropped"]] == [
         (record["id"], "execution")]
     assert "no orders record" in (out / "report.md").read_text()
-    missing = run_cli("eval", "--benchmark", "toolscale", "--domain", "bank", "--data",
-                      str(data), "--agent", "gold-replay", expect=2)
+    missing = run_cli("eval", "--benchmark", "toolscale", "--agent", "gold-replay",
+                      f"eval.data={data}", "eval.domain=bank", expect=2)
     assert "no domain.json" in missing.stderr
+    offline = run_cli("eval", "--benchmark", "offline", "--agent", "gold-replay", expect=2)
+    assert "gold-replay needs gold actions" in offline.stderr

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from cli_helpers import run_cli
 
-from nemo_orch.config import ModelConfig
 from nemo_orch.data.tasks import Task, write_tasks
-from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
 
 OFFLINE_TOOLS = ["call_expert", "python_sandbox", "search"]
 
@@ -61,26 +58,13 @@ def test_tools_parse_reads_stdin():
     assert answer["answer"] == "42" and answer["calls"] == [] and answer["error"] is None
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tiny_tokenizer_dir, tmp_path_factory):
-    """A random tiny Qwen3 in HF format with the test tokenizer: a policy to roll out."""
-    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                        kv_channels=16, ffn_hidden_size=128, vocab_size=1024,
-                        max_position_embeddings=1024)
-    directory = save_hf_checkpoint(tmp_path_factory.mktemp("policy"),
-                                   SeededHFWeights(model, seed=0), model)
-    for file in tiny_tokenizer_dir.iterdir():
-        shutil.copy(file, directory / file.name)
-    return directory
-
-
-def test_rollout_writes_trajectories(policy_dir, tmp_path):
+def test_rollout_writes_trajectories(random_policy_dir, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, [Task("q1", "What is 2 + 3?", system="Use tools.", answer="5"),
                         Task("q2", "Who founded Esvin Labs?", tools=("search",))])
     out = tmp_path / "out" / "trajectories.jsonl"
     result = run_cli("rollout", "--tasks", str(tasks), "--n", "2", "--out", str(out),
-                     f"rollout.policy={policy_dir}", "rollout.max_turns=2",
+                     f"rollout.policy={random_policy_dir}", "rollout.max_turns=2",
                      "rollout.max_new_tokens=12", "rollout.temperature=1.0")
     assert "4 episodes (2 tasks x 2)" in result.stdout
     records = [json.loads(line) for line in out.read_text().splitlines()]

@@ -14,8 +14,8 @@ from nemo_orch.rollout.engines.hf import HFEngine
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server
 from nemo_orch.tools import retriever, sandbox
-from nemo_orch.tools.base import ToolContext, ToolSpec
-from nemo_orch.tools.composite import ExpertAnswer, ExpertCode, ExpertSearch
+from nemo_orch.tools.base import ToolContext, ToolError, ToolSpec
+from nemo_orch.tools.composite import ExpertAnswer, ExpertCode, ExpertSearch, fit_observations
 from nemo_orch.tools.llm import LLMTool
 from nemo_orch.tools.pricing import model_pricing
 
@@ -139,3 +139,60 @@ def test_composites_bill_expert_and_executor(scripted_server, tmp_path):
     assert computed.cost_usd > gpt5.cost(computed.usage, 0.0)  # + sandbox seconds
     assert answered.answer == "SHOUT THIS" and answered.usage.output_tokens > 0
     assert from_context.answer == "Ostrel"  # the episode's observations reach the expert
+
+
+def test_each_alias_gets_the_context_its_budget_fits(tiny_tokenizer):
+    prompts: list[str] = []
+
+    def recording_reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return "<answer>noted</answer>"
+
+    old, middle, new = ("The capital of Vardenia is Ostrel.", "Mount Kelu is 4200 meters high.",
+                        "Ostrel lies on the Vard river.")
+    question = "Where is Ostrel, and how high is Mount Kelu? " * 4  # longer than any budget
+    with start_server(ScriptedEngine(tiny_tokenizer, recording_reply), tiny_tokenizer,
+                      "gpt-5") as server:
+        expert = LLMTool(EXPERT_SPEC, {
+            "small": {"base_url": server.url, "model": "gpt-5", "max_context_tokens": 12},
+            "large": {"base_url": server.url, "model": "gpt-5"}})
+        answer = ExpertAnswer(composite_spec("answer"), {"expert": expert}.__getitem__, "expert")
+        assert (expert.context_budget("small"), expert.context_budget("large"),
+                expert.context_budget("unknown")) == (12, None, None)
+
+        async def calls():
+            context = ToolContext(observations=(old, middle, new))
+            try:
+                return [await answer.call({"model": alias, "question": question}, context)
+                        for alias in ("small", "large")]
+            finally:
+                await expert.close()
+
+        small, large = asyncio.run(calls())
+    assert small.error is None and large.error is None and small.answer == "noted"
+    small_prompt, large_prompt = prompts
+    # 12 tokens ~ 48 characters: the newest observation whole, then the end of the one before.
+    kept = middle[len(middle) - (48 - len(new)):]
+    assert kept == " 4200 meters high."
+    assert f"Context:\n{kept}\n\n{new}\n\nQuestion: {question}" in small_prompt
+    assert old not in small_prompt and "Mount Kelu is" not in small_prompt.split("Question:")[0]
+    assert f"Context:\n{old}\n\n{middle}\n\n{new}\n\nQuestion: {question}" in large_prompt
+    assert small.usage.input_tokens < large.usage.input_tokens  # the server read less
+
+
+@pytest.mark.parametrize("budget", [0, -5, 2.5, "4096", True])
+def test_invalid_context_budgets_are_tool_errors(budget):
+    with pytest.raises(ToolError, match=r"call_expert: model 'x': max_context_tokens must be "
+                                        r"null or an integer >= 1"):
+        LLMTool(EXPERT_SPEC, {"x": {"base_url": "http://127.0.0.1:9/v1", "model": "gpt-5",
+                                    "max_context_tokens": budget}})
+
+
+def test_fit_observations_keeps_the_newest_characters():
+    observations = ("aaaa", "bbbbbbbb", "cccc")  # 16 characters: 4 tokens at 4 characters each
+    assert fit_observations(observations, None) is observations
+    assert fit_observations(observations, 4) == observations
+    assert fit_observations(observations, 3) == ("bbbbbbbb", "cccc")  # full: nothing older
+    assert fit_observations(observations, 2) == ("bbbb", "cccc")  # the oldest kept loses its start
+    assert fit_observations(("x" * 10,), 1) == ("xxxx",)  # the newest alone may be cut
+    assert fit_observations((), 1) == ()

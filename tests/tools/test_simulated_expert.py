@@ -84,3 +84,44 @@ def test_evidence_in_the_context_changes_the_difficulty_and_answers_end_the_epis
     assert accuracy(()) == pytest.approx(0.3, abs=0.07)  # hard
     assert accuracy(("Ostrel is a novel by Someone Else.",)) == pytest.approx(0.3, abs=0.07)
     assert accuracy(("Ostrel is a novel by Vel Anor.",)) == pytest.approx(0.9, abs=0.07)  # easy
+
+
+def test_a_context_budget_hides_old_evidence_and_bills_less():
+    expert = SimulatedExpert(SPEC, {**MODELS,
+                                    "short": dict(MODELS["small"], max_context_tokens=10)})
+    assert [expert.context_budget(a) for a in ("short", "small", "huge")] == [10, None, None]
+    task = Task("t", "Who wrote Ostrel?", answer="Vel Anor", metadata={
+        "difficulty": "hard", "evidence": "Vel Anor", "evidence_difficulty": "easy"})
+    evidence, filler = "Ostrel is a novel by Vel Anor.", "Unrelated search result text. " * 4
+
+    def run(model: str, observations: tuple[str, ...]):
+        async def calls():
+            return await asyncio.gather(*(expert.call(
+                {"model": model}, ToolContext(episode_id=f"t#{i}", task=task,
+                                              observations=observations))
+                for i in range(400)))
+        return asyncio.run(calls())
+
+    def accuracy(results) -> float:
+        return sum(r.output == "Answer: Vel Anor" for r in results) / len(results)
+
+    full, short = run("small", (evidence, filler)), run("short", (evidence, filler))
+    assert accuracy(full) == pytest.approx(0.9, abs=0.07)  # it read the evidence
+    assert accuracy(short) == pytest.approx(0.3, abs=0.07)  # 10 tokens: only the filler's end
+    question_tokens = 60 + len(task.question) // 4
+    assert {r.usage.input_tokens for r in full} == {question_tokens
+                                                    + (len(evidence) + len(filler)) // 4}
+    assert {r.usage.input_tokens for r in short} == {question_tokens + 10}
+    # Evidence in the newest observation fits the same budget.
+    assert accuracy(run("short", (filler, evidence))) == pytest.approx(0.9, abs=0.07)
+    # A budget the whole context fits changes nothing: same replies and bills as no budget.
+    roomy = SimulatedExpert(SPEC, {"small": dict(MODELS["small"], max_context_tokens=1000)})
+    context = ToolContext(episode_id="t#0", task=task, observations=(evidence, filler))
+    assert asyncio.run(roomy.call({"model": "small"}, context)) == full[0]
+
+
+@pytest.mark.parametrize("budget", [0, -1, 1.5, "512"])
+def test_invalid_context_budgets_are_tool_errors(budget):
+    with pytest.raises(ToolError, match="max_context_tokens must be null or an integer >= 1"):
+        SimulatedExpert(SPEC, {"x": {"counterpart": "gpt-5", "accuracy": {"easy": 1.0},
+                                     "max_context_tokens": budget}})

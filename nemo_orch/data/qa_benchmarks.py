@@ -1,0 +1,231 @@
+"""HLE and FRAMES, read from a local file into :class:`~nemo_orch.data.tasks.Task` rows.
+
+Nothing is downloaded: evaluation is handed the benchmark's file, a ``.jsonl`` (one object per
+line), a ``.json`` (an array of objects) or a ``.parquet`` file (needs ``pyarrow``). Every problem
+names its row: ``file:line`` for JSONL, ``file[row N]`` (N counted from 0) for JSON and parquet.
+
+Columns read (others are ignored). Each benchmark's published names come first; our canonical
+``id`` / ``question`` / ``answer`` are accepted in their place, so a user's own export works too.
+
+* HLE (``cais/hle``): ``id``, ``question``, ``answer`` (required, non-empty), ``answer_type``
+  (``exactMatch`` or ``multipleChoice``; absent: exact match), ``image`` (empty or null for a
+  text-only question) and ``category``. The orchestrators are text-only, as in ToolOrchestra's
+  HLE evaluation, so a row with an image is skipped and counted in ``skipped["image"]``. A
+  multiple-choice question tells the model to answer with the letter of its chosen option.
+* FRAMES (``google/frames-benchmark``): ``Prompt`` or ``question``, ``Answer`` or ``answer``
+  (required), ``wiki_links`` (a list of URLs, or a string holding a Python-literal list, as in
+  the published TSV/CSV export), ``reasoning_types`` (``"A | B"``, optional) and the id column
+  ``Unnamed: 0`` or ``id`` (absent: the row's index). Task ids are ``frames-<id>``. A question's
+  ``wiki_links`` become its ``allowed_documents``: the retriever returns no other document, so
+  a FRAMES corpus must use the Wikipedia page URLs, exactly as written in ``wiki_links``, as
+  its document ids. Without ``wiki_links`` a question may retrieve from the whole corpus.
+
+Every task's system prompt asks for the final answer inside ``<answer></answer>``, the tag the
+rollout parser reads.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.data.jsonl import DataError, read_jsonl
+from nemo_orch.data.tasks import Task
+
+SYSTEM_PROMPT = ("You are an orchestrator that answers questions by calling tools. "
+                 "Finish with the final answer inside <answer></answer> tags.")
+MULTIPLE_CHOICE_INSTRUCTION = ("This is a multiple-choice question: the answer is the letter of "
+                               "the option you choose.")
+HLE_ANSWER_TYPES = ("exactMatch", "multipleChoice")
+REASONING_TYPE_SEPARATOR = " | "
+
+_HLE_COLUMNS = ("id", "question", "answer", "answer_type", "image", "category")
+_FRAMES_IDS = ("Unnamed: 0", "id")
+_FRAMES_COLUMNS = (*_FRAMES_IDS, "Prompt", "question", "Answer", "answer", "wiki_links",
+                   "reasoning_types")
+
+
+@dataclass(frozen=True)
+class QABenchmark:
+    """A benchmark's tasks, in file order, and how many rows were skipped for which reason
+    (e.g. ``{"image": 3}``), so a report can say what was not evaluated."""
+
+    name: str
+    tasks: list[Task]
+    skipped: dict[str, int]
+
+
+def _parquet_rows(path: Path, columns: Collection[str] | None) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow): "
+                        f"{error}") from None
+    try:
+        if columns is not None:
+            names = set(pq.read_schema(path).names)
+            columns = [name for name in columns if name in names]
+        return pq.read_table(path, columns=columns).to_pylist()
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: cannot read the parquet file: {error}") from None
+
+
+def _json_rows(path: Path) -> list[Any]:
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: cannot read the file: {error}") from None
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+    if not isinstance(rows, list):
+        raise DataError(f"{path}: a .json benchmark file must hold an array of objects")
+    return rows
+
+
+def read_records(path: str | Path,
+                 columns: Collection[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``(where, row)`` for every row of a ``.jsonl``, ``.json`` or ``.parquet`` file, ``where``
+    naming the row for error messages. ``columns`` limits what parquet decodes (HLE's image
+    columns are most of its bytes); rows of the text formats keep every key. An unknown
+    suffix, an unreadable file, a row that is not an object or no rows at all is a
+    :class:`DataError`."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    located: Iterable[tuple[str, Any]]
+    if suffix == ".jsonl":
+        located = read_jsonl(path, "benchmark row")
+    elif suffix == ".json":
+        located = ((f"{path}[row {i}]", row) for i, row in enumerate(_json_rows(path)))
+    elif suffix == ".parquet":
+        located = ((f"{path}[row {i}]", row)
+                   for i, row in enumerate(_parquet_rows(path, columns)))
+    else:
+        raise DataError(f"{path}: unknown benchmark file type {path.suffix!r}; expected .jsonl, "
+                        ".json or .parquet")
+    records = []
+    for where, row in located:
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: a benchmark row must be a JSON object, not "
+                            f"{type(row).__name__}")
+        records.append((where, row))
+    if not records:
+        raise DataError(f"{path}: no benchmark rows")
+    return records
+
+
+def _first(row: dict[str, Any], names: tuple[str, ...]) -> Any:
+    """The value of the first of ``names`` the row has a non-null value for (None: none)."""
+    return next((row[name] for name in names if row.get(name) is not None), None)
+
+
+def _text(row: dict[str, Any], names: tuple[str, ...], where: str,
+          numbers: bool = False) -> str:
+    """A required non-empty string field (an integer too, with ``numbers``: ids, answers)."""
+    value = _first(row, names)
+    if numbers and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}: {' or '.join(names)} must be a non-empty "
+                        f"{'string or integer' if numbers else 'string'}, got {value!r}")
+    return value.strip()
+
+
+def _optional_string(row: dict[str, Any], name: str, where: str) -> str | None:
+    value = row.get(name)
+    if value is not None and not isinstance(value, str):
+        raise DataError(f"{where}: {name} must be a string, got {value!r}")
+    return value or None
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be None or >= 1, got {limit}")
+
+
+class _Ids:
+    """Task ids seen so far: a repeat is an error naming both rows."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def add(self, task_id: str, where: str) -> None:
+        if task_id in self.seen:
+            raise DataError(f"{where}: duplicate task id {task_id!r} (first at "
+                            f"{self.seen[task_id]})")
+        self.seen[task_id] = where
+
+
+def read_hle(path: str | Path, limit: int | None = None) -> QABenchmark:
+    """Humanity's Last Exam's text-only questions (see the module docstring); ``limit``: stop
+    after that many tasks (``skipped`` then counts the rows passed over before it)."""
+    _check_limit(limit)
+    tasks: list[Task] = []
+    skipped: dict[str, int] = {}
+    ids = _Ids()
+    for where, row in read_records(path, _HLE_COLUMNS):
+        if limit is not None and len(tasks) == limit:
+            break
+        image = row.get("image")
+        if image is not None and not (isinstance(image, str) and not image.strip()):
+            skipped["image"] = skipped.get("image", 0) + 1
+            continue
+        task_id = _text(row, ("id",), where, numbers=True)
+        question = _text(row, ("question",), where)
+        answer = _text(row, ("answer",), where, numbers=True)
+        answer_type = _optional_string(row, "answer_type", where)
+        if answer_type is not None and answer_type not in HLE_ANSWER_TYPES:
+            raise DataError(f"{where}: answer_type must be one of {list(HLE_ANSWER_TYPES)}, got "
+                            f"{answer_type!r}")
+        if answer_type == "multipleChoice":
+            question = f"{question}\n\n{MULTIPLE_CHOICE_INSTRUCTION}"
+        category = _optional_string(row, "category", where)
+        ids.add(task_id, where)
+        metadata = {"benchmark": "hle", "answer_type": answer_type, "category": category}
+        tasks.append(Task(id=task_id, question=question, system=SYSTEM_PROMPT, answer=answer,
+                          metadata={k: v for k, v in metadata.items() if v is not None}))
+    return QABenchmark("hle", tasks, skipped)
+
+
+def _wiki_links(value: Any, where: str) -> frozenset[str] | None:
+    """The URLs of a ``wiki_links`` cell: a list, or the string of a Python-literal list."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            raise DataError(f"{where}: wiki_links is not a list literal: {value[:80]!r}") from None
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(link, str) and link.strip() for link in value)):
+        raise DataError(f"{where}: wiki_links must be a non-empty list of URLs, got {value!r}")
+    return frozenset(link.strip() for link in value)
+
+
+def read_frames(path: str | Path, limit: int | None = None) -> QABenchmark:
+    """FRAMES questions, each limited to retrieving its own Wikipedia pages (see the module
+    docstring); ``limit``: only the first that many tasks."""
+    _check_limit(limit)
+    tasks: list[Task] = []
+    ids = _Ids()
+    for index, (where, row) in enumerate(read_records(path, _FRAMES_COLUMNS)):
+        if limit is not None and len(tasks) == limit:
+            break
+        task_id = "frames-" + (str(index) if _first(row, _FRAMES_IDS) is None
+                               else _text(row, _FRAMES_IDS, where, numbers=True))
+        question = _text(row, ("Prompt", "question"), where)
+        answer = _text(row, ("Answer", "answer"), where, numbers=True)
+        reasoning = _optional_string(row, "reasoning_types", where)
+        metadata: dict[str, Any] = {"benchmark": "frames"}
+        if reasoning:
+            metadata["reasoning_types"] = [kind.strip() for kind in
+                                           reasoning.split(REASONING_TYPE_SEPARATOR)
+                                           if kind.strip()]
+        ids.add(task_id, where)
+        tasks.append(Task(id=task_id, question=question, system=SYSTEM_PROMPT, answer=answer,
+                          allowed_documents=_wiki_links(row.get("wiki_links"), where),
+                          metadata=metadata))
+    return QABenchmark("frames", tasks, {})

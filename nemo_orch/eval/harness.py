@@ -1,0 +1,299 @@
+"""``nemo-orch eval``: agents (:mod:`nemo_orch.eval.agents`) on a benchmark
+(:mod:`nemo_orch.eval.benchmarks`), side by side in one report.
+
+Every example is written to ``<eval.out_dir>/episodes/<agent>.jsonl`` the moment it is scored
+(one line: the result, the outcome, the episode's messages and ledger). A killed evaluation
+started again with the same settings reads those lines and runs only the examples that have
+none, so nothing is re-run or counted twice; a line cut short by the kill is dropped. The cache
+starts with a fingerprint of what decides the results (benchmark, agent, tasks, seed, tools,
+rollout, reward, monolith): results of other settings are refused, never mixed in.
+
+Episode ``i`` runs with seed ``eval.seed + i`` whichever examples are left, and decoding is
+greedy by default, so a run is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_orch import config as config_lib
+from nemo_orch.config import Config, ConfigError
+from nemo_orch.data.tasks import Task
+from nemo_orch.eval import report as report_lib
+from nemo_orch.eval.agents import (AGENT_KINDS, GOLD_REPLAY, MONOLITH, ORCHESTRATOR, ROUTERS,
+                                   Agent, GoldReplayAgent, PolicyAgent, RouterAgent)
+from nemo_orch.eval.benchmarks import Benchmark, Scored, load_benchmark
+from nemo_orch.eval.report import EpisodeResult
+from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.tools.registry import Toolbox
+
+log = logging.getLogger(__name__)
+
+EPISODES = "episodes"
+_TOKEN_FIELDS = ("token_ids", "loss_mask", "decision_mask", "logprobs")
+
+
+def out_dir(config: Config, benchmark: str) -> Path:
+    return Path(config.eval.out_dir or Path(config.run.output_dir) / "eval" / benchmark)
+
+
+def check_agents(agents: list[str], benchmark: Benchmark) -> None:
+    unknown = [agent for agent in agents if agent not in AGENT_KINDS]
+    if unknown:
+        raise ConfigError(f"unknown agent {unknown[0]!r}; agents: {', '.join(AGENT_KINDS)}")
+    if len(set(agents)) != len(agents):
+        raise ConfigError("an agent is named twice")
+    if GOLD_REPLAY in agents and benchmark.gold_plan is None:
+        raise ConfigError(f"--agent gold-replay needs gold actions, which {benchmark.name} "
+                          "tasks do not have (toolscale and tau2 do)")
+
+
+# ---------------------------------------------------------------------------- the cache
+class EpisodeCache:
+    """One agent's per-example results: a JSONL file whose first line is the fingerprint."""
+
+    def __init__(self, path: Path, fingerprint: str, resume: bool) -> None:
+        self.path, self.fingerprint = path, fingerprint
+        self.records: dict[str, dict[str, Any]] = {}
+        if resume and path.exists():
+            self._read()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._write_all([{"fingerprint": fingerprint}])
+
+    def _read(self) -> None:
+        lines = self.path.read_bytes().split(b"\n")
+        kept: list[dict[str, Any]] = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                kept.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number < len(lines) - 1:  # only the last line can be cut by a kill
+                    raise ConfigError(f"{self.path}:{number}: not JSON; remove the file or set "
+                                      "eval.resume=false") from None
+                log.warning("%s: dropping the last line, cut short by a kill", self.path)
+        if not kept or kept[0].get("fingerprint") != self.fingerprint:
+            raise ConfigError(f"{self.path} holds results of another evaluation (other "
+                              "settings, tasks or seed); set eval.resume=false to start over, "
+                              "or choose another eval.out_dir")
+        self.records = {record["task_id"]: record for record in kept[1:]}
+        self._write_all(kept)  # without a cut line, so appends start on a fresh line
+
+    def _write_all(self, records: list[dict[str, Any]]) -> None:
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        os.replace(partial, self.path)
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as file:
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        self.records[record["task_id"]] = record
+
+
+def fingerprint(config: Config, benchmark: Benchmark, agent: str, seed: int) -> str:
+    """What decides an agent's results; concurrency and output paths do not."""
+    relevant = {"benchmark": benchmark.name, "agent": agent, "seed": seed,
+                "tasks": [task.id for task in benchmark.tasks],
+                "temperature": config.eval.temperature,
+                "tools": asdict(config.tools), "reward": asdict(config.reward),
+                "rollout": {k: v for k, v in asdict(config.rollout).items()
+                            if k not in ("max_concurrent_episodes", "max_batch_size")},
+                "monolith": asdict(config.eval.monolith) if agent == MONOLITH else None}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def episode_record(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
+                   result: EpisodeResult) -> dict[str, Any]:
+    episode = {k: v for k, v in trajectory.to_json().items() if k not in _TOKEN_FIELDS}
+    return {"task_id": task.id, "index": index, "seed": seed, "result": asdict(result),
+            "outcome": asdict(scored.outcome), "details": scored.details,
+            "reference": task.answer, "episode": episode}
+
+
+# ---------------------------------------------------------------------------- agents
+@dataclass
+class Resources:
+    """What agents share across one evaluation: the policy's engine and tokenizer (built once),
+    and the seed."""
+
+    config: Config
+    benchmark: Benchmark
+    seed: int
+    engine: Any = None
+    tokenizer: Any = None
+
+
+def _tokenizer(resources: Resources) -> Any:
+    """The policy's tokenizer: the engine's, else ``tokenizer.path``, else the run's."""
+    if resources.tokenizer is None:
+        from nemo_orch.models.tokenizer import load_tokenizer
+
+        config = resources.config
+        directory = Path(config.tokenizer.path or config.run.dir / "tokenizer")
+        if not (directory / "tokenizer.json").is_file():
+            raise ConfigError(f"no tokenizer at {directory}: the episode runner needs the "
+                              "policy's (set tokenizer.path, or run `make train` first)")
+        resources.tokenizer = load_tokenizer(directory)
+    return resources.tokenizer
+
+
+@contextlib.asynccontextmanager
+async def _agent(kind: str, resources: Resources, toolbox: Toolbox
+                 ) -> AsyncIterator[Agent]:
+    config, benchmark = resources.config, resources.benchmark
+    settings = dataclasses.replace(config.resolved_rollout(), temperature=config.eval.temperature)
+    if kind == ORCHESTRATOR:
+        from nemo_orch.rollout.runner import GenerationBatcher
+
+        batcher = GenerationBatcher(resources.engine, settings.max_batch_size, resources.seed)
+        try:
+            yield PolicyAgent(batcher, toolbox, resources.tokenizer, settings)
+        finally:
+            await batcher.close()
+    elif kind in ROUTERS:
+        yield RouterAgent(kind, toolbox, _tokenizer(resources), settings)
+    elif kind == GOLD_REPLAY:
+        assert benchmark.gold_plan is not None
+        user = benchmark.user_toolbox() if benchmark.user_toolbox is not None else None
+        yield GoldReplayAgent(benchmark.gold_plan, toolbox, user)
+    else:
+        async with _monolith(config, benchmark, toolbox) as agent:
+            yield agent
+
+
+@contextlib.asynccontextmanager
+async def _monolith(config: Config, benchmark: Benchmark, toolbox: Toolbox
+                    ) -> AsyncIterator[Agent]:
+    from nemo_orch.eval.chat_agent import ChatAgent
+    from nemo_orch.rollout.engines.openai import OpenAIClient
+    from nemo_orch.tools.base import Pricing
+    from nemo_orch.tools.pricing import model_pricing, price_overrides
+
+    monolith = config.eval.monolith
+    missing = [name for name in monolith.drop_tools if name not in toolbox.tools]
+    if missing and benchmark.name == "offline":
+        raise ConfigError(f"eval.monolith.drop_tools: no tool {missing[0]!r}")
+    tools = toolbox.subset([name for name in toolbox.tools if name not in monolith.drop_tools])
+    if monolith.usd_per_million is not None:
+        pricing = Pricing.per_million_tokens(*monolith.usd_per_million)
+    else:
+        with price_overrides(config.tools.prices):
+            pricing = model_pricing(monolith.model)
+    async with contextlib.AsyncExitStack() as stack:
+        base_url = monolith.base_url
+        if base_url is None:
+            base_url = stack.enter_context(_simulated_monolith(config, benchmark, toolbox)).url
+        client = OpenAIClient(base_url, monolith.model, api_key_env=monolith.api_key_env,
+                              max_in_flight=config.eval.max_requests_per_endpoint)
+        stack.push_async_callback(client.aclose)
+        yield ChatAgent(client, tools, pricing, max_turns=config.rollout.max_turns,
+                        max_tokens=monolith.max_tokens, temperature=monolith.temperature)
+
+
+def _simulated_monolith(config: Config, benchmark: Benchmark, toolbox: Toolbox) -> Any:
+    """The offline benchmark's monolith: a SIMULATED frontier model (an alias of the simulated
+    experts) served over real HTTP on 127.0.0.1 for this evaluation."""
+    from nemo_orch.serve.simulated_chat import start_simulated_chat_server
+    from nemo_orch.tools.simulated_expert import SimulatedExpert
+
+    monolith = config.eval.monolith
+    expert = next((tool for tool in toolbox.tools.values() if isinstance(tool, SimulatedExpert)),
+                  None)
+    if benchmark.name != "offline" or expert is None:
+        raise ConfigError("eval.monolith.base_url is required: only the offline benchmark "
+                          "(with its simulated experts) has a simulated monolith")
+    if monolith.simulate not in expert.models:
+        raise ConfigError(f"eval.monolith.simulate: no simulated expert {monolith.simulate!r} "
+                          f"(experts: {', '.join(expert.models)})")
+    return start_simulated_chat_server(benchmark.tasks, expert.models[monolith.simulate],
+                                       monolith.model, time_scale=monolith.time_scale)
+
+
+# ---------------------------------------------------------------------------- running
+def _adherence(kind: str, config: Config, benchmark: Benchmark, toolbox: Toolbox,
+               resources: Resources) -> Callable[[Task, Trajectory], float] | None:
+    """Preference adherence of a routing agent's episode: the expected utility of the route it
+    took over the oracle route's (from the simulated experts). A monolith does not route."""
+    if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS):
+        return None
+    from nemo_orch.eval.orchestration import OracleTable, route_of
+
+    table = OracleTable(toolbox, _tokenizer(resources), config.reward.usd_reference,
+                        (config.rollout.input_usd_per_million / 1e6,
+                         config.rollout.output_usd_per_million / 1e6))
+    return lambda task, trajectory: table.adherence(task, route_of(trajectory))
+
+
+async def _run_agent(kind: str, resources: Resources, cache: EpisodeCache) -> None:
+    config, benchmark = resources.config, resources.benchmark
+    todo = [(index, task) for index, task in enumerate(benchmark.tasks)
+            if task.id not in cache.records]
+    if not todo:
+        return
+    slots = asyncio.Semaphore(config.eval.concurrency)
+    async with benchmark.toolbox() as toolbox, _agent(kind, resources, toolbox) as agent:
+        adherence = _adherence(kind, config, benchmark, toolbox, resources)
+
+        async def one(index: int, task: Task) -> None:
+            seed = resources.seed + index
+            async with slots:
+                trajectory = await agent.episode(task, seed)
+                scored = await benchmark.score(task, trajectory)
+            result = EpisodeResult.from_trajectory(
+                trajectory, scored.outcome.correct,
+                judge_error=scored.outcome.method == "judge_error",
+                pref_adherence=None if adherence is None else adherence(task, trajectory))
+            cache.append(episode_record(index, seed, task, trajectory, scored, result))
+
+        await asyncio.gather(*(one(index, task) for index, task in todo))
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    benchmark: str
+    report: Path
+    systems: dict[str, dict[str, Any]]
+    seconds: float
+
+
+def run(config: Config, benchmark_name: str, agents: list[str]) -> EvalSummary:
+    """Every agent on the benchmark (cached per example, resumable), then the report."""
+    started = time.perf_counter()
+    benchmark = load_benchmark(config, benchmark_name)
+    check_agents(agents, benchmark)
+    if not benchmark.tasks:
+        raise ConfigError(f"{benchmark_name}: no tasks to evaluate")
+    seed = config.run.seed if config.eval.seed is None else config.eval.seed
+    resources = Resources(config, benchmark, seed)
+    if ORCHESTRATOR in agents:
+        from nemo_orch.rollout.builders import build_engine
+
+        resources.engine, resources.tokenizer = build_engine(
+            config, max_requests=config.eval.max_requests_per_endpoint)
+    directory = out_dir(config, benchmark_name)
+    systems: dict[str, list[EpisodeResult]] = {}
+    for kind in agents:
+        cache = EpisodeCache(directory / EPISODES / f"{kind.replace(':', '-')}.jsonl",
+                             fingerprint(config, benchmark, kind, seed), config.eval.resume)
+        asyncio.run(_run_agent(kind, resources, cache))
+        systems[kind] = [EpisodeResult(**cache.records[task.id]["result"])
+                         for task in benchmark.tasks]
+    (directory / "config.yaml").write_text(config_lib.to_yaml(config))
+    path = report_lib.write_report(directory, benchmark_name, systems, notes=benchmark.notes)
+    summaries = json.loads(path.read_text())["systems"]
+    return EvalSummary(benchmark_name, path, summaries, time.perf_counter() - started)

@@ -1,0 +1,296 @@
+"""``nemo-orch eval``: every agent kind on the offline benchmark, the judge protocol against
+local servers that fail, resume after a kill, the report files, comparing runs, and swapping
+the tool set and price table at evaluation time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import run_cli
+
+from nemo_orch import config as config_lib
+from nemo_orch.eval import harness
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.serve.http_server import RequestError, serve_json
+from nemo_orch.serve.openai_server import start_server
+
+AGENTS = ["orchestrator", "monolith", "fixed:cheapest", "fixed:strongest", "random"]
+
+
+def _overrides(tmp_path: Path, tokenizer_dir: Path, *more: str) -> list[str]:
+    return [f"run.output_dir={tmp_path}", f"tokenizer.path={tokenizer_dir}",
+            "model.vocab_size=1024", "eval.tasks=10", f"eval.out_dir={tmp_path / 'eval'}",
+            "eval.monolith.time_scale=0", "rollout.max_turns=3", "rollout.max_new_tokens=16",
+            *more]
+
+
+def _episodes(out: Path, agent: str) -> list[dict]:
+    lines = (out / "episodes" / f"{agent.replace(':', '-')}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines[1:]]
+
+
+def _calls(record: dict) -> list[tuple[str, dict]]:
+    return [(call["tool"], call["arguments"]) for turn in record["episode"]["ledger"]
+            for call in turn["calls"]]
+
+
+def _outcomes(out: Path, agent: str) -> list[tuple]:
+    return [(r["task_id"], r["result"]["correct"], r["result"]["usd"], r["result"]["tool_calls"],
+             r["episode"]["answer"]) for r in sorted(_episodes(out, agent),
+                                                     key=lambda r: r["index"])]
+
+
+def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
+                                                    tiny_tokenizer_dir):
+    config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir,
+                                        f"rollout.policy={random_policy_dir}"))
+    summary = harness.run(config, "offline", AGENTS)
+    out = tmp_path / "eval"
+    report = json.loads(summary.report.read_text())
+    assert list(report["systems"]) == AGENTS
+    assert all(row["tasks"] == 10 for row in report["systems"].values())
+    for name in ("report.md", "pareto.png", "tool_mix.png", "config.yaml"):
+        assert (out / name).stat().st_size > 0
+    markdown = (out / "report.md").read_text()
+    assert all(f"| {name}" in markdown for name in AGENTS)
+    assert report["pareto_front"] and set(report["pareto_front"]) <= set(AGENTS)
+
+    # Fixed routers hand every task to one expert and pay no orchestrator tokens.
+    for agent, alias in (("fixed:cheapest", "math-small"), ("fixed:strongest", "math-large")):
+        for record in _episodes(out, agent):
+            assert _calls(record) == [("call_expert", {"model": alias})]
+            assert all(turn["orchestrator_cost_usd"] == 0 for turn in record["episode"]["ledger"])
+            assert record["result"]["pref_adherence"] is not None
+    drawn = {_calls(record)[0][1]["model"] for record in _episodes(out, "random")}
+    assert len(drawn) > 1 and drawn <= {"math-small", "math-large", "generalist"}
+    # The monolith has the basic tools only, searches before answering lookups, and does
+    # not route (no adherence).
+    monolith = _episodes(out, "monolith")
+    assert all(tool != "call_expert" for r in monolith for tool, _ in _calls(r))
+    assert any(_calls(r) and _calls(r)[0][0] == "search" for r in monolith)
+    assert report["systems"]["monolith"]["pref_adherence"] is None
+    assert all(r["result"]["usd"] > 0 for r in monolith)
+    # The orchestrator's own tokens are priced.
+    orchestrator = _episodes(out, "orchestrator")
+    assert all(r["episode"]["ledger"][0]["orchestrator_cost_usd"] > 0 for r in orchestrator)
+    assert report["systems"]["orchestrator"]["pref_adherence"] is not None
+
+    # Deterministic for a seed: a second run gives the same episodes.
+    again = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir,
+                                       f"rollout.policy={random_policy_dir}",
+                                       f"eval.out_dir={tmp_path / 'again'}"))
+    harness.run(again, "offline", AGENTS)
+    for agent in AGENTS:
+        assert _outcomes(out, agent) == _outcomes(tmp_path / "again", agent), agent
+
+
+def test_price_table_and_tool_set_swap_at_evaluation_time(tmp_path, tiny_tokenizer_dir):
+    def cheapest(*overrides: str) -> tuple[str, float]:
+        out = tmp_path / "-".join(o.split("=")[-1] for o in overrides or ("list",))
+        config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, *overrides,
+                                            f"eval.out_dir={out}"))
+        harness.run(config, "offline", ["fixed:cheapest"])
+        records = _episodes(out, "fixed:cheapest")
+        return (_calls(records[0])[0][1]["model"],
+                json.loads((out / "report.json").read_text())["systems"]["fixed:cheapest"][
+                    "usd_per_task"])
+
+    listed, repriced = cheapest(), cheapest("tools=offline_repriced")
+    # The small math model costs five times its list price: the generalist is cheapest now.
+    assert listed[0] == "math-small" and repriced[0] == "generalist"
+    unseen = cheapest("tools=offline_unseen")
+    assert unseen[0] == "math-small" and unseen[1] > 3 * listed[1]  # a 72B model behind it now
+
+
+def _chat_body(text: str) -> dict:
+    return {"id": "judge", "object": "chat.completion", "model": "judge",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}}
+
+
+class Judge:
+    """A local judge endpoint that fails (HTTP 500) or says "correct", and records how many
+    requests were in flight at once."""
+
+    def __init__(self) -> None:
+        self.failing, self.requests, self.in_flight, self.most = True, 0, 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict) -> dict:
+        with self.lock:
+            self.requests += 1
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            time.sleep(0.05)
+            if self.failing:
+                raise RequestError("the judge is down", 500)
+            return _chat_body("correct")
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def _expert_reply(prompt: str) -> str:
+    question = prompt.rsplit("<|im_start|>user\n", 1)[-1]
+    if "Capital of France" in question:
+        return "It is Paris, of course."
+    if "six plus one" in question:
+        return "seven"
+    return "42"
+
+
+@pytest.fixture(scope="module")
+def expert_server(tiny_tokenizer):
+    with start_server(ScriptedEngine(tiny_tokenizer, _expert_reply), tiny_tokenizer,
+                      "expert") as handle:
+        yield handle
+
+
+def _hle_setup(tmp_path: Path, expert_url: str) -> tuple[Path, Path]:
+    hle = tmp_path / "hle.jsonl"
+    rows = [{"id": "q1", "question": "What is six times seven?", "answer": "42",
+             "answer_type": "exactMatch", "image": ""},
+            {"id": "q2", "question": "Capital of France?", "answer": "Paris",
+             "answer_type": "exactMatch", "image": ""},
+            {"id": "q3", "question": "What is six plus one?", "answer": "7",
+             "answer_type": "exactMatch", "image": ""},
+            {"id": "q4", "question": "Which picture?", "answer": "A",
+             "answer_type": "multipleChoice", "image": "data:image/png;base64,AAAA"}]
+    hle.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    experts = tmp_path / "experts.yaml"
+    experts.write_text(json.dumps({
+        "name": "call_expert", "description": "Ask an expert model.",
+        "parameters": {"type": "object", "required": ["model", "question"],
+                       "properties": {"model": {"type": "string", "enum": ["strong", "cheap"]},
+                                      "question": {"type": "string"}}},
+        "class": "nemo_orch.tools.llm.LLMTool",
+        "options": {"models": {
+            "strong": {"base_url": expert_url, "model": "expert", "usd_per_million": [5, 20]},
+            "cheap": {"base_url": expert_url, "model": "expert",
+                      "usd_per_million": [0.1, 0.1]}}}}))
+    return hle, experts
+
+
+def test_judge_failures_are_counted_and_endpoints_bounded(tmp_path, tiny_tokenizer_dir,
+                                                         expert_server):
+    hle, experts = _hle_setup(tmp_path, expert_server.url)
+    judge = Judge()
+    with serve_json({("POST", "/v1/chat/completions"): judge}, url_path="/v1") as server:
+        def evaluate(out: Path) -> dict:
+            config = config_lib.load(_overrides(
+                tmp_path, tiny_tokenizer_dir, f"eval.data={hle}", f"eval.out_dir={out}",
+                f"tools.declarations=[{experts}]", f"reward.judge_base_url={server.url}",
+                "reward.judge_model=judge", "reward.judge_max_retries=1",
+                "eval.concurrency=3", "eval.max_requests_per_endpoint=1"))
+            harness.run(config, "hle", ["fixed:strongest", "fixed:cheapest"])
+            return json.loads((out / "report.json").read_text())
+
+        down = evaluate(tmp_path / "down")
+        failed_requests = judge.requests
+        judge.failing = False
+        up = evaluate(tmp_path / "up")
+    row = down["systems"]["fixed:strongest"]
+    # q1 matches exactly; q2 and q3 need the judge, which failed: counted, not hidden.
+    assert (row["tasks"], row["correct"], row["judge_errors"]) == (3, 1, 2)
+    assert down["notes"]["skipped"] == {"image": 1}
+    methods = {r["task_id"]: r["outcome"]["method"]
+               for r in _episodes(tmp_path / "down", "fixed:strongest")}
+    assert methods == {"q1": "exact", "q2": "judge_error", "q3": "judge_error"}
+    assert "| 2 |" in (tmp_path / "down" / "report.md").read_text()
+    # The strongest expert costs more per task than the cheapest, for the same replies.
+    assert row["usd_per_task"] > down["systems"]["fixed:cheapest"]["usd_per_task"]
+    # Each failed verdict (2 questions x 2 agents): one request and one retry; never more than
+    # one in flight.
+    assert failed_requests == 8 and judge.most == 1
+    assert (up["systems"]["fixed:strongest"]["correct"],
+            up["systems"]["fixed:strongest"]["judge_errors"]) == (3, 0)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nemo_orch.cli", *args]
+
+
+def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(tmp_path,
+                                                                          tiny_tokenizer_dir):
+    args = ["eval", "--benchmark", "offline", "--agent", "fixed:cheapest", "--agent", "monolith",
+            *_overrides(tmp_path, tiny_tokenizer_dir, "eval.tasks=12", "eval.concurrency=1",
+                        "eval.monolith.time_scale=0.02")]
+    out = tmp_path / "eval"
+    cache = out / "episodes" / "monolith.jsonl"
+    process = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (cache.exists() and len(cache.read_text().splitlines()) >= 5):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    before = cache.read_text().splitlines()
+    assert 5 <= len(before) < 13
+    with cache.open("a") as file:  # as if killed in the middle of writing a line
+        file.write('{"task_id": "eval-0001')
+    run_cli(*args)
+    after = cache.read_text().splitlines()
+    records = [json.loads(line) for line in after[1:]]
+    assert len(records) == 12 and len({r["task_id"] for r in records}) == 12
+    assert after[:len(before)] == before  # finished examples were not run again
+    report = json.loads((out / "report.json").read_text())
+    assert report["systems"]["monolith"]["tasks"] == 12
+    # The resumed run equals one that was never interrupted.
+    fresh = tmp_path / "fresh"
+    run_cli(*args, f"eval.out_dir={fresh}")
+    for agent in ("fixed:cheapest", "monolith"):
+        assert _outcomes(out, agent) == _outcomes(fresh, agent)
+    # Results of other settings are refused, never mixed in.
+    other = run_cli(*args, "eval.seed=5", expect=2)
+    assert "holds results of another evaluation" in other.stderr
+
+
+def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
+    for name, tools in (("list", "offline"), ("repriced", "offline_repriced")):
+        config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
+                                            f"eval.out_dir={tmp_path / name}"))
+        harness.run(config, "offline", ["fixed:cheapest", "fixed:strongest"])
+    table = run_cli("eval", "compare", str(tmp_path / "list"), str(tmp_path / "repriced")).stdout
+    for run in ("list", "repriced"):
+        for agent in ("fixed:cheapest", "fixed:strongest"):
+            assert f"| {run}/{agent}" in table
+    missing = run_cli("eval", "compare", str(tmp_path / "nothing"), expect=2)
+    assert "no readable report.json" in missing.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--benchmark", "hle", "--agent", "fixed:cheapest"], "needs eval.data"),
+    (["--benchmark", "offline", "--agent", "random", "--agent", "random"],
+     "an agent is named twice"),
+    (["--benchmark", "offline", "--agent", "fixed:cheapest", "eval.concurrency=0"],
+     "eval.concurrency"),
+])
+def test_user_errors(args, message, tmp_path):
+    error = run_cli("eval", *args, f"run.output_dir={tmp_path}", expect=2)
+    assert message in error.stderr
+
+
+def test_the_real_expert_tool_set_builds_offline():
+    """``tools=experts`` (HLE / FRAMES with real endpoints) builds without reaching any: keys
+    are read at the first request; each expert has its context budget."""
+    from nemo_orch.rollout.builders import build_toolbox
+
+    toolbox = build_toolbox(config_lib.load(["tools=experts"]).tools)
+    assert list(toolbox.tools) == ["call_expert", "web_search", "python_sandbox"]
+    expert = toolbox.tools["call_expert"]
+    assert {alias: expert.context_budget(alias) for alias in expert.endpoints} == {
+        "frontier": 120000, "math": 2048, "coder": 24000, "generalist": 24000}
+    assert expert.pricing["frontier"].per_output_token == pytest.approx(10e-6)
