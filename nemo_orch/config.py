@@ -540,6 +540,7 @@ class MonolithConfig:
     from the environment variable ``api_key_env``) with the benchmark's tools except
     ``drop_tools`` (the experts), called with standard function calling. Priced at
     ``usd_per_million`` (input, output) or, when null, the price table's entry for ``model``.
+    Each request gets ``timeout_s`` (reasoning models take minutes) and ``max_retries``.
 
     With ``base_url`` null on the offline benchmark, a SIMULATED frontier model is served on
     127.0.0.1 for the evaluation (``nemo_orch/serve/simulated_chat.py``): the offline experts'
@@ -552,6 +553,8 @@ class MonolithConfig:
     drop_tools: list[str] = field(default_factory=lambda: ["call_expert"])
     max_tokens: int = 1024
     temperature: float = 0.0
+    timeout_s: float = 600.0
+    max_retries: int = 2
     simulate: str = "math-large"
     time_scale: float = 1.0
 
@@ -559,8 +562,10 @@ class MonolithConfig:
         _require(self.usd_per_million is None or (len(self.usd_per_million) == 2 and all(
             price >= 0 for price in self.usd_per_million)),
             "eval.monolith.usd_per_million must be null or [input, output], both >= 0")
-        _require(self.max_tokens >= 1 and self.temperature >= 0 and self.time_scale >= 0,
-                 "eval.monolith: max_tokens must be >= 1, temperature and time_scale >= 0")
+        _require(self.max_tokens >= 1 and self.temperature >= 0 and self.time_scale >= 0
+                 and self.timeout_s > 0 and self.max_retries >= 0,
+                 "eval.monolith: max_tokens must be >= 1, timeout_s > 0, temperature, "
+                 "time_scale and max_retries >= 0")
 
 
 @dataclass

@@ -199,6 +199,7 @@ async def _monolith(config: Config, benchmark: Benchmark, toolbox: Toolbox
         if base_url is None:
             base_url = stack.enter_context(_simulated_monolith(config, benchmark, toolbox)).url
         client = OpenAIClient(base_url, monolith.model, api_key_env=monolith.api_key_env,
+                              timeout_s=monolith.timeout_s, max_retries=monolith.max_retries,
                               max_in_flight=config.eval.max_requests_per_endpoint)
         stack.push_async_callback(client.aclose)
         yield ChatAgent(client, tools, pricing, max_turns=config.rollout.max_turns,

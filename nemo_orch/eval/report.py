@@ -154,8 +154,8 @@ def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
         axes.barh(list(systems), shares, left=left, label=tool)
         left = [a + b for a, b in zip(left, shares)]
     axes.set_xlabel("share of tool calls")
-    # The legend sits outside the axes; bbox_inches="tight" makes room for it when saving.
-    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    if tools:  # the legend sits outside the axes; bbox_inches="tight" makes room for it
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
     mix = out_dir / "tool_mix.png"
     figure.savefig(mix, dpi=120, bbox_inches="tight")
     plt.close(figure)

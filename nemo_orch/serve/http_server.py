@@ -85,13 +85,25 @@ def _handler(routes: Mapping[tuple[str, str], Route],
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+                log.debug("%s %s: the client closed the connection before the reply",
+                          self.command, self.path)
+                self.close_connection = True
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
 
     return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The default backlog (5) resets connections when many clients connect at once, e.g. an
+    # evaluation's concurrent episodes.
+    request_queue_size = 1024
 
 
 class ServerHandle:
@@ -128,6 +140,5 @@ def serve_json(routes: Mapping[tuple[str, str], Route], host: str = "127.0.0.1",
                name: str = "json-server") -> ServerHandle:
     """Serve ``routes`` (plus ``GET /health``) in background threads; ``port=0``: a free port."""
     routes = {("GET", "/health"): lambda _: {"status": "ok"}, **routes}
-    server = ThreadingHTTPServer((host, port), _handler(routes, api_key))
-    server.daemon_threads = True
+    server = _Server((host, port), _handler(routes, api_key))
     return ServerHandle(server, url_path, name)

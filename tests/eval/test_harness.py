@@ -294,3 +294,25 @@ def test_the_real_expert_tool_set_builds_offline():
     assert {alias: expert.context_budget(alias) for alias in expert.endpoints} == {
         "frontier": 120000, "math": 2048, "coder": 24000, "generalist": 24000}
     assert expert.pricing["frontier"].per_output_token == pytest.approx(10e-6)
+
+
+def test_the_orchestrator_behind_an_endpoint_equals_the_checkpoint(tmp_path, random_policy_dir,
+                                                                   tiny_tokenizer_dir,
+                                                                   tiny_tokenizer):
+    """The same policy served over OpenAI-compatible HTTP (token ids in and out) and loaded
+    from its directory plays the same greedy episodes at the same cost."""
+    from nemo_orch.rollout.engines.hf import HFEngine
+
+    engine = HFEngine.from_pretrained(random_policy_dir, tokenizer=tiny_tokenizer)
+    with start_server(engine, tiny_tokenizer, "orchestrator") as server:
+        served = config_lib.load(_overrides(
+            tmp_path, tiny_tokenizer_dir, "eval.tasks=6", "rollout.engine=openai",
+            f"rollout.base_url={server.url}", "rollout.model_name=orchestrator",
+            f"eval.out_dir={tmp_path / 'served'}"))
+        harness.run(served, "offline", ["orchestrator"])
+    local = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "eval.tasks=6",
+                                       f"rollout.policy={random_policy_dir}",
+                                       f"eval.out_dir={tmp_path / 'local'}"))
+    harness.run(local, "offline", ["orchestrator"])
+    assert _outcomes(tmp_path / "served", "orchestrator") == _outcomes(tmp_path / "local",
+                                                                       "orchestrator")
