@@ -86,11 +86,26 @@ def cmd_train(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_export(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.models import convert
+    from nemo_orch.models import convert, trtllm
 
-    out = convert.export(args.checkpoint, args.format, args.out, tp=args.tp, dtype=args.dtype,
-                         overrides=args.overrides)
-    print(f"export: wrote a {args.format} checkpoint to {out}")
+    if args.format != "trtllm-engine":
+        if args.max_batch_size is not None or args.max_seq_len is not None:
+            raise config_lib.ConfigError("--max-batch-size and --max-seq-len apply to "
+                                         "--format trtllm-engine only")
+        out = convert.export(args.checkpoint, args.format, args.out, tp=args.tp,
+                             dtype=args.dtype, overrides=args.overrides)
+        print(f"export: wrote a {args.format} checkpoint to {out}")
+        return 0
+    try:
+        built = convert.export_engine(
+            args.checkpoint, args.out, tp=args.tp, dtype=args.dtype,
+            max_batch_size=args.max_batch_size or convert.DEFAULT_ENGINE_MAX_BATCH_SIZE,
+            max_seq_len=args.max_seq_len, overrides=args.overrides)
+    except trtllm.EngineBuildError as error:
+        print(f"nemo-orch export: error: {error}", file=sys.stderr)
+        return 1
+    print(f"export: wrote a TensorRT-LLM checkpoint to {built.checkpoint_dir} and built its "
+          f"engine in {built.engine_dir} ({built.build_seconds:.1f} s)")
     return 0
 
 
@@ -284,13 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("train", cmd_train, "the main job: demonstrations, SFT, GRPO, evaluation and report")
     add("sft", cmd_sft, "supervised fine-tuning on chat conversations (assistant-token loss)")
-    export = add("export", cmd_export, "write an HF or TensorRT-LLM checkpoint from a checkpoint")
-    export.add_argument("--format", required=True, choices=["hf", "trtllm"])
+    export = add("export", cmd_export, "write an HF or TensorRT-LLM checkpoint from a checkpoint,"
+                 " or (trtllm-engine, on a GPU) a TensorRT-LLM checkpoint in OUT/checkpoint and "
+                 "its engine, built with trtllm-build, in OUT/engine")
+    export.add_argument("--format", required=True, choices=["hf", "trtllm", "trtllm-engine"])
     export.add_argument("--checkpoint", required=True,
                         help="a step_<N> directory, or a checkpoints/ directory (latest step)")
     export.add_argument("--out", required=True)
     export.add_argument("--tp", type=int, default=1, help="TensorRT-LLM tensor-parallel ranks")
     export.add_argument("--dtype", default=None, help="float32|bfloat16|float16 (default: model's)")
+    export.add_argument("--max-batch-size", type=int, default=None,
+                        help="trtllm-engine: the most requests the engine schedules at once "
+                        "(default 256)")
+    export.add_argument("--max-seq-len", type=int, default=None,
+                        help="trtllm-engine: prompt + generated tokens of one request (default: "
+                        "the model's max_position_embeddings)")
     imp = add("import", cmd_import, "make a starting checkpoint from an HF Qwen3 directory")
     imp.add_argument("--format", required=True, choices=["hf"])
     imp.add_argument("--hf-dir", required=True)
@@ -323,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     from nemo_orch.config import BENCHMARKS
     from nemo_orch.eval.agents import AGENT_KINDS
 
-    evaluate = add("eval", cmd_eval, "run agents on a benchmark, side by side: accuracy (95% CI), "
+    evaluate = add("eval", cmd_eval, "run agents on a benchmark, side by side: accuracy (95%% CI), "
                    "USD and seconds per task, tool mix; report.json, report.md and plots under "
                    "eval.out_dir (resumable). `nemo-orch eval compare RUN...` puts several "
                    "evaluations side by side")

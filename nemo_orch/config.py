@@ -68,6 +68,19 @@ class ModelConfig:
     num_query_groups, head_dim=kv_channels, intermediate_size=ffn_hidden_size, rope_theta=
     rotary_base, rms_norm_eps=layernorm_epsilon, tie_word_embeddings=
     share_embeddings_and_output_weights.
+
+    FP8 (Transformer Engine on Ada/Hopper or newer; fields as in megatron-core 0.16.1's
+    ``TransformerConfig``): ``fp8`` picks the formats (``hybrid``: E4M3 forward, E5M2 gradients),
+    ``fp8_recipe`` the scaling (``delayed``: scales from an amax history of
+    ``fp8_amax_history_len`` steps reduced by ``fp8_amax_compute_algo``, with ``fp8_margin``;
+    ``tensorwise``: per-tensor current scaling; ``blockwise``: 128-element block scales;
+    ``mxfp8``: Blackwell only). ``fp8_param`` keeps the GEMM weights themselves in FP8 (half the
+    weight memory, FP8 parameter all-gathers; FP32 main weights live in the distributed
+    optimizer). ``fp8_wgrad=false`` computes weight gradients in high precision.
+    ``first_last_layers_bf16`` keeps the first ``num_layers_at_start_in_bf16`` and last
+    ``num_layers_at_end_in_bf16`` layers (of each pipeline stage) out of FP8, which Megatron
+    does not support with the delayed recipe. A Hopper FP8 run of the 0.6B preset, for example:
+    ``model=qwen3-0.6b model.fp8=hybrid model.fp8_recipe=tensorwise``.
     """
 
     preset: str = "micro"
@@ -89,7 +102,13 @@ class ModelConfig:
     fp8: Optional[str] = None
     fp8_recipe: str = "delayed"
     fp8_amax_history_len: int = 1024
+    fp8_amax_compute_algo: str = "max"
     fp8_margin: int = 0
+    fp8_param: bool = False
+    fp8_wgrad: bool = True
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = 1
+    num_layers_at_end_in_bf16: int = 1
     recompute_granularity: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -110,8 +129,41 @@ class ModelConfig:
         _require(self.fp8_recipe in ("delayed", "tensorwise", "blockwise", "mxfp8"),
                  f"model.fp8_recipe must be delayed|tensorwise|blockwise|mxfp8, "
                  f"got {self.fp8_recipe!r}")
+        self._check_fp8_options()
         _require(self.recompute_granularity in (None, "full", "selective"),
                  "model.recompute_granularity must be null|full|selective")
+
+    def _check_fp8_options(self) -> None:
+        """What megatron-core / Transformer Engine would reject later (at build time or in the
+        first forward pass, with less helpful messages), checked when the config is loaded."""
+        _require(self.fp8_amax_compute_algo in ("max", "most_recent"),
+                 f"model.fp8_amax_compute_algo must be max|most_recent, "
+                 f"got {self.fp8_amax_compute_algo!r}")
+        _require(self.fp8_amax_history_len >= 1, "model.fp8_amax_history_len must be >= 1")
+        _require(self.fp8_margin >= 0, "model.fp8_margin must be >= 0")
+        for name in ("fp8_param", "first_last_layers_bf16"):
+            _require(not getattr(self, name) or self.fp8 is not None,
+                     f"model.{name} requires model.fp8 (hybrid|e4m3)")
+        _require(self.fp8_wgrad or self.fp8 is not None,
+                 "model.fp8_wgrad=false requires model.fp8 (hybrid|e4m3)")
+        # The distributed optimizer keeps FP32 main weights only for 16-bit models; FP8 weights of
+        # an FP32 model would be updated in place, in FP8.
+        _require(not self.fp8_param or self.params_dtype in ("bfloat16", "float16"),
+                 "model.fp8_param requires model.params_dtype=bfloat16|float16")
+        _require(not self.first_last_layers_bf16 or self.fp8_recipe != "delayed",
+                 "model.first_last_layers_bf16 is not supported with model.fp8_recipe=delayed "
+                 "(use tensorwise|blockwise|mxfp8)")
+        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            _require(0 <= getattr(self, name) <= self.num_layers,
+                     f"model.{name} must be in [0, model.num_layers]")
+        if self.fp8 is not None:
+            # TE's FP8 GEMMs need every weight's input dimension to be a multiple of 16.
+            for name, size in (("hidden_size", self.hidden_size),
+                               ("ffn_hidden_size", self.ffn_hidden_size),
+                               ("num_attention_heads * kv_channels",
+                                self.num_attention_heads * self.kv_channels)):
+                _require(size % 16 == 0,
+                         f"model.fp8 needs model.{name} to be a multiple of 16, got {size}")
 
     def num_parameters(self) -> int:
         """Parameter count of the unsharded model."""
@@ -390,6 +442,15 @@ class RolloutConfig:
     ``hf`` engine; null takes the run's latest checkpoint. ``openai`` serves from ``base_url``
     (key read from the environment variable ``api_key_env``). ``max_context_tokens`` null means
     the model's ``max_position_embeddings``.
+
+    The GPU engines (``trtllm``, ``vllm``) run ``engine_tp``-way tensor parallel in
+    ``engine_dtype``. ``colocate``: train and generate on the same GPUs -- the engine sleeps
+    while the policy trains (releasing its KV cache and, at ``sleep_level`` 2, its weights;
+    level 1 keeps a CPU copy of them) and wakes to be refit and generate; false: the engine
+    never sleeps and keeps its memory (it has GPUs of its own once the Ray scale-out places
+    it). Only vLLM can sleep; TensorRT-LLM keeps its KV cache either way. ``gpu_memory_utilization``
+    is vLLM's share of each GPU's memory (weights + KV cache) and TensorRT-LLM's share of the
+    memory left free after loading the weights (its KV cache). The CPU engine ignores these.
     """
 
     engine: str = "hf"
@@ -397,6 +458,11 @@ class RolloutConfig:
     base_url: Optional[str] = None
     model_name: Optional[str] = None
     api_key_env: Optional[str] = None
+    colocate: bool = True
+    engine_tp: int = 1
+    engine_dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.5
+    sleep_level: int = 1
     group_size: int = 8
     max_turns: int = 10
     max_new_tokens: int = 96
@@ -419,6 +485,16 @@ class RolloutConfig:
                  f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}")
         _require(self.engine != "openai" or (self.base_url and self.model_name),
                  "rollout.engine=openai needs rollout.base_url and rollout.model_name")
+        _require(self.colocate or self.engine in ("trtllm", "vllm"),
+                 f"rollout.colocate=false only applies to the GPU engines (trtllm|vllm); "
+                 f"rollout.engine={self.engine} has no GPUs to give back")
+        _require(self.engine_tp >= 1, "rollout.engine_tp must be >= 1")
+        _require(self.engine_dtype in ("bfloat16", "float16", "float32"),
+                 f"rollout.engine_dtype must be bfloat16|float16|float32, got "
+                 f"{self.engine_dtype!r}")
+        _require(0 < self.gpu_memory_utilization <= 1,
+                 "rollout.gpu_memory_utilization must be in (0, 1]")
+        _require(self.sleep_level in (1, 2), "rollout.sleep_level must be 1 or 2")
         _require_file(self.policy, "rollout.policy")
         for name in ("group_size", "max_turns", "max_new_tokens", "max_observation_tokens",
                      "max_concurrent_episodes", "max_batch_size"):

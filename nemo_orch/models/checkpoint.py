@@ -5,6 +5,14 @@ Every rank writes its shards into ``.step_<N>.partial/``; once all have finished
 mid-save leaves only a ``.partial`` directory, which resume never picks up. Model weights are
 layout-agnostic (a TP=2 run can be exported, or trained on, as TP=1); optimizer state resumes
 under the same TP/PP layout.
+
+Checkpoints also cross between the Transformer Engine and local layer specs (train on a GPU with
+TE, export or evaluate on a CPU with the local spec): megatron-core 0.16.1 saves the local
+spec's ``input_layernorm`` / ``pre_mlp_layernorm`` under TE's fused names
+(``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``), and its linears carry an
+empty ``_extra_state`` like TE's. What remains is TE's FP8 metadata (``_extra_state``) of modules
+the local spec has no counterpart for: a local model ignores it, and a TE model loading a
+local-spec checkpoint keeps its own (freshly initialized) metadata.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from nemo_orch.distributed import barrier, is_writer
 MANIFEST = "nemo_orch.json"
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
+EXTRA_STATE = "_extra_state"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 # Model weights reshard across any TP/PP/DP layout; optimizer state across DP only. megatron-core
 # 0.16.1's "fully_reshardable" optimizer format cannot be loaded with torch's AdamW (no Apex/TE):
@@ -144,10 +153,22 @@ def _restore_adam_steps(optimizer) -> None:
                     adam.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
+def _with_own_extra_state(state: dict, module) -> dict:
+    """``state`` completed with the module's own ``_extra_state`` entries it lacks.
+
+    Those are Transformer Engine's FP8 scaling metadata of modules whose checkpoint came from the
+    local spec, which has none to give; a strict ``load_state_dict`` would reject their absence.
+    """
+    own = {name: value for name, value in module.state_dict().items()
+           if name.endswith(EXTRA_STATE) and name not in state}
+    return {**state, **own}
+
+
 @torch.no_grad()
 def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None:
     """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout."""
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
     from torch.distributed.checkpoint.api import CheckpointException as DCPException
 
     if optimizer is not None and "optimizer" not in checkpoint.manifest.get("contents", []):
@@ -160,12 +181,18 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
         request["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
                                                             metadata=_SHARDING)
     try:
-        loaded = dist_checkpointing.load(request, str(checkpoint.path))
+        # RETURN_UNEXPECTED drops what the checkpoint lacks from the request and names it.
+        loaded, _, absent = dist_checkpointing.load(request, str(checkpoint.path),
+                                                    strict=StrictHandling.RETURN_UNEXPECTED)
     # torch.distributed.checkpoint's CheckpointException derives from BaseException.
     except (Exception, DCPException) as error:
         raise CheckpointError(f"{checkpoint.path}: cannot load checkpoint "
                               f"({type(error).__name__}: {str(error)[:300]})") from None
-    module.load_state_dict(loaded["model"])
+    missing = sorted(key for key in absent if not key.endswith(EXTRA_STATE))
+    if missing:
+        raise CheckpointError(f"{checkpoint.path}: the checkpoint has no {missing[:5]} "
+                              f"({len(missing)} missing); was it written for another model?")
+    module.load_state_dict(_with_own_extra_state(loaded["model"], module))
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
         _restore_adam_steps(optimizer)

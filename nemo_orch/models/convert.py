@@ -1,24 +1,30 @@
 """``nemo-orch export`` and ``nemo-orch import``: checkpoints to and from HF / TensorRT-LLM.
 
 Both run in one process: distributed checkpoints are layout-agnostic, so whatever TP/PP layout
-trained the policy, it is read here as a single unsharded model.
+trained the policy, it is read here as a single unsharded model. :func:`export_engine` goes one
+step further on a GPU machine: a TensorRT-LLM checkpoint, then ``trtllm-build`` on it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from nemo_orch import config as config_lib
 from nemo_orch import distributed
 from nemo_orch.config import Config, ConfigError, ParallelConfig
-from nemo_orch.models import checkpoint, qwen3, weights
+from nemo_orch.models import checkpoint, qwen3, trtllm, weights
 from nemo_orch.models.hf_mapping import (HFCheckpoint, load_hf_checkpoint_config,
                                          model_config_from_hf, save_hf_checkpoint)
-from nemo_orch.models.trtllm import save_trtllm_checkpoint
 
 EXPORT_FORMATS = ("hf", "trtllm")
+# The largest batch a built engine schedules: a GRPO step's rollouts (tasks x group size).
+DEFAULT_ENGINE_MAX_BATCH_SIZE = 256
+EXPORT_MANIFEST = "nemo_orch_export.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "chat_template.jinja")
 
@@ -44,9 +50,7 @@ def export(checkpoint_path: str, fmt: str, out: str, *, tp: int = 1, dtype: str 
         raise ConfigError(f"--format must be one of {'|'.join(EXPORT_FORMATS)}, got {fmt!r}")
     ckpt = checkpoint.open_checkpoint(checkpoint_path)
     config = checkpoint_config(ckpt, overrides)
-    dtype = dtype or config.model.params_dtype
-    if dtype not in qwen3.DTYPES:
-        raise ConfigError(f"--dtype must be one of {'|'.join(qwen3.DTYPES)}, got {dtype!r}")
+    dtype = _resolve_dtype(config, dtype)
     with distributed.parallel_session(ParallelConfig(), config.run.seed):
         module = qwen3.build_model(config.model, config.parallel, pre_process=True,
                                    post_process=True)
@@ -56,12 +60,63 @@ def export(checkpoint_path: str, fmt: str, out: str, *, tp: int = 1, dtype: str 
     if fmt == "hf":
         save_hf_checkpoint(out_dir, hf, config.model, dtype=qwen3.DTYPES[dtype])
     else:
-        save_trtllm_checkpoint(out_dir, hf, config.model, tp=tp, dtype=dtype)
+        trtllm.save_trtllm_checkpoint(out_dir, hf, config.model, tp=tp, dtype=dtype)
     if ckpt.tokenizer_path.is_dir():
         _copy_tokenizer(ckpt.tokenizer_path, out_dir)
-    (out_dir / "nemo_orch_export.json").write_text(json.dumps(
+    (out_dir / EXPORT_MANIFEST).write_text(json.dumps(
         {"source": str(ckpt.path), "step": ckpt.step, "format": fmt, "dtype": dtype, "tp": tp}))
     return out_dir
+
+
+def _resolve_dtype(config: Config, dtype: str | None) -> str:
+    dtype = dtype or config.model.params_dtype
+    if dtype not in qwen3.DTYPES:
+        raise ConfigError(f"--dtype must be one of {'|'.join(qwen3.DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+@dataclass(frozen=True)
+class EngineExport:
+    """Where ``export_engine`` wrote, and how long ``trtllm-build`` took."""
+
+    checkpoint_dir: Path
+    engine_dir: Path
+    build_seconds: float
+
+
+def export_engine(checkpoint_path: str, out: str, *, tp: int = 1, dtype: str | None = None,
+                  max_batch_size: int = DEFAULT_ENGINE_MAX_BATCH_SIZE,
+                  max_seq_len: int | None = None, overrides: list[str] = ()) -> EngineExport:
+    """A TensorRT-LLM checkpoint in ``out/checkpoint`` and its engine in ``out/engine``.
+
+    Everything that can be checked up front (``trtllm-build`` on PATH, a CUDA GPU, the build
+    options) is checked before anything is written. ``max_seq_len`` defaults to the model's
+    ``max_position_embeddings``. The engine directory gets the tokenizer too, so it is all a
+    TensorRT-LLM runtime needs.
+    """
+    executable = trtllm.engine_build_requirements()
+    ckpt = checkpoint.open_checkpoint(checkpoint_path)
+    config = checkpoint_config(ckpt, overrides)
+    dtype = _resolve_dtype(config, dtype)
+    max_seq_len = max_seq_len or config.model.max_position_embeddings
+    if max_seq_len > config.model.max_position_embeddings:
+        raise ConfigError(f"--max-seq-len {max_seq_len} exceeds the model's "
+                          f"max_position_embeddings ({config.model.max_position_embeddings})")
+    out_dir = Path(out)
+    checkpoint_dir, engine_dir = out_dir / "checkpoint", out_dir / "engine"
+    command = trtllm.trtllm_build_command(
+        checkpoint_dir, engine_dir, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+        workers=min(tp, max(torch.cuda.device_count(), 1)), executable=executable)
+    export(checkpoint_path, "trtllm", str(checkpoint_dir), tp=tp, dtype=dtype,
+           overrides=overrides)
+    seconds = trtllm.build_engine(command)
+    if ckpt.tokenizer_path.is_dir():
+        _copy_tokenizer(ckpt.tokenizer_path, engine_dir)
+    (out_dir / EXPORT_MANIFEST).write_text(json.dumps(
+        {"source": str(ckpt.path), "step": ckpt.step, "format": "trtllm-engine", "dtype": dtype,
+         "tp": tp, "max_batch_size": max_batch_size, "max_seq_len": max_seq_len,
+         "build_seconds": round(seconds, 3), "command": command}))
+    return EngineExport(checkpoint_dir, engine_dir, seconds)
 
 
 def import_hf(hf_dir: str, out: str, overrides: list[str] = ()) -> Path:

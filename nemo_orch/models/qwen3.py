@@ -25,21 +25,54 @@ def check_runtime(model: ModelConfig) -> None:
         if importlib.util.find_spec("transformer_engine") is None:
             raise ConfigError("model.transformer_impl=transformer_engine needs Transformer Engine "
                               "(pip install 'nemo-orch[gpu]' or an NGC PyTorch container)")
-    if model.fp8 is not None and not (torch.cuda.is_available()
-                                      and torch.cuda.get_device_capability() >= (8, 9)):
-        raise ConfigError("model.fp8 needs an FP8-capable GPU (Ada/Hopper or newer)")
+    if model.fp8 is not None:
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        if capability is None or capability < (8, 9):
+            raise ConfigError("model.fp8 needs an FP8-capable GPU (Ada/Hopper or newer)")
+        if model.fp8_recipe == "mxfp8" and capability < (10, 0):
+            raise ConfigError("model.fp8_recipe=mxfp8 needs a Blackwell GPU; use delayed or "
+                              "tensorwise (or blockwise on Hopper) before Blackwell")
+
+
+def _check_fp8_layout(model: ModelConfig, parallel: ParallelConfig) -> None:
+    """FP8 constraints that involve the parallel layout (the rest are checked in ModelConfig)."""
+    if model.fp8_param and not parallel.use_distributed_optimizer:
+        raise ConfigError("model.fp8_param needs parallel.use_distributed_optimizer=true (it "
+                          "keeps the FP32 main weights of the FP8 parameters)")
+    if model.first_last_layers_bf16:
+        per_stage = model.num_layers // parallel.pp
+        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if getattr(model, name) > per_stage:
+                raise ConfigError(f"model.{name}={getattr(model, name)} exceeds the "
+                                  f"{per_stage} layers of a pipeline stage (counted per stage)")
+
+
+def _fused_softmax_available() -> bool:
+    """Whether the local spec's fused masked-softmax kernels (built by Apex; NGC containers have
+    them) are importable. Megatron imports them unguarded when the fusion is on, so without them
+    a bf16 local-spec model on a GPU would fail in its first attention."""
+    return all(importlib.util.find_spec(name) is not None for name in (
+        "scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda"))
+
+
+def fp8_options(model: ModelConfig) -> dict:
+    """The ``TransformerConfig`` FP8 fields (none when FP8 is off: Megatron's defaults)."""
+    if model.fp8 is None:
+        return {}
+    return dict(fp8=model.fp8, fp8_recipe=model.fp8_recipe, fp8_margin=model.fp8_margin,
+                fp8_amax_history_len=model.fp8_amax_history_len,
+                fp8_amax_compute_algo=model.fp8_amax_compute_algo, fp8_param=model.fp8_param,
+                fp8_wgrad=model.fp8_wgrad, first_last_layers_bf16=model.first_last_layers_bf16,
+                num_layers_at_start_in_bf16=model.num_layers_at_start_in_bf16,
+                num_layers_at_end_in_bf16=model.num_layers_at_end_in_bf16)
 
 
 def transformer_config(model: ModelConfig, parallel: ParallelConfig):
     from megatron.core.transformer import TransformerConfig
 
+    _check_fp8_layout(model, parallel)
     on_gpu = torch.cuda.is_available()
     dtype = DTYPES[model.params_dtype]
-    fp8 = {}
-    if model.fp8 is not None:
-        fp8 = dict(fp8=model.fp8, fp8_recipe=model.fp8_recipe, fp8_margin=model.fp8_margin,
-                   fp8_amax_history_len=model.fp8_amax_history_len,
-                   fp8_amax_compute_algo="max")
     return TransformerConfig(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
@@ -70,7 +103,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         use_cpu_initialization=not on_gpu,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
-        masked_softmax_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu and _fused_softmax_available(),
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
@@ -78,7 +111,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         recompute_granularity=model.recompute_granularity,
         recompute_method="uniform" if model.recompute_granularity == "full" else None,
         recompute_num_layers=1 if model.recompute_granularity == "full" else None,
-        **fp8,
+        **fp8_options(model),
     )
 
 

@@ -3,17 +3,25 @@
 Written from full HF tensors, one file per TP rank (``trtllm-build`` turns them into engines on a
 GPU). Names follow TensorRT-LLM's Qwen model: Q/K/V concatenated per rank as ``[q; k; v]``, and
 ``mlp.fc`` holds HF's **gate_proj** while ``mlp.gate`` holds HF's **up_proj**.
+
+:func:`build_engine` runs ``trtllm-build`` on such a checkpoint (``nemo-orch export --format
+trtllm-engine``); :func:`engine_build_requirements` says what is missing before anything is written.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
-from nemo_orch.config import ModelConfig
+from nemo_orch.config import ConfigError, ModelConfig
+
+TRTLLM_BUILD = "trtllm-build"
 
 _NORMS = {"input_layernorm.weight": "input_layernorm.weight",
           "post_attention_layernorm.weight": "post_layernorm.weight",
@@ -134,3 +142,60 @@ def load_trtllm_checkpoint(directory: str | Path) -> tuple[dict, list[dict[str, 
     config = json.loads((directory / "config.json").read_text())
     world = config["mapping"]["world_size"]
     return config, [load_file(str(directory / f"rank{r}.safetensors")) for r in range(world)]
+
+
+class EngineBuildError(RuntimeError):
+    """``trtllm-build`` ran and failed; its own output (passed through) says why."""
+
+
+def engine_build_requirements() -> str:
+    """The path of ``trtllm-build``, after checking that an engine can be built here at all.
+
+    Raises one :class:`ConfigError` naming everything that is missing, so that a CPU machine (or
+    one without TensorRT-LLM) fails before any checkpoint is read or written.
+    """
+    executable = shutil.which(TRTLLM_BUILD)
+    missing = []
+    if executable is None:
+        missing.append(f"`{TRTLLM_BUILD}` on PATH (install TensorRT-LLM: pip install "
+                       "'nemo-orch[gpu]', or use an NGC TensorRT-LLM container)")
+    if not torch.cuda.is_available():
+        missing.append("a CUDA GPU (none is visible)")
+    if missing:
+        raise ConfigError("--format trtllm-engine needs " + " and ".join(missing)
+                          + "; --format trtllm writes the TensorRT-LLM checkpoint without either")
+    return executable
+
+
+def trtllm_build_command(checkpoint_dir: str | Path, engine_dir: str | Path, *,
+                         max_batch_size: int, max_seq_len: int, workers: int = 1,
+                         executable: str = TRTLLM_BUILD) -> list[str]:
+    """The ``trtllm-build`` command line for a checkpoint written by
+    :func:`save_trtllm_checkpoint`.
+
+    ``max_seq_len`` bounds prompt + generated tokens of one request; with padding removal and
+    fused attention (trtllm-build's defaults) there is no separate input-length limit to set.
+    ``--gemm_plugin auto`` uses the plugin GEMMs in the checkpoint's dtype. ``workers`` builds
+    that many TP ranks in parallel (one GPU each).
+    """
+    for name, value in (("max_batch_size", max_batch_size), ("max_seq_len", max_seq_len),
+                        ("workers", workers)):
+        if value < 1:
+            raise ConfigError(f"trtllm-build: {name} must be >= 1, got {value}")
+    command = [executable, "--checkpoint_dir", str(checkpoint_dir), "--output_dir",
+               str(engine_dir), "--gemm_plugin", "auto", "--max_batch_size", str(max_batch_size),
+               "--max_seq_len", str(max_seq_len)]
+    if workers > 1:
+        command += ["--workers", str(workers)]
+    return command
+
+
+def build_engine(command: Sequence[str]) -> float:
+    """Run ``trtllm-build`` (its output goes to this process's terminal); the build's seconds."""
+    started = time.perf_counter()
+    returncode = subprocess.call(list(command))
+    seconds = time.perf_counter() - started
+    if returncode != 0:
+        raise EngineBuildError(f"{TRTLLM_BUILD} exited {returncode} after {seconds:.1f} s: "
+                               f"{' '.join(command)}")
+    return seconds

@@ -6,7 +6,10 @@ themselves, so every entry point builds the same parts the same way.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,14 @@ from nemo_orch.tools.pricing import price_overrides
 from nemo_orch.tools.registry import Toolbox, build_tools, load_declarations
 
 if TYPE_CHECKING:  # torch and transformers load only for commands that generate
+    import torch
     from transformers import PreTrainedTokenizerBase
 
     from nemo_orch.rollout.engines.base import Engine
+    from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
+    from nemo_orch.rollout.engines.vllm import VLLMEngine
+
+GPU_ENGINES = ("trtllm", "vllm")
 
 
 def build_toolbox(tools: ToolsConfig) -> Toolbox:
@@ -87,15 +95,108 @@ def build_engine(config: Config, max_requests: int = 8
             tokenizer = load_tokenizer(directory)
             return HFEngine.from_pretrained(directory, tokenizer=tokenizer,
                                             base=config.model), tokenizer
-    if rollout.engine == "openai":
-        from nemo_orch.rollout.engines.openai import OpenAIClient, OpenAIEngine
+    if rollout.engine in GPU_ENGINES:
+        _require_gpu_engine(rollout.engine)  # before exporting a checkpoint for nothing
 
-        if config.tokenizer.path is None:
-            raise ConfigError("rollout.engine=openai needs tokenizer.path (the served model's "
-                              "tokenizer) to keep token-level trajectories")
-        tokenizer = load_tokenizer(config.tokenizer.path)
-        client = OpenAIClient(rollout.base_url, rollout.model_name,
-                              api_key_env=rollout.api_key_env, max_in_flight=max_requests)
-        return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
-    raise ConfigError(f"rollout.engine={rollout.engine} needs a GPU engine (TensorRT-LLM/vLLM), "
-                      "which is not part of this installation")
+        def start(scratch: Path) -> TRTLLMEngine | VLLMEngine:
+            directory = _policy_dir(config, scratch)
+            tokenizer = load_tokenizer(_tokenizer_dir(config, directory))
+            return _gpu_engine(config, directory, tokenizer, refit=False)
+
+        engine = _in_scratch_dir(start)
+        return engine, engine.tokenizer
+    from nemo_orch.rollout.engines.openai import OpenAIClient, OpenAIEngine
+
+    if config.tokenizer.path is None:
+        raise ConfigError("rollout.engine=openai needs tokenizer.path (the served model's "
+                          "tokenizer) to keep token-level trajectories")
+    tokenizer = load_tokenizer(config.tokenizer.path)
+    client = OpenAIClient(rollout.base_url, rollout.model_name,
+                          api_key_env=rollout.api_key_env, max_in_flight=max_requests)
+    return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
+
+
+def build_rollout_engine(config: Config, weights: Mapping[str, "torch.Tensor"],
+                         tokenizer: "PreTrainedTokenizerBase") -> "Engine":
+    """GRPO's engine, started from the policy's full HF-named ``weights`` and refit from them
+    after every step. A GPU engine loads them from an HF directory written to a scratch
+    directory, which lives as long as the engine."""
+    rollout = config.rollout
+    if rollout.engine == "hf":
+        from nemo_orch.rollout.engines.hf import HFEngine
+
+        return HFEngine(config.model, weights, tokenizer=tokenizer)
+    if rollout.engine not in GPU_ENGINES:
+        raise ConfigError(f"GRPO cannot train through rollout.engine={rollout.engine}: a served "
+                          "model cannot be refit; use rollout=hf|trtllm|vllm")
+    _require_gpu_engine(rollout.engine)
+
+    def start(scratch: Path) -> TRTLLMEngine | VLLMEngine:
+        from nemo_orch.models.hf_mapping import save_hf_checkpoint
+        from nemo_orch.rollout.engines.base import ENGINE_DTYPES
+
+        save_hf_checkpoint(scratch, weights, config.model,
+                           dtype=ENGINE_DTYPES[rollout.engine_dtype])
+        tokenizer.save_pretrained(str(scratch))
+        return _gpu_engine(config, scratch, tokenizer, refit=True)
+
+    return _in_scratch_dir(start)
+
+
+def _require_gpu_engine(name: str) -> None:
+    """The library of GPU engine ``name`` and a CUDA GPU, or one clear error."""
+    from nemo_orch.rollout.engines.base import require_cuda
+
+    if name == "trtllm":
+        from nemo_orch.rollout.engines.trtllm import import_trtllm
+
+        import_trtllm()
+    else:
+        from nemo_orch.rollout.engines.vllm import import_vllm
+
+        import_vllm()
+    require_cuda(name)
+
+
+def _tokenizer_dir(config: Config, directory: Path) -> Path:
+    """The policy directory when it has a tokenizer, else ``tokenizer.path`` (a directory of
+    built TensorRT engines has none)."""
+    if (directory / "tokenizer.json").is_file():
+        return directory
+    if config.tokenizer.path is None:
+        raise ConfigError(f"{directory} has no tokenizer: set tokenizer.path to the policy's")
+    return Path(config.tokenizer.path)
+
+
+def _gpu_engine(config: Config, directory: Path, tokenizer: "PreTrainedTokenizerBase", *,
+                refit: bool) -> "TRTLLMEngine | VLLMEngine":
+    rollout = config.rollout
+    if rollout.engine == "trtllm":
+        from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
+
+        return TRTLLMEngine(directory, tokenizer, tensor_parallel_size=rollout.engine_tp,
+                            dtype=rollout.engine_dtype,
+                            free_gpu_memory_fraction=rollout.gpu_memory_utilization,
+                            max_batch_size=rollout.max_batch_size, refit=refit)
+    from nemo_orch.rollout.engines.vllm import VLLMEngine
+
+    return VLLMEngine(directory, tokenizer, tensor_parallel_size=rollout.engine_tp,
+                      dtype=rollout.engine_dtype,
+                      gpu_memory_utilization=rollout.gpu_memory_utilization,
+                      seed=config.run.seed, max_batch_size=rollout.max_batch_size,
+                      sleep_mode=rollout.colocate, sleep_level=rollout.sleep_level)
+
+
+def _in_scratch_dir(start: Callable[[Path], "TRTLLMEngine | VLLMEngine"]
+                    ) -> "TRTLLMEngine | VLLMEngine":
+    """The engine ``start(scratch)`` builds in a fresh scratch directory, which is removed when
+    the engine is garbage-collected (or at exit): a GPU library may read its model directory
+    after it has started."""
+    scratch = Path(tempfile.mkdtemp(prefix="nemo-orch-engine-"))
+    try:
+        engine = start(scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    weakref.finalize(engine, shutil.rmtree, scratch, ignore_errors=True)
+    return engine

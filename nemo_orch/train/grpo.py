@@ -41,7 +41,8 @@ from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_dro
                                          trajectory_drop_reason)
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.reward.scoring import score_groups
-from nemo_orch.rollout.builders import build_scorer, build_toolbox
+from nemo_orch.rollout.builders import build_rollout_engine, build_scorer, build_toolbox
+from nemo_orch.rollout.engines.base import Sleepable
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
@@ -316,8 +317,6 @@ def run(config: Config, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
 def train(config: Config, context: ParallelContext, init_from: Path,
           tokenizer_dir: Path) -> GRPOSummary:
     """GRPO inside a running parallel session (see :func:`run`)."""
-    from nemo_orch.rollout.engines.hf import HFEngine
-
     config = policy_config(config)
     grpo = config.grpo
     if config.trainer.num_threads:
@@ -332,7 +331,9 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     hf = weights.gather_hf_weights(policy.module, config.model)
 
     writer = distributed.is_writer()
-    engine = HFEngine(config.model, hf, tokenizer=tokenizer) if writer else None
+    engine = build_rollout_engine(config, hf, tokenizer) if writer else None
+    # A colocated GPU engine gives the GPUs back while the policy trains (see RolloutConfig).
+    colocated = writer and config.rollout.colocate and isinstance(engine, Sleepable)
     toolbox = build_toolbox(config.tools) if writer else None
     loop = asyncio.new_event_loop() if writer else None
     if writer:
@@ -371,6 +372,8 @@ def train(config: Config, context: ParallelContext, init_from: Path,
                 dist.broadcast_object_list(shared, src=0)
             samples, step_metrics = shared[0]
             rollout_seconds = time.perf_counter() - started
+            if colocated:
+                engine.sleep()
 
             train_started = time.perf_counter()
             trained = _update(policy, reference, loss_fn, samples, config, step,
@@ -379,6 +382,8 @@ def train(config: Config, context: ParallelContext, init_from: Path,
 
             hf = weights.gather_hf_weights(policy.module, config.model)
             if writer:
+                if colocated:
+                    engine.wake_up()
                 engine.update_weights(hf)
             step_metrics.update(trained)
             step_metrics.update({"time/rollout_s": rollout_seconds,

@@ -99,3 +99,54 @@ def test_trtllm_names_swap_gate_and_fc(hf, model):
 def test_trtllm_rejects_indivisible_tp(hf, model):
     with pytest.raises(ValueError, match="not divisible"):
         trtllm.hf_to_trtllm_shards(hf, model, tp=3)
+
+
+@pytest.fixture(scope="module")
+def hf_distinct_norms(model, hf):
+    """The seeded weights with every norm distinct (seeded norms are all ones, so a mapping that
+    swapped two norms would go unnoticed)."""
+    generator = torch.Generator().manual_seed(7)
+    return {name: torch.rand(tensor.shape, generator=generator) + 0.5
+            if name.endswith("norm.weight") else tensor for name, tensor in hf.items()}
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)])
+def test_te_state_crosses_to_local_through_hf(hf_distinct_norms, model, tp, pp):
+    """HF -> Megatron (TE) -> HF -> Megatron (local) equals HF -> Megatron (local), with TE's
+    FP8 ``_extra_state`` entries ignored on the way."""
+    te = _shard_all(hf_distinct_norms, model, tp, pp, "transformer_engine")
+    fp8_metadata = torch.frombuffer(bytearray(b"te-fp8-metadata"), dtype=torch.uint8)
+    for stage in te:
+        for shard in stage:
+            shard.update({name.replace(".weight", "._extra_state"): fp8_metadata
+                          for name in list(shard) if name.endswith("linear_qkv.weight")})
+    back = megatron_to_hf(te, model, "transformer_engine")
+    local = _shard_all(back, model, tp, pp, "local")
+    direct = _shard_all(hf_distinct_norms, model, tp, pp, "local")
+    for crossed, expected in zip(sum(local, []), sum(direct, [])):
+        assert crossed.keys() == expected.keys()
+        assert not any(name.endswith("_extra_state") for name in crossed)
+        assert all(torch.equal(crossed[name], expected[name]) for name in expected)
+    # and back: local -> HF -> TE reproduces the TE weights
+    again = _shard_all(megatron_to_hf(local, model, "local"), model, tp, pp, "transformer_engine")
+    for crossed, original in zip(sum(again, []), sum(te, [])):
+        assert all(torch.equal(crossed[name], original[name]) for name in crossed)
+
+
+def test_te_fused_norms_are_the_local_norms(hf_distinct_norms, model):
+    te = hf_to_megatron(hf_distinct_norms, model, Layout(), "transformer_engine")
+    local = hf_to_megatron(hf_distinct_norms, model, Layout(), "local")
+    for layer in range(model.num_layers):
+        prefix = f"decoder.layers.{layer}."
+        assert torch.equal(te[prefix + "self_attention.linear_qkv.layer_norm_weight"],
+                           local[prefix + "input_layernorm.weight"])
+        assert torch.equal(te[prefix + "mlp.linear_fc1.layer_norm_weight"],
+                           local[prefix + "pre_mlp_layernorm.weight"])
+        assert torch.equal(local[prefix + "input_layernorm.weight"],
+                           hf_distinct_norms[f"model.layers.{layer}.input_layernorm.weight"])
+        assert torch.equal(local[prefix + "pre_mlp_layernorm.weight"],
+                           hf_distinct_norms[f"model.layers.{layer}.post_attention_layernorm.weight"])
+    shared = te.keys() & local.keys()
+    assert te.keys() - shared == {f"decoder.layers.{i}.{suffix}" for i in range(model.num_layers)
+                                  for suffix in ("self_attention.linear_qkv.layer_norm_weight",
+                                                 "mlp.linear_fc1.layer_norm_weight")}

@@ -1,13 +1,24 @@
 """The generation-engine seam shared by the CPU engine, OpenAI-compatible servers and the GPU
-engines (TensorRT-LLM, vLLM): token ids in, token ids + logprobs out."""
+engines (TensorRT-LLM, vLLM): token ids in, token ids + logprobs out.
+
+Below the seam are the checks and mappings both GPU engines share, so they report errors, seeds,
+logprobs and finish reasons the way the CPU reference engine (:mod:`.hf`) does.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import random
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from nemo_orch.config import ModelConfig
+from nemo_orch.models.hf_mapping import hf_parameter_names, hf_parameter_shape, model_config_from_hf
+
+log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -56,3 +67,136 @@ class Engine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
 
     def update_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+
+@runtime_checkable
+class Sleepable(Protocol):
+    """An engine that can give its GPU memory back while the policy trains on the same GPUs
+    (``rollout.colocate``): ``sleep`` releases it, ``wake_up`` takes it again before the next
+    refit and generation."""
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------- GPU engines
+
+ENGINE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def require_cuda(engine: str) -> None:
+    """Fail with a clear error where a GPU engine would otherwise die deep inside its library."""
+    if not torch.cuda.is_available():
+        raise EngineError(f"rollout.engine={engine} needs a CUDA GPU, and none is visible here "
+                          "(torch.cuda.is_available() is false); use rollout.engine=hf on CPU")
+
+
+def request_seeds(seed: int | None, count: int) -> list[int]:
+    """One seed per prompt: ``seed + i``, from a random base when ``seed`` is None.
+
+    Identical prompts (a GRPO group) must not share a seed, or a library that seeds every request
+    alike (TensorRT-LLM's default is 0) returns the same sample ``group_size`` times.
+    """
+    base = random.SystemRandom().randrange(2**31) if seed is None else seed
+    return [base + index for index in range(count)]
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, vocab_size: int) -> None:
+    """Every engine's rules, checked before the libraries reject prompts with less helpful
+    errors: no empty prompt, room for one new token, ids inside the vocabulary."""
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            raise EngineError(f"prompt {index} is empty")
+        if len(prompt) >= max_seq_len:
+            raise EngineError(f"prompt {index} has {len(prompt)} tokens; the engine takes at most "
+                              f"{max_seq_len - 1} to leave room for one new token")
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise EngineError(f"prompt {index} has token ids outside [0, {vocab_size})")
+
+
+def served_model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
+    """The architecture of the HF Qwen3 ``config.json`` a GPU engine serves (what a refit must
+    match); anything else is an engine error, not a crash."""
+    try:
+        return model_config_from_hf(hf_config, ModelConfig())
+    except (KeyError, ValueError) as error:
+        raise EngineError(f"not an HF Qwen3 config.json: {error}") from None
+
+
+def check_hf_state(state: Mapping[str, torch.Tensor], model: ModelConfig) -> None:
+    """The refit contract of the GPU engines: full HF-named tensors covering the model exactly,
+    each of its shape. Checked before anything is sent, so a rejected state leaves the running
+    model intact (the libraries load name by name and would stop half-way)."""
+    expected = hf_parameter_names(model)
+    names = set(state.keys())
+    missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
+    if missing or unexpected:
+        raise EngineError(f"weights do not match the model: missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]}")
+    for name in expected:
+        shape, want = tuple(state[name].shape), hf_parameter_shape(model, name)
+        if shape != want:
+            raise EngineError(f"{name}: shape {shape} does not match the model's {want}")
+
+
+def weight_buckets(state: Mapping[str, torch.Tensor], dtype: torch.dtype, max_bytes: int
+                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``(name, tensor)`` pairs in the engine's dtype, in groups of at most ``max_bytes`` (a
+    larger tensor goes alone), so a refit never holds a second copy of the whole model."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in state.items():
+        tensor = tensor.detach().to(dtype).contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[Any] | None,
+                     library: str) -> list[float]:
+    """The logprob of each sampled token from a library's per-token logprobs: a float, or a
+    ``{token_id: Logprob | float}`` dict that holds the sampled token (vLLM with ``logprobs=0``,
+    TensorRT-LLM's top-k dicts)."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise EngineError(f"{library} returned {0 if logprobs is None else len(logprobs)} "
+                          f"logprobs for {len(token_ids)} tokens")
+    values = []
+    for position, (token, entry) in enumerate(zip(token_ids, logprobs)):
+        if isinstance(entry, Mapping):
+            if token not in entry:
+                raise EngineError(f"{library} returned no logprob for sampled token {token} at "
+                                  f"position {position}")
+            entry = entry[token]
+        values.append(float(getattr(entry, "logprob", entry)))
+    return values
+
+
+def finish_reason(reason: str | None, library: str) -> str:
+    """A library's finish reason as the seam's ``stop`` | ``length``; anything else (aborted,
+    cancelled, timed out) is an engine failure, not a generation."""
+    if reason in ("stop", "length"):
+        return reason
+    raise EngineError(f"{library} ended a request with finish reason {reason!r}")
+
+
+class LibraryEngineMixin:
+    """What the GPU library engines share: caveats logged once per engine (not per batch) and
+    the tokenizer's decoding of sampled tokens. Needs ``self.tokenizer`` and ``self._warned``."""
+
+    tokenizer: Any
+    _warned: set[str]
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+

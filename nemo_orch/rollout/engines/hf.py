@@ -22,7 +22,8 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.config import ModelConfig
 from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, build_hf_model,
                                          model_config_from_hf)
-from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams
+from nemo_orch.rollout.engines.base import (EngineError, Generation, SamplingParams,
+                                            check_prompts)
 
 
 def _row_seed(seed: int, row: int) -> int:
@@ -118,15 +119,7 @@ class HFEngine:
         if params.stop_strings and self.tokenizer is None:
             raise EngineError("stop strings need a tokenizer: build the HFEngine with one")
         max_positions = self.model_config.max_position_embeddings
-        vocab = self.model_config.vocab_size
-        for index, prompt in enumerate(prompts):
-            if not prompt:
-                raise EngineError(f"prompt {index} is empty")
-            if len(prompt) >= max_positions:
-                raise EngineError(f"prompt {index} has {len(prompt)} tokens; the model takes at "
-                                  f"most {max_positions - 1} to leave room for one new token")
-            if min(prompt) < 0 or max(prompt) >= vocab:
-                raise EngineError(f"prompt {index} has token ids outside [0, {vocab})")
+        check_prompts(prompts, max_positions, self.model_config.vocab_size)
 
         base_seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,)))
