@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import ConfigError, RolloutConfig
-from nemo_orch.data.environment import RouterReplies
+from nemo_orch.data.environment import EXPERT_TOOL, RouterReplies
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import (CallRecord, Episode, Trajectory, TurnRecord,
@@ -38,7 +38,6 @@ from nemo_orch.tools.registry import Toolbox
 ORCHESTRATOR, MONOLITH, GOLD_REPLAY = "orchestrator", "monolith", "gold-replay"
 ROUTERS = ("fixed:cheapest", "fixed:strongest", "random")
 AGENT_KINDS = (ORCHESTRATOR, MONOLITH, *ROUTERS, GOLD_REPLAY)
-EXPERT_TOOL = "call_expert"
 
 
 class Agent(Protocol):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +29,11 @@ from typing import Any
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.openai import ChatResult, OpenAIClient, OpenAIError
 from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord, episode_id
-from nemo_orch.rollout.format import ToolCall, TurnFormat, parse_turn
+from nemo_orch.rollout.format import ToolCall, TurnFormat, parse_turn, without_thinking
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult, Usage
 from nemo_orch.tools.registry import Toolbox
 from nemo_orch.tools.schema import argument_errors
 
-# An unclosed think block runs to the end of the turn (as in nemo_orch.rollout.format).
-_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 
 
 @dataclass
@@ -106,7 +103,7 @@ def _read_reply(reply: ChatResult, fmt: TurnFormat, turn: int) -> _Reply:
         return _Reply(message, [], parsed.answer, list(parsed.format_errors))
     # No call and no closed answer tag: a plain answer (a chat model need not use the tag);
     # an unclosed <answer> stays a format error, an empty reply is no answer at all.
-    visible = _THINK_RE.sub("", reply.text).strip()
+    visible = without_thinking(reply.text).strip()
     errors = [kind for kind in parsed.format_errors if kind != "no_call" or not visible]
     return _Reply(message, [], visible or None, errors)
 

@@ -120,9 +120,14 @@ def _parse_call(body: str, fmt: TurnFormat) -> ToolCall:
     return ToolCall(name, arguments)
 
 
+def without_thinking(text: str) -> str:
+    """A turn's text without its ``<think>`` blocks (an unclosed one runs to the end)."""
+    return _THINK_RE.sub("", text)
+
+
 def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
     """Read one assistant turn (its text, without the closing ``<|im_end|>``)."""
-    visible = _THINK_RE.sub("", text)
+    visible = without_thinking(text)
     errors: list[str] = []
     calls = [_parse_call(body.strip(), fmt) for body in _CALL_RE.findall(visible)]
     opened = visible.count("<tool_call>")
