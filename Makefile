@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-TEST_STAMP := $(VENV)/.tau2-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 
 .PHONY: train test test-fast compare benchmark clean
 
@@ -14,11 +14,11 @@ $(STAMP): requirements.txt setup.py pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# The tests also run the tau2-bench adapter against the real benchmark: the tau2 extra, resolved
-# together with the pins.
-$(TEST_STAMP): $(STAMP) requirements-tau2.txt
+# The tests also run the tau2-bench adapter against the real benchmark and real PyTriton servers:
+# the tau2 and serve extras, resolved together with the pins.
+$(TEST_STAMP): $(STAMP) requirements-tau2.txt requirements-serve.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt \
-		-r requirements-tau2.txt
+		-r requirements-tau2.txt -r requirements-serve.txt
 	touch $(TEST_STAMP)
 
 train: $(STAMP)

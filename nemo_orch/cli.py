@@ -13,10 +13,12 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import Config
@@ -173,29 +175,6 @@ def cmd_tools_parse(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tools_serve(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.rollout.builders import build_toolbox
-    from nemo_orch.serve.tool_server import start_tool_server
-
-    api_key = None
-    if args.api_key_env is not None:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise config_lib.ConfigError(f"--api-key-env: {args.api_key_env} is not set")
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM stops cleanly too: sandbox workers, cgroups
-
-    signal.signal(signal.SIGTERM, stop)
-    with start_tool_server(build_toolbox(config.tools), args.host, args.port,
-                           api_key=api_key) as server:
-        print(f"tools: serving {server.url}/tools/<name> (Ctrl-C to stop)", flush=True)
-        try:
-            server.wait()
-        except KeyboardInterrupt:
-            pass
-    return 0
-
-
 def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.data.tasks import read_tasks
     from nemo_orch.rollout import builders
@@ -225,6 +204,61 @@ def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
           f"{seconds:.1f} s -> {out}")
     print(f"  ended by {dict(ended)}; mean cost ${mean_cost:.6f}, mean turns {mean_turns:.1f}")
     return 0
+
+
+def _serve_until_stopped(start: Callable[[], Any], describe: Callable[[Any], str]) -> int:
+    """Start a server (``start()``), print ``describe(server)`` and serve until SIGTERM or
+    SIGINT, then close it (waiting at most ``serve.shutdown_timeout_s`` for requests in flight).
+    The signals are caught before the server starts, so a stop during start-up still cleans
+    up (PyTriton's workspace, sandbox workers)."""
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    with start() as server:
+        print(describe(server), flush=True)
+        while not stopped.wait(0.5):
+            pass
+        print("serve: stopping", flush=True)
+    return 0
+
+
+def _metrics_address(server: Any) -> str:
+    return ("" if server.metrics_port is None
+            else f"; metrics http://{server.host}:{server.metrics_port}/metrics")
+
+
+def _triton_banner(kind: str, models: list[str]) -> Callable[[Any], str]:
+    return lambda server: (
+        f"{kind}: serving {', '.join(models)} at {server.url}/v2/models/<name>/infer (KServe v2; "
+        f"gRPC {server.grpc_url}{_metrics_address(server)}); SIGTERM or Ctrl-C stops")
+
+
+def cmd_serve_reward(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.serve.triton import serve_models
+    from nemo_orch.serve.triton_models import reward_model
+
+    model = reward_model(config)
+    return _serve_until_stopped(lambda: serve_models([model], config.serve),
+                                _triton_banner("reward", [model.name]))
+
+
+def cmd_serve_tool(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.serve.triton import serve_models
+    from nemo_orch.serve.triton_models import tool_models
+
+    names = [name for name in args.name.split(",") if name]
+    models, toolbox = tool_models(config, names)
+    return _serve_until_stopped(lambda: serve_models(models, config.serve, toolbox),
+                                _triton_banner("tool", names))
+
+
+def cmd_serve_orchestrator(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.serve.orchestrator import start_orchestrator
+
+    return _serve_until_stopped(lambda: start_orchestrator(config), lambda server: (
+        f"orchestrator: serving {config.run.name} at {server.url} (/chat/completions with "
+        f"tools, /completions, /orchestrate{_metrics_address(server)}); SIGTERM or Ctrl-C "
+        "stops"))
 
 
 def cmd_eval(config: Config, args: argparse.Namespace) -> int:
@@ -289,8 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, handler: Callable[[Config, argparse.Namespace], int],
-            help_text: str, group=commands) -> argparse.ArgumentParser:
+            help_text: str, group=commands, positionals: tuple[str, ...] = ()
+            ) -> argparse.ArgumentParser:
         sub = group.add_parser(name, help=help_text, description=help_text)
+        for positional in positionals:  # before the overrides, which take the rest
+            sub.add_argument(positional)
         sub.add_argument("overrides", nargs="*", help="config overrides: key=value, group=option")
         sub.add_argument("--print-config", action="store_true",
                          help="print the resolved config as YAML and exit")
@@ -329,13 +366,6 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--args", required=True, help="the arguments as a JSON object")
     add("parse", cmd_tools_parse, "parse assistant text from stdin into tool calls (JSON)",
         tool_commands)
-    serve = add("serve", cmd_tools_serve, "serve the configured tools over HTTP (for "
-                "`endpoint:` declarations elsewhere)", tool_commands)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8700)
-    serve.add_argument("--api-key-env", default=None,
-                       help="environment variable holding the key clients must send")
-
     rollout = add("rollout", cmd_rollout, "run episodes of the policy on a task file and "
                   "write trajectories (JSONL)")
     rollout.add_argument("--tasks", required=True, help="JSONL task file")
@@ -356,6 +386,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "or an endpoint), monolith (eval.monolith.*), fixed:cheapest, "
                           "fixed:strongest, random (the expert tool's models), gold-replay "
                           "(toolscale, tau2)")
+
+    serve = commands.add_parser("serve", help="serve the reward, tools or the orchestrator "
+                                "(serve.*: host, ports, batching, metrics)")
+    serve_commands = serve.add_subparsers(dest="serve_command", required=True)
+    add("reward", cmd_serve_reward, "PyTriton: outcome scoring and the judge (reward.*) as the "
+        "Triton model 'reward'; training, rollout and eval use it with reward.endpoint=URL",
+        serve_commands)
+    add("tool", cmd_serve_tool, "PyTriton: configured tools as Triton models named after them "
+        "(e.g. retriever, sandbox); declarations elsewhere reach them with endpoint: URL",
+        serve_commands, positionals=("name",))
+    add("orchestrator", cmd_serve_orchestrator, "OpenAI-compatible /v1/chat/completions (with "
+        "function calling) for the rollout.* policy, and /v1/orchestrate: a question in, the "
+        "answer and its ledger out", serve_commands)
 
     synthesize = add("synth", cmd_synth, "synthesize ToolScale domains and tasks with an LLM "
                      "(synth.*), or generate them offline (--offline): write <domain>/domain.json,"
@@ -389,7 +432,7 @@ def _config_for(args: argparse.Namespace) -> Config:
 def _quiet_dependencies() -> None:
     """Keep megatron-core's start-up chatter (missing Apex/TE, per-parameter listings) out of
     the user's terminal; real warnings from our own code still show."""
-    for noisy in ("megatron", "faiss", "bm25s", "httpx"):
+    for noisy in ("megatron", "faiss", "bm25s", "httpx", "pytriton"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module=r"megatron\.")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")

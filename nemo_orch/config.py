@@ -302,7 +302,9 @@ class RewardConfig:
     coefficients; USD and seconds divided by their references). The LLM judge is used for answers
     that are neither empty, too long nor an exact match, when ``judge_base_url`` is set; each
     request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
-    after which the answer counts as a judge failure.
+    after which the answer counts as a judge failure. With ``endpoint`` (a reward server's
+    ``http://host:port``: ``nemo-orch serve reward``) answers are scored there, each request
+    given ``endpoint_timeout_s`` and ``endpoint_max_retries``; the judge is then the server's.
     """
 
     combination: str = "toolorchestra"
@@ -314,6 +316,9 @@ class RewardConfig:
     judge_api_key_env: Optional[str] = None
     judge_max_retries: int = 2
     judge_timeout_s: float = 60.0
+    endpoint: Optional[str] = None
+    endpoint_timeout_s: float = 300.0
+    endpoint_max_retries: int = 2
     # weighted: weight of each component's group-baselined value
     weights: dict[str, float] = field(default_factory=lambda: {
         "outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2})
@@ -343,6 +348,11 @@ class RewardConfig:
                  "reward.judge_base_url needs reward.judge_model")
         _require(self.judge_max_retries >= 0 and self.judge_timeout_s > 0,
                  "reward.judge_max_retries must be >= 0 and reward.judge_timeout_s > 0")
+        _require(self.endpoint is None or self.judge_base_url is None,
+                 "reward.endpoint scores on a reward server, which has its own judge: set "
+                 "reward.judge_base_url there, not here")
+        _require(self.endpoint_max_retries >= 0 and self.endpoint_timeout_s > 0,
+                 "reward.endpoint_max_retries must be >= 0 and reward.endpoint_timeout_s > 0")
         _require(self.usd_reference > 0 and self.seconds_reference > 0,
                  "reward.usd_reference and reward.seconds_reference must be > 0")
         _require(self.advantage_clip > 0 and self.advantage_eps > 0,
@@ -679,6 +689,48 @@ class EvalConfig:
         _require(self.temperature >= 0, "eval.temperature must be >= 0")
 
 
+SERVE_KINDS = ("reward", "tool", "orchestrator")
+
+
+@dataclass
+class ServeConfig:
+    """``nemo-orch serve reward|tool NAME|orchestrator``: where a server listens and how it batches.
+
+    The reward and tool servers are PyTriton (KServe v2 over HTTP on ``http_port``, gRPC on
+    ``grpc_port``); the orchestrator is OpenAI-compatible HTTP on ``http_port``. Every server
+    exports Prometheus metrics on ``metrics_port`` (null: none). Triton merges requests that
+    arrive within ``max_queue_delay_us`` into one batch of at most ``max_batch_size`` items,
+    which is also the most items one request may carry; a text item may hold at most
+    ``max_item_bytes`` bytes of UTF-8. PyTriton's files live in a fresh directory under
+    ``workspace_root`` (null: the system's temporary directory), removed at shutdown, which
+    waits at most ``shutdown_timeout_s`` for requests in flight. ``api_key_env`` names the
+    variable holding the key the orchestrator's clients must send (null: none)."""
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: Optional[int] = 8002
+    max_batch_size: int = 64
+    max_queue_delay_us: int = 2000
+    max_item_bytes: int = 1 << 20
+    shutdown_timeout_s: int = 3
+    workspace_root: Optional[str] = None
+    api_key_env: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        ports = [self.http_port, self.grpc_port] + (
+            [] if self.metrics_port is None else [self.metrics_port])
+        _require(all(0 <= port <= 65535 for port in ports),
+                 "serve.http_port, serve.grpc_port and serve.metrics_port must be in [0, 65535]")
+        nonzero = [port for port in ports if port]
+        _require(len(set(nonzero)) == len(nonzero),
+                 "serve.http_port, serve.grpc_port and serve.metrics_port must differ")
+        _require(self.max_batch_size >= 1 and self.max_queue_delay_us >= 0,
+                 "serve.max_batch_size must be >= 1 and serve.max_queue_delay_us >= 0")
+        _require(self.max_item_bytes >= 1, "serve.max_item_bytes must be >= 1")
+        _require(1 <= self.shutdown_timeout_s <= 30, "serve.shutdown_timeout_s must be in [1, 30]")
+
+
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -694,6 +746,7 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
         _require(self.model.num_layers % self.parallel.pp == 0,

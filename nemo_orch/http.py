@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,9 +32,15 @@ class HTTPError(RuntimeError):
         self.status = status
 
 
+# The exception line of a Python traceback: ``package.module.SomeError: message``.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|BadRequest): (?!Traceback)(.+)$",
+                             re.MULTILINE)
+
+
 def error_message(response: httpx.Response) -> str:
     """The server's error message (``{"error": {"message"}}``, ``{"detail"}`` or raw text),
-    shortened."""
+    shortened. A message carrying a server-side Python traceback (Triton's Python backend
+    sends one) is cut to the innermost exception's message."""
     try:
         body = response.json()
         error = body.get("error", body.get("detail", body)) if isinstance(body, dict) else body
@@ -41,6 +48,9 @@ def error_message(response: httpx.Response) -> str:
         text = str(message)
     except ValueError:
         text = response.text
+    if "Traceback (most recent call last)" in text:
+        raised = _EXCEPTION_LINE.findall(text)
+        text = raised[-1] if raised else text
     return text[:500]
 
 

@@ -6,15 +6,15 @@ Trajectory``, so a served model is scored, priced and timed exactly like the orc
 works at the message level: there are no token ids to keep (the trajectory's token fields are
 empty), the server's usage is the ledger, and the monolith's own price bills it.
 
-Calls come back either as standard ``tool_calls`` or, from servers without a tool-call parser
-(Qwen-style models served plain, the project's :mod:`nemo_orch.serve.openai_server`), as
-``<tool_call>`` markup in ``content``, read with the orchestrator's own parser
-(:func:`~nemo_orch.rollout.format.parse_turn`). A markup turn is kept as written (content only):
-adding ``tool_calls`` too would render every call twice in such a server's chat template. Either
-way each call's observation goes back as a ``tool`` message, and every malformed call becomes a
-format error of the turn (:data:`~nemo_orch.rollout.format.FORMAT_ERRORS`) and an error
-observation the model can recover from. An endpoint that fails for good ends the episode
-(``engine_error``); nothing is raised.
+Calls come back either as standard ``tool_calls`` (e.g. from the project's
+:mod:`nemo_orch.serve.openai_server`) or, from servers without a tool-call parser (Qwen-style
+models served plain, or markup no parser can read), as ``<tool_call>`` markup in ``content``,
+read with the orchestrator's own parser (:func:`~nemo_orch.rollout.format.parse_turn`). A
+markup turn is kept as written (content only): adding ``tool_calls`` too would render every
+call twice in such a server's chat template. Either way each call's observation goes back as a
+``tool`` message, and every malformed call becomes a format error of the turn
+(:data:`~nemo_orch.rollout.format.FORMAT_ERRORS`) and an error observation the model can recover
+from. An endpoint that fails for good ends the episode (``engine_error``); nothing is raised.
 """
 
 from __future__ import annotations

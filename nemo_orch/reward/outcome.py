@@ -21,7 +21,7 @@ import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.domain import Domain
@@ -107,6 +107,14 @@ def parse_verdict(text: str) -> bool | None:
     ``<think>`` block; None when there is none."""
     found = _VERDICT.search(_THINK.sub(" ", text).lower())
     return None if found is None else found[1] in _POSITIVE
+
+
+class AnswerScorer(Protocol):
+    """What scores answers: :class:`OutcomeScorer` in-process, or
+    :class:`~nemo_orch.reward.remote.RemoteOutcomeScorer` on a reward server."""
+
+    async def score(self, task: Task, answer: str | None,
+                    calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult: ...
 
 
 class OutcomeScorer:

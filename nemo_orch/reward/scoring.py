@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown, score_group
-from nemo_orch.reward.outcome import OutcomeScorer
+from nemo_orch.reward.outcome import AnswerScorer
 from nemo_orch.rollout.episode import Trajectory
 
 
 async def score_groups(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
-                       config: RewardConfig, scorer: OutcomeScorer
+                       config: RewardConfig, scorer: AnswerScorer
                        ) -> list[list[RewardBreakdown]]:
     """The breakdowns of every group (``groups[i]`` are ``tasks[i]``'s trajectories). All answers
     are scored concurrently (judge calls overlap), then each group is combined on its own."""

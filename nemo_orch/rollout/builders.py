@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
 from nemo_orch.data.domain import Domain
-from nemo_orch.reward.outcome import OutcomeScorer
+from nemo_orch.reward.outcome import AnswerScorer, OutcomeScorer
+from nemo_orch.reward.remote import RemoteOutcomeScorer
 from nemo_orch.tools.domain import domain_tools, load_domains
 from nemo_orch.tools.pricing import price_overrides
 from nemo_orch.tools.registry import Toolbox, build_tools, load_declarations
@@ -49,9 +50,15 @@ def build_domains(tools: ToolsConfig) -> dict[str, Domain]:
     return load_domains([resolve_conf_path(path) for path in tools.domains])
 
 
-def build_scorer(config: Config, judge_in_flight: int | None = None) -> OutcomeScorer:
+def build_scorer(config: Config, judge_in_flight: int | None = None) -> AnswerScorer:
     """The outcome scorer: the reward protocol, with the configured domains' databases and at
-    most ``judge_in_flight`` judge requests at once (None: no bound)."""
+    most ``judge_in_flight`` judge requests at once (None: no bound); or, with
+    ``reward.endpoint``, the reward server that runs it (at most ``judge_in_flight`` requests)."""
+    if config.reward.endpoint is not None:
+        return RemoteOutcomeScorer(config.reward.endpoint,
+                                   timeout_s=config.reward.endpoint_timeout_s,
+                                   max_retries=config.reward.endpoint_max_retries,
+                                   max_in_flight=judge_in_flight)
     return OutcomeScorer(config.reward, domains=build_domains(config.tools),
                          judge_in_flight=judge_in_flight)
 

@@ -125,6 +125,14 @@ def without_thinking(text: str) -> str:
     return _THINK_RE.sub("", text)
 
 
+def without_calls(text: str) -> str:
+    """A turn's text without the ``<tool_call>`` blocks :func:`parse_turn` reads; those inside
+    ``<think>`` are not calls and stay (what an OpenAI server returns as ``content``)."""
+    pieces = re.split(f"({_THINK_RE.pattern})", text, flags=re.DOTALL)
+    return "".join(piece if index % 2 else _CALL_RE.sub("", piece)
+                   for index, piece in enumerate(pieces))
+
+
 def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
     """Read one assistant turn (its text, without the closing ``<|im_end|>``)."""
     visible = without_thinking(text)

@@ -4,7 +4,8 @@ tools), on the standard library's ``ThreadingHTTPServer``: no web framework depe
 Routes map ``(method, path)`` to a function of the decoded JSON body returning a JSON-able dict.
 A :class:`RequestError` becomes its status with an OpenAI-style error body; any other exception
 a 500 with a generic message (details go to the log, not to the client). With ``api_key``, every
-route but ``GET /health`` requires ``Authorization: Bearer <api_key>``.
+route but ``GET /health`` requires ``Authorization: Bearer <api_key>``. With ``metrics``, every
+answered request is counted and timed by route (4xx: ``bad_request``, 5xx: ``error``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import hmac
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from nemo_orch.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +37,12 @@ class RequestError(Exception):
         self.kind = kind
 
 
-def _handler(routes: Mapping[tuple[str, str], Route],
-             api_key: str | None) -> type[BaseHTTPRequestHandler]:
+def _status(code: int) -> str:
+    return "ok" if code < 400 else "bad_request" if code < 500 else "error"
+
+
+def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
+             metrics: ServeMetrics | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: clients reuse their connections
 
@@ -45,9 +53,18 @@ def _handler(routes: Mapping[tuple[str, str], Route],
             self._serve("POST")
 
         def _serve(self, method: str) -> None:
+            started = time.perf_counter()
+            path = self.path.split("?")[0].rstrip("/") or "/"
+            code = self._answer(method, path)
+            if metrics is not None:
+                label = path if (method, path) in routes else "unknown"
+                metrics.observe(label, _status(code), time.perf_counter() - started,
+                                None if code < 400 else str(code))
+
+        def _answer(self, method: str, path: str) -> int:
+            """Answer the request; returns the status sent."""
             try:
                 body = self._read_body() if method == "POST" else {}
-                path = self.path.split("?")[0].rstrip("/") or "/"
                 route = routes.get((method, path))
                 if route is None:
                     raise RequestError(f"no route {method} {self.path}", 404, "not_found_error")
@@ -56,14 +73,14 @@ def _handler(routes: Mapping[tuple[str, str], Route],
                     if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                         raise RequestError("missing or wrong API key", 401,
                                            "authentication_error")
-                self._reply(200, route(body))
+                return self._reply(200, route(body))
             except RequestError as error:
-                self._reply(error.status, {"error": {"message": str(error), "type": error.kind,
-                                                     "code": error.status}})
+                return self._reply(error.status, {"error": {
+                    "message": str(error), "type": error.kind, "code": error.status}})
             except Exception:
                 log.exception("%s %s failed", method, self.path)
-                self._reply(500, {"error": {"message": "internal server error",
-                                            "type": "server_error", "code": 500}})
+                return self._reply(500, {"error": {"message": "internal server error",
+                                                   "type": "server_error", "code": 500}})
 
         def _read_body(self) -> dict:
             try:
@@ -80,7 +97,7 @@ def _handler(routes: Mapping[tuple[str, str], Route],
                 raise RequestError("the body must be a JSON object")
             return body
 
-        def _reply(self, status: int, payload: dict) -> None:
+        def _reply(self, status: int, payload: dict) -> int:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -92,6 +109,7 @@ def _handler(routes: Mapping[tuple[str, str], Route],
                 log.debug("%s %s: the client closed the connection before the reply",
                           self.command, self.path)
                 self.close_connection = True
+            return status
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
@@ -107,10 +125,13 @@ class _Server(ThreadingHTTPServer):
 
 
 class ServerHandle:
-    """A running server; ``url`` is ``http://host:port`` plus the server's base path."""
+    """A running server; ``url`` is ``http://host:port`` plus the server's base path. Closing
+    also stops its metrics export, if any."""
 
-    def __init__(self, server: ThreadingHTTPServer, url_path: str, name: str) -> None:
+    def __init__(self, server: ThreadingHTTPServer, url_path: str, name: str,
+                 metrics: ServeMetrics | None = None) -> None:
         self._server = server
+        self.metrics = metrics
         self.host, self.port = server.server_address[:2]
         self.url = f"http://{self.host}:{self.port}{url_path}"
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
@@ -127,6 +148,8 @@ class ServerHandle:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def __enter__(self) -> ServerHandle:
         return self
@@ -136,9 +159,10 @@ class ServerHandle:
 
 
 def serve_json(routes: Mapping[tuple[str, str], Route], host: str = "127.0.0.1", port: int = 0,
-               *, api_key: str | None = None, url_path: str = "",
-               name: str = "json-server") -> ServerHandle:
-    """Serve ``routes`` (plus ``GET /health``) in background threads; ``port=0``: a free port."""
+               *, api_key: str | None = None, url_path: str = "", name: str = "json-server",
+               metrics: ServeMetrics | None = None) -> ServerHandle:
+    """Serve ``routes`` (plus ``GET /health``) in background threads; ``port=0``: a free port.
+    ``metrics`` counts the requests (export them with ``metrics.serve``)."""
     routes = {("GET", "/health"): lambda _: {"status": "ok"}, **routes}
-    server = _Server((host, port), _handler(routes, api_key))
-    return ServerHandle(server, url_path, name)
+    server = _Server((host, port), _handler(routes, api_key, metrics))
+    return ServerHandle(server, url_path, name, metrics)

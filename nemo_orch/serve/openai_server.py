@@ -1,4 +1,5 @@
-"""An OpenAI-compatible HTTP endpoint for any :class:`Engine` (the trained orchestrator, on CPU).
+"""An OpenAI-compatible HTTP endpoint for any :class:`Engine` (the trained orchestrator, an
+expert or a judge).
 
 Served by :func:`nemo_orch.serve.http_server.serve_json`; one lock serialises the engine.
 Routes: ``POST /v1/chat/completions`` (messages and optional tools rendered with the tokenizer's
@@ -6,16 +7,27 @@ chat template), ``POST /v1/completions`` (text or token-id prompts, one or a bat
 ``GET /v1/models`` and ``GET /health``. Besides the OpenAI fields it accepts vLLM's sampling
 extensions (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
 ``return_tokens_as_token_ids``), so :class:`~nemo_orch.rollout.engines.openai.OpenAIEngine`
-gets exact token ids back. Assistant content is returned as generated: tool calls stay as
-``<tool_call>`` markup in ``content``.
+gets exact token ids back.
+
+Function calling works like vLLM's hermes tool parser: with ``tools`` (and ``tool_choice``
+``auto``, the default), ``<tool_call>`` markup in the reply, read by the rollouts' own parser
+(:func:`~nemo_orch.rollout.format.parse_turn`), comes back as ``message.tool_calls`` with the
+rest of the text as ``content`` and ``finish_reason: "tool_calls"``; markup the parser cannot
+read, and every reply under ``tool_choice: "none"``, is returned as generated. Conversations
+may carry assistant ``tool_calls`` (arguments as a JSON string or object) and ``tool``
+messages; they are rendered the way the policy writes and reads them.
+
+:mod:`nemo_orch.serve.orchestrator` serves these routes plus the orchestration loop.
 
 Only the sampled tokens' logprobs exist (see :mod:`nemo_orch.rollout.engines.hf`), so requests
-for alternatives (``logprobs > 0``, ``top_logprobs > 0``) are refused, as are streaming, ``n > 1``
-and other features that would silently change the meaning of a request.
+for alternatives (``logprobs > 0``, ``top_logprobs > 0``) are refused, as are streaming, ``n > 1``,
+``tool_choice`` other than ``auto``/``none`` and other features that would silently change the
+meaning of a request.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -25,15 +37,24 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import Engine, EngineError, Generation, SamplingParams
+from nemo_orch.rollout.format import TurnFormat, parse_turn, without_calls
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
+TOOL_CHOICES = ("auto", "none")
+# A function declared without parameters takes none.
+NO_PARAMETERS = {"type": "object", "properties": {}}
+# Markup the parser cannot read as a call: the whole reply is content (as with vLLM).
+_UNREADABLE_CALLS = ("malformed_json", "bad_call_shape", "unclosed_tag")
 
 
-def _field(body: dict, name: str, types: type | tuple[type, ...], default: Any = None) -> Any:
+def request_field(body: dict, name: str, types: type | tuple[type, ...],
+                  default: Any = None) -> Any:
+    """``body[name]`` checked to be of ``types`` (a bool is no number); missing or null:
+    ``default``."""
     value = body.get(name, default)
     if value is None:
         return default
@@ -49,65 +70,175 @@ def _is_token_list(value: Any) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-class _Service:
-    """Request -> engine call -> response body, independent of HTTP."""
+class _SerialEngine:
+    """The engine behind one lock, so chat, completion and episode requests take turns on it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.lock = threading.Lock()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        with self.lock:
+            return self.engine.generate(prompts, params)
+
+
+# ---------------------------------------------------------------------- function calling
+def _tools(body: dict) -> list[dict] | None:
+    """The request's ``tools``, each a function with ``parameters`` (the chat templates list
+    them), or None."""
+    tools = request_field(body, "tools", list)
+    if not tools:
+        return None
+    checked = []
+    for index, tool in enumerate(tools):
+        function = (tool.get("function") if isinstance(tool, dict)
+                    and tool.get("type") == "function" else None)
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
+                and function["name"]):
+            raise RequestError(f'tools[{index}] must be {{"type": "function", "function": '
+                               f'{{"name": <string>, "parameters": <JSON schema>}}}}')
+        parameters = function.get("parameters", NO_PARAMETERS)
+        if not isinstance(parameters, dict):
+            raise RequestError(f"tools[{index}].function.parameters must be a JSON schema object")
+        checked.append({**tool, "function": {**function, "parameters": parameters}})
+    return checked
+
+
+def _incoming_call(call: Any, where: str) -> dict:
+    """An assistant message's tool call as the chat templates render it: arguments as an
+    object (a JSON string is decoded), so it reads as the policy writes calls."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(function, dict) and isinstance(function.get("name"), str)
+            and function["name"]):
+        raise RequestError(f'{where} must be {{"type": "function", "function": {{"name": '
+                           f'<string>, "arguments": <JSON object or its string>}}}}')
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            raise RequestError(f"{where}.function.arguments is not valid JSON ({error.msg} at "
+                               f"character {error.pos})") from None
+    if not isinstance(arguments, dict):
+        raise RequestError(f"{where}.function.arguments must be a JSON object")
+    return {**call, "type": "function",
+            "function": {"name": function["name"], "arguments": arguments}}
+
+
+def _chat_messages(messages: Any) -> list[dict]:
+    """OpenAI messages as the chat templates read them: text content (parts joined, null as
+    empty) and assistant ``tool_calls`` with object arguments; a shape they cannot render is a
+    400 naming the message."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list")
+    clean = []
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(f"{where} must be an object with a 'role'")
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI content parts: only text is understood
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RequestError(f"{where}: only text content parts are supported")
+            content = "".join(str(p.get("text", "")) for p in content)
+        elif content is not None and not isinstance(content, str):
+            raise RequestError(f"{where}.content must be a string")
+        calls = message.get("tool_calls") or []
+        if calls and message["role"] != "assistant":
+            raise RequestError(f"{where}: only assistant messages carry tool_calls")
+        if not isinstance(calls, list):
+            raise RequestError(f"{where}.tool_calls must be a list")
+        clean.append({**message, "content": content, "tool_calls": [
+            _incoming_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)]})
+    return clean
+
+
+def _outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
+    """The ``<tool_call>`` markup of a reply as OpenAI ``tool_calls``; none when it has no call
+    or markup the parser cannot read. Calls are read, not checked against the tools (no
+    schemas: each is "unknown" but keeps its name and arguments): as with vLLM, that is the
+    client's job. Ids are ``call_<turn>_<index>``, ``turn`` counting the request's assistant
+    messages: unique within the conversation, and the same for the same request."""
+    fmt = TurnFormat({}, multiple_calls="parallel" if parallel else "first")
+    calls = parse_turn(text, fmt).calls
+    if any(call.error_kind in _UNREADABLE_CALLS for call in calls):
+        return []
+    return [{"id": f"call_{turn}_{index}", "type": "function",
+             "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+            for index, call in enumerate(calls)]
+
+
+class OpenAIService:
+    """Request -> engine call -> response body, independent of HTTP; ``routes`` for
+    :func:`~nemo_orch.serve.http_server.serve_json`. ``engine`` is the served engine behind the
+    lock every request takes."""
 
     def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase,
                  model_name: str) -> None:
-        self.engine = engine
+        self.engine = _SerialEngine(engine)
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.lock = threading.Lock()
         self.created = int(time.time())
+
+    def routes(self) -> dict:
+        return {("GET", "/v1/models"): lambda _: self.models(),
+                ("POST", "/v1/chat/completions"): self.chat,
+                ("POST", "/v1/completions"): self.completions}
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model",
                                             "created": self.created, "owned_by": "nemo-orch"}]}
 
-    def _check_common(self, body: dict) -> None:
-        model = _field(body, "model", str)
+    def check_model(self, body: dict) -> None:
+        """A request naming another model is a 404 (as with OpenAI); naming none is fine."""
+        model = request_field(body, "model", str)
         if model is not None and model != self.model_name:
             raise RequestError(f"the model '{model}' does not exist; this server serves "
                                f"'{self.model_name}'", 404, "not_found_error")
-        refused = {"stream": bool(body.get("stream")), "n > 1": _field(body, "n", int, 1) != 1,
-                   "best_of > 1": _field(body, "best_of", int, 1) != 1,
-                   "echo": bool(body.get("echo")), "logit_bias": bool(body.get("logit_bias")),
-                   "presence_penalty": bool(_field(body, "presence_penalty", (int, float), 0)),
-                   "frequency_penalty": bool(_field(body, "frequency_penalty", (int, float), 0))}
+
+    def _check_common(self, body: dict) -> None:
+        self.check_model(body)
+        number = (int, float)
+        refused = {
+            "stream": bool(body.get("stream")), "n > 1": request_field(body, "n", int, 1) != 1,
+            "best_of > 1": request_field(body, "best_of", int, 1) != 1,
+            "echo": bool(body.get("echo")), "logit_bias": bool(body.get("logit_bias")),
+            "presence_penalty": bool(request_field(body, "presence_penalty", number, 0)),
+            "frequency_penalty": bool(request_field(body, "frequency_penalty", number, 0))}
         unsupported = [name for name, used in refused.items() if used]
         if unsupported:
             raise RequestError(f"not supported by this server: {', '.join(unsupported)}")
 
     def _sampling(self, body: dict, default_max_tokens: int) -> tuple[SamplingParams, bool]:
         """Sampling parameters of a request and whether stop strings stay in the text."""
-        max_tokens = _field(body, "max_completion_tokens", int) or _field(
+        max_tokens = request_field(body, "max_completion_tokens", int) or request_field(
             body, "max_tokens", int, default_max_tokens)
-        stop = _field(body, "stop", (str, list), [])
+        stop = request_field(body, "stop", (str, list), [])
         stop = [stop] if isinstance(stop, str) else stop
         if not all(isinstance(s, str) and s for s in stop):
             raise RequestError("'stop' must be a non-empty string or a list of them")
-        stop_ids = _field(body, "stop_token_ids", list, [])
+        stop_ids = request_field(body, "stop_token_ids", list, [])
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
             raise RequestError("'stop_token_ids' must be a list of integers")
-        if not _field(body, "ignore_eos", bool, False) and self.tokenizer.eos_token_id is not None:
-            stop_ids = [*stop_ids, self.tokenizer.eos_token_id]
-        top_k = _field(body, "top_k", int, 0)
+        eos = self.tokenizer.eos_token_id
+        if not request_field(body, "ignore_eos", bool, False) and eos is not None:
+            stop_ids = [*stop_ids, eos]
+        top_k = request_field(body, "top_k", int, 0)
         try:
             params = SamplingParams(
                 max_new_tokens=max_tokens,
-                temperature=float(_field(body, "temperature", (int, float), 1.0)),
-                top_p=float(_field(body, "top_p", (int, float), 1.0)),
+                temperature=float(request_field(body, "temperature", (int, float), 1.0)),
+                top_p=float(request_field(body, "top_p", (int, float), 1.0)),
                 top_k=0 if top_k == -1 else top_k,  # vLLM spells "disabled" -1
                 stop_token_ids=tuple(dict.fromkeys(stop_ids)), stop_strings=tuple(stop),
-                seed=_field(body, "seed", int))
+                seed=request_field(body, "seed", int))
         except EngineError as error:
             raise RequestError(str(error)) from None
-        return params, _field(body, "include_stop_str_in_output", bool, False)
+        return params, request_field(body, "include_stop_str_in_output", bool, False)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         try:
-            with self.lock:
-                return self.engine.generate(prompts, params)
+            return self.engine.generate(prompts, params)
         except EngineError as error:
             raise RequestError(str(error)) from None
 
@@ -130,60 +261,57 @@ class _Service:
 
     def chat(self, body: dict) -> dict:
         self._check_common(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("'messages' must be a non-empty list")
-        tools = _field(body, "tools", list)
-        if _field(body, "top_logprobs", int, 0):
+        messages = _chat_messages(body.get("messages"))
+        tools = _tools(body)
+        tool_choice = request_field(body, "tool_choice", (str, dict), "auto")
+        if tool_choice not in TOOL_CHOICES:
+            raise RequestError(f"tool_choice {json.dumps(tool_choice)} is not supported: use "
+                               f"\"auto\" or \"none\"")
+        parallel = request_field(body, "parallel_tool_calls", bool, True)
+        if request_field(body, "top_logprobs", int, 0):
             raise RequestError("top_logprobs is not supported: only the sampled tokens' "
                                "logprobs are available")
         prompt = self.tokenizer.encode(self._render(messages, tools), add_special_tokens=False)
         params, keep_stop = self._sampling(body, DEFAULT_CHAT_MAX_TOKENS)
         generation = self._generate([prompt], params)[0]
         logprobs = None
-        if _field(body, "logprobs", bool, False):
+        if request_field(body, "logprobs", bool, False):
             logprobs = {"content": [
                 {"token": token, "logprob": value, "bytes": list(token.encode()),
                  "top_logprobs": []}
                 for token, value in zip(self._token_strings(generation, False),
                                         generation.logprobs)]}
+        text = self._text(generation, keep_stop)
+        message, finish_reason = {"role": "assistant", "content": text}, generation.finish_reason
+        if tools and tool_choice == "auto":
+            turn = sum(m["role"] == "assistant" for m in messages)
+            calls = _outgoing_calls(text, turn, parallel)
+            if calls:
+                message = {"role": "assistant", "content": without_calls(text).strip() or None,
+                           "tool_calls": calls}
+                finish_reason = "tool_calls"
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                 "created": int(time.time()), "model": self.model_name,
-                "choices": [{"index": 0, "finish_reason": generation.finish_reason,
-                             "logprobs": logprobs,
-                             "message": {"role": "assistant",
-                                         "content": self._text(generation, keep_stop)}}],
+                "choices": [{"index": 0, "finish_reason": finish_reason, "logprobs": logprobs,
+                             "message": message}],
                 "usage": self._usage(len(prompt), len(generation.token_ids))}
 
-    def _render(self, messages: list, tools: list | None) -> str:
-        clean = []
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise RequestError(f"messages[{index}] must be an object with a 'role'")
-            content = message.get("content")
-            if isinstance(content, list):  # OpenAI content parts: only text is understood
-                if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                    raise RequestError(f"messages[{index}]: only text content parts are "
-                                       f"supported")
-                content = "".join(str(p.get("text", "")) for p in content)
-            elif content is not None and not isinstance(content, str):
-                raise RequestError(f"messages[{index}].content must be a string")
-            clean.append({**message, "content": content})
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(clean, tools=tools or None,
+            return self.tokenizer.apply_chat_template(messages, tools=tools,
                                                       add_generation_prompt=True, tokenize=False)
         except Exception as error:  # jinja errors: unknown role, malformed tool call, ...
             raise RequestError(f"cannot render the conversation: {error}") from None
 
     def completions(self, body: dict) -> dict:
         self._check_common(body)
-        logprobs_n = _field(body, "logprobs", int)
+        logprobs_n = request_field(body, "logprobs", int)
         if logprobs_n:
             raise RequestError("logprobs > 0 is not supported: only the sampled tokens' "
                                "logprobs are available (logprobs=0)")
         prompts = self._prompts(body.get("prompt"))
         params, keep_stop = self._sampling(body, DEFAULT_COMPLETION_MAX_TOKENS)
-        as_ids = _field(body, "return_tokens_as_token_ids", bool, False)
+        as_ids = request_field(body, "return_tokens_as_token_ids", bool, False)
         generations = self._generate(prompts, params)
         choices = []
         for index, generation in enumerate(generations):
@@ -224,10 +352,6 @@ def start_server(engine: Engine, tokenizer: PreTrainedTokenizerBase, model_name:
                  api_key: str | None = None) -> ServerHandle:
     """Serve ``engine`` in background threads (``port=0``: a free port); with ``api_key``, every
     route but ``/health`` requires ``Authorization: Bearer <api_key>``."""
-    service = _Service(engine, tokenizer, model_name)
-    routes = {
-        ("GET", "/v1/models"): lambda _: service.models(),
-        ("POST", "/v1/chat/completions"): service.chat,
-        ("POST", "/v1/completions"): service.completions,
-    }
-    return serve_json(routes, host, port, api_key=api_key, url_path="/v1", name="openai-server")
+    service = OpenAIService(engine, tokenizer, model_name)
+    return serve_json(service.routes(), host, port, api_key=api_key, url_path="/v1",
+                      name="openai-server")

@@ -1,33 +1,44 @@
 """A tool served elsewhere (declared with ``endpoint:``), e.g. a sandbox pool on a CPU node or a
-retriever next to its index, reached with the project's retry and key rules.
+retriever next to its index: a Triton model that ``nemo-orch serve tool NAME`` runs, reached over
+KServe v2 with the project's retry and key rules.
 
-Protocol: ``POST <endpoint>`` with ``{"arguments": {...}, "context": {"task_id", "episode_id",
-"allowed_documents", "seed", "observations"}}``; the answer is a :class:`ToolResult` as JSON (what
-:func:`nemo_orch.serve.tool_server.start_tool_server` serves).
+Protocol (:func:`nemo_orch.serve.triton_models.tool_model`): the model is named after the tool
+(option ``model`` overrides); inputs ``arguments`` (a JSON object) and ``context`` (the JSON of
+:func:`context_to_json`: task and episode ids, the document whitelist, the seed, earlier
+observations and the task itself); output ``result``, a :class:`ToolResult` as JSON.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from nemo_orch.http import HTTPError, JSONClient
+from nemo_orch.data.tasks import task_from_json
+from nemo_orch.http import HTTPError
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
+
+TOOL_INPUTS = ("arguments", "context")
+TOOL_OUTPUT = "result"
 
 
 def context_to_json(context: ToolContext) -> dict[str, Any]:
     documents = context.allowed_documents
     return {"task_id": context.task_id, "episode_id": context.episode_id, "seed": context.seed,
             "allowed_documents": None if documents is None else sorted(documents),
-            "observations": list(context.observations)}
+            "observations": list(context.observations),
+            "task": None if context.task is None else context.task.to_json()}
 
 
 def context_from_json(record: dict[str, Any]) -> ToolContext:
+    """The context :func:`context_to_json` wrote; ``ValueError``/``TypeError`` if malformed."""
     documents = record.get("allowed_documents")
+    task = record.get("task")
     return ToolContext(task_id=str(record.get("task_id", "")),
                        episode_id=str(record.get("episode_id", "")),
                        seed=int(record.get("seed", 0)),
                        allowed_documents=None if documents is None else frozenset(documents),
-                       observations=tuple(map(str, record.get("observations", ()))))
+                       observations=tuple(map(str, record.get("observations", ()))),
+                       task=None if task is None else task_from_json(task, "context.task"))
 
 
 def result_from_json(record: dict[str, Any]) -> ToolResult:
@@ -41,24 +52,31 @@ def result_from_json(record: dict[str, Any]) -> ToolResult:
 
 
 class RemoteTool(BaseTool):
-    """Options: ``api_key_env`` (the variable holding the endpoint's key), ``timeout_s`` per
-    request and ``max_retries``."""
+    """Options: ``model`` (the Triton model; default: the tool's name), ``api_key_env`` (the
+    variable holding the endpoint's key), ``timeout_s`` per request and ``max_retries``."""
 
-    def __init__(self, spec: ToolSpec, endpoint: str, api_key_env: str | None = None,
-                 timeout_s: float = 60.0, max_retries: int = 2) -> None:
+    def __init__(self, spec: ToolSpec, endpoint: str, model: str | None = None,
+                 api_key_env: str | None = None, timeout_s: float = 60.0,
+                 max_retries: int = 2) -> None:
+        from nemo_orch.serve.kserve import KServeClient
+
         super().__init__(spec)
-        self.client = JSONClient(endpoint, api_key_env=api_key_env, timeout_s=timeout_s,
-                                 max_retries=max_retries)
+        self.client = KServeClient(endpoint, model or spec.name, timeout_s=timeout_s,
+                                   max_retries=max_retries, api_key_env=api_key_env)
 
     async def close(self) -> None:
         await self.client.aclose()
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         try:
-            record = await self.client.request("POST", "", {
-                "arguments": arguments, "context": context_to_json(context)})
+            (row,) = await self.client.infer([{
+                "arguments": json.dumps(arguments, ensure_ascii=False),
+                "context": json.dumps(context_to_json(context), ensure_ascii=False)}])
+            record = json.loads(row[TOOL_OUTPUT])
         except HTTPError as error:
             return ToolResult(error=f"{self.spec.name} endpoint failed: {error}")
+        except ValueError:
+            return ToolResult(error=f"{self.spec.name} endpoint sent a result that is not JSON")
         if not isinstance(record, dict):
             return ToolResult(error=f"{self.spec.name} endpoint sent no result object")
         return result_from_json(record)

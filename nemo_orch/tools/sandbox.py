@@ -60,6 +60,8 @@ _SPAWN_TIMEOUT_S = 30.0
 _KILL_TIMEOUT_S = 5.0
 # Distinct uids per worker; reused round-robin, never concurrently within one process.
 _UID_COUNT = 1000
+# Numbers runs process-wide: several sandboxes in one process name their cgroups apart.
+_RUN_NUMBERS = itertools.count()
 
 # Runs as the worker's main program: enters its cgroups, applies the limits, drops privileges,
 # says it is ready, then reads the code from stdin and executes it as ``__main__``. User code is
@@ -251,7 +253,6 @@ class PythonSandbox(BaseTool):
         self._idle: collections.deque[_Worker] = collections.deque()
         self._spawning = 0
         self._tasks: set[asyncio.Task] = set()
-        self._seq = itertools.count()
         self._closed = False
 
     @property
@@ -339,7 +340,7 @@ class PythonSandbox(BaseTool):
     # ------------------------------------------------------------------------ one worker
 
     async def _spawn(self, plan: _Plan) -> _Worker:
-        seq = next(self._seq)
+        seq = next(_RUN_NUMBERS)
         uid = None if plan.uid_base is None else plan.uid_base + seq % _UID_COUNT
         workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
         worker = None

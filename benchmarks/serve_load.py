@@ -1,0 +1,187 @@
+"""Load on the PyTriton servers: ``--requests`` KServe v2 requests at ``--concurrency`` in flight.
+
+What it measures: for each target, a real ``nemo-orch serve`` process on 127.0.0.1 (started here,
+stopped with SIGTERM afterwards) answering single-item requests from ``--concurrency`` client
+threads over HTTP keep-alive connections:
+
+* **reward**: ``nemo-orch serve reward``, outcome scoring of varied answers (exact, numeric and
+  wrong ones; no judge, so this is the server's own overhead plus the matching rules);
+* **retriever**: ``nemo-orch serve tool search``, the offline retriever (BM25 over the demo
+  corpus, the task's question as the query).
+
+How to read the table: ``errors`` counts non-200 answers, transport failures and rows whose
+``error`` output is set (must be 0). p50/p99 are client-side latencies of the answered requests;
+``req/s`` and ``items/s`` are over the wall time of the whole run. ``requests/batch`` is the mean
+number of requests Triton merged into one batch (from the server's Prometheus metrics): dynamic
+batching at work. PyTriton's Python proxy costs milliseconds per *request* (Triton's own metrics
+put the compute of a merged batch far above the model's time), so items per request
+(``--items``) raise items/s much more than concurrency does. Client and server share the
+machine's cores, so on a 2-core machine the client's own cost is part of what is measured.
+
+Run: ``python benchmarks/serve_load.py [--requests 10000 --concurrency 64 --items 1
+--target reward]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from nemo_orch.data.environment import held_out_tasks
+from nemo_orch.reward.remote import reward_item
+from nemo_orch.tools.base import ToolContext
+from nemo_orch.tools.remote import context_to_json
+
+TARGETS = {"reward": ("reward", "reward"), "retriever": ("tool search", "search")}
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _bodies(target: str, count: int, items: int) -> list[dict]:
+    """``count`` request bodies of ``items`` items each, cycling over varied inputs."""
+    tasks = held_out_tasks(50, run_seed=0)
+    rows = []
+    for i, task in enumerate(tasks):
+        if target == "reward":
+            answers = [task.answer, f"Answer: {task.answer}", "not it", str(i)]
+            rows += [reward_item(task, answer) for answer in answers]
+        else:
+            context = ToolContext(task_id=task.id, task=task, seed=i)
+            rows.append({"arguments": "{}", "context": json.dumps(context_to_json(context))})
+    bodies = []
+    for i in range(count):
+        chosen = [rows[(i * items + j) % len(rows)] for j in range(items)]
+        bodies.append({"inputs": [{"name": name, "datatype": "BYTES", "shape": [items, 1],
+                                   "data": [row[name] for row in chosen]} for name in chosen[0]]})
+    return bodies
+
+
+def _load(port: int, path: str, bodies: list[dict], concurrency: int
+          ) -> tuple[list[float], int, float]:
+    """Send ``bodies`` from ``concurrency`` threads, each over its own keep-alive connection
+    (the standard library's client: an asyncio client costs more CPU per request than the
+    server on a 2-core machine)."""
+    encoded = iter([json.dumps(body).encode() for body in bodies])
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors = 0
+
+    def worker() -> None:
+        nonlocal errors
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while True:
+            with lock:
+                body = next(encoded, None)
+            if body is None:
+                break
+            started = time.perf_counter()
+            try:
+                connection.request("POST", path, body, {"Content-Type": "application/json"})
+                answer = connection.getresponse()
+                outputs = {o["name"]: o["data"] for o in json.loads(answer.read())["outputs"]}
+                failed = answer.status != 200 or any(outputs["error"])
+            except (OSError, http.client.HTTPException, KeyError, ValueError):
+                failed = True
+                connection.close()  # reconnects at the next request
+            with lock:
+                if failed:
+                    errors += 1
+                else:
+                    latencies.append(time.perf_counter() - started)
+        connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, errors, time.perf_counter() - started
+
+
+def _mean_batch(metrics: str, model: str) -> float:
+    values = {}
+    for line in metrics.splitlines():
+        for kind in ("sum", "count"):
+            if line.startswith(f'nemo_orch_serve_batch_requests_{kind}{{model="{model}"}}'):
+                values[kind] = float(line.rsplit(" ", 1)[1])
+    return values["sum"] / values["count"]
+
+
+def _run_target(name: str, requests: int, concurrency: int, items: int) -> dict:
+    command, model = TARGETS[name]
+    http_port, grpc_port, metrics_port = _free_ports(3)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "nemo_orch.cli", "serve", *command.split(),
+         f"serve.http_port={http_port}", f"serve.grpc_port={grpc_port}",
+         f"serve.metrics_port={metrics_port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        banner = server.stdout.readline()
+        if "serving" not in banner:
+            raise RuntimeError(f"nemo-orch serve {command} did not start: {banner!r}")
+        latencies, errors, seconds = _load(http_port, f"/v2/models/{model}/infer",
+                                           _bodies(name, requests, items), concurrency)
+        batch = _mean_batch(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text, model)
+        stopping = time.perf_counter()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        stop_s = time.perf_counter() - stopping
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+    quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
+    return {"target": name, "requests": requests, "items": items, "concurrency": concurrency,
+            "errors": errors, "items_per_s": requests * items / seconds,
+            "p50_ms": 1000 * quantiles[49], "p99_ms": 1000 * quantiles[98],
+            "req_per_s": requests / seconds, "batch": batch, "stop_s": stop_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--items", type=int, default=1, help="items per request")
+    parser.add_argument("--target", choices=list(TARGETS), action="append",
+                        help="repeat for several (default: all)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args()
+    rows = [_run_target(name, args.requests, args.concurrency, args.items)
+            for name in args.target or list(TARGETS)]
+    print(f"serve load: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"PyTriton on 127.0.0.1")
+    print("| target | requests | items/request | concurrency | errors | p50 ms | p99 ms | "
+          "req/s | items/s | requests/batch | SIGTERM->exit s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['target']} | {row['requests']} | {row['items']} | {row['concurrency']} | "
+              f"{row['errors']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+              f"{row['req_per_s']:.0f} | {row['items_per_s']:.0f} | {row['batch']:.1f} | "
+              f"{row['stop_s']:.1f} |")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

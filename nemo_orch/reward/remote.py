@@ -1,0 +1,75 @@
+"""Outcome scoring served elsewhere (``reward.endpoint``): the Triton model ``reward`` that
+``nemo-orch serve reward`` runs (:func:`nemo_orch.serve.triton_models.reward_model`).
+
+One item per answer: ``problem`` (the question), ``prediction`` (the final answer; empty for
+none), ``reference`` (the reference answer) and ``metadata``, a JSON object with the task's
+``id``, its ``metadata``, whether it has a reference (``has_reference``) and the episode's tool
+``calls`` ([name, arguments] pairs: database tasks are scored on them). The answer is
+``score`` (1.0 or 0.0), ``correct`` and the components ``method`` and ``detail`` of
+:class:`~nemo_orch.reward.outcome.OutcomeResult`. The server runs the same
+:class:`~nemo_orch.reward.outcome.OutcomeScorer` as in-process scoring, so the results are equal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nemo_orch.data.tasks import Task
+from nemo_orch.reward.outcome import OutcomeResult
+
+REWARD_MODEL = "reward"
+REWARD_INPUTS = ("problem", "prediction", "reference", "metadata")
+REWARD_OUTPUTS: dict[str, type] = {"score": np.float32, "correct": np.bool_, "method": bytes,
+                                   "detail": bytes}
+
+
+def reward_item(task: Task, answer: str | None,
+                calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> dict[str, str]:
+    """The model's inputs for one answer to ``task``."""
+    metadata = {"id": task.id, "metadata": task.metadata, "has_reference": task.answer is not None,
+                "calls": [[name, arguments] for name, arguments in calls]}
+    return {"problem": task.question, "prediction": answer or "", "reference": task.answer or "",
+            "metadata": json.dumps(metadata, ensure_ascii=False)}
+
+
+def parse_reward_item(item: dict[str, str]) -> tuple[Task, str, list[tuple[str, dict[str, Any]]]]:
+    """The task, answer and calls of one item; ``ValueError`` says what is malformed."""
+    try:
+        metadata = json.loads(item["metadata"])
+    except ValueError as error:
+        raise ValueError(f"metadata is not JSON: {error}") from None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("id"), str):
+        raise ValueError("metadata must be a JSON object with a string 'id'")
+    task_metadata = metadata.get("metadata", {})
+    calls = metadata.get("calls", [])
+    if not isinstance(task_metadata, dict):
+        raise ValueError("metadata.metadata must be an object")
+    if not isinstance(calls, list) or not all(
+            isinstance(call, list) and len(call) == 2 and isinstance(call[0], str)
+            and isinstance(call[1], dict) for call in calls):
+        raise ValueError("metadata.calls must be a list of [name, arguments] pairs")
+    has_reference = metadata.get("has_reference", True)
+    task = Task(id=metadata["id"], question=item["problem"], metadata=task_metadata,
+                answer=item["reference"] if has_reference else None)
+    return task, item["prediction"], [(name, arguments) for name, arguments in calls]
+
+
+class RemoteOutcomeScorer:
+    """:class:`~nemo_orch.reward.outcome.OutcomeScorer`'s interface, answered by a reward
+    server. Concurrent ``score`` calls are separate requests, which Triton batches."""
+
+    def __init__(self, endpoint: str, *, timeout_s: float, max_retries: int,
+                 max_in_flight: int | None = None) -> None:
+        from nemo_orch.serve.kserve import KServeClient
+
+        self.client = KServeClient(endpoint, REWARD_MODEL, timeout_s=timeout_s,
+                                   max_retries=max_retries, max_in_flight=max_in_flight)
+
+    async def score(self, task: Task, answer: str | None,
+                    calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult:
+        (row,) = await self.client.infer([reward_item(task, answer, calls)])
+        return OutcomeResult(bool(row["correct"]), str(row["method"]), str(row["detail"]))
