@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -44,6 +45,35 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
                              f"{expect}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n"
                              f"{result.stderr[-5000:]}")
     return result
+
+
+def run_cli_here(*args: str, stdin: str = "", expect: int | None = 0
+                 ) -> subprocess.CompletedProcess:
+    """``nemo-orch ARGS`` in this process (``cli.main``): the same parsing, config loading, error
+    handling and exit codes as :func:`run_cli` without the seconds an interpreter start costs.
+    For checks of what a command answers; keep :func:`run_cli` where the process itself matters
+    (signals, kills, environment)."""
+    from nemo_orch import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            _stdin(io.StringIO(stdin)):
+        returncode = cli.main(list(args))
+    result = subprocess.CompletedProcess(args, returncode, out.getvalue(), err.getvalue())
+    if expect is not None and returncode != expect:
+        raise AssertionError(f"nemo-orch {' '.join(args)} returned {returncode}, expected "
+                             f"{expect}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n"
+                             f"{result.stderr[-5000:]}")
+    return result
+
+
+@contextlib.contextmanager
+def _stdin(stream: io.StringIO):
+    saved, sys.stdin = sys.stdin, stream
+    try:
+        yield
+    finally:
+        sys.stdin = saved
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

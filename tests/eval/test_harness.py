@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli
+from cli_helpers import run_cli_here
 
 from nemo_orch import config as config_lib
 from nemo_orch.eval import harness
@@ -241,7 +241,7 @@ def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(tmp_pa
     assert 5 <= len(before) < 13
     with cache.open("a") as file:  # as if killed in the middle of writing a line
         file.write('{"task_id": "eval-0001')
-    run_cli(*args)
+    run_cli_here(*args)
     after = cache.read_text().splitlines()
     records = [json.loads(line) for line in after[1:]]
     assert len(records) == 12 and len({r["task_id"] for r in records}) == 12
@@ -250,11 +250,11 @@ def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(tmp_pa
     assert report["systems"]["monolith"]["tasks"] == 12
     # The resumed run equals one that was never interrupted.
     fresh = tmp_path / "fresh"
-    run_cli(*args, f"eval.out_dir={fresh}")
+    run_cli_here(*args, f"eval.out_dir={fresh}")
     for agent in ("fixed:cheapest", "monolith"):
         assert _outcomes(out, agent) == _outcomes(fresh, agent)
     # Results of other settings are refused, never mixed in.
-    other = run_cli(*args, "eval.seed=5", expect=2)
+    other = run_cli_here(*args, "eval.seed=5", expect=2)
     assert "holds results of another evaluation" in other.stderr
 
 
@@ -263,11 +263,12 @@ def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
         config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
                                             f"eval.out_dir={tmp_path / name}"))
         harness.run(config, "offline", ["fixed:cheapest", "fixed:strongest"])
-    table = run_cli("eval", "compare", str(tmp_path / "list"), str(tmp_path / "repriced")).stdout
+    table = run_cli_here("eval", "compare", str(tmp_path / "list"),
+                         str(tmp_path / "repriced")).stdout
     for run in ("list", "repriced"):
         for agent in ("fixed:cheapest", "fixed:strongest"):
             assert f"| {run}/{agent}" in table
-    missing = run_cli("eval", "compare", str(tmp_path / "nothing"), expect=2)
+    missing = run_cli_here("eval", "compare", str(tmp_path / "nothing"), expect=2)
     assert "no readable report.json" in missing.stderr
 
 
@@ -279,7 +280,7 @@ def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
      "eval.concurrency"),
 ])
 def test_user_errors(args, message, tmp_path):
-    error = run_cli("eval", *args, f"run.output_dir={tmp_path}", expect=2)
+    error = run_cli_here("eval", *args, f"run.output_dir={tmp_path}", expect=2)
     assert message in error.stderr
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli, run_cli_here
 
 
 def test_offline_synth_then_gold_replay(tmp_path):
@@ -36,14 +36,14 @@ def test_offline_synth_then_gold_replay(tmp_path):
 
 def test_bad_data_is_a_clear_error(tmp_path):
     data = tmp_path / "toolscale"
-    run_cli("synth", "--offline", "--tasks-per-domain", "3", f"synth.out_dir={data}")
+    run_cli_here("synth", "--offline", "--tasks-per-domain", "3", f"synth.out_dir={data}")
     tasks = data / "shop" / "tasks.jsonl"
     lines = tasks.read_text().splitlines()
     lines[1] = lines[1].replace('"user_scenario"', '"user_scenari0"')
     tasks.write_text("\n".join(lines) + "\n")
     shop = ("eval", "--benchmark", "toolscale", "--agent", "gold-replay", f"eval.data={data}",
             "eval.domain=shop")
-    broken = run_cli(*shop, expect=2)
+    broken = run_cli_here(*shop, expect=2)
     assert f"{tasks}:2: user_scenario: Field required" in broken.stderr
     # A task whose gold action fails is dropped and reported, never scored.
     lines[1] = lines[1].replace('"user_scenari0"', '"user_scenario"')
@@ -53,15 +53,15 @@ def test_bad_data_is_a_clear_error(tmp_path):
     lines[2] = json.dumps(record)
     tasks.write_text("\n".join(lines) + "\n")
     out = tmp_path / "eval"
-    run_cli(*shop, f"eval.out_dir={out}")
+    run_cli_here(*shop, f"eval.out_dir={out}")
     report = json.loads((out / "report.json").read_text())
     assert report["systems"]["gold-replay"]["tasks"] == 2
     assert report["systems"]["gold-replay"]["accuracy"] == 1.0
     assert [(d["task_id"], d["filter"]) for d in report["notes"]["dropped"]] == [
         (record["id"], "execution")]
     assert "no orders record" in (out / "report.md").read_text()
-    missing = run_cli("eval", "--benchmark", "toolscale", "--agent", "gold-replay",
-                      f"eval.data={data}", "eval.domain=bank", expect=2)
+    missing = run_cli_here("eval", "--benchmark", "toolscale", "--agent", "gold-replay",
+                           f"eval.data={data}", "eval.domain=bank", expect=2)
     assert "no domain.json" in missing.stderr
-    offline = run_cli("eval", "--benchmark", "offline", "--agent", "gold-replay", expect=2)
+    offline = run_cli_here("eval", "--benchmark", "offline", "--agent", "gold-replay", expect=2)
     assert "gold-replay needs gold actions" in offline.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helpers import run_cli
+from cli_helpers import run_cli, run_cli_here
 
 from nemo_orch.data.tasks import Task, write_tasks
 
@@ -13,7 +13,7 @@ OFFLINE_TOOLS = ["call_expert", "python_sandbox", "search"]
 
 
 def test_tools_list_prints_schemas():
-    schemas = json.loads(run_cli("tools", "list").stdout)
+    schemas = json.loads(run_cli_here("tools", "list").stdout)
     assert [s["function"]["name"] for s in schemas] == OFFLINE_TOOLS
     assert all(s["type"] == "function" and s["function"]["parameters"]["type"] == "object"
                for s in schemas)
@@ -28,25 +28,20 @@ def test_tools_list_prints_schemas():
     ("nope", {}, "", "unknown tool 'nope'"),
 ])
 def test_tools_call_reports_failures_in_json(name, arguments, output, error):
-    result = json.loads(run_cli("tools", "call", name, "--args", json.dumps(arguments)).stdout)
+    result = json.loads(run_cli_here("tools", "call", name, "--args", json.dumps(arguments)).stdout)
     assert set(result) >= {"output", "error", "cost_usd", "latency_s"}
     assert output in result["output"]
     assert (result["error"] is None) if error is None else (error in result["error"])
 
 
 def test_tools_call_with_bad_json_still_exits_zero():
-    result = json.loads(run_cli("tools", "call", "search", "--args", "{oops").stdout)
+    result = json.loads(run_cli_here("tools", "call", "search", "--args", "{oops").stdout)
     assert "--args is not JSON" in result["error"]
 
 
 def test_tools_parse_reads_stdin():
-    import subprocess
-    import sys
-
     def parse(text: str) -> dict:
-        done = subprocess.run([sys.executable, "-m", "nemo_orch.cli", "tools", "parse"],
-                              input=text, capture_output=True, text=True, check=True)
-        return json.loads(done.stdout)
+        return json.loads(run_cli_here("tools", "parse", stdin=text).stdout)
 
     ok = parse('<think>go</think><tool_call>{"name": "search", "arguments": {"query": "x"}}'
                '</tool_call>')
@@ -84,10 +79,10 @@ def test_rollout_writes_trajectories(random_policy_dir, tmp_path):
 def test_rollout_user_errors(tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a"}\n')
-    bad = run_cli("rollout", "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"),
-                  expect=2)
+    bad = run_cli_here("rollout", "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"),
+                       expect=2)
     assert "tasks.jsonl:1: question must be a non-empty string" in bad.stderr
     write_tasks(tasks, [Task("a", "q")])
-    none = run_cli("rollout", "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"),
-                   f"run.output_dir={tmp_path}", expect=2)
+    none = run_cli_here("rollout", "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"),
+                        f"run.output_dir={tmp_path}", expect=2)
     assert "rollout.policy is not set" in none.stderr
