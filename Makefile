@@ -14,11 +14,11 @@ $(STAMP): requirements.txt setup.py pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# The tests also run the tau2-bench adapter against the real benchmark and real PyTriton servers:
-# the tau2 and serve extras, resolved together with the pins.
-$(TEST_STAMP): $(STAMP) requirements-tau2.txt requirements-serve.txt
+# The tests also run the tau2-bench adapter against the real benchmark, real PyTriton servers,
+# NeMo-Run and Ray: the tau2, serve and launch extras, resolved together with the pins.
+$(TEST_STAMP): $(STAMP) requirements-tau2.txt requirements-serve.txt requirements-launch.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt \
-		-r requirements-tau2.txt -r requirements-serve.txt
+		-r requirements-tau2.txt -r requirements-serve.txt -r requirements-launch.txt
 	touch $(TEST_STAMP)
 
 train: $(STAMP)

@@ -27,8 +27,8 @@ setup(
         "gpu": ["transformer-engine[pytorch]", "tensorrt-llm", "vllm", "faiss-gpu-cu12"],
         # PyTriton (`nemo-orch serve reward|tool`); see requirements-serve.txt for the pins.
         "serve": requirements("requirements-serve.txt"),
-        # leptonai 0.47 (pulled by default) breaks `import nemo_run`.
-        "launch": ["nemo-run==0.11.1", "leptonai==0.27.3"],
+        # NeMo-Run (`nemo-orch launch`) and Ray (`rollout.backend=ray`): requirements-launch.txt.
+        "launch": requirements("requirements-launch.txt"),
         # tau2-bench's domains, tasks and evaluator (`make` installs it: requirements-tau2.txt).
         "tau2": requirements("requirements-tau2.txt"),
         "dev": ["pytest==9.2.0"],

@@ -182,13 +182,22 @@ def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
 
     tasks = read_tasks(args.tasks)
     samples = args.n or config.rollout.group_size
-    engine, tokenizer = builders.build_engine(config)
-    settings = config.resolved_rollout()
 
-    async def rollouts():
-        async with builders.build_toolbox(config.tools) as toolbox:
-            return await run_rollouts(
-                tasks, samples, engine, toolbox, tokenizer, settings, seed=config.run.seed)
+    if config.rollout.backend == "ray":
+        from nemo_orch.rollout import ray_workers
+
+        async def rollouts():
+            pool = ray_workers.build_ray_pool(config, ray_workers.policy_engine(config),
+                                              scoring=False)
+            async with pool:
+                return await pool.run(tasks, samples, seed=config.run.seed)
+    else:
+        engine, tokenizer = builders.build_engine(config)
+
+        async def rollouts():
+            async with builders.build_toolbox(config.tools) as toolbox:
+                return await run_rollouts(tasks, samples, engine, toolbox, tokenizer,
+                                          config.resolved_rollout(), seed=config.run.seed)
 
     started = time.perf_counter()
     trajectories = asyncio.run(rollouts())
@@ -318,6 +327,26 @@ def cmd_index_build(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(config: Config, args: argparse.Namespace) -> int:
+    """Exit 2 on a layout problem, 1 when the estimate does not fit the GPU."""
+    from nemo_orch.launcher import plan
+
+    problems = plan.layout_problems(config)
+    if problems:
+        print("\n".join(f"nemo-orch plan: error: {problem}" for problem in problems),
+              file=sys.stderr)
+        return EXIT_USER_ERROR
+    result = plan.plan(config)
+    print("\n".join(plan.report(config, result)))
+    return 0 if result.fits() else 1
+
+
+def cmd_launch(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.launcher import launch
+
+    return launch.launch(config, args.overrides, dryrun=args.dryrun)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nemo-orch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -367,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("parse", cmd_tools_parse, "parse assistant text from stdin into tool calls (JSON)",
         tool_commands)
     rollout = add("rollout", cmd_rollout, "run episodes of the policy on a task file and "
-                  "write trajectories (JSONL)")
+                  "write trajectories (JSONL); rollout.backend=ray spreads them over Ray actors")
     rollout.add_argument("--tasks", required=True, help="JSONL task file")
     rollout.add_argument("--n", type=int, default=None,
                          help="episodes per task (default: rollout.group_size)")
@@ -409,6 +438,19 @@ def build_parser() -> argparse.ArgumentParser:
                             help="--offline: tasks per domain")
     synthesize.add_argument("--seed", type=int, default=0, help="--offline: the seed")
 
+    add("plan", cmd_plan, "check the layout (world size, divisibility, batches, engine TP, FP8 "
+        "shapes) and print the per-GPU memory estimate of the SFT and GRPO stages against "
+        "launcher.gpu_memory_gib, on CPU; exit 1 if it does not fit. E.g. `nemo-orch plan "
+        "recipe=NAME` (recipes: conf/recipes/)")
+    launch = add("launch", cmd_launch, "run `nemo-orch <launcher.job>` with these overrides "
+                 "through NeMo-Run: under torchrun on this machine (local), or as a SLURM job "
+                 "in the pyxis container with the expert servers (launcher.experts) and a Ray "
+                 "cluster (launcher.ray) beside it (slurm)")
+    launch.add_argument("--executor", choices=["local", "slurm"], default=None,
+                        help="sets launcher.executor")
+    launch.add_argument("--dryrun", action="store_true",
+                        help="print what would run (the sbatch scripts) and submit nothing")
+
     index = commands.add_parser("index", help="retrieval indexes")
     index_commands = index.add_subparsers(dest="index_command", required=True)
     build = add("build", cmd_index_build, "build a dense (FAISS) + BM25 index from a JSONL "
@@ -426,6 +468,8 @@ def _config_for(args: argparse.Namespace) -> Config:
 
         return convert.checkpoint_config(checkpoint.open_checkpoint(args.checkpoint),
                                          args.overrides)
+    if args.command == "launch" and args.executor is not None:
+        return config_lib.load([*args.overrides, f"launcher.executor={args.executor}"])
     return config_lib.load(args.overrides)
 
 

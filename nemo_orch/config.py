@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -278,6 +279,9 @@ class ToolsConfig:
     # USD per million (input, output) tokens of models, over the built-in list prices
     # (nemo_orch/tools/pricing.py): how a price table is swapped at evaluation time.
     prices: dict[str, list[float]] = field(default_factory=dict)
+    # Base URLs of expert models by alias (an LLM tool's `models` key), over the declarations'
+    # `base_url`: how a launch hands the servers it started to the job (tools.endpoints.math=URL).
+    endpoints: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("declarations", "domains"):
@@ -290,6 +294,9 @@ class ToolsConfig:
             _require(len(prices) == 2 and all(price >= 0 for price in prices),
                      f"tools.prices.{model} must be [input, output] USD per million tokens, "
                      "both >= 0")
+        for alias, url in self.endpoints.items():
+            _require(url.startswith(("http://", "https://")),
+                     f"tools.endpoints.{alias} must be an http(s) URL, got {url!r}")
 
 
 @dataclass
@@ -445,6 +452,31 @@ class GRPOConfig:
 
 
 @dataclass
+class RayConfig:
+    """``rollout.backend=ray``: ``num_workers`` rollout workers, each an actor with
+    ``num_cpus_per_worker`` CPUs, its own engine and a tool-executor actor of its own, and
+    ``num_scorers`` reward-scorer actors. ``address`` null starts a Ray on this machine, bound to
+    127.0.0.1, with an object store of ``object_store_mb``; else the cluster to join (``auto``:
+    ``RAY_ADDRESS`` or the one running here). A worker (or its tool executor) that dies is
+    replaced and its episodes run again, at most ``max_replacements`` times per rollout."""
+
+    address: Optional[str] = None
+    num_workers: int = 2
+    num_cpus_per_worker: float = 1.0
+    num_scorers: int = 1
+    object_store_mb: int = 256
+    max_replacements: int = 3
+
+    def __post_init__(self) -> None:
+        _require(self.num_workers >= 1 and self.num_scorers >= 1,
+                 "rollout.ray.num_workers and rollout.ray.num_scorers must be >= 1")
+        _require(self.num_cpus_per_worker > 0, "rollout.ray.num_cpus_per_worker must be > 0")
+        # Ray refuses an object store under 75 MiB.
+        _require(self.object_store_mb >= 75, "rollout.ray.object_store_mb must be >= 75")
+        _require(self.max_replacements >= 0, "rollout.ray.max_replacements must be >= 0")
+
+
+@dataclass
 class RolloutConfig:
     """Episodes and the engine that generates them.
 
@@ -461,6 +493,11 @@ class RolloutConfig:
     it). Only vLLM can sleep; TensorRT-LLM keeps its KV cache either way. ``gpu_memory_utilization``
     is vLLM's share of each GPU's memory (weights + KV cache) and TensorRT-LLM's share of the
     memory left free after loading the weights (its KV cache). The CPU engine ignores these.
+
+    ``backend``: ``local`` runs every episode on this process's event loop; ``ray`` spreads them
+    over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds
+    (exactly so for greedy decoding and scripted policies; sampled tokens depend on how the
+    engine batched them).
     """
 
     engine: str = "hf"
@@ -489,8 +526,15 @@ class RolloutConfig:
     input_usd_per_million: float = 0.2
     output_usd_per_million: float = 0.2
     check_template: bool = True
+    backend: str = "local"
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
+        _require(self.backend in ("local", "ray"),
+                 f"rollout.backend must be local|ray, got {self.backend!r}")
+        _require(self.backend == "local" or self.engine in ("hf", "openai"),
+                 f"rollout.backend=ray runs the CPU and served engines (hf|openai); "
+                 f"rollout.engine={self.engine} needs rollout.backend=local")
         _require(self.engine in ("hf", "trtllm", "vllm", "openai"),
                  f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}")
         _require(self.engine != "openai" or (self.base_url and self.model_name),
@@ -550,18 +594,161 @@ class TrainerConfig:
         _require_file(self.init_from, "trainer.init_from")
 
 
+# The file ``containers/enroot.sh`` writes: enroot's name for the image ``nemo-orch:0.1.0``
+# (``containers/Dockerfile``), under ``<launcher.slurm.job_dir>/containers/``.
+CONTAINER_SQSH = "nemo-orch+0.1.0.sqsh"
+# Variables named like this hold secrets: they go by name (``launcher.secret_env``), never by value.
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+_SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENDPOINT_KEY = re.compile(r"^(tools\.endpoints\.[A-Za-z0-9_-]+|reward\.judge_base_url)$")
+
+
 @dataclass
-class LauncherConfig:
-    executor: str = "local"
+class SlurmConfig:
+    """The sbatch flags of every job (``account``, ``partition``, ``time`` as [D-]HH:MM:SS,
+    ``qos``) and ``job_dir``: a directory on the cluster's shared filesystem, at the same path on
+    the login node and in the jobs, holding NeMo-Run's experiments (scripts, logs), the Ray
+    cluster's directory and ``containers/`` (the squashfs image). Jobs run in the pyxis container
+    ``container_image`` (null: ``<job_dir>/containers/`` + :data:`CONTAINER_SQSH`) with
+    ``container_mounts`` (``SRC:DST``)."""
+
+    account: Optional[str] = None
+    partition: Optional[str] = None
+    time: str = "04:00:00"
+    qos: Optional[str] = None
+    job_dir: Optional[str] = None
+    container_image: Optional[str] = None
+    container_mounts: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _require(bool(_SLURM_TIME.match(self.time)),
+                 f"launcher.slurm.time must be [D-]HH:MM:SS, got {self.time!r}")
+        _require(self.job_dir is None or self.job_dir.startswith("/"),
+                 "launcher.slurm.job_dir must be an absolute path on the shared filesystem")
+        for mount in self.container_mounts:
+            source, _, target = mount.partition(":")
+            _require(source.startswith("/") and target.startswith("/"),
+                     f"launcher.slurm.container_mounts: {mount!r} is not SRC:DST (absolute)")
+
+    @property
+    def image(self) -> str:
+        """The container image, resolved (see the class docstring)."""
+        return self.container_image or f"{self.job_dir}/containers/{CONTAINER_SQSH}"
+
+
+@dataclass
+class RayClusterConfig:
+    """A Ray cluster on SLURM for the rollout workers (``nemo_run.run.ray``: a job of its own,
+    ``nodes`` x ``gpus_per_node``). The training job waits for the file the cluster writes when
+    all its nodes joined (``ray_cluster_info.json`` in its directory under
+    ``launcher.slurm.job_dir``) and gets its address as ``RAY_ADDRESS``."""
+
     nodes: int = 1
     gpus_per_node: int = 0
-    container_image: str = "nvcr.io/nvidia/pytorch:25.09-py3"
+
+    def __post_init__(self) -> None:
+        _require(self.nodes >= 1 and self.gpus_per_node >= 0,
+                 "launcher.ray.nodes must be >= 1 and launcher.ray.gpus_per_node >= 0")
+
+
+@dataclass
+class ExpertServerConfig:
+    """A model served OpenAI-compatibly by ``engine`` (``vllm``: ``vllm serve``; ``trtllm``:
+    ``trtllm-serve``) on ``tp`` GPUs of a node of its own, a component of the training's SLURM
+    heterogeneous job, listening on ``port``. ``model`` is an HF id or a path in the mounts,
+    served as ``served_model_name`` (null: ``model``; the name the tool declaration asks for).
+    The training command gets ``<endpoint>=http://<its node>:<port>/v1``: ``endpoint`` is
+    ``tools.endpoints.<alias>`` (an expert tool's alias) or ``reward.judge_base_url`` (the judge;
+    ``reward.judge_model`` is then set to the served name). ``extra_args`` go to the engine.
+    ``container_image``: null runs it in the launcher's image (which has trtllm-serve, not vLLM:
+    see ``containers/README.md``)."""
+
+    name: str = MISSING
+    engine: str = "vllm"
+    model: str = MISSING
+    served_model_name: Optional[str] = None
+    tp: int = 1
+    port: int = 8000
+    endpoint: str = MISSING
+    extra_args: list[str] = field(default_factory=list)
+    container_image: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        where = f"launcher.experts[{self.name}]"
+        _require(bool(re.match(r"^[a-z0-9][a-z0-9-]*$", self.name)),
+                 f"{where}: name must be lowercase letters, digits and dashes")
+        _require(self.engine in ("vllm", "trtllm"),
+                 f"{where}.engine must be vllm|trtllm, got {self.engine!r}")
+        _require(self.served_model_name is None or self.engine == "vllm",
+                 f"{where}.served_model_name is vLLM's (trtllm-serve names the model itself)")
+        _require(self.tp >= 1, f"{where}.tp must be >= 1")
+        _require(1024 <= self.port <= 65535, f"{where}.port must be in [1024, 65535]")
+        _require(bool(_ENDPOINT_KEY.match(self.endpoint)),
+                 f"{where}.endpoint must be tools.endpoints.<alias> or reward.judge_base_url, "
+                 f"got {self.endpoint!r}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+@dataclass
+class LauncherConfig:
+    """``nemo-orch launch``: where the training job runs and what runs beside it.
+
+    The training job runs ``nemo-orch <job>`` (``train`` or ``sft``) with the launch's overrides
+    under torchrun on ``nodes`` x ``gpus_per_node`` GPUs (0: CPU processes, one per rank of
+    ``parallel``); ``executor`` ``local`` runs it on this machine, ``slurm`` submits it (with
+    ``slurm.*``, the expert servers ``experts`` and the Ray cluster ``ray``, SLURM only).
+    ``gpu_memory_gib`` is what ``nemo-orch plan`` checks the per-GPU estimate against (H100
+    80GB: 81559 MiB usable). ``env`` sets plain variables in the job; ``secret_env`` names
+    variables (API keys, tokens) passed from the submitting environment into the container by
+    name, never written into a script or a command line. Services get ``startup_timeout_s`` to
+    become ready; torchrun's rendezvous listens on ``rdzv_port`` of the first training node.
+    """
+
+    executor: str = "local"
+    job: str = "train"
+    nodes: int = 1
+    gpus_per_node: int = 0
+    gpu_memory_gib: float = 79.6
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: list[str] = field(default_factory=list)
+    rdzv_port: int = 29500
+    startup_timeout_s: float = 1800.0
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    ray: Optional[RayClusterConfig] = None
+    experts: list[ExpertServerConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _require(self.executor in ("local", "slurm"),
                  f"launcher.executor must be local|slurm, got {self.executor!r}")
+        _require(self.job in ("train", "sft"), f"launcher.job must be train|sft, got {self.job!r}")
         _require(self.nodes >= 1 and self.gpus_per_node >= 0,
                  "launcher.nodes must be >= 1 and launcher.gpus_per_node >= 0")
+        _require(self.gpu_memory_gib > 0, "launcher.gpu_memory_gib must be > 0")
+        _require(1024 <= self.rdzv_port <= 65535, "launcher.rdzv_port must be in [1024, 65535]")
+        _require(self.startup_timeout_s > 0, "launcher.startup_timeout_s must be > 0")
+        for name in [*self.env, *self.secret_env]:
+            _require(bool(_ENV_NAME.match(name)), f"launcher: {name!r} is not a variable name")
+        leaked = [name for name in self.env if any(m in name.upper() for m in SECRET_MARKERS)]
+        _require(not leaked, f"launcher.env: {', '.join(leaked)} look like secrets: name them in "
+                 "launcher.secret_env (passed from your environment) instead of giving values")
+        names = [expert.name for expert in self.experts]
+        endpoints = [expert.endpoint for expert in self.experts]
+        _require(len(set(names)) == len(names) and len(set(endpoints)) == len(endpoints),
+                 "launcher.experts: names and endpoints must be unique")
+        if self.executor == "local":
+            _require(self.nodes == 1, "launcher.executor=local runs on one node (launcher.nodes=1)")
+            _require(not self.experts and self.ray is None,
+                     "launcher.experts and launcher.ray run on SLURM only (launcher.executor=slurm)")
+        else:
+            _require(self.gpus_per_node >= 1, "launcher.executor=slurm needs "
+                     "launcher.gpus_per_node >= 1")
+            _require(self.slurm.account is not None and self.slurm.job_dir is not None,
+                     "launcher.executor=slurm needs launcher.slurm.account and "
+                     "launcher.slurm.job_dir")
 
 
 @dataclass
@@ -782,15 +969,41 @@ class Config:
         return self.trainer.global_batch_size // (self.trainer.micro_batch_size * self.parallel.dp)
 
 
+RECIPES_DIR = CONF_DIR / "recipes"
+
+
+def recipes() -> list[str]:
+    """The names ``recipe=NAME`` accepts: the files of ``conf/recipes/``."""
+    return sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
+
+
+def _recipe_overrides(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """``recipe=NAME`` selects ``conf/recipes/NAME.yaml``: a config group (Hydra's ``recipes``,
+    last in ``train.yaml``'s defaults) whose files are ``@package _global_`` with their own
+    ``override /group: option`` defaults, so a recipe composes over the defaults and the
+    command line's overrides still win."""
+    selected = []
+    for override in overrides:
+        key, _, name = override.partition("=")
+        if key not in ("recipe", "recipes"):
+            selected.append(override)
+            continue
+        _require(name in recipes(), f"unknown recipe {name!r}; available: "
+                 f"{', '.join(recipes()) or 'none'} (conf/recipes/)")
+        selected.append(f"recipes={name}")
+    return selected
+
+
 def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose ``conf/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``)."""
+    """Compose ``conf/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``,
+    ``recipe=NAME``)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return hydra_compose(config_name, overrides=list(overrides))
+            return hydra_compose(config_name, overrides=_recipe_overrides(overrides))
     except HydraException as error:
         raise ConfigError(_hydra_message(error)) from None
 

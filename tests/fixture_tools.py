@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
+from nemo_orch.tools.registry import Toolbox
 
 ECHO_PARAMETERS = {
     "type": "object",
@@ -65,3 +67,31 @@ class ContextRecorder(DelayedEcho):
         if arguments["text"] == "final":
             return dataclasses.replace(result, answer="done")
         return result
+
+
+class SeedEcho(BaseTool):
+    """Echoes ``text`` and the calling episode's seed: which seed an episode got, wherever it
+    ran."""
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        return ToolResult(output=f"{arguments['text']} seed {context.seed}")
+
+
+class MarkedEcho(DelayedEcho):
+    """A delayed echo that creates ``marks/<episode id>`` when a call starts: a test sees from
+    another process that an episode is inside a tool call."""
+
+    def __init__(self, spec: ToolSpec, marks: str, **options: Any) -> None:
+        super().__init__(spec, **options)
+        self.marks = Path(marks)
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        (self.marks / context.episode_id).touch()
+        return await super().call(arguments, context)
+
+
+def seed_and_slow_toolbox(marks: str) -> Toolbox:
+    """``seed`` (:class:`SeedEcho`), ``echo`` and ``slow`` (1 s, marked in ``marks``): light to
+    import, so a Ray tool executor builds it without the project's heavy modules."""
+    return Toolbox([SeedEcho(echo_spec("seed")), DelayedEcho(echo_spec("echo")),
+                    MarkedEcho(echo_spec("slow"), marks, default_delay_s=1.0)])

@@ -29,3 +29,14 @@ def follow_plan(prompt: str) -> str:
         name, arguments = plan["calls"][done]
         return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
     return f"<answer>{plan['answer']}</answer>"
+
+
+def plan_engine(tokenizer_dir: str, weights: Any = None) -> tuple[Any, Any]:
+    """A scripted engine following plans (a question without one is answered ``42``) and the
+    tokenizer in ``tokenizer_dir``: what a Ray rollout worker builds (an ``EngineFactory``)."""
+    from nemo_orch.models.tokenizer import load_tokenizer
+    from nemo_orch.rollout.engines.scripted import ScriptedEngine
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    return ScriptedEngine(tokenizer, lambda prompt: follow_plan(prompt) if _PLAN.search(prompt)
+                          else "<answer>42</answer>"), tokenizer

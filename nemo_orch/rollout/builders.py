@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING
 
 from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
 from nemo_orch.data.domain import Domain
-from nemo_orch.reward.outcome import AnswerScorer, OutcomeScorer
-from nemo_orch.reward.remote import RemoteOutcomeScorer
 from nemo_orch.tools.domain import domain_tools, load_domains
+from nemo_orch.tools.llm import endpoint_overrides
 from nemo_orch.tools.pricing import price_overrides
 from nemo_orch.tools.registry import Toolbox, build_tools, load_declarations
 
-if TYPE_CHECKING:  # torch and transformers load only for commands that generate
+if TYPE_CHECKING:  # torch and transformers load only for commands that generate or score
     import torch
     from transformers import PreTrainedTokenizerBase
 
+    from nemo_orch.reward.outcome import AnswerScorer
     from nemo_orch.rollout.engines.base import Engine
     from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
     from nemo_orch.rollout.engines.vllm import VLLMEngine
@@ -37,7 +37,7 @@ GPU_ENGINES = ("trtllm", "vllm")
 def build_toolbox(tools: ToolsConfig) -> Toolbox:
     """The declared tools, priced with ``tools.prices`` over the list prices, and the domains'
     tools, not yet started (``async with toolbox`` warms them up)."""
-    with price_overrides(tools.prices):
+    with price_overrides(tools.prices), endpoint_overrides(tools.endpoints):
         declared = build_tools(load_declarations([resolve_conf_path(p)
                                                   for p in tools.declarations]))
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
@@ -50,10 +50,13 @@ def build_domains(tools: ToolsConfig) -> dict[str, Domain]:
     return load_domains([resolve_conf_path(path) for path in tools.domains])
 
 
-def build_scorer(config: Config, judge_in_flight: int | None = None) -> AnswerScorer:
+def build_scorer(config: Config, judge_in_flight: int | None = None) -> "AnswerScorer":
     """The outcome scorer: the reward protocol, with the configured domains' databases and at
     most ``judge_in_flight`` judge requests at once (None: no bound); or, with
     ``reward.endpoint``, the reward server that runs it (at most ``judge_in_flight`` requests)."""
+    from nemo_orch.reward.outcome import OutcomeScorer
+    from nemo_orch.reward.remote import RemoteOutcomeScorer
+
     if config.reward.endpoint is not None:
         return RemoteOutcomeScorer(config.reward.endpoint,
                                    timeout_s=config.reward.endpoint_timeout_s,

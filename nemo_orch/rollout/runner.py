@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams
 from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
-from nemo_orch.rollout.episode import Episode, Trajectory
+from nemo_orch.rollout.episode import Episode, PolicyClient, Trajectory
 from nemo_orch.rollout.format import Choice
 from nemo_orch.tools.registry import Toolbox
 
@@ -118,6 +118,47 @@ class DirectPolicy:
         return self.engine.generate([prompt_ids], params)[0]
 
 
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode of a rollout: its place in (task, sample) order, its seed and the choice its
+    first turn is forced to start with (None: the policy's own)."""
+
+    index: int
+    task: Task
+    sample: int
+    seed: int
+    forced_choice: Choice | None = None
+
+
+def episode_jobs(tasks: Sequence[Task], samples_per_task: int, seed: int = 0,
+                 forced_choices: Mapping[tuple[int, int], Choice] | None = None
+                 ) -> list[EpisodeJob]:
+    """Every task ``samples_per_task`` times, in (task, sample) order; episode ``i`` gets seed
+    ``seed + i`` whoever runs it (a Ray worker gets the same seeds as this process)."""
+    forced_choices = forced_choices or {}
+    pairs = [(task_index, sample) for task_index in range(len(tasks))
+             for sample in range(samples_per_task)]
+    return [EpisodeJob(index, tasks[task_index], sample, seed + index,
+                       forced_choices.get((task_index, sample)))
+            for index, (task_index, sample) in enumerate(pairs)]
+
+
+async def run_episodes(jobs: Sequence[EpisodeJob], policy: PolicyClient, toolbox: Toolbox,
+                       tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig
+                       ) -> list[Trajectory]:
+    """Run ``jobs``, at most ``settings.max_concurrent_episodes`` at once; trajectories come back
+    in the jobs' order."""
+    slots = asyncio.Semaphore(settings.max_concurrent_episodes)
+
+    async def one(job: EpisodeJob) -> Trajectory:
+        async with slots:
+            episode = Episode(job.task, job.sample, policy, toolbox, tokenizer, settings,
+                              seed=job.seed, forced_choice=job.forced_choice)
+            return await episode.run()
+
+    return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+
 async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Engine,
                        toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
                        settings: RolloutConfig, *, seed: int = 0,
@@ -130,22 +171,9 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
     with (directed exploration)."""
     own_batcher = batcher is None
     batcher = batcher or GenerationBatcher(engine, settings.max_batch_size, seed)
-    slots = asyncio.Semaphore(settings.max_concurrent_episodes)
-
-    forced_choices = forced_choices or {}
-
-    async def one(task_index: int, sample: int, episode_seed: int) -> Trajectory:
-        async with slots:
-            episode = Episode(tasks[task_index], sample, batcher, toolbox, tokenizer, settings,
-                              seed=episode_seed,
-                              forced_choice=forced_choices.get((task_index, sample)))
-            return await episode.run()
-
-    jobs = [(task_index, sample) for task_index in range(len(tasks))
-            for sample in range(samples_per_task)]
     try:
-        return list(await asyncio.gather(*(one(task_index, sample, seed + index)
-                                           for index, (task_index, sample) in enumerate(jobs))))
+        return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices),
+                                  batcher, toolbox, tokenizer, settings)
     finally:
         if own_batcher:
             await batcher.close()

@@ -3,6 +3,9 @@ OpenAI, the project's own server), chosen per call by alias and billed from the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +36,21 @@ class ExpertEndpoint:
         check_context_budget(self.max_context_tokens)
 
 
+_ENDPOINTS: ContextVar[Mapping[str, str]] = ContextVar("endpoint_overrides", default={})
+
+
+@contextmanager
+def endpoint_overrides(endpoints: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, LLM tools being built serve alias ``a`` from ``endpoints[a]`` over the
+    declared ``base_url`` (``tools.endpoints``: servers a launch started on nodes it learns only
+    when the job runs)."""
+    token = _ENDPOINTS.set(endpoints)
+    try:
+        yield
+    finally:
+        _ENDPOINTS.reset(token)
+
+
 class LLMTool(BaseTool):
     """Arguments: ``model`` (an alias of ``models``) and ``question``; the reply is the output.
 
@@ -51,7 +69,10 @@ class LLMTool(BaseTool):
         self.endpoints: dict[str, ExpertEndpoint] = {}
         self.pricing: dict[str, Pricing] = {}
         self.clients: dict[str, OpenAIClient] = {}
+        overrides = _ENDPOINTS.get()
         for alias, options in models.items():
+            if alias in overrides:
+                options = {**options, "base_url": overrides[alias]}
             try:
                 endpoint = ExpertEndpoint(**options)
             except (TypeError, ToolError) as error:

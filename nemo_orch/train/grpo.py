@@ -23,7 +23,7 @@ import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,9 @@ from nemo_orch.train import curriculum
 from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.metrics import MetricsLogger, logged_steps
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel
+
+if TYPE_CHECKING:  # Ray loads only for rollout.backend=ray
+    from nemo_orch.rollout.ray_workers import RayRolloutPool
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +101,16 @@ def policy_config(config: Config) -> Config:
 
 class Rollouts:
     """Rank 0's side of a step: the engine, the tools, the reward, the tasks of each step, and
-    the choices directed exploration forces."""
+    the choices directed exploration forces. With a Ray ``pool`` (``rollout.backend=ray``) the
+    episodes and their scoring run on its actors; ``engine`` is then None and ``toolbox`` only
+    names the tools."""
 
-    def __init__(self, config: Config, engine: Any, tokenizer: Any, toolbox: Any) -> None:
+    def __init__(self, config: Config, engine: Any, tokenizer: Any, toolbox: Any,
+                 pool: "RayRolloutPool | None" = None) -> None:
         self.config, self.engine, self.tokenizer, self.toolbox = config, engine, tokenizer, toolbox
+        self.pool = pool
         self.settings = config.resolved_rollout()
-        self.scorer = build_scorer(config)
+        self.scorer = build_scorer(config) if pool is None else pool.scorer
         self.format = TurnFormat.for_tools(toolbox.schemas())
         self.tools: list[str] | None = None  # the curriculum stage's tools (None: all)
         # Every group of the current step, kept or not: what the step's metrics describe.
@@ -144,14 +151,19 @@ class Rollouts:
 
     async def groups(self, step: int, round_index: int, count: int) -> list[Group]:
         tasks = self.tasks(step, round_index, count)
-        batcher = GenerationBatcher(self.engine, self.settings.max_batch_size,
-                                    seed=self.config.run.seed + 1000 * step + round_index)
+        batch_seed = self.config.run.seed + 1000 * step + round_index
         forced = self.forced_choices(len(tasks))
         self.forced_episodes += len(forced)
-        trajectories = await run_rollouts(tasks, self.settings.group_size, self.engine,
-                                          self.toolbox, self.tokenizer, self.settings,
-                                          batcher=batcher, forced_choices=forced)
-        await batcher.close()
+        if self.pool is not None:
+            trajectories = await self.pool.run(tasks, self.settings.group_size,
+                                               batch_seed=batch_seed, forced_choices=forced)
+        else:
+            batcher = GenerationBatcher(self.engine, self.settings.max_batch_size,
+                                        seed=batch_seed)
+            trajectories = await run_rollouts(tasks, self.settings.group_size, self.engine,
+                                              self.toolbox, self.tokenizer, self.settings,
+                                              batcher=batcher, forced_choices=forced)
+            await batcher.close()
         size = self.settings.group_size
         grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
         for task_index, group in enumerate(grouped):
@@ -331,14 +343,15 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     hf = weights.gather_hf_weights(policy.module, config.model)
 
     writer = distributed.is_writer()
-    engine = build_rollout_engine(config, hf, tokenizer) if writer else None
+    pool = _ray_pool(config, hf, tokenizer) if writer and config.rollout.backend == "ray" else None
+    engine = build_rollout_engine(config, hf, tokenizer) if writer and pool is None else None
     # A colocated GPU engine gives the GPUs back while the policy trains (see RolloutConfig).
     colocated = writer and config.rollout.colocate and isinstance(engine, Sleepable)
     toolbox = build_toolbox(config.tools) if writer else None
     loop = asyncio.new_event_loop() if writer else None
-    if writer:
-        loop.run_until_complete(toolbox.start())
-    rollouts = Rollouts(config, engine, tokenizer, toolbox) if writer else None
+    if writer:  # on Ray the tools run in the workers' executors
+        loop.run_until_complete(toolbox.start() if pool is None else pool.start())
+    rollouts = Rollouts(config, engine, tokenizer, toolbox, pool) if writer else None
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
     logged = logged_steps(config.run.dir, start_step)
@@ -384,7 +397,7 @@ def train(config: Config, context: ParallelContext, init_from: Path,
             if writer:
                 if colocated:
                     engine.wake_up()
-                engine.update_weights(hf)
+                (engine if pool is None else pool).update_weights(hf)
             step_metrics.update(trained)
             step_metrics.update({"time/rollout_s": rollout_seconds,
                                  "time/train_s": train_seconds,
@@ -399,11 +412,18 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     finally:
         metrics.close()
         if writer:
-            loop.run_until_complete(toolbox.close())
+            loop.run_until_complete(toolbox.close() if pool is None else pool.close())
             loop.close()
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)
+
+
+def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any) -> "RayRolloutPool":
+    """The Ray rollout pool (imported only then: Ray is heavy), its engines built from ``hf``."""
+    from nemo_orch.rollout import ray_workers
+
+    return ray_workers.build_ray_pool(config, ray_workers.weights_engine(config, tokenizer), hf)
 
 
 def _seed(*parts: object) -> int:

@@ -79,7 +79,8 @@ def test_micro_batches_group_by_length_and_pad_each_unless_pipelined():
 
 
 def test_main_job_end_to_end(tmp_path):
-    overrides = [f"run.output_dir={tmp_path}", "run.name=e2e", "data.num_offline_conversations=24",
+    overrides = [f"run.output_dir={tmp_path}", "run.name=e2e",
+                 "data.num_offline_conversations=24",
                  "data.num_copy_conversations=24",
                  "tokenizer.vocab_size=1000", "model.vocab_size=1024", "trainer.max_steps=2",
                  "trainer.global_batch_size=4", "trainer.micro_batch_size=2",

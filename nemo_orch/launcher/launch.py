@@ -1,0 +1,230 @@
+"""``nemo-orch launch``: the training job and what runs beside it, as a NeMo-Run experiment.
+
+- The training job runs ``python -m nemo_orch.launcher.job`` (which waits for its services, then
+  runs ``nemo-orch <launcher.job>`` with the launch's overrides) on every rank under torchrun.
+  Locally: NeMo-Run's ``LocalExecutor`` with its torchrun launcher, one process per rank of
+  ``parallel``. On SLURM: one task per node in the pyxis container, torchrun with a c10d
+  rendezvous on the first training node (``--rdzv-id`` the SLURM job id).
+- Expert servers (``launcher.experts``: ``vllm serve`` or ``trtllm-serve``) are further
+  components of the same SLURM heterogeneous job, one node each: SLURM starts them together
+  with the training, and NeMo-Run's batch script stops all components when one ends. Their
+  hosts are the components' first nodes, which that script resolves itself (``scontrol show
+  hostnames $SLURM_JOB_NODELIST_HET_GROUP_<i>``) into ``$het_group_host_<i>``; the training
+  component gets them exported as ``NEMO_ORCH_HOST_<i>`` and, the ports being fixed, waits for
+  ``http://$NEMO_ORCH_HOST_<i>:<port>/v1`` and hands it over as ``<expert.endpoint>=URL``. No
+  scheduler state is queried and no file is shared; a server that fails kills the job.
+- The Ray cluster (``launcher.ray``) is NeMo-Run's Ray-on-SLURM job (``nemo_run.run.ray``), a
+  job of its own, with its directory inside this experiment's (so no other run's
+  ``ray_cluster_info.json`` can be mistaken for it) and a job name holding the experiment id
+  (NeMo-Run reuses a running cluster of the same name). The training job waits for that file
+  and gets ``RAY_ADDRESS``.
+
+Secrets go by name only: ``sbatch`` exports the submitting environment and pyxis passes the
+variables named in ``launcher.secret_env`` into the containers (``--container-env``).
+NeMo-Run (the ``launch`` extra) is imported when a launch is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.config import Config, ConfigError, ExpertServerConfig
+from nemo_orch.launcher import plan
+
+TRAIN_TASK = "train"
+RAY_CLUSTER = "ray"
+HOST_VARIABLE = "NEMO_ORCH_HOST_{}"
+RDZV_HOST = "NEMO_ORCH_RDZV_HOST"
+
+
+def _nemo_run() -> Any:
+    try:
+        import nemo_run
+    except ImportError as error:
+        raise ConfigError(f"nemo-orch launch needs NeMo-Run: pip install 'nemo-orch[launch]' "
+                          f"({error})") from None
+    return nemo_run
+
+
+def expert_command(expert: ExpertServerConfig) -> list[str]:
+    """The server's command line: OpenAI-compatible, on all interfaces of its node."""
+    if expert.engine == "vllm":
+        command = ["vllm", "serve", expert.model, "--served-model-name", expert.model_name,
+                   "--tensor-parallel-size", str(expert.tp)]
+    else:
+        command = ["trtllm-serve", expert.model, "--tp_size", str(expert.tp)]
+    return [*command, "--host", "0.0.0.0", "--port", str(expert.port), *expert.extra_args]
+
+
+def remote_experiment_dir(config: Config, experiment_id: str) -> str:
+    """The experiment's directory on the cluster (NeMo-Run's LocalTunnel layout under
+    ``launcher.slurm.job_dir``); the Ray cluster's directory is inside it."""
+    return f"{config.launcher.slurm.job_dir}/experiments/{config.run.name}/{experiment_id}"
+
+
+def job_arguments(config: Config, overrides: list[str], experiment_id: str) -> list[str]:
+    """What ``nemo_orch.launcher.job`` gets: each expert's endpoint (its host: heterogeneous
+    component ``i``, from 1), the Ray cluster's info file, then the command and overrides."""
+    launcher = config.launcher
+    arguments = ["--timeout", f"{launcher.startup_timeout_s:g}"]
+    for index, expert in enumerate(launcher.experts, start=1):
+        url = f"http://${{{HOST_VARIABLE.format(index)}}}:{expert.port}/v1"
+        arguments += ["--endpoint", f"{expert.endpoint}={url}"]
+        if expert.endpoint == "reward.judge_base_url":
+            overrides = [*overrides, f"reward.judge_model={expert.model_name}"]
+    if launcher.ray is not None:
+        info = f"{remote_experiment_dir(config, experiment_id)}/{RAY_CLUSTER}/ray_cluster_info.json"
+        arguments += ["--ray-info", info]
+    return [*arguments, launcher.job, *overrides]
+
+
+def torchrun_script(config: Config, job_args: list[str]) -> str:
+    """The training component's script, run on each of its nodes: torchrun with a c10d
+    rendezvous on the first training node (``$NEMO_ORCH_RDZV_HOST``, from the batch script)."""
+    launcher = config.launcher
+    torchrun = ["exec", "torchrun", f"--nnodes={launcher.nodes}",
+                f"--nproc-per-node={launcher.gpus_per_node}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=${{{RDZV_HOST}}}:{launcher.rdzv_port}",
+                "--rdzv-id=$SLURM_JOB_ID", "-m", "nemo_orch.launcher.job"]
+    return " ".join(torchrun) + " " + shlex.join(job_args)
+
+
+def _slurm_executor(config: Config, *, nodes: int, gpus_per_node: int, image: str,
+                    tunnel_dir: str, job_name_prefix: str,
+                    env: dict[str, str] | None = None) -> Any:
+    """One task per node (torchrun starts the ranks) in the pyxis container."""
+    run = _nemo_run()
+    launcher, slurm = config.launcher, config.launcher.slurm
+    return run.SlurmExecutor(
+        account=slurm.account, partition=slurm.partition, time=slurm.time, qos=slurm.qos,
+        job_name_prefix=job_name_prefix, nodes=nodes, ntasks_per_node=1,
+        gpus_per_node=gpus_per_node or None, container_image=image,
+        container_mounts=list(slurm.container_mounts),
+        container_env=list(launcher.secret_env) or None, srun_args=["--no-container-mount-home"],
+        env_vars={**launcher.env, **(env or {})},
+        tunnel=run.LocalTunnel(job_dir=tunnel_dir), packager=run.Packager())
+
+
+def _add_local(config: Config, overrides: list[str], experiment: Any,
+               experiment_id: str) -> None:
+    """One process per rank of ``parallel`` on this machine (NeMo-Run's torchrun launcher)."""
+    run = _nemo_run()
+    # torchrun and python from this interpreter's environment (a venv need not be on PATH)
+    env = {"PATH": str(Path(sys.executable).parent), **config.launcher.env}
+    executor = run.LocalExecutor(ntasks_per_node=config.parallel.world_size, launcher="torchrun",
+                                 env_vars=env)
+    task = run.Script(path="nemo_orch.launcher.job", entrypoint="python", m=True,
+                      args=job_arguments(config, overrides, experiment_id))
+    experiment.add(task, executor=executor, name=TRAIN_TASK)
+
+
+def _add_slurm(config: Config, overrides: list[str], experiment: Any,
+               experiment_id: str) -> Any:
+    """Adds the training job (heterogeneous with the expert servers) to ``experiment``;
+    returns the Ray cluster, not yet started (None without ``launcher.ray``)."""
+    run = _nemo_run()
+    from nemo_run.core.execution.base import ExecutorMacros
+
+    launcher = config.launcher
+    experts = launcher.experts
+    prefix = f"{config.run.name}-"
+    tunnel_dir = f"{launcher.slurm.job_dir}/experiments"
+    # Batch-script variables (NeMo-Run's macros): the first training node, the experts' nodes.
+    env = {RDZV_HOST: ExecutorMacros.group_host(0) if experts
+           else f"${ExecutorMacros.HEAD_NODE_IP_VAR}"}
+    env |= {HOST_VARIABLE.format(index): ExecutorMacros.group_host(index)
+            for index in range(1, len(experts) + 1)}
+    executors = [_slurm_executor(config, nodes=launcher.nodes,
+                                 gpus_per_node=launcher.gpus_per_node, image=launcher.slurm.image,
+                                 tunnel_dir=tunnel_dir, job_name_prefix=prefix, env=env)]
+    script = torchrun_script(config, job_arguments(config, overrides, experiment_id))
+    tasks = [run.Script(inline=script)]
+    for expert in experts:
+        tasks.append(run.Script(inline="exec " + shlex.join(expert_command(expert))))
+        executors.append(_slurm_executor(
+            config, nodes=1, gpus_per_node=expert.tp, tunnel_dir=tunnel_dir,
+            image=expert.container_image or launcher.slurm.image, job_name_prefix=prefix))
+    if experts:
+        for executor in executors:
+            executor.heterogeneous = True
+        experiment.add(tasks, executor=executors, name=TRAIN_TASK)
+    else:
+        experiment.add(tasks[0], executor=executors[0], name=TRAIN_TASK)
+    if launcher.ray is None:
+        return None
+    from nemo_run.run.ray.cluster import RayCluster
+
+    ray = _slurm_executor(config, nodes=launcher.ray.nodes,
+                          gpus_per_node=launcher.ray.gpus_per_node, image=launcher.slurm.image,
+                          tunnel_dir=remote_experiment_dir(config, experiment_id),
+                          job_name_prefix=f"{experiment_id}-")
+    return RayCluster(name=RAY_CLUSTER, executor=ray)
+
+
+def _print_dryrun(experiment: Any, exp_dir: Path, cluster: Any, local: bool) -> None:
+    """What would run, as text. Local: the command of each process (torchrun's agent; from
+    the job's dry-run request, NeMo-Run has no public accessor). SLURM: the training job's
+    batch script, the scripts its components run, and the Ray cluster's batch script."""
+    experiment.dryrun(log=False, delete_exp_dir=False)
+    if local:
+        for params in experiment.jobs[0]._dryrun_info.request.role_params.values():
+            print(shlex.join(params[0].args))
+        return
+    scripts = [*sorted(exp_dir.glob("*_sbatch.sh")), *sorted(exp_dir.glob("*/scripts/*.sh"))]
+    for script in scripts:
+        print(f"# ---- {script.relative_to(exp_dir)}\n{script.read_text().rstrip()}\n")
+    if cluster is not None:
+        print(f"# ---- {RAY_CLUSTER}/ray.sub (the Ray cluster's own job)")
+        cluster.start(dryrun=True, wait_until_ready=False)
+
+
+def launch(config: Config, overrides: list[str], dryrun: bool) -> int:
+    """Submit (or, with ``dryrun``, print) the launch. Local: waits, and returns 0 if the
+    training succeeded; SLURM: returns 0 once submitted."""
+    problems = plan.layout_problems(config)
+    if problems:
+        raise ConfigError("; ".join(problems) + " (see `nemo-orch plan`)")
+    run = _nemo_run()
+    from torchx.specs import AppState
+
+    launcher = config.launcher
+    local = launcher.executor == "local"
+    missing = [name for name in launcher.secret_env if name not in os.environ]
+    if missing and not dryrun:
+        raise ConfigError(f"launcher.secret_env: {', '.join(missing)} not set in this "
+                          "environment (the job takes them from it)")
+    experiment_id = f"{config.run.name}_{time.time_ns()}"  # NeMo-Run's form: title_id
+    with contextlib.ExitStack() as stack:
+        if dryrun:  # NeMo-Run writes the scripts before it submits: into a scratch directory
+            base_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="nemo-orch-"))
+        elif local:
+            base_dir = str(Path(config.run.output_dir) / "nemo_run")
+        else:  # on the login node, the same directory the jobs see (LocalTunnel)
+            base_dir = launcher.slurm.job_dir
+        experiment = stack.enter_context(run.Experiment(
+            config.run.name, id=experiment_id, base_dir=base_dir, log_level="WARN",
+            clean_mode=dryrun))
+        if local:
+            _add_local(config, overrides, experiment, experiment_id)
+            cluster = None
+        else:
+            cluster = _add_slurm(config, overrides, experiment, experiment_id)
+        if dryrun:
+            exp_dir = Path(base_dir) / "experiments" / config.run.name / experiment_id
+            _print_dryrun(experiment, exp_dir, cluster, local)
+            return 0
+        if cluster is not None:
+            cluster.start(wait_until_ready=False)
+        experiment.run(detach=not local, tail_logs=local)
+    # leaving the experiment waited for a local run
+    if local:
+        return 0 if experiment.jobs[0].state == AppState.SUCCEEDED else 1
+    print(f"launch: submitted; files and logs in {remote_experiment_dir(config, experiment_id)}")
+    return 0

@@ -1,0 +1,124 @@
+"""The memory estimator's formulas against numbers worked out by hand for a small Qwen3:
+4 layers, hidden 64, 4 heads, 2 query groups of 16 channels, FFN 128, vocabulary 512, TP2."""
+
+import dataclasses
+
+import pytest
+
+from nemo_orch.config import (Config, ModelConfig, ParallelConfig, RolloutConfig,
+                              TokenizerConfig, TrainerConfig)
+from nemo_orch.launcher import memory
+from nemo_orch.launcher.memory import GIB
+
+MODEL = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                    kv_channels=16, ffn_hidden_size=128, vocab_size=512,
+                    params_dtype="bfloat16")
+TP2_DP2 = ParallelConfig(tp=2, dp=2)
+# Per layer, unsharded GEMMs: QKV 64 x (4 + 2*2) x 16 = 8192, output 4*16 x 64 = 4096,
+# SwiGLU 3 x 64 x 128 = 24576: 36864, of which a TP2 rank holds 18432. Norms (replicated):
+# 2 x 64 + q/k norms 2 x 16 = 160. Embedding and output layer: 512 x 64 / 2 = 16384 each, plus
+# the final norm 64.
+LAYER_SHARD = 18432 + 160
+PARAMS_PER_GPU = 4 * LAYER_SHARD + 2 * 16384 + 64  # 107200
+
+
+def test_parameter_share_by_hand():
+    assert memory.layer_gemm_parameters(MODEL) == 36864
+    share = memory.parameter_share(MODEL, TP2_DP2)
+    assert share == memory.ParameterShare(total=PARAMS_PER_GPU, fp8_gemm=0)
+    assert PARAMS_PER_GPU == 107200
+    # PP2: 2 layers and one vocabulary table per stage (+ the final norm on the last)
+    assert memory.parameter_share(MODEL, ParallelConfig(tp=2, pp=2)).total == (
+        2 * LAYER_SHARD + 16384 + 64)
+    # TP1 holds the whole model: the same count as ModelConfig.num_parameters()
+    assert memory.parameter_share(MODEL, ParallelConfig()).total == MODEL.num_parameters()
+
+
+def test_weights_gradients_and_optimizer_by_hand():
+    estimate = memory.training_estimate(MODEL, TP2_DP2, seq_length=32, micro_batch_size=2,
+                                        num_microbatches=1)
+    assert estimate.weights == 107200 * 2          # bf16
+    assert estimate.gradients == 107200 * 4        # fp32 grad buffers
+    assert estimate.optimizer == 107200 * 12 // 2  # fp32 main + 2 Adam moments, over DP2
+    fp32 = dataclasses.replace(MODEL, params_dtype="float32")
+    no_sharding = ParallelConfig(tp=2, dp=2, use_distributed_optimizer=False)
+    assert memory.optimizer_bytes(fp32, no_sharding, memory.parameter_share(fp32, no_sharding)
+                                  ) == 107200 * 8  # the moments only, on every rank
+
+
+def test_fp8_weights_by_hand():
+    fp8 = dataclasses.replace(MODEL, transformer_impl="transformer_engine", fp8="hybrid",
+                              fp8_recipe="tensorwise", first_last_layers_bf16=True)
+    share = memory.parameter_share(fp8, TP2_DP2)
+    assert share.fp8_gemm == 2 * 18432  # layers 2 and 3; the first and last stay BF16
+    assert memory.weight_bytes(fp8, share) == 107200 * 2 + 36864  # + TE's FP8 copies
+    fp8_param = dataclasses.replace(fp8, fp8_param=True)
+    assert memory.weight_bytes(fp8_param, share) == (107200 - 36864) * 2 + 36864
+
+
+@pytest.mark.parametrize("recompute,sp,per_layer", [
+    # s=32, b=2, h=64: sbh = 4096; a=4, t=2: 5as/(ht) = 5*4*32/(64*2) = 5
+    (None, False, 4096 * (10 + 24 / 2 + 5)),    # Table 2, tensor parallel
+    (None, True, 4096 / 2 * (34 + 5 * 4 * 32 / 64)),   # + sequence parallel
+    ("selective", False, 4096 * (10 + 24 / 2)),
+    ("selective", True, 4096 / 2 * 34),
+    ("full", False, 2 * 4096),
+    ("full", True, 2 * 4096 / 2),
+])
+def test_layer_activations_follow_korthikanti_table_2(recompute, sp, per_layer):
+    model = dataclasses.replace(MODEL, recompute_granularity=recompute,
+                                transformer_impl="transformer_engine")
+    parallel = ParallelConfig(tp=2, dp=2, sequence_parallel=sp)
+    assert memory.layer_activation_bytes(model, parallel, 32, 2) == pytest.approx(per_layer)
+
+
+def test_activations_count_layers_in_flight_and_the_output_layer():
+    output = 4 * 4096 / 2 * (1 + 512 / 64)  # 4sbh/t (1 + v/h) = 73728
+    per_layer = 4096 * 27
+    assert memory.activation_bytes(MODEL, TP2_DP2, 32, 2, num_microbatches=8) == (
+        pytest.approx(4 * per_layer + output))
+    # PP2 with 1F1B: the first stage keeps 2 micro-batches of its 2 layers; with only one
+    # micro-batch, one
+    pp2 = ParallelConfig(tp=2, pp=2)
+    assert memory.activation_bytes(MODEL, pp2, 32, 2, 8) == pytest.approx(4 * per_layer + output)
+    assert memory.activation_bytes(MODEL, pp2, 32, 2, 1) == pytest.approx(2 * per_layer + output)
+
+
+def test_kv_cache_per_token_by_hand():
+    # layers x 2 (K, V) x query groups / engine TP x channels x bytes
+    assert memory.kv_bytes_per_token(MODEL, 2, "bfloat16") == 4 * 2 * 1 * 16 * 2
+    assert memory.kv_bytes_per_token(MODEL, 1, "float32") == 4 * 2 * 2 * 16 * 4
+
+
+def colocated(engine: str) -> Config:
+    return Config(model=MODEL, parallel=TP2_DP2, tokenizer=TokenizerConfig(vocab_size=512),
+                  trainer=TrainerConfig(micro_batch_size=2, global_batch_size=8),
+                  rollout=RolloutConfig(engine=engine, engine_tp=2, gpu_memory_utilization=0.5))
+
+
+def test_trtllm_takes_its_share_of_the_memory_left_and_never_sleeps():
+    config = colocated("trtllm")
+    training = memory.training_estimate(MODEL, TP2_DP2, 32, 2, 1)
+    gpu = 8 * GIB
+    estimate = memory.with_colocated_engine(training, config, gpu)
+    engine_weights = MODEL.num_parameters() * 2 // 2  # bf16 over engine TP2
+    assert MODEL.num_parameters() == 213696 and estimate.engine_weights == engine_weights
+    free = gpu - (214400 + 428800 + 643200) - 4 * GIB - engine_weights
+    assert estimate.kv_cache == pytest.approx(0.5 * free)
+    assert estimate.kv_tokens == int(0.5 * free // 256)  # 256 bytes a token (above)
+    assert estimate.total == pytest.approx(training.resident + 4 * GIB + training.activations
+                                           + engine_weights + 0.5 * free)
+
+
+def test_vllm_takes_its_share_of_the_gpu_and_sleeps_while_training():
+    config = colocated("vllm")
+    training = memory.training_estimate(MODEL, TP2_DP2, 32, 2, 1)
+    estimate = memory.with_colocated_engine(training, config, 8 * GIB)
+    assert estimate.kv_cache == pytest.approx(0.5 * 8 * GIB - 213696)
+    assert estimate.total == pytest.approx(training.resident + 4 * GIB + 0.5 * 8 * GIB)
+    # not colocated, or the CPU engine: nothing of the engine on the training GPUs
+    apart = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout,
+                                                                    colocate=False))
+    assert memory.with_colocated_engine(training, apart, 8 * GIB) == training
+    hf = dataclasses.replace(config, rollout=RolloutConfig())
+    assert memory.with_colocated_engine(training, hf, 8 * GIB) == training

@@ -1,0 +1,79 @@
+"""``nemo-orch plan``: the layout checks, and both recipes planned on CPU, fitting on 80 GB."""
+
+import pytest
+
+from cli_helpers import run_cli
+from nemo_orch import cli
+from nemo_orch import config as config_lib
+from nemo_orch.launcher import plan
+
+RECIPES = ["orchestrator-qwen3-8b-2n8g-tp4pp1-fp8", "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipes_plan_and_fit_on_an_80gb_gpu(recipe, capsys):
+    assert cli.main(["plan", f"recipe={recipe}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"plan: {recipe}: qwen3-8b (8.19B parameters")
+    assert "TP4 x PP1 x DP" in lines[0] and "FP8 hybrid/tensorwise" in lines[0]
+    assert any(line.split()[:2] == ["rollout", "KV"] for line in lines)
+    assert lines[-1] == "  fits on a 79.6 GiB GPU (launcher.gpu_memory_gib)"
+    estimate = plan.plan(config_lib.load([f"recipe={recipe}"]))
+    assert 0 < estimate.sft.total < estimate.grpo.total < 79.6 * 2**30
+    assert estimate.grpo.kv_tokens >= 32768
+
+
+def test_a_layout_that_does_not_fit_exits_1(capsys):
+    # selective recompute keeps 34sbh/t per layer of a 32k sequence: ~43 GiB of activations
+    assert cli.main(["plan", f"recipe={RECIPES[0]}", "model.recompute_granularity=selective"]
+                    ) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith(
+        "  does not fit on a 79.6 GiB GPU")
+
+
+def test_layout_problems_name_the_keys():
+    config = config_lib.load([f"recipe={RECIPES[0]}", "parallel.dp=2", "rollout.engine_tp=3",
+                              "grpo.prompts_per_step=3", "grpo.mini_batches=5"])
+    problems = plan.layout_problems(config)
+    assert problems == [
+        "parallel: tp x pp x dp = 8 ranks, but the launcher gives 2 nodes x 8 GPUs = 16",
+        "GRPO: grpo.prompts_per_step x rollout.group_size = 24 samples do not split into "
+        "grpo.mini_batches x parallel.dp x grpo.micro_batch_size = 10",
+        "model.num_attention_heads (32) is not divisible by rollout.engine_tp (3)",
+        "model.num_query_groups (8) is not divisible by rollout.engine_tp (3)",
+        "rollout.engine_tp (3) does not divide launcher.gpus_per_node (8) the colocated "
+        "engines share"]
+    assert all(not plan.layout_problems(config_lib.load([f"recipe={recipe}"]))
+               for recipe in RECIPES)
+
+
+def test_fp8_shards_and_experts_are_checked():
+    sharded = config_lib.load([f"recipe={RECIPES[0]}", "model.ffn_hidden_size=12304"])
+    assert plan.layout_problems(sharded) == [
+        "model.fp8: ffn_hidden_size / parallel.tp = 3076 is not a multiple of 16"]
+    on_cpu = config_lib.load(["model=qwen3-8b", "model.fp8=hybrid",
+                              "model.fp8_recipe=tensorwise"])
+    assert plan.layout_problems(on_cpu) == [
+        "model.fp8 needs GPUs (Hopper or newer): launcher.gpus_per_node is 0"]
+    small_nodes = config_lib.load([f"recipe={RECIPES[1]}", "launcher.gpus_per_node=2",
+                                   "parallel.tp=2", "parallel.dp=1", "rollout.engine_tp=2"])
+    assert plan.layout_problems(small_nodes) == [
+        "launcher.experts[math].tp (4) exceeds launcher.gpus_per_node (2)"]
+
+
+def test_a_ray_cluster_must_be_the_rollouts_one():
+    idle = config_lib.load([f"recipe={RECIPES[0]}", "launcher.ray={nodes: 1}"])
+    assert plan.layout_problems(idle) == [
+        "launcher.ray starts a Ray cluster that rollout.backend=local does not use "
+        "(rollout.backend=ray)"]
+    elsewhere = config_lib.load([f"recipe={RECIPES[0]}", "launcher.ray={nodes: 1}",
+                                 "rollout.engine=hf", "rollout.backend=ray"])
+    assert plan.layout_problems(elsewhere) == [
+        "rollout.ray.address must be auto to join launcher.ray's cluster (the job gets its "
+        "RAY_ADDRESS)"]
+
+
+def test_plan_errors_exit_2_with_every_problem():
+    result = run_cli("plan", f"recipe={RECIPES[0]}", "parallel.dp=2", expect=2)
+    assert result.stderr.startswith("nemo-orch plan: error: parallel: tp x pp x dp = 8 ranks")
+    assert "Traceback" not in result.stderr
