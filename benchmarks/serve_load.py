@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_orch.data.environment import held_out_tasks
 from nemo_orch.reward.remote import reward_item
@@ -121,12 +122,11 @@ def _load(port: int, path: str, bodies: list[dict], concurrency: int
 
 
 def _mean_batch(metrics: str, model: str) -> float:
-    values = {}
-    for line in metrics.splitlines():
-        for kind in ("sum", "count"):
-            if line.startswith(f'nemo_orch_serve_batch_requests_{kind}{{model="{model}"}}'):
-                values[kind] = float(line.rsplit(" ", 1)[1])
-    return values["sum"] / values["count"]
+    """Requests per batch of ``model``, from the server's batch-size histogram."""
+    values = {sample.name: sample.value for family in text_string_to_metric_families(metrics)
+              for sample in family.samples if sample.labels.get("model") == model}
+    return (values["nemo_orch_serve_batch_requests_sum"]
+            / values["nemo_orch_serve_batch_requests_count"])
 
 
 def _run_target(name: str, requests: int, concurrency: int, items: int) -> dict:

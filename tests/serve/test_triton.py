@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_orch import config as config_lib
 from nemo_orch.data.environment import held_out_tasks
@@ -149,13 +150,15 @@ def test_a_bad_request_merged_with_good_ones_fails_alone(server):
 
 
 def _samples(metrics: str, name: str, label: str) -> dict[str, float]:
-    """The samples of ``name`` with ``label``, by their other labels."""
+    """The samples ``name`` of the reward model (``label``), by their other label (``""``: none),
+    read with prometheus_client's own parser."""
+    key, value = label.split("=")
     found = {}
-    for line in metrics.splitlines():
-        if line.startswith(name + "{") and label in line:
-            labels, value = line[len(name) + 1:].rsplit("} ", 1)
-            other = ",".join(p for p in labels.split(",") if p != label)
-            found[other] = float(value)
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get(key) == value.strip('"'):
+                other = [f'{k}="{v}"' for k, v in sample.labels.items() if k != key]
+                found[",".join(other)] = sample.value
     return found
 
 
