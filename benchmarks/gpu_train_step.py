@@ -15,6 +15,13 @@ these precisions:
 Weights come from Megatron's own initialization (their values do not matter for speed). After
 ``--warmup`` untimed steps, ``--steps`` steps are timed, each ending in a device synchronization.
 
+Memory, to check ``nemo-orch plan``'s estimator (``nemo_orch.launcher.memory``) against a real
+run: "resident" is ``torch.cuda.memory_allocated`` after the first step (weights, gradient
+buffers, optimizer states), "activations" the peak of the later steps above it
+(``max_memory_allocated`` minus resident), each beside the estimator's figure for the same model
+and batch in parentheses. The ``bf16-selective-recompute`` and ``bf16-full-recompute`` rows
+repeat the bf16 one with that ``model.recompute_granularity``.
+
 How to read the table: "tokens/s" is batch * seq_length / median step time. "MFU" is
 6 * N * tokens/s / peak, with N the model's parameter count (embeddings included; the attention
 score FLOPs, which grow with the sequence, are not counted) and **peak the bf16 matmul rate this
@@ -29,6 +36,7 @@ Run on a CUDA machine: ``python benchmarks/gpu_train_step.py [--steps 5 --warmup
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import statistics
@@ -55,6 +63,10 @@ class Row:
     first_loss: float | None = None
     last_loss: float | None = None
     peak_memory_gib: float | None = None
+    resident_gib: float | None = None
+    activation_peak_gib: float | None = None
+    plan_resident_gib: float | None = None
+    plan_activation_gib: float | None = None
     error: str | None = None
 
 
@@ -77,8 +89,9 @@ def parse_args() -> argparse.Namespace:
                         help="n of the n x n bf16 matmul that measures the peak")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
-    if args.steps < 1 or args.warmup < 0 or args.batch_size < 1 or args.seq_length < 16:
-        parser.error("--steps >= 1, --warmup >= 0, --batch-size >= 1, --seq-length >= 16")
+    if args.steps < 1 or args.warmup < 1 or args.batch_size < 1 or args.seq_length < 16:
+        # The first (warm-up) step creates the optimizer states: memory is resident after it.
+        parser.error("--steps >= 1, --warmup >= 1, --batch-size >= 1, --seq-length >= 16")
     return args
 
 
@@ -118,12 +131,15 @@ def make_batch(vocab_size: int, batch_size: int, seq_length: int) -> dict[str, t
 
 def measure(args: argparse.Namespace, precision: str, overrides: list[str], peak: float) -> Row:
     from nemo_orch import distributed
+    from nemo_orch.launcher import memory
     from nemo_orch.train.policy import Policy
 
     config = load_config(args, overrides)
     tokens = args.batch_size * args.seq_length
     row = Row(precision, config.model.transformer_impl, tokens)
+    gc.collect()  # what an earlier row left
     torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
     try:
         with distributed.parallel_session(config.parallel, config.run.seed) as context:
             policy = Policy(config, context)
@@ -136,6 +152,10 @@ def measure(args: argparse.Namespace, precision: str, overrides: list[str], peak
                 torch.cuda.synchronize()
                 if index >= args.warmup:
                     times.append(time.perf_counter() - started)
+                if index == 0:
+                    resident = torch.cuda.memory_allocated() - before
+                    row.peak_memory_gib = (torch.cuda.max_memory_allocated() - before) / 2**30
+                    torch.cuda.reset_peak_memory_stats()
             del policy
     except Exception as error:  # one precision failing (e.g. a TE too old for a recipe) is data
         traceback.print_exc()
@@ -147,14 +167,24 @@ def measure(args: argparse.Namespace, precision: str, overrides: list[str], peak
     row.tokens_per_s = tokens / row.median_step_s
     row.mfu = 6 * config.model.num_parameters() * row.tokens_per_s / peak
     row.first_loss, row.last_loss = losses[0], losses[-1]
-    row.peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30
+    later_peak = torch.cuda.max_memory_allocated() - before
+    row.peak_memory_gib = max(row.peak_memory_gib, later_peak / 2**30)
+    row.resident_gib = resident / 2**30
+    row.activation_peak_gib = (later_peak - resident) / 2**30
+    estimate = memory.training_estimate(config.model, config.parallel, args.seq_length,
+                                        args.batch_size, num_microbatches=1)
+    row.plan_resident_gib = estimate.resident / 2**30
+    row.plan_activation_gib = estimate.activations / 2**30
     return row
 
 
 def runs(args: argparse.Namespace, have_te: bool) -> list[tuple[str, list[str]]]:
     """(precision label, config overrides) for each row."""
     impl = "transformer_engine" if have_te else "local"
-    plan = [("bf16", [f"model.transformer_impl={impl}", "model.params_dtype=bfloat16"])]
+    bf16 = [f"model.transformer_impl={impl}", "model.params_dtype=bfloat16"]
+    plan = [("bf16", bf16),
+            ("bf16-selective-recompute", [*bf16, "model.recompute_granularity=selective"]),
+            ("bf16-full-recompute", [*bf16, "model.recompute_granularity=full"])]
     if have_te:
         for recipe in args.fp8_recipes:
             plan.append((f"fp8-{recipe}", [
@@ -173,15 +203,17 @@ def print_report(args: argparse.Namespace, rows: list[Row], peak: float, paramet
     print(f"MFU peak = measured bf16 matmul rate ({args.matmul_size}^3): {peak / 1e12:.0f} "
           "TFLOP/s; MFU = 6 * N * tokens/s / peak\n")
     print("| precision | layer spec | median step (s) | tokens/s | MFU | loss first -> last "
-          "| peak mem (GiB) |")
-    print("|---|---|---:|---:|---:|---|---:|")
+          "| peak mem (GiB) | resident GiB (plan) | activations GiB (plan) |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|")
     for row in rows:
         if row.error:
-            print(f"| {row.precision} | {row.layer_spec} | failed: {row.error} | | | | |")
+            print(f"| {row.precision} | {row.layer_spec} | failed: {row.error} | | | | | | |")
             continue
         print(f"| {row.precision} | {row.layer_spec} | {row.median_step_s:.3f} | "
               f"{row.tokens_per_s:,.0f} | {row.mfu:.1%} | {row.first_loss:.3f} -> "
-              f"{row.last_loss:.3f} | {row.peak_memory_gib:.1f} |")
+              f"{row.last_loss:.3f} | {row.peak_memory_gib:.1f} | {row.resident_gib:.1f} "
+              f"({row.plan_resident_gib:.1f}) | {row.activation_peak_gib:.1f} "
+              f"({row.plan_activation_gib:.1f}) |")
 
 
 def main() -> int:

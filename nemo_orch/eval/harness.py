@@ -160,7 +160,7 @@ async def _agent(kind: str, resources: Resources, toolbox: Toolbox
     if kind == ORCHESTRATOR:
         from nemo_orch.rollout.runner import GenerationBatcher
 
-        batcher = GenerationBatcher(resources.engine, settings.max_batch_size, resources.seed)
+        batcher = GenerationBatcher(resources.engine, settings.max_batch_size)
         try:
             yield PolicyAgent(batcher, toolbox, resources.tokenizer, settings)
         finally:

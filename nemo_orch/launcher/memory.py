@@ -11,10 +11,14 @@ the GPUs (``rollout.colocate``), the engine's weights and KV cache:
   distributed optimizer, which reduce-scatters it);
 - optimizer: Adam's two FP32 moments, plus FP32 main weights for 16-bit (or FP8) parameters,
   divided over the data-parallel ranks with the distributed optimizer;
-- activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-  Models", Table 2 per layer (16-bit activations; their GPT layer, an upper bound for Qwen3's
-  dropout-free one), times the layers whose activations the 1F1B schedule keeps in flight, plus
-  the output layer and cross-entropy term ``4sbh/t (1 + v/h)`` of their Sec. 4.3;
+- activations: what Megatron's Qwen3 layer saves for its backward pass, tensor by tensor (the
+  method of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", applied to this layer: GQA, QK norms, SwiGLU, no dropout; see
+  :func:`layer_activation_bytes`), times the layers whose activations the 1F1B schedule keeps in
+  flight, plus the peak of the output layer and loss: the 16-bit logits and the loss's FP32 copy,
+  ``6sbv/t``. With full recompute the layer being recomputed in the backward pass needs its
+  whole activations again; the peak counts the larger of that and the loss. Checked against an
+  H200 (``benchmarks/gpu_train_step.py``; the numbers are in docs/launch.md);
 - rollout engine: its TP shard of the weights in ``rollout.engine_dtype`` and a KV cache of
   ``layers x 2 x kv_heads/engine_tp x head_dim x bytes`` per token. TensorRT-LLM takes
   ``gpu_memory_utilization`` of the memory free after everything resident (it never sleeps, so
@@ -92,30 +96,57 @@ def optimizer_bytes(model: ModelConfig, parallel: ParallelConfig, share: Paramet
 
 def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
                            micro_batch_size: int) -> float:
-    """Korthikanti et al. 2022, Table 2: one layer's stored activations for one micro-batch.
-    Full recompute keeps only the layer's input (``2sbh``, sharded over TP with sequence
-    parallelism, as Megatron stores it)."""
-    s, b, h, a, t = (seq_length, micro_batch_size, model.hidden_size,
-                     model.num_attention_heads, parallel.tp)
-    sbh = s * b * h
-    sp = parallel.sequence_parallel
+    """One layer's saved activations for one micro-batch (16-bit), per token:
+
+    - the inputs of the two RMSNorms and of the QKV and fc1 GEMMs: ``8h`` (sharded over TP with
+      sequence parallelism, as Megatron saves them);
+    - over TP (``q`` = heads x head size, ``kv`` = query groups x head size, ``f`` = FFN size):
+      the attention output GEMM's input ``2q``, the fused SwiGLU's input ``4f`` and fc2's
+      ``2f``;
+    - core attention, fused (Transformer Engine) or recomputed (selective): the QKV GEMM's
+      output, whole, since V (and the QK norms' inputs) are views of it, ``2(q + 2kv)``, and Q
+      and K after the norms and rotary embedding, ``2(q + kv)``; the local spec's unfused
+      attention: Q and K, V expanded to every head (``6q``), the FP32 softmax and its 16-bit
+      copy (``6as``, ``a`` = heads), and the QKV output when QK norms keep it.
+
+    Full recompute keeps only the layer's input, ``2h`` (sharded with sequence parallelism).
+    """
+    h, t = model.hidden_size, parallel.tp
+    q = model.num_attention_heads * model.kv_channels
+    kv = model.num_query_groups * model.kv_channels
+    f = model.ffn_hidden_size
+    sequence_shards = t if parallel.sequence_parallel else 1
     if model.recompute_granularity == "full":
-        return 2 * sbh / (t if sp else 1)
-    attention_scores = 0 if model.recompute_granularity == "selective" else 5 * a * s / h
-    if sp:
-        return sbh / t * (34 + attention_scores)
-    return sbh * (10 + 24 / t + attention_scores / t)
+        return seq_length * micro_batch_size * 2 * h / sequence_shards
+    per_token = 8 * h / sequence_shards + (2 * q + 6 * f) / t
+    qkv_output = 2 * (q + 2 * kv)
+    if model.transformer_impl == "local" and model.recompute_granularity is None:
+        per_token += (6 * q + 6 * model.num_attention_heads * seq_length
+                      + (qkv_output if model.qk_layernorm else 0)) / t
+    else:
+        per_token += (qkv_output + 2 * (q + kv)) / t
+    return seq_length * micro_batch_size * per_token
 
 
 def activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
                      micro_batch_size: int, num_microbatches: int) -> float:
     """The stage holding the most: 1F1B keeps ``min(pp, micro-batches)`` micro-batches of its
-    ``num_layers / pp`` layers in flight on the first stage; plus the output layer and loss."""
+    ``num_layers / pp`` layers in flight on the first stage. On top of them, at the end of the
+    forward pass, the output layer and loss: the final norm's and output GEMM's inputs and the
+    logits, 16-bit and the loss's FP32 copy (``6sbv/t``); with full recompute, in the backward
+    pass, one layer's whole activations instead when that is more."""
     in_flight = min(parallel.pp, num_microbatches)
     layers = model.num_layers // parallel.pp * in_flight
-    sbh_t = seq_length * micro_batch_size * model.hidden_size / parallel.tp
-    output = 4 * sbh_t * (1 + model.vocab_size / model.hidden_size)
-    return layers * layer_activation_bytes(model, parallel, seq_length, micro_batch_size) + output
+    tokens = seq_length * micro_batch_size
+    sequence_shards = parallel.tp if parallel.sequence_parallel else 1
+    output = tokens * (4 * model.hidden_size / sequence_shards
+                       + 6 * model.vocab_size / parallel.tp)
+    peak = output
+    if model.recompute_granularity == "full":
+        recomputed = dataclasses.replace(model, recompute_granularity=None)
+        peak = max(output, layer_activation_bytes(recomputed, parallel, seq_length,
+                                                  micro_batch_size))
+    return layers * layer_activation_bytes(model, parallel, seq_length, micro_batch_size) + peak
 
 
 def kv_bytes_per_token(model: ModelConfig, engine_tp: int, dtype: str) -> int:

@@ -136,7 +136,7 @@ def report(config: Config, result: Plan) -> list[str]:
          "weights"),
         ("gradients (fp32 buffers)", "gradients"),
         (f"optimizer (Adam{main}, /DP{shards})", "optimizer"),
-        ("activations (Korthikanti et al. 2022)", "activations"),
+        ("activations (layers in flight + loss peak)", "activations"),
         ("rollout engine weights", "engine_weights"),
         ("rollout KV cache", "kv_cache"),
         ("runtime (CUDA context, NCCL, fragmentation)", "runtime"),

@@ -101,7 +101,10 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         # Megatron only tags tensor-parallel parameters (needed for grad norms) when it initializes.
         perform_initialization=True,
         use_cpu_initialization=not on_gpu,
-        bias_activation_fusion=False,
+        # Megatron's fused SwiGLU keeps only its input for the backward pass; its Python
+        # version keeps two more copies of the FFN width (measured: ~12 KB per token and layer
+        # of Qwen3-0.6B).
+        bias_activation_fusion=on_gpu,
         bias_dropout_fusion=False,
         masked_softmax_fusion=on_gpu and _fused_softmax_available(),
         apply_rope_fusion=False,
@@ -143,6 +146,14 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, pre_process: bo
         rotary_base=int(model.rotary_base),
         rotary_percent=1.0,
     )
+    if model.transformer_impl == "local":
+        # The local spec builds torch's RMSNorm in float32 whatever params_dtype says (Megatron-LM
+        # casts whole models with its Float16Module). Left so in bf16, each norm would keep an
+        # FP32 copy of its input for the backward pass and miss the fused kernel (measured on an
+        # H200: 15% more activation memory).
+        for module in gpt.modules():
+            if isinstance(module, torch.nn.RMSNorm):
+                module.to(DTYPES[model.params_dtype])
     if torch.cuda.is_available():
         gpt.cuda(torch.cuda.current_device())
     return gpt

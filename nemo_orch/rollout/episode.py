@@ -25,6 +25,7 @@ from nemo_orch.models.tokenizer import MARKUP_TOKENS
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
                                       call_text, decision_end, parse_turn)
+from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
 
@@ -188,6 +189,10 @@ class Episode:
     """Runs one task once under ``rollout.*`` settings (limits, sampling, answer format,
     the orchestrator's price). Build one per (task, sample) and ``await episode.run()``.
 
+    Turn ``t`` samples with the seed ``derive_seed(seed, "turn", t)``, carried with its prompt
+    into the engine: an episode's tokens depend on its seed alone, not on the episodes batched
+    with it, the worker that ran it or the order they finished in.
+
     ``forced_choice`` (directed exploration) makes the first turn start with the decision
     tokens of a call of that choice; the policy writes the rest (its arguments). Forced tokens
     are policy tokens with logprob 0: they were not sampled."""
@@ -269,7 +274,8 @@ class Episode:
             params = SamplingParams(
                 max_new_tokens=max(1, min(settings.max_new_tokens, room - 1) - len(forced)),
                 temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                stop_token_ids=(self.eos_id,))
+                stop_token_ids=(self.eos_id,),
+                seed=derive_seed(self.context.seed, "turn", turn_index))
             generation_start = time.perf_counter()
             try:
                 generation = await self.policy.generate(history.ids + forced, params)

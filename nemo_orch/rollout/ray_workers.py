@@ -9,10 +9,9 @@ configured :class:`~nemo_orch.tools.registry.Toolbox`; answers are scored by *sc
 behind the :class:`~nemo_orch.reward.outcome.AnswerScorer` protocol.
 
 Seeds do not depend on who runs an episode: episode ``i`` gets seed ``seed + i`` as it does
-locally (:func:`~nemo_orch.rollout.runner.episode_jobs`), and the chunk starting at episode
-``i`` gets the batcher seed ``batch_seed + i``. Sampled tokens still depend on how the engine
-batched them (the local backend's per-call seeds), so the two backends agree exactly for greedy
-decoding and scripted policies, and a one-worker pool reproduces a local rollout batched alike.
+locally (:func:`~nemo_orch.rollout.runner.episode_jobs`), and each of its turns samples with a
+seed derived from it, carried with the prompt into the engine. So the two backends sample the
+same tokens, however the workers and their batchers grouped the episodes.
 
 Faults: a worker and its tool executor are one unit. When either dies, the driver stops both,
 starts a fresh pair and runs the whole chunk again: the per-episode tool state (a domain's
@@ -135,8 +134,8 @@ class RolloutWorker:
         self.toolbox = executor_toolbox(executor, specs, self.lost)
         self.engine, self.tokenizer = make_engine(weights)
 
-    async def run(self, jobs: list[EpisodeJob], batch_seed: int) -> list[Trajectory]:
-        batcher = GenerationBatcher(self.engine, self.settings.max_batch_size, batch_seed)
+    async def run(self, jobs: list[EpisodeJob]) -> list[Trajectory]:
+        batcher = GenerationBatcher(self.engine, self.settings.max_batch_size)
         try:
             trajectories = await run_episodes(jobs, batcher, self.toolbox, self.tokenizer,
                                               self.settings)
@@ -275,15 +274,12 @@ class RayRolloutPool:
         ray.kill(unit.executor)
 
     async def run(self, tasks: Sequence[Task], samples_per_task: int, *, seed: int = 0,
-                  batch_seed: int | None = None,
                   forced_choices: Mapping[tuple[int, int], Choice] | None = None
                   ) -> list[Trajectory]:
-        """What :func:`~nemo_orch.rollout.runner.run_rollouts` returns for the same arguments
-        (``batch_seed``: its batcher's seed, default ``seed``), with the episodes spread over
-        the workers. A dead unit is replaced and its chunk run again, at most
-        ``rollout.ray.max_replacements`` times in this call."""
+        """What :func:`~nemo_orch.rollout.runner.run_rollouts` returns for the same arguments,
+        with the episodes spread over the workers. A dead unit is replaced and its chunk run
+        again, at most ``rollout.ray.max_replacements`` times in this call."""
         jobs = episode_jobs(tasks, samples_per_task, seed, forced_choices)
-        batch_base = seed if batch_seed is None else batch_seed
         queue = deque(_chunks(jobs, samples_per_task, len(self.units)))
         idle = deque(range(len(self.units)))
         running: dict[asyncio.Future, tuple[int, list[EpisodeJob]]] = {}
@@ -293,8 +289,7 @@ class RayRolloutPool:
             while queue or running:
                 while queue and idle:
                     index, chunk = idle.popleft(), queue.popleft()
-                    call = self.units[index].worker.run.remote(chunk,
-                                                               batch_base + chunk[0].index)
+                    call = self.units[index].worker.run.remote(chunk)
                     running[asyncio.ensure_future(call)] = (index, chunk)
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:

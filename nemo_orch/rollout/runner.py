@@ -9,7 +9,7 @@ toolbox), so a slow tool only delays the episodes that called it.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -37,15 +37,16 @@ class BatchStats:
 class GenerationBatcher:
     """Turns concurrent single-prompt requests into batched engine calls.
 
-    Requests with equal sampling parameters share a call (at most ``max_batch_size`` prompts);
-    the engine runs in a worker thread (or natively async via ``agenerate``) so tools and other
-    episodes keep running meanwhile. Each call gets its own seed from ``seed``, so a rollout is
-    reproducible for the same batching.
+    Requests with equal sampling parameters but for their seeds share a call (at most
+    ``max_batch_size`` prompts), each prompt with its own seed, so what a request gets does not
+    depend on what it was batched with (an unseeded request gets a random seed). The engine runs
+    in a worker thread (or natively async via ``agenerate``) so tools and other episodes keep
+    running meanwhile.
     """
 
-    def __init__(self, engine: Engine, max_batch_size: int = 64, seed: int = 0) -> None:
+    def __init__(self, engine: Engine, max_batch_size: int = 64) -> None:
         self.engine, self.max_batch_size = engine, max_batch_size
-        self._seeds = itertools.count(seed)
+        self._random = random.SystemRandom()
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -66,14 +67,19 @@ class GenerationBatcher:
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
 
-    def _take_batch(self) -> tuple[SamplingParams, list[tuple[list[int], asyncio.Future]]]:
-        params = self._pending[0][1]
+    def _take_batch(self) -> tuple[SamplingParams, list[tuple[list[int], int, asyncio.Future]]]:
+        """The first pending request's parameters (seed aside) and up to ``max_batch_size``
+        requests that share them, each with its seed."""
+        params = replace(self._pending[0][1], seed=None)
         batch, rest = [], []
         for prompt, p, future in self._pending:
-            (batch if p == params and len(batch) < self.max_batch_size else rest).append(
-                (prompt, p, future))
+            if replace(p, seed=None) == params and len(batch) < self.max_batch_size:
+                seed = p.seed if p.seed is not None else self._random.randrange(2**31)
+                batch.append((prompt, seed, future))
+            else:
+                rest.append((prompt, p, future))
         self._pending = rest
-        return params, [(prompt, future) for prompt, _, future in batch]
+        return params, batch
 
     async def _serve(self) -> None:
         while True:
@@ -82,29 +88,29 @@ class GenerationBatcher:
             await asyncio.sleep(0)
             while self._pending:
                 params, batch = self._take_batch()
-                prompts = [prompt for prompt, _ in batch]
-                seeded = replace(params, seed=next(self._seeds)) if params.seed is None else params
+                prompts = [prompt for prompt, _, _ in batch]
                 try:
-                    generations = await self._call_engine(prompts, seeded)
+                    generations = await self._call_engine(prompts, params,
+                                                          [seed for _, seed, _ in batch])
                 except Exception as error:  # each waiting episode decides what this means
-                    for _, future in batch:
+                    for _, _, future in batch:
                         if not future.done():
                             future.set_exception(error)
                     continue
                 self.stats.calls += 1
                 self.stats.prompts += len(prompts)
                 self.stats.sizes.append(len(prompts))
-                for (_, future), generation in zip(batch, generations):
+                for (_, _, future), generation in zip(batch, generations):
                     if not future.done():
                         future.set_result(generation)
             self._wakeup.clear()
 
-    async def _call_engine(self, prompts: list[list[int]],
-                           params: SamplingParams) -> list[Generation]:
+    async def _call_engine(self, prompts: list[list[int]], params: SamplingParams,
+                           seeds: list[int]) -> list[Generation]:
         agenerate = getattr(self.engine, "agenerate", None)
         if agenerate is not None:
-            return await agenerate(prompts, params)
-        return await asyncio.to_thread(self.engine.generate, prompts, params)
+            return await agenerate(prompts, params, seeds)
+        return await asyncio.to_thread(self.engine.generate, prompts, params, seeds)
 
 
 class DirectPolicy:
@@ -134,7 +140,8 @@ def episode_jobs(tasks: Sequence[Task], samples_per_task: int, seed: int = 0,
                  forced_choices: Mapping[tuple[int, int], Choice] | None = None
                  ) -> list[EpisodeJob]:
     """Every task ``samples_per_task`` times, in (task, sample) order; episode ``i`` gets seed
-    ``seed + i`` whoever runs it (a Ray worker gets the same seeds as this process)."""
+    ``seed + i`` whoever runs it (a Ray worker gets the same seeds as this process), and its
+    turns sample with seeds derived from it (:class:`~nemo_orch.rollout.episode.Episode`)."""
     forced_choices = forced_choices or {}
     pairs = [(task_index, sample) for task_index in range(len(tasks))
              for sample in range(samples_per_task)]
@@ -170,7 +177,7 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
     with (directed exploration)."""
     own_batcher = batcher is None
-    batcher = batcher or GenerationBatcher(engine, settings.max_batch_size, seed)
+    batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
     try:
         return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices),
                                   batcher, toolbox, tokenizer, settings)

@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -77,9 +78,10 @@ class _SerialEngine:
         self.engine = engine
         self.lock = threading.Lock()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         with self.lock:
-            return self.engine.generate(prompts, params)
+            return self.engine.generate(prompts, params, seeds)
 
 
 # ---------------------------------------------------------------------- function calling

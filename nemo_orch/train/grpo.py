@@ -19,7 +19,6 @@ import math
 import random
 import statistics
 import time
-import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,8 @@ from nemo_orch.rollout.builders import build_rollout_engine, build_scorer, build
 from nemo_orch.rollout.engines.base import Sleepable
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
-from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
+from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum
 from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.metrics import MetricsLogger, logged_steps
@@ -121,7 +121,7 @@ class Rollouts:
         self.forced_episodes = 0
 
     def tasks(self, step: int, round_index: int, count: int) -> list[Task]:
-        seed = _seed(self.config.run.seed, "tasks", step, round_index)
+        seed = derive_seed(self.config.run.seed, "tasks", step, round_index)
         tasks = make_tasks(count, seed, prefix=f"s{step}r{round_index}")
         if self.tools is None:
             return tasks
@@ -151,19 +151,16 @@ class Rollouts:
 
     async def groups(self, step: int, round_index: int, count: int) -> list[Group]:
         tasks = self.tasks(step, round_index, count)
-        batch_seed = self.config.run.seed + 1000 * step + round_index
+        seed = derive_seed(self.config.run.seed, "episodes", step, round_index)
         forced = self.forced_choices(len(tasks))
         self.forced_episodes += len(forced)
         if self.pool is not None:
-            trajectories = await self.pool.run(tasks, self.settings.group_size,
-                                               batch_seed=batch_seed, forced_choices=forced)
+            trajectories = await self.pool.run(tasks, self.settings.group_size, seed=seed,
+                                               forced_choices=forced)
         else:
-            batcher = GenerationBatcher(self.engine, self.settings.max_batch_size,
-                                        seed=batch_seed)
             trajectories = await run_rollouts(tasks, self.settings.group_size, self.engine,
                                               self.toolbox, self.tokenizer, self.settings,
-                                              batcher=batcher, forced_choices=forced)
-            await batcher.close()
+                                              seed=seed, forced_choices=forced)
         size = self.settings.group_size
         grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
         for task_index, group in enumerate(grouped):
@@ -426,11 +423,6 @@ def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any) -> "R
     return ray_workers.build_ray_pool(config, ray_workers.weights_engine(config, tokenizer), hf)
 
 
-def _seed(*parts: object) -> int:
-    """A seed from its parts, the same in every process (unlike ``hash`` of a string)."""
-    return zlib.crc32(repr(parts).encode())
-
-
 def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: list[Sample],
             config: Config, step: int, dp_rank: int, pad_id: int) -> dict[str, float]:
     """``updates_per_step`` passes of ``mini_batches`` optimizer steps over this DP rank's share
@@ -440,8 +432,8 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
         return {"skipped_update": 1.0}
     on_policy_once = grpo.updates_per_step == 1 and grpo.mini_batches == 1
     minis = []
-    for mini in _even_split(samples, grpo.mini_batches, random.Random(_seed(config.run.seed,
-                                                                            "mini", step))):
+    split = random.Random(derive_seed(config.run.seed, "mini", step))
+    for mini in _even_split(samples, grpo.mini_batches, split):
         mine = _even_split(mini, dp, random.Random(0))[dp_rank]
         mine = mine[:len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
         batches = micro_batches(mine, grpo.micro_batch_size, pad_id,

@@ -56,32 +56,57 @@ def test_fp8_weights_by_hand():
     assert memory.weight_bytes(fp8_param, share) == (107200 - 36864) * 2 + 36864
 
 
-@pytest.mark.parametrize("recompute,sp,per_layer", [
-    # s=32, b=2, h=64: sbh = 4096; a=4, t=2: 5as/(ht) = 5*4*32/(64*2) = 5
-    (None, False, 4096 * (10 + 24 / 2 + 5)),    # Table 2, tensor parallel
-    (None, True, 4096 / 2 * (34 + 5 * 4 * 32 / 64)),   # + sequence parallel
-    ("selective", False, 4096 * (10 + 24 / 2)),
-    ("selective", True, 4096 / 2 * 34),
-    ("full", False, 2 * 4096),
-    ("full", True, 2 * 4096 / 2),
+# Activations of s=32 x b=2 = 64 tokens, TP2. Per token: the norms' and QKV/fc1 inputs 8h = 512
+# (256 with sequence parallelism); over TP: the output GEMM's input 2q = 128, SwiGLU 4f + fc2
+# 2f = 768: (128 + 768) / 2 = 448; core attention, fused or recomputed: the QKV output
+# 2(q + 2kv) = 256 and Q, K after RoPE 2(q + kv) = 192: 448 / 2 = 224; unfused: Q and K, V
+# expanded 6q = 384, the softmax 6as = 6 x 4 x 32 = 768 and the QKV output the QK norms keep,
+# 256: 1408 / 2 = 704.
+FUSED, UNFUSED = 64 * (512 + 448 + 224), 64 * (512 + 448 + 704)
+
+
+@pytest.mark.parametrize("impl,recompute,sp,per_layer", [
+    ("transformer_engine", None, False, FUSED),
+    ("transformer_engine", None, True, FUSED - 64 * 256),
+    ("local", None, False, UNFUSED),
+    ("local", "selective", False, FUSED),
+    ("transformer_engine", "selective", True, FUSED - 64 * 256),
+    ("local", "full", False, 64 * 2 * 64),           # the layer's input, 2h per token
+    ("transformer_engine", "full", True, 64 * 2 * 64 / 2),
 ])
-def test_layer_activations_follow_korthikanti_table_2(recompute, sp, per_layer):
-    model = dataclasses.replace(MODEL, recompute_granularity=recompute,
-                                transformer_impl="transformer_engine")
+def test_layer_activations_by_hand(impl, recompute, sp, per_layer):
+    model = dataclasses.replace(MODEL, recompute_granularity=recompute, transformer_impl=impl)
     parallel = ParallelConfig(tp=2, dp=2, sequence_parallel=sp)
     assert memory.layer_activation_bytes(model, parallel, 32, 2) == pytest.approx(per_layer)
+    # Without QK norms, only the unfused attention lets the QKV output go
+    without_qk_norms = dataclasses.replace(model, qk_layernorm=False)
+    kept_qkv = 64 * 128 if impl == "local" and recompute is None else 0
+    assert memory.layer_activation_bytes(without_qk_norms, parallel, 32, 2) == pytest.approx(
+        per_layer - kept_qkv)
 
 
-def test_activations_count_layers_in_flight_and_the_output_layer():
-    output = 4 * 4096 / 2 * (1 + 512 / 64)  # 4sbh/t (1 + v/h) = 73728
-    per_layer = 4096 * 27
-    assert memory.activation_bytes(MODEL, TP2_DP2, 32, 2, num_microbatches=8) == (
-        pytest.approx(4 * per_layer + output))
+def test_activations_count_layers_in_flight_and_the_loss_peak():
+    # The final norm's and output GEMM's inputs 4h = 256 per token, the logits 6v/t = 1536
+    output = 64 * (256 + 6 * 512 / 2)
+    model = dataclasses.replace(MODEL, transformer_impl="transformer_engine")
+    assert memory.activation_bytes(model, TP2_DP2, 32, 2, num_microbatches=8) == (
+        pytest.approx(4 * FUSED + output))
     # PP2 with 1F1B: the first stage keeps 2 micro-batches of its 2 layers; with only one
     # micro-batch, one
     pp2 = ParallelConfig(tp=2, pp=2)
-    assert memory.activation_bytes(MODEL, pp2, 32, 2, 8) == pytest.approx(4 * per_layer + output)
-    assert memory.activation_bytes(MODEL, pp2, 32, 2, 1) == pytest.approx(2 * per_layer + output)
+    assert memory.activation_bytes(model, pp2, 32, 2, 8) == pytest.approx(4 * FUSED + output)
+    assert memory.activation_bytes(model, pp2, 32, 2, 1) == pytest.approx(2 * FUSED + output)
+    # Full recompute: the layers' inputs, then the larger of the loss and one whole layer
+    full = dataclasses.replace(model, recompute_granularity="full")
+    assert memory.activation_bytes(full, TP2_DP2, 32, 2, 1) == pytest.approx(
+        4 * 64 * 128 + max(output, FUSED))
+    # ... which, unfused at 4096 tokens (the softmax grows with the sequence), is the layer
+    unfused = dataclasses.replace(MODEL, transformer_impl="local")
+    whole_layer = memory.layer_activation_bytes(unfused, TP2_DP2, 4096, 1)
+    assert whole_layer > 4096 * (256 + 1536)
+    assert memory.activation_bytes(dataclasses.replace(unfused, recompute_granularity="full"),
+                                   TP2_DP2, 4096, 1, 1) == pytest.approx(4 * 4096 * 128
+                                                                         + whole_layer)
 
 
 def test_kv_cache_per_token_by_hand():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -343,6 +344,27 @@ def test_gpu_tests_skip_cleanly_without_cuda():
 
 
 # --- on a GPU -------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_policy_trains_on_cuda_in_bf16_with_the_local_spec(megatron_world):
+    """The Megatron policy as SFT and GRPO build it (DDP, distributed optimizer), on CUDA with
+    megatron-core alone: it memorizes one batch."""
+    from nemo_orch.train.policy import Policy
+
+    config = config_lib.load(["model.transformer_impl=local", "model.params_dtype=bfloat16",
+                              "trainer.lr=1e-3", "trainer.warmup_steps=0",
+                              "trainer.max_steps=100"])
+    policy = Policy(config, megatron_world)
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in policy.module.parameters())
+    sequence = torch.randint(0, config.model.vocab_size, (4, 65),
+                             generator=torch.Generator().manual_seed(0))
+    batch = {"tokens": sequence[:, :-1], "labels": sequence[:, 1:],
+             "loss_mask": torch.ones(4, 64), "position_ids": torch.arange(64).repeat(4, 1)}
+    batch = {key: value.cuda() for key, value in batch.items()}
+    results = [policy.train_step([batch]) for _ in range(12)]
+    assert all(math.isfinite(r.loss) and math.isfinite(r.grad_norm) for r in results)
+    assert results[-1].loss < results[0].loss - 0.5, [round(r.loss, 3) for r in results]
 
 def _te_config(*overrides: str):
     pytest.importorskip("transformer_engine")

@@ -12,6 +12,7 @@ import time
 import pytest
 from fixture_tools import ContextRecorder, DelayedEcho, echo_spec
 
+from nemo_orch.rollout.engines.hf import HFEngine
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
@@ -194,7 +195,7 @@ def test_engine_failure_ends_only_that_episode(tiny_tokenizer):
         return echo_then_answer(prompt)
 
     class OnePerCall(ScriptedEngine):  # fail per prompt, not per batch
-        def generate(self, prompts, params):
+        def generate(self, prompts, params, seeds=None):
             return [super(OnePerCall, self).generate([p], params)[0] for p in prompts]
 
     tasks = [Task("ok", "echo: fine"), Task("bad", "explode: now")]
@@ -239,3 +240,24 @@ def test_groups_and_task_tool_subsets(tiny_tokenizer):
         ("b", i) for i in range(3)]
     assert [s["function"]["name"] for s in trajectories[0].tools] == ["echo"]
     assert [s["function"]["name"] for s in trajectories[3].tools] == ["echo", "slow"]
+
+
+def test_sampled_rollouts_do_not_depend_on_batching(random_policy_dir, tiny_tokenizer):
+    """Each turn samples with its episode's own seed, so episodes batched together, one at a time
+    or in another order sample the same tokens."""
+    engine = HFEngine.from_pretrained(random_policy_dir, tokenizer=tiny_tokenizer)
+    tasks = [Task("a", "echo: 1"), Task("b", "echo: 2"), Task("c", "slow: 3")]
+
+    def sampled(seed: int, **fields) -> list:
+        return asyncio.run(run_rollouts(tasks, 2, engine, make_toolbox(), tiny_tokenizer,
+                                        settings(max_turns=2, max_new_tokens=16, **fields),
+                                        seed=seed))
+
+    batched = sampled(5, max_batch_size=6)
+    alone = sampled(5, max_batch_size=1, max_concurrent_episodes=1)
+    assert [t.token_ids for t in alone] == [t.token_ids for t in batched]
+    for ours, theirs in zip(alone, batched):
+        assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
+    # The samples of a group differ, and another seed samples other tokens.
+    assert batched[0].token_ids != batched[1].token_ids
+    assert [t.token_ids for t in sampled(6, max_batch_size=6)] != [t.token_ids for t in batched]

@@ -28,7 +28,7 @@ from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
 from nemo_orch.rollout import builders
 from nemo_orch.rollout.engines.base import (Engine, EngineError, Generation, SamplingParams,
                                             Sleepable, check_hf_state, check_prompts,
-                                            finish_reason, request_seeds, sampled_logprobs,
+                                            finish_reason, prompt_seeds, sampled_logprobs,
                                             weight_buckets)
 from nemo_orch.rollout.engines.hf import HFEngine
 from nemo_orch.rollout.engines.trtllm import (TRTLLMEngine, model_limits, stop_string_cut,
@@ -123,10 +123,13 @@ def test_trtllm_kwargs_keep_stops_and_ask_for_the_sampled_logprob():
     assert plain["stop"] is None and plain["stop_token_ids"] is None
 
 
-def test_request_seeds_differ_per_prompt():
-    assert request_seeds(7, 3) == [7, 8, 9]
-    drawn = request_seeds(None, 4)
+def test_prompt_seeds_differ_per_prompt_or_are_the_callers():
+    assert prompt_seeds(SamplingParams(seed=7), 3) == [7, 8, 9]
+    drawn = prompt_seeds(SamplingParams(), 4)
     assert len(set(drawn)) == 4 and drawn == list(range(drawn[0], drawn[0] + 4))
+    assert prompt_seeds(SamplingParams(seed=7), 2, [40, 3]) == [40, 3]
+    with pytest.raises(EngineError, match="1 seeds for 2 prompts"):
+        prompt_seeds(SamplingParams(), 2, [1])
 
 
 # ----------------------------------------------------------------------------- results

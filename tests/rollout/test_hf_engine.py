@@ -84,6 +84,21 @@ def test_seeded_sampling_is_reproducible_and_row_independent(engine, prompts):
     assert len({tuple(g.token_ids) for g in group}) > 1
 
 
+def test_a_prompt_with_its_own_seed_samples_alike_in_any_batch(engine, prompts):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    batched = engine.generate(prompts, params, seeds=[11, 12, 13])
+    alone = [engine.generate([prompt], params, seeds=[seed])[0]
+             for prompt, seed in zip(reversed(prompts), (13, 12, 11))][::-1]
+    assert [g.token_ids for g in alone] == [g.token_ids for g in batched]
+    for ours, theirs in zip(alone, batched):
+        assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
+    # Per-prompt seeds replace the call's seed.
+    again = engine.generate(prompts, SamplingParams(max_new_tokens=10, seed=99), [11, 12, 13])
+    assert [g.token_ids for g in again] == [g.token_ids for g in batched]
+    with pytest.raises(EngineError, match="2 seeds for 3 prompts"):
+        engine.generate(prompts, params, seeds=[1, 2])
+
+
 def test_top_k_one_is_greedy(engine, prompts):
     greedy = engine.generate(prompts, GREEDY)
     top1 = engine.generate(prompts, SamplingParams(max_new_tokens=12, top_k=1, seed=5))

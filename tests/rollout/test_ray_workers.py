@@ -180,8 +180,10 @@ def test_rollout_command_on_ray_equals_local(ray_session, random_policy_dir, tmp
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, [Task("q1", "What is 2 + 3?", system="Use tools.", answer="5"),
                         Task("q2", "Who founded Esvin Labs?", tools=("search",))])
+    # Sampled at temperature 1: each turn's seed travels with its prompt, so the workers'
+    # batches (2 workers here, one batcher locally) do not change the tokens.
     overrides = [f"rollout.policy={random_policy_dir}", "rollout.max_turns=2",
-                 "rollout.max_new_tokens=12", "rollout.temperature=0"]
+                 "rollout.max_new_tokens=12", "rollout.temperature=1.0"]
 
     def rollout(name: str, *more: str) -> list[dict[str, Any]]:
         out = tmp_path / f"{name}.jsonl"
@@ -193,6 +195,7 @@ def test_rollout_command_on_ray_equals_local(ray_session, random_policy_dir, tmp
     on_ray = rollout("ray", "rollout.backend=ray", HALF_CPU)
     assert [(r["task_id"], r["sample"]) for r in on_ray] == [("q1", 0), ("q1", 1), ("q2", 0),
                                                              ("q2", 1)]
+    assert on_ray[0]["token_ids"] != on_ray[1]["token_ids"]  # a group's samples differ
     for ours, theirs in zip(on_ray, local):
         assert {k: v for k, v in ours.items() if k not in TIMING} == \
             {k: v for k, v in theirs.items() if k not in TIMING}

@@ -29,7 +29,9 @@ class EngineError(RuntimeError):
 class SamplingParams:
     """How to continue each prompt. ``temperature=0`` is greedy; ``top_k=0`` disables top-k.
     Generation of a sequence stops at ``max_new_tokens``, at any ``stop_token_ids`` (kept in the
-    output) or when its decoded continuation ends with one of ``stop_strings`` (kept too)."""
+    output) or when its decoded continuation ends with one of ``stop_strings`` (kept too).
+    ``seed`` seeds prompt ``i`` of a call with ``seed + i`` unless the call gives per-prompt
+    seeds (see :func:`prompt_seeds`)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -61,10 +63,14 @@ class Generation:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Batched generation. ``update_weights`` takes HF-named full tensors (the refit path from
-    the Megatron policy, through :mod:`nemo_orch.models.hf_mapping`)."""
+    """Batched generation. ``seeds``, when given, is each prompt's own sampling seed (see
+    :func:`prompt_seeds`): a prompt sampled with its seed continues the same way in any batch,
+    which makes rollouts independent of how episodes were batched or which worker ran them.
+    ``update_weights`` takes HF-named full tensors (the refit path from the Megatron policy,
+    through :mod:`nemo_orch.models.hf_mapping`)."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]: ...
 
     def update_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
 
@@ -92,13 +98,19 @@ def require_cuda(engine: str) -> None:
                           "(torch.cuda.is_available() is false); use rollout.engine=hf on CPU")
 
 
-def request_seeds(seed: int | None, count: int) -> list[int]:
-    """One seed per prompt: ``seed + i``, from a random base when ``seed`` is None.
+def prompt_seeds(params: SamplingParams, count: int, seeds: Sequence[int] | None = None
+                 ) -> list[int]:
+    """One sampling seed per prompt: ``seeds`` when the caller gives them (rollouts give each
+    episode turn its own), else ``params.seed + i``, from a random base when that is None.
 
     Identical prompts (a GRPO group) must not share a seed, or a library that seeds every request
     alike (TensorRT-LLM's default is 0) returns the same sample ``group_size`` times.
     """
-    base = random.SystemRandom().randrange(2**31) if seed is None else seed
+    if seeds is not None:
+        if len(seeds) != count:
+            raise EngineError(f"{len(seeds)} seeds for {count} prompts")
+        return list(seeds)
+    base = random.SystemRandom().randrange(2**31) if params.seed is None else params.seed
     return [base + index for index in range(count)]
 
 

@@ -11,8 +11,7 @@ compares with the training policy's logprobs.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +22,7 @@ from nemo_orch.config import ModelConfig
 from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, build_hf_model,
                                          model_config_from_hf)
 from nemo_orch.rollout.engines.base import (EngineError, Generation, SamplingParams,
-                                            check_prompts)
-
-
-def _row_seed(seed: int, row: int) -> int:
-    """Independent seed per batch row, so a row's samples do not depend on its neighbours."""
-    return zlib.crc32(f"{seed}:{row}".encode())
+                                            check_prompts, prompt_seeds)
 
 
 def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -110,8 +104,11 @@ class HFEngine:
                 param.copy_(tensors[name].to(param.dtype))
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Continue every prompt; finished rows are dropped from the batch (and its KV cache)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Continue every prompt; finished rows are dropped from the batch (and its KV cache).
+        Each row samples from its own generator, seeded with its prompt's seed, so a row's
+        tokens do not depend on its neighbours."""
         from transformers import DynamicCache
 
         if not prompts:
@@ -121,12 +118,10 @@ class HFEngine:
         max_positions = self.model_config.max_position_embeddings
         check_prompts(prompts, max_positions, self.model_config.vocab_size)
 
-        base_seed = params.seed if params.seed is not None else int(
-            torch.randint(0, 2**62, (1,)))
         rows = [_Row(prompt_len=len(p), max_new=min(params.max_new_tokens, max_positions - len(p)),
                      generator=None if params.temperature == 0 else
-                     torch.Generator().manual_seed(_row_seed(base_seed, i)))
-                for i, p in enumerate(prompts)]
+                     torch.Generator().manual_seed(seed))
+                for p, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))]
 
         # Left-padded prefill: pads are masked out and real tokens get positions 0..n-1.
         width = max(len(p) for p in prompts)

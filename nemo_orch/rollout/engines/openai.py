@@ -27,7 +27,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.http import JSONClient
-from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams
+from nemo_orch.rollout.engines.base import (EngineError, Generation, SamplingParams,
+                                            prompt_seeds)
 
 log = logging.getLogger(__name__)
 
@@ -142,25 +143,29 @@ class OpenAIEngine:
         self.extensions = extensions
         self.concurrency = concurrency
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        return run_sync(self.agenerate(prompts, params))
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        return run_sync(self.agenerate(prompts, params, seeds))
 
     def update_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         raise EngineError("a served model cannot be refit through the OpenAI API; reload the "
                           "server with the new checkpoint instead")
 
-    async def agenerate(self, prompts: list[list[int]], params: SamplingParams
-                        ) -> list[Generation]:
-        """One request per prompt, ``concurrency`` at a time; results in prompt order. Prompt
-        ``i`` is sampled with seed ``params.seed + i`` so the samples of a repeated prompt differ."""
+    async def agenerate(self, prompts: list[list[int]], params: SamplingParams,
+                        seeds: Sequence[int] | None = None) -> list[Generation]:
+        """One request per prompt, ``concurrency`` at a time; results in prompt order. Each
+        request carries its prompt's seed (:func:`prompt_seeds`), so the samples of a repeated
+        prompt differ; with neither ``seeds`` nor ``params.seed`` the server picks."""
         semaphore = asyncio.Semaphore(self.concurrency)
+        unseeded = seeds is None and params.seed is None
+        request_seeds = [None] * len(prompts) if unseeded else prompt_seeds(params, len(prompts),
+                                                                             seeds)
 
-        async def one(index: int, prompt: list[int]) -> Generation:
+        async def one(prompt: list[int], seed: int | None) -> Generation:
             async with semaphore:
-                return await self._generate_one(prompt, params, seed=None if params.seed is None
-                                                else params.seed + index)
+                return await self._generate_one(prompt, params, seed)
 
-        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+        return list(await asyncio.gather(*(one(p, s) for p, s in zip(prompts, request_seeds))))
 
     def _request_fields(self, params: SamplingParams, seed: int | None) -> dict[str, Any]:
         fields: dict[str, Any] = {"max_tokens": params.max_new_tokens,

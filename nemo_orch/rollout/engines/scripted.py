@@ -8,7 +8,7 @@ untrained model does not. ``seconds_per_call`` stands in for the engine's batche
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -23,7 +23,8 @@ class ScriptedEngine:
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.batch_sizes: list[int] = []
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         self.batch_sizes.append(len(prompts))
         if self.seconds_per_call:
             time.sleep(self.seconds_per_call)

@@ -48,7 +48,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.rollout.engines.base import (ENGINE_DTYPES, EngineError, Generation,
                                             LibraryEngineMixin,
                                             SamplingParams, check_hf_state, check_prompts,
-                                            finish_reason, request_seeds, require_cuda,
+                                            finish_reason, prompt_seeds, require_cuda,
                                             sampled_logprobs, served_model_config,
                                             weight_buckets)
 
@@ -233,8 +233,10 @@ class TRTLLMEngine(LibraryEngineMixin):
                               "rollout.engine=vllm")
         return {"orchestrator_type": "ray", "ray_worker_extension_cls": _RLHF_EXTENSION}
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Continue every prompt in one TensorRT-LLM call; results in prompt order."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Continue every prompt in one TensorRT-LLM call, each with its own seed; results in prompt
+        order."""
         if not prompts:
             return []
         check_prompts(prompts, self.max_seq_len, self.vocab_size)
@@ -243,7 +245,7 @@ class TRTLLMEngine(LibraryEngineMixin):
         requests = [self._sampling_params(**{
             **shared, "seed": seed,
             "max_tokens": min(params.max_new_tokens, self.max_seq_len - len(prompt))})
-            for prompt, seed in zip(prompts, request_seeds(params.seed, len(prompts)))]
+            for prompt, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))]
         outputs = self.llm.generate([list(prompt) for prompt in prompts],
                                     sampling_params=requests, use_tqdm=False)
         return [trtllm_generation(output.outputs[0], len(prompt), self._decode,

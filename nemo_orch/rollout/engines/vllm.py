@@ -32,7 +32,7 @@ import importlib.util
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -44,7 +44,7 @@ from nemo_orch.models.hf_mapping import load_hf_checkpoint_config
 from nemo_orch.rollout.engines.base import (ENGINE_DTYPES, EngineError, Generation,
                                             LibraryEngineMixin,
                                             SamplingParams, check_hf_state, check_prompts,
-                                            finish_reason, request_seeds, require_cuda,
+                                            finish_reason, prompt_seeds, require_cuda,
                                             sampled_logprobs, served_model_config,
                                             weight_buckets)
 
@@ -167,8 +167,10 @@ class VLLMEngine(LibraryEngineMixin):
                                 max_num_seqs=max_batch_size, logprobs_mode="processed_logprobs",
                                 worker_extension_cls=_EXTENSION)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Continue every prompt in one vLLM call; results in prompt order."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Continue every prompt in one vLLM call, each with its own seed; results in prompt
+        order."""
         if not prompts:
             return []
         self._check_usable()
@@ -180,7 +182,7 @@ class VLLMEngine(LibraryEngineMixin):
         requests = [self._sampling_params(**{
             **shared, "seed": seed,
             "max_tokens": min(params.max_new_tokens, self.max_seq_len - len(prompt))})
-            for prompt, seed in zip(prompts, request_seeds(params.seed, len(prompts)))]
+            for prompt, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))]
         outputs = self.llm.generate([{"prompt_token_ids": list(prompt)} for prompt in prompts],
                                     sampling_params=requests, use_tqdm=False)
         return [vllm_generation(output.outputs[0], len(prompt), self._decode)
