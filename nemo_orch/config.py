@@ -495,9 +495,8 @@ class RolloutConfig:
     memory left free after loading the weights (its KV cache). The CPU engine ignores these.
 
     ``backend``: ``local`` runs every episode on this process's event loop; ``ray`` spreads them
-    over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds
-    (exactly so for greedy decoding and scripted policies; sampled tokens depend on how the
-    engine batched them).
+    over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds,
+    sampled tokens included (each turn's seed travels with its prompt into the engine).
     """
 
     engine: str = "hf"

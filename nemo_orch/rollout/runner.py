@@ -9,13 +9,12 @@ toolbox), so a slow tool only delays the episodes that called it.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams
+from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams, prompt_seeds
 from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
 from nemo_orch.rollout.episode import Episode, PolicyClient, Trajectory
@@ -46,7 +45,6 @@ class GenerationBatcher:
 
     def __init__(self, engine: Engine, max_batch_size: int = 64) -> None:
         self.engine, self.max_batch_size = engine, max_batch_size
-        self._random = random.SystemRandom()
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -74,8 +72,7 @@ class GenerationBatcher:
         batch, rest = [], []
         for prompt, p, future in self._pending:
             if replace(p, seed=None) == params and len(batch) < self.max_batch_size:
-                seed = p.seed if p.seed is not None else self._random.randrange(2**31)
-                batch.append((prompt, seed, future))
+                batch.append((prompt, prompt_seeds(p, 1)[0], future))
             else:
                 rest.append((prompt, p, future))
         self._pending = rest

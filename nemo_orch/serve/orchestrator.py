@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import os
 import secrets
-import threading
 import time
 import uuid
 
@@ -45,6 +44,7 @@ from nemo_orch.rollout.engines.base import Engine
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
+from nemo_orch.serve.loop_thread import LoopThread
 from nemo_orch.serve.metrics import ServeMetrics
 from nemo_orch.serve.openai_server import OpenAIService, request_field
 from nemo_orch.tools.registry import Toolbox
@@ -89,20 +89,17 @@ class _Orchestration:
                               "(Config.resolved_rollout)")
         self.service, self.toolbox, self.settings = service, toolbox, settings
         self._episodes: set[asyncio.Task] = set()  # touched on the loop only
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever,
-                                        name="orchestrator-loop", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("orchestrator-loop")
         try:
-            asyncio.run_coroutine_threadsafe(toolbox.start(), self._loop).result()
+            self._loop.run(toolbox.start())
         except BaseException:
-            self._stop_loop()
+            self._loop.stop()
             raise
 
     def orchestrate(self, body: dict) -> dict:
         """One episode of the request's task (see the module docstring for both shapes)."""
         task, seed, settings = self._request(body)
-        future = asyncio.run_coroutine_threadsafe(self._episode(task, seed, settings), self._loop)
+        future = self._loop.submit(self._episode(task, seed, settings))
         try:
             trajectory = future.result()
         except concurrent.futures.CancelledError:
@@ -162,8 +159,8 @@ class _Orchestration:
     def close(self, timeout_s: float) -> None:
         """Wait at most ``timeout_s`` for the episodes in flight, cancel the rest, close the
         toolbox and stop the loop."""
-        asyncio.run_coroutine_threadsafe(self._shutdown(timeout_s), self._loop).result()
-        self._stop_loop()
+        self._loop.run(self._shutdown(timeout_s))
+        self._loop.stop()
 
     async def _shutdown(self, timeout_s: float) -> None:
         if self._episodes:
@@ -172,11 +169,6 @@ class _Orchestration:
                 episode.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         await self.toolbox.close()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
 
 
 class OrchestratorServer:

@@ -23,14 +23,12 @@ at the interpreter's own before Triton starts, so users never set ``LD_LIBRARY_P
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -41,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from nemo_orch.config import ConfigError, ServeConfig
+from nemo_orch.serve.loop_thread import LoopThread
 from nemo_orch.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
@@ -122,7 +121,7 @@ class _Request:
 class _Batcher:
     """The infer function PyTriton calls with the requests Triton merged into one batch."""
 
-    def __init__(self, model: TextModel, loop: asyncio.AbstractEventLoop, metrics: ServeMetrics,
+    def __init__(self, model: TextModel, loop: LoopThread, metrics: ServeMetrics,
                  max_item_bytes: int) -> None:
         self.model, self.loop, self.metrics = model, loop, metrics
         self.max_item_bytes = max_item_bytes
@@ -137,7 +136,7 @@ class _Batcher:
             self._observe(parsed, started)
             raise BadRequest("; ".join(dict.fromkeys(bad)))
         try:
-            rows = asyncio.run_coroutine_threadsafe(self.model.run(items), self.loop).result()
+            rows = self.loop.run(self.model.run(items))
         except Exception:
             log.exception("%s: a batch of %d items failed", self.model.name, len(items))
             self._observe(parsed, started, failed=True)
@@ -233,14 +232,11 @@ class TritonServer:
             raise ConfigError(f"serve.workspace_root: PyTriton's sockets under {self.workspace} "
                               f"would be longer than {MAX_SOCKET_PATH} characters, the limit of "
                               "a UNIX socket path; choose a shorter directory")
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="triton-models",
-                                        daemon=True)
-        self._thread.start()
+        self.loop = LoopThread("triton-models")
         self._triton = None
         try:
             for resource in resources:
-                self._on_loop(self._resources.enter_async_context(resource))
+                self.loop.run(self._resources.enter_async_context(resource))
             ensure_libpython()
             _quiet_client_teardown()
             triton_config = TritonConfig(
@@ -271,19 +267,14 @@ class TritonServer:
         self.url = f"http://{config.host}:{config.http_port}"
         self.grpc_url = f"grpc://{config.host}:{config.grpc_port}"
 
-    def _on_loop(self, coroutine: Awaitable[Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
     def close(self) -> None:
         if self._triton is not None:
             self._triton.stop()
             self._triton = None
         self.metrics.close()
-        if self._thread.is_alive():
-            self._on_loop(self._resources.aclose())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join()
-            self.loop.close()
+        if self.loop.alive:
+            self.loop.run(self._resources.aclose())
+            self.loop.stop()
         shutil.rmtree(self.workspace, ignore_errors=True)
 
     def __enter__(self) -> TritonServer:
