@@ -5,8 +5,9 @@ distributed checkpoints crossing between the Transformer Engine and local layer 
 ``_extra_state`` metadata present on one side only); ``export --format trtllm-engine`` (its
 refusal without TensorRT-LLM or CUDA, the ``trtllm-build`` command line, and the whole flow with a
 stand-in ``trtllm-build``); the GPU check script and benchmarks. GPU (``-m gpu``, skipped without
-CUDA / Transformer Engine / trtllm-build): a TE checkpoint loaded into the local spec (and back)
-with matching logits, FP8 training forward passes, and a real engine build.
+CUDA / Transformer Engine / trtllm-build): the policy training on CUDA in bf16 with megatron-core
+alone, a TE checkpoint loaded into the local spec (and back) with matching logits, FP8 training
+forward passes, and a real engine build.
 """
 
 from __future__ import annotations
