@@ -87,6 +87,24 @@ def cmd_train(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grpo(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.train import grpo, main_job
+
+    init_from, tokenizer_dir = grpo.start_point(config)
+    stage = main_job.stage(config, f"grpo-{config.env.label}")
+    summary = grpo.run(stage, init_from, tokenizer_dir)
+    if _is_rank_zero():
+        if summary.start_step >= summary.end_step:
+            print(f"grpo: already complete at step {summary.end_step} ({summary.run_dir})")
+            return 0
+        print(f"grpo: env={config.env.label}, steps {summary.start_step + 1}-{summary.end_step} "
+              f"from {init_from}; reward {summary.first_reward:.3f} -> "
+              f"{summary.last_reward:.3f}")
+        print(f"  checkpoint {summary.checkpoint}")
+        print(f"  metrics    {summary.run_dir / 'metrics.jsonl'} (per source: source/<name>/...)")
+    return 0
+
+
 def cmd_export(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.models import convert, trtllm
 
@@ -273,7 +291,7 @@ def cmd_serve_orchestrator(config: Config, args: argparse.Namespace) -> int:
 def cmd_eval(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.eval import harness
 
-    summary = harness.run(config, args.benchmark, args.agent)
+    summary = harness.run(config, args.agent)
     print(f"eval: {summary.benchmark}, {len(summary.systems)} systems in "
           f"{summary.seconds:.1f} s -> {summary.report.parent}")
     print(f"  {'system':16} {'tasks':>6} {'accuracy':>9} {'95% CI':>13} {'usd/task':>10} "
@@ -365,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("train", cmd_train, "the main job: demonstrations, SFT, GRPO, evaluation and report")
     add("sft", cmd_sft, "supervised fine-tuning on chat conversations (assistant-token loss)")
+    add("grpo", cmd_grpo, "GRPO alone on the configured environment (env=NAME: offline, "
+        "toolscale, tau2, qa, hle, frames, tasks, or a mixture such as toolscale_qa) from "
+        "trainer.init_from (a checkpoint or an HF directory), into <run>/grpo-<env>/ (resumes)")
     export = add("export", cmd_export, "write an HF or TensorRT-LLM checkpoint from a checkpoint,"
                  " or (trtllm-engine, on a GPU) a TensorRT-LLM checkpoint in OUT/checkpoint and "
                  "its engine, built with trtllm-build, in OUT/engine")
@@ -409,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "USD and seconds per task, tool mix; report.json, report.md and plots under "
                    "eval.out_dir (resumable). `nemo-orch eval compare RUN...` puts several "
                    "evaluations side by side")
-    evaluate.add_argument("--benchmark", required=True, choices=BENCHMARKS)
+    evaluate.add_argument("--benchmark", required=True, choices=BENCHMARKS,
+                          help="the environment preset (conf/env/NAME.yaml): short for env=NAME")
     evaluate.add_argument("--agent", required=True, action="append", choices=AGENT_KINDS,
                           help="repeat to compare several: orchestrator (rollout.*: a checkpoint "
                           "or an endpoint), monolith (eval.monolith.*), fixed:cheapest, "
@@ -468,6 +490,8 @@ def _config_for(args: argparse.Namespace) -> Config:
 
         return convert.checkpoint_config(checkpoint.open_checkpoint(args.checkpoint),
                                          args.overrides)
+    if args.command == "eval":  # the benchmark is the environment preset; overrides refine it
+        return config_lib.load([f"env={args.benchmark}", *args.overrides])
     if args.command == "launch" and args.executor is not None:
         return config_lib.load([*args.overrides, f"launcher.executor={args.executor}"])
     return config_lib.load(args.overrides)
@@ -497,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(config_lib.to_yaml(config), end="")
             return 0
-        launched = _launch_workers(config) if args.command in ("train", "sft") else None
+        launched = (_launch_workers(config) if args.command in ("train", "sft", "grpo")
+                    else None)
         if launched is not None:
             return launched
         return args.handler(config, args)

@@ -403,6 +403,8 @@ class GRPOConfig:
     value of its choice argument) the policy itself chose least in the previous step (directed
     exploration: choices it has stopped making keep being tried, and scored). ``curriculum``:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
+    Every ``val_interval`` steps (0: never) the policy runs greedily on ``val_tasks`` tasks of
+    each source's validation split (``val/<source>/...`` metrics).
     """
 
     max_steps: int = 40
@@ -426,6 +428,8 @@ class GRPOConfig:
     max_sampling_rounds: int = 2
     save_interval: int = 10
     eval_tasks: int = 300
+    val_interval: int = 0
+    val_tasks: int = 32
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
@@ -449,6 +453,8 @@ class GRPOConfig:
             _require(ends != last, f"grpo.curriculum[{index}]: every stage but the last needs "
                      "until_step or until_reward, and the last neither")
         _require(self.eval_tasks >= 0, "grpo.eval_tasks must be >= 0")
+        _require(self.val_interval >= 0 and self.val_tasks >= 1,
+                 "grpo.val_interval must be >= 0 (0: no validation) and grpo.val_tasks >= 1")
 
 
 @dataclass
@@ -803,7 +809,134 @@ class SynthConfig:
                  "synth.temperature must be >= 0 and synth.timeout_s > 0")
 
 
-BENCHMARKS = ("offline", "toolscale", "tau2", "hle", "frames")
+ENV_KINDS = ("offline", "toolscale", "tau2", "qa", "tasks", "mixture")
+# `nemo-orch eval --benchmark NAME` is `env=NAME`: the presets of conf/env/ that name one source.
+BENCHMARKS = ("offline", "toolscale", "tau2", "qa", "hle", "frames", "tasks")
+QA_PRESETS = ("hle", "frames")
+# Which options each kind reads (beyond kind, name, weight, limit and tools); another one set is
+# a mistake, not silently ignored.
+_KIND_OPTIONS = {
+    "offline": set(),
+    "toolscale": {"path", "domain"},
+    "tau2": {"domain", "split"},
+    "qa": {"path", "preset", "id_column", "question_columns", "answer_columns",
+           "documents_column"},
+    "tasks": {"path"},
+}
+
+
+def _field_default(cls: type, name: str) -> object:
+    (found,) = [item for item in dataclasses.fields(cls) if item.name == name]
+    return found.default_factory() if found.default is dataclasses.MISSING else found.default
+
+
+@dataclass
+class EnvSourceConfig:
+    """One task source: an environment of ``kind`` (:data:`ENV_KINDS`, less ``mixture``) with its
+    options. ``name`` labels it in metrics and reports (null: the kind, or the preset).
+
+    * ``offline``: the main job's world (tasks generated from the run's seed);
+    * ``toolscale``: domain tasks; ``path`` a directory of ``<domain>/domain.json`` +
+      ``tasks.jsonl`` (null: ``synth.out_dir``) or a ToolScale ``.parquet`` file (its rows run on
+      the installed domains of ``tools.domains``); ``domain``: one domain (null: all);
+    * ``tau2``: tau2-bench's ``domain`` (extra ``tau2``); evaluation runs its ``split``,
+      training its ``train`` split;
+    * ``qa``: question / reference-answer rows, ``path`` a ``.jsonl``, ``.json`` or ``.parquet``
+      file, columns ``id_column``, the first present of ``question_columns`` and of
+      ``answer_columns``, optionally ``documents_column`` (the ids retrieval may return);
+      ``preset`` ``hle`` or ``frames`` reads the benchmark's published columns instead;
+    * ``tasks``: a task JSONL file (``path``; the format of ``nemo-orch rollout --tasks``).
+
+    A relative ``path`` is read from the working directory, else from ``conf/`` (where samples
+    ship).
+
+    ``limit``: only the first N tasks (after filters). ``weight`` (> 0): a mixture's share of
+    each step's prompts. ``tools``: tool declarations offered beside the environment's own
+    tools (a domain's, tau2's); null: ``tools.declarations`` (the ``tools=`` group), except for
+    tau2, whose protocol has only its domain's tools.
+    """
+
+    kind: str = "offline"
+    name: Optional[str] = None
+    path: Optional[str] = None
+    domain: Optional[str] = None
+    split: str = "test"
+    limit: Optional[int] = None
+    weight: float = 1.0
+    tools: Optional[list[str]] = None
+    preset: Optional[str] = None
+    id_column: str = "id"
+    question_columns: list[str] = field(default_factory=lambda: ["question", "problem",
+                                                                 "prompt"])
+    answer_columns: list[str] = field(default_factory=lambda: [
+        "answer", "reference_answer", "reference", "solution"])
+    documents_column: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.preset or self.kind
+
+    def _check(self, where: str) -> None:
+        _require(self.kind in ENV_KINDS and self.kind != "mixture"
+                 or isinstance(self, EnvConfig) and self.kind == "mixture",
+                 f"{where}.kind: unknown environment kind {self.kind!r}; kinds: "
+                 f"{', '.join(ENV_KINDS)}")
+        if self.kind == "mixture":
+            return
+        for option in set().union(*_KIND_OPTIONS.values()) - _KIND_OPTIONS[self.kind]:
+            _require(getattr(self, option) == _field_default(EnvSourceConfig, option),
+                     f"{where}.{option}: a {self.kind} environment has no option {option} "
+                     f"(its options: {', '.join(sorted(_KIND_OPTIONS[self.kind])) or 'none'})")
+        _require(self.limit is None or self.limit >= 1, f"{where}.limit must be null or >= 1")
+        _require(self.weight > 0, f"{where}.weight must be > 0")
+        _require(self.path is None or resolve_conf_path(self.path).exists(),
+                 f"{where}.path: no such file or directory: {self.path}")
+        for index, path in enumerate(self.tools or []):
+            _require(resolve_conf_path(path).exists(),
+                     f"{where}.tools[{index}]: no such file or directory: {path}")
+        _require(self.preset in (None, *QA_PRESETS),
+                 f"{where}.preset must be null|{'|'.join(QA_PRESETS)}, got {self.preset!r}")
+        _require(self.kind not in ("qa", "tasks") or self.path is not None,
+                 f"{where}.path: a {self.kind} environment reads a file: set {where}.path (a "
+                 "local file; nothing is downloaded)")
+        _require(self.kind != "tau2" or self.domain is not None,
+                 f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
+                 "telecom, mock)")
+
+
+@dataclass
+class EnvConfig(EnvSourceConfig):
+    """Where every stage's tasks come from (``conf/env/``): one source (the fields of
+    :class:`EnvSourceConfig`) or, with ``kind: mixture``, the weighted ``sources``; each step of
+    GRPO draws its prompts from them by weight with the step's seed. ``val_fraction``: the share
+    of a file's or a training split's tasks held out for validation (by a hash of the task id,
+    so the split never depends on order or seed)."""
+
+    sources: list[EnvSourceConfig] = field(default_factory=list)
+    val_fraction: float = 0.05
+
+    def __post_init__(self) -> None:  # a source is checked here, where its index is known
+        self._check("env")
+        _require(0 <= self.val_fraction < 1, "env.val_fraction must be in [0, 1)")
+        if self.kind != "mixture":
+            _require(not self.sources, "env.sources: only kind=mixture has sources")
+            return
+        _require(len(self.sources) >= 1, "env.sources: a mixture needs at least one source")
+        for index, source in enumerate(self.sources):
+            source._check(f"env.sources[{index}]")
+        labels = [source.label for source in self.sources]
+        _require(len(set(labels)) == len(labels),
+                 f"env.sources: two sources are labelled alike ({', '.join(labels)}); give "
+                 "them distinct names")
+
+    def source_list(self) -> list[EnvSourceConfig]:
+        """The sources: a mixture's, or this one."""
+        return list(self.sources) if self.kind == "mixture" else [self]
+
+
+# Keys that moved: their old spelling fails with a message naming the new one.
+MOVED_KEYS = {"eval.data": "env.path", "eval.domain": "env.domain", "eval.split": "env.split",
+              "eval.limit": "env.limit"}
 
 
 @dataclass
@@ -842,24 +975,19 @@ class MonolithConfig:
 
 @dataclass
 class EvalConfig:
-    """``nemo-orch eval``: where results go and how the benchmark is run.
+    """``nemo-orch eval``: where results go and how the environment (``env.*``) is run.
 
-    ``out_dir`` (null: ``<run.output_dir>/eval/<benchmark>``) holds the report and one
+    ``out_dir`` (null: ``<run.output_dir>/eval/<environment>``) holds the report and one
     per-example cache per agent (``episodes/<agent>.jsonl``): with ``resume`` a killed
-    evaluation continues where it stopped. ``data``: the benchmark's file (hle, frames: JSONL or
-    parquet) or directory (toolscale; null: ``synth.out_dir``); ``domain``: a toolscale domain
-    (null: all) or the tau2 domain, with ``split``. ``tasks``: held-out offline tasks (the main
-    job's). ``limit``: only the first N tasks. Episode ``i`` runs with seed ``seed + i`` (null:
-    ``run.seed``) at ``temperature``; ``concurrency`` episodes at once, at most
-    ``max_requests_per_endpoint`` requests in flight to each OpenAI-compatible endpoint the
-    evaluation calls (orchestrator, monolith, judge)."""
+    evaluation continues where it stopped. ``tasks``: held-out offline tasks (the main job's).
+    Episode ``i`` runs with seed ``seed + i`` (null: ``run.seed``) at ``temperature``;
+    ``concurrency`` episodes at once, at most ``max_requests_per_endpoint`` requests in flight
+    to each OpenAI-compatible endpoint the evaluation calls (orchestrator, monolith, judge).
+    Where tasks come from is ``env.*`` (the old ``eval.data``, ``eval.domain``, ``eval.split``
+    and ``eval.limit`` are :data:`MOVED_KEYS`)."""
 
     out_dir: Optional[str] = None
-    data: Optional[str] = None
-    domain: Optional[str] = None
-    split: str = "test"
     tasks: int = 300
-    limit: Optional[int] = None
     seed: Optional[int] = None
     temperature: float = 0.0
     concurrency: int = 16
@@ -871,7 +999,6 @@ class EvalConfig:
         _require(self.tasks >= 1 and self.concurrency >= 1
                  and self.max_requests_per_endpoint >= 1,
                  "eval.tasks, eval.concurrency and eval.max_requests_per_endpoint must be >= 1")
-        _require(self.limit is None or self.limit >= 1, "eval.limit must be null or >= 1")
         _require(self.temperature >= 0, "eval.temperature must be >= 0")
 
 
@@ -932,6 +1059,7 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
@@ -993,12 +1121,25 @@ def _recipe_overrides(overrides: list[str] | tuple[str, ...]) -> list[str]:
     return selected
 
 
+def _check_moved(overrides: list[str] | tuple[str, ...]) -> None:
+    for override in overrides:
+        key = override.partition("=")[0].lstrip("+~")
+        _require(key not in MOVED_KEYS, f"{key} is now {MOVED_KEYS.get(key)} (where tasks come "
+                 "from lives under env.*: conf/env/)")
+
+
 def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``,
     ``recipe=NAME``)."""
+    _check_moved(overrides)
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
+
+    # The env presets start from the schema (`defaults: [schema]`), so every option can be set
+    # on any of them; which ones a kind reads is checked on validation.
+    ConfigStore.instance().store(group="env", name="schema", node=EnvConfig)
 
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

@@ -229,3 +229,34 @@ def read_frames(path: str | Path, limit: int | None = None) -> QABenchmark:
                           allowed_documents=_wiki_links(row.get("wiki_links"), where),
                           metadata=metadata))
     return QABenchmark("frames", tasks, {})
+
+
+def read_qa(path: str | Path, *, id_column: str = "id",
+            question_columns: tuple[str, ...] = ("question",),
+            answer_columns: tuple[str, ...] = ("answer",),
+            documents_column: str | None = None, limit: int | None = None) -> QABenchmark:
+    """Question / reference-answer rows with the columns named (GeneralThought-430K's
+    ``question`` and ``reference_answer``, a user's own): the first present of
+    ``question_columns`` and of ``answer_columns``, the id in ``id_column`` (absent: ``qa-<row
+    index>``), and in ``documents_column`` (when named) the ids retrieval may return."""
+    _check_limit(limit)
+    columns = (id_column, *question_columns, *answer_columns,
+               *((documents_column,) if documents_column else ()))
+    tasks: list[Task] = []
+    ids = _Ids()
+    for index, (where, row) in enumerate(read_records(path, columns)):
+        if limit is not None and len(tasks) == limit:
+            break
+        task_id = (f"qa-{index}" if row.get(id_column) is None
+                   else _text(row, (id_column,), where, numbers=True))
+        documents = None if documents_column is None else row.get(documents_column)
+        if documents is not None and (not isinstance(documents, list) or not all(
+                isinstance(document, str) for document in documents)):
+            raise DataError(f"{where}: {documents_column} must be a list of document ids")
+        ids.add(task_id, where)
+        tasks.append(Task(id=task_id, question=_text(row, question_columns, where),
+                          system=SYSTEM_PROMPT,
+                          answer=_text(row, answer_columns, where, numbers=True),
+                          allowed_documents=None if documents is None else frozenset(documents),
+                          metadata={"benchmark": "qa"}))
+    return QABenchmark("qa", tasks, {})

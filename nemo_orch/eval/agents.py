@@ -28,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.config import ConfigError, RolloutConfig
 from nemo_orch.data.environment import EXPERT_TOOL, RouterReplies
 from nemo_orch.data.tasks import Task
+from nemo_orch.envs.interfaces import GoldPlan
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import (CallRecord, Episode, Trajectory, TurnRecord,
                                        episode_id)
@@ -102,28 +103,6 @@ class RouterAgent:
         policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
         return await Episode(task, 0, policy, self.toolbox, self.tokenizer, self.settings,
                              seed=seed).run()
-
-
-@dataclass(frozen=True)
-class GoldAction:
-    requestor: str  # "assistant", or "user" for tau2's user-side tools
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class GoldPlan:
-    """A task's gold actions and the message that closes it (stating every required fact)."""
-
-    actions: Sequence[GoldAction]
-    final_message: str
-
-
-def final_message(facts: Sequence[str]) -> str:
-    """The assistant's closing message, stating every fact the user must be told."""
-    if not facts:
-        return "Your request has been handled."
-    return "Your request has been handled. For your records: " + "; ".join(facts) + "."
 
 
 class GoldReplayAgent:

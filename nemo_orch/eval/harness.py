@@ -1,11 +1,12 @@
-"""``nemo-orch eval``: agents (:mod:`nemo_orch.eval.agents`) on a benchmark
-(:mod:`nemo_orch.eval.benchmarks`), side by side in one report.
+"""``nemo-orch eval``: agents (:mod:`nemo_orch.eval.agents`) on an environment's test tasks
+(:mod:`nemo_orch.envs`, ``env.*``; ``--benchmark NAME`` is ``env=NAME``), side by side in one
+report.
 
 Every example is written to ``<eval.out_dir>/episodes/<agent>.jsonl`` the moment it is scored
 (one line: the result, the outcome, the episode's messages and ledger). A killed evaluation
 started again with the same settings reads those lines and runs only the examples that have
 none, so nothing is re-run or counted twice; a line cut short by the kill is dropped. The cache
-starts with a fingerprint of what decides the results (benchmark, agent, tasks, seed, tools,
+starts with a fingerprint of what decides the results (environment, agent, tasks, seed, tools,
 rollout, reward, monolith): results of other settings are refused, never mixed in.
 
 Episode ``i`` runs with seed ``eval.seed + i`` whichever examples are left, and decoding is
@@ -33,7 +34,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.eval import report as report_lib
 from nemo_orch.eval.agents import (AGENT_KINDS, GOLD_REPLAY, MONOLITH, ORCHESTRATOR, ROUTERS,
                                    Agent, GoldReplayAgent, PolicyAgent, RouterAgent)
-from nemo_orch.eval.benchmarks import Benchmark, Scored, load_benchmark
+from nemo_orch.envs import Environment, Scored, build_environment
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.registry import Toolbox
@@ -48,13 +49,13 @@ def out_dir(config: Config, benchmark: str) -> Path:
     return Path(config.eval.out_dir or Path(config.run.output_dir) / "eval" / benchmark)
 
 
-def check_agents(agents: list[str], benchmark: Benchmark) -> None:
+def check_agents(agents: list[str], benchmark: Environment) -> None:
     unknown = [agent for agent in agents if agent not in AGENT_KINDS]
     if unknown:
         raise ConfigError(f"unknown agent {unknown[0]!r}; agents: {', '.join(AGENT_KINDS)}")
     if len(set(agents)) != len(agents):
         raise ConfigError("an agent is named twice")
-    if GOLD_REPLAY in agents and benchmark.gold_plan is None:
+    if GOLD_REPLAY in agents and not benchmark.has_gold_plan:
         raise ConfigError(f"--agent gold-replay needs gold actions, which {benchmark.name} "
                           "tasks do not have (toolscale and tau2 do)")
 
@@ -105,10 +106,11 @@ class EpisodeCache:
         self.records[record["task_id"]] = record
 
 
-def fingerprint(config: Config, benchmark: Benchmark, agent: str, seed: int) -> str:
+def fingerprint(config: Config, benchmark: Environment, tasks: list[Task], agent: str,
+                seed: int) -> str:
     """What decides an agent's results; concurrency and output paths do not."""
     relevant = {"benchmark": benchmark.name, "agent": agent, "seed": seed,
-                "tasks": [task.id for task in benchmark.tasks],
+                "tasks": [task.id for task in tasks],
                 "temperature": config.eval.temperature,
                 "tools": asdict(config.tools), "reward": asdict(config.reward),
                 "rollout": {k: v for k, v in asdict(config.rollout).items()
@@ -128,11 +130,12 @@ def episode_record(index: int, seed: int, task: Task, trajectory: Trajectory, sc
 # ---------------------------------------------------------------------------- agents
 @dataclass
 class Resources:
-    """What agents share across one evaluation: the policy's engine and tokenizer (built once),
-    and the seed."""
+    """What agents share across one evaluation: the environment and its test tasks, the
+    policy's engine and tokenizer (built once), and the seed."""
 
     config: Config
-    benchmark: Benchmark
+    benchmark: Environment
+    tasks: list[Task]
     seed: int
     engine: Any = None
     tokenizer: Any = None
@@ -168,16 +171,14 @@ async def _agent(kind: str, resources: Resources, toolbox: Toolbox
     elif kind in ROUTERS:
         yield RouterAgent(kind, toolbox, _tokenizer(resources), settings)
     elif kind == GOLD_REPLAY:
-        assert benchmark.gold_plan is not None
-        user = benchmark.user_toolbox() if benchmark.user_toolbox is not None else None
-        yield GoldReplayAgent(benchmark.gold_plan, toolbox, user)
+        yield GoldReplayAgent(benchmark.gold_plan, toolbox, benchmark.user_toolbox())
     else:
-        async with _monolith(config, benchmark, toolbox) as agent:
+        async with _monolith(config, resources, toolbox) as agent:
             yield agent
 
 
 @contextlib.asynccontextmanager
-async def _monolith(config: Config, benchmark: Benchmark, toolbox: Toolbox
+async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
                     ) -> AsyncIterator[Agent]:
     from nemo_orch.eval.chat_agent import ChatAgent
     from nemo_orch.rollout.engines.openai import OpenAIClient
@@ -195,7 +196,7 @@ async def _monolith(config: Config, benchmark: Benchmark, toolbox: Toolbox
     async with contextlib.AsyncExitStack() as stack:
         base_url = monolith.base_url
         if base_url is None:
-            base_url = stack.enter_context(_simulated_monolith(config, benchmark, toolbox)).url
+            base_url = stack.enter_context(_simulated_monolith(config, resources, toolbox)).url
         client = OpenAIClient(base_url, monolith.model, api_key_env=monolith.api_key_env,
                               timeout_s=monolith.timeout_s, max_retries=monolith.max_retries,
                               max_in_flight=config.eval.max_requests_per_endpoint)
@@ -204,27 +205,28 @@ async def _monolith(config: Config, benchmark: Benchmark, toolbox: Toolbox
                         max_tokens=monolith.max_tokens, temperature=monolith.temperature)
 
 
-def _simulated_monolith(config: Config, benchmark: Benchmark, toolbox: Toolbox) -> Any:
+def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) -> Any:
     """The offline benchmark's monolith: a SIMULATED frontier model (an alias of the simulated
     experts) served over real HTTP on 127.0.0.1 for this evaluation."""
+    from nemo_orch.envs.offline import OfflineEnvironment
     from nemo_orch.serve.simulated_chat import start_simulated_chat_server
     from nemo_orch.tools.simulated_expert import SimulatedExpert
 
     monolith = config.eval.monolith
     expert = next((tool for tool in toolbox.tools.values() if isinstance(tool, SimulatedExpert)),
                   None)
-    if benchmark.name != "offline" or expert is None:
+    if not isinstance(resources.benchmark, OfflineEnvironment) or expert is None:
         raise ConfigError("eval.monolith.base_url is required: only the offline benchmark "
                           "(with its simulated experts) has a simulated monolith")
     if monolith.simulate not in expert.models:
         raise ConfigError(f"eval.monolith.simulate: no simulated expert {monolith.simulate!r} "
                           f"(experts: {', '.join(expert.models)})")
-    return start_simulated_chat_server(benchmark.tasks, expert.models[monolith.simulate],
+    return start_simulated_chat_server(resources.tasks, expert.models[monolith.simulate],
                                        monolith.model, time_scale=monolith.time_scale)
 
 
 # ---------------------------------------------------------------------------- running
-def _adherence(kind: str, config: Config, benchmark: Benchmark, toolbox: Toolbox,
+def _adherence(kind: str, config: Config, benchmark: Environment, toolbox: Toolbox,
                resources: Resources) -> Callable[[Task, Trajectory], float] | None:
     """Preference adherence of a routing agent's episode: the expected utility of the route it
     took over the oracle route's (from the simulated experts). A monolith does not route."""
@@ -240,7 +242,7 @@ def _adherence(kind: str, config: Config, benchmark: Benchmark, toolbox: Toolbox
 
 async def _run_agent(kind: str, resources: Resources, cache: EpisodeCache) -> None:
     config, benchmark = resources.config, resources.benchmark
-    todo = [(index, task) for index, task in enumerate(benchmark.tasks)
+    todo = [(index, task) for index, task in enumerate(resources.tasks)
             if task.id not in cache.records]
     if not todo:
         return
@@ -270,15 +272,18 @@ class EvalSummary:
     seconds: float
 
 
-def run(config: Config, benchmark_name: str, agents: list[str]) -> EvalSummary:
-    """Every agent on the benchmark (cached per example, resumable), then the report."""
+def run(config: Config, agents: list[str]) -> EvalSummary:
+    """Every agent on the test tasks of ``env`` (cached per example, resumable), then the
+    report."""
     started = time.perf_counter()
-    benchmark = load_benchmark(config, benchmark_name)
+    benchmark = build_environment(config)
+    benchmark_name = benchmark.name
     check_agents(agents, benchmark)
-    if not benchmark.tasks:
-        raise ConfigError(f"{benchmark_name}: no tasks to evaluate")
     seed = config.run.seed if config.eval.seed is None else config.eval.seed
-    resources = Resources(config, benchmark, seed)
+    tasks = benchmark.tasks("test", None, seed)
+    if not tasks:
+        raise ConfigError(f"{benchmark_name}: no tasks to evaluate")
+    resources = Resources(config, benchmark, tasks, seed)
     if ORCHESTRATOR in agents:
         from nemo_orch.rollout.builders import build_engine
 
@@ -288,10 +293,11 @@ def run(config: Config, benchmark_name: str, agents: list[str]) -> EvalSummary:
     systems: dict[str, list[EpisodeResult]] = {}
     for kind in agents:
         cache = EpisodeCache(directory / EPISODES / f"{kind.replace(':', '-')}.jsonl",
-                             fingerprint(config, benchmark, kind, seed), config.eval.resume)
+                             fingerprint(config, benchmark, tasks, kind, seed),
+                             config.eval.resume)
         asyncio.run(_run_agent(kind, resources, cache))
         systems[kind] = [EpisodeResult(**cache.records[task.id]["result"])
-                         for task in benchmark.tasks]
+                         for task in tasks]
     (directory / "config.yaml").write_text(config_lib.to_yaml(config))
     path = report_lib.write_report(directory, benchmark_name, systems, notes=benchmark.notes)
     summaries = json.loads(path.read_text())["systems"]

@@ -1,17 +1,12 @@
-"""ToolScale domain tasks: the rows of a domain's valid tasks, and the main job's evaluation of
-its policies on them next to the gold replay (``nemo-orch eval --benchmark toolscale`` runs any
-agent on them through :mod:`nemo_orch.eval.harness`).
-
-Data is what ``nemo-orch synth`` writes (``<dir>/<domain>/domain.json`` and ``tasks.jsonl``,
-offline or LLM-made); tasks that fail the validation filters are dropped and reported, never
-scored. Episodes act on their own copy of the domain's database and are scored on the database
-they leave.
+"""The main job's evaluation of its policies on ToolScale domain tasks
+(:mod:`nemo_orch.envs.toolscale`) next to the gold replay (``nemo-orch eval --benchmark
+toolscale`` runs any agent on them through :mod:`nemo_orch.eval.harness`). Episodes act on
+their own copy of the domain's database and are scored on the database they leave.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -19,44 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.config import Config
-from nemo_orch.data.domain import Domain
-from nemo_orch.data.domain_tasks import read_domain_tasks, to_task_row
-from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task
-from nemo_orch.data.toolscale.generator import MAX_ACTIONS
-from nemo_orch.data.toolscale.validate import ValidationSummary, validated
+from nemo_orch.envs.toolscale import load_rows, toolscale_gold_plan
 from nemo_orch.eval.agents import GoldReplayAgent
-from nemo_orch.eval.benchmarks import toolscale_gold_plan
 from nemo_orch.eval.orchestration import scored_episodes
 from nemo_orch.eval.report import EpisodeResult, summarize as summarize_episodes
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.rollout.episode import Trajectory
-
-
-@dataclass(frozen=True)
-class LoadedDomain:
-    """A domain's file, the domain, the rows of its valid tasks and the tasks dropped."""
-
-    domain_file: Path
-    domain: Domain
-    rows: list[Task]
-    validation: ValidationSummary
-
-
-def load_rows(directory: str | Path, domain_name: str, limit: int | None = None
-              ) -> LoadedDomain:
-    """The first ``limit`` tasks of ``<dir>/<domain>/`` that pass the validation filters (a
-    task file from elsewhere may hold tasks whose gold actions fail: they are dropped and
-    reported, never scored), as rows."""
-    folder = Path(directory) / domain_name
-    if not (folder / "domain.json").is_file():
-        raise DataError(f"{folder}: no domain.json (write one with `nemo-orch synth`)")
-    domain = Domain.load(folder / "domain.json")
-    summary = ValidationSummary()
-    tasks = itertools.islice(validated(domain, read_domain_tasks(folder / "tasks.jsonl"),
-                                       MAX_ACTIONS, summary), limit)
-    rows = [to_task_row(domain, task) for task in tasks]
-    return LoadedDomain(folder / "domain.json", domain, rows, summary)
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,24 @@ Slices are made contiguous: a non-contiguous view sent over gloo carries the wro
 from __future__ import annotations
 
 import json
+import re
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from nemo_orch.config import ModelConfig
+from nemo_orch.config import ConfigError, ModelConfig
 
 HF_CONFIG = "config.json"
+SAFETENSORS_WEIGHTS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# huggingface_hub's sharding default; transformers 5's save_pretrained default (50GB) would
+# leave an 8B model in one 16 GB file.
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 @dataclass(frozen=True)
@@ -172,37 +180,56 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], model: ModelConfig, layout: L
     return out
 
 
+def megatron_layer_to_hf(stage: list[Mapping[str, torch.Tensor]], local: int, layer: int,
+                         model: ModelConfig, transformer_impl: str | None = None
+                         ) -> dict[str, torch.Tensor]:
+    """Full HF tensors of global decoder layer ``layer`` from one pipeline stage's state dicts
+    (``stage[tp_rank]``), where it is layer ``local``."""
+    impl = transformer_impl or model.transformer_impl
+    src, dst = f"decoder.layers.{local}.", f"model.layers.{layer}."
+    hf: dict[str, torch.Tensor] = {}
+
+    def cat(key: str, dim: int) -> torch.Tensor:
+        return torch.cat([shard[src + key] for shard in stage], dim=dim)
+
+    for hf_suffix, mg_suffix in _layer_names(impl).items():
+        if hf_suffix.startswith("self_attn.") and not model.qk_layernorm:
+            continue
+        hf[dst + hf_suffix] = stage[0][src + mg_suffix].clone()
+    per_rank = [_split_qkv(model, shard[src + "self_attention.linear_qkv.weight"])
+                for shard in stage]
+    for index, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        hf[dst + f"self_attn.{name}.weight"] = torch.cat([p[index] for p in per_rank])
+    hf[dst + "self_attn.o_proj.weight"] = cat("self_attention.linear_proj.weight", 1)
+    gate_up = [torch.chunk(shard[src + "mlp.linear_fc1.weight"], 2, dim=0) for shard in stage]
+    hf[dst + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in gate_up])
+    hf[dst + "mlp.up_proj.weight"] = torch.cat([u for _, u in gate_up])
+    hf[dst + "mlp.down_proj.weight"] = cat("mlp.linear_fc2.weight", 1)
+    return hf
+
+
+def megatron_ends_to_hf(first_stage: list[Mapping[str, torch.Tensor]],
+                        last_stage: list[Mapping[str, torch.Tensor]],
+                        model: ModelConfig) -> dict[str, torch.Tensor]:
+    """Full HF embeddings, final norm and (untied) LM head from the first and last pipeline
+    stages' state dicts (``stage[tp_rank]``)."""
+    hf = {"model.embed_tokens.weight": torch.cat(
+              [shard["embedding.word_embeddings.weight"] for shard in first_stage]),
+          "model.norm.weight": last_stage[0]["decoder.final_layernorm.weight"].clone()}
+    if not model.share_embeddings_and_output_weights:
+        hf["lm_head.weight"] = torch.cat([shard["output_layer.weight"] for shard in last_stage])
+    return hf
+
+
 def megatron_to_hf(stages: list[list[Mapping[str, torch.Tensor]]], model: ModelConfig,
                    transformer_impl: str | None = None) -> dict[str, torch.Tensor]:
     """Full HF tensors from every rank's state dict, ``stages[pp_rank][tp_rank]``."""
-    impl = transformer_impl or model.transformer_impl
     pp_size, tp_size = len(stages), len(stages[0])
-    hf: dict[str, torch.Tensor] = {}
-
-    def cat(stage: list[Mapping[str, torch.Tensor]], key: str, dim: int) -> torch.Tensor:
-        return torch.cat([shard[key] for shard in stage], dim=dim)
-
-    hf["model.embed_tokens.weight"] = cat(stages[0], "embedding.word_embeddings.weight", 0)
+    hf = megatron_ends_to_hf(stages[0], stages[-1], model)
     for pp_rank, stage in enumerate(stages):
         layout = Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=pp_rank)
         for local, layer in enumerate(layout.layers(model.num_layers)):
-            src, dst = f"decoder.layers.{local}.", f"model.layers.{layer}."
-            for hf_suffix, mg_suffix in _layer_names(impl).items():
-                if hf_suffix.startswith("self_attn.") and not model.qk_layernorm:
-                    continue
-                hf[dst + hf_suffix] = stage[0][src + mg_suffix].clone()
-            per_rank = [_split_qkv(model, shard[src + "self_attention.linear_qkv.weight"])
-                        for shard in stage]
-            for index, name in enumerate(("q_proj", "k_proj", "v_proj")):
-                hf[dst + f"self_attn.{name}.weight"] = torch.cat([p[index] for p in per_rank])
-            hf[dst + "self_attn.o_proj.weight"] = cat(stage, src + "self_attention.linear_proj.weight", 1)
-            gate_up = [torch.chunk(shard[src + "mlp.linear_fc1.weight"], 2, dim=0) for shard in stage]
-            hf[dst + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in gate_up])
-            hf[dst + "mlp.up_proj.weight"] = torch.cat([u for _, u in gate_up])
-            hf[dst + "mlp.down_proj.weight"] = cat(stage, src + "mlp.linear_fc2.weight", 1)
-    hf["model.norm.weight"] = stages[-1][0]["decoder.final_layernorm.weight"].clone()
-    if not model.share_embeddings_and_output_weights:
-        hf["lm_head.weight"] = cat(stages[-1], "output_layer.weight", 0)
+            hf.update(megatron_layer_to_hf(stage, local, layer, model, transformer_impl))
     return hf
 
 
@@ -318,15 +345,99 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
         return len(self._where)
 
 
-def save_hf_checkpoint(directory: str | Path, weights: Mapping[str, torch.Tensor],
-                       model: ModelConfig, dtype: torch.dtype | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` loadable by ``Qwen3ForCausalLM``."""
-    from safetensors.torch import save_file
+def parse_size(size: int | str) -> int:
+    """Bytes from an int or a size string as HF's ``max_shard_size`` takes it: ``"5GB"``
+    (decimal units, 5 * 10**9), ``"512MiB"`` (binary units) or plain ``"1000"``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(size), re.IGNORECASE)
+    value = int(float(match[1]) * _SIZE_UNITS[(match[2] or "B").upper()]) if match else 0
+    if value <= 0:
+        raise ConfigError(f"max shard size must be a positive size like 5GB, 500MiB or a byte "
+                          f"count, got {size!r}")
+    return value
 
+
+class _ShardWriter:
+    """Safetensors shards filled in order, each written as soon as it is full.
+
+    HF's rule (``huggingface_hub.split_torch_state_dict_into_shards``): a tensor that would
+    push the current shard past the limit starts the next one, so one larger than the limit gets
+    a shard of its own. Shards get their final names (``-of-N``) once N is known.
+    """
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.directory, self.max_bytes = directory, max_bytes
+        self.total_size = self.total_parameters = 0
+        self._shard: dict[str, torch.Tensor] = {}
+        self._shard_bytes = 0
+        self._written: list[list[str]] = []  # tensor names of each shard written so far
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self._shard and self._shard_bytes + size > self.max_bytes:
+            self._flush()
+        self._shard[name] = tensor
+        self._shard_bytes += size
+        self.total_size += size
+        self.total_parameters += tensor.numel()
+
+    def _partial(self, index: int) -> Path:
+        return self.directory / f"model-{index + 1:05d}.safetensors.partial"
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self._shard, str(self._partial(len(self._written))), metadata={"format": "pt"})
+        self._written.append(list(self._shard))
+        self._shard, self._shard_bytes = {}, 0
+
+    def close(self) -> None:
+        """Write the last shard, name every shard and, when there are several, the index."""
+        if self._shard:
+            self._flush()
+        count = len(self._written)
+        if count == 1:  # HF writes no index for a model that fits one shard
+            self._partial(0).rename(self.directory / SAFETENSORS_WEIGHTS)
+            return
+        weight_map = {}
+        for index, names in enumerate(self._written):
+            file = f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+            self._partial(index).rename(self.directory / file)
+            weight_map.update(dict.fromkeys(names, file))
+        index = {"metadata": {"total_parameters": self.total_parameters,
+                              "total_size": self.total_size}, "weight_map": weight_map}
+        (self.directory / SAFETENSORS_INDEX).write_text(
+            json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, torch.Tensor]],
+                        model: ModelConfig, *, dtype: torch.dtype | None = None,
+                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write ``config.json`` + safetensors weights loadable by ``Qwen3ForCausalLM``, as HF's
+    ``save_pretrained`` lays them out: ``model.safetensors`` when the weights fit one shard of
+    ``max_shard_size``, else ``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json``.
+
+    ``groups`` are taken one at a time (a generator can read each from disk as it is asked for),
+    so memory holds one group and the shard being filled, never the whole model.
+    """
+    max_bytes = parse_size(max_shard_size)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {name: (t.to(dtype) if dtype else t).contiguous() for name, t in weights.items()}
-    dtype_name = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    # A previous export's weights (single file, shards, index) would be read along with these.
+    for stale in directory.glob("model*.safetensors*"):
+        stale.unlink()
+    shards = _ShardWriter(directory, max_bytes)
+    dtype_name = None
+    for group in groups:
+        for name, tensor in group.items():
+            tensor = (tensor.to(dtype) if dtype else tensor).contiguous()
+            dtype_name = dtype_name or str(tensor.dtype).removeprefix("torch.")
+            shards.add(name, tensor)
+    shards.close()
     (directory / HF_CONFIG).write_text(json.dumps(hf_config_dict(model, dtype_name), indent=2))
     return directory
+
+
+def save_hf_checkpoint(directory: str | Path, weights: Mapping[str, torch.Tensor],
+                       model: ModelConfig, dtype: torch.dtype | None = None) -> Path:
+    """:func:`write_hf_checkpoint` of one mapping of weights, at the default shard size."""
+    return write_hf_checkpoint(directory, [weights], model, dtype=dtype)

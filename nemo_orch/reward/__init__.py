@@ -15,11 +15,11 @@ from nemo_orch.reward.components import (
     Features, extract_features, preference_instruction, preference_match, task_preference)
 from nemo_orch.reward.outcome import (
     OUTCOME_METHODS, OutcomeResult, OutcomeScorer, exact_match, normalize_answer, numeric_match)
-from nemo_orch.reward.scoring import score_groups
+from nemo_orch.reward.scoring import by_answer, score_groups
 
 __all__ = [
     "OUTCOME_METHODS", "Features", "OutcomeResult", "OutcomeScorer", "RewardBreakdown",
-    "SamplingStats", "exact_match", "extract_features",
+    "SamplingStats", "by_answer", "exact_match", "extract_features",
     "fill_batch", "group_advantages", "group_drop_reason", "keep_group", "normalize_answer",
     "numeric_match", "preference_instruction", "preference_match", "score_group", "score_groups",
     "task_preference", "trajectory_drop_reason",

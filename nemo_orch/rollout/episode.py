@@ -35,6 +35,25 @@ def episode_id(task_id: str, sample: int = 0) -> str:
     return f"{task_id}#{sample}"
 
 
+def initial_messages(task: Task, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+    """An episode's first messages: the task's system prompt and question, markup escaped."""
+    messages = []
+    if task.system:
+        messages.append({"role": "system", "content": escape_markup(task.system, tokenizer)})
+    messages.append({"role": "user", "content": escape_markup(task.question, tokenizer)})
+    return messages
+
+
+def prompt_length(task: Task, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The tokens of a task's first prompt (system prompt, tools, question): what must fit the
+    policy's context before it writes anything."""
+    schemas = (toolbox if task.tools is None else toolbox.subset(task.tools)).schemas()
+    text = tokenizer.apply_chat_template(initial_messages(task, tokenizer),
+                                         tools=schemas or None, tokenize=False,
+                                         add_generation_prompt=True)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
 class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
 
@@ -216,11 +235,7 @@ class Episode:
                                    task=task)
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.forced_ids = [] if forced_choice is None else self._decision_prefix(forced_choice)
-        self.messages: list[dict[str, Any]] = []
-        if task.system:
-            self.messages.append({"role": "system",
-                                  "content": escape_markup(task.system, tokenizer)})
-        self.messages.append({"role": "user", "content": escape_markup(task.question, tokenizer)})
+        self.messages = initial_messages(task, tokenizer)
 
     # ------------------------------------------------------------------ rendering
     def _render(self, generation_prompt: bool) -> str:

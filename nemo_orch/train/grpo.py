@@ -28,23 +28,25 @@ import torch
 import torch.distributed as dist
 
 from nemo_orch import distributed, faults
-from nemo_orch.config import Config
-from nemo_orch.data.environment import make_tasks
+from nemo_orch.config import Config, ConfigError
 from nemo_orch.data.sft import padded_length
 from nemo_orch.data.tasks import Task
 from nemo_orch.distributed import ParallelContext
+from nemo_orch.envs import Environment, Mixture, build_mixture
+from nemo_orch.envs.mixture import Draw
 from nemo_orch.eval.orchestration import episode_stats, group_key, route_mix, route_of
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_drop_reason,
                                          trajectory_drop_reason)
 from nemo_orch.reward.combine import RewardBreakdown
-from nemo_orch.reward.scoring import score_groups
-from nemo_orch.rollout.builders import build_rollout_engine, build_scorer, build_toolbox
+from nemo_orch.reward.outcome import OutcomeResult
+from nemo_orch.reward.scoring import OutcomeFn, by_answer, score_groups
+from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.episode import Trajectory, prompt_length
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
-from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum
 from nemo_orch.train.grpo_loss import grpo_token_loss
@@ -56,11 +58,16 @@ if TYPE_CHECKING:  # Ray loads only for rollout.backend=ray
 
 log = logging.getLogger(__name__)
 
+# Training tasks per source whose prompts are measured before the first step: a source none of
+# whose prompts fits the policy's context is an error, not a run that trains on nothing.
+PROBE_TASKS = 64
+
 @dataclass
 class Group:
     task: Task
     trajectories: list[Trajectory]
     breakdowns: list[RewardBreakdown]
+    source: str = ""  # the environment it came from (env.*)
 
 
 @dataclass
@@ -100,18 +107,19 @@ def policy_config(config: Config) -> Config:
 # ----------------------------------------------------------------------------- rollouts
 
 class Rollouts:
-    """Rank 0's side of a step: the engine, the tools, the reward, the tasks of each step, and
-    the choices directed exploration forces. With a Ray ``pool`` (``rollout.backend=ray``) the
-    episodes and their scoring run on its actors; ``engine`` is then None and ``toolbox`` only
-    names the tools."""
+    """Rank 0's side of a step: the engine, the environments (``mixture``, each source with its
+    started toolbox in ``toolboxes``), the reward, the tasks of each step, and the choices
+    directed exploration forces. With a Ray ``pool`` (``rollout.backend=ray``) the episodes and
+    their scoring run on its actors; ``engine`` is then None and the toolbox only names the
+    tools."""
 
-    def __init__(self, config: Config, engine: Any, tokenizer: Any, toolbox: Any,
-                 pool: "RayRolloutPool | None" = None) -> None:
-        self.config, self.engine, self.tokenizer, self.toolbox = config, engine, tokenizer, toolbox
-        self.pool = pool
+    def __init__(self, config: Config, engine: Any, tokenizer: Any, mixture: Mixture,
+                 toolboxes: list[Any], pool: "RayRolloutPool | None" = None) -> None:
+        self.config, self.engine, self.tokenizer, self.pool = config, engine, tokenizer, pool
+        self.mixture, self.toolboxes = mixture, dict(zip(
+            (environment.name for environment in mixture.environments), toolboxes))
         self.settings = config.resolved_rollout()
-        self.scorer = build_scorer(config) if pool is None else pool.scorer
-        self.format = TurnFormat.for_tools(toolbox.schemas())
+        self.format = TurnFormat.for_tools(toolboxes[0].schemas())
         self.tools: list[str] | None = None  # the curriculum stage's tools (None: all)
         # Every group of the current step, kept or not: what the step's metrics describe.
         self.generated: list[Group] = []
@@ -119,13 +127,50 @@ class Rollouts:
         self.current_choices: Counter = Counter()
         self.previous_choices: Counter = Counter()
         self.forced_episodes = 0
+        self.skipped_context = 0
 
-    def tasks(self, step: int, round_index: int, count: int) -> list[Task]:
+    def fits(self, task: Task, source: str) -> bool:
+        """Whether the task's first prompt leaves the policy room to write a turn."""
+        length = prompt_length(task, self.toolboxes[source], self.tokenizer)
+        return length + self.settings.max_new_tokens <= self.settings.max_context_tokens
+
+    def check_sources(self) -> None:
+        """Every source must have tasks whose prompt fits the policy's context (a probe of its
+        training split); else a :class:`ConfigError` naming the source and the context."""
+        for environment in self.mixture.environments:
+            probe = environment.tasks("train", PROBE_TASKS, self.config.run.seed)
+            if not probe:
+                raise ConfigError(f"env {environment.name}: no training tasks (its train split "
+                                  "is empty: see env.val_fraction and env.limit)")
+            if not any(self.fits(task, environment.name) for task in probe):
+                shortest = min(prompt_length(task, self.toolboxes[environment.name],
+                                             self.tokenizer) for task in probe)
+                raise ConfigError(
+                    f"env {environment.name}: no task's prompt fits the policy's context of "
+                    f"{self.settings.max_context_tokens} tokens with rollout.max_new_tokens="
+                    f"{self.settings.max_new_tokens} (the shortest of {len(probe)} takes "
+                    f"{shortest} tokens: system prompt, tools and question); use a policy with "
+                    "more positions (model.max_position_embeddings) or shorter tasks")
+
+    def tasks(self, step: int, round_index: int, count: int) -> list[Draw]:
+        """The step's tasks by source, each renamed ``s<step>r<round>-<index>`` (per-episode
+        state is keyed by task id: a task drawn again later is a new episode), without those
+        whose prompt does not fit the context (counted)."""
         seed = derive_seed(self.config.run.seed, "tasks", step, round_index)
-        tasks = make_tasks(count, seed, prefix=f"s{step}r{round_index}")
-        if self.tools is None:
-            return tasks
-        return [dataclasses.replace(task, tools=tuple(self.tools)) for task in tasks]
+        draws, index = [], 0
+        for drawn in self.mixture.draw("train", count, seed):
+            tasks = []
+            for task in drawn.tasks:
+                task = dataclasses.replace(task, id=f"s{step}r{round_index}-{index:05d}")
+                index += 1
+                if self.tools is not None:
+                    task = dataclasses.replace(task, tools=tuple(self.tools))
+                if self.fits(task, drawn.environment.name):
+                    tasks.append(task)
+                else:
+                    self.skipped_context += 1
+            draws.append(Draw(drawn.environment, tasks))
+        return draws
 
     def forced_choices(self, num_tasks: int) -> dict[tuple[int, int], Choice]:
         """The last ``explore_share`` of each group's samples start with the choice the policy
@@ -149,18 +194,36 @@ class Rollouts:
         calls = [call for call in trajectory.turns[0].calls if call.error is None]
         return choice_of(calls[0].tool, calls[0].arguments, self.format) if calls else None
 
+    async def _run(self, draws: list[Draw], seed: int,
+                   forced: dict[tuple[int, int], Choice]) -> list[Trajectory]:
+        """Every draw's groups, each source on its toolbox, the episodes numbered across the
+        step as one call would (episode ``i`` gets seed ``seed + i``)."""
+        size = self.settings.group_size
+        if self.pool is not None:
+            return await self.pool.run(draws[0].tasks, size, seed=seed, forced_choices=forced)
+        batcher = GenerationBatcher(self.engine, self.settings.max_batch_size)
+        runs, start = [], 0
+        for drawn in draws:
+            mine = {(task - start, sample): choice for (task, sample), choice in forced.items()
+                    if start <= task < start + len(drawn.tasks)}
+            runs.append(run_rollouts(drawn.tasks, size, self.engine,
+                                     self.toolboxes[drawn.environment.name], self.tokenizer,
+                                     self.settings, seed=seed + start * size, batcher=batcher,
+                                     forced_choices=mine))
+            start += len(drawn.tasks)
+        try:
+            return [t for trajectories in await asyncio.gather(*runs) for t in trajectories]
+        finally:
+            await batcher.close()
+
     async def groups(self, step: int, round_index: int, count: int) -> list[Group]:
-        tasks = self.tasks(step, round_index, count)
+        draws = self.tasks(step, round_index, count)
+        tasks = [task for drawn in draws for task in drawn.tasks]
+        sources = [drawn.environment for drawn in draws for _ in drawn.tasks]
         seed = derive_seed(self.config.run.seed, "episodes", step, round_index)
         forced = self.forced_choices(len(tasks))
         self.forced_episodes += len(forced)
-        if self.pool is not None:
-            trajectories = await self.pool.run(tasks, self.settings.group_size, seed=seed,
-                                               forced_choices=forced)
-        else:
-            trajectories = await run_rollouts(tasks, self.settings.group_size, self.engine,
-                                              self.toolbox, self.tokenizer, self.settings,
-                                              seed=seed, forced_choices=forced)
+        trajectories = await self._run(draws, seed, forced)
         size = self.settings.group_size
         grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
         for task_index, group in enumerate(grouped):
@@ -168,11 +231,48 @@ class Rollouts:
                 choice = self.first_choice(trajectory)
                 if (task_index, sample) not in forced and choice is not None:
                     self.current_choices[_choice_key(choice)] += 1
-        breakdowns = await score_groups(tasks, grouped, self.config.reward, self.scorer)
-        groups = [Group(task, group, scored)
-                  for task, group, scored in zip(tasks, grouped, breakdowns)]
+        environments = {task.id: environment for task, environment in zip(tasks, sources)}
+        breakdowns = await score_groups(tasks, grouped, self.config.reward, self._outcome(
+            environments))
+        groups = [Group(task, group, scored, environment.name) for task, group, scored,
+                  environment in zip(tasks, grouped, breakdowns, sources)]
         self.generated.extend(groups)
         return groups
+
+    def _outcome(self, environments: dict[str, Environment]) -> OutcomeFn:
+        """Each task's environment scores its episodes (on Ray: the pool's scorers)."""
+        if self.pool is not None:
+            return by_answer(self.pool.scorer)
+
+        async def outcome(task: Task, trajectory: Trajectory) -> OutcomeResult:
+            return (await environments[task.id].score(task, trajectory)).outcome
+
+        return outcome
+
+    async def validate(self) -> dict[str, float]:
+        """Greedy episodes on ``grpo.val_tasks`` validation tasks of each source (the same
+        tasks every time): ``val/<source>/accuracy`` and ``usd_per_task``."""
+        settings = dataclasses.replace(self.settings, temperature=0.0)
+        metrics = {}
+        for environment in self.mixture.environments:
+            tasks = [dataclasses.replace(task, id=f"val-{index:05d}") for index, task in
+                     enumerate(environment.tasks("validation", self.config.grpo.val_tasks,
+                                                 self.config.run.seed))]
+            tasks = [task for task in tasks if self.fits(task, environment.name)]
+            if not tasks:
+                continue
+            trajectories = await run_rollouts(tasks, 1, self.engine,
+                                              self.toolboxes[environment.name], self.tokenizer,
+                                              settings, seed=self.config.run.seed)
+            scored = await asyncio.gather(*(environment.score(task, trajectory) for
+                                            task, trajectory in zip(tasks, trajectories)))
+            prefix = f"val/{environment.name}"
+            metrics[f"{prefix}/accuracy"] = statistics.mean(
+                float(result.outcome.correct) for result in scored)
+            metrics[f"{prefix}/usd_per_task"] = statistics.mean(t.cost_usd
+                                                                for t in trajectories)
+            metrics[f"{prefix}/tasks"] = len(tasks)
+        return metrics
 
     def drop_reason(self, group: Group) -> str | None:
         return group_drop_reason(group.breakdowns, self.config.reward)
@@ -182,6 +282,7 @@ class Rollouts:
         grpo = self.config.grpo
         rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
         self.generated, self.current_choices, self.forced_episodes = [], Counter(), 0
+        self.skipped_context = 0
         kept, stats = await fill_batch(lambda count, r: self.groups(step, r, count),
                                        grpo.prompts_per_step, rounds, self.drop_reason)
         self.previous_choices = self.current_choices
@@ -291,36 +392,97 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     }
     routes = Counter(route_of(t) for _, t, _ in episodes)
     metrics.update({f"route/{name}": count / len(episodes) for name, count in routes.items()})
+    metrics.update(_source_metrics(groups))
+    # The offline world's (family, preference) groups, where its tasks are.
+    family = [(task, t, b) for task, t, b in episodes if "family" in task.metadata]
     rewards: dict[str, list[float]] = defaultdict(list)
-    for task, _, breakdown in episodes:
+    for task, _, breakdown in family:
         rewards[group_key(task)].append(breakdown.reward)
     for key, values in rewards.items():
         metrics[f"group/{key}/reward"] = statistics.mean(values)
-    shares = route_mix([task for task, _, _ in episodes], [t for _, t, _ in episodes])
+    shares = route_mix([task for task, _, _ in family], [t for _, t, _ in family])
     for key, routes in shares.items():
         metrics.update({f"group/{key}/route/{name}": share for name, share in routes.items()})
     return metrics
 
 
+def _source_metrics(groups: list[Group]) -> dict[str, float]:
+    """Per source of the mixture: its share of the episodes, reward, accuracy, USD per task
+    and tool calls per episode (``source/<name>/...``)."""
+    by_source: dict[str, list[tuple[Trajectory, RewardBreakdown]]] = defaultdict(list)
+    for group in groups:
+        by_source[group.source].extend(zip(group.trajectories, group.breakdowns))
+    total = sum(len(episodes) for episodes in by_source.values())
+    metrics: dict[str, float] = {}
+    for source, episodes in sorted(by_source.items()):
+        prefix = f"source/{source}"
+        metrics[f"{prefix}/share"] = len(episodes) / total
+        metrics[f"{prefix}/reward"] = statistics.mean(b.reward for _, b in episodes)
+        metrics[f"{prefix}/accuracy"] = statistics.mean(b.components["outcome"]
+                                                        for _, b in episodes)
+        metrics[f"{prefix}/usd_per_task"] = statistics.mean(t.cost_usd for t, _ in episodes)
+        calls: Counter = Counter()
+        for trajectory, _ in episodes:
+            calls.update(trajectory.tool_counts())
+        metrics.update({f"{prefix}/tool/{name}": count / len(episodes)
+                        for name, count in calls.items()})
+    return metrics
+
+
 # ----------------------------------------------------------------------------- the loop
+
+def _load_start(module: Any, config: Config, init_from: Path) -> None:
+    """The starting weights: a nemo-orch checkpoint, or an HF model directory."""
+    from nemo_orch.models.hf_mapping import (HF_CONFIG, HFCheckpoint, architecture_mismatch,
+                                             model_config_from_hf)
+
+    if not (init_from / HF_CONFIG).is_file():
+        checkpoint.load(checkpoint.open_checkpoint(init_from), module)
+        return
+    hf = HFCheckpoint(init_from)
+    mismatch = architecture_mismatch(config.model, model_config_from_hf(hf.config, config.model))
+    if mismatch:
+        raise ConfigError(f"trainer.init_from={init_from}: architecture differs from model.* "
+                          f"(config vs checkpoint: {'; '.join(mismatch)})")
+    weights.load_hf_weights(module, hf, config.model)
+
 
 def _start(policy: Policy, config: Config, init_from: Path) -> int:
     """Resume from this stage's latest checkpoint, or start from ``init_from`` (the SFT
-    checkpoint); returns the last completed step."""
+    checkpoint, or an HF directory); returns the last completed step."""
     latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
     if latest is not None:
         checkpoint.load(latest, policy.module, policy.optimizer, policy.scheduler)
         log.info("resumed GRPO from %s", latest.path)
         return latest.step
-    checkpoint.load(checkpoint.open_checkpoint(init_from), policy.module)
+    _load_start(policy.module, config, init_from)
     policy.optimizer.reload_model_params()
     return 0
 
 
 def run(config: Config, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
-    """GRPO from the checkpoint ``init_from`` into ``config.run.dir``, in its own process group."""
+    """GRPO from ``init_from`` into ``config.run.dir``, in its own process group."""
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
         return train(config, context, init_from, tokenizer_dir)
+
+
+def start_point(config: Config) -> tuple[Path, Path]:
+    """``nemo-orch grpo``'s starting weights (``trainer.init_from``) and the tokenizer their
+    token ids belong to: the checkpoint's own, the HF directory's, else ``tokenizer.path``."""
+    if config.trainer.init_from is None:
+        raise ConfigError("nemo-orch grpo needs trainer.init_from: a nemo-orch checkpoint (e.g. "
+                          "runs/tiny-sft/sft/checkpoints) or an HF model directory")
+    source = Path(config.trainer.init_from)
+    if (source / "tokenizer.json").is_file():
+        return source, source
+    if not (source / "config.json").is_file():
+        opened = checkpoint.open_checkpoint(source)
+        if (opened.tokenizer_path / "tokenizer.json").is_file():
+            return opened.path, opened.tokenizer_path
+        source = opened.path
+    if config.tokenizer.path is None:
+        raise ConfigError(f"trainer.init_from={source} has no tokenizer: set tokenizer.path")
+    return source, Path(config.tokenizer.path)
 
 
 def train(config: Config, context: ParallelContext, init_from: Path,
@@ -335,26 +497,29 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     start_step = _start(policy, config, init_from)
     reference = ReferenceModel(config, context)
     # The reference is the stage's starting point (the SFT policy), also on resume.
-    start_weights = checkpoint.open_checkpoint(init_from)
-    checkpoint.load(start_weights, reference.module)
+    _load_start(reference.module, config, init_from)
     hf = weights.gather_hf_weights(policy.module, config.model)
 
     writer = distributed.is_writer()
+    _check_backend(config)
     pool = _ray_pool(config, hf, tokenizer) if writer and config.rollout.backend == "ray" else None
     engine = build_rollout_engine(config, hf, tokenizer) if writer and pool is None else None
     # A colocated GPU engine gives the GPUs back while the policy trains (see RolloutConfig).
     colocated = writer and config.rollout.colocate and isinstance(engine, Sleepable)
-    toolbox = build_toolbox(config.tools) if writer else None
+    mixture = build_mixture(config) if writer else None
+    toolboxes = [environment.toolbox() for environment in mixture.environments] if writer else []
     loop = asyncio.new_event_loop() if writer else None
     if writer:  # on Ray the tools run in the workers' executors
-        loop.run_until_complete(toolbox.start() if pool is None else pool.start())
-    rollouts = Rollouts(config, engine, tokenizer, toolbox, pool) if writer else None
+        loop.run_until_complete(pool.start() if pool is not None else asyncio.gather(
+            *(toolbox.start() for toolbox in toolboxes)))
+    rollouts = Rollouts(config, engine, tokenizer, mixture, toolboxes, pool) if writer else None
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
     logged = logged_steps(config.run.dir, start_step)
     history = [record.get("reward", math.nan) for record in logged]
     if writer:
-        curriculum.check_tools(grpo.curriculum, list(toolbox.tools))
+        rollouts.check_sources()
+        curriculum.check_tools(grpo.curriculum, list(toolboxes[0].tools))
         rollouts.previous_choices = Counter({
             key.removeprefix("choices/"): count for key, count in
             (logged[-1] if logged else {}).items() if key.startswith("choices/")})
@@ -372,6 +537,9 @@ def train(config: Config, context: ParallelContext, init_from: Path,
                 kept, generated, stats = loop.run_until_complete(rollouts.batch(step))
                 step_metrics = rollout_metrics(generated, stats)
                 step_metrics["explore/forced_episodes"] = rollouts.forced_episodes
+                step_metrics["sampling/skipped_context"] = rollouts.skipped_context
+                if grpo.val_interval and step % grpo.val_interval == 0:
+                    step_metrics.update(loop.run_until_complete(rollouts.validate()))
                 step_metrics.update({f"choices/{key}": count for key, count
                                      in rollouts.previous_choices.items()})
                 step_metrics["curriculum/stage"] = curriculum.stage_index(grpo.curriculum,
@@ -409,11 +577,26 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     finally:
         metrics.close()
         if writer:
-            loop.run_until_complete(toolbox.close() if pool is None else pool.close())
+            loop.run_until_complete(pool.close() if pool is not None else asyncio.gather(
+                *(toolbox.close() for toolbox in toolboxes)))
             loop.close()
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)
+
+
+def _check_backend(config: Config) -> None:
+    """What runs only on one source of declared tools: Ray's workers build the configured
+    tools (no domain's, no tau2's), and exploration forces choices of one toolbox."""
+    sources = config.env.source_list()
+    if config.rollout.backend == "ray" and (len(sources) > 1 or sources[0].kind not in (
+            "offline", "qa", "tasks")):
+        raise ConfigError("rollout.backend=ray runs one environment with declared tools only "
+                          "(env=offline|qa|tasks); use rollout.backend=local for "
+                          f"env={config.env.label}")
+    if config.grpo.explore_share > 0 and len(sources) > 1:
+        raise ConfigError("grpo.explore_share forces routing choices of one toolbox: it needs a "
+                          "single environment, not a mixture")
 
 
 def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any) -> "RayRolloutPool":

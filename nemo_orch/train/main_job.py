@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch import distributed
-from nemo_orch.config import Config
+from nemo_orch.config import Config, ConfigError
 from nemo_orch.data import offline
 from nemo_orch.data.conversations import write_conversations
 from nemo_orch.data.environment import demonstrations, held_out_tasks, make_tasks
@@ -108,6 +108,9 @@ def _tokenizer(config: Config) -> Path:
 def run(config: Config) -> MainJobSummary:
     from nemo_orch.eval import orchestration
 
+    if config.env.kind != "offline":
+        raise ConfigError(f"nemo-orch train is the offline main job (env=offline); train on "
+                          f"env={config.env.label} with nemo-orch grpo")
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     with distributed.parallel_session(config.parallel, config.run.seed) as context:

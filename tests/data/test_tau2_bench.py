@@ -17,8 +17,9 @@ from nemo_orch.data import tau2_bench  # noqa: E402
 from nemo_orch.data.tasks import task_from_json  # noqa: E402
 from nemo_orch.data.tau2_bench import (ASSISTANT, USER, ExecutedCall, Tau2Error,  # noqa: E402
                                        Turn, load_domain, score_episode)
-from nemo_orch.eval.agents import GoldReplayAgent, final_message  # noqa: E402
-from nemo_orch.eval.benchmarks import tau2_gold_plan  # noqa: E402
+from nemo_orch.envs.interfaces import final_message  # noqa: E402
+from nemo_orch.envs.tau2 import tau2_gold_plan  # noqa: E402
+from nemo_orch.eval.agents import GoldReplayAgent  # noqa: E402
 from nemo_orch.rollout.episode import episode_id  # noqa: E402
 from nemo_orch.tools.base import ToolContext  # noqa: E402
 

@@ -52,7 +52,7 @@ def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
                                                     tiny_tokenizer_dir):
     config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir,
                                         f"rollout.policy={random_policy_dir}"))
-    summary = harness.run(config, "offline", AGENTS)
+    summary = harness.run(config, AGENTS)
     out = tmp_path / "eval"
     report = json.loads(summary.report.read_text())
     assert list(report["systems"]) == AGENTS
@@ -87,7 +87,7 @@ def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
     again = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir,
                                        f"rollout.policy={random_policy_dir}",
                                        f"eval.out_dir={tmp_path / 'again'}"))
-    harness.run(again, "offline", AGENTS)
+    harness.run(again, AGENTS)
     for agent in AGENTS:
         assert _outcomes(out, agent) == _outcomes(tmp_path / "again", agent), agent
 
@@ -97,7 +97,7 @@ def test_price_table_and_tool_set_swap_at_evaluation_time(tmp_path, tiny_tokeniz
         out = tmp_path / "-".join(o.split("=")[-1] for o in overrides or ("list",))
         config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, *overrides,
                                             f"eval.out_dir={out}"))
-        harness.run(config, "offline", ["fixed:cheapest"])
+        harness.run(config, ["fixed:cheapest"])
         records = _episodes(out, "fixed:cheapest")
         return (_calls(records[0])[0][1]["model"],
                 json.loads((out / "report.json").read_text())["systems"]["fixed:cheapest"][
@@ -188,11 +188,11 @@ def test_judge_failures_are_counted_and_endpoints_bounded(tmp_path, tiny_tokeniz
     with serve_json({("POST", "/v1/chat/completions"): judge}, url_path="/v1") as server:
         def evaluate(out: Path) -> dict:
             config = config_lib.load(_overrides(
-                tmp_path, tiny_tokenizer_dir, f"eval.data={hle}", f"eval.out_dir={out}",
+                tmp_path, tiny_tokenizer_dir, "env=hle", f"env.path={hle}", f"eval.out_dir={out}",
                 f"tools.declarations=[{experts}]", f"reward.judge_base_url={server.url}",
                 "reward.judge_model=judge", "reward.judge_max_retries=1",
                 "eval.concurrency=3", "eval.max_requests_per_endpoint=1"))
-            harness.run(config, "hle", ["fixed:strongest", "fixed:cheapest"])
+            harness.run(config, ["fixed:strongest", "fixed:cheapest"])
             return json.loads((out / "report.json").read_text())
 
         down = evaluate(tmp_path / "down")
@@ -262,7 +262,7 @@ def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
     for name, tools in (("list", "offline"), ("repriced", "offline_repriced")):
         config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
                                             f"eval.out_dir={tmp_path / name}"))
-        harness.run(config, "offline", ["fixed:cheapest", "fixed:strongest"])
+        harness.run(config, ["fixed:cheapest", "fixed:strongest"])
     table = run_cli_here("eval", "compare", str(tmp_path / "list"),
                          str(tmp_path / "repriced")).stdout
     for run in ("list", "repriced"):
@@ -273,7 +273,7 @@ def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--benchmark", "hle", "--agent", "fixed:cheapest"], "needs eval.data"),
+    (["--benchmark", "hle", "--agent", "fixed:cheapest"], "a qa environment reads a file"),
     (["--benchmark", "offline", "--agent", "random", "--agent", "random"],
      "an agent is named twice"),
     (["--benchmark", "offline", "--agent", "fixed:cheapest", "eval.concurrency=0"],
@@ -310,10 +310,10 @@ def test_the_orchestrator_behind_an_endpoint_equals_the_checkpoint(tmp_path, ran
             tmp_path, tiny_tokenizer_dir, "eval.tasks=6", "rollout.engine=openai",
             f"rollout.base_url={server.url}", "rollout.model_name=orchestrator",
             f"eval.out_dir={tmp_path / 'served'}"))
-        harness.run(served, "offline", ["orchestrator"])
+        harness.run(served, ["orchestrator"])
     local = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "eval.tasks=6",
                                        f"rollout.policy={random_policy_dir}",
                                        f"eval.out_dir={tmp_path / 'local'}"))
-    harness.run(local, "offline", ["orchestrator"])
+    harness.run(local, ["orchestrator"])
     assert _outcomes(tmp_path / "served", "orchestrator") == _outcomes(tmp_path / "local",
                                                                        "orchestrator")

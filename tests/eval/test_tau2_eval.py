@@ -27,7 +27,7 @@ def _episodes(out) -> list[dict]:
 
 def test_the_first_tasks_pass_and_are_reported(tmp_path, capsys):
     out = tmp_path / "report"
-    assert _eval("eval.domain=retail", "eval.split=train", "eval.limit=3",
+    assert _eval("env.domain=retail", "env.split=train", "env.limit=3",
                  f"eval.out_dir={out}") == 0
     report = json.loads((out / "report.json").read_text())
     row = report["systems"]["gold-replay"]
@@ -47,14 +47,14 @@ def test_the_first_tasks_pass_and_are_reported(tmp_path, capsys):
 
 
 def test_the_report_goes_under_the_run_output_dir_by_default(tmp_path):
-    assert _eval("eval.domain=retail", "eval.split=train", "eval.limit=1",
+    assert _eval("env.domain=retail", "env.split=train", "env.limit=1",
                  f"run.output_dir={tmp_path}") == 0
     report = json.loads((tmp_path / "eval" / "tau2" / "report.json").read_text())
     assert report["systems"]["gold-replay"]["accuracy"] == 1.0
 
 
 def test_a_full_telecom_split_passes(tmp_path):
-    assert _eval("eval.domain=telecom", "eval.split=train", f"eval.out_dir={tmp_path}") == 0
+    assert _eval("env.domain=telecom", "env.split=train", f"eval.out_dir={tmp_path}") == 0
     row = json.loads((tmp_path / "report.json").read_text())["systems"]["gold-replay"]
     assert (row["tasks"], row["correct"]) == (74, 74)
     # The user's gold actions ran on the user-side tools (telecom), and are counted.
@@ -62,10 +62,11 @@ def test_a_full_telecom_split_passes(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["eval.domain=shopping"], "unknown tau2 domain 'shopping'"),
-    (["eval.domain=retail", "eval.split=dev"], "tau2 domain 'retail' has no split 'dev'"),
-    (["eval.domain=retail", "eval.limit=0"], "eval.limit must be null or >= 1"),
-    ([], "--benchmark tau2 needs eval.domain"),
+    (["env.domain=shopping"], "unknown tau2 domain 'shopping'"),
+    (["env.domain=retail", "env.split=dev"], "tau2 domain 'retail' has no split 'dev'"),
+    (["env.domain=retail", "env.limit=0"], "env.limit must be null or >= 1"),
+    (["env.domain=null"], "a tau2 environment needs its domain"),
+    (["env.domain=retail", "eval.domain=retail"], "eval.domain is now env.domain"),
 ])
 def test_user_errors_exit_2_with_a_message(overrides, message, tmp_path, capsys):
     assert _eval(*overrides, f"eval.out_dir={tmp_path}") == EXIT_USER_ERROR

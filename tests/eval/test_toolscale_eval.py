@@ -24,7 +24,7 @@ def test_offline_synth_then_gold_replay(tmp_path):
                 == (again / domain / "tasks.jsonl").read_bytes())
     out = tmp_path / "eval"
     result = run_cli("eval", "--benchmark", "toolscale", "--agent", "gold-replay",
-                     f"eval.data={data}", f"eval.out_dir={out}")
+                     f"env.path={data}", f"eval.out_dir={out}")
     assert result.stdout.splitlines()[-1].split()[:3] == ["gold-replay", "120", "1.000"]
     row = json.loads((out / "report.json").read_text())["systems"]["gold-replay"]
     assert row["accuracy"] == 1.0 and row["tasks"] == 120
@@ -41,8 +41,8 @@ def test_bad_data_is_a_clear_error(tmp_path):
     lines = tasks.read_text().splitlines()
     lines[1] = lines[1].replace('"user_scenario"', '"user_scenari0"')
     tasks.write_text("\n".join(lines) + "\n")
-    shop = ("eval", "--benchmark", "toolscale", "--agent", "gold-replay", f"eval.data={data}",
-            "eval.domain=shop")
+    shop = ("eval", "--benchmark", "toolscale", "--agent", "gold-replay", f"env.path={data}",
+            "env.domain=shop")
     broken = run_cli_here(*shop, expect=2)
     assert f"{tasks}:2: user_scenario: Field required" in broken.stderr
     # A task whose gold action fails is dropped and reported, never scored.
@@ -61,7 +61,7 @@ def test_bad_data_is_a_clear_error(tmp_path):
         (record["id"], "execution")]
     assert "no orders record" in (out / "report.md").read_text()
     missing = run_cli_here("eval", "--benchmark", "toolscale", "--agent", "gold-replay",
-                           f"eval.data={data}", "eval.domain=bank", expect=2)
+                           f"env.path={data}", "env.domain=bank", expect=2)
     assert "no domain.json" in missing.stderr
     offline = run_cli_here("eval", "--benchmark", "offline", "--agent", "gold-replay", expect=2)
     assert "gold-replay needs gold actions" in offline.stderr

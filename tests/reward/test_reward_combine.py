@@ -7,7 +7,7 @@ from reward_fixtures import trajectory
 
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.tasks import Task
-from nemo_orch.reward import OutcomeScorer, score_group, score_groups
+from nemo_orch.reward import OutcomeScorer, by_answer, score_group, score_groups
 from nemo_orch.reward.outcome import OUTCOME_METHODS, OutcomeResult
 
 RIGHT, WRONG = OutcomeResult(True, "exact"), OutcomeResult(False, "no_match")
@@ -126,9 +126,10 @@ def test_score_groups_scores_every_answer():
     tasks = [task({"accuracy": 1, "cost": 1}), Task(id="u", question="2+2?", answer="4")]
     groups = [[trajectory("42", usd=0.01), trajectory("41", usd=0.0), trajectory("42", usd=0.02)],
               [trajectory("4.0"), trajectory(None)]]
-    scored = asyncio.run(score_groups(tasks, groups, TOOLORCHESTRA, OutcomeScorer(TOOLORCHESTRA)))
+    outcome = by_answer(OutcomeScorer(TOOLORCHESTRA))
+    scored = asyncio.run(score_groups(tasks, groups, TOOLORCHESTRA, outcome))
     assert [[b.reward for b in group] for group in scored] == [[1.5, 0.0, 1.0], [1.0, 0.0]]
     assert scored[1][0].components["outcome_method:numeric"] == 1.0
     assert scored[1][1].components["outcome_method:empty"] == 1.0
     with pytest.raises(ValueError):
-        asyncio.run(score_groups(tasks, groups[:1], TOOLORCHESTRA, OutcomeScorer(TOOLORCHESTRA)))
+        asyncio.run(score_groups(tasks, groups[:1], TOOLORCHESTRA, outcome))

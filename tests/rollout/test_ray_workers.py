@@ -28,7 +28,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import RayConfig
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.reward.outcome import OutcomeScorer
-from nemo_orch.reward.scoring import score_groups
+from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout import ray_workers
 from nemo_orch.rollout.builders import build_scorer
 from nemo_orch.rollout.episode import Trajectory
@@ -139,12 +139,13 @@ def test_episodes_on_ray_equal_local_ones_and_score_alike(pool, config, tiny_tok
 
     groups = [on_ray[index * 2:index * 2 + 2] for index in range(len(tasks))]
     expected = asyncio.run(score_groups(tasks, groups, config.reward,
-                                        OutcomeScorer(config.reward)))
-    assert asyncio.run(score_groups(tasks, groups, config.reward, pool.scorer)) == expected
+                                        by_answer(OutcomeScorer(config.reward))))
+    on_actors = by_answer(pool.scorer)
+    assert asyncio.run(score_groups(tasks, groups, config.reward, on_actors)) == expected
     assert [b.components["outcome"] for group in expected for b in group] == [1, 1, 1, 1, 0, 0]
     # A scorer that dies is restarted by Ray and its calls retried.
     ray.kill(pool.scorer.actors[0], no_restart=False)
-    assert asyncio.run(score_groups(tasks, groups, config.reward, pool.scorer)) == expected
+    assert asyncio.run(score_groups(tasks, groups, config.reward, on_actors)) == expected
 
 
 def test_a_killed_worker_or_tool_executor_is_replaced_and_its_episodes_run_again(

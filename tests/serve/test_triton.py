@@ -245,8 +245,8 @@ def test_an_evaluation_with_served_reward_and_tools_equals_in_process(server, tm
                               f"reward.endpoint={server.url}", "tools.declarations="
                               f"[{served_tools},{OFFLINE_TOOLS / 'call_expert.yaml'}]"])
     local = config_lib.load([*common, f"eval.out_dir={tmp_path / 'local'}"])
-    harness.run(served, "offline", agents)
-    harness.run(local, "offline", agents)
+    harness.run(served, agents)
+    harness.run(local, agents)
     for agent in agents:
         assert _outcomes(tmp_path / "served", agent) == _outcomes(tmp_path / "local", agent)
     searches = [call for outcome in _outcomes(tmp_path / "served", "monolith")

@@ -14,7 +14,7 @@ from nemo_orch.config import Config, RolloutConfig, ToolsConfig
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row
 from nemo_orch.data.tasks import Task
 from nemo_orch.data.toolscale.generator import generate_domain, generate_tasks
-from nemo_orch.reward.scoring import score_groups
+from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout.builders import build_scorer, build_toolbox
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.runner import run_rollouts
@@ -84,6 +84,7 @@ def test_an_episode_on_a_domain_task_is_scored_on_its_database(mobile, domain_fi
     assert [t.termination for t in trajectories] == ["answer"] * 3
     assert [len(t.calls()) for t in trajectories] == [len(t.gold_actions) for t in drawn]
     groups = [[t] for t in trajectories]
-    scored = asyncio.run(score_groups(rows, groups, config.reward, build_scorer(config)))
+    scored = asyncio.run(score_groups(rows, groups, config.reward,
+                                      by_answer(build_scorer(config))))
     assert [group[0].components["outcome"] for group in scored] == [1.0] * 3
     assert all(group[0].components["outcome_method:database"] == 1.0 for group in scored)

@@ -131,8 +131,9 @@ def test_a_resumed_run_reads_back_the_steps_before_it(tmp_path):
     assert logged_steps(tmp_path / "missing", 2) == [{}, {}]
 
 
-def test_exploration_forces_the_least_chosen_routes_in_rotation():
+def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
     from fixture_tools import DelayedEcho, echo_spec
+    from nemo_orch.envs import build_mixture
     from nemo_orch.tools.base import ToolSpec
     from nemo_orch.tools.registry import Toolbox
 
@@ -141,21 +142,25 @@ def test_exploration_forces_the_least_chosen_routes_in_rotation():
         "properties": {"model": {"type": "string", "enum": ["small", "large"]}}})
     toolbox = Toolbox([DelayedEcho(echo_spec("echo")), DelayedEcho(ask)])
     config = config_lib.load(["grpo.explore_share=0.25"])  # 2 of each group of 8
-    rollouts = Rollouts(config, None, None, toolbox)
+    mixture = build_mixture(config)
+    rollouts = Rollouts(config, None, tiny_tokenizer, mixture, [toolbox])
     rollouts.previous_choices = Counter({"echo": 5, "ask:large": 1})
     forced = rollouts.forced_choices(num_tasks=2)
     assert sorted(forced) == [(0, 6), (0, 7), (1, 6), (1, 7)]
     assert [forced[key] for key in sorted(forced)] == [
         ("ask", {"model": "small"}), ("ask", {"model": "small"}),
         ("ask", {"model": "large"}), ("ask", {"model": "small"})]
-    assert Rollouts(config_lib.load(), None, None, toolbox).forced_choices(3) == {}
+    assert Rollouts(config_lib.load(), None, None, mixture, [toolbox]).forced_choices(3) == {}
     # What the policy chose itself: its first turn's first call that ran.
     episode = trajectory([1, 2], [0, 1], [0.0, 0.0])
     assert rollouts.first_choice(episode) is None
     episode.turns[0].calls += [CallRecord("ask", {"model": "large"}, error="timeout"),
                                CallRecord("ask", {"model": "small"})]
     assert rollouts.first_choice(episode) == ("ask", {"model": "small"})
-    # A curriculum stage's tools are what every task of the step offers.
-    assert all(task.tools is None for task in rollouts.tasks(1, 0, 4))
+    # A curriculum stage's tools are what every task of the step offers; the step's tasks are
+    # renamed after it (per-episode state is keyed by task id).
+    (drawn,) = rollouts.tasks(1, 0, 4)
+    assert [task.id for task in drawn.tasks] == [f"s1r0-{i:05d}" for i in range(4)]
+    assert all(task.tools is None for task in drawn.tasks)
     rollouts.tools = ["echo"]
-    assert all(task.tools == ("echo",) for task in rollouts.tasks(1, 0, 4))
+    assert all(task.tools == ("echo",) for task in rollouts.tasks(1, 0, 4)[0].tasks)

@@ -1,0 +1,55 @@
+"""What the environments without a scorer of their own share: tools from declarations (and
+domains), and the reward's outcome scorer (exact, numeric, judge, database)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from nemo_orch.config import Config, EnvSourceConfig, ToolsConfig
+from nemo_orch.data.tasks import Task
+from nemo_orch.envs.interfaces import Environment, Scored
+from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.tools.registry import Toolbox
+
+
+class OutcomeScoredEnvironment(Environment):
+    """An environment whose tools are declarations (``declarations``) and domain files
+    (``domains``), scored by the reward's outcome scorer (:func:`build_scorer`), so a judge or a
+    reward endpoint configured under ``reward.*`` applies."""
+
+    def __init__(self, config: Config, source: EnvSourceConfig, declarations: Sequence[str],
+                 domains: Sequence[str] = ()) -> None:
+        from nemo_orch.rollout.builders import build_scorer
+
+        self.name, self.notes, self.limit = source.label, {}, source.limit
+        self.tools_config = dataclasses.replace(config.tools, declarations=list(declarations),
+                                                domains=[*config.tools.domains, *domains])
+        self.scorer = build_scorer(dataclasses.replace(config, tools=self.tools_config),
+                                   judge_in_flight=config.eval.max_requests_per_endpoint)
+
+    def toolbox(self) -> Toolbox:
+        from nemo_orch.rollout.builders import build_toolbox
+
+        return build_toolbox(self.tools_config)
+
+    async def score(self, task: Task, trajectory: Trajectory) -> Scored:
+        return Scored(await self.scorer.score(task, trajectory.answer, trajectory.calls()))
+
+
+def declared_tools(config: Config, source: EnvSourceConfig, own_tools: bool) -> list[str]:
+    """The declarations a source's tasks get beside its own tools: ``env.tools``, or when null
+    the configured ``tools=`` set for an environment with no tools of its own (offline, qa,
+    tasks) and none for one with its protocol's tools (toolscale, tau2)."""
+    if source.tools is not None:
+        return list(source.tools)
+    return [] if own_tools else list(config.tools.declarations)
+
+
+def declared_names(tools: ToolsConfig) -> tuple[str, ...]:
+    """The names of the tools ``tools.declarations`` declares (read, not built)."""
+    from nemo_orch.config import resolve_conf_path
+    from nemo_orch.tools.registry import load_declarations
+
+    return tuple(declaration.spec.name for declaration in
+                 load_declarations([resolve_conf_path(path) for path in tools.declarations]))

@@ -1,0 +1,120 @@
+"""The environment seam: where tasks come from, the tools they run with and how an episode is
+scored. GRPO's rollouts, SFT's demonstrations and evaluation all read tasks through it.
+
+Splits: ``train`` and ``validation`` partition an environment's training pool by a hash of the
+task id (``env.val_fraction`` of it is held out; the same task always lands on the same side,
+whatever the order or seed), and ``test`` is what evaluation runs: a benchmark's whole file,
+tau2's named split, the offline world's held-out tasks.
+
+``tasks(split, count, seed)``: ``count=None`` returns every task of the split in order;
+a ``count`` returns that many distinct tasks drawn with ``seed`` (deterministic for a seed;
+a pool smaller than ``count`` gives all of it, shuffled).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_orch.data.tasks import Task
+from nemo_orch.reward.outcome import OutcomeResult
+from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.tools.registry import Toolbox
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class Scored:
+    """An episode's outcome and what the environment's scorer says beyond it (e.g. tau2's
+    breakdown)."""
+
+    outcome: OutcomeResult
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GoldAction:
+    requestor: str  # "assistant", or "user" for tau2's user-side tools
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GoldPlan:
+    """A task's gold actions and the message that closes it (stating every required fact)."""
+
+    actions: Sequence[GoldAction]
+    final_message: str
+
+
+def final_message(facts: Sequence[str]) -> str:
+    """The assistant's closing message, stating every fact the user must be told."""
+    if not facts:
+        return "Your request has been handled."
+    return "Your request has been handled. For your records: " + "; ".join(facts) + "."
+
+
+class Environment(abc.ABC):
+    """A task source. ``name`` labels it in metrics and reports; ``notes`` say what was
+    dropped and why; ``preferences``: its tasks carry preference vectors (report adherence);
+    ``has_gold_plan``: :meth:`gold_plan` works (the gold replay can run)."""
+
+    name: str
+    notes: dict[str, Any]
+    preferences: bool = False
+    has_gold_plan: bool = False
+
+    @abc.abstractmethod
+    def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
+        """The tasks of ``split`` (see the module docstring)."""
+
+    @abc.abstractmethod
+    def toolbox(self) -> Toolbox:
+        """The tools an agent runs with: the environment's own and the configured ones (not
+        yet started: ``async with`` it)."""
+
+    def user_toolbox(self) -> Toolbox | None:
+        """The user side's tools, where the environment has a user who acts (tau2)."""
+        return None
+
+    @abc.abstractmethod
+    async def score(self, task: Task, trajectory: Trajectory) -> Scored:
+        """A finished episode's outcome (the reward's correctness) and the breakdown."""
+
+    def gold_plan(self, task: Task) -> GoldPlan:
+        raise NotImplementedError(f"{self.name} tasks have no gold actions")
+
+    def oracle(self, task: Task) -> Any:
+        """The best route of a task, where the environment knows it (None: it does not)."""
+        return None
+
+
+def in_validation(task_id: str, val_fraction: float) -> bool:
+    """Whether a task of a training pool is held out for validation (a hash of its id)."""
+    digest = hashlib.sha256(task_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2 ** 64 < val_fraction
+
+
+def split_pool(pool: Sequence[Task], split: str, val_fraction: float,
+               test: Sequence[Task] | None = None) -> list[Task]:
+    """The tasks of ``split`` from a training ``pool`` (``test``: the evaluation tasks; None:
+    the whole pool)."""
+    if split == "test":
+        return list(pool if test is None else test)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+    held_out = split == "validation"
+    return [task for task in pool if in_validation(task.id, val_fraction) == held_out]
+
+
+def draw(tasks: Sequence[Task], count: int | None, seed: int) -> list[Task]:
+    """All of ``tasks`` in order (``count=None``), or ``count`` distinct ones drawn with
+    ``seed``."""
+    if count is None:
+        return list(tasks)
+    return random.Random(seed).sample(list(tasks), min(count, len(tasks)))

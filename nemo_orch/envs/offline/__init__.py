@@ -1,0 +1,3 @@
+from nemo_orch.envs.offline.environment import OfflineEnvironment
+
+__all__ = ["OfflineEnvironment"]
