@@ -182,9 +182,10 @@ class Tau2Domain:
 
 def load_domain(domain: str, split: str,
                 max_episodes: int = DEFAULT_MAX_EPISODES) -> Tau2Domain:
-    """A tau2 domain as our environment, with the tasks of ``split``."""
+    """A tau2 domain as our environment, with the tasks of ``split`` (a domain without splits,
+    such as ``mock``, has one set of tasks, which every split names)."""
     available = splits(domain)
-    if split not in available:
+    if available and split not in available:
         raise Tau2Error(f"tau2 domain {domain!r} has no split {split!r}; splits: "
                         f"{', '.join(available) or 'none'}")
     registry = _tau2().registry
@@ -196,7 +197,7 @@ def load_domain(domain: str, split: str,
         Tau2Tool(_spec(tool), USER, environments) for tool in template.get_user_tools()]
     policy, names = template.get_policy(), [tool.spec.name for tool in assistant_tools]
     tasks = [to_task(tau2_task, domain, policy, names)
-             for tau2_task in registry.get_tasks_loader(domain)(split)]
+             for tau2_task in registry.get_tasks_loader(domain)(split if available else None)]
     return Tau2Domain(domain, split, policy, tasks, assistant_tools, user_tools, environments)
 
 

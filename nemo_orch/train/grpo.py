@@ -510,8 +510,8 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     toolboxes = [environment.toolbox() for environment in mixture.environments] if writer else []
     loop = asyncio.new_event_loop() if writer else None
     if writer:  # on Ray the tools run in the workers' executors
-        loop.run_until_complete(pool.start() if pool is not None else asyncio.gather(
-            *(toolbox.start() for toolbox in toolboxes)))
+        loop.run_until_complete(pool.start() if pool is not None else _each(
+            toolbox.start() for toolbox in toolboxes))
     rollouts = Rollouts(config, engine, tokenizer, mixture, toolboxes, pool) if writer else None
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
@@ -577,12 +577,16 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     finally:
         metrics.close()
         if writer:
-            loop.run_until_complete(pool.close() if pool is not None else asyncio.gather(
-                *(toolbox.close() for toolbox in toolboxes)))
+            loop.run_until_complete(pool.close() if pool is not None else _each(
+                toolbox.close() for toolbox in toolboxes))
             loop.close()
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)
+
+
+async def _each(awaitables: Any) -> None:
+    await asyncio.gather(*awaitables)
 
 
 def _check_backend(config: Config) -> None:

@@ -1,8 +1,9 @@
 """tau2-bench as an environment (extra ``tau2``; :mod:`nemo_orch.data.tau2_bench` adapts its
 domains): the domain policy and assistant tools, the user-side tools (telecom's user acts on
 their phone), and tau2's own evaluator on the calls that reached its environment. ``test`` is
-the split ``env.split`` names; ``train`` / ``validation`` split tau2's ``train`` split by a hash
-of the task id. The user speaks through the scenario stated up front (no simulated user yet)."""
+the split ``env.split`` names; ``train`` / ``validation`` split tau2's ``train`` split (a
+domain without splits, such as ``mock``: its one task set) by a hash of the task id. The
+user speaks through the scenario stated up front (no simulated user yet)."""
 
 from __future__ import annotations
 
@@ -59,9 +60,10 @@ class Tau2Environment(Environment):
         from nemo_orch.data import tau2_bench
 
         if self._train is None:
-            if self.domain.split == TRAIN_SPLIT:
+            available = tau2_bench.splits(self.domain.name)
+            if self.domain.split == TRAIN_SPLIT or not available:  # no splits: one task set
                 self._train = self.domain.tasks
-            elif TRAIN_SPLIT not in tau2_bench.splits(self.domain.name):
+            elif TRAIN_SPLIT not in available:
                 raise ConfigError(f"tau2 domain {self.domain.name!r} has no train split to "
                                   "train on")
             else:  # only its tasks: the tools and episodes are the loaded domain's

@@ -1,0 +1,124 @@
+"""``nemo-orch grpo`` on every kind of environment, from a checkpoint, on the real Megatron
+policy: ToolScale (reward from the database), QA with a judge on 127.0.0.1, tau2 (its own
+evaluator), a mixture of a task file and QA rows (per-source metrics, exact resume after a
+kill), and the errors a user meets."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import read_metrics, run_cli, run_cli_here
+from conftest import TINY_LONG_MODEL
+from nemo_orch.data.tasks import Task, write_tasks
+from nemo_orch.faults import ENV as KILL_AT
+from nemo_orch.serve.http_server import serve_json
+
+QA_SAMPLE = "env/samples/generalthought_sample.jsonl"  # shipped under conf/
+
+
+def grpo_overrides(start: Path, out: Path, *extra: str) -> list[str]:
+    return [f"trainer.init_from={start}", f"run.output_dir={out}", "run.name=run",
+            "model.vocab_size=1024", "tokenizer.vocab_size=1000", *TINY_LONG_MODEL,
+            "grpo.max_steps=2", "grpo.prompts_per_step=2", "rollout.group_size=2",
+            "grpo.micro_batch_size=2", "rollout.max_turns=2", "rollout.max_new_tokens=8",
+            "reward.min_group_std=0", "trainer.num_threads=1", *extra]
+
+
+def test_grpo_on_toolscale_scores_the_database(start_checkpoint, toolscale_dir, tmp_path):
+    result = run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=toolscale",
+                                             f"env.path={toolscale_dir}", "env.domain=shop"))
+    assert "grpo: env=toolscale, steps 1-2" in result.stdout
+    metrics = read_metrics(tmp_path / "run" / "grpo-toolscale")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["source/toolscale/share"] == 1.0 and "source/toolscale/accuracy" in m
+               and "kl" in m for m in metrics)
+
+
+def _verdict(body: dict) -> dict:
+    return {"id": "judge", "object": "chat.completion", "model": "judge",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "correct"}}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}}
+
+
+def test_grpo_on_qa_with_a_judge_on_localhost(start_checkpoint, tmp_path):
+    with serve_json({("POST", "/v1/chat/completions"): _verdict}, url_path="/v1") as judge:
+        run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=qa",
+                                        f"env.path={QA_SAMPLE}", "grpo.val_interval=2",
+                                        "grpo.val_tasks=2", f"reward.judge_base_url={judge.url}",
+                                        "reward.judge_model=judge"))
+    metrics = read_metrics(tmp_path / "run" / "grpo-qa")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert "source/qa/reward" in metrics[0] and "val/qa/accuracy" not in metrics[0]
+    assert metrics[1]["val/qa/tasks"] >= 1 and "val/qa/accuracy" in metrics[1]
+
+
+@pytest.mark.tau2
+def test_grpo_on_tau2_mock_is_scored_by_tau2(start_checkpoint, tmp_path):
+    run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2", "env.domain=mock"))
+    metrics = read_metrics(tmp_path / "run" / "grpo-tau2")
+    assert [m["step"] for m in metrics] == [1, 2] and "source/tau2/accuracy" in metrics[0]
+
+
+@pytest.mark.tau2
+def test_a_domain_whose_prompts_do_not_fit_the_context_exits_2(start_checkpoint, tmp_path):
+    error = run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2",
+                                            "env.domain=retail", "model.max_position_embeddings"
+                                            "=1024"), expect=2)
+    assert "env tau2: no task's prompt fits the policy's context of 1024 tokens" in error.stderr
+    assert "Traceback" not in error.stderr
+
+
+def _mixture(tmp_path: Path) -> list[str]:
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, [Task(id=f"t{i}", question=f"What is {i} + {i}?", answer=str(2 * i))
+                        for i in range(12)])
+    return ["env=toolscale_qa", "env.sources.0.kind=tasks", "env.sources.0.name=mine",
+            f"env.sources.0.path={tasks}", "grpo.max_steps=3", "grpo.save_interval=1",
+            "grpo.prompts_per_step=4", "reward.combination=linear", "reward.linear_gamma=0"]
+
+
+def _comparable(metrics: list[dict]) -> list[dict]:
+    """What a resumed run must reproduce: everything but wall-clock figures."""
+    return [{k: v for k, v in m.items() if not k.startswith("time/") and "per_s" not in k
+             and "seconds" not in k} for m in metrics]
+
+
+def test_grpo_on_a_mixture_logs_each_source_and_resumes_exactly(start_checkpoint, tmp_path):
+    straight = tmp_path / "straight"
+    run_cli("grpo", *grpo_overrides(start_checkpoint, straight, *_mixture(tmp_path)))
+    metrics = read_metrics(straight / "run" / "grpo-toolscale_qa")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    shares = [m.get("source/mine/share", 0) + m.get("source/generalthought/share", 0)
+              for m in metrics]
+    assert all(share == pytest.approx(1.0) for share in shares)
+    assert any("source/mine/reward" in m for m in metrics)
+    assert any("source/generalthought/reward" in m for m in metrics)
+
+    killed = tmp_path / "killed"
+    args = grpo_overrides(start_checkpoint, killed, *_mixture(tmp_path))
+    assert run_cli("grpo", *args, env={KILL_AT: "step:3"},
+                   expect=None).returncode == -signal.SIGKILL
+    run_cli("grpo", *args)
+    resumed = read_metrics(killed / "run" / "grpo-toolscale_qa")
+    assert _comparable(resumed) == _comparable(metrics)
+
+
+def test_print_config_shows_the_mixture(tmp_path):
+    printed = run_cli_here("grpo", "--print-config", "env=toolscale_qa").stdout
+    assert "kind: mixture" in printed and "weight: 0.5" in printed
+    assert "generalthought_sample.jsonl" in printed
+
+
+def test_grpo_needs_a_starting_point():
+    error = run_cli_here("grpo", expect=2)
+    assert "nemo-orch grpo needs trainer.init_from" in error.stderr
+
+
+def test_the_main_job_stays_on_the_offline_world():
+    error = run_cli_here("train", "env=qa", f"env.path={QA_SAMPLE}", expect=2)
+    assert "nemo-orch train is the offline main job" in error.stderr
