@@ -1,0 +1,168 @@
+"""ToolScale as published (``nvidia/ToolScale`` on the Hugging Face Hub, one parquet file), read
+into :class:`~nemo_orch.data.domain_tasks.DomainTask` objects for the domains installed here.
+
+Nothing is downloaded: the reader is handed the file. Its layout is tau2-bench ``Task`` rows
+with every nested object stored as a parquet struct (the Hub's JSON-to-parquet conversion)::
+
+    id                   string
+    description          struct<purpose, relevant_policies, notes>
+    user_scenario        struct<persona, instructions: struct<task_instructions, reason_for_call,
+                                known_info, unknown_info, domain>>
+    initial_state        null
+    evaluation_criteria  struct<actions: list<struct<arguments: struct<...>, name, action_id,
+                                info, requestor?>>, communicate_info: list<string>,
+                                nl_assertions, env_assertions, ...>
+
+The domain is named only by ``user_scenario.instructions.domain``. A struct has every field of
+its type in every row, so a key a task did not have reads as null; ``arguments`` is one struct
+merging every argument of every tool of every domain (each action carries dozens of null keys),
+and that merged column has one type per argument name (``start_date`` ``timestamp[s]``,
+``min_amount`` float64, ``active_only`` bool, ...). Each row of an installed domain becomes a
+task thus:
+
+* a null key is dropped (absent and null cannot be told apart; an optional field then takes its
+  schema default), in action arguments too, except that a null stays where the named tool's
+  parameter accepts null. A required parameter given null is therefore missing, and the
+  validation filters (:mod:`.validate`) reject the task naming it;
+* a non-null argument the tool does not take is kept, for the validation filters to name;
+* a timestamp is written back as an ISO-8601 string: a naive midnight as its date
+  (``2026-03-04``: pyarrow's JSON reader types a date string as ``timestamp[s]``), any other in
+  full (``2026-03-04T10:30:00``);
+* an integral float becomes an integer where the tool's parameter is an integer (the merged
+  column may hold another tool's float argument of the same name).
+
+Rows of a domain that is not installed are counted by domain in ``skipped`` and not parsed
+further, never scored. A row that does not parse is a :class:`DataError` naming ``file[row N]``
+(N counted from 0).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.data.domain import Domain
+from nemo_orch.data.domain_tasks import DomainTask, task_from_record
+from nemo_orch.data.jsonl import DataError
+from nemo_orch.data.qa_benchmarks import read_records
+
+
+@dataclass(frozen=True)
+class LoadedToolScale:
+    """The tasks of each installed domain (every one a key, file order) and the rows of the
+    domains not installed, counted by domain."""
+
+    path: Path
+    tasks: dict[str, list[DomainTask]]
+    skipped: dict[str, int]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Rows per domain named in the file, installed or not."""
+        rows = {name: len(tasks) for name, tasks in self.tasks.items() if tasks}
+        return dict(sorted({**rows, **self.skipped}.items()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "rows": self.counts, "skipped_domains": self.skipped}
+
+
+def installed_domains(directory: str | Path) -> dict[str, Domain]:
+    """The domains of ``<directory>/<domain>/domain.json`` (as ``write_offline`` and
+    ``nemo-orch synth`` write them), by name."""
+    files = sorted(Path(directory).glob("*/domain.json"))
+    if not files:
+        raise DataError(f"{directory}: no domains (write them with `nemo-orch synth`)")
+    domains = (Domain.load(file) for file in files)
+    return {domain.name: domain for domain in domains}
+
+
+def read_toolscale_parquet(path: str | Path, domains: Mapping[str, Domain]) -> LoadedToolScale:
+    """The tasks of the published ToolScale file at ``path`` for the installed ``domains``
+    (see the module docstring); a row that does not parse is a :class:`DataError` naming the
+    file and row."""
+    path = Path(path)
+    properties = {name: {tool: domain.spec.parameters(tool)["properties"]
+                         for tool in domain.spec.tools}
+                  for name, domain in domains.items()}
+    tasks: dict[str, list[DomainTask]] = {name: [] for name in domains}
+    skipped: dict[str, int] = {}
+    seen: set[str] = set()
+    for where, row in read_records(path):
+        name = _domain_of(row, where)
+        if name not in domains:
+            skipped[name] = skipped.get(name, 0) + 1
+            continue
+        task = task_from_record(_task_record(_plain(row), properties[name]), where)
+        if task.id in seen:
+            raise DataError(f"{where}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        tasks[name].append(task)
+    return LoadedToolScale(path, tasks, dict(sorted(skipped.items())))
+
+
+def _plain(value: Any) -> Any:
+    """A decoded parquet value with its timestamps as ISO-8601 strings."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, datetime.datetime):
+        midnight = value.tzinfo is None and value.time() == datetime.time()
+        return value.date().isoformat() if midnight else value.isoformat()
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return value
+
+
+def _domain_of(record: dict[str, Any], where: str) -> str:
+    scenario = record.get("user_scenario")
+    instructions = scenario.get("instructions") if isinstance(scenario, dict) else None
+    name = instructions.get("domain") if isinstance(instructions, dict) else None
+    if not isinstance(name, str) or not name:
+        raise DataError(f"{where}: user_scenario.instructions.domain must name the task's "
+                        f"domain, got {name!r}")
+    return name
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
+def _task_record(record: dict[str, Any], tools: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The task's record, null keys dropped; each action's arguments fitted to its tool."""
+    task = _without_nulls(record)
+    criteria = record.get("evaluation_criteria")
+    raw_actions = criteria.get("actions") if isinstance(criteria, dict) else None
+    if isinstance(raw_actions, list):  # _without_nulls keeps list positions: the two align
+        for action, raw in zip(task["evaluation_criteria"]["actions"], raw_actions):
+            if isinstance(raw, dict) and isinstance(raw.get("arguments"), dict):
+                action["arguments"] = _arguments(raw["arguments"],
+                                                 tools.get(raw.get("name"), {}))
+    return task
+
+
+def _arguments(raw: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a merged ``arguments`` struct that the tool (its JSON-schema
+    ``properties``; empty for a tool the domain lacks) was called with."""
+    arguments = {}
+    for key, value in raw.items():
+        schema = properties.get(key, {})
+        if value is None and not _accepts_null(schema):
+            continue
+        if isinstance(value, float) and value.is_integer() and schema.get("type") == "integer":
+            value = int(value)
+        arguments[key] = value
+    return arguments
+
+
+def _accepts_null(schema: dict[str, Any]) -> bool:
+    kinds = schema.get("type")
+    return (kinds == "null" or (isinstance(kinds, list) and "null" in kinds)
+            or any(_accepts_null(option) for option in schema.get("anyOf", ())))
