@@ -729,7 +729,8 @@ class LauncherConfig:
     def __post_init__(self) -> None:
         _require(self.executor in ("local", "slurm"),
                  f"launcher.executor must be local|slurm, got {self.executor!r}")
-        _require(self.job in ("train", "sft"), f"launcher.job must be train|sft, got {self.job!r}")
+        _require(self.job in ("train", "sft", "grpo"),
+                 f"launcher.job must be train|sft|grpo, got {self.job!r}")
         _require(self.nodes >= 1 and self.gpus_per_node >= 0,
                  "launcher.nodes must be >= 1 and launcher.gpus_per_node >= 0")
         _require(self.gpu_memory_gib > 0, "launcher.gpu_memory_gib must be > 0")

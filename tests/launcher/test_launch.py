@@ -80,7 +80,7 @@ def test_the_training_runs_torchrun_and_the_experts_their_servers(rendered):
         "--endpoint 'tools.endpoints.math=http://${NEMO_ORCH_HOST_1}:8001/v1' "
         "--endpoint 'tools.endpoints.coder=http://${NEMO_ORCH_HOST_2}:8002/v1' "
         "--endpoint 'tools.endpoints.generalist=http://${NEMO_ORCH_HOST_3}:8003/v1' "
-        f"--ray-info {experiment_dir}/ray/ray_cluster_info.json train recipe={RECIPE} "
+        f"--ray-info {experiment_dir}/ray/ray_cluster_info.json grpo recipe={RECIPE} "
         + " ".join(f"'{o}'" if " " in o else o for o in WITH_RAY))
     assert rendered["train/scripts/train-1.sh"].strip().endswith(
         "exec vllm serve Qwen/Qwen2.5-Math-72B-Instruct --served-model-name "
