@@ -108,12 +108,15 @@ def cmd_grpo(config: Config, args: argparse.Namespace) -> int:
 def cmd_export(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.models import convert, trtllm
 
+    if args.format != "hf" and args.max_shard_size is not None:
+        raise config_lib.ConfigError("--max-shard-size applies to --format hf only")
     if args.format != "trtllm-engine":
         if args.max_batch_size is not None or args.max_seq_len is not None:
             raise config_lib.ConfigError("--max-batch-size and --max-seq-len apply to "
                                          "--format trtllm-engine only")
         out = convert.export(args.checkpoint, args.format, args.out, tp=args.tp,
-                             dtype=args.dtype, overrides=args.overrides)
+                             dtype=args.dtype, overrides=args.overrides,
+                             max_shard_size=args.max_shard_size or convert.DEFAULT_MAX_SHARD_SIZE)
         print(f"export: wrote a {args.format} checkpoint to {out}")
         return 0
     try:
@@ -395,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True)
     export.add_argument("--tp", type=int, default=1, help="TensorRT-LLM tensor-parallel ranks")
     export.add_argument("--dtype", default=None, help="float32|bfloat16|float16 (default: model's)")
+    export.add_argument("--max-shard-size", default=None,
+                        help="hf: the largest safetensors file (5GB, 500MiB or bytes); a larger "
+                        "model is written in shards with model.safetensors.index.json "
+                        "(default 5GB)")
     export.add_argument("--max-batch-size", type=int, default=None,
                         help="trtllm-engine: the most requests the engine schedules at once "
                         "(default 256)")

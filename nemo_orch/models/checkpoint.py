@@ -7,23 +7,37 @@ layout-agnostic (a TP=2 run can be exported, or trained on, as TP=1); optimizer 
 under the same TP/PP layout.
 
 Checkpoints also cross between the Transformer Engine and local layer specs (train on a GPU with
-TE, export or evaluate on a CPU with the local spec): megatron-core 0.16.1 saves the local
+TE, evaluate on a CPU with the local spec): megatron-core 0.16.1 saves the local
 spec's ``input_layernorm`` / ``pre_mlp_layernorm`` under TE's fused names
 (``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``), and its linears carry an
 empty ``_extra_state`` like TE's. What remains is TE's FP8 metadata (``_extra_state``) of modules
 the local spec has no counterpart for: a local model ignores it, and a TE model loading a
 local-spec checkpoint keeps its own (freshly initialized) metadata.
+
+:class:`ModelTensors` reads a checkpoint's weights without building the model, a layer at a time
+(``nemo-orch export``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed import checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException as DCPException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from nemo_orch import faults
 from nemo_orch.config import Config, to_yaml
@@ -33,6 +47,7 @@ MANIFEST = "nemo_orch.json"
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 EXTRA_STATE = "_extra_state"
+LAYERS_PREFIX = "decoder.layers."
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 # Model weights reshard across any TP/PP/DP layout; optimizer state across DP only. megatron-core
 # 0.16.1's "fully_reshardable" optimizer format cannot be loaded with torch's AdamW (no Apex/TE):
@@ -164,12 +179,22 @@ def _with_own_extra_state(state: dict, module) -> dict:
     return {**state, **own}
 
 
+@contextlib.contextmanager
+def _reading(checkpoint: Checkpoint) -> Iterator[None]:
+    """Any failure to read the checkpoint's tensors as a :class:`CheckpointError` naming it."""
+    try:
+        yield
+    # torch.distributed.checkpoint's CheckpointException derives from BaseException.
+    except (Exception, DCPException) as error:
+        raise CheckpointError(f"{checkpoint.path}: cannot load checkpoint "
+                              f"({type(error).__name__}: {str(error)[:300]})") from None
+
+
 @torch.no_grad()
 def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None:
     """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
-    from torch.distributed.checkpoint.api import CheckpointException as DCPException
 
     if optimizer is not None and "optimizer" not in checkpoint.manifest.get("contents", []):
         raise CheckpointError(f"{checkpoint.path}: holds model weights only, no optimizer state; "
@@ -180,14 +205,10 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
         _materialize_optimizer_state(optimizer)
         request["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
                                                             metadata=_SHARDING)
-    try:
+    with _reading(checkpoint):
         # RETURN_UNEXPECTED drops what the checkpoint lacks from the request and names it.
         loaded, _, absent = dist_checkpointing.load(request, str(checkpoint.path),
                                                     strict=StrictHandling.RETURN_UNEXPECTED)
-    # torch.distributed.checkpoint's CheckpointException derives from BaseException.
-    except (Exception, DCPException) as error:
-        raise CheckpointError(f"{checkpoint.path}: cannot load checkpoint "
-                              f"({type(error).__name__}: {str(error)[:300]})") from None
     missing = sorted(key for key in absent if not key.endswith(EXTRA_STATE))
     if missing:
         raise CheckpointError(f"{checkpoint.path}: the checkpoint has no {missing[:5]} "
@@ -197,3 +218,79 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
         optimizer.load_state_dict(loaded["optimizer"])
         _restore_adam_steps(optimizer)
         scheduler.load_state_dict(loaded["scheduler"])
+
+
+class ModelTensors:
+    """A checkpoint's model weights, read a piece at a time by this process alone.
+
+    A distributed checkpoint holds each weight whole (the TP=1 layout, whatever layout saved it),
+    a decoder-layer weight as one tensor with a leading layer axis
+    (``decoder.layers.mlp.linear_fc1.weight``: ``[num_layers, ...]``) saved in per-layer chunks,
+    so :meth:`layer` reads one layer's bytes and none of the others'. Names are the checkpoint's,
+    whose norms carry Transformer Engine's fused names whichever spec saved them.
+    """
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+        self._storage = FileSystemReader(str(checkpoint.path))
+        with _reading(checkpoint):
+            entries = self._storage.read_metadata().state_dict_metadata
+        self._tensors = {key: entry for key, entry in entries.items()
+                         if isinstance(entry, TensorStorageMetadata)}  # not _extra_state bytes
+        self._layer_keys = [key for key in self._tensors if key.startswith(LAYERS_PREFIX)]
+        self.num_layers = self._tensors[self._layer_keys[0]].size[0] if self._layer_keys else 0
+
+    def layer(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer ``index``'s weights, named as in a one-rank model's state dict
+        (``decoder.layers.<index>.<name>``)."""
+        if not 0 <= index < self.num_layers:
+            raise CheckpointError(f"{self.checkpoint.path}: no decoder layer {index} "
+                                  f"(the checkpoint has {self.num_layers})")
+        slices = self._read(self._layer_keys, index)
+        return {f"{LAYERS_PREFIX}{index}.{key.removeprefix(LAYERS_PREFIX)}": tensor[0]
+                for key, tensor in slices.items()}
+
+    def tensors(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Whole tensors by checkpoint key (``embedding.word_embeddings.weight``, ...)."""
+        keys = list(keys)
+        missing = sorted(set(keys) - self._tensors.keys())
+        if missing:
+            raise CheckpointError(f"{self.checkpoint.path}: the checkpoint has no {missing}; "
+                                  f"was it written for another model?")
+        return self._read(keys, None)
+
+    def _read(self, keys: list[str], layer: int | None) -> dict[str, torch.Tensor]:
+        """``keys`` whole, or their slice ``[layer]`` of the leading layer axis (kept, size 1)."""
+        state, offsets = {}, {}
+        for key in keys:
+            entry = self._tensors[key]
+            offsets[key] = (layer or 0,) + (0,) * (len(entry.size) - 1)
+            shape = entry.size if layer is None else (1, *entry.size[1:])
+            state[key] = torch.empty(shape, dtype=entry.properties.dtype)
+        with _reading(self.checkpoint), warnings.catch_warnings():
+            # One process by design: torch warns that, without a process group, it assumes so.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=self._storage, planner=_SlicePlanner(offsets),
+                     no_dist=True)
+        return state
+
+
+class _SlicePlanner(DefaultLoadPlanner):
+    """Loads each requested tensor from ``offsets[key]`` of the saved one (as much of it as the
+    requested tensor holds); torch's own planner reads a plain tensor from the origin only."""
+
+    def __init__(self, offsets: dict[str, tuple[int, ...]]) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self._offsets = offsets
+
+    def create_local_plan(self) -> LoadPlan:
+        reads = []
+        for key, tensor in self.state_dict.items():
+            chunk = ChunkStorageMetadata(offsets=torch.Size(self._offsets[key]),
+                                         sizes=tensor.size())
+            reads += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key],
+                                                      [chunk])
+        return LoadPlan(reads)
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        return self.state_dict[index.fqn]

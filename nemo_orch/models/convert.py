@@ -1,14 +1,16 @@
 """``nemo-orch export`` and ``nemo-orch import``: checkpoints to and from HF / TensorRT-LLM.
 
 Both run in one process: distributed checkpoints are layout-agnostic, so whatever TP/PP layout
-trained the policy, it is read here as a single unsharded model. :func:`export_engine` goes one
-step further on a GPU machine: a TensorRT-LLM checkpoint, then ``trtllm-build`` on it.
+trained the policy, it is read here as a single unsharded model, by export a decoder layer at a
+time (:func:`hf_weight_groups`). :func:`export_engine` goes one step further on a GPU machine: a
+TensorRT-LLM checkpoint, then ``trtllm-build`` on it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +18,12 @@ import torch
 
 from nemo_orch import config as config_lib
 from nemo_orch import distributed
-from nemo_orch.config import Config, ConfigError, ParallelConfig
+from nemo_orch.config import Config, ConfigError, ModelConfig
 from nemo_orch.models import checkpoint, qwen3, trtllm, weights
-from nemo_orch.models.hf_mapping import (HFCheckpoint, load_hf_checkpoint_config,
-                                         model_config_from_hf, save_hf_checkpoint)
+from nemo_orch.models.hf_mapping import (DEFAULT_MAX_SHARD_SIZE, HFCheckpoint,
+                                         hf_parameter_shape, load_hf_checkpoint_config,
+                                         megatron_ends_to_hf, megatron_layer_to_hf,
+                                         model_config_from_hf, write_hf_checkpoint)
 
 EXPORT_FORMATS = ("hf", "trtllm")
 # The largest batch a built engine schedules: a GRPO step's rollouts (tasks x group size).
@@ -43,23 +47,69 @@ def _copy_tokenizer(source: Path, out: Path) -> None:
             shutil.copy2(source / name, out / name)
 
 
+def hf_weight_groups(ckpt: checkpoint.Checkpoint,
+                     model: ModelConfig) -> Iterator[dict[str, torch.Tensor]]:
+    """A checkpoint's weights in HF naming, read and converted as the embeddings, final norm and
+    LM head, then one decoder layer at a time; each tensor checked against ``model``'s shapes.
+
+    The largest group comes first, while a consumer writing shards holds nothing yet.
+    """
+    tensors = checkpoint.ModelTensors(ckpt)
+    if tensors.num_layers != model.num_layers:
+        raise checkpoint.CheckpointError(f"{ckpt.path}: {tensors.num_layers} decoder layers, "
+                                         f"the config's model has {model.num_layers}")
+    ends = tensors.tensors(["embedding.word_embeddings.weight", "decoder.final_layernorm.weight",
+                            *([] if model.share_embeddings_and_output_weights
+                              else ["output_layer.weight"])])
+    yield _checked_shapes(ckpt, model, megatron_ends_to_hf([ends], [ends], model))
+    del ends  # the tensors as read, which would otherwise live through every layer
+    for layer in range(model.num_layers):
+        yield _checked_shapes(ckpt, model, _hf_layer(tensors, layer, model))
+
+
+def _hf_layer(tensors: checkpoint.ModelTensors, layer: int,
+              model: ModelConfig) -> dict[str, torch.Tensor]:
+    try:
+        # A checkpoint's norms carry TE's fused names whichever spec saved it.
+        return megatron_layer_to_hf([tensors.layer(layer)], layer, layer, model,
+                                    "transformer_engine")
+    except KeyError as missing:
+        raise checkpoint.CheckpointError(f"{tensors.checkpoint.path}: the checkpoint has no "
+                                         f"{missing}; was it written for another model?") from None
+
+
+def _checked_shapes(ckpt: checkpoint.Checkpoint, model: ModelConfig,
+                    group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    for name, tensor in group.items():
+        expected = hf_parameter_shape(model, name)
+        if tuple(tensor.shape) != expected:
+            raise checkpoint.CheckpointError(f"{ckpt.path}: {name} has shape "
+                                             f"{tuple(tensor.shape)}, the config's model "
+                                             f"expects {expected}")
+    return group
+
+
 def export(checkpoint_path: str, fmt: str, out: str, *, tp: int = 1, dtype: str | None = None,
-           overrides: list[str] = ()) -> Path:
-    """Write an HF directory or a TensorRT-LLM checkpoint (``tp`` rank files) from a checkpoint."""
+           max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, overrides: list[str] = ()) -> Path:
+    """Write an HF directory or a TensorRT-LLM checkpoint (``tp`` rank files) from a checkpoint.
+
+    The HF directory's weights go in safetensors shards of at most ``max_shard_size`` (one
+    ``model.safetensors`` when they fit), written as they fill: memory holds one decoder layer
+    (or the embeddings and LM head) and one shard, not the model. The TensorRT-LLM checkpoint
+    needs the whole model at once, to cut each tensor per rank.
+    """
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format must be one of {'|'.join(EXPORT_FORMATS)}, got {fmt!r}")
     ckpt = checkpoint.open_checkpoint(checkpoint_path)
     config = checkpoint_config(ckpt, overrides)
     dtype = _resolve_dtype(config, dtype)
-    with distributed.parallel_session(ParallelConfig(), config.run.seed):
-        module = qwen3.build_model(config.model, config.parallel, pre_process=True,
-                                   post_process=True)
-        checkpoint.load(ckpt, module)
-        hf = weights.gather_hf_weights(module, config.model)
+    groups = hf_weight_groups(ckpt, config.model)
     out_dir = Path(out)
     if fmt == "hf":
-        save_hf_checkpoint(out_dir, hf, config.model, dtype=qwen3.DTYPES[dtype])
+        write_hf_checkpoint(out_dir, groups, config.model, dtype=qwen3.DTYPES[dtype],
+                            max_shard_size=max_shard_size)
     else:
+        hf = {name: tensor for group in groups for name, tensor in group.items()}
         trtllm.save_trtllm_checkpoint(out_dir, hf, config.model, tp=tp, dtype=dtype)
     if ckpt.tokenizer_path.is_dir():
         _copy_tokenizer(ckpt.tokenizer_path, out_dir)

@@ -346,8 +346,8 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
 
 
 def parse_size(size: int | str) -> int:
-    """Bytes from an int or a size string as HF's ``max_shard_size`` takes it: ``"5GB"``
-    (decimal units, 5 * 10**9), ``"512MiB"`` (binary units) or plain ``"1000"``."""
+    """Bytes from a byte count or a size with HF's decimal units (``"5GB"``: 5 * 10**9, as
+    ``max_shard_size`` reads it) or binary ones (``"512MiB"``)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(size), re.IGNORECASE)
     value = int(float(match[1]) * _SIZE_UNITS[(match[2] or "B").upper()]) if match else 0
     if value <= 0:
@@ -414,7 +414,8 @@ def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, tor
                         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
     """Write ``config.json`` + safetensors weights loadable by ``Qwen3ForCausalLM``, as HF's
     ``save_pretrained`` lays them out: ``model.safetensors`` when the weights fit one shard of
-    ``max_shard_size``, else ``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json``.
+    ``max_shard_size``, else ``model-0000i-of-0000N.safetensors`` and
+    ``model.safetensors.index.json``.
 
     ``groups`` are taken one at a time (a generator can read each from disk as it is asked for),
     so memory holds one group and the shard being filled, never the whole model.
@@ -432,6 +433,7 @@ def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, tor
             tensor = (tensor.to(dtype) if dtype else tensor).contiguous()
             dtype_name = dtype_name or str(tensor.dtype).removeprefix("torch.")
             shards.add(name, tensor)
+        del group  # freed, but for the shard still filling, before the next one is built
     shards.close()
     (directory / HF_CONFIG).write_text(json.dumps(hf_config_dict(model, dtype_name), indent=2))
     return directory

@@ -1,12 +1,13 @@
 """``nemo-orch export`` / ``import``: HF and TensorRT-LLM checkpoints, and bad checkpoints."""
 
+import json
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from cli_helpers import read_metrics, run_cli, small_sft_overrides
+from cli_helpers import read_metrics, run_cli, run_cli_here, small_sft_overrides
 from nemo_orch.models import checkpoint, convert, qwen3, trtllm
 
 
@@ -37,6 +38,53 @@ def test_hf_export_loads_in_transformers_with_megatron_logits(megatron_world, tr
         theirs = Qwen3ForCausalLM.from_pretrained(hf_export).eval()(tokens).logits
     assert (ours - theirs).abs().max() < 1e-4
     assert AutoTokenizer.from_pretrained(hf_export).convert_tokens_to_ids("<tool_call>") > 0
+
+
+def test_hf_export_past_max_shard_size_is_sharded_as_hf_does(trained, hf_export, tmp_path):
+    from transformers import Qwen3ForCausalLM
+
+    out = tmp_path / "sharded"
+    shutil.copytree(hf_export, out)  # a previous single-file export there must not survive
+    run_cli("export", "--format", "hf", "--checkpoint", str(trained), "--out", str(out),
+            "--max-shard-size", "300KB")
+    files = sorted(out.glob("*.safetensors"))
+    shards = {file.name: load_file(str(file)) for file in files}
+    assert len(files) > 2 and all(f.name.endswith(f"-of-{len(files):05d}.safetensors")
+                                  for f in files)
+    # A tensor starts a new shard rather than push one past the limit; larger ones go alone.
+    assert all(len(part) == 1 or sum(t.numel() * t.element_size() for t in part.values())
+               <= 300_000 for part in shards.values())
+    whole = load_file(str(hf_export / "model.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {name: file for file, part in shards.items() for name in part}
+    assert sorted(index["weight_map"]) == sorted(whole)  # every tensor in exactly one file
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size()
+                                                  for t in whole.values())
+    assert all(torch.equal(shards[index["weight_map"][name]][name], whole[name])
+               for name in whole)
+    assert (out / "tokenizer.json").exists() and (out / "config.json").exists()
+    tokens = torch.randint(0, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        sharded = Qwen3ForCausalLM.from_pretrained(out).eval()(tokens).logits
+        single = Qwen3ForCausalLM.from_pretrained(hf_export).eval()(tokens).logits
+    assert torch.equal(sharded, single)
+
+
+def test_hf_export_reads_the_checkpoint_a_layer_at_a_time(trained):
+    ckpt = checkpoint.open_checkpoint(trained)
+    model = convert.checkpoint_config(ckpt).model
+    layers = [{name.split(".")[2] for name in group if name.startswith("model.layers.")}
+              for group in convert.hf_weight_groups(ckpt, model)]
+    assert layers == [set()] + [{str(layer)} for layer in range(model.num_layers)]
+
+
+def test_max_shard_size_is_checked(trained, tmp_path):
+    for fmt, size, message in (("hf", "5 parsecs", "'5 parsecs'"),
+                               ("trtllm", "1GB", "applies to --format hf only")):
+        result = run_cli_here("export", "--format", fmt, "--checkpoint", str(trained),
+                              "--out", str(tmp_path), "--max-shard-size", size, expect=2)
+        assert message in result.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_trtllm_export_shards_reassemble_to_the_hf_export(trained, hf_export, tmp_path):

@@ -5,7 +5,8 @@ import torch
 
 from nemo_orch import config as config_lib
 from nemo_orch.models import trtllm
-from nemo_orch.models.hf_mapping import Layout, SeededHFWeights, hf_to_megatron, megatron_to_hf
+from nemo_orch.models.hf_mapping import (Layout, SeededHFWeights, hf_to_megatron, megatron_to_hf,
+                                         parse_size)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -31,6 +32,14 @@ def test_hf_megatron_hf_is_exact(hf, model, tp, pp, impl):
     assert back.keys() == hf.keys()
     for name in hf:
         assert torch.equal(back[name], hf[name]), name
+
+
+def test_shard_sizes_parse_as_hf_writes_them():
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("500MiB") == 500 * 2**20
+    assert parse_size(" 1.5 kb ") == 1500 and parse_size("1000") == parse_size(1000) == 1000
+    for bad in ("5 parsecs", "0", "-1GB", ""):
+        with pytest.raises(config_lib.ConfigError, match="max shard size"):
+            parse_size(bad)
 
 
 def test_shards_have_megatron_shapes(hf, model):
