@@ -12,6 +12,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+# A tiny Qwen3 with enough positions for the environments' longest prompts (ToolScale's domain
+# policies and tool lists): the policy GRPO starts from in the environment tests.
+TINY_LONG_MODEL = ["model.max_position_embeddings=2560", "model.num_layers=2",
+                   "model.hidden_size=64", "model.ffn_hidden_size=128", "model.kv_channels=16"]
+
+
 def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> list[str]:
     """A few-second SFT configuration of the default (micro) model on the offline data."""
     return [f"run.output_dir={output_dir}", f"run.name={name}", f"tokenizer.path={tokenizer_dir}",

@@ -64,17 +64,11 @@ def megatron_world():
     distributed.shutdown()
 
 
-# A tiny Qwen3 with enough positions for the environments' longest prompts (ToolScale's domain
-# policies and tool lists): the policy GRPO starts from in the environment tests.
-TINY_LONG_MODEL = ["model.max_position_embeddings=2560", "model.num_layers=2",
-                   "model.hidden_size=64", "model.ffn_hidden_size=128", "model.kv_channels=16"]
-
-
 @pytest.fixture(scope="session")
 def start_checkpoint(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two SFT steps of the tiny long-context model: a checkpoint (with its tokenizer) for
     ``nemo-orch grpo trainer.init_from=``."""
-    from cli_helpers import run_cli, small_sft_overrides
+    from cli_helpers import TINY_LONG_MODEL, run_cli, small_sft_overrides
 
     out = tmp_path_factory.mktemp("start")
     run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, out, "sft"), *TINY_LONG_MODEL,

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import read_metrics, run_cli, run_cli_here
-from conftest import TINY_LONG_MODEL
+from cli_helpers import TINY_LONG_MODEL, read_metrics, run_cli, run_cli_here
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.serve.http_server import serve_json
