@@ -27,6 +27,7 @@ from scripted_plans import plan_engine, with_plan
 from nemo_orch import config as config_lib
 from nemo_orch.config import RayConfig
 from nemo_orch.data.tasks import Task, write_tasks
+from nemo_orch.envs import build_mixture
 from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout import ray_workers
@@ -213,8 +214,11 @@ def test_grpo_rollouts_and_rewards_on_the_pool_equal_local_ones(pool, config, ti
                                                                 tiny_tokenizer_dir, marks):
     toolbox = seed_and_slow_toolbox(str(marks))
     engine, _ = plan_engine(str(tiny_tokenizer_dir))
-    local = asyncio.run(Rollouts(config, engine, tiny_tokenizer, toolbox).groups(3, 0, 2))
-    on_ray = asyncio.run(Rollouts(config, None, tiny_tokenizer, toolbox, pool).groups(3, 0, 2))
+    mixture = build_mixture(config)  # the offline world: scored locally by its environment
+    local = asyncio.run(Rollouts(config, engine, tiny_tokenizer, mixture, [toolbox]
+                                 ).groups(3, 0, 2))
+    on_ray = asyncio.run(Rollouts(config, None, tiny_tokenizer, mixture, [toolbox], pool
+                                  ).groups(3, 0, 2))
     assert [group.task for group in on_ray] == [group.task for group in local]
     assert [[comparable(t) for t in group.trajectories] for group in on_ray] == \
         [[comparable(t) for t in group.trajectories] for group in local]
