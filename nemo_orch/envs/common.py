@@ -48,8 +48,13 @@ def declared_tools(config: Config, source: EnvSourceConfig, own_tools: bool) -> 
 
 def declared_names(tools: ToolsConfig) -> tuple[str, ...]:
     """The names of the tools ``tools.declarations`` declares (read, not built)."""
-    from nemo_orch.config import resolve_conf_path
-    from nemo_orch.tools.registry import load_declarations
+    from nemo_orch.rollout.builders import declared_specs
 
-    return tuple(declaration.spec.name for declaration in
-                 load_declarations([resolve_conf_path(path) for path in tools.declarations]))
+    return tuple(spec.name for spec in declared_specs(tools))
+
+
+def offering(tasks: list[Task], names: tuple[str, ...]) -> list[Task]:
+    """Tasks that name their tools (a domain's, tau2's) offering the tools ``names`` too."""
+    if not names:
+        return tasks
+    return [dataclasses.replace(task, tools=(*(task.tools or ()), *names)) for task in tasks]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # torch and transformers load only for commands that generate
 
     from nemo_orch.reward.outcome import AnswerScorer
     from nemo_orch.rollout.engines.base import Engine
+    from nemo_orch.tools.base import ToolSpec
     from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
     from nemo_orch.rollout.engines.vllm import VLLMEngine
 
@@ -66,10 +67,15 @@ def build_scorer(config: Config, judge_in_flight: int | None = None) -> "AnswerS
                          judge_in_flight=judge_in_flight)
 
 
+def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:
+    """The declared tools' specs, read from their files without building them."""
+    declarations = load_declarations([resolve_conf_path(path) for path in tools.declarations])
+    return [declaration.spec for declaration in declarations]
+
+
 def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:
     """The declared tools' OpenAI schemas, read from their files without building them."""
-    declarations = load_declarations([resolve_conf_path(path) for path in tools.declarations])
-    return [declaration.spec.schema() for declaration in declarations]
+    return [spec.schema() for spec in declared_specs(tools)]
 
 
 def _policy_dir(config: Config, scratch: Path) -> Path:

@@ -51,7 +51,7 @@ from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum
 from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.metrics import MetricsLogger, logged_steps
-from nemo_orch.train.policy import Batch, Policy, ReferenceModel
+from nemo_orch.train.policy import Batch, Policy, ReferenceModel, load_start_weights
 
 if TYPE_CHECKING:  # Ray loads only for rollout.backend=ray
     from nemo_orch.rollout.ray_workers import RayRolloutPool
@@ -142,9 +142,9 @@ class Rollouts:
             if not probe:
                 raise ConfigError(f"env {environment.name}: no training tasks (its train split "
                                   "is empty: see env.val_fraction and env.limit)")
-            if not any(self.fits(task, environment.name) for task in probe):
-                shortest = min(prompt_length(task, self.toolboxes[environment.name],
-                                             self.tokenizer) for task in probe)
+            shortest = min(prompt_length(task, self.toolboxes[environment.name],
+                                         self.tokenizer) for task in probe)
+            if shortest + self.settings.max_new_tokens > self.settings.max_context_tokens:
                 raise ConfigError(
                     f"env {environment.name}: no task's prompt fits the policy's context of "
                     f"{self.settings.max_context_tokens} tokens with rollout.max_new_tokens="
@@ -431,22 +431,6 @@ def _source_metrics(groups: list[Group]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- the loop
 
-def _load_start(module: Any, config: Config, init_from: Path) -> None:
-    """The starting weights: a nemo-orch checkpoint, or an HF model directory."""
-    from nemo_orch.models.hf_mapping import (HF_CONFIG, HFCheckpoint, architecture_mismatch,
-                                             model_config_from_hf)
-
-    if not (init_from / HF_CONFIG).is_file():
-        checkpoint.load(checkpoint.open_checkpoint(init_from), module)
-        return
-    hf = HFCheckpoint(init_from)
-    mismatch = architecture_mismatch(config.model, model_config_from_hf(hf.config, config.model))
-    if mismatch:
-        raise ConfigError(f"trainer.init_from={init_from}: architecture differs from model.* "
-                          f"(config vs checkpoint: {'; '.join(mismatch)})")
-    weights.load_hf_weights(module, hf, config.model)
-
-
 def _start(policy: Policy, config: Config, init_from: Path) -> int:
     """Resume from this stage's latest checkpoint, or start from ``init_from`` (the SFT
     checkpoint, or an HF directory); returns the last completed step."""
@@ -455,7 +439,7 @@ def _start(policy: Policy, config: Config, init_from: Path) -> int:
         checkpoint.load(latest, policy.module, policy.optimizer, policy.scheduler)
         log.info("resumed GRPO from %s", latest.path)
         return latest.step
-    _load_start(policy.module, config, init_from)
+    load_start_weights(policy.module, config.model, init_from)
     policy.optimizer.reload_model_params()
     return 0
 
@@ -488,6 +472,7 @@ def start_point(config: Config) -> tuple[Path, Path]:
 def train(config: Config, context: ParallelContext, init_from: Path,
           tokenizer_dir: Path) -> GRPOSummary:
     """GRPO inside a running parallel session (see :func:`run`)."""
+    _check_backend(config)
     config = policy_config(config)
     grpo = config.grpo
     if config.trainer.num_threads:
@@ -497,11 +482,10 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     start_step = _start(policy, config, init_from)
     reference = ReferenceModel(config, context)
     # The reference is the stage's starting point (the SFT policy), also on resume.
-    _load_start(reference.module, config, init_from)
+    load_start_weights(reference.module, config.model, init_from)
     hf = weights.gather_hf_weights(policy.module, config.model)
 
     writer = distributed.is_writer()
-    _check_backend(config)
     pool = _ray_pool(config, hf, tokenizer) if writer and config.rollout.backend == "ray" else None
     engine = build_rollout_engine(config, hf, tokenizer) if writer and pool is None else None
     # A colocated GPU engine gives the GPUs back while the policy trains (see RolloutConfig).

@@ -10,6 +10,7 @@ frozen :class:`ReferenceModel`.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,7 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from nemo_orch.config import Config
+from nemo_orch.config import Config, ConfigError, ModelConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import qwen3, weights
 
@@ -235,3 +236,21 @@ class ReferenceModel:
     def forward_logprobs(self, micro_batches: list[Batch]) -> list[torch.Tensor | None]:
         """Label log-probabilities under the reference weights (see :func:`forward_logprobs`)."""
         return forward_logprobs(self.module, micro_batches)
+
+
+def load_start_weights(module: torch.nn.Module, model: ModelConfig, source: Path) -> None:
+    """A stage's starting weights (``trainer.init_from``): an HF model directory, whose
+    architecture must be ``model``'s, or a nemo-orch checkpoint."""
+    from nemo_orch.models import checkpoint
+    from nemo_orch.models.hf_mapping import (HF_CONFIG, HFCheckpoint, architecture_mismatch,
+                                             model_config_from_hf)
+
+    if not (source / HF_CONFIG).is_file():
+        checkpoint.load(checkpoint.open_checkpoint(source), module)
+        return
+    hf = HFCheckpoint(source)
+    mismatch = architecture_mismatch(model, model_config_from_hf(hf.config, model))
+    if mismatch:
+        raise ConfigError(f"trainer.init_from={source}: architecture differs from model.* "
+                          f"(config vs checkpoint: {'; '.join(mismatch)})")
+    weights.load_hf_weights(module, hf, model)

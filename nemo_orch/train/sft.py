@@ -20,10 +20,9 @@ from nemo_orch.data.conversations import read_conversations
 from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
-from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, architecture_mismatch,
-                                         model_config_from_hf)
+from nemo_orch.models.hf_mapping import SeededHFWeights
 from nemo_orch.train.metrics import MetricsLogger
-from nemo_orch.train.policy import Policy
+from nemo_orch.train.policy import Policy, load_start_weights
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +91,11 @@ def initialize_weights(policy: Policy, config: Config) -> int:
             checkpoint.load(latest, policy.module, policy.optimizer, policy.scheduler)
             log.info("resumed from %s", latest.path)
             return latest.step
-    source = config.trainer.init_from
-    if source is None:
+    if config.trainer.init_from is None:
         policy.load_hf_weights(SeededHFWeights(config.model, config.run.seed))
-    elif Path(source, "config.json").exists():
-        hf = HFCheckpoint(source)
-        mismatch = architecture_mismatch(config.model, model_config_from_hf(hf.config,
-                                                                            config.model))
-        if mismatch:
-            raise ConfigError(f"trainer.init_from={source}: architecture differs from model.* "
-                              f"(config vs checkpoint: {'; '.join(mismatch)})")
-        policy.load_hf_weights(hf)
     else:
-        checkpoint.load(checkpoint.open_checkpoint(source), policy.module)
+        load_start_weights(policy.module, config.model, Path(config.trainer.init_from))
+        # The distributed optimizer keeps fp32 main params: refresh them from the model.
         policy.optimizer.reload_model_params()
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from nemo_orch.config import Config, ConfigError, EnvSourceConfig
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.common import declared_names, declared_tools
+from nemo_orch.envs.common import declared_names, declared_tools, offering
 from nemo_orch.envs.interfaces import (Environment, GoldAction, GoldPlan, Scored, draw,
                                        final_message, split_pool)
 from nemo_orch.reward.outcome import OutcomeResult
@@ -45,16 +45,7 @@ class Tau2Environment(Environment):
         self._train: list[Task] | None = None
         self.tools_config = dataclasses.replace(
             config.tools, declarations=declared_tools(config, source, own_tools=True), domains=[])
-        self.extra = declared_names(self.tools_config)
-
-    def _offered(self, tasks: list[Task]) -> list[Task]:
-        import dataclasses
-
-        tasks = tasks[:self.limit]
-        if not self.extra:
-            return tasks
-        return [dataclasses.replace(task, tools=(*(task.tools or ()), *self.extra))
-                for task in tasks]
+        self.declared = declared_names(self.tools_config)
 
     def _train_pool(self) -> list[Task]:
         from nemo_orch.data import tau2_bench
@@ -72,10 +63,11 @@ class Tau2Environment(Environment):
 
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
         pool = self.domain.tasks if split == "test" else self._train_pool()
-        return draw(self._offered(split_pool(pool, split, self.val_fraction)), count, seed)
+        tasks = split_pool(pool, split, self.val_fraction)[:self.limit]
+        return draw(offering(tasks, self.declared), count, seed)
 
     def toolbox(self) -> Toolbox:
-        if not self.extra:
+        if not self.declared:
             return self.domain.assistant_toolbox()
         from nemo_orch.rollout.builders import build_toolbox
 

@@ -13,7 +13,6 @@ fail the validation filters (their gold actions do not replay) are dropped and l
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,8 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.data.toolscale.generator import MAX_ACTIONS
 from nemo_orch.data.toolscale.parquet import read_toolscale_parquet
 from nemo_orch.data.toolscale.validate import ValidationSummary, validated
-from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, declared_tools
+from nemo_orch.envs.common import (OutcomeScoredEnvironment, declared_names, declared_tools,
+                                   offering)
 from nemo_orch.envs.interfaces import GoldAction, GoldPlan, draw, final_message, split_pool
 
 
@@ -120,9 +120,8 @@ class ToolScaleEnvironment(OutcomeScoredEnvironment):
         super().__init__(config, source, declared_tools(config, source, own_tools=True),
                          domains=own)
         # A row offers its domain's tools; the declared ones (env.tools) join them.
-        extra = declared_names(self.tools_config)
-        self.pool = [dataclasses.replace(row, tools=(*row.tools, *extra))
-                     for domain in loaded for row in domain.rows]
+        self.pool = offering([row for domain in loaded for row in domain.rows],
+                             declared_names(self.tools_config))
         self.notes = {"dropped": [rejection for domain in loaded
                                   for rejection in domain.validation.to_json()["rejections"]],
                       "tasks_by_domain": {domain.domain.name: len(domain.rows)
