@@ -20,7 +20,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["nemo_orch", "nemo_orch.*"]),
-    package_data={"nemo_orch.data.toolscale": ["prompts/*.txt"]},
+    package_data={"nemo_orch.envs.toolscale": ["prompts/*.txt"]},
     install_requires=requirements(),
     extras_require={
         # CUDA-only cores; imported lazily and exercised by `pytest -m gpu`.

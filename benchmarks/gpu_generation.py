@@ -99,7 +99,7 @@ def model_config(preset: str):
 def hf_directory(model, workdir: Path) -> Path:
     """The model's seeded weights as a bfloat16 HF directory, with a tokenizer (written on first
     use)."""
-    from nemo_orch.data.offline import generate_conversations
+    from nemo_orch.envs.offline.generator import generate_conversations
     from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
     from nemo_orch.models.tokenizer import render_conversation, train_tokenizer
 

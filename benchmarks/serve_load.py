@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from nemo_orch.data.environment import held_out_tasks
+from nemo_orch.envs.offline.world import held_out_tasks
 from nemo_orch.reward.remote import reward_item
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.remote import context_to_json

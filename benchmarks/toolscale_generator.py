@@ -25,8 +25,8 @@ from collections import Counter
 from pathlib import Path
 
 from nemo_orch.data.domain_tasks import write_domain_tasks
-from nemo_orch.data.toolscale.generator import DOMAINS, generate_domain, generate_tasks
-from nemo_orch.data.toolscale.validate import ValidationSummary
+from nemo_orch.envs.toolscale.generator import DOMAINS, generate_domain, generate_tasks
+from nemo_orch.envs.toolscale.validate import ValidationSummary
 
 
 def _generate(name: str, tasks: int, seed: int, path: Path) -> tuple[float, str, Counter]:

@@ -326,7 +326,7 @@ def eval_compare(argv: list[str]) -> int:
 
 
 def cmd_synth(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.data.toolscale import generator, synth
+    from nemo_orch.envs.toolscale import generator, synth
 
     if not args.offline:
         print("\n".join(synth.summary_lines(synth.run(config.synth))))

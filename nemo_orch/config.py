@@ -219,7 +219,7 @@ class TokenizerConfig:
                  f"tokenizer.chat_format must be one of {CHAT_FORMATS}")
 
 
-# The naive routers that play the main job's demonstrations (data.environment.demonstrations).
+# The naive routers that play the main job's demonstrations (envs.offline.world.demonstrations).
 DEMO_ROUTERS = ("strongest", "thrifty", "family", "random")
 
 
@@ -228,7 +228,7 @@ class DataConfig:
     """``sft_path`` is a JSONL file of conversations (``{"messages": [...], "tools": [...]}``);
     null uses the bundled offline generator with ``num_offline_conversations`` examples.
     ``num_copy_conversations`` short copy-into-the-answer conversations are mixed in (see
-    ``data.offline.copy_conversations``; 0: none). ``demo_routers``: the share of the main
+    ``envs.offline.generator.copy_conversations``; 0: none). ``demo_routers``: the share of the main
     job's demonstrations each naive router (:data:`DEMO_ROUTERS`) plays; they sum to 1.
     ``toolscale_tasks_per_domain``: the main job writes the offline ToolScale domains with that
     many tasks each (``toolscale/`` in the run) and evaluates the GRPO policy, next to the gold
@@ -759,7 +759,7 @@ class LauncherConfig:
 
 @dataclass
 class SynthConfig:
-    """``nemo-orch synth``: the ToolScale synthesis pipeline (``data/toolscale/synth.py``).
+    """``nemo-orch synth``: the ToolScale synthesis pipeline (``envs/toolscale/synth.py``).
 
     Each step is one chat request to ``base_url`` (OpenAI-compatible, ``model``; the key read
     from the environment variable ``api_key_env``); a reply that does not parse or check is sent

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.data.offline import generate_conversations
+from nemo_orch.envs.offline.generator import generate_conversations
 from nemo_orch.models.tokenizer import load_tokenizer, render_conversation, train_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -79,7 +79,7 @@ def start_checkpoint(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPath
 @pytest.fixture(scope="session")
 def toolscale_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The offline ToolScale domains (shop, clinic, mobile), 6 tasks each."""
-    from nemo_orch.data.toolscale.generator import write_offline
+    from nemo_orch.envs.toolscale.generator import write_offline
 
     directory = tmp_path_factory.mktemp("toolscale")
     write_offline(directory, 6, 0)

@@ -1,1 +1,2 @@
-"""Training data: conversation files, the bundled offline generator and SFT samples."""
+"""File formats: tasks, conversations, row files (JSONL, JSON, parquet), domains and their task
+schema, SFT samples. Where tasks come from is :mod:`nemo_orch.envs`."""

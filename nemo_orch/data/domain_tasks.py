@@ -275,11 +275,11 @@ def _called(action: Action, calls: Sequence[tuple[str, dict[str, Any]]]) -> bool
 
 def unscorable(task: DomainTask) -> str | None:
     """Why :func:`score_episode` cannot score ``task``, or None: environment assertions belong
-    to tau2's own domains (see ``data.tau2_bench``), and natural-language assertions in the
+    to tau2's own domains (see ``envs.tau2.adapter``), and natural-language assertions in the
     reward basis need an LLM judge."""
     criteria = task.evaluation_criteria or EvaluationCriteria()
     if criteria.env_assertions or "ENV_ASSERTION" in criteria.reward_basis:
-        return "env_assertions need the tau2 adapter (nemo_orch.data.tau2_bench)"
+        return "env_assertions need the tau2 adapter (nemo_orch.envs.tau2.adapter)"
     if "NL_ASSERTION" in criteria.reward_basis:
         return "NL_ASSERTION in the reward basis needs an LLM judge"
     return None

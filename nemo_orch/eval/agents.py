@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import ConfigError, RolloutConfig
-from nemo_orch.data.environment import EXPERT_TOOL, RouterReplies
+from nemo_orch.envs.offline.world import EXPERT_TOOL, RouterReplies
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import GoldPlan
 from nemo_orch.rollout.engines.scripted import ScriptedEngine

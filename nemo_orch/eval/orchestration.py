@@ -1,7 +1,7 @@
 """Evaluation of an orchestrator on the offline environment, and the oracle it is compared to.
 
 For each policy: ``reward`` (the absolute preference utility of
-:func:`nemo_orch.data.environment.utility`), ``accuracy``, ``usd_per_task``,
+:func:`nemo_orch.envs.offline.world.utility`), ``accuracy``, ``usd_per_task``,
 ``seconds_per_task``, ``pref_adherence`` (how well the routes taken serve each task's
 preference: the route's expected utility over the oracle route's, so a policy is judged on its
 choice, not on how it carried it out), ``oracle_route_share`` (the share of tasks answered by
@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_orch.data.environment import EXPERT_TOOL, RouteValue, oracle, route_values, utility
+from nemo_orch.envs.offline.world import EXPERT_TOOL, RouteValue, oracle, route_values, utility
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.base import Usage

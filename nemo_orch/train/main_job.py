@@ -27,9 +27,9 @@ from typing import Any
 
 from nemo_orch import distributed
 from nemo_orch.config import Config, ConfigError
-from nemo_orch.data import offline
+from nemo_orch.envs.offline import generator as offline
 from nemo_orch.data.conversations import write_conversations
-from nemo_orch.data.environment import demonstrations, held_out_tasks, make_tasks
+from nemo_orch.envs.offline.world import demonstrations, held_out_tasks, make_tasks
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.train import grpo, sft
@@ -83,7 +83,7 @@ def _prepare_demonstrations(config: Config, tokenizer_dir: Path) -> Path:
 
 def _prepare_toolscale(config: Config) -> Path | None:
     """Rank 0 writes the offline ToolScale domains and tasks once (atomically)."""
-    from nemo_orch.data.toolscale.generator import write_offline
+    from nemo_orch.envs.toolscale.generator import write_offline
 
     if config.data.toolscale_eval_tasks == 0:
         return None

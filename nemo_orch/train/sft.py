@@ -15,7 +15,7 @@ import torch
 from nemo_orch import distributed, faults
 from nemo_orch.config import Config, ConfigError
 from nemo_orch.distributed import ParallelContext
-from nemo_orch.data import offline
+from nemo_orch.envs.offline import generator as offline
 from nemo_orch.data.conversations import read_conversations
 from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.models import checkpoint

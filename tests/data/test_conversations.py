@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nemo_orch.data.conversations import DataError, read_conversations, write_conversations
-from nemo_orch.data.offline import TOOLS
+from nemo_orch.envs.offline.generator import TOOLS
 
 
 def _conversation() -> dict[str, Any]:

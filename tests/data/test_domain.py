@@ -8,7 +8,7 @@ import pytest
 
 from nemo_orch.data.domain import ActionError, Domain, DomainSpec, state_hash
 from nemo_orch.data.jsonl import DataError
-from nemo_orch.data.toolscale.generator import DOMAINS, generate_domain
+from nemo_orch.envs.toolscale.generator import DOMAINS, generate_domain
 
 
 @pytest.fixture(scope="module")

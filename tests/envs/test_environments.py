@@ -11,7 +11,7 @@ import pytest
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
-from nemo_orch.data.environment import held_out_tasks, make_tasks
+from nemo_orch.envs.offline.world import held_out_tasks, make_tasks
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_environment, build_mixture

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fixture_tools import ContextRecorder, echo_spec
 
-from nemo_orch.data.environment import make_tasks
+from nemo_orch.envs.offline.world import make_tasks
 from nemo_orch.data.tasks import Task
 from nemo_orch.eval.chat_agent import ChatAgent
 from nemo_orch.rollout.engines.openai import OpenAIClient

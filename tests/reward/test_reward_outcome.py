@@ -9,7 +9,7 @@ import pytest
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row
-from nemo_orch.data.toolscale.generator import generate_domain, generate_tasks
+from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
 from nemo_orch.reward.outcome import (
     OutcomeScorer, exact_match, normalize_answer, numeric_match, parse_number, parse_verdict)
 from nemo_orch.rollout.engines.openai import OpenAIClient

@@ -16,7 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_orch import config as config_lib
-from nemo_orch.data.environment import held_out_tasks
+from nemo_orch.envs.offline.world import held_out_tasks
 from nemo_orch.data.tasks import Task
 from nemo_orch.eval import harness
 from nemo_orch.reward.remote import reward_item

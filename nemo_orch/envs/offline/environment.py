@@ -7,13 +7,13 @@ tasks for any seed (the world is unbounded: a count is required)."""
 from __future__ import annotations
 
 from nemo_orch.config import Config, EnvSourceConfig
-from nemo_orch.data.environment import held_out_tasks, make_tasks
+from nemo_orch.envs.offline.world import held_out_tasks, make_tasks
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_tools
 from nemo_orch.envs.interfaces import SPLITS, draw
 
 # Validation tasks are drawn with the run's seed plus this (the held-out test tasks use
-# data.environment.HELD_OUT_SEED_OFFSET): neither is ever a training task.
+# world.HELD_OUT_SEED_OFFSET): neither is ever a training task.
 VALIDATION_SEED_OFFSET = 104729
 
 

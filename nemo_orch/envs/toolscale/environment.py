@@ -23,9 +23,9 @@ from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, read_domain_tasks, to_task_row
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task
-from nemo_orch.data.toolscale.generator import MAX_ACTIONS
-from nemo_orch.data.toolscale.parquet import read_toolscale_parquet
-from nemo_orch.data.toolscale.validate import ValidationSummary, validated
+from nemo_orch.envs.toolscale.generator import MAX_ACTIONS
+from nemo_orch.envs.toolscale.parquet import read_toolscale_parquet
+from nemo_orch.envs.toolscale.validate import ValidationSummary, validated
 from nemo_orch.envs.common import (OutcomeScoredEnvironment, declared_names, declared_tools,
                                    offering)
 from nemo_orch.envs.interfaces import GoldAction, GoldPlan, draw, final_message, split_pool
@@ -64,7 +64,7 @@ def _validated_rows(domain_file: Path, domain: Domain, tasks: list[DomainTask],
 
 def load_parquet(path: Path, domain_files: list[str], only: str | None,
                  limit: int | None) -> tuple[list[LoadedDomain], dict[str, Any]]:
-    """The rows of ToolScale's published parquet (:mod:`nemo_orch.data.toolscale.parquet`) for
+    """The rows of ToolScale's published parquet (:mod:`nemo_orch.envs.toolscale.parquet`) for
     the installed domains (``tools.domains``; ``only``: one of them), validated, and what the
     notes say of the file: rows by domain, and the domains not installed, never scored."""
     installed = {}

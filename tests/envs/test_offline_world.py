@@ -9,10 +9,9 @@ from collections import Counter
 import pytest
 
 from nemo_orch import config as config_lib
-from nemo_orch.data.environment import (FAMILY_PREFERENCES, INSTRUCTIONS, PREFERENCE_VECTORS,
-                                        RouterReplies,
-                                        demonstrations, make_tasks, oracle, route_values, routes,
-                                        utility)
+from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, INSTRUCTIONS,
+                                          PREFERENCE_VECTORS, RouterReplies, demonstrations,
+                                          make_tasks, oracle, route_values, routes, utility)
 from nemo_orch.eval.orchestration import route_of
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.engines.scripted import ScriptedEngine

@@ -47,7 +47,7 @@ from typing import Any
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, task_from_record
 from nemo_orch.data.jsonl import DataError
-from nemo_orch.data.qa_benchmarks import read_records
+from nemo_orch.data.records import read_records
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2")
 
-from nemo_orch.data import tau2_bench  # noqa: E402
 from nemo_orch.data.tasks import task_from_json  # noqa: E402
-from nemo_orch.data.tau2_bench import (ASSISTANT, USER, ExecutedCall, Tau2Error,  # noqa: E402
-                                       Turn, load_domain, score_episode)
 from nemo_orch.envs.interfaces import final_message  # noqa: E402
+from nemo_orch.envs.tau2 import adapter  # noqa: E402
+from nemo_orch.envs.tau2.adapter import (ASSISTANT, USER, ExecutedCall, Tau2Error,  # noqa: E402
+                                         Turn, load_domain, score_episode)
 from nemo_orch.envs.tau2 import tau2_gold_plan  # noqa: E402
 from nemo_orch.eval.agents import GoldReplayAgent  # noqa: E402
 from nemo_orch.rollout.episode import episode_id  # noqa: E402
@@ -45,7 +45,7 @@ def _context(task, episode="episode"):
 
 
 def _fresh_environment(domain_name):
-    return tau2_bench._tau2().registry.get_env_constructor(domain_name)()
+    return adapter._tau2().registry.get_env_constructor(domain_name)()
 
 
 def test_tool_specs_are_tau2s_schemas(retail, telecom):
@@ -79,7 +79,7 @@ def test_tau2_tasks_become_task_rows(retail, telecom):
         "find_user_id_by_name_zip")
     # A row read back from a task file still carries everything scoring needs.
     reread = task_from_json(task.to_json(), "row")
-    assert tau2_bench.tau2_task_of(reread) == tau2_bench.tau2_task_of(task)
+    assert adapter.tau2_task_of(reread) == adapter.tau2_task_of(task)
     assert "<main_policy>" in telecom.policy
 
 
@@ -91,7 +91,7 @@ def test_a_call_through_our_toolbox_gives_tau2s_exact_output(retail):
     environment = _fresh_environment("retail")
     expected = environment.to_json_str(environment.use_tool("get_order_details", **arguments))
     assert ours.error is None and ours.output == expected
-    tool_call = tau2_bench._tau2().message.ToolCall(name="get_order_details",
+    tool_call = adapter._tau2().message.ToolCall(name="get_order_details",
                                                     arguments={"order_id": "#W0000000"})
     missing = asyncio.run(toolbox.call("get_order_details", {"order_id": "#W0000000"},
                                        _context(task)))
@@ -103,8 +103,8 @@ def test_a_call_through_our_toolbox_gives_tau2s_exact_output(retail):
 
 def test_each_episode_has_its_own_bounded_environment(retail):
     task, order_id = _task(retail, "0"), "#W4776164"  # a pending order of the task's user
-    environments = tau2_bench.episode_environments("retail", max_episodes=2)
-    cancel, details = (tau2_bench.Tau2Tool(retail.assistant_toolbox().specs[name], ASSISTANT,
+    environments = adapter.episode_environments("retail", max_episodes=2)
+    cancel, details = (adapter.Tau2Tool(retail.assistant_toolbox().specs[name], ASSISTANT,
                                            environments)
                        for name in ("cancel_pending_order", "get_order_details"))
 
@@ -130,7 +130,7 @@ async def _replay(domain, task):
     agent = GoldReplayAgent(tau2_gold_plan, domain.assistant_toolbox(), domain.user_toolbox())
     trajectory = await agent.episode(task, seed=0)
     try:
-        return tau2_bench.recorded_turns(domain, task, episode_id(task.id), trajectory.answer)
+        return adapter.recorded_turns(domain, task, episode_id(task.id), trajectory.answer)
     finally:
         domain.environments.release(episode_id(task.id))
 
@@ -190,7 +190,7 @@ def test_a_task_with_message_history_starts_from_it(retail):
     """The history's calls are replayed into the episode's environment and prefix the scored
     trajectory (without them tau2's replay would miss the cancellation and the databases
     would differ)."""
-    tau2 = tau2_bench._tau2()
+    tau2 = adapter._tau2()
     message = tau2.message
     cancel = message.ToolCall(id="history_0", name="cancel_pending_order",
                               arguments={"order_id": "#W4776164", "reason": "no longer needed"})
@@ -198,14 +198,14 @@ def test_a_task_with_message_history_starts_from_it(retail):
                message.AssistantMessage(role="assistant", tool_calls=[cancel]),
                _fresh_environment("retail").get_response(cancel),
                message.AssistantMessage(role="assistant", content="Done. Anything else?")]
-    tau2_task = tau2_bench.tau2_task_of(_task(retail, "0")).model_copy(update={
+    tau2_task = adapter.tau2_task_of(_task(retail, "0")).model_copy(update={
         "initial_state": tau2.tasks.InitialState(message_history=history)})
-    task = tau2_bench.to_task(tau2_task, "retail", retail.policy, retail.assistant_toolbox().tools)
+    task = adapter.to_task(tau2_task, "retail", retail.policy, retail.assistant_toolbox().tools)
     status = asyncio.run(retail.assistant_toolbox().call(
         "get_order_details", {"order_id": "#W4776164"}, _context(task, "history")))
     retail.environments.release("history")
     assert '"status": "cancelled"' in status.output
-    messages = tau2_bench.to_tau2_messages(tau2_task, [Turn(ASSISTANT, text="Bye.")])
+    messages = adapter.to_tau2_messages(tau2_task, [Turn(ASSISTANT, text="Bye.")])
     assert messages[:4] == history
     assert score_episode(task, asyncio.run(_replay(retail, task))).passed
 
@@ -232,13 +232,13 @@ def test_unknown_domain_or_split_is_a_clear_error():
 
 
 def test_missing_tau2_names_the_extra(monkeypatch):
-    tau2_bench._tau2.cache_clear()
+    adapter._tau2.cache_clear()
     monkeypatch.setitem(sys.modules, "tau2.registry", None)
     try:
         with pytest.raises(Tau2Error, match=r"pip install 'nemo-orch\[tau2\]'"):
-            tau2_bench.domains()
+            adapter.domains()
     finally:
-        tau2_bench._tau2.cache_clear()
+        adapter._tau2.cache_clear()
 
 
 def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
@@ -254,7 +254,7 @@ def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
     tasks = [_task(retail, "0"), _task(retail, "1")]
     rows = []
     for task in tasks:
-        criteria = tau2_bench.tau2_task_of(task).evaluation_criteria
+        criteria = adapter.tau2_task_of(task).evaluation_criteria
         calls = [(action.name, action.arguments) for action in criteria.actions]
         calls.insert(0, ("get_order_details", {"order": "#W1"}))  # refused: no order_id
         rows.append(with_plan(task, calls, final_message(criteria.communicate_info or [])))
@@ -270,7 +270,7 @@ def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
     scores = []
     for row, trajectory in zip(rows, trajectories):
         episode_id = f"{row.id}#0"
-        turns = tau2_bench.recorded_turns(retail, row, episode_id, trajectory.answer)
+        turns = adapter.recorded_turns(retail, row, episode_id, trajectory.answer)
         scores.append(score_episode(row, turns))
         retail.environments.release(episode_id)
     assert [score.reward for score in scores] == [1.0, 1.0, 0.0]

@@ -2,9 +2,10 @@
 preference vector the policy reads as an instruction, naive routers for demonstrations, and the
 oracle that knows the simulated experts.
 
-* Families (see :mod:`nemo_orch.data.offline`): arithmetic (the sandbox is exact and nearly free),
-  lookups in the made-up world (only the retriever's bundled corpus holds the facts), lookup then
-  compute, number theory (experts only; easy or hard) and word puzzles (the generalist's domain).
+* Families (see :mod:`nemo_orch.envs.offline.generator`): arithmetic (the sandbox is exact and
+  nearly free), lookups in the made-up world (only the retriever's bundled corpus holds the
+  facts), lookup then compute, number theory (experts only; easy or hard) and word puzzles (the
+  generalist's domain).
 * Experts are handed the task and the episode's observations, and their answer ends the episode
   (ToolOrchestra's ``answer`` tool): a lookup is answered by the policy reading the passage
   itself (``tools``), or by retrieving it and handing it to an expert (``tools+expert:<alias>``),
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_orch.config import DEMO_ROUTERS
-from nemo_orch.data.offline import PREFERENCES, draw_task
+from nemo_orch.envs.offline.generator import PREFERENCES, draw_task
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import Episode

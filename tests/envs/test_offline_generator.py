@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nemo_orch.data.conversations import validate_conversation
-from nemo_orch.data.offline import PREFERENCES, TOOLS, extract_answer, generate_conversations
+from nemo_orch.envs.offline.generator import PREFERENCES, TOOLS, extract_answer, generate_conversations
 from nemo_orch.tools.schema import argument_errors
 
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
@@ -119,7 +119,7 @@ def test_bundled_corpus_is_the_whole_world():
     import json
 
     from nemo_orch.config import CONF_DIR
-    from nemo_orch.data.offline import world_documents
+    from nemo_orch.envs.offline.generator import world_documents
 
     shipped = [json.loads(line) for line in
                (CONF_DIR / "tools" / "offline" / "world.jsonl").read_text().splitlines()]
@@ -133,7 +133,7 @@ def test_bundled_corpus_is_the_whole_world():
 
 
 def test_copy_conversations_copy_the_request_into_the_answer():
-    from nemo_orch.data.offline import copy_conversations
+    from nemo_orch.envs.offline.generator import copy_conversations
 
     conversations = copy_conversations(200, seed=4)
     assert conversations == copy_conversations(200, seed=4)

@@ -20,10 +20,10 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import SynthConfig
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import read_domain_tasks
-from nemo_orch.data.toolscale import synth
-from nemo_orch.data.toolscale.generator import generate_domain, generate_tasks
-from nemo_orch.data.toolscale.synth import InvalidOutput, SynthError, parse_json
-from nemo_orch.data.toolscale.validate import rejection
+from nemo_orch.envs.toolscale import synth
+from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
+from nemo_orch.envs.toolscale.synth import InvalidOutput, SynthError, parse_json
+from nemo_orch.envs.toolscale.validate import rejection
 from nemo_orch.rollout.engines.openai import OpenAIError
 from nemo_orch.serve.http_server import RequestError, serve_json
 

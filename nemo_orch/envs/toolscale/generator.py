@@ -22,7 +22,7 @@ from typing import Any
 
 from nemo_orch.data.domain import Database, Domain, DomainSpec, state_hash
 from nemo_orch.data.domain_tasks import DomainTask, write_domain_tasks
-from nemo_orch.data.toolscale.validate import ValidationSummary, validated
+from nemo_orch.envs.toolscale.validate import ValidationSummary, validated
 
 DOMAINS = ("shop", "clinic", "mobile")
 MAX_ACTIONS = 12

@@ -15,9 +15,9 @@ import pytest
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, gold_calls, read_domain_tasks
 from nemo_orch.data.jsonl import DataError
-from nemo_orch.data.toolscale.generator import DOMAINS, MAX_ACTIONS, write_offline
-from nemo_orch.data.toolscale.parquet import installed_domains, read_toolscale_parquet
-from nemo_orch.data.toolscale.validate import rejection
+from nemo_orch.envs.toolscale.generator import DOMAINS, MAX_ACTIONS, write_offline
+from nemo_orch.envs.toolscale.parquet import installed_domains, read_toolscale_parquet
+from nemo_orch.envs.toolscale.validate import rejection
 
 TIMESTAMP = pa.timestamp("s")
 # Arguments of a bank domain, not installed here, typed as in the published file.

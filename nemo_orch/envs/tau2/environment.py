@@ -1,0 +1,93 @@
+"""tau2-bench as an environment (extra ``tau2``; :mod:`nemo_orch.envs.tau2.adapter` adapts its
+domains): the domain policy and assistant tools, the user-side tools (telecom's user acts on
+their phone), and tau2's own evaluator on the calls that reached its environment. ``test`` is
+the split ``env.split`` names; ``train`` / ``validation`` split tau2's ``train`` split (a
+domain without splits, such as ``mock``: its one task set) by a hash of the task id. The
+user speaks through the scenario stated up front (no simulated user yet)."""
+
+from __future__ import annotations
+
+from nemo_orch.config import Config, ConfigError, EnvSourceConfig
+from nemo_orch.data.tasks import Task
+from nemo_orch.envs.common import declared_names, declared_tools, offering
+from nemo_orch.envs.interfaces import (Environment, GoldAction, GoldPlan, Scored, draw,
+                                       final_message, split_pool)
+from nemo_orch.reward.outcome import OutcomeResult
+from nemo_orch.rollout.episode import Trajectory, episode_id
+from nemo_orch.tools.registry import Toolbox
+
+TRAIN_SPLIT = "train"
+
+
+def tau2_gold_plan(task: Task) -> GoldPlan:
+    """A tau2 task's gold actions, each by its requestor, and the facts to communicate."""
+    from nemo_orch.envs.tau2 import adapter
+
+    criteria = adapter.tau2_task_of(task).evaluation_criteria
+    actions, facts = ([], []) if criteria is None else (criteria.actions or [],
+                                                         criteria.communicate_info or [])
+    return GoldPlan([GoldAction(a.requestor, a.name, a.arguments) for a in actions],
+                    final_message(facts))
+
+
+class Tau2Environment(Environment):
+    has_gold_plan = True
+
+    def __init__(self, config: Config, source: EnvSourceConfig, val_fraction: float) -> None:
+        import dataclasses
+
+        from nemo_orch.envs.tau2 import adapter
+
+        assert source.domain is not None  # checked when the config was loaded
+        self.name, self.notes = source.label, {}
+        self.domain = adapter.load_domain(source.domain, source.split)
+        self.limit, self.val_fraction = source.limit, val_fraction
+        self._train: list[Task] | None = None
+        self.tools_config = dataclasses.replace(
+            config.tools, declarations=declared_tools(config, source, own_tools=True), domains=[])
+        self.declared = declared_names(self.tools_config)
+
+    def _train_pool(self) -> list[Task]:
+        from nemo_orch.envs.tau2 import adapter
+
+        if self._train is None:
+            available = adapter.splits(self.domain.name)
+            if self.domain.split == TRAIN_SPLIT or not available:  # no splits: one task set
+                self._train = self.domain.tasks
+            elif TRAIN_SPLIT not in available:
+                raise ConfigError(f"tau2 domain {self.domain.name!r} has no train split to "
+                                  "train on")
+            else:  # only its tasks: the tools and episodes are the loaded domain's
+                self._train = adapter.load_domain(self.domain.name, TRAIN_SPLIT).tasks
+        return self._train
+
+    def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
+        pool = self.domain.tasks if split == "test" else self._train_pool()
+        tasks = split_pool(pool, split, self.val_fraction)[:self.limit]
+        return draw(offering(tasks, self.declared), count, seed)
+
+    def toolbox(self) -> Toolbox:
+        if not self.declared:
+            return self.domain.assistant_toolbox()
+        from nemo_orch.rollout.builders import build_toolbox
+
+        declared = build_toolbox(self.tools_config)
+        return Toolbox([*self.domain.assistant_tools, *declared.tools.values()])
+
+    def user_toolbox(self) -> Toolbox:
+        return self.domain.user_toolbox()
+
+    async def score(self, task: Task, trajectory: Trajectory) -> Scored:
+        from nemo_orch.envs.tau2 import adapter
+
+        key = episode_id(task.id, trajectory.sample)
+        try:
+            turns = adapter.recorded_turns(self.domain, task, key, trajectory.answer)
+        finally:
+            self.domain.environments.release(key)
+        result = adapter.score_episode(task, turns)
+        return Scored(OutcomeResult(result.passed, "tau2", "; ".join(result.failures)),
+                      {"tau2": result.to_json()})
+
+    def gold_plan(self, task: Task) -> GoldPlan:
+        return tau2_gold_plan(task)
