@@ -430,8 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="episodes per task (default: rollout.group_size)")
     rollout.add_argument("--out", required=True, help="JSONL file for the trajectories")
 
-    from nemo_orch.config import BENCHMARKS
-    from nemo_orch.eval.agents import AGENT_KINDS
+    from nemo_orch.config import AGENT_KINDS, BENCHMARKS
 
     evaluate = add("eval", cmd_eval, "run agents on a benchmark, side by side: accuracy (95%% CI), "
                    "USD and seconds per task, tool mix; report.json, report.md and plots under "

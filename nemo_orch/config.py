@@ -219,22 +219,34 @@ class TokenizerConfig:
                  f"tokenizer.chat_format must be one of {CHAT_FORMATS}")
 
 
-# The naive routers that play the main job's demonstrations (envs.offline.world.demonstrations).
+# The naive routers that play the main job's demonstrations (envs.offline.world.naive_routes).
 DEMO_ROUTERS = ("strongest", "thrifty", "family", "random")
+# The systems an evaluation runs and SFT collects demonstrations from (eval/agents.py).
+ORCHESTRATOR, MONOLITH, GOLD_REPLAY = "orchestrator", "monolith", "gold-replay"
+NAIVE_ROUTERS = "naive-routers"
+ROUTERS = ("fixed:cheapest", "fixed:strongest", "random")
+AGENT_KINDS = (ORCHESTRATOR, MONOLITH, *ROUTERS, GOLD_REPLAY, NAIVE_ROUTERS)
 
 
 @dataclass
 class DataConfig:
-    """``sft_path`` is a JSONL file of conversations (``{"messages": [...], "tools": [...]}``);
-    null uses the bundled offline generator with ``num_offline_conversations`` examples.
+    """SFT's data. ``sft_path``: a JSONL file of conversations (``{"messages": [...], "tools":
+    [...]}``); null: demonstrations, the episodes of ``demo_agent`` (:data:`AGENT_KINDS`: a
+    fixed router, the gold replay, the orchestrator of ``rollout.*``, a checkpoint, HF
+    directory or endpoint, the monolith, or the offline world's naive routers) on
+    ``2 * num_offline_conversations`` tasks of ``env``'s train split that the environment
+    scores correct, the first ``num_offline_conversations`` of them, collected once into
+    ``<run>/demonstrations.jsonl``. A tokenizer trained for the run learns the file's
+    conversations, or ``num_offline_conversations`` of the offline world's generated ones.
     ``num_copy_conversations`` short copy-into-the-answer conversations are mixed in (see
-    ``envs.offline.generator.copy_conversations``; 0: none). ``demo_routers``: the share of the main
-    job's demonstrations each naive router (:data:`DEMO_ROUTERS`) plays; they sum to 1.
+    ``envs.offline.generator.copy_conversations``; 0: none). ``demo_routers``: the share of
+    the tasks each naive router (:data:`DEMO_ROUTERS`) plays; they sum to 1.
     ``toolscale_tasks_per_domain``: the main job writes the offline ToolScale domains with that
     many tasks each (``toolscale/`` in the run) and evaluates the GRPO policy, next to the gold
     replay, on the first ``toolscale_eval_tasks`` of each (0: neither)."""
 
     sft_path: Optional[str] = None
+    demo_agent: str = NAIVE_ROUTERS
     num_offline_conversations: int = 6000
     num_copy_conversations: int = 6000
     seq_length: int = 640
@@ -245,6 +257,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require_file(self.sft_path, "data.sft_path")
+        _require(self.demo_agent in AGENT_KINDS,
+                 f"data.demo_agent must be one of {', '.join(AGENT_KINDS)}")
         _require(self.num_offline_conversations > 0, "data.num_offline_conversations must be > 0")
         _require(self.num_copy_conversations >= 0, "data.num_copy_conversations must be >= 0")
         _require(self.seq_length > 8, "data.seq_length must be > 8")
@@ -427,7 +441,6 @@ class GRPOConfig:
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2
     save_interval: int = 10
-    eval_tasks: int = 300
     val_interval: int = 0
     val_tasks: int = 32
 
@@ -452,7 +465,6 @@ class GRPOConfig:
             last = index == len(self.curriculum) - 1
             _require(ends != last, f"grpo.curriculum[{index}]: every stage but the last needs "
                      "until_step or until_reward, and the last neither")
-        _require(self.eval_tasks >= 0, "grpo.eval_tasks must be >= 0")
         _require(self.val_interval >= 0 and self.val_tasks >= 1,
                  "grpo.val_interval must be >= 0 (0: no validation) and grpo.val_tasks >= 1")
 
@@ -937,7 +949,7 @@ class EnvConfig(EnvSourceConfig):
 
 # Keys that moved: their old spelling fails with a message naming the new one.
 MOVED_KEYS = {"eval.data": "env.path", "eval.domain": "env.domain", "eval.split": "env.split",
-              "eval.limit": "env.limit"}
+              "eval.limit": "env.limit", "grpo.eval_tasks": "eval.tasks"}
 
 
 @dataclass
@@ -976,11 +988,14 @@ class MonolithConfig:
 
 @dataclass
 class EvalConfig:
-    """``nemo-orch eval``: where results go and how the environment (``env.*``) is run.
+    """``nemo-orch eval`` and the main job's evaluation: where results go and how the
+    environment (``env.*``) is run.
 
     ``out_dir`` (null: ``<run.output_dir>/eval/<environment>``) holds the report and one
     per-example cache per agent (``episodes/<agent>.jsonl``): with ``resume`` a killed
-    evaluation continues where it stopped. ``tasks``: held-out offline tasks (the main job's).
+    evaluation continues where it stopped. ``tasks``: the offline world's held-out tasks (the
+    main job evaluates its policies on them, greedily, ``rollout.max_concurrent_episodes`` at
+    once; its caches are ``<run>/eval/<environment>/episodes/<policy>.jsonl``).
     Episode ``i`` runs with seed ``seed + i`` (null: ``run.seed``) at ``temperature``;
     ``concurrency`` episodes at once, at most ``max_requests_per_endpoint`` requests in flight
     to each OpenAI-compatible endpoint the evaluation calls (orchestrator, monolith, judge).
@@ -1126,7 +1141,7 @@ def _check_moved(overrides: list[str] | tuple[str, ...]) -> None:
     for override in overrides:
         key = override.partition("=")[0].lstrip("+~")
         _require(key not in MOVED_KEYS, f"{key} is now {MOVED_KEYS.get(key)} (where tasks come "
-                 "from lives under env.*: conf/env/)")
+                 "from lives under env.*, how they are evaluated under eval.*)")
 
 
 def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

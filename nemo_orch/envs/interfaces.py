@@ -18,7 +18,7 @@ import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.outcome import OutcomeResult
@@ -59,6 +59,14 @@ def final_message(facts: Sequence[str]) -> str:
     return "Your request has been handled. For your records: " + "; ".join(facts) + "."
 
 
+class Oracle(Protocol):
+    """What an environment that knows each task's best route tells of an episode."""
+
+    def preference_adherence(self, task: Task, trajectory: Trajectory) -> float:
+        """The expected utility of the route taken, for the task's preference, over the best
+        route's (in [0, 1])."""
+
+
 class Environment(abc.ABC):
     """A task source. ``name`` labels it in metrics and reports; ``notes`` say what was
     dropped and why; ``preferences``: its tasks carry preference vectors (report adherence);
@@ -89,8 +97,10 @@ class Environment(abc.ABC):
     def gold_plan(self, task: Task) -> GoldPlan:
         raise NotImplementedError(f"{self.name} tasks have no gold actions")
 
-    def oracle(self, task: Task) -> Any:
-        """The best route of a task, where the environment knows it (None: it does not)."""
+    def oracle(self, toolbox: Toolbox, tokenizer: Any) -> Oracle | None:
+        """The best route of each task, where the environment knows it (None: it does not).
+        A route's price counts the policy's own tokens, so the oracle takes the tools the
+        episodes run with (``toolbox``) and the policy's ``tokenizer``."""
         return None
 
 

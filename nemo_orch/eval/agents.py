@@ -11,6 +11,9 @@ token and call, so all systems are scored and reported the same way.
 * ``monolith``: one chat model with the basic tools (:class:`~nemo_orch.eval.chat_agent.ChatAgent`).
 * ``gold-replay``: the task's gold actions, each by its requestor, then every fact the user must
   be told. It checks tools and scorer, not a model: every task should pass.
+* ``naive-routers``: the offline world's naive routers in the shares of ``data.demo_routers``
+  (:func:`~nemo_orch.envs.offline.world.naive_routes`), each task's route carried out through
+  the real tools; their correct episodes are the main job's SFT demonstrations.
 """
 
 from __future__ import annotations
@@ -19,26 +22,23 @@ import dataclasses
 import random
 import time
 import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import ConfigError, RolloutConfig
-from nemo_orch.envs.offline.world import EXPERT_TOOL, RouterReplies
+from nemo_orch.envs.offline.world import EXPERT_TOOL, RouterReplies, naive_routes
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import GoldPlan
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.rollout.format import call_text
 from nemo_orch.rollout.episode import (CallRecord, Episode, Trajectory, TurnRecord,
                                        episode_id)
 from nemo_orch.rollout.runner import DirectPolicy, GenerationBatcher
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.registry import Toolbox
 
-ORCHESTRATOR, MONOLITH, GOLD_REPLAY = "orchestrator", "monolith", "gold-replay"
-ROUTERS = ("fixed:cheapest", "fixed:strongest", "random")
-AGENT_KINDS = (ORCHESTRATOR, MONOLITH, *ROUTERS, GOLD_REPLAY)
 
 
 class Agent(Protocol):
@@ -88,10 +88,7 @@ class RouterAgent:
                  settings: RolloutConfig) -> None:
         self.kind, self.toolbox, self.tokenizer = kind, toolbox, tokenizer
         self.prices = expert_prices(toolbox)
-        # A rule's replies are neither priced nor cut by the policy's per-turn token limit.
-        self.settings = dataclasses.replace(settings, input_usd_per_million=0.0,
-                                            output_usd_per_million=0.0,
-                                            max_new_tokens=settings.max_context_tokens)
+        self.settings = scripted_settings(settings)
         required = toolbox.tools[EXPERT_TOOL].spec.parameters.get("required", [])
         self.asks_question = "question" in required
 
@@ -105,9 +102,38 @@ class RouterAgent:
                              seed=seed).run()
 
 
+def scripted_settings(settings: RolloutConfig) -> RolloutConfig:
+    """A rule's replies are neither priced nor cut by the policy's per-turn token limit."""
+    return dataclasses.replace(settings, input_usd_per_million=0.0, output_usd_per_million=0.0,
+                               max_new_tokens=settings.max_context_tokens)
+
+
+class NaiveRouterAgent:
+    """The offline world's naive routers (``router_shares``), each task's route drawn in task
+    order with ``seed`` (:func:`~nemo_orch.envs.offline.world.naive_routes`) and played by a
+    scripted engine, which answers from the last observation."""
+
+    def __init__(self, tasks: list[Task], router_shares: Mapping[str, float], seed: int,
+                 toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
+                 settings: RolloutConfig) -> None:
+        expert = toolbox.tools[EXPERT_TOOL]
+        self.routes = naive_routes(tasks, expert.models, expert.pricing, router_shares, seed)
+        self.toolbox, self.tokenizer = toolbox, tokenizer
+        self.settings = scripted_settings(settings)
+
+    async def episode(self, task: Task, seed: int) -> Trajectory:
+        replies = RouterReplies(self.routes[task.id], task.answer or "")
+        policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
+        return await Episode(task, 0, policy, self.toolbox, self.tokenizer, self.settings,
+                             seed=seed).run()
+
+
 class GoldReplayAgent:
     """Each gold action through the toolbox of its requestor (``user_toolbox`` for tau2's
-    user-side tools), one turn each, then the closing message."""
+    user-side tools), one turn each, then the closing message. Its messages are the
+    conversation an assistant would have had (each of its calls as the policy writes one, the
+    tool's output, then the closing message as the answer), so its correct episodes can be SFT
+    demonstrations; the user's own actions are not the assistant's to write, and stay out."""
 
     def __init__(self, plan: Callable[[Task], GoldPlan], toolbox: Toolbox,
                  user_toolbox: Toolbox | None = None) -> None:
@@ -119,6 +145,8 @@ class GoldReplayAgent:
         context = ToolContext(task_id=task.id, episode_id=episode_id(task.id), seed=seed,
                               task=task)
         turns = []
+        messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
+            {"role": "user", "content": task.question}]
         for index, action in enumerate(plan.actions):
             toolbox = self.toolbox if action.requestor == "assistant" else self.user_toolbox
             if toolbox is None:
@@ -128,8 +156,12 @@ class GoldReplayAgent:
             turns.append(TurnRecord(index, 0, 0, 0.0, 0.0, "stop", calls=[CallRecord(
                 action.name, action.arguments, result.cost_usd, result.latency_s, result.cached,
                 result.error, result.usage.input_tokens, result.usage.output_tokens)]))
+            if action.requestor == "assistant":
+                messages += [{"role": "assistant",
+                              "content": call_text((action.name, action.arguments))},
+                             {"role": "tool", "content": result.observation}]
         turns.append(TurnRecord(len(turns), 0, 0, 0.0, 0.0, "stop"))
-        messages = [{"role": "user", "content": task.question},
-                    {"role": "assistant", "content": plan.final_message}]
-        return Trajectory.without_tokens(task.id, messages, [], turns, "answer",
+        messages.append({"role": "assistant", "content": f"<answer>{plan.final_message}</answer>"})
+        offered = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
+        return Trajectory.without_tokens(task.id, messages, offered.schemas(), turns, "answer",
                                          plan.final_message, time.perf_counter() - started)

@@ -1,8 +1,10 @@
-"""``nemo-orch eval``: agents (:mod:`nemo_orch.eval.agents`) on an environment's test tasks
-(:mod:`nemo_orch.envs`, ``env.*``; ``--benchmark NAME`` is ``env=NAME``), side by side in one
-report.
+"""The one evaluation path: systems (an agent of :mod:`nemo_orch.eval.agents`; an orchestrator
+with the engine of its policy) on an environment's test tasks (:mod:`nemo_orch.envs`).
+``nemo-orch eval`` (:func:`run`) runs the agents it is given on ``env.*`` (``--benchmark NAME``
+is ``env=NAME``) side by side in one report; the main job (:mod:`nemo_orch.train.main_job`)
+runs its trained policies, their weights handed over in memory, through :func:`evaluate`.
 
-Every example is written to ``<eval.out_dir>/episodes/<agent>.jsonl`` the moment it is scored
+Every example is written to ``<directory>/episodes/<system>.jsonl`` the moment it is scored
 (one line: the result, the outcome, the episode's messages and ledger). A killed evaluation
 started again with the same settings reads those lines and runs only the examples that have
 none, so nothing is re-run or counted twice; a line cut short by the kill is dropped. The cache
@@ -29,12 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch import config as config_lib
-from nemo_orch.config import Config, ConfigError
+from nemo_orch.config import (AGENT_KINDS, GOLD_REPLAY, MONOLITH, NAIVE_ROUTERS, ORCHESTRATOR,
+                              ROUTERS, Config, ConfigError)
 from nemo_orch.data.tasks import Task
 from nemo_orch.eval import report as report_lib
-from nemo_orch.eval.agents import (AGENT_KINDS, GOLD_REPLAY, MONOLITH, ORCHESTRATOR, ROUTERS,
-                                   Agent, GoldReplayAgent, PolicyAgent, RouterAgent)
+from nemo_orch.eval.agents import (Agent, GoldReplayAgent, NaiveRouterAgent, PolicyAgent,
+                                   RouterAgent)
 from nemo_orch.envs import Environment, Scored, build_environment
+from nemo_orch.envs.interfaces import Oracle
+from nemo_orch.envs.offline import OfflineEnvironment
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.registry import Toolbox
@@ -53,11 +58,12 @@ def check_agents(agents: list[str], benchmark: Environment) -> None:
     unknown = [agent for agent in agents if agent not in AGENT_KINDS]
     if unknown:
         raise ConfigError(f"unknown agent {unknown[0]!r}; agents: {', '.join(AGENT_KINDS)}")
-    if len(set(agents)) != len(agents):
-        raise ConfigError("an agent is named twice")
     if GOLD_REPLAY in agents and not benchmark.has_gold_plan:
         raise ConfigError(f"--agent gold-replay needs gold actions, which {benchmark.name} "
                           "tasks do not have (toolscale and tau2 do)")
+    if NAIVE_ROUTERS in agents and not isinstance(benchmark, OfflineEnvironment):
+        raise ConfigError(f"--agent naive-routers plays the offline world's routes, which "
+                          f"{benchmark.name} tasks do not have (env=offline)")
 
 
 # ---------------------------------------------------------------------------- the cache
@@ -106,16 +112,17 @@ class EpisodeCache:
         self.records[record["task_id"]] = record
 
 
-def fingerprint(config: Config, benchmark: Environment, tasks: list[Task], agent: str,
+def fingerprint(config: Config, benchmark: Environment, tasks: list[Task], system: System,
                 seed: int) -> str:
-    """What decides an agent's results; concurrency and output paths do not."""
-    relevant = {"benchmark": benchmark.name, "agent": agent, "seed": seed,
+    """What decides a system's results; concurrency and output paths do not."""
+    relevant = {"benchmark": benchmark.name, "agent": system.kind, "system": system.name,
+                "seed": seed,
                 "tasks": [task.id for task in tasks],
                 "temperature": config.eval.temperature,
                 "tools": asdict(config.tools), "reward": asdict(config.reward),
                 "rollout": {k: v for k, v in asdict(config.rollout).items()
                             if k not in ("max_concurrent_episodes", "max_batch_size")},
-                "monolith": asdict(config.eval.monolith) if agent == MONOLITH else None}
+                "monolith": asdict(config.eval.monolith) if system.kind == MONOLITH else None}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -128,21 +135,31 @@ def episode_record(index: int, seed: int, task: Task, trajectory: Trajectory, sc
 
 
 # ---------------------------------------------------------------------------- agents
+@dataclass(frozen=True)
+class System:
+    """A system to evaluate: its name in the report, its agent kind (:data:`AGENT_KINDS`) and,
+    for an orchestrator, the engine that writes its turns (``nemo-orch eval``: the policy of
+    ``rollout.*``; the main job: each trained policy's weights, in memory)."""
+
+    name: str
+    kind: str
+    engine: Any = None
+
+
 @dataclass
 class Resources:
     """What agents share across one evaluation: the environment and its test tasks, the
-    policy's engine and tokenizer (built once), and the seed."""
+    policy's tokenizer (built once) and the seed."""
 
     config: Config
     benchmark: Environment
     tasks: list[Task]
     seed: int
-    engine: Any = None
     tokenizer: Any = None
 
 
 def _tokenizer(resources: Resources) -> Any:
-    """The policy's tokenizer: the engine's, else ``tokenizer.path``, else the run's."""
+    """The policy's tokenizer: the one given, else ``tokenizer.path``, else the run's."""
     if resources.tokenizer is None:
         from nemo_orch.models.tokenizer import load_tokenizer
 
@@ -156,22 +173,25 @@ def _tokenizer(resources: Resources) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def _agent(kind: str, resources: Resources, toolbox: Toolbox
+async def _agent(system: System, resources: Resources, toolbox: Toolbox
                  ) -> AsyncIterator[Agent]:
-    config, benchmark = resources.config, resources.benchmark
+    config, benchmark, kind = resources.config, resources.benchmark, system.kind
     settings = dataclasses.replace(config.resolved_rollout(), temperature=config.eval.temperature)
     if kind == ORCHESTRATOR:
         from nemo_orch.rollout.runner import GenerationBatcher
 
-        batcher = GenerationBatcher(resources.engine, settings.max_batch_size)
+        batcher = GenerationBatcher(system.engine, settings.max_batch_size)
         try:
-            yield PolicyAgent(batcher, toolbox, resources.tokenizer, settings)
+            yield PolicyAgent(batcher, toolbox, _tokenizer(resources), settings)
         finally:
             await batcher.close()
     elif kind in ROUTERS:
         yield RouterAgent(kind, toolbox, _tokenizer(resources), settings)
     elif kind == GOLD_REPLAY:
         yield GoldReplayAgent(benchmark.gold_plan, toolbox, benchmark.user_toolbox())
+    elif kind == NAIVE_ROUTERS:
+        yield NaiveRouterAgent(resources.tasks, config.data.demo_routers, resources.seed,
+                               toolbox, _tokenizer(resources), settings)
     else:
         async with _monolith(config, resources, toolbox) as agent:
             yield agent
@@ -208,7 +228,6 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
 def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) -> Any:
     """The offline benchmark's monolith: a SIMULATED frontier model (an alias of the simulated
     experts) served over real HTTP on 127.0.0.1 for this evaluation."""
-    from nemo_orch.envs.offline import OfflineEnvironment
     from nemo_orch.serve.simulated_chat import start_simulated_chat_server
     from nemo_orch.tools.simulated_expert import SimulatedExpert
 
@@ -226,42 +245,109 @@ def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) 
 
 
 # ---------------------------------------------------------------------------- running
-def _adherence(kind: str, config: Config, benchmark: Environment, toolbox: Toolbox,
-               resources: Resources) -> Callable[[Task, Trajectory], float] | None:
-    """Preference adherence of a routing agent's episode: the expected utility of the route it
-    took over the oracle route's (from the simulated experts). A monolith does not route."""
+def _oracle(kind: str, benchmark: Environment, toolbox: Toolbox,
+            resources: Resources) -> Oracle | None:
+    """The oracle that judges a routing agent's preference adherence, where the environment's
+    tasks carry preferences and it knows their best routes. A monolith does not route."""
     if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS):
         return None
-    from nemo_orch.eval.orchestration import OracleTable, route_of
-
-    table = OracleTable(toolbox, _tokenizer(resources), config.reward.usd_reference,
-                        (config.rollout.input_usd_per_million / 1e6,
-                         config.rollout.output_usd_per_million / 1e6))
-    return lambda task, trajectory: table.adherence(task, route_of(trajectory))
+    return benchmark.oracle(toolbox, _tokenizer(resources))
 
 
-async def _run_agent(kind: str, resources: Resources, cache: EpisodeCache) -> None:
-    config, benchmark = resources.config, resources.benchmark
-    todo = [(index, task) for index, task in enumerate(resources.tasks)
-            if task.id not in cache.records]
-    if not todo:
-        return
-    slots = asyncio.Semaphore(config.eval.concurrency)
-    async with benchmark.toolbox() as toolbox, _agent(kind, resources, toolbox) as agent:
-        adherence = _adherence(kind, config, benchmark, toolbox, resources)
+Handler = Callable[[int, int, Task, Trajectory, Scored, Oracle | None], None]
+
+
+async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, Task]],
+                    concurrency: int, handle: Handler) -> None:
+    """Episode ``index`` of each ``(index, task)`` of ``todo`` (seed ``resources.seed +
+    index``), ``concurrency`` at once, scored by the environment and handed to ``handle`` with
+    its seed and the oracle of a routing agent (see :func:`_oracle`)."""
+    benchmark = resources.benchmark
+    slots = asyncio.Semaphore(concurrency)
+    async with benchmark.toolbox() as toolbox, _agent(system, resources, toolbox) as agent:
+        oracle = _oracle(system.kind, benchmark, toolbox, resources)
 
         async def one(index: int, task: Task) -> None:
             seed = resources.seed + index
             async with slots:
                 trajectory = await agent.episode(task, seed)
                 scored = await benchmark.score(task, trajectory)
-            result = EpisodeResult.from_trajectory(
-                trajectory, scored.outcome.correct,
-                judge_error=scored.outcome.method == "judge_error",
-                pref_adherence=None if adherence is None else adherence(task, trajectory))
-            cache.append(episode_record(index, seed, task, trajectory, scored, result))
+            handle(index, seed, task, trajectory, scored, oracle)
 
         await asyncio.gather(*(one(index, task) for index, task in todo))
+
+
+def _cache_into(cache: EpisodeCache) -> Handler:
+    def append(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
+               oracle: Oracle | None) -> None:
+        result = EpisodeResult.from_trajectory(
+            trajectory, scored.outcome.correct,
+            judge_error=scored.outcome.method == "judge_error",
+            pref_adherence=(None if oracle is None
+                            else oracle.preference_adherence(task, trajectory)))
+        cache.append(episode_record(index, seed, task, trajectory, scored, result))
+
+    return append
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The test tasks evaluated and, per system, its episode records in task order (each as
+    :func:`episode_record` writes it to the system's cache)."""
+
+    tasks: list[Task]
+    records: dict[str, list[dict[str, Any]]]
+
+    def results(self, system: str) -> list[EpisodeResult]:
+        return [EpisodeResult(**record["result"]) for record in self.records[system]]
+
+
+def evaluate(config: Config, benchmark: Environment, systems: list[System], directory: Path,
+             tokenizer: Any = None) -> Evaluation:
+    """Every system on the test tasks of ``benchmark``, each example cached in
+    ``<directory>/episodes/<system>.jsonl`` the moment it is scored (resumable)."""
+    check_agents([system.kind for system in systems], benchmark)
+    if len({system.name for system in systems}) != len(systems):
+        raise ConfigError("an agent is named twice")
+    seed = config.run.seed if config.eval.seed is None else config.eval.seed
+    tasks = benchmark.tasks("test", None, seed)
+    if not tasks:
+        raise ConfigError(f"{benchmark.name}: no tasks to evaluate")
+    resources = Resources(config, benchmark, tasks, seed, tokenizer)
+    records = {}
+    for system in systems:
+        cache = EpisodeCache(directory / EPISODES / f"{system.name.replace(':', '-')}.jsonl",
+                             fingerprint(config, benchmark, tasks, system, seed),
+                             config.eval.resume)
+        todo = [(index, task) for index, task in enumerate(tasks) if task.id not in cache.records]
+        if todo:
+            asyncio.run(_roll_out(system, resources, todo, config.eval.concurrency,
+                                  _cache_into(cache)))
+        records[system.name] = [cache.records[task.id] for task in tasks]
+    return Evaluation(tasks, records)
+
+
+def successful_episodes(config: Config, benchmark: Environment, system: System, count: int,
+                        tokenizer: Any = None) -> list[Trajectory]:
+    """The episodes of ``system`` on ``count`` tasks of the environment's train split that the
+    environment scores correct, in task order (the reference's positive samples for SFT).
+    Tasks are drawn with ``run.seed``, episode ``i`` runs with seed ``run.seed + i``,
+    ``rollout.max_concurrent_episodes`` at once."""
+    check_agents([system.kind], benchmark)
+    tasks = benchmark.tasks("train", count, config.run.seed)
+    if not tasks:
+        raise ConfigError(f"{benchmark.name}: no training tasks to demonstrate")
+    resources = Resources(config, benchmark, tasks, config.run.seed, tokenizer)
+    correct: dict[int, Trajectory] = {}
+
+    def keep(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
+             oracle: Oracle | None) -> None:
+        if scored.outcome.correct:
+            correct[index] = trajectory
+
+    asyncio.run(_roll_out(system, resources, list(enumerate(tasks)),
+                          config.rollout.max_concurrent_episodes, keep))
+    return [correct[index] for index in sorted(correct)]
 
 
 @dataclass(frozen=True)
@@ -277,28 +363,19 @@ def run(config: Config, agents: list[str]) -> EvalSummary:
     report."""
     started = time.perf_counter()
     benchmark = build_environment(config)
-    benchmark_name = benchmark.name
     check_agents(agents, benchmark)
-    seed = config.run.seed if config.eval.seed is None else config.eval.seed
-    tasks = benchmark.tasks("test", None, seed)
-    if not tasks:
-        raise ConfigError(f"{benchmark_name}: no tasks to evaluate")
-    resources = Resources(config, benchmark, tasks, seed)
+    engine = tokenizer = None
     if ORCHESTRATOR in agents:
         from nemo_orch.rollout.builders import build_engine
 
-        resources.engine, resources.tokenizer = build_engine(
-            config, max_requests=config.eval.max_requests_per_endpoint)
-    directory = out_dir(config, benchmark_name)
-    systems: dict[str, list[EpisodeResult]] = {}
-    for kind in agents:
-        cache = EpisodeCache(directory / EPISODES / f"{kind.replace(':', '-')}.jsonl",
-                             fingerprint(config, benchmark, tasks, kind, seed),
-                             config.eval.resume)
-        asyncio.run(_run_agent(kind, resources, cache))
-        systems[kind] = [EpisodeResult(**cache.records[task.id]["result"])
-                         for task in tasks]
+        engine, tokenizer = build_engine(config,
+                                         max_requests=config.eval.max_requests_per_endpoint)
+    systems = [System(kind, kind, engine if kind == ORCHESTRATOR else None) for kind in agents]
+    directory = out_dir(config, benchmark.name)
+    evaluation = evaluate(config, benchmark, systems, directory, tokenizer)
     (directory / "config.yaml").write_text(config_lib.to_yaml(config))
-    path = report_lib.write_report(directory, benchmark_name, systems, notes=benchmark.notes)
+    path = report_lib.write_report(directory, benchmark.name,
+                                   {kind: evaluation.results(kind) for kind in agents},
+                                   notes=benchmark.notes)
     summaries = json.loads(path.read_text())["systems"]
-    return EvalSummary(benchmark_name, path, summaries, time.perf_counter() - started)
+    return EvalSummary(benchmark.name, path, summaries, time.perf_counter() - started)

@@ -34,7 +34,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.envs import Environment, Mixture, build_mixture
 from nemo_orch.envs.mixture import Draw
-from nemo_orch.eval.orchestration import episode_stats, group_key, route_mix, route_of
+from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_drop_reason,
@@ -373,6 +373,18 @@ def _even_split(samples: list[Sample], parts: int, rng: random.Random) -> list[l
 
 # ----------------------------------------------------------------------------- metrics
 
+def episode_stats(trajectories: list[Trajectory]) -> dict[str, float]:
+    """USD and seconds per task, format errors per turn."""
+    turns = sum(len(t.turns) for t in trajectories)
+    return {
+        "usd_per_task": statistics.mean(t.cost_usd for t in trajectories),
+        "seconds_per_task": statistics.mean(t.tool_seconds + t.generation_seconds
+                                            for t in trajectories),
+        "format_error_rate": sum(sum(t.format_errors.values()) for t in trajectories)
+        / max(turns, 1),
+    }
+
+
 def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     """Per-step means over every episode generated (kept for training or not), and reward and
     route shares per (family, preference), so a collapse onto one shortcut shows while it
@@ -400,7 +412,7 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
         rewards[group_key(task)].append(breakdown.reward)
     for key, values in rewards.items():
         metrics[f"group/{key}/reward"] = statistics.mean(values)
-    shares = route_mix([task for task, _, _ in family], [t for _, t, _ in family])
+    shares = route_shares([task for task, _, _ in family], [route_of(t) for _, t, _ in family])
     for key, routes in shares.items():
         metrics.update({f"group/{key}/route/{name}": share for name, share in routes.items()})
     return metrics

@@ -1,13 +1,15 @@
 """The main job, ``nemo-orch train``: the whole method on the offline environment, end to end.
 
-1. **setup**: a tokenizer trained on the offline world's text; demonstrations from the naive
-   routers of ``data.demo_routers`` run through the real tools, keeping the episodes that end
-   right (``demonstrations.jsonl``); the offline ToolScale domains and tasks (``toolscale/``);
+1. **setup**: a tokenizer trained on the offline world's text; demonstrations: the episodes of
+   ``data.demo_agent`` (the naive routers of ``data.demo_routers``) run through the real tools
+   that the environment scores correct (``demonstrations.jsonl``, :mod:`nemo_orch.train.sft`);
+   the offline ToolScale domains and tasks (``toolscale/``);
 2. **sft**: the policy learns the call format and a first routing (``sft/``);
 3. **grpo**: RL on fresh tasks with preference vectors (``grpo/``);
-4. **eval**: the SFT and GRPO policies on held-out tasks (greedy), next to the oracle, and the
-   GRPO policy on the offline ToolScale domain tasks written in setup (``toolscale/``), next to
-   the gold replay; ``report.json``, ``report.md`` and plots; ``runs/latest`` points at the run.
+4. **eval**: through the evaluation harness, the SFT and GRPO policies on held-out tasks
+   (greedy), next to the oracle, and the GRPO policy on the offline ToolScale domain tasks
+   written in setup (``toolscale/``), next to the gold replay (episodes in ``eval/``);
+   ``report.json``, ``report.md`` and plots; ``runs/latest`` points at the run.
 
 Every stage resumes: a finished stage is skipped, an interrupted one continues from its last
 checkpoint. All stages share one process group, so ``parallel.*`` layouts run the whole job.
@@ -15,7 +17,6 @@ checkpoint. All stages share one process group, so ``parallel.*`` layouts run th
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -26,18 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch import distributed
-from nemo_orch.config import Config, ConfigError
-from nemo_orch.envs.offline import generator as offline
-from nemo_orch.data.conversations import write_conversations
-from nemo_orch.envs.offline.world import demonstrations, held_out_tasks, make_tasks
+from nemo_orch.config import GOLD_REPLAY, ORCHESTRATOR, Config, ConfigError, EnvSourceConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.train import grpo, sft
 
 log = logging.getLogger(__name__)
 
-DEMONSTRATIONS = "demonstrations.jsonl"
 TOOLSCALE = "toolscale"
+EVAL = "eval"  # <run>/eval/<environment>/episodes/<system>.jsonl
 
 
 @dataclass
@@ -56,31 +54,6 @@ def stage(config: Config, name: str, **sections: Any) -> Config:
     return dataclasses.replace(config, run=run, trainer=trainer, **sections)
 
 
-def _prepare_demonstrations(config: Config, tokenizer_dir: Path) -> Path:
-    """Rank 0 writes the demonstrations once (atomically); the other ranks wait."""
-    from nemo_orch.models.tokenizer import load_tokenizer
-    from nemo_orch.rollout.builders import build_toolbox
-
-    path = config.run.dir / DEMONSTRATIONS
-    if distributed.is_writer() and not path.exists():
-        tokenizer = load_tokenizer(tokenizer_dir)
-        wanted = config.data.num_offline_conversations
-        tasks = make_tasks(2 * wanted, seed=config.run.seed, prefix="demo")
-
-        async def generate() -> list[dict]:
-            async with build_toolbox(config.tools) as toolbox:
-                return await demonstrations(tasks, toolbox, tokenizer, config.resolved_rollout(),
-                                            config.run.seed, config.data.demo_routers)
-
-        conversations = asyncio.run(generate())[:wanted]
-        partial = path.with_suffix(".partial")
-        write_conversations(partial, conversations)
-        partial.rename(path)
-        log.info("wrote %d demonstrations to %s", len(conversations), path)
-    distributed.barrier()
-    return path
-
-
 def _prepare_toolscale(config: Config) -> Path | None:
     """Rank 0 writes the offline ToolScale domains and tasks once (atomically)."""
     from nemo_orch.envs.toolscale.generator import write_offline
@@ -97,16 +70,8 @@ def _prepare_toolscale(config: Config) -> Path | None:
     return path
 
 
-def _tokenizer(config: Config) -> Path:
-    """The run's tokenizer: trained (by rank 0) on the offline world's conversations."""
-    _, directory = sft.prepare_tokenizer(
-        config, offline.generate_conversations(config.data.num_offline_conversations,
-                                               config.run.seed))
-    return directory
-
-
 def run(config: Config) -> MainJobSummary:
-    from nemo_orch.eval import orchestration
+    from nemo_orch.eval import main_job_report
 
     if config.env.kind != "offline":
         raise ConfigError(f"nemo-orch train is the offline main job (env=offline); train on "
@@ -114,21 +79,21 @@ def run(config: Config) -> MainJobSummary:
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
-        tokenizer_dir = _tokenizer(config)
-        demos = _prepare_demonstrations(config, tokenizer_dir)
+        tokenizer, tokenizer_dir = sft.prepare_tokenizer(config)
+        demos = sft.prepare_demonstrations(config, tokenizer)
         toolscale_dir = _prepare_toolscale(config)
         seconds["setup"] = time.perf_counter() - started
 
         mark = time.perf_counter()
         data = dataclasses.replace(config.data, sft_path=str(demos))
-        tokenizer = dataclasses.replace(config.tokenizer, path=str(tokenizer_dir))
-        sft_config = stage(config, "sft", data=data, tokenizer=tokenizer)
+        tokenizer_config = dataclasses.replace(config.tokenizer, path=str(tokenizer_dir))
+        sft_config = stage(config, "sft", data=data, tokenizer=tokenizer_config)
         sft_summary = sft.train(sft_config, context)
         seconds["sft"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
         sft_checkpoint = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(sft_config))
-        grpo_config = stage(config, "grpo", tokenizer=tokenizer)
+        grpo_config = stage(config, "grpo", tokenizer=tokenizer_config)
         grpo_summary = grpo.train(grpo_config, context, sft_checkpoint.path, tokenizer_dir)
         seconds["grpo"] = time.perf_counter() - mark
 
@@ -138,7 +103,7 @@ def run(config: Config) -> MainJobSummary:
         seconds["eval"] = time.perf_counter() - mark
         if report is not None:
             report["wall_seconds"] = seconds
-            orchestration.write_report(config.run.dir, report, grpo_config.run.dir)
+            main_job_report.write_report(config.run.dir, report, grpo_config.run.dir)
             _point_latest(config.run.dir)
     return MainJobSummary(config.run.dir, seconds, sft_summary, grpo_summary, report)
 
@@ -146,11 +111,14 @@ def run(config: Config) -> MainJobSummary:
 def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
               grpo_config: Config, tokenizer_dir: Path,
               toolscale_dir: Path | None) -> dict[str, Any] | None:
-    """The SFT and GRPO policies on held-out tasks, greedy, and the oracle; the GRPO policy
-    and the gold replay on ToolScale domain tasks (rank 0's report)."""
-    from nemo_orch.eval import orchestration, toolscale
+    """The SFT and GRPO policies on held-out tasks, greedy, next to the oracle; the GRPO policy
+    and the gold replay on ToolScale domain tasks. Both through the harness, the policies'
+    weights handed over in memory (rank 0's report; every rank gathers)."""
+    from nemo_orch.envs import build_environment
+    from nemo_orch.eval import harness, main_job_report
     from nemo_orch.models import qwen3
     from nemo_orch.models.tokenizer import load_tokenizer
+    from nemo_orch.rollout.engines.hf import HFEngine
 
     policies = {}
     for name, source in (("sft", sft_checkpoint),
@@ -162,13 +130,34 @@ def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
         policies[name] = weights.gather_hf_weights(module, config.model)
     if not distributed.is_writer():
         return None
-    tasks = held_out_tasks(config.grpo.eval_tasks, config.run.seed)
-    report = orchestration.evaluate_policies(config, policies, tasks, tokenizer_dir,
-                                             episodes_dir=config.run.dir / "episodes")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    engines = {name: HFEngine(config.model, hf, tokenizer=tokenizer)
+               for name, hf in policies.items()}
+    # Greedy, as many episodes at once as a rollout batches.
+    config = dataclasses.replace(config, eval=dataclasses.replace(
+        config.eval, temperature=0.0, concurrency=config.rollout.max_concurrent_episodes))
+    offline = build_environment(config)
+    evaluation = harness.evaluate(
+        config, offline, [harness.System(name, ORCHESTRATOR, engine)
+                          for name, engine in engines.items()],
+        config.run.dir / EVAL / offline.name, tokenizer)
+    table = offline.oracle(offline.toolbox(), tokenizer)  # prices and schemas: not started
+    report: dict[str, Any] = {
+        name: main_job_report.policy_row(evaluation.tasks, evaluation.records[name], table)
+        for name in policies}
+    report["oracle"] = table.report(evaluation.tasks)
+    report["gap_closed"] = main_job_report.gap_closed(report)
+    report["eval_tasks"] = len(evaluation.tasks)
     if toolscale_dir is not None:
-        report["toolscale"] = toolscale.evaluate_policies(
-            config, {"grpo": policies["grpo"]}, toolscale_dir, config.data.toolscale_eval_tasks,
-            load_tokenizer(tokenizer_dir))
+        source = EnvSourceConfig(kind="toolscale", path=str(toolscale_dir),
+                                 limit=config.data.toolscale_eval_tasks)
+        domains = build_environment(config, source)
+        evaluation = harness.evaluate(
+            config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY),
+                              harness.System("grpo", ORCHESTRATOR, engines["grpo"])],
+            config.run.dir / EVAL / TOOLSCALE, tokenizer)
+        report["toolscale"] = {name: main_job_report.by_domain(evaluation.tasks, records)
+                               for name, records in evaluation.records.items()}
     return report
 
 

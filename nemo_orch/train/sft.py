@@ -1,7 +1,8 @@
 """Supervised fine-tuning recipe: chat conversations, loss on assistant tokens only.
 
-Read top to bottom: data and tokenizer, policy and its initial weights (resume, an HF directory or
-a checkpoint, or seeded), then the step loop with metrics and atomic checkpoints.
+Read top to bottom: tokenizer and data (a conversation file, or demonstrations: an agent's
+correct episodes on the configured environment), policy and its initial weights (resume, an HF
+directory or a checkpoint, or seeded), then the step loop with metrics and atomic checkpoints.
 """
 
 from __future__ import annotations
@@ -9,14 +10,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from nemo_orch import distributed, faults
-from nemo_orch.config import Config, ConfigError
+from nemo_orch.config import ORCHESTRATOR, Config, ConfigError
+from nemo_orch.data.conversations import read_conversations, write_conversations
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.envs.offline import generator as offline
-from nemo_orch.data.conversations import read_conversations
 from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
@@ -25,6 +27,8 @@ from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Policy, load_start_weights
 
 log = logging.getLogger(__name__)
+
+DEMONSTRATIONS = "demonstrations.jsonl"
 
 
 @dataclass
@@ -40,20 +44,19 @@ class SFTSummary:
     run_dir: Path
 
 
-def load_conversations(config: Config) -> list[dict]:
-    """The SFT data: the configured file or the bundled generator's conversations, plus the
-    copy conversations (``data.num_copy_conversations``)."""
+def tokenizer_corpus(config: Config) -> list[dict]:
+    """What a tokenizer trained for the run learns: the conversation file's conversations, or
+    the offline world's generated ones (its vocabulary: numbers, made-up names, tool markup)."""
     data = config.data
-    conversations = (read_conversations(data.sft_path) if data.sft_path is not None
-                     else offline.generate_conversations(data.num_offline_conversations,
-                                                         config.run.seed))
-    return conversations + offline.copy_conversations(data.num_copy_conversations,
-                                                      config.run.seed + 1)
+    if data.sft_path is not None:
+        return read_conversations(data.sft_path)
+    return offline.generate_conversations(data.num_offline_conversations, config.run.seed)
 
 
-def prepare_tokenizer(config: Config, conversations: list[dict]) -> tuple[object, Path]:
-    """The configured tokenizer directory, or one trained on the data into the run directory
-    (by rank 0; kept across resumes so token ids never change under a checkpoint)."""
+def prepare_tokenizer(config: Config) -> tuple[object, Path]:
+    """The configured tokenizer directory, or one trained on :func:`tokenizer_corpus` into the
+    run directory (by rank 0; kept across resumes so token ids never change under a
+    checkpoint)."""
     if config.tokenizer.path is not None:
         directory = Path(config.tokenizer.path)
     else:
@@ -62,7 +65,7 @@ def prepare_tokenizer(config: Config, conversations: list[dict]) -> tuple[object
             chat_format = config.tokenizer.chat_format
             texts = (tokenization.render_conversation(c["messages"], c["tools"],
                                                       chat_format=chat_format)
-                     for c in conversations)
+                     for c in tokenizer_corpus(config))
             tokenization.train_tokenizer(texts,
                                          vocab_size=config.tokenizer.vocab_size,
                                          min_frequency=config.tokenizer.min_frequency,
@@ -73,6 +76,53 @@ def prepare_tokenizer(config: Config, conversations: list[dict]) -> tuple[object
         raise ConfigError(f"tokenizer {directory} has {len(tokenizer)} tokens but "
                           f"model.vocab_size is {config.model.vocab_size}")
     return tokenizer, directory
+
+
+def demonstrations(config: Config, tokenizer: Any) -> list[dict]:
+    """The correct episodes of ``data.demo_agent`` on ``env``'s train split as conversations
+    (see :class:`~nemo_orch.config.DataConfig`); ``tokenizer`` renders the episodes of every
+    agent but an orchestrator, which uses its policy's."""
+    from nemo_orch.envs import build_environment
+    from nemo_orch.eval import harness
+
+    data = config.data
+    engine = None
+    if data.demo_agent == ORCHESTRATOR:
+        from nemo_orch.rollout.builders import build_engine
+
+        engine, tokenizer = build_engine(config,
+                                         max_requests=config.eval.max_requests_per_endpoint)
+    system = harness.System(data.demo_agent, data.demo_agent, engine)
+    episodes = harness.successful_episodes(config, build_environment(config), system,
+                                           2 * data.num_offline_conversations, tokenizer)
+    return [{"messages": episode.messages, "tools": episode.tools}
+            for episode in episodes[:data.num_offline_conversations]]
+
+
+def prepare_demonstrations(config: Config, tokenizer: Any) -> Path:
+    """``<run>/demonstrations.jsonl``, written once by rank 0 (atomically; a resumed run reads
+    it back), the other ranks waiting."""
+    path = config.run.dir / DEMONSTRATIONS
+    if distributed.is_writer() and not path.exists():
+        conversations = demonstrations(config, tokenizer)
+        if not conversations:
+            raise ConfigError(f"data.demo_agent={config.data.demo_agent} answered none of its "
+                              f"env={config.env.label} tasks right: no demonstrations")
+        partial = path.with_suffix(".partial")
+        write_conversations(partial, conversations)
+        partial.rename(path)
+        log.info("wrote %d demonstrations to %s", len(conversations), path)
+    distributed.barrier()
+    return path
+
+
+def load_conversations(config: Config, tokenizer: Any) -> list[dict]:
+    """The SFT data: the configured file or the run's demonstrations, plus the copy
+    conversations (``data.num_copy_conversations``)."""
+    data = config.data
+    path = data.sft_path or prepare_demonstrations(config, tokenizer)
+    return read_conversations(path) + offline.copy_conversations(data.num_copy_conversations,
+                                                                 config.run.seed + 1)
 
 
 def check_no_stale_run(config: Config) -> None:
@@ -111,8 +161,8 @@ def train(config: Config, context: ParallelContext) -> SFTSummary:
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
     check_no_stale_run(config)
-    conversations = load_conversations(config)
-    tokenizer, tokenizer_dir = prepare_tokenizer(config, conversations)
+    tokenizer, tokenizer_dir = prepare_tokenizer(config)
+    conversations = load_conversations(config, tokenizer)
     dataset = SFTDataset(tokenizer, conversations, config.data.seq_length)
 
     policy = Policy(config, context)

@@ -1,4 +1,4 @@
-"""The offline environment: tasks with preferences, routes, the oracle, router demonstrations."""
+"""The offline world: tasks with preferences, routes, the oracle, the naive routers."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from collections import Counter
 import pytest
 
 from nemo_orch import config as config_lib
+from nemo_orch.envs.offline.oracle import route_of
 from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, INSTRUCTIONS,
-                                          PREFERENCE_VECTORS, RouterReplies, demonstrations,
-                                          make_tasks, oracle, route_values, routes, utility)
-from nemo_orch.eval.orchestration import route_of
+                                          PREFERENCE_VECTORS, RouterReplies, make_tasks,
+                                          naive_routes, oracle, route_values, routes, utility)
+from nemo_orch.eval.agents import NaiveRouterAgent
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import Episode
@@ -66,31 +67,6 @@ def test_oracle_depends_on_the_preference(offline_config):
     assert top[("arithmetic", "easy", "no_code")] == "expert:math-large"
 
 
-def test_router_demonstrations_are_right_and_use_every_route(offline_config, tiny_tokenizer):
-    tasks = make_tasks(60, seed=2)
-
-    async def run():
-        async with build_toolbox(offline_config.tools) as toolbox:
-            return await demonstrations(tasks, toolbox, tiny_tokenizer,
-                                        offline_config.resolved_rollout(), 0,
-                                        offline_config.data.demo_routers)
-
-    conversations = asyncio.run(run())
-    assert 15 <= len(conversations) < len(tasks)  # wrong routes (e.g. experts on lookups) dropped
-    used = Counter()
-    for conversation in conversations:
-        messages = conversation["messages"]
-        calls = [message["content"].split('"name": "')[1].split('"')[0] for message in messages
-                 if message["role"] == "assistant" and "<tool_call>" in message["content"]]
-        used.update(calls)
-        # The expert's answer ends the episode; otherwise the policy answers.
-        if calls and calls[-1] == "call_expert":
-            assert messages[-1]["role"] == "assistant" and "call_expert" in messages[-1]["content"]
-        else:
-            assert messages[-1]["content"].startswith("<answer>")
-    assert set(used) == {"python_sandbox", "search", "call_expert"}
-
-
 def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
     """On easy math the strongest router always calls the frontier model; the thrifty one calls
     the cheap model exactly when the instruction asks for low cost."""
@@ -103,12 +79,13 @@ def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
 
         async def run():
             async with build_toolbox(offline_config.tools) as toolbox:
-                return await demonstrations(tasks, toolbox, tiny_tokenizer,
-                                            offline_config.resolved_rollout(), 0, shares)
+                agent = NaiveRouterAgent(tasks, shares, 0, toolbox, tiny_tokenizer,
+                                         offline_config.resolved_rollout())
+                return [await agent.episode(task, index) for index, task in enumerate(tasks)]
 
-        return [(conversation["messages"][1]["content"].split("\n")[-1],
-                 conversation["messages"][2]["content"].split('"model": "')[1].split('"')[0])
-                for conversation in asyncio.run(run())]
+        return [(trajectory.messages[1]["content"].split("\n")[-1],
+                 trajectory.messages[2]["content"].split('"model": "')[1].split('"')[0])
+                for trajectory in asyncio.run(run())]
 
     assert {model for _, model in models_called("strongest")} == {"math-large"}
     thrifty = models_called("thrifty")
@@ -116,6 +93,16 @@ def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
     assert all((model == "math-small") == (instruction in cost_instructions)
                for instruction, model in thrifty)
     assert {"math-small", "math-large"} <= {model for _, model in thrifty}
+
+
+def test_naive_routes_are_drawn_in_task_order_with_the_seed(offline_config):
+    tasks = make_tasks(40, seed=6)
+    expert = build_toolbox(offline_config.tools).tools["call_expert"]
+    shares = offline_config.data.demo_routers
+    drawn = naive_routes(tasks, expert.models, expert.pricing, shares, seed=1)
+    assert drawn == naive_routes(tasks, expert.models, expert.pricing, shares, seed=1)
+    assert drawn != naive_routes(tasks, expert.models, expert.pricing, shares, seed=2)
+    assert all(drawn[task.id] in routes(task, expert.models).values() for task in tasks)
 
 
 def test_experts_handed_the_retrieved_evidence_answer_lookups(offline_config):

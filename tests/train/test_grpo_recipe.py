@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import torch
@@ -86,7 +87,7 @@ def test_main_job_end_to_end(tmp_path):
                  "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
                  "trainer.num_threads=1", "grpo.max_steps=2", "grpo.prompts_per_step=2",
                  "rollout.group_size=2", "grpo.mini_batches=1", "grpo.micro_batch_size=2",
-                 "grpo.eval_tasks=4", "rollout.max_turns=2", "rollout.max_new_tokens=8",
+                 "eval.tasks=4", "rollout.max_turns=2", "rollout.max_new_tokens=8",
                  "data.toolscale_tasks_per_domain=6", "data.toolscale_eval_tasks=2",
                  "reward.min_group_std=0"]  # a random policy's groups all score 0: keep them
     result = run_cli("train", *overrides)
@@ -98,8 +99,13 @@ def test_main_job_end_to_end(tmp_path):
                                        "format_error_rate", "tool_mix"}
     assert set(report["wall_seconds"]) == {"setup", "sft", "grpo", "eval"}
     assert set(report["sft"]["groups"]) == set(report["oracle"]["groups"])
-    episodes = (run_dir / "episodes" / "grpo.jsonl").read_text().splitlines()
-    assert len(episodes) == 4 and {"reference", "correct", "ledger"} <= json.loads(episodes[0]).keys()
+    fingerprint, *episodes = (run_dir / "eval" / "offline" / "episodes" / "grpo.jsonl"
+                              ).read_text().splitlines()
+    assert "fingerprint" in json.loads(fingerprint) and len(episodes) == 4
+    record = json.loads(episodes[0])
+    assert {"reference", "result", "details"} <= record.keys() and "ledger" in record["episode"]
+    assert re.fullmatch(r"none|tools|(tools\+)?expert:(math-small|math-large|generalist)",
+                        record["details"]["route"])
     assert "| grpo |" in (run_dir / "report.md").read_text()
     domains = report["toolscale"]["gold-replay"]
     assert set(domains) == {"shop", "clinic", "mobile"}

@@ -1,16 +1,23 @@
 """The main job's world as an environment: tasks generated from a seed, each with a preference
 vector; the configured tools (the sandbox, the bundled corpus, the SIMULATED experts); scored
-by the reward protocol. ``test`` is the main job's held-out tasks (``eval.tasks`` of them, the
-same ones ``make train`` evaluates on), ``validation`` another held-out draw, ``train`` fresh
-tasks for any seed (the world is unbounded: a count is required)."""
+by the reward protocol, with the route the episode took and its preference utility in the
+details (:mod:`.oracle`), and an oracle that knows every task's best route. ``test`` is the
+main job's held-out tasks (``eval.tasks`` of them, the same ones ``make train`` evaluates on),
+``validation`` another held-out draw, ``train`` fresh tasks for any seed (the world is
+unbounded: a count is required)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from nemo_orch.config import Config, EnvSourceConfig
-from nemo_orch.envs.offline.world import held_out_tasks, make_tasks
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_tools
-from nemo_orch.envs.interfaces import SPLITS, draw
+from nemo_orch.envs.interfaces import SPLITS, Scored, draw
+from nemo_orch.envs.offline.oracle import OracleTable, route_of
+from nemo_orch.envs.offline.world import held_out_tasks, make_tasks, utility
+from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.tools.registry import Toolbox
 
 # Validation tasks are drawn with the run's seed plus this (the held-out test tasks use
 # world.HELD_OUT_SEED_OFFSET): neither is ever a training task.
@@ -23,6 +30,9 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
     def __init__(self, config: Config, source: EnvSourceConfig) -> None:
         super().__init__(config, source, declared_tools(config, source, own_tools=False))
         self.run_seed, self.held_out = config.run.seed, config.eval.tasks
+        self.usd_reference = config.reward.usd_reference
+        self.orchestrator_usd_per_token = (config.rollout.input_usd_per_million / 1e6,
+                                           config.rollout.output_usd_per_million / 1e6)
 
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
         if split not in SPLITS:
@@ -34,4 +44,19 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
         count = min(count, self.limit or count)
         if split == "validation":
             return make_tasks(count, seed=self.run_seed + VALIDATION_SEED_OFFSET, prefix="val")
-        return make_tasks(count, seed, prefix="train")
+        # Named as the main job's demonstration tasks always were: the simulated experts draw
+        # by episode id, so the demonstrations (and SFT) stay as they were. GRPO renames its
+        # tasks per step.
+        return make_tasks(count, seed, prefix="demo")
+
+    async def score(self, task: Task, trajectory: Trajectory) -> Scored:
+        scored = await super().score(task, trajectory)
+        return Scored(scored.outcome, {
+            "route": route_of(trajectory),
+            "utility": utility(task.metadata["preference"], scored.outcome.correct,
+                               trajectory.cost_usd, trajectory.tool_counts(),
+                               self.usd_reference)})
+
+    def oracle(self, toolbox: Toolbox, tokenizer: Any) -> OracleTable:
+        return OracleTable(toolbox, tokenizer, self.usd_reference,
+                           self.orchestrator_usd_per_token)

@@ -20,9 +20,6 @@ oracle that knows the simulated experts.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import json
 import math
 import random
 import re
@@ -33,9 +30,7 @@ from typing import Any
 from nemo_orch.config import DEMO_ROUTERS
 from nemo_orch.envs.offline.generator import PREFERENCES, draw_task
 from nemo_orch.data.tasks import Task
-from nemo_orch.rollout.engines.scripted import ScriptedEngine
-from nemo_orch.rollout.episode import Episode
-from nemo_orch.rollout.runner import DirectPolicy
+from nemo_orch.rollout.format import call_text
 from nemo_orch.tools.composite import extract_final_answer
 from nemo_orch.tools.simulated_expert import SimulatedExpert
 
@@ -190,9 +185,7 @@ class RouterReplies:
     def __call__(self, prompt: str) -> str:
         observations = _RESPONSE_RE.findall(prompt.split("<|im_start|>user\n", 1)[-1])
         if len(observations) < len(self.route):
-            tool, arguments = self.route[len(observations)]
-            return (f"<tool_call>\n{json.dumps({'name': tool, 'arguments': arguments})}\n"
-                    "</tool_call>")
+            return call_text(self.route[len(observations)])
         last = observations[-1].strip() if observations else ""
         # The fact inside a passage or output when it is there; else what the expert said.
         stated = self.answer is not None and re.search(
@@ -214,42 +207,27 @@ def cheapest_expert(experts: Mapping[str, Any], expert_pricing: Mapping[str, Any
     return min(experts, key=lambda alias: expert_pricing[alias].per_output_token)
 
 
-async def demonstrations(tasks: list[Task], toolbox: Any, tokenizer: Any, rollout: Any,
-                         seed: int, router_shares: Mapping[str, float]) -> list[dict[str, Any]]:
-    """SFT conversations from naive routers run through the real tools. Each task's router is
-    drawn with ``router_shares`` (over :data:`~nemo_orch.config.DEMO_ROUTERS`): the strongest
-    (most expensive) expert for the task's difficulty; ``thrifty``, a keyword rule that takes
-    the cheapest expert when the instruction asks to keep the cost low and the strongest
-    otherwise; the family's exact tools (where it has them, else a random route); or a
-    uniformly random route. Only the thrifty rule reads the preference, and it knows neither
-    the experts' accuracies nor the other preferences: what is best is left to RL. Only
-    episodes that end with the right answer are kept, so every demonstration copies arguments
-    and results correctly."""
-    expert_tool = toolbox.tools[EXPERT_TOOL]
-    experts, pricing = expert_tool.models, expert_tool.pricing
-    # The policy's per-turn token limit is for sampling; a demonstrator's reply is never cut.
-    rollout = dataclasses.replace(rollout, max_new_tokens=rollout.max_context_tokens)
+def naive_routes(tasks: list[Task], experts: Mapping[str, Any], pricing: Mapping[str, Any],
+                 router_shares: Mapping[str, float], seed: int) -> dict[str, Route]:
+    """The route each task's naive router takes, the router drawn with ``router_shares`` (over
+    :data:`~nemo_orch.config.DEMO_ROUTERS`): the strongest (most expensive) expert for the
+    task's difficulty; ``thrifty``, a keyword rule that takes the cheapest expert when the
+    instruction asks to keep the cost low and the strongest otherwise; the family's exact tools
+    (where it has them, else a random route); or a uniformly random route. Only the thrifty
+    rule reads the preference, and it knows neither the experts' accuracies nor the other
+    preferences: what is best is left to RL. One generator seeded with ``seed`` draws for the
+    tasks in order. By task id."""
     rng = random.Random(seed)
-    slots = asyncio.Semaphore(rollout.max_concurrent_episodes)
-
-    async def demonstrate(index: int, task: Task) -> dict[str, Any] | None:
+    chosen = {}
+    for task in tasks:
         options = routes(task, experts)
         router = rng.choices(DEMO_ROUTERS, [router_shares[name] for name in DEMO_ROUTERS])[0]
         if router == "thrifty" and task.metadata["instruction"] in INSTRUCTIONS["cost"]:
-            route = options[f"expert:{cheapest_expert(experts, pricing)}"]
+            chosen[task.id] = options[f"expert:{cheapest_expert(experts, pricing)}"]
         elif router in ("strongest", "thrifty"):
-            route = options[f"expert:{strongest_expert(task, experts, pricing)}"]
+            chosen[task.id] = options[f"expert:{strongest_expert(task, experts, pricing)}"]
         elif router == "family" and "tools" in options:
-            route = options["tools"]
+            chosen[task.id] = options["tools"]
         else:
-            route = options[rng.choice(sorted(options))]
-        policy = DirectPolicy(ScriptedEngine(tokenizer, RouterReplies(route, task.answer or "")))
-        async with slots:
-            trajectory = await Episode(task, 0, policy, toolbox, tokenizer, rollout,
-                                       seed=seed + index).run()
-        if trajectory.answer != task.answer:
-            return None
-        return {"messages": trajectory.messages, "tools": trajectory.tools}
-
-    kept = await asyncio.gather(*(demonstrate(i, t) for i, t in enumerate(tasks)))
-    return [conversation for conversation in kept if conversation is not None]
+            chosen[task.id] = options[rng.choice(sorted(options))]
+    return chosen

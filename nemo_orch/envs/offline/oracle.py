@@ -1,0 +1,128 @@
+"""The offline world's routes and its oracle: which route an episode took, the best route of
+every task under its preference (expected values from the simulated experts' known accuracies
+and prices), and how near a route taken comes to it (preference adherence).
+
+A route is how an episode answered: ``expert:<alias>`` (the first expert it asked),
+``tools+expert:<alias>`` (basic tools before it), ``tools`` (only basic tools) or ``none``.
+Tasks are grouped by (family, preference), the unit of the main job's route mix.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+from nemo_orch.data.tasks import Task
+from nemo_orch.envs.offline.world import EXPERT_TOOL, RouteValue, oracle, route_values
+from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.tools.base import Usage
+from nemo_orch.tools.registry import Toolbox
+
+NO_ROUTE = "none"
+
+
+def route_of(trajectory: Trajectory) -> str:
+    """The route an episode took (see the module docstring)."""
+    calls = [call for turn in trajectory.turns for call in turn.calls
+             if call.tool is not None and call.error is None]
+    first_expert = next((index for index, call in enumerate(calls) if call.tool == EXPERT_TOOL),
+                        None)
+    if first_expert is not None:
+        expert = f"expert:{calls[first_expert].arguments['model']}"
+        return f"tools+{expert}" if first_expert else expert
+    return "tools" if calls else NO_ROUTE
+
+
+def group_key(task: Task) -> str:
+    return f"{task.metadata['family']}/{task.metadata['preference_name']}"
+
+
+def route_shares(tasks: list[Task], routes: list[str]) -> dict[str, dict[str, float]]:
+    """The share of each route per (family, preference) group (``routes[i]``: the route of an
+    episode of ``tasks[i]``)."""
+    by_group: dict[str, list[str]] = defaultdict(list)
+    for task, route in zip(tasks, routes):
+        by_group[group_key(task)].append(route)
+    return {group: {route: count / len(members)
+                    for route, count in sorted(Counter(members).items())}
+            for group, members in sorted(by_group.items())}
+
+
+def group_means(tasks: list[Task], rewards: list[float],
+                accuracies: list[float]) -> dict[str, dict[str, float]]:
+    """Per (family, preference) group: its number of tasks, mean reward and mean accuracy."""
+    rows: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for task, reward, accuracy in zip(tasks, rewards, accuracies):
+        rows[group_key(task)].append((reward, accuracy))
+    return {group: {"tasks": len(members),
+                    "reward": statistics.mean(reward for reward, _ in members),
+                    "accuracy": statistics.mean(accuracy for _, accuracy in members)}
+            for group, members in sorted(rows.items())}
+
+
+class OracleTable:
+    """The best route of every task under its preference, from the known simulated experts.
+    A route's price counts the policy's own tokens too, so it depends on the policy's
+    ``tokenizer`` and the orchestrator's prices (USD per input and output token)."""
+
+    def __init__(self, toolbox: Toolbox, tokenizer: Any, usd_reference: float,
+                 orchestrator_usd_per_token: tuple[float, float]) -> None:
+        self.expert = toolbox.tools[EXPERT_TOOL]
+        self.toolbox, self.tokenizer = toolbox, tokenizer
+        self.usd_reference = usd_reference
+        self.input_price, self.output_price = orchestrator_usd_per_token
+        self.tool_usd = {name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
+                         for name, tool in toolbox.tools.items() if name != EXPERT_TOOL}
+        self._values: dict[str, list[RouteValue]] = {}  # by task id: every report asks again
+
+    def values(self, task: Task) -> list[RouteValue]:
+        if task.id not in self._values:
+            self._values[task.id] = self._route_values(task)
+        return self._values[task.id]
+
+    def _route_values(self, task: Task) -> list[RouteValue]:
+        messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
+            {"role": "user", "content": task.question}]
+        prompt = self.tokenizer.apply_chat_template(messages, tools=self.toolbox.schemas(),
+                                                    tokenize=False, add_generation_prompt=True)
+        # Each turn reads the context (the prompt, plus a little per earlier turn) and writes
+        # ~32 tokens.
+        per_turn = (self.input_price * (len(self.tokenizer.encode(prompt)) + 48)
+                    + self.output_price * 32)
+        return route_values(task, self.expert, per_turn, self.usd_reference, self.tool_usd)
+
+    def best(self, task: Task) -> RouteValue:
+        return oracle(self.values(task))
+
+    def adherence(self, task: Task, route: str) -> float:
+        """The expected utility of ``route`` for the task's preference over the best route's,
+        in [0, 1] (0 for a route that cannot answer, such as ``none``)."""
+        best = self.best(task)
+        taken = next((v.utility for v in self.values(task) if v.route == route), 0.0)
+        if best.utility <= 0:
+            return float(route == best.route)
+        return min(max(taken / best.utility, 0.0), 1.0)
+
+    def preference_adherence(self, task: Task, trajectory: Trajectory) -> float:
+        """:meth:`adherence` of the route an episode took."""
+        return self.adherence(task, route_of(trajectory))
+
+    def report(self, tasks: list[Task]) -> dict[str, Any]:
+        """The oracle's own row: expected reward, accuracy and USD of the best routes."""
+        best = [self.best(task) for task in tasks]
+        return {"reward": statistics.mean(v.utility for v in best),
+                "accuracy": statistics.mean(v.accuracy for v in best),
+                "usd_per_task": statistics.mean(v.usd for v in best),
+                "seconds_per_task": None, "pref_adherence": 1.0, "oracle_route_share": 1.0,
+                "format_error_rate": 0.0,
+                "tool_mix": route_shares(tasks, [v.route for v in best]),
+                "groups": group_means(tasks, [v.utility for v in best],
+                                      [v.accuracy for v in best])}
+
+
+def oracle_route_share(table: OracleTable, tasks: list[Task], routes: list[str]) -> float:
+    """The share of tasks answered by exactly the oracle's route."""
+    return statistics.mean(float(route == table.best(task).route)
+                           for task, route in zip(tasks, routes))
+

@@ -1,0 +1,165 @@
+"""The main job's report: its SFT and GRPO policies on the offline world's held-out tasks next
+to the oracle, and the GRPO policy on ToolScale domain tasks next to the gold replay, both
+evaluated through the harness (:func:`nemo_orch.eval.harness.evaluate`).
+
+For each policy: ``reward`` (the absolute preference utility of
+:func:`nemo_orch.envs.offline.world.utility`), ``accuracy``, ``usd_per_task``,
+``seconds_per_task``, ``pref_adherence`` (how well the routes taken serve each task's
+preference: the route's expected utility over the oracle route's, so a policy is judged on its
+choice, not on how it carried it out), ``oracle_route_share`` (the share of tasks answered by
+exactly the oracle's route), ``format_error_rate`` (format errors per turn) and ``tool_mix``
+(the share of each route per family and preference). The oracle's numbers are expectations
+over the simulated experts' known accuracies and prices.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.data.tasks import Task
+from nemo_orch.envs.offline.oracle import (OracleTable, group_means, oracle_route_share,
+                                           route_shares)
+from nemo_orch.eval.report import EpisodeResult, summarize
+
+
+def policy_row(tasks: list[Task], records: list[dict[str, Any]],
+               table: OracleTable) -> dict[str, Any]:
+    """One policy's row from its episode records on the offline world (in task order): the
+    harness's numbers, and the routes and utilities the environment's score put in the
+    details."""
+    results = [EpisodeResult(**record["result"]) for record in records]
+    summary = summarize(results)
+    routes = [record["details"]["route"] for record in records]
+    utilities = [record["details"]["utility"] for record in records]
+    return {
+        "reward": sum(utilities) / len(utilities), "accuracy": summary["accuracy"],
+        "usd_per_task": summary["usd_per_task"],
+        "seconds_per_task": summary["seconds_per_task"],
+        "format_error_rate": summary["format_error_rate"],
+        "pref_adherence": summary["pref_adherence"],
+        "oracle_route_share": oracle_route_share(table, tasks, routes),
+        "tool_mix": route_shares(tasks, routes),
+        "groups": group_means(tasks, utilities, [float(r.correct) for r in results]),
+    }
+
+
+def gap_closed(report: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """The share of the SFT-to-oracle reward gap that GRPO closed."""
+    gap = report["oracle"]["reward"] - report["sft"]["reward"]
+    if gap <= 0:
+        return None
+    return (report["grpo"]["reward"] - report["sft"]["reward"]) / gap
+
+
+def domain_row(tasks: list[Task], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's numbers on one ToolScale domain's tasks: the shared report's
+    (:func:`nemo_orch.eval.report.summarize`), accuracy per difficulty (gold actions) and how
+    the episodes ended."""
+    by_difficulty: dict[int, list[bool]] = {}
+    for task, record in zip(tasks, records):
+        by_difficulty.setdefault(task.metadata["difficulty"], []).append(
+            record["result"]["correct"])
+    return {**summarize([EpisodeResult(**record["result"]) for record in records]),
+            "terminations": dict(Counter(record["episode"]["termination"]
+                                         for record in records)),
+            "accuracy_by_gold_actions": {str(k): sum(v) / len(v)
+                                         for k, v in sorted(by_difficulty.items())}}
+
+
+def by_domain(tasks: list[Task], records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`domain_row` of each domain the tasks come from."""
+    rows = {}
+    for domain in sorted({task.metadata["domain"] for task in tasks}):
+        pairs = [(task, record) for task, record in zip(tasks, records)
+                 if task.metadata["domain"] == domain]
+        rows[domain] = domain_row([task for task, _ in pairs], [record for _, record in pairs])
+    return rows
+
+
+def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None:
+    """``report.json``, ``report.md`` and the training-curve plots of the GRPO stage."""
+    run_dir, grpo_dir = Path(run_dir), Path(grpo_dir)
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+    plots = plot_curves(grpo_dir / "metrics.jsonl", run_dir)
+    lines = ["# nemo-orch train report", "",
+             f"Held-out tasks: {report['eval_tasks']} (greedy decoding); oracle: expected values "
+             "from the simulated experts' accuracies and prices. Pref. adherence: the expected "
+             "utility of the route taken for the task's preference over the oracle route's; "
+             "oracle route: the share of tasks answered by exactly the oracle's route.", "",
+             "| policy | reward | accuracy | USD/task | s/task | pref. adherence | oracle route | "
+             "format errors |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in ("sft", "grpo", "oracle"):
+        row = report[name]
+        seconds = "" if row["seconds_per_task"] is None else f"{row['seconds_per_task']:.2f}"
+        lines.append(f"| {name} | {row['reward']:.3f} | {row['accuracy']:.3f} | "
+                     f"{row['usd_per_task']:.6f} | {seconds} | {row['pref_adherence']:.3f} | "
+                     f"{row['oracle_route_share']:.3f} | {row['format_error_rate']:.3f} |")
+    if report.get("gap_closed") is not None:
+        lines += ["", f"GRPO closed {report['gap_closed']:.0%} of the SFT -> oracle reward gap."]
+    lines += ["", "## Reward and route mix per (family, preference)", "",
+              "| group | tasks | reward sft / grpo / oracle | routes sft | routes grpo | "
+              "routes oracle |", "|---|---:|---|---|---|---|"]
+    for group, oracle_row in report["oracle"]["groups"].items():
+        rewards = " / ".join(f"{report[name]['groups'][group]['reward']:.2f}"
+                             for name in ("sft", "grpo", "oracle"))
+        cells = [", ".join(f"{route} {share:.0%}" for route, share in
+                           report[name]["tool_mix"].get(group, {}).items())
+                 for name in ("sft", "grpo", "oracle")]
+        lines.append(f"| {group} | {oracle_row['tasks']} | {rewards} | " + " | ".join(cells)
+                     + " |")
+    if "toolscale" in report:
+        lines += ["", "## ToolScale domain tasks (database state and facts; greedy)", "",
+                  "| agent | domain | tasks | accuracy | USD/task | calls/task | "
+                  "episodes ended by |", "|---|---|---:|---:|---:|---:|---|"]
+        for agent, domains in report["toolscale"].items():
+            lines += [f"| {agent} | {domain} | {row['tasks']} | {row['accuracy']:.3f} | "
+                      f"{row['usd_per_task']:.6f} | {row['calls_per_task']:.1f} | "
+                      + ", ".join(f"{k} {v}" for k, v in row["terminations"].items()) + " |"
+                      for domain, row in domains.items()]
+    if "wall_seconds" in report:
+        lines += ["", "Wall time: " + ", ".join(f"{k} {v:.0f} s"
+                                                 for k, v in report["wall_seconds"].items())]
+    lines += ["", *[f"![{plot.stem}]({plot.name})" for plot in plots]]
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:
+    """PNG plots of the GRPO curves: reward, accuracy and USD per task; route shares."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics_path, out_dir = Path(metrics_path), Path(out_dir)
+    if not metrics_path.exists():
+        return []
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    records = [r for r in records if "reward" in r]
+    if not records:
+        return []
+    steps = [r["step"] for r in records]
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    for axis, key in zip(axes, ("reward", "accuracy", "usd_per_task")):
+        axis.plot(steps, [r[key] for r in records])
+        axis.set_title(key)
+        axis.set_xlabel("GRPO step")
+    figure.tight_layout()
+    curves = out_dir / "curves.png"
+    figure.savefig(curves, dpi=100)
+    plt.close(figure)
+    routes = sorted({k for r in records for k in r if k.startswith("route/")})
+    figure, axis = plt.subplots(figsize=(6.5, 3.5))
+    for key in routes:
+        axis.plot(steps, [r.get(key, 0.0) for r in records], label=key.removeprefix("route/"))
+    axis.set_title("route share of episodes")
+    axis.set_xlabel("GRPO step")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    mix = out_dir / "routes.png"
+    figure.savefig(mix, dpi=100)
+    plt.close(figure)
+    return [curves, mix]
