@@ -91,6 +91,7 @@ def cmd_grpo(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.train import grpo, main_job
 
     init_from, tokenizer_dir = grpo.start_point(config)
+    config = grpo.start_model(config, init_from, tokenizer_dir)
     stage = main_job.stage(config, f"grpo-{config.env.label}")
     summary = grpo.run(stage, init_from, tokenizer_dir)
     if _is_rank_zero():

@@ -116,7 +116,7 @@ def fingerprint(config: Config, benchmark: Environment, tasks: list[Task], syste
                 seed: int) -> str:
     """What decides a system's results; concurrency and output paths do not."""
     relevant = {"benchmark": benchmark.name, "agent": system.kind, "system": system.name,
-                "seed": seed,
+                "weights": system.weights, "seed": seed,
                 "tasks": [task.id for task in tasks],
                 "temperature": config.eval.temperature,
                 "tools": asdict(config.tools), "reward": asdict(config.reward),
@@ -139,11 +139,14 @@ def episode_record(index: int, seed: int, task: Task, trajectory: Trajectory, sc
 class System:
     """A system to evaluate: its name in the report, its agent kind (:data:`AGENT_KINDS`) and,
     for an orchestrator, the engine that writes its turns (``nemo-orch eval``: the policy of
-    ``rollout.*``; the main job: each trained policy's weights, in memory)."""
+    ``rollout.*``; the main job: each trained policy's weights, in memory) and what identifies
+    those weights in the cache's fingerprint (``weights``: e.g. the checkpoint they came from;
+    ``rollout.policy`` is in it already)."""
 
     name: str
     kind: str
     engine: Any = None
+    weights: str | None = None
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
 import random
@@ -26,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
+from nemo_orch import config as config_lib
 from nemo_orch import distributed, faults
 from nemo_orch.config import Config, ConfigError
 from nemo_orch.data.sft import padded_length
@@ -36,6 +39,8 @@ from nemo_orch.envs import Environment, Mixture, build_mixture
 from nemo_orch.envs.mixture import Draw
 from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
 from nemo_orch.models import checkpoint, weights
+from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
+                                         load_hf_checkpoint_config, model_config_from_hf)
 from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_drop_reason,
                                          trajectory_drop_reason)
@@ -61,6 +66,10 @@ log = logging.getLogger(__name__)
 # Training tasks per source whose prompts are measured before the first step: a source none of
 # whose prompts fits the policy's context is an error, not a run that trains on nothing.
 PROBE_TASKS = 64
+# <run>/notes.json: each source's notes; those of a prompt too long for the context name at most
+# NOTED_TASKS task ids.
+NOTES, SKIPPED_CONTEXT, NOTED_TASKS = "notes.json", "skipped_context", 10
+
 
 @dataclass
 class Group:
@@ -105,6 +114,15 @@ def policy_config(config: Config) -> Config:
 
 
 # ----------------------------------------------------------------------------- rollouts
+
+def _note_skipped(environment: Environment, task_id: str) -> None:
+    """Count a task whose prompt does not fit the policy's context in its environment's notes
+    (with the first few ids)."""
+    skipped = environment.notes.setdefault(SKIPPED_CONTEXT, {"count": 0, "tasks": []})
+    skipped["count"] += 1
+    if len(skipped["tasks"]) < NOTED_TASKS:
+        skipped["tasks"].append(task_id)
+
 
 class Rollouts:
     """Rank 0's side of a step: the engine, the environments (``mixture``, each source with its
@@ -160,8 +178,8 @@ class Rollouts:
         draws, index = [], 0
         for drawn in self.mixture.draw("train", count, seed):
             tasks = []
-            for task in drawn.tasks:
-                task = dataclasses.replace(task, id=f"s{step}r{round_index}-{index:05d}")
+            for drawn_task in drawn.tasks:
+                task = dataclasses.replace(drawn_task, id=f"s{step}r{round_index}-{index:05d}")
                 index += 1
                 if self.tools is not None:
                     task = dataclasses.replace(task, tools=tuple(self.tools))
@@ -169,8 +187,16 @@ class Rollouts:
                     tasks.append(task)
                 else:
                     self.skipped_context += 1
+                    _note_skipped(drawn.environment, drawn_task.id)
             draws.append(Draw(drawn.environment, tasks))
         return draws
+
+    def write_notes(self, run_dir: Path) -> None:
+        """``notes.json``: what each source left out and why (its environment's notes, with
+        the prompts skipped for the context)."""
+        notes = {environment.name: environment.notes
+                 for environment in self.mixture.environments}
+        (run_dir / NOTES).write_text(json.dumps(notes, indent=1, default=str) + "\n")
 
     def forced_choices(self, num_tasks: int) -> dict[tuple[int, int], Choice]:
         """The last ``explore_share`` of each group's samples start with the choice the policy
@@ -462,6 +488,31 @@ def run(config: Config, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
         return train(config, context, init_from, tokenizer_dir)
 
 
+def start_model(config: Config, init_from: Path, tokenizer_dir: Path) -> Config:
+    """``config`` with the architecture of the starting weights (an HF directory's
+    ``config.json``, or the model section a nemo-orch checkpoint saved) and their tokenizer
+    (:func:`start_point`): the weights decide the shape, so ``model.*`` need not repeat it; the
+    fields taken are logged."""
+    if (init_from / HF_CONFIG).is_file():
+        source = model_config_from_hf(load_hf_checkpoint_config(init_from), config.model)
+        architecture = {name: getattr(source, name) for name in ARCHITECTURE_FIELDS}
+    else:
+        saved = checkpoint.open_checkpoint(init_from).config_path
+        try:
+            model = OmegaConf.load(saved)["model"]
+            architecture = {name: model[name] for name in ARCHITECTURE_FIELDS}
+        except Exception as error:  # a YAML or key error of any kind
+            raise ConfigError(f"{saved}: no readable model section ({error})") from None
+    changed = [f"{name} {getattr(config.model, name)} -> {value}"
+               for name, value in architecture.items() if getattr(config.model, name) != value]
+    if changed:
+        log.info("model.* from the starting weights %s: %s", init_from, ", ".join(changed))
+    tokenizer = dataclasses.replace(config.tokenizer, path=str(tokenizer_dir),
+                                    vocab_size=len(load_tokenizer(tokenizer_dir)))
+    return config_lib.replace(config, model=dataclasses.replace(config.model, **architecture),
+                              tokenizer=tokenizer)
+
+
 def start_point(config: Config) -> tuple[Path, Path]:
     """``nemo-orch grpo``'s starting weights (``trainer.init_from``) and the tokenizer their
     token ids belong to: the checkpoint's own, the HF directory's, else ``tokenizer.path``."""
@@ -573,6 +624,7 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     finally:
         metrics.close()
         if writer:
+            rollouts.write_notes(config.run.dir)
             loop.run_until_complete(pool.close() if pool is not None else _each(
                 toolbox.close() for toolbox in toolboxes))
             loop.close()

@@ -120,27 +120,29 @@ def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
     from nemo_orch.models.tokenizer import load_tokenizer
     from nemo_orch.rollout.engines.hf import HFEngine
 
-    policies = {}
+    policies, sources = {}, {}
     for name, source in (("sft", sft_checkpoint),
                          ("grpo", checkpoint.checkpoints_dir(grpo_config))):
         module = qwen3.build_model(config.model, config.parallel,
                                    pre_process=context.is_first_stage,
                                    post_process=context.is_last_stage)
-        checkpoint.load(checkpoint.open_checkpoint(source), module)
+        opened = checkpoint.open_checkpoint(source)
+        checkpoint.load(opened, module)
         policies[name] = weights.gather_hf_weights(module, config.model)
+        sources[name] = str(opened.path)  # a cached episode is of these weights only
     if not distributed.is_writer():
         return None
     tokenizer = load_tokenizer(tokenizer_dir)
-    engines = {name: HFEngine(config.model, hf, tokenizer=tokenizer)
+    systems = {name: harness.System(name, ORCHESTRATOR,
+                                    HFEngine(config.model, hf, tokenizer=tokenizer),
+                                    sources[name])
                for name, hf in policies.items()}
     # Greedy, as many episodes at once as a rollout batches.
     config = dataclasses.replace(config, eval=dataclasses.replace(
         config.eval, temperature=0.0, concurrency=config.rollout.max_concurrent_episodes))
     offline = build_environment(config)
-    evaluation = harness.evaluate(
-        config, offline, [harness.System(name, ORCHESTRATOR, engine)
-                          for name, engine in engines.items()],
-        config.run.dir / EVAL / offline.name, tokenizer)
+    evaluation = harness.evaluate(config, offline, list(systems.values()),
+                                  config.run.dir / EVAL / offline.name, tokenizer)
     table = offline.oracle(offline.toolbox(), tokenizer)  # prices and schemas: not started
     report: dict[str, Any] = {
         name: main_job_report.policy_row(evaluation.tasks, evaluation.records[name], table)
@@ -153,8 +155,7 @@ def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
                                  limit=config.data.toolscale_eval_tasks)
         domains = build_environment(config, source)
         evaluation = harness.evaluate(
-            config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY),
-                              harness.System("grpo", ORCHESTRATOR, engines["grpo"])],
+            config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY), systems["grpo"]],
             config.run.dir / EVAL / TOOLSCALE, tokenizer)
         report["toolscale"] = {name: main_job_report.by_domain(evaluation.tasks, records)
                                for name, records in evaluation.records.items()}

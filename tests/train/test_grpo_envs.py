@@ -72,6 +72,46 @@ def test_a_domain_whose_prompts_do_not_fit_the_context_exits_2(start_checkpoint,
     assert "Traceback" not in error.stderr
 
 
+@pytest.mark.tau2
+@pytest.mark.slow
+def test_grpo_on_tau2_retail_with_a_policy_long_enough_for_its_prompts(start_checkpoint,
+                                                                        tmp_path):
+    """Retail's train split, its whole domain policy and tools in every prompt (~9,000 tokens
+    with the test tokenizer): a tiny policy with 10,240 positions (RoPE: the same weights) trains
+    on it, scored by tau2's evaluator."""
+    run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2", "env.domain=retail",
+                                    "model.max_position_embeddings=10240",
+                                    "grpo.micro_batch_size=1", "rollout.max_turns=1"))
+    metrics = read_metrics(tmp_path / "run" / "grpo-tau2")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["source/tau2/share"] == 1.0 and "source/tau2/accuracy" in m
+               and m["sampling/skipped_context"] == 0 for m in metrics)
+
+
+def test_the_architecture_comes_from_the_start_and_long_prompts_are_noted(start_checkpoint,
+                                                                           tmp_path):
+    """No ``model.*`` override: the shape is the checkpoint's (2 layers of 64, not the micro
+    preset's 4 of 128). Tasks whose prompt does not fit the default 1,024 positions are skipped,
+    counted per step and named in ``notes.json``."""
+    tasks = tmp_path / "tasks.jsonl"
+    long = " ".join(["seven"] * 1500)
+    write_tasks(tasks, [Task(id=f"short{i}", question=f"What is {i} + {i}?", answer=str(2 * i))
+                        for i in range(6)]
+                + [Task(id=f"long{i}", question=f"{long} {i}?", answer=str(i)) for i in range(6)])
+    run_cli("grpo", f"trainer.init_from={start_checkpoint}", f"run.output_dir={tmp_path}",
+            "run.name=run", "env=tasks", f"env.path={tasks}", "env.val_fraction=0",
+            "grpo.max_steps=2", "grpo.prompts_per_step=6", "rollout.group_size=2",
+            "grpo.micro_batch_size=2", "rollout.max_turns=1", "rollout.max_new_tokens=8",
+            "reward.min_group_std=0", "trainer.num_threads=1")
+    run_dir = tmp_path / "run" / "grpo-tasks"
+    saved = (run_dir / "checkpoints" / "step_2" / "config.yaml").read_text()
+    assert "num_layers: 2\n" in saved and "hidden_size: 64\n" in saved
+    skipped = sum(m["sampling/skipped_context"] for m in read_metrics(run_dir))
+    notes = json.loads((run_dir / "notes.json").read_text())["tasks"]["skipped_context"]
+    assert skipped > 0 and notes["count"] == skipped
+    assert notes["tasks"] and all(task.startswith("long") for task in notes["tasks"])
+
+
 def _mixture(tmp_path: Path) -> list[str]:
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, [Task(id=f"t{i}", question=f"What is {i} + {i}?", answer=str(2 * i))
