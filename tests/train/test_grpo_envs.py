@@ -72,16 +72,41 @@ def test_a_domain_whose_prompts_do_not_fit_the_context_exits_2(start_checkpoint,
     assert "Traceback" not in error.stderr
 
 
+@pytest.fixture(scope="module")
+def retail_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Qwen3 (an HF directory) with 5,120 positions and a tokenizer trained on
+    retail's own prompts: its domain policy and tools take ~4,700 tokens of it (~9,000 of the
+    offline world's tokenizer)."""
+    from nemo_orch import config as config_lib
+    from nemo_orch.config import ModelConfig
+    from nemo_orch.envs import build_environment
+    from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
+    from nemo_orch.models.tokenizer import render_conversation, train_tokenizer
+
+    retail = build_environment(config_lib.load(["env=tau2", "env.domain=retail"]))
+    schemas = retail.toolbox().schemas()
+    texts = [render_conversation([{"role": "system", "content": task.system},
+                                  {"role": "user", "content": task.question}], schemas)
+             for task in retail.tasks("train", 40, 0)]
+    directory = tmp_path_factory.mktemp("retail")
+    train_tokenizer(texts * 2, vocab_size=2560, min_frequency=2, out_dir=directory)
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                        kv_channels=16, ffn_hidden_size=128, vocab_size=2560,
+                        max_position_embeddings=5120)
+    return save_hf_checkpoint(directory, SeededHFWeights(model, seed=0), model)
+
+
 @pytest.mark.tau2
 @pytest.mark.slow
-def test_grpo_on_tau2_retail_with_a_policy_long_enough_for_its_prompts(start_checkpoint,
-                                                                        tmp_path):
-    """Retail's train split, its whole domain policy and tools in every prompt (~9,000 tokens
-    with the test tokenizer): a tiny policy with 10,240 positions (RoPE: the same weights) trains
-    on it, scored by tau2's evaluator."""
-    run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2", "env.domain=retail",
-                                    "model.max_position_embeddings=10240",
-                                    "grpo.micro_batch_size=1", "rollout.max_turns=1"))
+def test_grpo_on_tau2_retail_with_a_policy_long_enough_for_its_prompts(retail_policy, tmp_path):
+    """Retail's train split, its whole domain policy and tools in every prompt, on a tiny
+    policy built with enough positions (from an HF directory: its architecture and tokenizer
+    are taken), scored by tau2's evaluator."""
+    run_cli("grpo", f"trainer.init_from={retail_policy}", f"run.output_dir={tmp_path}",
+            "run.name=run", "env=tau2", "env.domain=retail", "model.max_position_embeddings=5120",
+            "grpo.max_steps=2", "grpo.prompts_per_step=1", "rollout.group_size=2",
+            "grpo.micro_batch_size=1", "grpo.kl_coef=0", "rollout.max_turns=1",
+            "rollout.max_new_tokens=8", "reward.min_group_std=0", "trainer.num_threads=1")
     metrics = read_metrics(tmp_path / "run" / "grpo-tau2")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["source/tau2/share"] == 1.0 and "source/tau2/accuracy" in m
