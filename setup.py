@@ -5,10 +5,13 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 
+TEST_ONLY = ("pytest", "hypothesis")  # in requirements.txt for `make test`, not installed with us
+
+
 def requirements(name: str = "requirements.txt") -> list[str]:
     lines = Path(__file__).with_name(name).read_text().splitlines()
     runtime = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    return [r for r in runtime if not r.startswith("pytest")]
+    return [r for r in runtime if not r.startswith(TEST_ONLY)]
 
 
 setup(
@@ -31,7 +34,7 @@ setup(
         "launch": requirements("requirements-launch.txt"),
         # tau2-bench's domains, tasks and evaluator (`make` installs it: requirements-tau2.txt).
         "tau2": requirements("requirements-tau2.txt"),
-        "dev": ["pytest==9.2.0"],
+        "dev": ["pytest==9.2.0", "hypothesis==6.170.17"],
     },
     entry_points={"console_scripts": ["nemo-orch=nemo_orch.cli:main"]},
 )

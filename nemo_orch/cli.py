@@ -143,7 +143,14 @@ def cmd_import(config: Config, args: argparse.Namespace) -> int:
 
 
 def _print_json(value: object) -> None:
-    print(json.dumps(value, ensure_ascii=False))
+    """One line of JSON: readable text, escaped where it holds what UTF-8 cannot carry (a lone
+    surrogate a JSON escape in a tool call can produce)."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value)
+    print(text)
 
 
 def cmd_tools_list(config: Config, args: argparse.Namespace) -> int:
@@ -181,6 +188,12 @@ def cmd_tools_call(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _stdin_text() -> str:
+    """Standard input as text, whatever its bytes: invalid UTF-8 reads as U+FFFD."""
+    raw = getattr(sys.stdin, "buffer", None)
+    return sys.stdin.read() if raw is None else raw.read().decode("utf-8", errors="replace")
+
+
 def cmd_tools_parse(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.rollout.builders import declared_schemas
     from nemo_orch.rollout.format import TurnFormat, parse_turn
@@ -188,7 +201,7 @@ def cmd_tools_parse(config: Config, args: argparse.Namespace) -> int:
     fmt = TurnFormat.for_tools(declared_schemas(config.tools),
                                answer_format=config.rollout.answer_format,
                                multiple_calls=config.rollout.multiple_calls)
-    turn = parse_turn(sys.stdin.read(), fmt)
+    turn = parse_turn(_stdin_text(), fmt)
     _print_json({"calls": [{"name": c.name, "arguments": c.arguments} for c in turn.calls
                            if c.valid],
                  "error": turn.error or next((c.error for c in turn.calls if c.error), None),

@@ -53,17 +53,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     return result
 
 
-def run_cli_here(*args: str, stdin: str = "", expect: int | None = 0
+def run_cli_here(*args: str, stdin: str | bytes = "", expect: int | None = 0
                  ) -> subprocess.CompletedProcess:
     """``nemo-orch ARGS`` in this process (``cli.main``): the same parsing, config loading, error
     handling and exit codes as :func:`run_cli` without the seconds an interpreter start costs.
     For checks of what a command answers; keep :func:`run_cli` where the process itself matters
-    (signals, kills, environment)."""
+    (signals, kills, environment). ``stdin`` bytes arrive as bytes, as from a pipe."""
     from nemo_orch import cli
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            _stdin(io.StringIO(stdin)):
+    stream = (io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8") if isinstance(stdin, bytes)
+              else io.StringIO(stdin))
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _stdin(stream):
         returncode = cli.main(list(args))
     result = subprocess.CompletedProcess(args, returncode, out.getvalue(), err.getvalue())
     if expect is not None and returncode != expect:
@@ -74,7 +75,7 @@ def run_cli_here(*args: str, stdin: str = "", expect: int | None = 0
 
 
 @contextlib.contextmanager
-def _stdin(stream: io.StringIO):
+def _stdin(stream: io.TextIOBase):
     saved, sys.stdin = sys.stdin, stream
     try:
         yield

@@ -39,8 +39,15 @@ FORMAT_ERRORS = (
 
 # An unclosed think block runs to the end of the turn.
 _THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
-_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"
+OPEN_THINK, CLOSE_THINK = "<think>", "</think>"
+# A call's JSON is read only within these bounds (beyond them: a malformed_json error): a turn
+# the policy or a client wrote must never exhaust the parser's stack or the tools' validation.
+MAX_CALL_CHARS = 1 << 20
+MAX_JSON_DEPTH = 64
+_DECODER = json.JSONDecoder()
+_WHITESPACE = re.compile(r"\s*")
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class ParsedTurn:
     answer: str | None = None
     error: str | None = None
     format_errors: list[str] = field(default_factory=list)
+    # Where each call's <tool_call> block starts and ends in the turn's text (empty: unknown).
+    spans: list[tuple[int, int]] = field(default_factory=list, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"calls": [c.to_json() for c in self.calls], "answer": self.answer,
@@ -98,13 +107,42 @@ class TurnFormat:
         return cls({f["name"]: f["parameters"] for f in functions}, **options)
 
 
-def _parse_call(body: str, fmt: TurnFormat) -> ToolCall:
+def _depth(value: Any) -> int:
+    """How deeply a decoded JSON value nests (a scalar: 0), without recursing."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, level = stack.pop()
+        children = (value.values() if isinstance(value, dict)
+                    else value if isinstance(value, list) else None)
+        if children is not None:
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _malformed(problem: str) -> ToolCall:
+    return ToolCall(None, None, f"the tool call is not valid JSON ({problem}); write "
+                    "{\"name\": ..., \"arguments\": {...}}", "malformed_json")
+
+
+def _decode(text: str, start: int) -> tuple[Any, int, str | None]:
+    """The JSON value that starts at ``text[start]`` (after whitespace): ``(value, end,
+    None)``, or ``(None, start, problem)``."""
+    start = _WHITESPACE.match(text, start).end()
     try:
-        payload = json.loads(body)
+        value, end = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as error:
-        return ToolCall(None, None, f"the tool call is not valid JSON ({error.msg} at "
-                        f"character {error.pos}); write {{\"name\": ..., \"arguments\": {{...}}}}",
-                        "malformed_json")
+        return None, start, f"{error.msg} at character {error.pos - start}"
+    except RecursionError:
+        return None, start, f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if end - start > MAX_CALL_CHARS:
+        return None, start, f"longer than {MAX_CALL_CHARS} characters"
+    if _depth(value) > MAX_JSON_DEPTH:
+        return None, start, f"nested deeper than {MAX_JSON_DEPTH} levels"
+    return value, end, None
+
+
+def _parse_call(payload: Any, fmt: TurnFormat) -> ToolCall:
     if (not isinstance(payload, dict) or not isinstance(payload.get("name"), str)
             or not isinstance(payload.get("arguments", {}), dict)):
         return ToolCall(None, None, "a tool call must be a JSON object {\"name\": <string>, "
@@ -120,6 +158,56 @@ def _parse_call(body: str, fmt: TurnFormat) -> ToolCall:
     return ToolCall(name, arguments)
 
 
+@dataclass(frozen=True)
+class CallSpan:
+    """A ``<tool_call>`` block of a turn: where it starts and ends in the text, and its decoded
+    JSON, or, when the JSON or the markup is broken, the erroneous call it reads as."""
+
+    start: int
+    end: int
+    payload: Any = None
+    broken: ToolCall | None = None
+
+
+def _read_call(text: str, start: int) -> CallSpan:
+    """The block that opens at ``text[start]``. Where the call ends is the JSON decoder's
+    business: a ``</tool_call>`` inside one of its strings does not end it. JSON not followed
+    by the closing tag is malformed up to the next ``</tool_call>``; without one the call is
+    unclosed and runs to the end of the turn."""
+    body = start + len(OPEN_CALL)
+    payload, end, problem = _decode(text, body)
+    close = _WHITESPACE.match(text, end).end()
+    if problem is None and text.startswith(CLOSE_CALL, close):
+        return CallSpan(start, close + len(CLOSE_CALL), payload)
+    close = text.find(CLOSE_CALL, body)
+    if close == -1:
+        return CallSpan(start, len(text), broken=ToolCall(
+            None, None, f"a {OPEN_CALL} is not closed with {CLOSE_CALL}", "unclosed_tag"))
+    if problem is None:  # valid JSON, then something else before the closing tag
+        problem = f"extra data after the JSON at character {end - body}"
+    return CallSpan(start, close + len(CLOSE_CALL), broken=_malformed(problem))
+
+
+def call_spans(text: str) -> list[CallSpan]:
+    """Every ``<tool_call>`` block of a turn outside its ``<think>`` blocks, in order: the one
+    reading of the markup that parsing, ``content`` without calls and the decision mask share.
+    Read left to right, so a ``<think>`` inside a call's string opens no thought, and a call
+    inside a thought (an unclosed one runs to the end) is no call. Never raises."""
+    spans: list[CallSpan] = []
+    position = 0
+    while (start := text.find(OPEN_CALL, position)) != -1:
+        thought = text.find(OPEN_THINK, position, start)
+        if thought != -1:
+            close = text.find(CLOSE_THINK, thought)
+            if close == -1:
+                break
+            position = close + len(CLOSE_THINK)
+            continue
+        spans.append(_read_call(text, start))
+        position = spans[-1].end
+    return spans
+
+
 def without_thinking(text: str) -> str:
     """A turn's text without its ``<think>`` blocks (an unclosed one runs to the end)."""
     return _THINK_RE.sub("", text)
@@ -128,21 +216,19 @@ def without_thinking(text: str) -> str:
 def without_calls(text: str) -> str:
     """A turn's text without the ``<tool_call>`` blocks :func:`parse_turn` reads; those inside
     ``<think>`` are not calls and stay (what an OpenAI server returns as ``content``)."""
-    pieces = re.split(f"({_THINK_RE.pattern})", text, flags=re.DOTALL)
-    return "".join(piece if index % 2 else _CALL_RE.sub("", piece)
-                   for index, piece in enumerate(pieces))
+    pieces, position = [], 0
+    for span in call_spans(text):
+        pieces.append(text[position:span.start])
+        position = span.end
+    return "".join(pieces) + text[position:]
 
 
 def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
     """Read one assistant turn (its text, without the closing ``<|im_end|>``)."""
+    spans = call_spans(text)
+    calls = [span.broken or _parse_call(span.payload, fmt) for span in spans]
+    errors = [call.error_kind for call in calls if call.error_kind]
     visible = without_thinking(text)
-    errors: list[str] = []
-    calls = [_parse_call(body.strip(), fmt) for body in _CALL_RE.findall(visible)]
-    opened = visible.count("<tool_call>")
-    if opened > len(calls):
-        calls.append(ToolCall(None, None, "a <tool_call> is not closed with </tool_call>",
-                              "unclosed_tag"))
-    errors.extend(c.error_kind for c in calls if c.error_kind)
 
     if fmt.answer_format == "tag":
         answers = _ANSWER_RE.findall(visible)
@@ -162,8 +248,9 @@ def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
         note = (f"only the first of {len(calls)} tool calls was run; make one call per turn")
         return ParsedTurn(calls=[first], error=note,
                           format_errors=errors[: 1 if first.error_kind else 0]
-                          + ["multiple_calls"])
-    return ParsedTurn(calls=calls, format_errors=errors)
+                          + ["multiple_calls"], spans=[(spans[0].start, spans[0].end)])
+    return ParsedTurn(calls=calls, format_errors=errors,
+                      spans=[(span.start, span.end) for span in spans])
 
 
 # A routing choice: a tool and the values of its choice (``enum``) arguments.
@@ -212,13 +299,15 @@ def decision_end(text: str, parsed: ParsedTurn, fmt: TurnFormat) -> int:
     if parsed.answer is not None:
         return text.index("<answer>") + len("<answer>")
     end = position = 0
-    for call in parsed.calls:
+    spans = parsed.spans or [(0, len(text))] * len(parsed.calls)
+    for call, (start, stop) in zip(parsed.calls, spans):
         properties = fmt.schemas[call.name].get("properties", {})
         pieces = [("name", call.name)] + [(key, value) for key, value in call.arguments.items()
                                           if "enum" in properties.get(key, {})]
         for key, value in pieces:
             found = re.compile(re.escape(json.dumps(key)) + r"\s*:\s*"
-                               + re.escape(json.dumps(value))).search(text, position)
+                               + re.escape(json.dumps(value))).search(
+                                   text, max(position, start), stop)
             if found is None:  # written in a form json.dumps does not produce: all of it
                 return len(text)
             end = max(end, found.end())

@@ -87,12 +87,16 @@ def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
                 length = int(self.headers.get("Content-Length", 0))
             except ValueError:
                 raise RequestError("bad Content-Length") from None
+            if length < 0:
+                raise RequestError("bad Content-Length")
             if length > MAX_BODY_BYTES:
                 raise RequestError(f"request body over {MAX_BODY_BYTES} bytes", 413)
             try:
                 body = json.loads(self.rfile.read(length) or b"null")
-            except ValueError as error:
+            except ValueError as error:  # invalid UTF-8 too
                 raise RequestError(f"the body is not valid JSON: {error}") from None
+            except RecursionError:
+                raise RequestError("the body's JSON nests too deeply") from None
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
             return body

@@ -121,6 +121,8 @@ def _incoming_call(call: Any, where: str) -> dict:
         except json.JSONDecodeError as error:
             raise RequestError(f"{where}.function.arguments is not valid JSON ({error.msg} at "
                                f"character {error.pos})") from None
+        except RecursionError:
+            raise RequestError(f"{where}.function.arguments nests too deeply") from None
     if not isinstance(arguments, dict):
         raise RequestError(f"{where}.function.arguments must be a JSON object")
     return {**call, "type": "function",

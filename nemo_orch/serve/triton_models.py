@@ -56,6 +56,8 @@ def _json_object(item: dict[str, str], name: str) -> dict[str, Any]:
         value = json.loads(item[name])
     except ValueError as error:
         raise BadRequest(f"'{name}' is not JSON: {error}") from None
+    except RecursionError:
+        raise BadRequest(f"'{name}' nests too deeply") from None
     if not isinstance(value, dict):
         raise BadRequest(f"'{name}' must be a JSON object")
     return value
