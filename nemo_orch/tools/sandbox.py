@@ -27,17 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import importlib.util
 import itertools
 import json
 import logging
 import os
+import platform
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +79,7 @@ for path in cfg["cgroup_procs"]:
         f.write("0")
 libc = ctypes.CDLL(None, use_errno=True)
 def mount(source, target, fstype, flags, data):
-    if libc.mount(source.encode(), target.encode(), fstype and fstype.encode(), flags,
+    if libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(), flags,
                   data and data.encode()):
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno), target)
@@ -85,6 +90,43 @@ for hidden, exposed in cfg["mounts"]:
         os.makedirs(p, 0o755, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", p, None, 4096 | 16384, None)  # MS_BIND | MS_REC
         os.close(fd)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 32, 4096, 16384, 1 << 18)
+root = cfg["root"]
+if root is not None:
+    # A tmpfs holding only what the call may see, entered with pivot_root: the host's tree is
+    # detached. Binds are made read-only; /tmp, /var/tmp and /dev/shm are fresh and empty.
+    new = root["path"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
+    for link, destination in root["links"]:
+        os.makedirs(os.path.dirname(new + link), 0o755, exist_ok=True)
+        os.symlink(destination, new + link)
+    for directory in root["scratch"]:  # first: the worker's directory is bound inside /tmp
+        os.makedirs(new + directory, 0o755, exist_ok=True)
+        mount("tmpfs", new + directory, "tmpfs", MS_NOSUID | MS_NODEV,
+              f"mode=1777,size={root['scratch_bytes']}")
+    for source, target, writable in root["binds"]:
+        inside = new + target
+        if os.path.isdir(source):
+            os.makedirs(inside, 0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(inside), 0o755, exist_ok=True)
+            open(inside, "a").close()
+        mount(source, inside, None, MS_BIND | MS_REC, None)
+        if not writable:
+            mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
+    for directory in root["covers"]:
+        mount("tmpfs", new + directory, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+    os.makedirs(new + "/proc", 0o555, exist_ok=True)
+    mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV, None)
+    os.chdir(new)
+    if libc.syscall(root["pivot_root"], b".", b"."):
+        raise OSError(ctypes.get_errno(), "pivot_root")
+    if libc.umount2(b".", 2):  # MNT_DETACH: the old root, under the new one, goes away
+        raise OSError(ctypes.get_errno(), "umount the host's root")
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755")
+    os.chdir(root["workdir"])
 for name, (soft, hard) in cfg["rlimits"].items():
     limit = getattr(resource, name)
     current = resource.getrlimit(limit)[1]
@@ -161,14 +203,32 @@ def default_spec() -> ToolSpec:
 
 
 @dataclass(frozen=True)
+class PrivateRoot:
+    """What a worker's private root holds (``private-root``): host paths bound read-only at
+    the same place (``binds``: the interpreter, its standard library and shared libraries, the
+    allowed packages, a few device nodes, which are writable), symlinks (``links``: the host's
+    ``/lib -> usr/lib`` and the like, ``/dev/fd``), empty read-only directories over what a
+    bound tree holds beyond what is allowed (``covers``: the interpreter's own site-packages),
+    and private empty tmpfs directories (``scratch``). The worker's directory is bound
+    writable; ``/proc`` is its PID namespace's."""
+
+    binds: tuple[tuple[str, str, bool], ...]
+    links: tuple[tuple[str, str], ...]
+    covers: tuple[str, ...]
+    scratch: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+@dataclass(frozen=True)
 class _Plan:
     """How workers are started: what ``unshare`` creates, which uid they drop to, which
-    directories are re-exposed in the mount namespace, and the cgroup v1 parents used."""
+    directories are re-exposed in the mount namespace (or the private root they see instead),
+    and the cgroup v1 parents used."""
 
     unshare: tuple[str, ...] = ()
     uid_base: int | None = None
     mounts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cgroups: tuple[tuple[str, Path], ...] = ()
+    root: PrivateRoot | None = None
 
     @property
     def isolation(self) -> tuple[str, ...]:
@@ -177,6 +237,8 @@ class _Plan:
             names.append("netns")
         if "--pid" in self.unshare:
             names.append("pidns")
+        if self.root is not None:
+            names.append("private-root")
         if self.mounts:
             names.append("mountns")
         if self.uid_base is not None:
@@ -237,7 +299,7 @@ class PythonSandbox(BaseTool):
     def __init__(self, spec: ToolSpec, *, timeout_s: float = 10.0, cpu_seconds: int = 10,
                  memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 32,
                  max_output_bytes: int = 16384, pool_size: int = 2, isolation: str = "auto",
-                 uid_base: int = 60000) -> None:
+                 uid_base: int = 60000, allowed_packages: Sequence[str] = ()) -> None:
         super().__init__(spec)
         if isolation not in ISOLATION_MODES:
             raise ToolError(f"python_sandbox: isolation must be one of {ISOLATION_MODES}")
@@ -248,6 +310,7 @@ class PythonSandbox(BaseTool):
         self.pool_size = pool_size
         self.isolation_mode = isolation
         self.uid_base = uid_base
+        self.allowed_packages = tuple(allowed_packages)
         self._plan: _Plan | None = None
         self._plan_lock = asyncio.Lock()
         self._idle: collections.deque[_Worker] = collections.deque()
@@ -346,7 +409,7 @@ class PythonSandbox(BaseTool):
         worker = None
         try:
             argv = [*plan.unshare, sys.executable, "-I", "-u", "-c", _BOOTSTRAP,
-                    json.dumps(self._bootstrap_config(plan, cgroups, uid))]
+                    json.dumps(self._bootstrap_config(plan, workdir, cgroups, uid))]
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 cwd=workdir, env=self._environment(workdir), start_new_session=True)
@@ -372,6 +435,8 @@ class PythonSandbox(BaseTool):
         workdir = Path(tempfile.mkdtemp(prefix="nemo_orch_sandbox_"))
         if uid is not None:
             os.chown(workdir, uid, uid)
+        if plan.root is not None:
+            _mount_point(workdir).mkdir()
         cgroups = []
         try:
             for controller, parent in plan.cgroups:
@@ -384,16 +449,24 @@ class PythonSandbox(BaseTool):
             raise
         return workdir, cgroups
 
-    def _bootstrap_config(self, plan: _Plan, cgroups: list[Path], uid: int | None) -> dict:
+    def _bootstrap_config(self, plan: _Plan, workdir: Path, cgroups: list[Path],
+                          uid: int | None) -> dict:
         limits = self.limits
         memory = limits.memory_mb << 20
         nproc = limits.max_processes
         if uid is None and os.geteuid() != 0:
             # RLIMIT_NPROC counts all processes of the (shared) uid: allow what already runs.
             nproc += _count_processes(os.getuid())
+        root = None if plan.root is None else {
+            "path": str(_mount_point(workdir)), "workdir": str(workdir),
+            "binds": [*plan.root.binds, (str(workdir), str(workdir), True)],
+            "links": plan.root.links, "covers": plan.root.covers,
+            "scratch": plan.root.scratch, "scratch_bytes": limits.max_file_mb << 20,
+            "pivot_root": _PIVOT_ROOT[platform.machine()]}
         return {
             "cgroup_procs": [str(group / "cgroup.procs") for group in cgroups],
             "mounts": [[hidden, list(exposed)] for hidden, exposed in plan.mounts],
+            "root": root,
             "rlimits": {"RLIMIT_CPU": [limits.cpu_seconds, limits.cpu_seconds + 1],
                         "RLIMIT_AS": [memory, memory],
                         "RLIMIT_FSIZE": [limits.max_file_mb << 20] * 2,
@@ -481,7 +554,10 @@ class PythonSandbox(BaseTool):
         if shutil.which("unshare") is None:
             namespaces = ()
         mounts = _hidden_prefixes() if namespaces else ()
-        candidates = []
+        private = (_private_root(self.allowed_packages)
+                   if namespaces and platform.machine() in _PIVOT_ROOT else None)
+        uid_base = self.uid_base if root else None
+        candidates = [_Plan(namespaces, uid_base, (), cgroups, private)] if private else []
         if root:
             candidates += [_Plan(namespaces, self.uid_base, mounts, cgroups),
                            _Plan((), self.uid_base, (), cgroups)]
@@ -492,6 +568,11 @@ class PythonSandbox(BaseTool):
         for plan in dict.fromkeys(candidates):
             failure = await self._probe(plan)
             if failure is None:
+                if plan.root is None:
+                    logger.warning(
+                        "python_sandbox: no private root (%s): sandboxed code can read every "
+                        "world-readable file of this host and write to its /tmp, /var/tmp and "
+                        "/dev/shm", "; ".join(failures) or "no mount namespace here")
                 return plan
             failures.append(f"[{', '.join(plan.isolation)}]: {failure}")
         raise ToolError("python_sandbox: no usable isolation; " + "; ".join(failures))
@@ -553,6 +634,8 @@ def _kill_tree(worker: _Worker) -> int:
 
 def _remove(workdir: Path, cgroups: list[Path]) -> None:
     shutil.rmtree(workdir, ignore_errors=True)
+    with contextlib.suppress(OSError):  # mounted only inside the worker's namespace
+        _mount_point(workdir).rmdir()
     for group in cgroups:
         _rmdir_cgroup(group)
 
@@ -626,6 +709,51 @@ def _cgroup_v1_dir(controller: str) -> Path | None:
                 return None
             return Path(mount_point, relative).resolve()
     return None
+
+
+# pivot_root(2) has no libc wrapper: its system call number, by machine.
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_LIBRARY_DIRS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32")
+
+
+def _mount_point(workdir: Path) -> Path:
+    """Where a worker's private root is mounted, beside its directory (empty on the host)."""
+    return workdir.with_name(workdir.name + ".root")
+
+
+def _private_root(allowed_packages: Sequence[str]) -> PrivateRoot:
+    """The private root of this interpreter: its executable, standard library and
+    ``libpython``, the system's shared libraries, ``allowed_packages`` from its site-packages
+    (top-level names; each one's ``<name>.libs`` of bundled libraries too) and device nodes."""
+    binds: list[tuple[str, str, bool]] = []
+    links: list[tuple[str, str]] = [("/dev/fd", "/proc/self/fd")]
+    for directory in _LIBRARY_DIRS:
+        if os.path.islink(directory):
+            links.append((directory, os.readlink(directory)))
+        elif os.path.isdir(directory):
+            binds.append((directory, directory, False))
+    executable = os.path.realpath(sys.executable)
+    binds.append((executable, executable, False))
+    for alias in {sys.executable, getattr(sys, "_base_executable", sys.executable)}:
+        if os.path.realpath(alias) == executable and alias != executable:
+            links.append((alias, executable))
+    stdlib = sysconfig.get_path("stdlib")
+    binds.append((stdlib, stdlib, False))
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    binds += [(str(path), str(path), False) for path in sorted(Path(libdir).glob("libpython*"))
+              if not str(path).startswith(stdlib)]
+    covers = [str(path) for path in [Path(stdlib, "site-packages")] if path.is_dir()]
+    for name in allowed_packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None and not spec.submodule_search_locations:
+            raise ToolError(f"python_sandbox: allowed package {name!r} is not installed")
+        where = (spec.submodule_search_locations[0] if spec.submodule_search_locations
+                 else spec.origin)
+        found = [where, f"{where}.libs", str(Path(where).with_name(f"{name}.libs"))]
+        binds += [(path, path, False) for path in dict.fromkeys(found) if os.path.exists(path)]
+    binds += [(device, device, True) for device in _DEVICES if os.path.exists(device)]
+    return PrivateRoot(tuple(binds), tuple(links), tuple(covers))
 
 
 def _hidden_prefixes() -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from nemo_orch.tools.base import ToolContext, ToolResult
+from nemo_orch.tools.base import ToolContext, ToolError, ToolResult
 from nemo_orch.tools.sandbox import PythonSandbox, default_spec
 
 CTX = ToolContext(task_id="t", episode_id="e")
@@ -126,10 +128,69 @@ def test_cannot_write_outside_its_directory():
          "open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())"])
     if "uid" not in isolation:
         pytest.skip("running as root without a uid drop: files cannot be protected")
-    for result in (first, second):
-        assert result.error == "exit status 1" and "PermissionError" in result.output
+    for result in (first, second):  # refused, or not there at all in a private root
+        assert result.error == "exit status 1" and any(
+            kind in result.output for kind in ("PermissionError", "FileNotFoundError"))
     assert not any(t.exists() for t in targets)
     assert own.error is None and own.output == "ok\n"  # its own directory is writable
+
+
+def test_the_host_is_invisible_and_untouched_in_the_private_root():
+    """World-readable files in the host's /tmp, in a directory beside the repository and in
+    the repository itself cannot be read; what the call writes to /tmp, /var/tmp and /dev/shm
+    stays out of the host's; its own directory, the standard library and subprocesses work."""
+    repository = Path(__file__).resolve().parents[2]
+    beside = Path(tempfile.mkdtemp(prefix="nemo_orch_planted_", dir=repository.parent))
+    planted = [Path(tempfile.mkstemp(prefix="nemo_orch_planted_", dir="/tmp")[1]),
+               beside / "dataset.txt", repository / "README.md"]
+    try:
+        for path in planted[:2]:
+            path.write_text("host data")
+            path.chmod(0o644)
+        beside.chmod(0o755)
+        mark = f"nemo_orch_left_{os.getpid()}"
+        code = "\n".join([
+            "import os, subprocess, sys",
+            *[f"print(os.path.exists({str(path)!r}))" for path in planted],
+            *[f"open('{directory}/{mark}', 'w').write('x')"
+              for directory in ("/tmp", "/var/tmp", "/dev/shm")],
+            "open('own.txt', 'w').write('ok')",
+            "print(open('own.txt').read())",
+            "print(subprocess.run([sys.executable, '-c', 'import json; print(json.dumps(1))'],"
+            " capture_output=True, text=True).stdout.strip())"])
+        (result,), isolation = run([code], timeout_s=8.0)
+        if "private-root" not in isolation:
+            pytest.skip("no private root here (no mount namespace)")
+        assert result.error is None, result.output
+        assert result.output.split() == ["False", "False", "False", "ok", "1"]
+        assert not any(Path(directory, mark).exists()
+                       for directory in ("/tmp", "/var/tmp", "/dev/shm"))
+    finally:
+        planted[0].unlink(missing_ok=True)
+        shutil.rmtree(beside, ignore_errors=True)
+
+
+def test_packages_are_visible_only_when_allowed():
+    code = "import numpy\nprint(numpy.arange(4).sum())"
+    (denied,), isolation = run([code], timeout_s=8.0)
+    if "private-root" not in isolation:
+        pytest.skip("no private root here (no mount namespace)")
+    assert denied.error == "exit status 1" and "ModuleNotFoundError" in denied.output
+    (allowed,), _ = run([code], timeout_s=8.0, allowed_packages=["numpy"])
+    assert allowed.error is None and allowed.output == "6\n"
+    with pytest.raises(ToolError, match="allowed package 'no_such_package' is not installed"):
+        run(["print(1)"], allowed_packages=["no_such_package"])
+
+
+def test_strict_never_falls_back():
+    """``strict`` runs with the strongest isolation or refuses to start, never weaker."""
+    try:
+        (result,), isolation = run(["print('strict')"], isolation="strict")
+    except ToolError as error:
+        assert "no usable isolation" in str(error)
+        return
+    assert result.output == "strict\n"
+    assert {"private-root", "netns", "pidns"} <= set(isolation)
 
 
 def test_no_network():
