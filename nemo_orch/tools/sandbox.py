@@ -10,9 +10,18 @@ probed once at start (``PythonSandbox.isolation`` says which are in force):
 * ``uid``: the code runs as an unprivileged uid of its own (``uid_base + n``), so it cannot write
   root's files, read other processes' environments or signal other sandboxes, and
   ``RLIMIT_NPROC`` binds (it does not bind root).
-* ``mountns``: when the interpreter lives under a directory the unprivileged uid cannot search
-  (e.g. ``/root/.pyenv``), that directory is covered by an empty tmpfs in a private mount
-  namespace and only the interpreter's prefixes are bound back in, which also hides the rest.
+* ``private-root``: the code sees a root of its own (a tmpfs entered with ``pivot_root``, the
+  host's tree detached): the interpreter, its standard library and ``libpython``, the system's
+  shared libraries and the ``allowed_packages`` (default: none beyond the standard library),
+  all read-only; a few device nodes; its working directory; private, empty ``/tmp``,
+  ``/var/tmp`` and ``/dev/shm``; ``/proc`` of its PID namespace. Nothing else of the host
+  (datasets, checkouts, configuration, other users' temporary files) exists for it, and
+  nothing it writes outside its directory outlives the call. No shell (``/bin/sh``) is there:
+  subprocesses run ``sys.executable``.
+* ``mountns`` (the fallback where a private root cannot be made): when the interpreter lives
+  under a directory the unprivileged uid cannot search (e.g. ``/root/.pyenv``), that directory
+  is covered by an empty tmpfs in a private mount namespace and only the interpreter's prefixes
+  are bound back in; the host's world-readable files stay readable (logged as a warning).
 * ``cgroup-pids`` / ``cgroup-memory``: a cgroup v1 group per worker bounds the process count and
   the memory of the whole tree, and lets the tree be killed completely.
 * ``rlimits`` (always): CPU seconds, address space, file size, process count; plus a wall-clock
