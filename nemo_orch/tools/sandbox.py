@@ -22,8 +22,10 @@ probed once at start (``PythonSandbox.isolation`` says which are in force):
   under a directory the unprivileged uid cannot search (e.g. ``/root/.pyenv``), that directory
   is covered by an empty tmpfs in a private mount namespace and only the interpreter's prefixes
   are bound back in; the host's world-readable files stay readable (logged as a warning).
-* ``cgroup-pids`` / ``cgroup-memory``: a cgroup v1 group per worker bounds the process count and
-  the memory of the whole tree, and lets the tree be killed completely.
+* ``cgroup-pids`` / ``cgroup-memory``: a cgroup per worker bounds the process count and the
+  memory of the whole tree, and lets the tree be killed completely: in a delegated cgroup v2
+  subtree (``cgroup-v2``, the default of current distributions) or under the cgroup v1
+  controllers. Groups a killed sandbox left behind are removed at the next start.
 * ``rlimits`` (always): CPU seconds, address space, file size, process count; plus a wall-clock
   timeout that kills the process group, a fresh working directory, an environment without the
   parent's variables, and ``no-new-privs`` so setuid binaries cannot regain privileges.
@@ -76,6 +78,11 @@ _KILL_TIMEOUT_S = 5.0
 _UID_COUNT = 1000
 # Numbers runs process-wide: several sandboxes in one process name their cgroups apart.
 _RUN_NUMBERS = itertools.count()
+# Worker groups are <parent>/nemo_orch_sandbox.<sandbox pid>.<run number>; V2 stands for the
+# unified hierarchy's group, which takes both of _V2_CONTROLLERS.
+_GROUP_PREFIX = "nemo_orch_sandbox."
+V2 = "v2"
+_V2_CONTROLLERS = ("pids", "memory")
 
 # Runs as the worker's main program: enters its cgroups, applies the limits, drops privileges,
 # says it is ready, then reads the code from stdin and executes it as ``__main__``. User code is
@@ -231,7 +238,7 @@ class PrivateRoot:
 class _Plan:
     """How workers are started: what ``unshare`` creates, which uid they drop to, which
     directories are re-exposed in the mount namespace (or the private root they see instead),
-    and the cgroup v1 parents used."""
+    and the cgroup parents used."""
 
     unshare: tuple[str, ...] = ()
     uid_base: int | None = None
@@ -252,7 +259,9 @@ class _Plan:
             names.append("mountns")
         if self.uid_base is not None:
             names.append("uid")
-        names += [f"cgroup-{controller}" for controller, _ in self.cgroups]
+        for controller, _ in self.cgroups:
+            names += ([f"cgroup-{name}" for name in _V2_CONTROLLERS] + ["cgroup-v2"]
+                      if controller == V2 else [f"cgroup-{controller}"])
         return (*names, "rlimits", "no-new-privs")
 
 
@@ -449,7 +458,7 @@ class PythonSandbox(BaseTool):
         cgroups = []
         try:
             for controller, parent in plan.cgroups:
-                group = parent / f"nemo_orch_sandbox.{os.getpid()}.{seq}"
+                group = parent / f"{_GROUP_PREFIX}{os.getpid()}.{seq}"
                 group.mkdir()
                 cgroups.append(group)
                 _write_cgroup_limits(controller, group, self.limits)
@@ -555,6 +564,9 @@ class PythonSandbox(BaseTool):
         if self.isolation_mode == "rlimits":
             return _Plan()
         cgroups = tuple(await asyncio.to_thread(_usable_cgroups, self.limits))
+        if not cgroups:
+            logger.warning("python_sandbox: no writable cgroup (a delegated v2 subtree or the v1 "
+                           "pids and memory controllers): per-process limits only")
         root = os.geteuid() == 0
         namespaces = (("unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net",
                        "--") if root else
@@ -614,31 +626,32 @@ async def _drain(stream: asyncio.StreamReader, output: _Output) -> None:
 
 def _kill_tree(worker: _Worker) -> int:
     """SIGKILL the worker's process group and every process in its cgroups, until they are
-    empty; returns how many processes the memory cgroup OOM-killed."""
+    empty; returns how many processes the memory controller OOM-killed."""
     try:
         os.killpg(worker.proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
     deadline = time.monotonic() + _KILL_TIMEOUT_S
     for group in worker.cgroups:
-        while time.monotonic() < deadline:
+        _kill_group(group, deadline)
+    return sum(_oom_kills(group) for group in worker.cgroups)
+
+
+def _kill_group(group: Path, deadline: float) -> None:
+    """SIGKILL every process in a cgroup until it is empty (or ``deadline``)."""
+    while time.monotonic() < deadline:
+        try:
             pids = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.005)
-    oom_kills = 0
-    for group in worker.cgroups:
-        oom_control = group / "memory.oom_control"
-        if oom_control.exists():
-            for line in oom_control.read_text().splitlines():
-                if line.startswith("oom_kill "):
-                    oom_kills += int(line.split()[1])
-    return oom_kills
+        except OSError:
+            return  # gone already
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
 
 
 def _remove(workdir: Path, cgroups: list[Path]) -> None:
@@ -663,10 +676,18 @@ def _rmdir_cgroup(group: Path) -> None:
 
 
 def _write_cgroup_limits(controller: str, group: Path, limits: SandboxLimits) -> None:
-    if controller == "pids":
+    """The limits of ``controller`` (v1 ``pids`` or ``memory``; ``v2``: both, in the unified
+    hierarchy's files) on a worker's group."""
+    memory = str(limits.memory_mb << 20)
+    if controller in ("pids", V2):
         (group / "pids.max").write_text(str(limits.max_processes))
-    else:
-        memory = str(limits.memory_mb << 20)
+    if controller == V2:
+        (group / "memory.max").write_text(memory)
+        swap = group / "memory.swap.max"
+        if swap.exists():
+            swap.write_text("0")  # without it the limit spills into swap
+        return
+    if controller == "memory":
         (group / "memory.limit_in_bytes").write_text(memory)
         swap = group / "memory.memsw.limit_in_bytes"
         if swap.exists():
@@ -677,15 +698,36 @@ def _write_cgroup_limits(controller: str, group: Path, limits: SandboxLimits) ->
     (group / "notify_on_release").write_text("0")
 
 
+def _oom_kills(group: Path) -> int:
+    """How many processes the memory controller killed in ``group`` (v1 or v2)."""
+    for name in ("memory.oom_control", "memory.events"):
+        if (group / name).exists():
+            for line in (group / name).read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    return 0
+
+
 def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
-    """cgroup v1 ``pids`` and ``memory`` directories of this process in which a child group can
-    be created and limited (tried with a probe group)."""
+    """Where worker groups can be created and limited (tried with a probe group): a delegated
+    cgroup v2 directory (both controllers), else this process's cgroup v1 ``pids`` and
+    ``memory`` directories. Groups a killed sandbox left there are removed first."""
+    try:
+        memberships = Path("/proc/self/cgroup").read_text()
+        mounts = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    v2 = _cgroup_v2_dir(memberships, mounts)
+    candidates = ([(V2, delegated)] if v2 is not None
+                  and (delegated := _delegated_v2(v2)) is not None else
+                  [(controller, parent) for controller in ("pids", "memory")
+                   if (parent := _cgroup_v1_dir(controller, memberships, mounts)) is not None])
     usable = []
-    for controller in ("pids", "memory"):
-        parent = _cgroup_v1_dir(controller)
-        if parent is None:
-            continue
-        probe = parent / f"nemo_orch_sandbox.{os.getpid()}.probe"
+    for controller, parent in candidates:
+        for stale in _stale_groups(parent):
+            _kill_group(stale, time.monotonic() + _KILL_TIMEOUT_S)
+            _rmdir_cgroup(stale)
+        probe = parent / f"{_GROUP_PREFIX}{os.getpid()}.probe"
         try:
             probe.mkdir(exist_ok=True)
             _write_cgroup_limits(controller, probe, limits)
@@ -697,18 +739,25 @@ def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
     return usable
 
 
-def _cgroup_v1_dir(controller: str) -> Path | None:
-    """This process's cgroup directory for a v1 controller, from /proc/self/{cgroup,mountinfo}."""
-    try:
-        memberships = Path("/proc/self/cgroup").read_text().splitlines()
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    own = next((line.split(":", 2)[2] for line in memberships
+def _stale_groups(parent: Path) -> list[Path]:
+    """Worker groups under ``parent`` whose sandbox process is gone (killed before it could
+    remove them)."""
+    stale = []
+    for group in parent.glob(f"{_GROUP_PREFIX}*"):
+        owner = group.name[len(_GROUP_PREFIX):].split(".", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            stale.append(group)
+    return stale
+
+
+def _cgroup_v1_dir(controller: str, memberships: str, mounts: str) -> Path | None:
+    """This process's cgroup directory for a v1 controller (``/proc/self/cgroup`` and
+    ``/proc/self/mountinfo`` as text)."""
+    own = next((line.split(":", 2)[2] for line in memberships.splitlines()
                 if controller in line.split(":", 2)[1].split(",")), None)
     if own is None:
         return None
-    for line in mounts:
+    for line in mounts.splitlines():
         fields, _, tail = line.partition(" - ")
         fstype, _, options = tail.split(" ")[:3]
         if fstype == "cgroup" and controller in options.split(","):
@@ -718,6 +767,46 @@ def _cgroup_v1_dir(controller: str) -> Path | None:
                 return None
             return Path(mount_point, relative).resolve()
     return None
+
+
+def _cgroup_v2_dir(memberships: str, mounts: str) -> Path | None:
+    """This process's cgroup v2 directory: its ``0::`` membership in the unified hierarchy
+    under the ``cgroup2`` mount (None on a v1-only host)."""
+    own = next((line[3:] for line in memberships.splitlines() if line.startswith("0::")), None)
+    if own is None:
+        return None
+    for line in mounts.splitlines():
+        fields, _, tail = line.partition(" - ")
+        if tail.split(" ")[0] == "cgroup2":
+            root, mount_point = fields.split(" ")[3:5]
+            relative = os.path.relpath(own, root)
+            return None if relative.startswith("..") else Path(mount_point, relative).resolve()
+    return None
+
+
+def _delegated_v2(base: Path) -> Path | None:
+    """``base`` (this process's v2 group) with the pids and memory controllers enabled for its
+    children, or None where that is not allowed. A v2 group that hands controllers down may
+    hold no process itself, so when this process is the only one in ``base`` it first moves
+    into a leaf of its own (``nemo_orch.main``); processes of others are never moved."""
+    try:
+        if not set(_V2_CONTROLLERS) <= set((base / "cgroup.controllers").read_text().split()):
+            return None
+        control = base / "cgroup.subtree_control"
+        if set(_V2_CONTROLLERS) <= set(control.read_text().split()):
+            return base
+        members = (base / "cgroup.procs").read_text().split()
+        if any(int(pid) != os.getpid() for pid in members):
+            return None
+        if members:
+            leaf = base / "nemo_orch.main"
+            leaf.mkdir(exist_ok=True)
+            (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        control.write_text(" ".join(f"+{name}" for name in _V2_CONTROLLERS))
+        return base
+    except (OSError, ValueError) as exc:
+        logger.debug("python_sandbox: cgroup v2 at %s not delegated: %s", base, exc)
+        return None
 
 
 # pivot_root(2) has no libc wrapper: its system call number, by machine.

@@ -7,13 +7,16 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from nemo_orch.tools.base import ToolContext, ToolError, ToolResult
-from nemo_orch.tools.sandbox import PythonSandbox, default_spec
+from nemo_orch.tools.sandbox import (V2, PythonSandbox, SandboxLimits, _cgroup_v1_dir,
+                                     _cgroup_v2_dir, _delegated_v2, _oom_kills,
+                                     _write_cgroup_limits, default_spec)
 
 CTX = ToolContext(task_id="t", episode_id="e")
 
@@ -255,3 +258,57 @@ def test_rlimits_only_fallback():
     assert isolation == ("rlimits", "no-new-privs")
     assert ok.error is None and ok.output == "fallback\n"
     assert loop.error == "timed out after 2.0 s"
+
+
+def test_cgroup_v2_is_found_delegated_and_limited(tmp_path):
+    """The v2 path on a tree laid out as the kernel does (this host is v1): the unified
+    hierarchy found from /proc, the controllers handed down after this process moves into a
+    leaf of its own (never when others share its group), the limits and OOM kills read."""
+    mounts = ("30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+              "31 23 0:28 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n")
+    assert _cgroup_v2_dir("0::/user.slice/job\n", mounts) == Path("/sys/fs/cgroup/user.slice/job")
+    assert _cgroup_v2_dir("8:pids:/\n1:name=systemd:/\n", mounts) is None  # v1 only
+    assert _cgroup_v1_dir("pids", "8:pids:/a\n", mounts) == Path("/sys/fs/cgroup/pids/a")
+
+    base = tmp_path / "job"
+    base.mkdir()
+    (base / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (base / "cgroup.subtree_control").write_text("\n")
+    (base / "cgroup.procs").write_text(f"{os.getpid()}\n1234567\n")
+    assert _delegated_v2(base) is None  # another process lives there: nothing is moved
+    assert not (base / "nemo_orch.main").exists()
+    (base / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    assert _delegated_v2(base) == base
+    assert (base / "nemo_orch.main" / "cgroup.procs").read_text() == str(os.getpid())
+    assert set((base / "cgroup.subtree_control").read_text().split()) == {"+pids", "+memory"}
+    (base / "cgroup.controllers").write_text("cpu io\n")
+    assert _delegated_v2(base) is None  # the controllers are not there to hand down
+
+    group = tmp_path / "group"
+    group.mkdir()
+    (group / "memory.swap.max").write_text("max\n")
+    _write_cgroup_limits(V2, group, SandboxLimits(memory_mb=64, max_processes=8))
+    assert [(group / name).read_text() for name in ("pids.max", "memory.max",
+                                                    "memory.swap.max")] == [
+        "8", str(64 << 20), "0"]
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n")
+    assert _oom_kills(group) == 2
+
+
+def test_groups_a_killed_sandbox_left_are_removed_at_the_next_start():
+    async def parents() -> tuple[Path, ...]:
+        sandbox = PythonSandbox(default_spec(), pool_size=0)
+        await sandbox.start()
+        await sandbox.close()
+        return sandbox.cgroup_parents
+
+    found = asyncio.run(parents())
+    if not found:
+        pytest.skip("no writable cgroup here")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a sandbox process that is no more
+    stale = [parent / f"nemo_orch_sandbox.{gone.pid}.7" for parent in found]
+    for group in stale:
+        group.mkdir()
+    assert asyncio.run(parents()) == found
+    assert not any(group.exists() for group in stale)
