@@ -95,3 +95,40 @@ def seed_and_slow_toolbox(marks: str) -> Toolbox:
     import, so a Ray tool executor builds it without the project's heavy modules."""
     return Toolbox([SeedEcho(echo_spec("seed")), DelayedEcho(echo_spec("echo")),
                     MarkedEcho(echo_spec("slow"), marks, default_delay_s=1.0)])
+
+
+class Faulty(BaseTool):
+    """A tool that fails as asked by its ``mode`` argument (an enum, so GRPO's directed
+    exploration forces every mode in turn): ``raise`` raises, ``hang`` sleeps past any
+    timeout, ``huge`` returns ``huge_bytes`` of output, ``ok`` answers."""
+
+    def __init__(self, spec: ToolSpec, huge_bytes: int = 10 << 20) -> None:
+        super().__init__(spec)
+        self.huge_bytes = huge_bytes
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        mode = arguments["mode"]
+        if mode == "raise":
+            raise RuntimeError("injected fault")
+        if mode == "hang":
+            await asyncio.sleep(3600)
+        return ToolResult(output="x" * self.huge_bytes if mode == "huge" else "fine")
+
+
+class ExpertOnTheQuestion(BaseTool):
+    """An expert (an OpenAI-compatible endpoint, through :class:`~nemo_orch.tools.llm.LLMTool`)
+    asked the task's own question: its only argument is the ``model`` enum, so directed
+    exploration calls it without the policy writing a question."""
+
+    def __init__(self, spec: ToolSpec, **options: Any) -> None:
+        from nemo_orch.tools.llm import LLMTool
+
+        super().__init__(spec)
+        self.expert = LLMTool(spec, **options)
+
+    async def close(self) -> None:
+        await self.expert.close()
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        _, result = await self.expert.ask(arguments["model"], context.task.question)
+        return result

@@ -29,6 +29,10 @@ from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
 
+# No token of a byte-level BPE vocabulary spans more characters than this (a long run of
+# spaces is the longest in practice): the prefix of an observation that can hold its kept tokens.
+_MAX_CHARS_PER_TOKEN = 64
+
 def episode_id(task_id: str, sample: int = 0) -> str:
     """The id of a task's ``sample``-th episode: per-episode state (a domain's database, a tau2
     environment) is keyed by it."""
@@ -265,12 +269,16 @@ class Episode:
                                f"{kept[at:at + 40]!r} vs {rendered[at:at + 40]!r}")
 
     def _truncate_observation(self, text: str) -> str:
-        ids = self._encode(text)
+        """At most ``max_observation_tokens`` of a tool's output. Only a prefix long enough to
+        hold them is tokenized: a tool that returns megabytes must not stall the event loop
+        every episode shares."""
         limit = self.settings.max_observation_tokens
-        if len(ids) <= limit:
+        head = text[:limit * _MAX_CHARS_PER_TOKEN]
+        ids = self._encode(head)
+        if len(ids) <= limit and len(head) == len(text):
             return text
         return (self.tokenizer.decode(ids[:limit])
-                + f"\n[observation truncated: {len(ids)} tokens, showing {limit}]")
+                + f"\n[observation truncated: {len(text)} characters, showing {limit} tokens]")
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> Trajectory:

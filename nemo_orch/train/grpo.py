@@ -428,6 +428,12 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
         "sampling/kept": stats.kept,
         **{f"sampling/dropped_{reason}": count for reason, count in stats.dropped.items()},
     }
+    failed = Counter(call.tool for _, t, _ in episodes for turn in t.turns for call in turn.calls
+                     if call.tool is not None and call.error is not None)
+    # Calls that came back with an error: refused arguments, a tool that raised or timed out,
+    # an endpoint that failed; each became an error observation, not a crash.
+    metrics["call_errors"] = sum(failed.values())
+    metrics.update({f"call_errors/{name}": count for name, count in failed.items()})
     routes = Counter(route_of(t) for _, t, _ in episodes)
     metrics.update({f"route/{name}": count / len(episodes) for name, count in routes.items()})
     metrics.update(_source_metrics(groups))
