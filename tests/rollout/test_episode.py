@@ -184,7 +184,7 @@ def test_observations_are_escaped_and_truncated(tiny_tokenizer):
     assert "<|im_end|>" not in trajectory.messages[0]["content"]  # the task text is escaped too
     observation = trajectory.messages[2]["content"]
     assert "<|im_end|>" not in observation and "<tool_call>" not in observation
-    assert observation.endswith("showing 32]")
+    assert observation.endswith("characters, showing 32 tokens]")
     assert_tokens_match_template(trajectory, tiny_tokenizer)
 
 
