@@ -1200,10 +1200,21 @@ def load_saved(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     _require_file(str(path), "config")
     try:
         tree = OmegaConf.load(path)
+        _drop_moved(tree)
         tree.merge_with_dotlist(list(overrides))
     except Exception as error:  # malformed YAML or override of any kind
         raise ConfigError(f"{path}: not a readable YAML config ({error})") from None
     return validate(tree)
+
+
+def _drop_moved(tree: DictConfig) -> None:
+    """A config saved before a key moved (:data:`MOVED_KEYS`) still loads: the old key goes, the
+    new one keeps the value the saved config holds for it."""
+    for key in MOVED_KEYS:
+        section, _, name = key.rpartition(".")
+        node = OmegaConf.select(tree, section)
+        if isinstance(node, DictConfig) and name in node:
+            del node[name]
 
 
 def replace(config: Config, **sections: object) -> Config:

@@ -78,6 +78,17 @@ def test_saved_config_reloads(tmp_path):
         config_lib.load_saved(path)
 
 
+def test_a_config_saved_before_keys_moved_still_loads(tmp_path):
+    """A checkpoint's config.yaml written before grpo.eval_tasks became eval.tasks (and the
+    eval.data family moved under env.*) loads, keeping the new keys' saved values."""
+    cfg = config_lib.load(["eval.tasks=7"])
+    path = tmp_path / "config.yaml"
+    path.write_text(config_lib.to_yaml(cfg).replace("grpo:\n", "grpo:\n  eval_tasks: 300\n", 1)
+                    .replace("eval:\n", "eval:\n  limit: 5\n  data: null\n", 1))
+    assert "eval_tasks: 300" in path.read_text() and "limit: 5" in path.read_text()
+    assert config_lib.load_saved(path) == cfg
+
+
 def test_schema_defaults_are_the_shipped_defaults():
     # One set of defaults: the YAML tree and the dataclasses must not drift apart, and every
     # field is in the YAML tree (a key missing there cannot be overridden from the command line).
