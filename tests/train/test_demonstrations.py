@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from cli_helpers import TINY_LONG_MODEL, run_cli_here, small_sft_overrides
+from cli_helpers import TINY_LONG_MODEL, run_cli, run_cli_here, small_sft_overrides
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import NAIVE_ROUTERS
@@ -41,11 +41,11 @@ def test_sft_trains_on_the_gold_replays_of_domain_tasks(tmp_path, tiny_tokenizer
                                                         toolscale_dir):
     """``env=toolscale data.demo_agent=gold-replay``: each demonstration is the conversation
     of a task's gold actions (calls, outputs, closing message), and SFT trains on them."""
-    result = run_cli_here("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "gold"),
-                          *TINY_LONG_MODEL, "data.seq_length=2560", "env=toolscale",
-                          f"env.path={toolscale_dir}", "data.demo_agent=gold-replay",
-                          "data.num_offline_conversations=5", "data.num_copy_conversations=4",
-                          "trainer.max_steps=2")
+    result = run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "gold"),
+                     *TINY_LONG_MODEL, "data.seq_length=2560", "env=toolscale",
+                     f"env.path={toolscale_dir}", "data.demo_agent=gold-replay",
+                     "data.num_offline_conversations=5", "data.num_copy_conversations=4",
+                     "trainer.max_steps=2")
     conversations = [json.loads(line) for line in
                      (tmp_path / "gold" / "demonstrations.jsonl").read_text().splitlines()]
     assert len(conversations) == 5
@@ -67,10 +67,10 @@ def test_a_demonstrator_that_answers_nothing_right_is_a_clear_error(tmp_path,
                                                                     random_policy_dir):
     """A random policy (the orchestrator of ``rollout.policy``, on the CPU engine) answers no
     offline task right: one line, exit 2, nothing written."""
-    error = run_cli_here("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "none"),
-                         "data.demo_agent=orchestrator", f"rollout.policy={random_policy_dir}",
-                         "data.num_offline_conversations=3", "rollout.max_turns=1",
-                         "rollout.max_new_tokens=4", expect=2)
+    error = run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "none"),
+                    "data.demo_agent=orchestrator", f"rollout.policy={random_policy_dir}",
+                    "data.num_offline_conversations=3", "rollout.max_turns=1",
+                    "rollout.max_new_tokens=4", expect=2)
     assert "answered none of its env=offline tasks right" in error.stderr
     assert not (tmp_path / "none" / "demonstrations.jsonl").exists()
 
@@ -79,6 +79,6 @@ def test_demonstrators_are_checked(tmp_path, tiny_tokenizer_dir, toolscale_dir):
     unknown = run_cli_here("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "x"),
                            "data.demo_agent=oracle", expect=2)
     assert "data.demo_agent must be one of" in unknown.stderr
-    off_world = run_cli_here("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "y"),
-                             "env=toolscale", f"env.path={toolscale_dir}", expect=2)
+    off_world = run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "y"),
+                        "env=toolscale", f"env.path={toolscale_dir}", expect=2)
     assert "naive-routers plays the offline world's routes" in off_world.stderr
