@@ -120,6 +120,10 @@ def save(config: Config, step: int, module, optimizer=None, scheduler=None, *,
     model_state = module.sharded_state_dict(metadata=_SHARDING)
     state = {"model": model_state}
     if optimizer is not None:
+        if not any(adam.state for adam in _torch_adams(optimizer)):
+            # Never stepped (e.g. GRPO's first steps filtered every group): the empty Adam state
+            # equals a fresh one, and megatron-core cannot write a state with no step count.
+            _materialize_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(model_state, metadata=_SHARDING)
         state["scheduler"] = scheduler.state_dict()
     dist_checkpointing.save(state, str(partial))

@@ -146,3 +146,17 @@ def test_reference_is_a_frozen_copy_of_the_policy(tiny_policy):
     policy.train_step(batches, grpo_token_loss(config.grpo))
     torch.testing.assert_close(reference.forward_logprobs(batches), start, atol=0, rtol=0)
     assert not any(p.requires_grad for p in reference.module.parameters())
+
+
+def test_an_optimizer_that_never_stepped_is_saved_and_resumed(tiny_policy, tmp_path):
+    """GRPO can reach a save before any update (every group of its first steps filtered): the
+    checkpoint is written, and a run resumed from it trains as one that never saved."""
+    from nemo_orch.models import checkpoint
+
+    config, policy, context = tiny_policy
+    saved = checkpoint.save(config, 1, policy.module, policy.optimizer, policy.scheduler,
+                            directory=tmp_path)
+    checkpoint.load(checkpoint.open_checkpoint(saved), policy.module, policy.optimizer,
+                    policy.scheduler)
+    batches = on_policy_batches(config, policy, context, torch.ones(8))
+    assert torch.isfinite(torch.tensor(policy.train_step(batches).loss))
