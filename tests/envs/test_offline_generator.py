@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from nemo_orch.data.conversations import validate_conversation
-from nemo_orch.envs.offline.generator import PREFERENCES, TOOLS, extract_answer, generate_conversations
+from nemo_orch.envs.offline.generator import (PREFERENCES, TOOLS, extract_answer,
+                                              generate_conversations)
 from nemo_orch.tools.schema import argument_errors
 
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}

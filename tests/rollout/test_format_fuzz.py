@@ -43,11 +43,14 @@ valid_call = st.one_of(
     st.builds(lambda model: ("call_expert", {"model": model}), st.sampled_from(["small",
                                                                                 "large"])),
 )
-rendering = st.sampled_from([
+def _payload(call, **options) -> str:
+    return json.dumps({"name": call[0], "arguments": call[1]}, **options)
+
+
+rendering = st.sampled_from([  # the canonical rendering, compact, and spread over lines
     call_text,
-    lambda call: f"{OPEN_CALL}{json.dumps({'name': call[0], 'arguments': call[1]})}{CLOSE_CALL}",
-    lambda call: (f"{OPEN_CALL}\n  {json.dumps({'name': call[0], 'arguments': call[1]}, ensure_ascii=False, indent=1)}"  # noqa: E501
-                  f"  \n{CLOSE_CALL}"),
+    lambda call: f"{OPEN_CALL}{_payload(call)}{CLOSE_CALL}",
+    lambda call: f"{OPEN_CALL}\n  {_payload(call, ensure_ascii=False, indent=1)}  \n{CLOSE_CALL}",
 ])
 
 
