@@ -115,13 +115,15 @@ if root is not None:
     new = root["path"]
     mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
-    for link, destination in root["links"]:
-        os.makedirs(os.path.dirname(new + link), 0o755, exist_ok=True)
-        os.symlink(destination, new + link)
-    for directory in root["scratch"]:  # first: the worker's directory is bound inside /tmp
+    # Scratch first: the worker's directory, even the interpreter (a checkout in /tmp), may
+    # live under /tmp, and their links and binds go inside it.
+    for directory in root["scratch"]:
         os.makedirs(new + directory, 0o755, exist_ok=True)
         mount("tmpfs", new + directory, "tmpfs", MS_NOSUID | MS_NODEV,
               f"mode=1777,size={root['scratch_bytes']}")
+    for link, destination in root["links"]:
+        os.makedirs(os.path.dirname(new + link), 0o755, exist_ok=True)
+        os.symlink(destination, new + link)
     for source, target, writable in root["binds"]:
         inside = new + target
         if os.path.isdir(source):

@@ -4,6 +4,7 @@ host is unaffected, and the next call still works."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -312,3 +313,32 @@ def test_groups_a_killed_sandbox_left_are_removed_at_the_next_start():
         group.mkdir()
     assert asyncio.run(parents()) == found
     assert not any(group.exists() for group in stale)
+
+
+def test_an_interpreter_living_under_tmp_runs_in_the_private_root(tmp_path):
+    """A checkout (and its .venv) under the host's /tmp, as CI's may be: the private root's own
+    /tmp still holds the interpreter's path, so subprocesses of ``sys.executable`` run."""
+    import sys
+    import venv
+
+    venv.create(tmp_path / "venv", with_pip=False, symlinks=True)
+    program = ("import asyncio, json, sys\n"
+               "from nemo_orch.tools.base import ToolContext\n"
+               "from nemo_orch.tools.sandbox import PythonSandbox, default_spec\n"
+               "async def main():\n"
+               "    sandbox = PythonSandbox(default_spec(), pool_size=0)\n"
+               "    await sandbox.start()\n"
+               "    code = ('import subprocess, sys; print(subprocess.run([sys.executable, '\n"
+               "            '\"-c\", \"print(7)\"], capture_output=True, text=True).stdout)')\n"
+               "    result = await sandbox.call({'code': code}, ToolContext())\n"
+               "    await sandbox.close()\n"
+               "    print(json.dumps([sandbox.isolation, result.output, result.error]))\n"
+               "asyncio.run(main())\n")
+    paths = [str(Path(__file__).resolve().parents[2]), *sys.path[1:]]
+    completed = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c", program],
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    isolation, output, error = json.loads(completed.stdout.splitlines()[-1])
+    if "private-root" not in isolation:
+        pytest.skip("no private root here (no mount namespace)")
+    assert (output, error) == ("7\n\n", None)
