@@ -17,6 +17,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import json_values
 
 from nemo_orch import config as config_lib
 from nemo_orch.data.conversations import read_conversations
@@ -33,18 +34,11 @@ KEYS = ["id", "question", "answer", "system", "tools", "metadata", "allowed_docu
         "parameters", "gold_actions", "facts", "instruction", "domain", "scorer", "domain_task",
         "code", "query", "model", "text", "calls", "has_reference", "user_scenario",
         "evaluation_criteria", "actions"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**64, 2**64),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
-                    st.sampled_from(["user", "assistant", "tool", "database", "exact", "shop",
-                                     "python_sandbox", "search", "call_expert", "math-small"]))
-json_values = st.recursive(
-    scalars, lambda children: st.one_of(
-        st.lists(children, max_size=4),
-        st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=8)), children,
-                        max_size=6)),
-    max_leaves=25)
-records = st.one_of(json_values,
-                    st.dictionaries(st.sampled_from(KEYS), json_values, max_size=8))
+values = json_values(KEYS, ["user", "assistant", "tool", "database", "exact", "shop",
+                           "python_sandbox", "search", "call_expert", "math-small"],
+                     allow_nan=True)
+records = st.one_of(values,
+                    st.dictionaries(st.sampled_from(KEYS), values, max_size=8))
 lines = st.lists(st.one_of(records.map(json.dumps), st.text(max_size=40)), max_size=5)
 FUZZ = settings(max_examples=200, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -64,7 +58,7 @@ def test_arguments_of_any_shape_against_every_builtin_schema(toolbox, data):
     properties = list(toolbox.tools[name].spec.parameters.get("properties", {}))
     arguments = data.draw(st.dictionaries(st.one_of(st.sampled_from(properties or ["x"]),
                                                     st.text(max_size=8)),
-                                          json_values, max_size=5))
+                                          values, max_size=5))
     problems = argument_errors(toolbox.tools[name].spec.parameters, arguments)
     assert isinstance(problems, list)
     if problems:
@@ -95,8 +89,8 @@ item_fields = st.fixed_dictionaries({
     "reference": st.text(max_size=20),
     "metadata": st.one_of(st.text(max_size=20), records.map(json.dumps),
                           st.fixed_dictionaries({"id": st.text(max_size=5)}, optional={
-                              "metadata": json_values, "calls": json_values,
-                              "has_reference": json_values}).map(json.dumps))})
+                              "metadata": values, "calls": values,
+                              "has_reference": values}).map(json.dumps))})
 
 
 @FUZZ

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import json_values
 
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server
@@ -20,17 +21,9 @@ FIELDS = ["model", "messages", "tools", "tool_choice", "temperature", "top_p", "
           "max_completion_tokens", "stop", "stop_token_ids", "seed", "logprobs", "n", "stream",
           "parallel_tool_calls", "prompt", "ignore_eos", "role", "content", "tool_calls",
           "function", "name", "arguments", "type", "parameters", "id"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
-                    st.floats(allow_nan=False), st.text(max_size=30),
-                    st.sampled_from(["user", "assistant", "tool", "system", "function",
-                                     MODEL, "auto", "none", '{"a": 1}', "{oops", "[1]"]))
-json_values = st.recursive(
-    scalars, lambda children: st.one_of(
-        st.lists(children, max_size=4),
-        st.dictionaries(st.one_of(st.sampled_from(FIELDS), st.text(max_size=10)), children,
-                        max_size=5)),
-    max_leaves=30)
-bodies = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6)
+field_values = json_values(FIELDS, ["user", "assistant", "tool", "system", "function", MODEL,
+                                   "auto", "none", '{"a": 1}', "{oops", "[1]"], allow_nan=False)
+bodies = st.dictionaries(st.sampled_from(FIELDS), field_values, max_size=6)
 
 
 @pytest.fixture(scope="module")
