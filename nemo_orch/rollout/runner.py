@@ -85,22 +85,36 @@ class GenerationBatcher:
             await asyncio.sleep(0)
             while self._pending:
                 params, batch = self._take_batch()
-                prompts = [prompt for prompt, _, _ in batch]
                 try:
-                    generations = await self._call_engine(prompts, params,
-                                                          [seed for _, seed, _ in batch])
-                except Exception as error:  # each waiting episode decides what this means
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(error)
-                    continue
-                self.stats.calls += 1
-                self.stats.prompts += len(prompts)
-                self.stats.sizes.append(len(prompts))
-                for (_, _, future), generation in zip(batch, generations):
-                    if not future.done():
-                        future.set_result(generation)
+                    await self._answer(batch, params)
+                except Exception:
+                    # A call fails as a whole (e.g. one prompt too long for the engine): each
+                    # prompt alone again (its own seed: the same sample), so only the episodes
+                    # at fault get the error.
+                    await asyncio.gather(*(self._answer([request], params)
+                                           for request in batch))
             self._wakeup.clear()
+
+    async def _answer(self, batch: list[tuple[list[int], int, asyncio.Future]],
+                      params: SamplingParams) -> None:
+        """One engine call for ``batch``; its futures get the generations. A failed call
+        raises, but for a single request, whose episode gets the error (and decides what it
+        means)."""
+        prompts = [prompt for prompt, _, _ in batch]
+        try:
+            generations = await self._call_engine(prompts, params, [seed for _, seed, _ in batch])
+        except Exception as error:
+            if len(batch) > 1:
+                raise
+            if not batch[0][2].done():
+                batch[0][2].set_exception(error)
+            return
+        self.stats.calls += 1
+        self.stats.prompts += len(prompts)
+        self.stats.sizes.append(len(prompts))
+        for (_, _, future), generation in zip(batch, generations):
+            if not future.done():
+                future.set_result(generation)
 
     async def _call_engine(self, prompts: list[list[int]], params: SamplingParams,
                            seeds: list[int]) -> list[Generation]:

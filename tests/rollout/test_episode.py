@@ -194,16 +194,15 @@ def test_engine_failure_ends_only_that_episode(tiny_tokenizer):
             raise RuntimeError("engine down")
         return echo_then_answer(prompt)
 
-    class OnePerCall(ScriptedEngine):  # fail per prompt, not per batch
-        def generate(self, prompts, params, seeds=None):
-            return [super(OnePerCall, self).generate([p], params)[0] for p in prompts]
-
-    tasks = [Task("ok", "echo: fine"), Task("bad", "explode: now")]
-    engine = OnePerCall(tiny_tokenizer, reply)
+    # The engine fails a whole call when one of its prompts is bad (as the HF engine does for a
+    # prompt longer than its positions): the episodes batched with the bad one go on.
+    tasks = [Task("ok", "echo: fine"), Task("bad", "explode: now"), Task("ok2", "echo: too")]
+    engine = ScriptedEngine(tiny_tokenizer, reply)
     trajectories = asyncio.run(run_rollouts(tasks, 1, engine, make_toolbox(), tiny_tokenizer,
-                                            settings(max_batch_size=1)))
-    assert [t.termination for t in trajectories] == ["answer", "engine_error"]
+                                            settings()))
+    assert [t.termination for t in trajectories] == ["answer", "engine_error", "answer"]
     assert "engine down" in trajectories[1].turns[0].finish_reason
+    assert max(engine.batch_sizes) == 3  # the first turns were one call, which failed
 
 
 def test_slow_tool_does_not_delay_other_episodes(tiny_tokenizer):
