@@ -28,13 +28,14 @@ EXIT_USER_ERROR = 2
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from nemo_orch.data.conversations import DataError
+    from nemo_orch.http import HTTPError
     from nemo_orch.models.checkpoint import CheckpointError
     from nemo_orch.models.tokenizer import TokenizerError
     from nemo_orch.rollout.engines.base import EngineError
     from nemo_orch.tools.base import ToolError
 
     return (config_lib.ConfigError, CheckpointError, DataError, TokenizerError, ToolError,
-            EngineError, FileNotFoundError)
+            EngineError, HTTPError, FileNotFoundError)
 
 
 def _launch_workers(config: Config) -> int | None:

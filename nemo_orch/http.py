@@ -14,7 +14,7 @@ import logging
 import os
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -63,10 +63,12 @@ class JSONClient:
     in turn (each gets its own connection pool), so sync callers may use ``asyncio.run``.
     ``error_type`` is the exception raised (a subclass of :class:`HTTPError` or any class taking
     ``(message, status)``). ``max_in_flight`` bounds the requests sent at once (per event loop;
-    the others wait their turn): how an evaluation keeps a bound per endpoint.
+    the others wait their turn): how an evaluation keeps a bound per endpoint. ``retry_also``
+    names more refusals to retry (e.g. a server up but still loading what it serves).
     """
 
     error_type: type[Exception] = HTTPError
+    retry_also: Callable[[httpx.Response], bool] = staticmethod(lambda response: False)
 
     def __init__(self, base_url: str, *, api_key_env: str | None = None, timeout_s: float = 60.0,
                  max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
@@ -172,7 +174,8 @@ class JSONClient:
                         raise self.error_type(f"{method} {url}: response is not JSON",
                                               response.status_code) from None
                 problem = f"HTTP {response.status_code}: {error_message(response)}"
-                if response.status_code not in RETRY_STATUSES:
+                if (response.status_code not in RETRY_STATUSES
+                        and not self.retry_also(response)):
                     raise self.error_type(self.scrub(f"{method} {url} failed with {problem}"),
                                           response.status_code)
             if attempt == self.max_retries:

@@ -171,7 +171,12 @@ class ActorScorer:
     async def score(self, task: Task, answer: str | None,
                     calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult:
         actor = self.actors[zlib.crc32(task.id.encode()) % len(self.actors)]
-        return await actor.score.remote(task, answer, list(calls))
+        try:
+            return await actor.score.remote(task, answer, list(calls))
+        except RayTaskError as error:
+            if error.cause is None:
+                raise
+            raise error.cause from error  # e.g. a reward server gone: the scorer's own error
 
 
 # ----------------------------------------------------------------------------- the pool

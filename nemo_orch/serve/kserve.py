@@ -1,6 +1,7 @@
 """The client of the project's Triton models: KServe v2 JSON over HTTP, under the project's rules
 for external calls (:class:`~nemo_orch.http.JSONClient`: timeouts, bounded retries with backoff
-on connection errors and 5xx, keys from the environment, a bound on requests in flight).
+on connection errors and 5xx, keys from the environment, a bound on requests in flight), and a
+model that is not loaded yet retried too (a restarting server).
 
 Every model of :mod:`nemo_orch.serve.triton` takes and returns text items plus an ``error``
 output; :meth:`KServeClient.infer` sends items as rows (input name -> text) and returns the
@@ -14,12 +15,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nemo_orch.http import HTTPError, JSONClient
+import httpx
+
+from nemo_orch.http import HTTPError, JSONClient, error_message
 from nemo_orch.serve.triton import ERROR_OUTPUT
 
 
 class KServeError(HTTPError):
     """A request the model refused or failed (``status``: HTTP status; None: no answer)."""
+
+
+def _loading(response: httpx.Response) -> bool:
+    """Whether Triton refused for a model it has not loaded yet: a server restarting answers
+    HTTP 400 (``unknown model``, ``not ready``) until its models are up."""
+    if response.status_code != 400:
+        return False
+    message = error_message(response)
+    return "unknown model" in message or "is not ready" in message
 
 
 class KServeClient:
@@ -32,6 +44,7 @@ class KServeClient:
         self.client = JSONClient(base_url, timeout_s=timeout_s, max_retries=max_retries,
                                  max_in_flight=max_in_flight, api_key_env=api_key_env)
         self.client.error_type = KServeError
+        self.client.retry_also = _loading
 
     def __repr__(self) -> str:
         return f"KServeClient({self.client.base_url!r}, {self.model!r})"

@@ -38,6 +38,7 @@ from nemo_orch.distributed import ParallelContext
 from nemo_orch.envs import Environment, Mixture, build_mixture
 from nemo_orch.envs.mixture import Draw
 from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
+from nemo_orch.http import HTTPError
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
                                          load_hf_checkpoint_config, model_config_from_hf)
@@ -587,12 +588,15 @@ def train(config: Config, context: ParallelContext, init_from: Path,
             payload = None
             if writer:
                 rollouts.tools = curriculum.stage_tools(grpo.curriculum, history)
-                kept, generated, stats = loop.run_until_complete(rollouts.batch(step))
-                step_metrics = rollout_metrics(generated, stats)
+                try:
+                    kept, generated, stats = loop.run_until_complete(rollouts.batch(step))
+                    step_metrics = rollout_metrics(generated, stats)
+                    if grpo.val_interval and step % grpo.val_interval == 0:
+                        step_metrics.update(loop.run_until_complete(rollouts.validate()))
+                except HTTPError as error:  # a reward server gone past its retries
+                    raise HTTPError(_stopped(config, step, error), error.status) from None
                 step_metrics["explore/forced_episodes"] = rollouts.forced_episodes
                 step_metrics["sampling/skipped_context"] = rollouts.skipped_context
-                if grpo.val_interval and step % grpo.val_interval == 0:
-                    step_metrics.update(loop.run_until_complete(rollouts.validate()))
                 step_metrics.update({f"choices/{key}": count for key, count
                                      in rollouts.previous_choices.items()})
                 step_metrics["curriculum/stage"] = curriculum.stage_index(grpo.curriculum,
@@ -637,6 +641,15 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)
+
+
+def _stopped(config: Config, step: int, error: HTTPError) -> str:
+    """Why the run stopped in ``step`` and where running it again resumes."""
+    latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
+    resumes = (f"from {latest.path} (step {latest.step})" if latest is not None
+               else "from the start (no step was checkpointed)")
+    return (f"GRPO stopped in step {step}: {error}. Run the same command again to resume "
+            f"{resumes}.")
 
 
 async def _each(awaitables: Any) -> None:

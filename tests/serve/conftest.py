@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
 import pytest
+from cli_helpers import free_ports
 
 from nemo_orch.config import ServeConfig
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on (held open together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def serve_config(workspace_root: Path, **fields: object) -> ServeConfig:

@@ -21,6 +21,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.eval import harness
 from nemo_orch.reward.remote import reward_item
 from nemo_orch.rollout.builders import build_scorer, build_toolbox
+from nemo_orch.serve.http_server import RequestError, serve_json
 from nemo_orch.serve.kserve import KServeClient, KServeError
 from nemo_orch.serve.triton import serve_models
 from nemo_orch.serve.triton_models import reward_model, tool_models
@@ -130,6 +131,31 @@ def test_undecodable_bodies_get_a_400(server):
     assert invalid.status_code == 400 and "not valid UTF-8" in invalid.json()["error"]
     unknown = _infer(server, "no-such-model", _text_inputs([GOOD]))
     assert unknown.status_code in (400, 404) and "no-such-model" in unknown.json()["error"]
+
+
+def test_a_model_still_loading_is_retried_and_a_bad_request_is_not():
+    # A restarting Triton is up before its models are: it refuses with HTTP 400 (these words)
+    # until they are loaded. That refusal is retried; a request the model rejects is not.
+    refusals = ["Request for unknown model: 'reward' is not found",
+                "Request for unknown model: 'reward' has no available versions"]
+    calls = []
+
+    def infer(body: dict) -> dict:
+        calls.append(body)
+        if len(calls) <= len(refusals):
+            raise RequestError(refusals[len(calls) - 1], 400)
+        if len(calls) == 3:
+            return {"outputs": [{"name": "score", "datatype": "FP32", "shape": [1, 1],
+                                 "data": [1.0]}]}
+        raise RequestError("metadata must be a JSON object", 400)
+
+    with serve_json({("POST", "/v2/models/reward/infer"): infer}) as stub:
+        client = KServeClient(stub.url, "reward", max_retries=3)
+        client.client.backoff_s = 0.01
+        assert asyncio.run(client.infer([GOOD])) == [{"score": 1.0}]
+        with pytest.raises(KServeError, match="failed with HTTP 400: metadata must be"):
+            asyncio.run(client.infer([GOOD]))
+    assert len(calls) == 4
 
 
 def test_a_bad_request_merged_with_good_ones_fails_alone(server):
