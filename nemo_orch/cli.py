@@ -28,7 +28,7 @@ EXIT_USER_ERROR = 2
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from nemo_orch.data.conversations import DataError
-    from nemo_orch.http import HTTPError
+    from nemo_orch.clients.http import HTTPError
     from nemo_orch.models.checkpoint import CheckpointError
     from nemo_orch.models.tokenizer import TokenizerError
     from nemo_orch.rollout.engines.base import EngineError

@@ -961,7 +961,7 @@ class MonolithConfig:
     Each request gets ``timeout_s`` (reasoning models take minutes) and ``max_retries``.
 
     With ``base_url`` null on the offline benchmark, a SIMULATED frontier model is served on
-    127.0.0.1 for the evaluation (``nemo_orch/serve/simulated_chat.py``): the offline experts'
+    127.0.0.1 for the evaluation (``nemo_orch/eval/simulated_chat.py``): the offline experts'
     alias ``simulate``, sleeping ``time_scale`` times its simulated generation time."""
 
     base_url: Optional[str] = None

@@ -20,7 +20,7 @@ class OutcomeScoredEnvironment(Environment):
 
     def __init__(self, config: Config, source: EnvSourceConfig, declarations: Sequence[str],
                  domains: Sequence[str] = ()) -> None:
-        from nemo_orch.rollout.builders import build_scorer
+        from nemo_orch.reward.builders import build_scorer
 
         self.name, self.notes, self.limit = source.label, {}, source.limit
         self.tools_config = dataclasses.replace(config.tools, declarations=list(declarations),

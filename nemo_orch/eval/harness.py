@@ -204,7 +204,7 @@ async def _agent(system: System, resources: Resources, toolbox: Toolbox
 async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
                     ) -> AsyncIterator[Agent]:
     from nemo_orch.eval.chat_agent import ChatAgent
-    from nemo_orch.rollout.engines.openai import OpenAIClient
+    from nemo_orch.clients.openai import OpenAIClient
     from nemo_orch.tools.base import Pricing
     from nemo_orch.tools.pricing import model_pricing, price_overrides
 
@@ -231,7 +231,7 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
 def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) -> Any:
     """The offline benchmark's monolith: a SIMULATED frontier model (an alias of the simulated
     experts) served over real HTTP on 127.0.0.1 for this evaluation."""
-    from nemo_orch.serve.simulated_chat import start_simulated_chat_server
+    from nemo_orch.eval.simulated_chat import start_simulated_chat_server
     from nemo_orch.tools.simulated_expert import SimulatedExpert
 
     monolith = config.eval.monolith

@@ -1,14 +1,15 @@
-"""Rewards: pure functions over a finished group of trajectories of one task, giving each
-trajectory a scalar and the components it came from (see DESIGN.md, "Reward").
+"""Rewards of a finished group of trajectories of one task: each trajectory's scalar and the
+components it came from, so every component can be logged.
 
-``outcome`` decides right or wrong (exact, numeric, LLM judge, database state); ``components``
+``outcome`` decides right or wrong (exact, numeric, LLM judge, database state), in process or on
+a reward server (``remote``), as ``builders.build_scorer`` picks from the config; ``components``
 extracts cost, latency, call counts and preference adherence; ``combine`` turns a group into
 rewards (``reward.combination``); ``advantages`` turns rewards into GRPO advantages and filters
 groups; ``scoring`` runs it all over a batch.
 """
 
 from nemo_orch.reward.advantages import (
-    SamplingStats, fill_batch, group_advantages, group_drop_reason, keep_group,
+    SamplingStats, fill_batch, group_advantages, group_drop_reason,
     trajectory_drop_reason)
 from nemo_orch.reward.combine import RewardBreakdown, score_group
 from nemo_orch.reward.components import (
@@ -20,7 +21,7 @@ from nemo_orch.reward.scoring import by_answer, score_groups
 __all__ = [
     "OUTCOME_METHODS", "Features", "OutcomeResult", "OutcomeScorer", "RewardBreakdown",
     "SamplingStats", "by_answer", "exact_match", "extract_features",
-    "fill_batch", "group_advantages", "group_drop_reason", "keep_group", "normalize_answer",
+    "fill_batch", "group_advantages", "group_drop_reason", "normalize_answer",
     "numeric_match", "preference_instruction", "preference_match", "score_group", "score_groups",
     "task_preference", "trajectory_drop_reason",
 ]

@@ -56,11 +56,6 @@ def group_drop_reason(breakdowns: Sequence[RewardBreakdown], config: RewardConfi
     return None
 
 
-def keep_group(breakdowns: Sequence[RewardBreakdown], config: RewardConfig) -> bool:
-    """Whether the group trains (see :func:`group_drop_reason`)."""
-    return group_drop_reason(breakdowns, config) is None
-
-
 @dataclass
 class SamplingStats:
     """What :func:`fill_batch` did: rounds run, groups generated and kept, drops by reason."""

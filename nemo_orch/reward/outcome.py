@@ -27,7 +27,7 @@ from nemo_orch.config import RewardConfig
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, score_episode
 from nemo_orch.data.tasks import Task
-from nemo_orch.rollout.engines.openai import OpenAIClient
+from nemo_orch.clients.openai import OpenAIClient
 
 # How an outcome was decided; every one is logged as its own component.
 OUTCOME_METHODS = ("empty", "too_long", "exact", "numeric", "judge", "no_match", "judge_error",

@@ -64,7 +64,7 @@ class RemoteOutcomeScorer:
 
     def __init__(self, endpoint: str, *, timeout_s: float, max_retries: int,
                  max_in_flight: int | None = None) -> None:
-        from nemo_orch.serve.kserve import KServeClient
+        from nemo_orch.clients.kserve import KServeClient
 
         self.client = KServeClient(endpoint, REWARD_MODEL, timeout_s=timeout_s,
                                    max_retries=max_retries, max_in_flight=max_in_flight)

@@ -1,4 +1,4 @@
-"""Scoring whole batches: what the GRPO trainer and the evaluator call."""
+"""Scoring whole batches of groups: what GRPO's rollouts call."""
 
 from __future__ import annotations
 

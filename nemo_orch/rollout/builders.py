@@ -16,8 +16,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
-from nemo_orch.data.domain import Domain
-from nemo_orch.tools.domain import domain_tools, load_domains
+from nemo_orch.tools.domain import build_domains, domain_tools
 from nemo_orch.tools.llm import endpoint_overrides
 from nemo_orch.tools.pricing import price_overrides
 from nemo_orch.tools.registry import Toolbox, build_tools, load_declarations
@@ -26,7 +25,6 @@ if TYPE_CHECKING:  # torch and transformers load only for commands that generate
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from nemo_orch.reward.outcome import AnswerScorer
     from nemo_orch.rollout.engines.base import Engine
     from nemo_orch.tools.base import ToolSpec
     from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
@@ -44,27 +42,6 @@ def build_toolbox(tools: ToolsConfig) -> Toolbox:
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
     return Toolbox([*declared, *domain], cache_entries=tools.cache_entries,
                    cache_bytes=tools.cache_mb << 20)
-
-
-def build_domains(tools: ToolsConfig) -> dict[str, Domain]:
-    """The configured domains (``tools.domains``), by name."""
-    return load_domains([resolve_conf_path(path) for path in tools.domains])
-
-
-def build_scorer(config: Config, judge_in_flight: int | None = None) -> "AnswerScorer":
-    """The outcome scorer: the reward protocol, with the configured domains' databases and at
-    most ``judge_in_flight`` judge requests at once (None: no bound); or, with
-    ``reward.endpoint``, the reward server that runs it (at most ``judge_in_flight`` requests)."""
-    from nemo_orch.reward.outcome import OutcomeScorer
-    from nemo_orch.reward.remote import RemoteOutcomeScorer
-
-    if config.reward.endpoint is not None:
-        return RemoteOutcomeScorer(config.reward.endpoint,
-                                   timeout_s=config.reward.endpoint_timeout_s,
-                                   max_retries=config.reward.endpoint_max_retries,
-                                   max_in_flight=judge_in_flight)
-    return OutcomeScorer(config.reward, domains=build_domains(config.tools),
-                         judge_in_flight=judge_in_flight)
 
 
 def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:
@@ -121,7 +98,8 @@ def build_engine(config: Config, max_requests: int = 8
 
         engine = _in_scratch_dir(start)
         return engine, engine.tokenizer
-    from nemo_orch.rollout.engines.openai import OpenAIClient, OpenAIEngine
+    from nemo_orch.clients.openai import OpenAIClient
+    from nemo_orch.rollout.engines.openai import OpenAIEngine
 
     if config.tokenizer.path is None:
         raise ConfigError("rollout.engine=openai needs tokenizer.path (the served model's "

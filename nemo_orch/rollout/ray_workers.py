@@ -43,9 +43,9 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import Config, ConfigError, RayConfig, RolloutConfig
 from nemo_orch.data.tasks import Task
+from nemo_orch.reward.builders import build_scorer
 from nemo_orch.reward.outcome import AnswerScorer, OutcomeResult
-from nemo_orch.rollout.builders import (build_engine, build_rollout_engine, build_scorer,
-                                        build_toolbox)
+from nemo_orch.rollout.builders import build_engine, build_rollout_engine, build_toolbox
 from nemo_orch.rollout.engines.base import Engine
 from nemo_orch.rollout.episode import RolloutError, Trajectory
 from nemo_orch.rollout.format import Choice

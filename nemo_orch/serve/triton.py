@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from nemo_orch.clients.kserve import ERROR_OUTPUT
 from nemo_orch.config import ConfigError, ServeConfig
 from nemo_orch.serve.loop_thread import LoopThread
 from nemo_orch.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
 
-ERROR_OUTPUT = "error"
 TEXT = bytes  # a text input or output: BYTES in Triton, UTF-8 here
 
 

@@ -29,7 +29,7 @@ from nemo_orch.tools.remote import TOOL_INPUTS, TOOL_OUTPUT, context_from_json
 
 def reward_model(config: Config) -> TextModel:
     """Outcome scoring under ``config.reward`` with the configured domains' databases."""
-    from nemo_orch.rollout.builders import build_scorer
+    from nemo_orch.reward.builders import build_scorer
 
     scorer = build_scorer(config)
     if not isinstance(scorer, OutcomeScorer):

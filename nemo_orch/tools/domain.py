@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from nemo_orch.config import ToolsConfig, resolve_conf_path
 from nemo_orch.data.domain import ActionError, Database, Domain, result_text
 from nemo_orch.data.domain_tasks import DomainTask
 from nemo_orch.tools.base import BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec
@@ -93,6 +94,11 @@ def domain_tools(domain: Domain, pricing: Pricing = Pricing(),
     return [DomainTool(ToolSpec(name, tool.description, domain.spec.parameters(name),
                                 pricing=pricing, deterministic=False), domain, databases)
             for name, tool in domain.spec.tools.items()]
+
+
+def build_domains(tools: ToolsConfig) -> dict[str, Domain]:
+    """The configured domains (``tools.domains``), by name."""
+    return load_domains([resolve_conf_path(path) for path in tools.domains])
 
 
 def load_domains(paths: list[str] | list[Path]) -> dict[str, Domain]:

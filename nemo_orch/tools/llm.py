@@ -9,7 +9,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_orch.rollout.engines.openai import OpenAIClient, OpenAIError
+from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 from nemo_orch.tools.base import BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec
 from nemo_orch.tools.base import Usage
 from nemo_orch.tools.composite import check_context_budget

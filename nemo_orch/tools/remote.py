@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from nemo_orch.data.tasks import task_from_json
-from nemo_orch.http import HTTPError
+from nemo_orch.clients.http import HTTPError
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
 
 TOOL_INPUTS = ("arguments", "context")
@@ -58,7 +58,7 @@ class RemoteTool(BaseTool):
     def __init__(self, spec: ToolSpec, endpoint: str, model: str | None = None,
                  api_key_env: str | None = None, timeout_s: float = 60.0,
                  max_retries: int = 2) -> None:
-        from nemo_orch.serve.kserve import KServeClient
+        from nemo_orch.clients.kserve import KServeClient
 
         super().__init__(spec)
         self.client = KServeClient(endpoint, model or spec.name, timeout_s=timeout_s,

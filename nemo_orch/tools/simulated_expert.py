@@ -73,7 +73,7 @@ _NUMBER = re.compile(r"-?\d+")
 
 def wrong_answer(answer: str, rng: random.Random) -> str:
     """A near miss: numbers shifted, text replaced by a hedge (also the simulated chat model's,
-    :mod:`nemo_orch.serve.simulated_chat`)."""
+    :mod:`nemo_orch.eval.simulated_chat`)."""
     if _NUMBER.fullmatch(answer.strip()):
         value = int(answer)
         return str(value + rng.choice([-1, 1]) * rng.randint(1, max(2, abs(value) // 10)))

@@ -7,7 +7,7 @@ One ``POST {base_url}/search`` per call with ``Authorization: Bearer <key>``; th
 Failures follow the project's rule for external calls: a per-attempt timeout, bounded retries with
 exponential backoff and jitter on what may pass (connection errors, timeouts, 429, 5xx), an
 immediate error on what will not (401, 400, ...), and always an error *result*, never an exception.
-The transport is :class:`nemo_orch.http.JSONClient`; the API key is read from the environment and
+The transport is :class:`nemo_orch.clients.http.JSONClient`; the API key is read from the environment and
 redacted from every message, so it reaches neither the policy nor the logs.
 """
 
@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 
-from nemo_orch.http import RETRY_STATUSES, HTTPError, JSONClient
+from nemo_orch.clients.http import RETRY_STATUSES, HTTPError, JSONClient
 from nemo_orch.tools.base import BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec
 from nemo_orch.tools.base import Usage
 from nemo_orch.tools.schema import argument_errors

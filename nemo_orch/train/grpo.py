@@ -1,7 +1,8 @@
 """GRPO recipe: the RL stage of ``nemo-orch train``, on the Megatron policy.
 
 Read top to bottom. Each step: rank 0 rolls out ``grpo.prompts_per_step`` tasks x
-``rollout.group_size`` episodes with the CPU engine and the real tools, scores the groups
+``rollout.group_size`` episodes with the rollout engine (``rollout.engine``; on Ray's workers
+with ``rollout.backend=ray``) and the real tools, scores the groups
 (:mod:`nemo_orch.reward`), filters them and, with dynamic sampling, rolls out more until the batch
 is full; the samples go to every rank; the trainer recomputes the old log-probabilities (and
 logs their mismatch with the engine's), the frozen reference's, and runs ``updates_per_step``
@@ -38,7 +39,7 @@ from nemo_orch.distributed import ParallelContext
 from nemo_orch.envs import Environment, Mixture, build_mixture
 from nemo_orch.envs.mixture import Draw
 from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
-from nemo_orch.http import HTTPError
+from nemo_orch.clients.http import HTTPError
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
                                          load_hf_checkpoint_config, model_config_from_hf)

@@ -229,10 +229,6 @@ class ReferenceModel:
     def load_hf_weights(self, hf: Mapping[str, torch.Tensor]) -> None:
         weights.load_hf_weights(self.module, hf, self.config.model)
 
-    def load_state_from(self, policy: Policy) -> None:
-        """Freeze a copy of the policy's current weights (same layout, so a plain state copy)."""
-        self.module.load_state_dict(policy.module.state_dict())
-
     def forward_logprobs(self, micro_batches: list[Batch]) -> list[torch.Tensor | None]:
         """Label log-probabilities under the reference weights (see :func:`forward_logprobs`)."""
         return forward_logprobs(self.module, micro_batches)

@@ -24,7 +24,7 @@ from nemo_orch.envs.toolscale import synth
 from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
 from nemo_orch.envs.toolscale.synth import InvalidOutput, SynthError, parse_json
 from nemo_orch.envs.toolscale.validate import rejection
-from nemo_orch.rollout.engines.openai import OpenAIError
+from nemo_orch.clients.openai import OpenAIError
 from nemo_orch.serve.http_server import RequestError, serve_json
 
 API_KEY = "sk-synth-test-0123456789abcdef"

@@ -7,7 +7,7 @@ import pytest
 
 from nemo_orch.config import RewardConfig
 from nemo_orch.reward import (
-    RewardBreakdown, fill_batch, group_advantages, group_drop_reason, keep_group,
+    RewardBreakdown, fill_batch, group_advantages, group_drop_reason,
     trajectory_drop_reason)
 
 EXACT = RewardConfig(advantage_eps=1e-12)
@@ -51,12 +51,12 @@ def test_trajectory_filters():
 
 def test_group_filters():
     config = RewardConfig(min_group_std=0.1, drop_unanswered=True)
-    assert keep_group([breakdown(1.0), breakdown(0.0)], config)
+    assert group_drop_reason([breakdown(1.0), breakdown(0.0)], config) is None
     assert group_drop_reason([breakdown(1.0), breakdown(1.0)], config) == "low_std"
     assert group_drop_reason([breakdown(1.0, answered=False), breakdown(0.0, answered=False)],
                              config) == "empty"
-    assert keep_group([breakdown(1.0)] * 2, RewardConfig(min_group_std=0.0))  # 0 keeps all
-    assert not keep_group([breakdown(1.0)] * 2, RewardConfig())  # default: equal rewards drop
+    assert group_drop_reason([breakdown(1.0)] * 2, RewardConfig(min_group_std=0.0)) is None
+    assert group_drop_reason([breakdown(1.0)] * 2, RewardConfig()) == "low_std"  # the default
 
 
 def run_fill(script, needed, max_rounds):

@@ -31,7 +31,7 @@ from nemo_orch.envs import build_mixture
 from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout import ray_workers
-from nemo_orch.rollout.builders import build_scorer
+from nemo_orch.reward.builders import build_scorer
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.ray_workers import RayRolloutPool
 from nemo_orch.rollout.runner import run_rollouts

@@ -24,7 +24,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.eval.chat_agent import ChatAgent
 from nemo_orch.models.tokenizer import CHAT_TEMPLATES
 from nemo_orch.reward.components import preference_instruction
-from nemo_orch.rollout.engines.openai import OpenAIClient
+from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.serve.openai_server import start_server

@@ -139,7 +139,7 @@ def test_zero_advantages_on_policy_without_kl_is_zero_loss(tiny_policy):
 def test_reference_is_a_frozen_copy_of_the_policy(tiny_policy):
     config, policy, context = tiny_policy
     reference = ReferenceModel(config, context)
-    reference.load_state_from(policy)
+    reference.module.load_state_dict(policy.module.state_dict())  # same layout
     batches = on_policy_batches(config, policy, context, torch.ones(8))
     start = reference.forward_logprobs(batches)
     torch.testing.assert_close(start, policy.forward_logprobs(batches), atol=0, rtol=0)

@@ -46,7 +46,7 @@ from nemo_orch.data.domain import Database, Domain, DomainSpec, FieldSpec, fits
 from nemo_orch.data.domain_tasks import DomainTask, task_from_record, write_domain_tasks
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.envs.toolscale.validate import Rejection, ValidationSummary, rejection, validated
-from nemo_orch.rollout.engines.openai import ChatResult, OpenAIClient, run_sync
+from nemo_orch.clients.openai import ChatResult, OpenAIClient, run_sync
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The client of the project's Triton models: KServe v2 JSON over HTTP, under the project's rules
-for external calls (:class:`~nemo_orch.http.JSONClient`: timeouts, bounded retries with backoff
-on connection errors and 5xx, keys from the environment, a bound on requests in flight), and a
-model that is not loaded yet retried too (a restarting server).
+for external calls (:class:`~nemo_orch.clients.http.JSONClient`: timeouts, bounded retries with
+backoff on connection errors and 5xx, keys from the environment, a bound on requests in flight),
+and a model that is not loaded yet retried too (a restarting server).
 
 Every model of :mod:`nemo_orch.serve.triton` takes and returns text items plus an ``error``
 output; :meth:`KServeClient.infer` sends items as rows (input name -> text) and returns the
@@ -17,8 +17,11 @@ from typing import Any
 
 import httpx
 
-from nemo_orch.http import HTTPError, JSONClient, error_message
-from nemo_orch.serve.triton import ERROR_OUTPUT
+from nemo_orch.clients.http import HTTPError, JSONClient, error_message
+
+# Every model of the project's Triton servers answers this output too: empty, or why the
+# request was refused.
+ERROR_OUTPUT = "error"
 
 
 class KServeError(HTTPError):

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from nemo_orch.http import HTTPError, JSONClient
+from nemo_orch.clients.http import HTTPError, JSONClient
 
 
 def test_backoff_is_exponential_jittered_and_capped():
