@@ -3,12 +3,14 @@
 A preference vector (``task.metadata["preference"]``) weighs the features ``accuracy``, ``cost``,
 ``latency`` and call counts ``tool:<name>`` / ``model:<alias>``; a negative weight on a call count
 means "avoid it", a positive one "use it". The same vector yields the natural-language instruction
-that the data generator puts in the system prompt (:func:`preference_instruction`), so what the
-policy is told and what it is rewarded for cannot drift apart.
+the policy reads after the question (:func:`preference_instruction`): the training tasks and the
+served orchestrator state it with the one function, so what the policy is told is what it was
+trained on, and what it is rewarded for.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +23,26 @@ from nemo_orch.rollout.episode import Trajectory
 BASE_PREFERENCES = ("accuracy", "cost", "latency")
 CALL_PREFIXES = ("tool:", "model:")
 DEFAULT_PREFERENCE: dict[str, float] = {"accuracy": 1.0}
+# How each kind of preference is said: several phrasings each, so a small policy learns what they
+# mean rather than one string.
+PREFERENCE_PHRASES: dict[str, tuple[str, ...]] = {
+    "cost": (
+        "Keep the cost low.",
+        "Minimize cost: use the cheapest tool that works.",
+        "The budget is tight, so prefer cheap tools.",
+    ),
+    # No word is shared with the cost phrases: a tiny policy tells them apart by their words.
+    "accuracy": (
+        "Accuracy matters most.",
+        "Get it right, whatever it takes.",
+        "Use the strongest model available when in doubt.",
+    ),
+    "no_search": ("Do not use web search.", "Web search is not allowed for this task."),
+    "neutral": ("Answer concisely.", "Be brief.", "Only the final answer is graded."),
+    "no_code": ("Do not run code.", "Code execution is not allowed for this task."),
+}
+# Calls whose avoidance has phrasings of its own.
+_AVOIDED_CALL_PHRASES = {"tool:python_sandbox": "no_code", "tool:web_search": "no_search"}
 
 
 @dataclass(frozen=True)
@@ -98,23 +120,32 @@ def preference_match(features: Features, preference: Mapping[str, float]) -> flo
     return respected / len(constraints)
 
 
-def preference_instruction(preference: Mapping[str, float]) -> str:
-    """The instruction that tells the policy what ``preference`` rewards, one sentence per
-    constraint in a fixed order (accuracy versus cost, latency, then calls by name)."""
+def preference_instruction(preference: Mapping[str, float],
+                           rng: random.Random | None = None) -> str:
+    """The instruction that tells the policy what ``preference`` rewards: one sentence per
+    constraint in a fixed order (cost against accuracy, latency, then calls by name), each in a
+    phrasing of :data:`PREFERENCE_PHRASES` where there is one (the first, or one drawn with
+    ``rng``) and composed otherwise. Accuracy is stated only when nothing else is."""
     preference = check_preference(preference)
+
+    def phrase(kind: str) -> str:
+        phrasings = PREFERENCE_PHRASES[kind]
+        return rng.choice(phrasings) if rng is not None else phrasings[0]
+
     accuracy, cost = preference.get("accuracy", 0.0), preference.get("cost", 0.0)
     sentences = []
-    if cost > 0 and cost >= accuracy:
-        sentences.append("Keep the cost low.")
-    elif accuracy > 0:
-        sentences.append("Prefer accuracy over cost.")
+    if cost > 0:
+        sentences.append(phrase("cost" if cost >= accuracy else "neutral"))
     if preference.get("latency", 0.0) > 0:
         sentences.append("Answer quickly.")
     for key in sorted(k for k in preference if k.startswith(CALL_PREFIXES)):
         kind, name = key.split(":", 1)
         noun = "tool" if kind == "tool" else "model"
         if preference[key] < 0:
-            sentences.append(f"Do not use the {name} {noun}.")
+            sentences.append(phrase(_AVOIDED_CALL_PHRASES[key]) if key in _AVOIDED_CALL_PHRASES
+                             else f"Do not use the {name} {noun}.")
         elif preference[key] > 0:
             sentences.append(f"Use the {name} {noun}.")
+    if not sentences and accuracy > 0:
+        sentences.append(phrase("accuracy"))
     return " ".join(sentences)

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from nemo_orch.data.conversations import validate_conversation
-from nemo_orch.envs.offline.generator import (PREFERENCES, TOOLS, extract_answer,
+from nemo_orch.envs.offline.generator import (CONVERSATION_PREFERENCES, TOOLS, extract_answer,
                                               generate_conversations)
+from nemo_orch.reward.components import PREFERENCE_PHRASES
 from nemo_orch.tools.schema import argument_errors
 
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
@@ -30,7 +31,8 @@ def _calls(conversation: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _preference_kind(conversation: dict[str, Any]) -> str:
     system = conversation["messages"][0]["content"]
-    [kind] = [k for k, texts in PREFERENCES.items() if any(system.endswith(t) for t in texts)]
+    [kind] = [k for k, texts in PREFERENCE_PHRASES.items()
+              if any(system.endswith(t) for t in texts)]
     return kind
 
 
@@ -100,7 +102,7 @@ def test_choices_follow_the_preference(conversations: list[dict[str, Any]]) -> N
             assert "math-large" not in models
         if kind == "accuracy":
             assert "math-small" not in models
-    assert set(kinds) == set(PREFERENCES)
+    assert set(kinds) == set(CONVERSATION_PREFERENCES)
 
 
 def test_surface_forms_vary(conversations: list[dict[str, Any]]) -> None:

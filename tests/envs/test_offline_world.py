@@ -10,10 +10,10 @@ import pytest
 
 from nemo_orch import config as config_lib
 from nemo_orch.envs.offline.oracle import route_of
-from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, INSTRUCTIONS,
-                                          PREFERENCE_VECTORS, RouterReplies, make_tasks,
+from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, RouterReplies, make_tasks,
                                           naive_routes, oracle, route_values, routes, utility)
 from nemo_orch.eval.agents import NaiveRouterAgent
+from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import Episode
@@ -34,8 +34,19 @@ def test_tasks_are_seeded_and_carry_preferences():
         assert kind in FAMILY_PREFERENCES[family]
         assert task.metadata["preference"] == PREFERENCE_VECTORS[kind]
         assert task.question.endswith(f"\n{task.metadata['instruction']}") and task.answer
-        assert task.metadata["instruction"] in INSTRUCTIONS[kind]
+        assert task.metadata["instruction"] in PREFERENCE_PHRASES[kind]
     assert set(Counter(t.metadata["family"] for t in tasks)) == set(FAMILY_PREFERENCES)
+
+
+def test_the_served_instruction_of_a_preference_is_one_the_policy_trained_on():
+    # The served orchestrator states a request's preference with preference_instruction; the
+    # training tasks draw their phrasings through it too, so for every trained preference the
+    # served sentence is one the policy saw, word for word.
+    trained: dict[str, set[str]] = {kind: set() for kind in PREFERENCE_VECTORS}
+    for task in make_tasks(400, seed=1):
+        trained[task.metadata["preference_name"]].add(task.metadata["instruction"])
+    for kind, vector in PREFERENCE_VECTORS.items():
+        assert preference_instruction(vector) in trained[kind], kind
 
 
 def test_utility_counts_cost_and_avoided_tools():
@@ -89,7 +100,7 @@ def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
 
     assert {model for _, model in models_called("strongest")} == {"math-large"}
     thrifty = models_called("thrifty")
-    cost_instructions = set(INSTRUCTIONS["cost"])
+    cost_instructions = set(PREFERENCE_PHRASES["cost"])
     assert all((model == "math-small") == (instruction in cost_instructions)
                for instruction, model in thrifty)
     assert {"math-small", "math-large"} <= {model for _, model in thrifty}

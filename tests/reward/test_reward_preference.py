@@ -1,12 +1,14 @@
 """Trajectory features, budgets, preference adherence and preference instructions."""
 
+import random
+
 import pytest
 from reward_fixtures import trajectory
 
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.components import (
-    Features, check_preference, extract_features, preference_instruction, preference_match,
-    task_preference)
+    PREFERENCE_PHRASES, Features, check_preference, extract_features, preference_instruction,
+    preference_match, task_preference)
 from nemo_orch.reward.outcome import OutcomeResult
 
 RIGHT = OutcomeResult(True, "exact")
@@ -54,12 +56,16 @@ def test_preference_match():
 
 def test_preference_instruction():
     assert preference_instruction({"accuracy": 1.0, "cost": 1.0}) == "Keep the cost low."
-    assert preference_instruction({"accuracy": 1.0, "cost": 0.2}) == "Prefer accuracy over cost."
+    assert preference_instruction({"accuracy": 1.0, "cost": 0.2}) == "Answer concisely."
+    assert preference_instruction({"accuracy": 1.0}) == "Accuracy matters most."
     assert preference_instruction({"accuracy": 1.0, "latency": 0.5, "tool:web_search": -1.0,
-                                   "model:math-large": 0.5}) == (
-        "Prefer accuracy over cost. Answer quickly. Use the math-large model. "
-        "Do not use the web_search tool.")
+                                   "model:math-large": 0.5, "tool:retriever": -1.0}) == (
+        "Answer quickly. Use the math-large model. Do not use the retriever tool. "
+        "Do not use web search.")
     assert preference_instruction({}) == ""
+    drawn = {preference_instruction({"accuracy": 1.0, "cost": 1.0}, random.Random(seed))
+             for seed in range(20)}
+    assert drawn == set(PREFERENCE_PHRASES["cost"])  # rng draws among the phrasings
 
 
 def test_preference_vectors_are_checked():

@@ -235,7 +235,7 @@ def test_orchestrate_equals_the_rollout(orchestrator, tiny_tokenizer):
         "question": task.question, "id": "q1", "system": "Use tools.", "seed": 7,
         "preference": preference}).json()
     instruction = preference_instruction(preference)
-    assert instruction == "Prefer accuracy over cost. Do not use the shout tool."
+    assert instruction == "Do not use the shout tool."
     local = in_process(dataclasses.replace(task, question=f"{task.question}\n{instruction}"),
                        tiny_tokenizer, seed=7)
     assert (body["id"], body["seed"], body["answer"], body["finish_reason"], body["turns"]) == (

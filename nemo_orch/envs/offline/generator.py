@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from nemo_orch.reward.components import PREFERENCE_PHRASES
+
 TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -97,21 +99,8 @@ _SYSTEM_PROMPTS = (
 )
 _PREFERENCE_JOINERS = (" ", "\n", "\nPreference: ", "\nUser preference: ")
 # Preference instructions by kind; the demonstrated choice of tool and expert follows the kind.
-PREFERENCES: dict[str, tuple[str, ...]] = {
-    "cost": (
-        "Keep the cost low.",
-        "Minimize cost: use the cheapest tool that works.",
-        "The budget is tight, so prefer cheap tools.",
-    ),
-    # No word is shared with the cost phrases: a tiny policy tells them apart by their words.
-    "accuracy": (
-        "Accuracy matters most.",
-        "Get it right, whatever it takes.",
-        "Use the strongest model available when in doubt.",
-    ),
-    "no_search": ("Do not use web search.", "Web search is not allowed for this task."),
-    "neutral": ("Answer concisely.", "Be brief.", "Only the final answer is graded."),
-}
+# The preferences a conversation states (their phrasings: PREFERENCE_PHRASES).
+CONVERSATION_PREFERENCES = ("cost", "accuracy", "no_search", "neutral")
 
 
 @dataclass
@@ -133,7 +122,7 @@ class _Task:
     question: str
     steps: list[_Step]
     answer: str
-    preferences: tuple[str, ...] = tuple(PREFERENCES)
+    preferences: tuple[str, ...] = CONVERSATION_PREFERENCES
     # For expert tasks, whose model follows the preference: (easy model, hard model, is hard).
     expert_choice: tuple[str, str, bool] | None = None
     # For lookups: the fact the task hinges on, stated by the search step's passage, and how
@@ -585,7 +574,7 @@ def _expert_step(rng: random.Random, task: _Task, preference: str) -> _Step:
 def _conversation(rng: random.Random, task: _Task) -> dict[str, Any]:
     preference = rng.choice(task.preferences)
     system = rng.choice(_SYSTEM_PROMPTS) + rng.choice(_PREFERENCE_JOINERS)
-    system += rng.choice(PREFERENCES[preference])
+    system += rng.choice(PREFERENCE_PHRASES[preference])
     steps = task.steps if task.expert_choice is None else [_expert_step(rng, task, preference)]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": system},

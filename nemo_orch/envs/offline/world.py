@@ -11,8 +11,9 @@ oracle that knows the simulated experts.
   itself (``tools``), or by retrieving it and handing it to an expert (``tools+expert:<alias>``),
   not by an expert alone, who does not know the made-up world.
 * Preferences: a vector over ``accuracy``, ``cost`` and tool call counts (``tool:<name>``,
-  negative weight: avoid), stated after the question in the user's message (one of
-  :data:`INSTRUCTIONS`).
+  negative weight: avoid), stated after the question in the user's message (a phrasing of
+  :func:`~nemo_orch.reward.components.preference_instruction`, as the served orchestrator
+  states it).
 * Utility (for evaluation and the oracle, on an absolute scale): 0 if wrong, else
   ``w_accuracy - w_cost * usd / usd_reference + sum over tool features w * [called]``: the
   ToolOrchestra reward with the group normalization replaced by a fixed cost scale.
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_orch.config import DEMO_ROUTERS
-from nemo_orch.envs.offline.generator import PREFERENCES, draw_task
 from nemo_orch.data.tasks import Task
+from nemo_orch.envs.offline.generator import draw_task
+from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.rollout.format import call_text
 from nemo_orch.tools.composite import extract_final_answer
 from nemo_orch.tools.simulated_expert import SimulatedExpert
@@ -39,10 +41,6 @@ PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
     "cost": {"accuracy": 1.0, "cost": 1.0},
     "neutral": {"accuracy": 1.0, "cost": 0.3},
     "no_code": {"accuracy": 1.0, "tool:python_sandbox": -1.0},
-}
-INSTRUCTIONS: dict[str, tuple[str, ...]] = {
-    **{kind: PREFERENCES[kind] for kind in ("accuracy", "cost", "neutral")},
-    "no_code": ("Do not run code.", "Code execution is not allowed for this task."),
 }
 # The preferences a family's tasks get: each changes what the best route is for some of them.
 FAMILY_PREFERENCES: dict[str, tuple[str, ...]] = {
@@ -78,7 +76,7 @@ def make_tasks(n: int, seed: int, prefix: str = "task") -> list[Task]:
         preference = rng.choice(FAMILY_PREFERENCES[drawn.family])
         # The user states the preference after the question, as ToolOrchestra's users do: next
         # to where the policy decides, not ahead of the tool list in the system prompt.
-        instruction = rng.choice(INSTRUCTIONS[preference])
+        instruction = preference_instruction(PREFERENCE_VECTORS[preference], rng)
         tasks.append(Task(
             id=f"{prefix}-{index:05d}", question=f"{drawn.question}\n{instruction}",
             system=SYSTEM_PROMPT, answer=drawn.answer,
@@ -222,7 +220,7 @@ def naive_routes(tasks: list[Task], experts: Mapping[str, Any], pricing: Mapping
     for task in tasks:
         options = routes(task, experts)
         router = rng.choices(DEMO_ROUTERS, [router_shares[name] for name in DEMO_ROUTERS])[0]
-        if router == "thrifty" and task.metadata["instruction"] in INSTRUCTIONS["cost"]:
+        if router == "thrifty" and task.metadata["instruction"] in PREFERENCE_PHRASES["cost"]:
             chosen[task.id] = options[f"expert:{cheapest_expert(experts, pricing)}"]
         elif router in ("strongest", "thrifty"):
             chosen[task.id] = options[f"expert:{strongest_expert(task, experts, pricing)}"]
