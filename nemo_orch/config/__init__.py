@@ -1,0 +1,221 @@
+"""The configuration tree: one validated dataclass per concern, loaded and checked once.
+
+``conf/train.yaml`` composes the groups (``model``, ``tools``, ``reward``, ``rollout``, ``data``,
+``trainer``, ``launcher``) with Hydra; the merged tree is checked against :class:`Config`, so an
+unknown key, a wrong type or a missing file fails here with a :class:`ConfigError` naming it, and
+code past this point reads typed fields without defaults of its own.
+
+Each section's dataclass lives in a module of its own (``run``, ``model`` with ``parallel`` and
+``tokenizer``, ``data``, ``tools``, ``reward``, ``grpo``, ``rollout``, ``trainer``, ``launcher``,
+``synth``, ``env``, ``eval``, ``serve``; shared checks in ``base``); this root holds
+:class:`Config` and composes, loads and validates it, and re-exports every section's names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from nemo_orch.config.base import CONF_DIR, ConfigError, _require, _require_file, resolve_conf_path
+from nemo_orch.config.data import (AGENT_KINDS, DEMO_ROUTERS, GOLD_REPLAY, MONOLITH,
+                                   NAIVE_ROUTERS, ORCHESTRATOR, ROUTERS, DataConfig)
+from nemo_orch.config.env import BENCHMARKS, ENV_KINDS, QA_PRESETS, EnvConfig, EnvSourceConfig
+from nemo_orch.config.eval import EvalConfig, MonolithConfig
+from nemo_orch.config.grpo import CurriculumStage, GRPOConfig
+from nemo_orch.config.launcher import (CONTAINER_SQSH, SECRET_MARKERS, ExpertServerConfig,
+                                       LauncherConfig, RayClusterConfig, SlurmConfig)
+from nemo_orch.config.model import CHAT_FORMATS, ModelConfig, ParallelConfig, TokenizerConfig
+from nemo_orch.config.reward import RewardConfig
+from nemo_orch.config.rollout import RayConfig, RolloutConfig
+from nemo_orch.config.run import RunConfig
+from nemo_orch.config.serve import SERVE_KINDS, ServeConfig
+from nemo_orch.config.synth import SynthConfig
+from nemo_orch.config.tools import ToolsConfig
+from nemo_orch.config.trainer import TrainerConfig
+
+__all__ = [
+    # the root
+    "Config", "MOVED_KEYS", "RECIPES_DIR", "compose", "load", "load_saved", "recipes", "replace",
+    "to_yaml", "validate",
+    # base
+    "CONF_DIR", "ConfigError", "resolve_conf_path",
+    # the sections
+    "RunConfig", "ModelConfig", "ParallelConfig", "TokenizerConfig", "CHAT_FORMATS", "DataConfig",
+    "AGENT_KINDS", "DEMO_ROUTERS", "GOLD_REPLAY", "MONOLITH", "NAIVE_ROUTERS", "ORCHESTRATOR",
+    "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig", "RayConfig",
+    "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
+    "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",
+    "BENCHMARKS", "QA_PRESETS", "EnvSourceConfig", "EnvConfig", "MonolithConfig", "EvalConfig",
+    "SERVE_KINDS", "ServeConfig",
+]
+
+# Keys that moved: their old spelling fails with a message naming the new one.
+MOVED_KEYS = {"eval.data": "env.path", "eval.domain": "env.domain", "eval.split": "env.split",
+              "eval.limit": "env.limit", "grpo.eval_tasks": "eval.tasks"}
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.model.num_layers % self.parallel.pp == 0,
+                 "model.num_layers must be divisible by parallel.pp")
+        _require(self.model.num_query_groups % self.parallel.tp == 0,
+                 "model.num_query_groups must be divisible by parallel.tp")
+        _require(self.model.vocab_size % self.parallel.tp == 0,
+                 "model.vocab_size must be divisible by parallel.tp")
+        _require(self.model.ffn_hidden_size % self.parallel.tp == 0,
+                 "model.ffn_hidden_size must be divisible by parallel.tp")
+        _require(not self.parallel.sequence_parallel or self.model.transformer_impl
+                 == "transformer_engine", "parallel.sequence_parallel requires transformer_engine")
+        micro_batches = self.trainer.global_batch_size // self.trainer.micro_batch_size
+        _require(micro_batches % self.parallel.dp == 0,
+                 "trainer.global_batch_size / trainer.micro_batch_size must be divisible by "
+                 "parallel.dp")
+        _require(self.data.seq_length <= self.model.max_position_embeddings,
+                 "data.seq_length must be <= model.max_position_embeddings")
+        _require(self.tokenizer.path is not None
+                 or self.tokenizer.vocab_size <= self.model.vocab_size,
+                 "tokenizer.vocab_size must be <= model.vocab_size")
+        _require((self.rollout.max_context_tokens or 0) <= self.model.max_position_embeddings,
+                 "rollout.max_context_tokens must be <= model.max_position_embeddings")
+
+    def resolved_rollout(self) -> RolloutConfig:
+        """``rollout`` with the context budget resolved (null: the model's positions)."""
+        return dataclasses.replace(self.rollout, max_context_tokens=self.rollout.max_context_tokens
+                                   or self.model.max_position_embeddings)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per data-parallel rank per step."""
+        return self.trainer.global_batch_size // (self.trainer.micro_batch_size * self.parallel.dp)
+
+
+RECIPES_DIR = CONF_DIR / "recipes"
+
+
+def recipes() -> list[str]:
+    """The names ``recipe=NAME`` accepts: the files of ``conf/recipes/``."""
+    return sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
+
+
+def _recipe_overrides(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """``recipe=NAME`` selects ``conf/recipes/NAME.yaml``: a config group (Hydra's ``recipes``,
+    last in ``train.yaml``'s defaults) whose files are ``@package _global_`` with their own
+    ``override /group: option`` defaults, so a recipe composes over the defaults and the
+    command line's overrides still win."""
+    selected = []
+    for override in overrides:
+        key, _, name = override.partition("=")
+        if key not in ("recipe", "recipes"):
+            selected.append(override)
+            continue
+        _require(name in recipes(), f"unknown recipe {name!r}; available: "
+                 f"{', '.join(recipes()) or 'none'} (conf/recipes/)")
+        selected.append(f"recipes={name}")
+    return selected
+
+
+def _check_moved(overrides: list[str] | tuple[str, ...]) -> None:
+    for override in overrides:
+        key = override.partition("=")[0].lstrip("+~")
+        _require(key not in MOVED_KEYS, f"{key} is now {MOVED_KEYS.get(key)} (where tasks come "
+                 "from lives under env.*, how they are evaluated under eval.*)")
+
+
+def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``,
+    ``recipe=NAME``)."""
+    _check_moved(overrides)
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
+
+    # The env presets start from the schema (`defaults: [schema]`), so every option can be set
+    # on any of them; which ones a kind reads is checked on validation.
+    ConfigStore.instance().store(group="env", name="schema", node=EnvConfig)
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return hydra_compose(config_name, overrides=_recipe_overrides(overrides))
+    except HydraException as error:
+        raise ConfigError(_hydra_message(error)) from None
+
+
+def _hydra_message(error: Exception) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    # Hydra's search-path listing and doc links help nobody fix a typo.
+    kept = [line for line in lines if not line.startswith(
+        ("Config search path", "\tprovider", "See https://", "To append to your config"))]
+    if kept and kept[0].startswith("Could not override"):
+        kept[0] = kept[0].replace("Could not override", "Unknown config key")
+    return "\n".join(kept)
+
+
+def validate(tree: DictConfig | dict) -> Config:
+    """Check a composed tree against the schema and build the typed :class:`Config`."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), tree)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None)
+        reason = str(error).splitlines()[0]
+        raise ConfigError(f"{key}: {reason}" if key else reason) from None
+
+
+def load(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train") -> Config:
+    """Compose, resolve and validate: the single entry point for configuration."""
+    return validate(compose(config_name, overrides))
+
+
+def to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def load_saved(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Reload a config saved beside a checkpoint, with ``key=value`` overrides, validated again."""
+    path = Path(path)
+    _require_file(str(path), "config")
+    try:
+        tree = OmegaConf.load(path)
+        _drop_moved(tree)
+        tree.merge_with_dotlist(list(overrides))
+    except Exception as error:  # malformed YAML or override of any kind
+        raise ConfigError(f"{path}: not a readable YAML config ({error})") from None
+    return validate(tree)
+
+
+def _drop_moved(tree: DictConfig) -> None:
+    """A config saved before a key moved (:data:`MOVED_KEYS`) still loads: the old key goes, the
+    new one keeps the value the saved config holds for it."""
+    for key in MOVED_KEYS:
+        section, _, name = key.rpartition(".")
+        node = OmegaConf.select(tree, section)
+        if isinstance(node, DictConfig) and name in node:
+            del node[name]
+
+
+def replace(config: Config, **sections: object) -> Config:
+    """A copy with whole sections replaced, validated again."""
+    return validate(OmegaConf.structured(dataclasses.replace(config, **sections)))

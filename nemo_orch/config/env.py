@@ -1,0 +1,134 @@
+"""``env.*``: where every stage's tasks come from (one source or a weighted mixture)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nemo_orch.config.base import _require, resolve_conf_path
+
+
+ENV_KINDS = ("offline", "toolscale", "tau2", "qa", "tasks", "mixture")
+# `nemo-orch eval --benchmark NAME` is `env=NAME`: the presets of conf/env/ that name one source.
+BENCHMARKS = ("offline", "toolscale", "tau2", "qa", "hle", "frames", "tasks")
+QA_PRESETS = ("hle", "frames")
+# Which options each kind reads (beyond kind, name, weight, limit and tools); another one set is
+# a mistake, not silently ignored.
+_KIND_OPTIONS = {
+    "offline": set(),
+    "toolscale": {"path", "domain"},
+    "tau2": {"domain", "split"},
+    "qa": {"path", "preset", "id_column", "question_columns", "answer_columns",
+           "documents_column"},
+    "tasks": {"path"},
+}
+
+
+def _field_default(cls: type, name: str) -> object:
+    (found,) = [item for item in dataclasses.fields(cls) if item.name == name]
+    return found.default_factory() if found.default is dataclasses.MISSING else found.default
+
+
+@dataclass
+class EnvSourceConfig:
+    """One task source: an environment of ``kind`` (:data:`ENV_KINDS`, less ``mixture``) with its
+    options. ``name`` labels it in metrics and reports (null: the kind, or the preset).
+
+    * ``offline``: the main job's world (tasks generated from the run's seed);
+    * ``toolscale``: domain tasks; ``path`` a directory of ``<domain>/domain.json`` +
+      ``tasks.jsonl`` (null: ``synth.out_dir``) or a ToolScale ``.parquet`` file (its rows run on
+      the installed domains of ``tools.domains``); ``domain``: one domain (null: all);
+    * ``tau2``: tau2-bench's ``domain`` (extra ``tau2``); evaluation runs its ``split``,
+      training its ``train`` split;
+    * ``qa``: question / reference-answer rows, ``path`` a ``.jsonl``, ``.json`` or ``.parquet``
+      file, columns ``id_column``, the first present of ``question_columns`` and of
+      ``answer_columns``, optionally ``documents_column`` (the ids retrieval may return);
+      ``preset`` ``hle`` or ``frames`` reads the benchmark's published columns instead;
+    * ``tasks``: a task JSONL file (``path``; the format of ``nemo-orch rollout --tasks``).
+
+    A relative ``path`` is read from the working directory, else from ``conf/`` (where samples
+    ship).
+
+    ``limit``: only the first N tasks (after filters). ``weight`` (> 0): a mixture's share of
+    each step's prompts. ``tools``: tool declarations offered beside the environment's own
+    tools (a domain's, tau2's); null: ``tools.declarations`` (the ``tools=`` group), except for
+    tau2, whose protocol has only its domain's tools.
+    """
+
+    kind: str = "offline"
+    name: Optional[str] = None
+    path: Optional[str] = None
+    domain: Optional[str] = None
+    split: str = "test"
+    limit: Optional[int] = None
+    weight: float = 1.0
+    tools: Optional[list[str]] = None
+    preset: Optional[str] = None
+    id_column: str = "id"
+    question_columns: list[str] = field(default_factory=lambda: ["question", "problem",
+                                                                 "prompt"])
+    answer_columns: list[str] = field(default_factory=lambda: [
+        "answer", "reference_answer", "reference", "solution"])
+    documents_column: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.preset or self.kind
+
+    def _check(self, where: str) -> None:
+        _require(self.kind in ENV_KINDS and self.kind != "mixture"
+                 or isinstance(self, EnvConfig) and self.kind == "mixture",
+                 f"{where}.kind: unknown environment kind {self.kind!r}; kinds: "
+                 f"{', '.join(ENV_KINDS)}")
+        if self.kind == "mixture":
+            return
+        for option in set().union(*_KIND_OPTIONS.values()) - _KIND_OPTIONS[self.kind]:
+            _require(getattr(self, option) == _field_default(EnvSourceConfig, option),
+                     f"{where}.{option}: a {self.kind} environment has no option {option} "
+                     f"(its options: {', '.join(sorted(_KIND_OPTIONS[self.kind])) or 'none'})")
+        _require(self.limit is None or self.limit >= 1, f"{where}.limit must be null or >= 1")
+        _require(self.weight > 0, f"{where}.weight must be > 0")
+        _require(self.path is None or resolve_conf_path(self.path).exists(),
+                 f"{where}.path: no such file or directory: {self.path}")
+        for index, path in enumerate(self.tools or []):
+            _require(resolve_conf_path(path).exists(),
+                     f"{where}.tools[{index}]: no such file or directory: {path}")
+        _require(self.preset in (None, *QA_PRESETS),
+                 f"{where}.preset must be null|{'|'.join(QA_PRESETS)}, got {self.preset!r}")
+        _require(self.kind not in ("qa", "tasks") or self.path is not None,
+                 f"{where}.path: a {self.kind} environment reads a file: set {where}.path (a "
+                 "local file; nothing is downloaded)")
+        _require(self.kind != "tau2" or self.domain is not None,
+                 f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
+                 "telecom, mock)")
+
+
+@dataclass
+class EnvConfig(EnvSourceConfig):
+    """Where every stage's tasks come from (``conf/env/``): one source (the fields of
+    :class:`EnvSourceConfig`) or, with ``kind: mixture``, the weighted ``sources``; each step of
+    GRPO draws its prompts from them by weight with the step's seed. ``val_fraction``: the share
+    of a file's or a training split's tasks held out for validation (by a hash of the task id,
+    so the split never depends on order or seed)."""
+
+    sources: list[EnvSourceConfig] = field(default_factory=list)
+    val_fraction: float = 0.05
+
+    def __post_init__(self) -> None:  # a source is checked here, where its index is known
+        self._check("env")
+        _require(0 <= self.val_fraction < 1, "env.val_fraction must be in [0, 1)")
+        if self.kind != "mixture":
+            _require(not self.sources, "env.sources: only kind=mixture has sources")
+            return
+        _require(len(self.sources) >= 1, "env.sources: a mixture needs at least one source")
+        for index, source in enumerate(self.sources):
+            source._check(f"env.sources[{index}]")
+        labels = [source.label for source in self.sources]
+        _require(len(set(labels)) == len(labels),
+                 f"env.sources: two sources are labelled alike ({', '.join(labels)}); give "
+                 "them distinct names")
+
+    def source_list(self) -> list[EnvSourceConfig]:
+        """The sources: a mixture's, or this one."""
+        return list(self.sources) if self.kind == "mixture" else [self]

@@ -1,0 +1,96 @@
+"""``grpo.*``: the RL stage and its curriculum."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nemo_orch.config.base import _require
+
+
+@dataclass
+class CurriculumStage:
+    """One stage of the GRPO curriculum: the tools every task offers (null: all declared), until
+    step ``until_step`` is done or until a step's mean reward reaches ``until_reward``
+    (whichever comes first; neither: to the end, which only the last stage may do)."""
+
+    tools: Optional[list[str]] = None
+    until_step: Optional[int] = None
+    until_reward: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _require(self.tools is None or len(self.tools) > 0,
+                 "grpo.curriculum: a stage's tools must be null (all) or non-empty")
+        _require(self.until_step is None or self.until_step >= 1,
+                 "grpo.curriculum: until_step must be >= 1")
+
+
+@dataclass
+class GRPOConfig:
+    """The RL stage of ``nemo-orch train``: GRPO on the Megatron policy.
+
+    Per step, ``prompts_per_step`` tasks x ``rollout.group_size`` episodes are rolled out;
+    groups are filtered and, with ``dynamic_sampling``, more are generated (at most
+    ``max_sampling_rounds`` rounds) until the batch is full; then ``updates_per_step`` optimizer
+    steps run over ``mini_batches`` of the samples. Loss: clipped ratio (``clip_low``,
+    ``clip_high``), dual clip ``dual_clip`` (0: off), KL to the frozen start policy (``kl_type``
+    k3|mse, ``kl_coef``), token-mean aggregation. ``sample_mode``: whole trajectories, or one
+    sample per turn. ``advantage_tokens``: the advantage drives every policy token (``all``), or
+    only the routing decisions (``decisions``: which tool, which expert, or to answer now; see
+    ``rollout.format.decision_end``), leaving the copying of arguments and answers to what SFT
+    taught, held by the KL term, so a costly route's negative advantage does not erode the
+    copying that a cheap route needs. ``explore_share``: the share of each group's episodes
+    whose first turn is forced to start with the routing choice (a tool, or a tool with one
+    value of its choice argument) the policy itself chose least in the previous step (directed
+    exploration: choices it has stopped making keep being tried, and scored). ``curriculum``:
+    stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
+    Every ``val_interval`` steps (0: never) the policy runs greedily on ``val_tasks`` tasks of
+    each source's validation split (``val/<source>/...`` metrics).
+    """
+
+    max_steps: int = 40
+    prompts_per_step: int = 8
+    updates_per_step: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 8
+    lr: float = 2.5e-4
+    min_lr: float = 2.5e-4
+    warmup_steps: int = 0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float = 3.0
+    kl_type: str = "k3"
+    kl_coef: float = 0.1
+    sample_mode: str = "trajectory"
+    advantage_tokens: str = "decisions"
+    explore_share: float = 0.0
+    curriculum: list[CurriculumStage] = field(default_factory=list)
+    dynamic_sampling: bool = True
+    max_sampling_rounds: int = 2
+    save_interval: int = 10
+    val_interval: int = 0
+    val_tasks: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
+                     "micro_batch_size", "max_sampling_rounds", "save_interval"):
+            _require(getattr(self, name) >= 1, f"grpo.{name} must be >= 1")
+        _require(self.lr > 0 and 0 <= self.min_lr <= self.lr,
+                 "grpo.lr must be > 0 and 0 <= grpo.min_lr <= grpo.lr")
+        _require(self.clip_low > 0 and self.clip_high > 0, "grpo.clip_low/high must be > 0")
+        _require(self.dual_clip == 0 or self.dual_clip > 1, "grpo.dual_clip must be 0 or > 1")
+        _require(self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, "
+                 f"got {self.kl_type!r}")
+        _require(self.kl_coef >= 0, "grpo.kl_coef must be >= 0")
+        _require(self.sample_mode in ("trajectory", "turn"),
+                 f"grpo.sample_mode must be trajectory|turn, got {self.sample_mode!r}")
+        _require(self.advantage_tokens in ("all", "decisions"),
+                 f"grpo.advantage_tokens must be all|decisions, got {self.advantage_tokens!r}")
+        _require(0 <= self.explore_share < 1, "grpo.explore_share must be in [0, 1)")
+        for index, stage in enumerate(self.curriculum):
+            ends = stage.until_step is not None or stage.until_reward is not None
+            last = index == len(self.curriculum) - 1
+            _require(ends != last, f"grpo.curriculum[{index}]: every stage but the last needs "
+                     "until_step or until_reward, and the last neither")
+        _require(self.val_interval >= 0 and self.val_tasks >= 1,
+                 "grpo.val_interval must be >= 0 (0: no validation) and grpo.val_tasks >= 1")

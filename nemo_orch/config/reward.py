@@ -1,0 +1,76 @@
+"""``reward.*``: how finished groups of trajectories are scored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nemo_orch.config.base import _require
+
+
+@dataclass
+class RewardConfig:
+    """How finished groups of trajectories are scored (see :mod:`nemo_orch.reward`).
+
+    ``combination``: ``toolorchestra`` (wrong -> 0; right -> preference-weighted sum of
+    group-min-max-normalized features, cost and latency entering negated), ``weighted``
+    (per-component group baselines, weighted: GDPO-style) or ``linear`` (``linear_*``
+    coefficients; USD and seconds divided by their references). The LLM judge is used for answers
+    that are neither empty, too long nor an exact match, when ``judge_base_url`` is set; each
+    request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
+    after which the answer counts as a judge failure. With ``endpoint`` (a reward server's
+    ``http://host:port``: ``nemo-orch serve reward``) answers are scored there, each request
+    given ``endpoint_timeout_s`` and ``endpoint_max_retries``; the judge is then the server's.
+    """
+
+    combination: str = "toolorchestra"
+    numeric_rel_tol: float = 1e-6
+    numeric_abs_tol: float = 1e-9
+    max_answer_words: int = 500
+    judge_base_url: Optional[str] = None
+    judge_model: Optional[str] = None
+    judge_api_key_env: Optional[str] = None
+    judge_max_retries: int = 2
+    judge_timeout_s: float = 60.0
+    endpoint: Optional[str] = None
+    endpoint_timeout_s: float = 300.0
+    endpoint_max_retries: int = 2
+    # weighted: weight of each component's group-baselined value
+    weights: dict[str, float] = field(default_factory=lambda: {
+        "outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2})
+    # linear: alpha * outcome - beta * usd/usd_reference - gamma * s/seconds_reference + delta * pref
+    linear_alpha: float = 0.6
+    linear_beta: float = 0.25
+    linear_gamma: float = 0.1
+    linear_delta: float = 0.05
+    usd_reference: float = 0.01
+    seconds_reference: float = 10.0
+    # advantages and filters
+    leave_one_out: bool = False
+    advantage_clip: float = 3.0
+    advantage_eps: float = 1e-6
+    drop_format_errors: bool = False
+    drop_unanswered: bool = False
+    min_group_std: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _require(self.combination in ("toolorchestra", "weighted", "linear"),
+                 f"reward.combination must be toolorchestra|weighted|linear, "
+                 f"got {self.combination!r}")
+        _require(self.numeric_rel_tol >= 0 and self.numeric_abs_tol >= 0,
+                 "reward.numeric_rel_tol and reward.numeric_abs_tol must be >= 0")
+        _require(self.max_answer_words >= 1, "reward.max_answer_words must be >= 1")
+        _require(self.judge_base_url is None or self.judge_model is not None,
+                 "reward.judge_base_url needs reward.judge_model")
+        _require(self.judge_max_retries >= 0 and self.judge_timeout_s > 0,
+                 "reward.judge_max_retries must be >= 0 and reward.judge_timeout_s > 0")
+        _require(self.endpoint is None or self.judge_base_url is None,
+                 "reward.endpoint scores on a reward server, which has its own judge: set "
+                 "reward.judge_base_url there, not here")
+        _require(self.endpoint_max_retries >= 0 and self.endpoint_timeout_s > 0,
+                 "reward.endpoint_max_retries must be >= 0 and reward.endpoint_timeout_s > 0")
+        _require(self.usd_reference > 0 and self.seconds_reference > 0,
+                 "reward.usd_reference and reward.seconds_reference must be > 0")
+        _require(self.advantage_clip > 0 and self.advantage_eps > 0,
+                 "reward.advantage_clip and reward.advantage_eps must be > 0")
+        _require(self.min_group_std >= 0, "reward.min_group_std must be >= 0")

@@ -1,0 +1,121 @@
+"""``rollout.*``: episodes, the engine that generates them and the Ray backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nemo_orch.config.base import _require, _require_file
+
+
+@dataclass
+class RayConfig:
+    """``rollout.backend=ray``: ``num_workers`` rollout workers, each an actor with
+    ``num_cpus_per_worker`` CPUs, its own engine and a tool-executor actor of its own, and
+    ``num_scorers`` reward-scorer actors. ``address`` null starts a Ray on this machine, bound to
+    127.0.0.1, with an object store of ``object_store_mb``; else the cluster to join (``auto``:
+    ``RAY_ADDRESS`` or the one running here). A worker (or its tool executor) that dies is
+    replaced and its episodes run again, at most ``max_replacements`` times per rollout."""
+
+    address: Optional[str] = None
+    num_workers: int = 2
+    num_cpus_per_worker: float = 1.0
+    num_scorers: int = 1
+    object_store_mb: int = 256
+    max_replacements: int = 3
+
+    def __post_init__(self) -> None:
+        _require(self.num_workers >= 1 and self.num_scorers >= 1,
+                 "rollout.ray.num_workers and rollout.ray.num_scorers must be >= 1")
+        _require(self.num_cpus_per_worker > 0, "rollout.ray.num_cpus_per_worker must be > 0")
+        # Ray refuses an object store under 75 MiB.
+        _require(self.object_store_mb >= 75, "rollout.ray.object_store_mb must be >= 75")
+        _require(self.max_replacements >= 0, "rollout.ray.max_replacements must be >= 0")
+
+
+@dataclass
+class RolloutConfig:
+    """Episodes and the engine that generates them.
+
+    ``policy``: a checkpoint (``step_N`` or ``checkpoints/``) or an HF model directory for the
+    ``hf`` engine; null takes the run's latest checkpoint. ``openai`` serves from ``base_url``
+    (key read from the environment variable ``api_key_env``). ``max_context_tokens`` null means
+    the model's ``max_position_embeddings``.
+
+    The GPU engines (``trtllm``, ``vllm``) run ``engine_tp``-way tensor parallel in
+    ``engine_dtype``. ``colocate``: train and generate on the same GPUs -- the engine sleeps
+    while the policy trains (releasing its KV cache and, at ``sleep_level`` 2, its weights;
+    level 1 keeps a CPU copy of them) and wakes to be refit and generate; false: the engine
+    never sleeps and keeps its memory (it has GPUs of its own once the Ray scale-out places
+    it). Only vLLM can sleep; TensorRT-LLM keeps its KV cache either way. ``gpu_memory_utilization``
+    is vLLM's share of each GPU's memory (weights + KV cache) and TensorRT-LLM's share of the
+    memory left free after loading the weights (its KV cache). The CPU engine ignores these.
+
+    ``backend``: ``local`` runs every episode on this process's event loop; ``ray`` spreads them
+    over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds,
+    sampled tokens included (each turn's seed travels with its prompt into the engine).
+    """
+
+    engine: str = "hf"
+    policy: Optional[str] = None
+    base_url: Optional[str] = None
+    model_name: Optional[str] = None
+    api_key_env: Optional[str] = None
+    colocate: bool = True
+    engine_tp: int = 1
+    engine_dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.5
+    sleep_level: int = 1
+    group_size: int = 8
+    max_turns: int = 10
+    max_new_tokens: int = 96
+    max_context_tokens: Optional[int] = None
+    max_observation_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    answer_format: str = "tag"
+    multiple_calls: str = "parallel"
+    max_concurrent_episodes: int = 64
+    max_batch_size: int = 64
+    # The orchestrator's own price (USD per million tokens), counted in every trajectory's cost.
+    input_usd_per_million: float = 0.2
+    output_usd_per_million: float = 0.2
+    check_template: bool = True
+    backend: str = "local"
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.backend in ("local", "ray"),
+                 f"rollout.backend must be local|ray, got {self.backend!r}")
+        _require(self.backend == "local" or self.engine in ("hf", "openai"),
+                 f"rollout.backend=ray runs the CPU and served engines (hf|openai); "
+                 f"rollout.engine={self.engine} needs rollout.backend=local")
+        _require(self.engine in ("hf", "trtllm", "vllm", "openai"),
+                 f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}")
+        _require(self.engine != "openai" or (self.base_url and self.model_name),
+                 "rollout.engine=openai needs rollout.base_url and rollout.model_name")
+        _require(self.colocate or self.engine in ("trtllm", "vllm"),
+                 f"rollout.colocate=false only applies to the GPU engines (trtllm|vllm); "
+                 f"rollout.engine={self.engine} has no GPUs to give back")
+        _require(self.engine_tp >= 1, "rollout.engine_tp must be >= 1")
+        _require(self.engine_dtype in ("bfloat16", "float16", "float32"),
+                 f"rollout.engine_dtype must be bfloat16|float16|float32, got "
+                 f"{self.engine_dtype!r}")
+        _require(0 < self.gpu_memory_utilization <= 1,
+                 "rollout.gpu_memory_utilization must be in (0, 1]")
+        _require(self.sleep_level in (1, 2), "rollout.sleep_level must be 1 or 2")
+        _require_file(self.policy, "rollout.policy")
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_observation_tokens",
+                     "max_concurrent_episodes", "max_batch_size"):
+            _require(getattr(self, name) >= 1, f"rollout.{name} must be >= 1")
+        _require(self.max_context_tokens is None or self.max_context_tokens > 2,
+                 "rollout.max_context_tokens must be > 2")
+        _require(self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0,
+                 "rollout.temperature must be >= 0, rollout.top_p in (0, 1], rollout.top_k >= 0")
+        _require(self.answer_format in ("tag", "tool"),
+                 f"rollout.answer_format must be tag|tool, got {self.answer_format!r}")
+        _require(self.multiple_calls in ("first", "parallel"),
+                 f"rollout.multiple_calls must be first|parallel, got {self.multiple_calls!r}")
+        _require(self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
+                 "rollout prices must be >= 0")

@@ -1,0 +1,40 @@
+"""``tools.*``: tool declarations, domains, the result cache, prices and expert endpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nemo_orch.config.base import _require, resolve_conf_path
+
+
+@dataclass
+class ToolsConfig:
+    """Tool declaration files, or directories of them (one YAML/JSON file per tool), domain
+    files (``Domain.save``: their tools act on each episode's database, and their tasks are
+    scored on it) and the cache of deterministic tools' results."""
+
+    declarations: list[str] = field(default_factory=lambda: ["tools/offline"])
+    domains: list[str] = field(default_factory=list)
+    cache_entries: int = 4096
+    cache_mb: int = 64
+    # USD per million (input, output) tokens of models, over the built-in list prices
+    # (nemo_orch/tools/pricing.py): how a price table is swapped at evaluation time.
+    prices: dict[str, list[float]] = field(default_factory=dict)
+    # Base URLs of expert models by alias (an LLM tool's `models` key), over the declarations'
+    # `base_url`: how a launch hands the servers it started to the job (tools.endpoints.math=URL).
+    endpoints: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("declarations", "domains"):
+            for index, path in enumerate(getattr(self, key)):
+                _require(resolve_conf_path(path).exists(),
+                         f"tools.{key}[{index}]: no such file or directory: {path}")
+        _require(self.cache_entries >= 0 and self.cache_mb >= 0,
+                 "tools.cache_entries and tools.cache_mb must be >= 0")
+        for model, prices in self.prices.items():
+            _require(len(prices) == 2 and all(price >= 0 for price in prices),
+                     f"tools.prices.{model} must be [input, output] USD per million tokens, "
+                     "both >= 0")
+        for alias, url in self.endpoints.items():
+            _require(url.startswith(("http://", "https://")),
+                     f"tools.endpoints.{alias} must be an http(s) URL, got {url!r}")
