@@ -91,16 +91,14 @@ def cmd_train(config: Config, args: argparse.Namespace) -> int:
 def cmd_grpo(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.train import grpo, main_job
 
-    init_from, tokenizer_dir = grpo.start_point(config)
-    config = grpo.start_model(config, init_from, tokenizer_dir)
-    stage = main_job.stage(config, f"grpo-{config.env.label}")
-    summary = grpo.run(stage, init_from, tokenizer_dir)
+    stage = main_job.stage(grpo.start_model(config), f"grpo-{config.env.label}")
+    summary = grpo.run(stage)
     if _is_rank_zero():
         if summary.start_step >= summary.end_step:
             print(f"grpo: already complete at step {summary.end_step} ({summary.run_dir})")
             return 0
         print(f"grpo: env={config.env.label}, steps {summary.start_step + 1}-{summary.end_step} "
-              f"from {init_from}; reward {summary.first_reward:.3f} -> "
+              f"from {stage.trainer.init_from}; reward {summary.first_reward:.3f} -> "
               f"{summary.last_reward:.3f}")
         print(f"  checkpoint {summary.checkpoint}")
         print(f"  metrics    {summary.run_dir / 'metrics.jsonl'} (per source: source/<name>/...)")

@@ -106,6 +106,17 @@ class Config:
                                    or self.model.max_position_embeddings)
 
     @property
+    def tokenizer_dir(self) -> Path:
+        """The policy's tokenizer: ``tokenizer.path``, else the one trained into the run."""
+        return Path(self.tokenizer.path) if self.tokenizer.path is not None else (
+            self.run.dir / "tokenizer")
+
+    @property
+    def eval_seed(self) -> int:
+        """The evaluation's seed: ``eval.seed``, else the run's."""
+        return self.run.seed if self.eval.seed is None else self.eval.seed
+
+    @property
     def num_microbatches(self) -> int:
         """Micro-batches per data-parallel rank per step."""
         return self.trainer.global_batch_size // (self.trainer.micro_batch_size * self.parallel.dp)

@@ -167,7 +167,7 @@ def _tokenizer(resources: Resources) -> Any:
         from nemo_orch.models.tokenizer import load_tokenizer
 
         config = resources.config
-        directory = Path(config.tokenizer.path or config.run.dir / "tokenizer")
+        directory = config.tokenizer_dir
         if not (directory / "tokenizer.json").is_file():
             raise ConfigError(f"no tokenizer at {directory}: the episode runner needs the "
                               "policy's (set tokenizer.path, or run `make train` first)")
@@ -312,7 +312,7 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
     check_agents([system.kind for system in systems], benchmark)
     if len({system.name for system in systems}) != len(systems):
         raise ConfigError("an agent is named twice")
-    seed = config.run.seed if config.eval.seed is None else config.eval.seed
+    seed = config.eval_seed
     tasks = benchmark.tasks("test", None, seed)
     if not tasks:
         raise ConfigError(f"{benchmark.name}: no tasks to evaluate")

@@ -477,30 +477,32 @@ def _source_metrics(groups: list[Group]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- the loop
 
-def _start(policy: Policy, config: Config, init_from: Path) -> int:
-    """Resume from this stage's latest checkpoint, or start from ``init_from`` (the SFT
-    checkpoint, or an HF directory); returns the last completed step."""
+def _start(policy: Policy, config: Config) -> checkpoint.Checkpoint | None:
+    """Resume from this stage's latest checkpoint (returned), or start from
+    ``trainer.init_from`` (the SFT checkpoint, or an HF directory; None returned)."""
     latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
     if latest is not None:
         checkpoint.load(latest, policy.module, policy.optimizer, policy.scheduler)
         log.info("resumed GRPO from %s", latest.path)
-        return latest.step
-    load_start_weights(policy.module, config.model, init_from)
+        return latest
+    load_start_weights(policy.module, config.model, Path(config.trainer.init_from))
     policy.optimizer.reload_model_params()
-    return 0
+    return None
 
 
-def run(config: Config, init_from: Path, tokenizer_dir: Path) -> GRPOSummary:
-    """GRPO from ``init_from`` into ``config.run.dir``, in its own process group."""
+def run(config: Config) -> GRPOSummary:
+    """GRPO from ``trainer.init_from`` into ``config.run.dir``, in its own process group."""
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
-        return train(config, context, init_from, tokenizer_dir)
+        return train(config, context)
 
 
-def start_model(config: Config, init_from: Path, tokenizer_dir: Path) -> Config:
-    """``config`` with the architecture of the starting weights (an HF directory's
-    ``config.json``, or the model section a nemo-orch checkpoint saved) and their tokenizer
-    (:func:`start_point`): the weights decide the shape, so ``model.*`` need not repeat it; the
-    fields taken are logged."""
+def start_model(config: Config) -> Config:
+    """``config`` starting from its resolved starting point (:func:`start_point`: the
+    checkpoint or HF directory in ``trainer.init_from``, the tokenizer in ``tokenizer.path``),
+    with the architecture of those weights (an HF directory's ``config.json``, or the model
+    section a nemo-orch checkpoint saved): the weights decide the shape, so ``model.*`` need not
+    repeat it; the fields taken are logged."""
+    init_from, tokenizer_dir = start_point(config)
     if (init_from / HF_CONFIG).is_file():
         source = model_config_from_hf(load_hf_checkpoint_config(init_from), config.model)
         architecture = {name: getattr(source, name) for name in ARCHITECTURE_FIELDS}
@@ -518,7 +520,8 @@ def start_model(config: Config, init_from: Path, tokenizer_dir: Path) -> Config:
     tokenizer = dataclasses.replace(config.tokenizer, path=str(tokenizer_dir),
                                     vocab_size=len(load_tokenizer(tokenizer_dir)))
     return config_lib.replace(config, model=dataclasses.replace(config.model, **architecture),
-                              tokenizer=tokenizer)
+                              tokenizer=tokenizer, trainer=dataclasses.replace(
+                                  config.trainer, init_from=str(init_from)))
 
 
 def start_point(config: Config) -> tuple[Path, Path]:
@@ -540,20 +543,21 @@ def start_point(config: Config) -> tuple[Path, Path]:
     return source, Path(config.tokenizer.path)
 
 
-def train(config: Config, context: ParallelContext, init_from: Path,
-          tokenizer_dir: Path) -> GRPOSummary:
-    """GRPO inside a running parallel session (see :func:`run`)."""
+def train(config: Config, context: ParallelContext) -> GRPOSummary:
+    """GRPO inside a running parallel session (see :func:`run`), from ``trainer.init_from`` with
+    the tokenizer of ``config.tokenizer_dir``."""
     _check_backend(config)
     config = policy_config(config)
     grpo = config.grpo
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = load_tokenizer(config.tokenizer_dir)
     policy = Policy(config, context)
-    start_step = _start(policy, config, init_from)
+    resumed = _start(policy, config)
+    start_step = resumed.step if resumed is not None else 0
     reference = ReferenceModel(config, context)
     # The reference is the stage's starting point (the SFT policy), also on resume.
-    load_start_weights(reference.module, config.model, init_from)
+    load_start_weights(reference.module, config.model, Path(config.trainer.init_from))
     hf = weights.gather_hf_weights(policy.module, config.model)
 
     writer = distributed.is_writer()
@@ -581,7 +585,7 @@ def train(config: Config, context: ParallelContext, init_from: Path,
     metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
                                       start_step=start_step, max_steps=grpo.max_steps)
     loss_fn = grpo_token_loss(grpo)
-    rewards, saved = [], None
+    rewards, saved = [], resumed.path if resumed is not None else None
     try:
         for step in range(start_step + 1, grpo.max_steps + 1):
             faults.maybe_kill("step", step)
@@ -631,7 +635,7 @@ def train(config: Config, context: ParallelContext, init_from: Path,
                 rewards.append(step_metrics["reward"])
             if step % grpo.save_interval == 0 or step == grpo.max_steps:
                 saved = checkpoint.save(config, step, policy.module, policy.optimizer,
-                                        policy.scheduler, tokenizer_dir=tokenizer_dir)
+                                        policy.scheduler, tokenizer_dir=config.tokenizer_dir)
     finally:
         metrics.close()
         if writer:

@@ -50,7 +50,7 @@ class MainJobSummary:
 def stage(config: Config, name: str, **sections: Any) -> Config:
     """The config of one stage: its own directory under the run, resuming by default."""
     run = dataclasses.replace(config.run, name=f"{config.run.name}/{name}")
-    trainer = dataclasses.replace(config.trainer, resume=True)
+    trainer = dataclasses.replace(sections.pop("trainer", config.trainer), resume=True)
     return dataclasses.replace(config, run=run, trainer=trainer, **sections)
 
 
@@ -79,27 +79,28 @@ def run(config: Config) -> MainJobSummary:
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
-        tokenizer, tokenizer_dir = sft.prepare_tokenizer(config)
+        tokenizer = sft.prepare_tokenizer(config)
         demos = sft.prepare_demonstrations(config, tokenizer)
         toolscale_dir = _prepare_toolscale(config)
         seconds["setup"] = time.perf_counter() - started
 
         mark = time.perf_counter()
         data = dataclasses.replace(config.data, sft_path=str(demos))
-        tokenizer_config = dataclasses.replace(config.tokenizer, path=str(tokenizer_dir))
+        tokenizer_config = dataclasses.replace(config.tokenizer, path=str(config.tokenizer_dir))
         sft_config = stage(config, "sft", data=data, tokenizer=tokenizer_config)
-        sft_summary = sft.train(sft_config, context)
+        sft_summary = sft.train(sft_config, context, tokenizer)
         seconds["sft"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        sft_checkpoint = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(sft_config))
-        grpo_config = stage(config, "grpo", tokenizer=tokenizer_config)
-        grpo_summary = grpo.train(grpo_config, context, sft_checkpoint.path, tokenizer_dir)
+        trainer = dataclasses.replace(config.trainer, init_from=str(sft_summary.checkpoint))
+        grpo_config = stage(config, "grpo", tokenizer=tokenizer_config, trainer=trainer)
+        grpo_summary = grpo.train(grpo_config, context)
         seconds["grpo"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        report = _evaluate(config, context, sft_checkpoint.path, grpo_config, tokenizer_dir,
-                           toolscale_dir)
+        report = _evaluate(config, context, {"sft": sft_summary.checkpoint,
+                                             "grpo": grpo_summary.checkpoint},
+                           tokenizer, toolscale_dir)
         seconds["eval"] = time.perf_counter() - mark
         if report is not None:
             report["wall_seconds"] = seconds
@@ -108,21 +109,19 @@ def run(config: Config) -> MainJobSummary:
     return MainJobSummary(config.run.dir, seconds, sft_summary, grpo_summary, report)
 
 
-def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
-              grpo_config: Config, tokenizer_dir: Path,
-              toolscale_dir: Path | None) -> dict[str, Any] | None:
-    """The SFT and GRPO policies on held-out tasks, greedy, next to the oracle; the GRPO policy
-    and the gold replay on ToolScale domain tasks. Both through the harness, the policies'
-    weights handed over in memory (rank 0's report; every rank gathers)."""
+def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, Path],
+              tokenizer: Any, toolscale_dir: Path | None) -> dict[str, Any] | None:
+    """The SFT and GRPO policies (their final ``checkpoints``) on held-out tasks, greedy, next
+    to the oracle; the GRPO policy and the gold replay on ToolScale domain tasks. Both through
+    the harness, the policies' weights handed over in memory (rank 0's report; every rank
+    gathers)."""
     from nemo_orch.envs import build_environment
     from nemo_orch.eval import harness, main_job_report
     from nemo_orch.models import qwen3
-    from nemo_orch.models.tokenizer import load_tokenizer
     from nemo_orch.rollout.engines.hf import HFEngine
 
     policies, sources = {}, {}
-    for name, source in (("sft", sft_checkpoint),
-                         ("grpo", checkpoint.checkpoints_dir(grpo_config))):
+    for name, source in checkpoints.items():
         module = qwen3.build_model(config.model, config.parallel,
                                    pre_process=context.is_first_stage,
                                    post_process=context.is_last_stage)
@@ -132,7 +131,6 @@ def _evaluate(config: Config, context: ParallelContext, sft_checkpoint: Path,
         sources[name] = str(opened.path)  # a cached episode is of these weights only
     if not distributed.is_writer():
         return None
-    tokenizer = load_tokenizer(tokenizer_dir)
     systems = {name: harness.System(name, ORCHESTRATOR,
                                     HFEngine(config.model, hf, tokenizer=tokenizer),
                                     sources[name])

@@ -53,14 +53,12 @@ def tokenizer_corpus(config: Config) -> list[dict]:
     return offline.generate_conversations(data.num_offline_conversations, config.run.seed)
 
 
-def prepare_tokenizer(config: Config) -> tuple[object, Path]:
-    """The configured tokenizer directory, or one trained on :func:`tokenizer_corpus` into the
-    run directory (by rank 0; kept across resumes so token ids never change under a
-    checkpoint)."""
-    if config.tokenizer.path is not None:
-        directory = Path(config.tokenizer.path)
-    else:
-        directory = config.run.dir / "tokenizer"
+def prepare_tokenizer(config: Config) -> Any:
+    """The tokenizer of ``config.tokenizer_dir``: the configured one, or one trained on
+    :func:`tokenizer_corpus` into the run directory (by rank 0; kept across resumes so token ids
+    never change under a checkpoint)."""
+    directory = config.tokenizer_dir
+    if config.tokenizer.path is None:
         if distributed.is_writer() and not (directory / "tokenizer.json").exists():
             chat_format = config.tokenizer.chat_format
             texts = (tokenization.render_conversation(c["messages"], c["tools"],
@@ -75,7 +73,7 @@ def prepare_tokenizer(config: Config) -> tuple[object, Path]:
     if len(tokenizer) > config.model.vocab_size:
         raise ConfigError(f"tokenizer {directory} has {len(tokenizer)} tokens but "
                           f"model.vocab_size is {config.model.vocab_size}")
-    return tokenizer, directory
+    return tokenizer
 
 
 def demonstrations(config: Config, tokenizer: Any) -> list[dict]:
@@ -133,45 +131,46 @@ def check_no_stale_run(config: Config) -> None:
                           f"run.name")
 
 
-def initialize_weights(policy: Policy, config: Config) -> int:
-    """Load the starting weights; returns the step to continue from."""
+def initialize_weights(policy: Policy, config: Config) -> checkpoint.Checkpoint | None:
+    """Load the starting weights; returns the checkpoint resumed from (None: a fresh start)."""
     if config.trainer.resume:
         latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
         if latest is not None:
             checkpoint.load(latest, policy.module, policy.optimizer, policy.scheduler)
             log.info("resumed from %s", latest.path)
-            return latest.step
+            return latest
     if config.trainer.init_from is None:
         policy.load_hf_weights(SeededHFWeights(config.model, config.run.seed))
     else:
         load_start_weights(policy.module, config.model, Path(config.trainer.init_from))
         # The distributed optimizer keeps fp32 main params: refresh them from the model.
         policy.optimizer.reload_model_params()
-    return 0
+    return None
 
 
 def run(config: Config) -> SFTSummary:
     """SFT in its own process group (the ``sft`` command)."""
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
-        return train(config, context)
+        check_no_stale_run(config)
+        return train(config, context, prepare_tokenizer(config))
 
 
-def train(config: Config, context: ParallelContext) -> SFTSummary:
-    """SFT inside a running parallel session (see :func:`run`)."""
+def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummary:
+    """SFT inside a running parallel session (see :func:`run`), with the prepared tokenizer of
+    ``config.tokenizer_dir``."""
     if config.trainer.num_threads:
         torch.set_num_threads(config.trainer.num_threads)
-    check_no_stale_run(config)
-    tokenizer, tokenizer_dir = prepare_tokenizer(config)
     conversations = load_conversations(config, tokenizer)
     dataset = SFTDataset(tokenizer, conversations, config.data.seq_length)
 
     policy = Policy(config, context)
-    start_step = initialize_weights(policy, config)
+    resumed = initialize_weights(policy, config)
+    start_step = resumed.step if resumed is not None else 0
     trainer = config.trainer
     metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
                                       start_step=start_step, max_steps=trainer.max_steps)
     per_rank = trainer.global_batch_size // config.parallel.dp
-    losses, saved = [], None
+    losses, saved = [], resumed.path if resumed is not None else None
     for step in range(start_step + 1, trainer.max_steps + 1):
         faults.maybe_kill("step", step)
         indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
@@ -189,7 +188,7 @@ def train(config: Config, context: ParallelContext) -> SFTSummary:
         losses.append(result.loss)
         if step % trainer.save_interval == 0 or step == trainer.max_steps:
             saved = checkpoint.save(config, step, policy.module, policy.optimizer,
-                                    policy.scheduler, tokenizer_dir=tokenizer_dir)
+                                    policy.scheduler, tokenizer_dir=config.tokenizer_dir)
     metrics.close()
     speeds = metrics.tokens_per_s[1:]  # the first step includes warm-up
     return SFTSummary(
