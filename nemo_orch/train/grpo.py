@@ -14,6 +14,7 @@ tasks and sampling seeds depend on the step only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -22,7 +23,7 @@ import random
 import statistics
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +45,8 @@ from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
                                          load_hf_checkpoint_config, model_config_from_hf)
 from nemo_orch.models.tokenizer import load_tokenizer
-from nemo_orch.reward.advantages import (fill_batch, group_advantages, group_drop_reason,
-                                         trajectory_drop_reason)
+from nemo_orch.reward.advantages import (SamplingStats, fill_batch, group_advantages,
+                                         group_drop_reason, trajectory_drop_reason)
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.reward.scoring import OutcomeFn, by_answer, score_groups
@@ -126,28 +127,109 @@ def _note_skipped(environment: Environment, task_id: str) -> None:
         skipped["tasks"].append(task_id)
 
 
+@dataclass
+class StepBatch:
+    """What rank 0's rollouts made of one step: the groups kept for training, every group
+    generated (what the step's metrics describe), the sampling stats, the routing choices the
+    policy made itself, the episodes whose first choice was forced, the tasks left out because
+    their prompt does not fit the context, and the validation metrics (empty between
+    ``grpo.val_interval`` steps)."""
+
+    kept: list[Group]
+    generated: list[Group]
+    stats: SamplingStats
+    choices: Counter
+    forced_episodes: int
+    skipped_context: int
+    validation: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        return {**rollout_metrics(self.generated, self.stats),
+                "explore/forced_episodes": self.forced_episodes,
+                "sampling/skipped_context": self.skipped_context, **self.validation,
+                **{f"choices/{key}": count for key, count in self.choices.items()}}
+
+
+@dataclass
+class _Round:
+    """One sampling round of a step (see :meth:`Rollouts.groups`)."""
+
+    groups: list[Group]
+    choices: Counter
+    forced_episodes: int
+    skipped_context: int
+
+
 class Rollouts:
-    """Rank 0's side of a step: the engine, the environments (``mixture``, each source with its
-    started toolbox in ``toolboxes``), the reward, the tasks of each step, and the choices
-    directed exploration forces. With a Ray ``pool`` (``rollout.backend=ray``) the episodes and
-    their scoring run on its actors; ``engine`` is then None and the toolbox only names the
-    tools."""
+    """Rank 0's side of GRPO: the engine (or, with ``rollout.backend=ray``, the ``pool`` whose
+    actors run the episodes and their scoring; ``engine`` is then None and the toolboxes only
+    name the tools), the environments (``mixture``, each source with its toolbox in
+    ``toolboxes``), the reward, the tasks of each step and the choices directed exploration
+    forces. A context manager: entering starts the tools (or the pool) on an event loop of its
+    own, leaving writes the sources' notes and closes them and the loop. Each :meth:`step` returns a
+    :class:`StepBatch`; ``previous_choices`` are the choices the policy made in the step before
+    the first one (a resumed run's, from its log)."""
 
     def __init__(self, config: Config, engine: Any, tokenizer: Any, mixture: Mixture,
-                 toolboxes: list[Any], pool: "RayRolloutPool | None" = None) -> None:
+                 toolboxes: list[Any], pool: "RayRolloutPool | None" = None,
+                 previous_choices: Counter | None = None) -> None:
         self.config, self.engine, self.tokenizer, self.pool = config, engine, tokenizer, pool
         self.mixture, self.toolboxes = mixture, dict(zip(
             (environment.name for environment in mixture.environments), toolboxes))
         self.settings = config.resolved_rollout()
         self.format = TurnFormat.for_tools(toolboxes[0].schemas())
-        self.tools: list[str] | None = None  # the curriculum stage's tools (None: all)
-        # Every group of the current step, kept or not: what the step's metrics describe.
-        self.generated: list[Group] = []
-        # How often the policy itself made each routing choice, this step and the previous one.
-        self.current_choices: Counter = Counter()
-        self.previous_choices: Counter = Counter()
-        self.forced_episodes = 0
-        self.skipped_context = 0
+        self.previous_choices = previous_choices or Counter()
+        # A colocated GPU engine gives the GPUs back while the policy trains (RolloutConfig).
+        self.colocated = config.rollout.colocate and isinstance(engine, Sleepable)
+        # Closing the runner also cancels what a failed step left running (e.g. the scoring
+        # requests of a batch whose first one failed for good).
+        self.runner = asyncio.Runner()
+
+    def __enter__(self) -> "Rollouts":
+        self.runner.run(self._each("start"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (self.config.run.dir / NOTES).write_text(json.dumps(
+            {environment.name: environment.notes for environment in self.mixture.environments},
+            indent=1, default=str) + "\n")
+        try:
+            self.runner.run(self._each("close"))
+        finally:
+            self.runner.close()
+
+    async def _each(self, method: str) -> None:
+        """``start`` or ``close`` the pool, else every toolbox (on Ray the tools run in the
+        workers' executors)."""
+        if self.pool is not None:
+            await getattr(self.pool, method)()
+        else:
+            await asyncio.gather(*(getattr(toolbox, method)()
+                                   for toolbox in self.toolboxes.values()))
+
+    def step(self, step: int, tools: list[str] | None) -> StepBatch:
+        """Roll out, score and filter ``step``'s batch offering ``tools`` (None: all), and
+        validate every ``grpo.val_interval`` steps. A reward server gone past its retries stops
+        the run with an :class:`HTTPError` saying where it resumes."""
+        try:
+            batch = self.runner.run(self.batch(step, tools))
+            interval = self.config.grpo.val_interval
+            if interval and step % interval == 0:
+                batch.validation = self.runner.run(self.validate())
+        except HTTPError as error:
+            raise HTTPError(_stopped(self.config, step, error), error.status) from None
+        return batch
+
+    def sleep(self) -> None:
+        """Give the GPUs back while the policy trains (a colocated engine only)."""
+        if self.colocated:
+            self.engine.sleep()
+
+    def refit(self, hf: dict[str, torch.Tensor]) -> None:
+        """The policy's new weights into the engine (or the pool's), woken up first."""
+        if self.colocated:
+            self.engine.wake_up()
+        (self.engine if self.pool is None else self.pool).update_weights(hf)
 
     def fits(self, task: Task, source: str) -> bool:
         """Whether the task's first prompt leaves the policy room to write a turn."""
@@ -172,10 +254,12 @@ class Rollouts:
                     f"{shortest} tokens: system prompt, tools and question); use a policy with "
                     "more positions (model.max_position_embeddings) or shorter tasks")
 
-    def tasks(self, step: int, round_index: int, count: int) -> list[Draw]:
+    def tasks(self, step: int, round_index: int, count: int,
+              tools: list[str] | None = None) -> list[Draw]:
         """The step's tasks by source, each renamed ``s<step>r<round>-<index>`` (per-episode
-        state is keyed by task id: a task drawn again later is a new episode), without those
-        whose prompt does not fit the context (counted)."""
+        state is keyed by task id: a task drawn again later is a new episode) and offering
+        ``tools`` (None: all), without those whose prompt does not fit the context (noted in
+        their source's notes)."""
         seed = derive_seed(self.config.run.seed, "tasks", step, round_index)
         draws, index = [], 0
         for drawn in self.mixture.draw("train", count, seed):
@@ -183,29 +267,21 @@ class Rollouts:
             for drawn_task in drawn.tasks:
                 task = dataclasses.replace(drawn_task, id=f"s{step}r{round_index}-{index:05d}")
                 index += 1
-                if self.tools is not None:
-                    task = dataclasses.replace(task, tools=tuple(self.tools))
+                if tools is not None:
+                    task = dataclasses.replace(task, tools=tuple(tools))
                 if self.fits(task, drawn.environment.name):
                     tasks.append(task)
                 else:
-                    self.skipped_context += 1
                     _note_skipped(drawn.environment, drawn_task.id)
             draws.append(Draw(drawn.environment, tasks))
         return draws
 
-    def write_notes(self, run_dir: Path) -> None:
-        """``notes.json``: what each source left out and why (its environment's notes, with
-        the prompts skipped for the context)."""
-        notes = {environment.name: environment.notes
-                 for environment in self.mixture.environments}
-        (run_dir / NOTES).write_text(json.dumps(notes, indent=1, default=str) + "\n")
-
-    def forced_choices(self, num_tasks: int) -> dict[tuple[int, int], Choice]:
+    def forced_choices(self, num_tasks: int, previous: Counter) -> dict[tuple[int, int], Choice]:
         """The last ``explore_share`` of each group's samples start with the choice the policy
-        made least in the previous step; each assignment counts, so they rotate."""
+        made least in the ``previous`` step; each assignment counts, so they rotate."""
         size = self.settings.group_size
         per_group = round(self.config.grpo.explore_share * size)
-        counts = Counter(self.previous_choices)
+        counts = Counter(previous)
         options = choices(self.format)
         forced = {}
         for task_index in range(num_tasks):
@@ -244,28 +320,31 @@ class Rollouts:
         finally:
             await batcher.close()
 
-    async def groups(self, step: int, round_index: int, count: int) -> list[Group]:
-        draws = self.tasks(step, round_index, count)
+    async def groups(self, step: int, round_index: int, count: int,
+                     tools: list[str] | None = None,
+                     previous: Counter | None = None) -> _Round:
+        """One sampling round: ``count`` tasks' groups, scored, with what exploration forced
+        (after the ``previous`` step's choices) and what the policy chose itself."""
+        draws = self.tasks(step, round_index, count, tools)
         tasks = [task for drawn in draws for task in drawn.tasks]
         sources = [drawn.environment for drawn in draws for _ in drawn.tasks]
         seed = derive_seed(self.config.run.seed, "episodes", step, round_index)
-        forced = self.forced_choices(len(tasks))
-        self.forced_episodes += len(forced)
+        forced = self.forced_choices(len(tasks), previous or Counter())
         trajectories = await self._run(draws, seed, forced)
         size = self.settings.group_size
         grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
+        made: Counter = Counter()
         for task_index, group in enumerate(grouped):
             for sample, trajectory in enumerate(group):
                 choice = self.first_choice(trajectory)
                 if (task_index, sample) not in forced and choice is not None:
-                    self.current_choices[_choice_key(choice)] += 1
+                    made[_choice_key(choice)] += 1
         environments = {task.id: environment for task, environment in zip(tasks, sources)}
         breakdowns = await score_groups(tasks, grouped, self.config.reward, self._outcome(
             environments))
         groups = [Group(task, group, scored, environment.name) for task, group, scored,
                   environment in zip(tasks, grouped, breakdowns, sources)]
-        self.generated.extend(groups)
-        return groups
+        return _Round(groups, made, len(forced), count - len(tasks))
 
     def _outcome(self, environments: dict[str, Environment]) -> OutcomeFn:
         """Each task's environment scores its episodes (on Ray: the pool's scorers)."""
@@ -302,19 +381,44 @@ class Rollouts:
             metrics[f"{prefix}/tasks"] = len(tasks)
         return metrics
 
-    def drop_reason(self, group: Group) -> str | None:
-        return group_drop_reason(group.breakdowns, self.config.reward)
-
-    async def batch(self, step: int) -> tuple[list[Group], list[Group], Any]:
-        """The kept groups, every generated group, and the sampling stats of ``step``."""
+    async def batch(self, step: int, tools: list[str] | None = None) -> StepBatch:
+        """``step``'s batch: rounds of groups (more with dynamic sampling) until
+        ``grpo.prompts_per_step`` groups are kept or the rounds run out. The policy's own
+        choices become the next step's ``previous_choices``."""
         grpo = self.config.grpo
-        rounds = grpo.max_sampling_rounds if grpo.dynamic_sampling else 1
-        self.generated, self.current_choices, self.forced_episodes = [], Counter(), 0
-        self.skipped_context = 0
-        kept, stats = await fill_batch(lambda count, r: self.groups(step, r, count),
-                                       grpo.prompts_per_step, rounds, self.drop_reason)
-        self.previous_choices = self.current_choices
-        return kept, self.generated, stats
+        rounds: list[_Round] = []
+
+        async def more(count: int, round_index: int) -> list[Group]:
+            rounds.append(await self.groups(step, round_index, count, tools,
+                                            self.previous_choices))
+            return rounds[-1].groups
+
+        kept, stats = await fill_batch(
+            more, grpo.prompts_per_step, grpo.max_sampling_rounds if grpo.dynamic_sampling else 1,
+            lambda group: group_drop_reason(group.breakdowns, self.config.reward))
+        choices = sum((r.choices for r in rounds), Counter())
+        self.previous_choices = choices
+        return StepBatch(kept, [group for r in rounds for group in r.groups], stats, choices,
+                         sum(r.forced_episodes for r in rounds),
+                         sum(r.skipped_context for r in rounds))
+
+
+def build_rollouts(config: Config, tokenizer: Any, hf: dict[str, torch.Tensor],
+                   logged: list[dict[str, Any]]) -> Rollouts:
+    """Rank 0's :class:`Rollouts` for ``config``: its engine (or Ray pool) started from the
+    policy's ``hf`` weights, its environments and their toolboxes, and the choices of the last
+    ``logged`` step (a resumed run's), checked: every source has tasks that fit the context, and
+    the curriculum names offered tools."""
+    pool = _ray_pool(config, hf, tokenizer) if config.rollout.backend == "ray" else None
+    engine = build_rollout_engine(config, hf, tokenizer) if pool is None else None
+    mixture = build_mixture(config)
+    toolboxes = [environment.toolbox() for environment in mixture.environments]
+    previous = Counter({key.removeprefix("choices/"): count for key, count in
+                        (logged[-1] if logged else {}).items() if key.startswith("choices/")})
+    rollouts = Rollouts(config, engine, tokenizer, mixture, toolboxes, pool, previous)
+    rollouts.check_sources()
+    curriculum.check_tools(config.grpo.curriculum, list(toolboxes[0].tools))
+    return rollouts
 
 
 def _choice_key(choice: Choice) -> str:
@@ -559,61 +663,31 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     # The reference is the stage's starting point (the SFT policy), also on resume.
     load_start_weights(reference.module, config.model, Path(config.trainer.init_from))
     hf = weights.gather_hf_weights(policy.module, config.model)
-
-    writer = distributed.is_writer()
-    pool = _ray_pool(config, hf, tokenizer) if writer and config.rollout.backend == "ray" else None
-    engine = build_rollout_engine(config, hf, tokenizer) if writer and pool is None else None
-    # A colocated GPU engine gives the GPUs back while the policy trains (see RolloutConfig).
-    colocated = writer and config.rollout.colocate and isinstance(engine, Sleepable)
-    mixture = build_mixture(config) if writer else None
-    toolboxes = [environment.toolbox() for environment in mixture.environments] if writer else []
-    loop = asyncio.new_event_loop() if writer else None
-    if writer:  # on Ray the tools run in the workers' executors
-        loop.run_until_complete(pool.start() if pool is not None else _each(
-            toolbox.start() for toolbox in toolboxes))
-    rollouts = Rollouts(config, engine, tokenizer, mixture, toolboxes, pool) if writer else None
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
     logged = logged_steps(config.run.dir, start_step)
     history = [record.get("reward", math.nan) for record in logged]
-    if writer:
-        rollouts.check_sources()
-        curriculum.check_tools(grpo.curriculum, list(toolboxes[0].tools))
-        rollouts.previous_choices = Counter({
-            key.removeprefix("choices/"): count for key, count in
-            (logged[-1] if logged else {}).items() if key.startswith("choices/")})
+    # Rank 0 rolls out; every rank trains on what it broadcasts.
+    rollouts = build_rollouts(config, tokenizer, hf, logged) if distributed.is_writer() else None
     metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
                                       start_step=start_step, max_steps=grpo.max_steps)
     loss_fn = grpo_token_loss(grpo)
     rewards, saved = [], resumed.path if resumed is not None else None
-    try:
+    with rollouts or contextlib.nullcontext(), contextlib.closing(metrics):
         for step in range(start_step + 1, grpo.max_steps + 1):
             faults.maybe_kill("step", step)
             started = time.perf_counter()
-            payload = None
-            if writer:
-                rollouts.tools = curriculum.stage_tools(grpo.curriculum, history)
-                try:
-                    kept, generated, stats = loop.run_until_complete(rollouts.batch(step))
-                    step_metrics = rollout_metrics(generated, stats)
-                    if grpo.val_interval and step % grpo.val_interval == 0:
-                        step_metrics.update(loop.run_until_complete(rollouts.validate()))
-                except HTTPError as error:  # a reward server gone past its retries
-                    raise HTTPError(_stopped(config, step, error), error.status) from None
-                step_metrics["explore/forced_episodes"] = rollouts.forced_episodes
-                step_metrics["sampling/skipped_context"] = rollouts.skipped_context
-                step_metrics.update({f"choices/{key}": count for key, count
-                                     in rollouts.previous_choices.items()})
-                step_metrics["curriculum/stage"] = curriculum.stage_index(grpo.curriculum,
-                                                                          history)
-                payload = (samples_of(kept, config), step_metrics)
-            shared = [payload]
+            shared = [None]
+            if rollouts is not None:
+                batch = rollouts.step(step, curriculum.stage_tools(grpo.curriculum, history))
+                shared = [(samples_of(batch.kept, config), {
+                    **batch.metrics(),
+                    "curriculum/stage": curriculum.stage_index(grpo.curriculum, history)})]
+                rollouts.sleep()
             if dist.get_world_size() > 1:
                 dist.broadcast_object_list(shared, src=0)
             samples, step_metrics = shared[0]
             rollout_seconds = time.perf_counter() - started
-            if colocated:
-                engine.sleep()
 
             train_started = time.perf_counter()
             trained = _update(policy, reference, loss_fn, samples, config, step,
@@ -621,10 +695,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             train_seconds = time.perf_counter() - train_started
 
             hf = weights.gather_hf_weights(policy.module, config.model)
-            if writer:
-                if colocated:
-                    engine.wake_up()
-                (engine if pool is None else pool).update_weights(hf)
+            if rollouts is not None:
+                rollouts.refit(hf)
             step_metrics.update(trained)
             step_metrics.update({"time/rollout_s": rollout_seconds,
                                  "time/train_s": train_seconds,
@@ -636,13 +708,6 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             if step % grpo.save_interval == 0 or step == grpo.max_steps:
                 saved = checkpoint.save(config, step, policy.module, policy.optimizer,
                                         policy.scheduler, tokenizer_dir=config.tokenizer_dir)
-    finally:
-        metrics.close()
-        if writer:
-            rollouts.write_notes(config.run.dir)
-            loop.run_until_complete(pool.close() if pool is not None else _each(
-                toolbox.close() for toolbox in toolboxes))
-            loop.close()
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)
@@ -655,10 +720,6 @@ def _stopped(config: Config, step: int, error: HTTPError) -> str:
                else "from the start (no step was checkpointed)")
     return (f"GRPO stopped in step {step}: {error}. Run the same command again to resume "
             f"{resumes}.")
-
-
-async def _each(awaitables: Any) -> None:
-    await asyncio.gather(*awaitables)
 
 
 def _check_backend(config: Config) -> None:

@@ -4,24 +4,25 @@ Run in-process (one rank) by the tests, or under torchrun for TP/PP/DP layouts, 
 all in one launch (a launch costs more than the steps):
 ``python -m torch.distributed.run --nproc_per_node 2 tests/multiprocess/grpo_step.py parallel.tp=2
 parallel.pp=2``; rank 0 prints JSON: per layout, per step the loss, loss tokens, grad norm and the
-loss's metrics.
+loss's metrics, and what GRPO's update (``grpo._update``) reports.
 
-The batch is a pure function of the seed and the global batch, split over DP ranks and
-micro-batches after it is drawn, so every layout trains on the same tokens. Old log-probabilities
-are the policy's own plus fixed per-token offsets (ratios from ~0.67 to ~4.5: unclipped, clipped
-low and high, dual-clipped) and the reference is a differently seeded model, so every branch of the
-loss and the KL term take part.
-
-Each sequence ends at its own length (loss-masked padding after it). Without pipeline
-parallelism every micro-batch is cut to its longest sequence, as GRPO's micro-batches are, so the
-TP and DP layouts train on micro-batches of different lengths and must still match one process
-(which cuts them the same way) and PP (which cannot: its stages exchange one shape).
+The batch is a list of GRPO samples, a pure function of the seed, split over DP ranks and cut
+into micro-batches by GRPO's own functions (``_even_split``, ``micro_batches``: each micro-batch
+cut to its longest sequence unless pipelined), so every layout trains on the same tokens and the
+TP and DP layouts on micro-batches of different lengths, which must still match one process. Old
+log-probabilities are the policy's own plus per-token offsets (ratios from ~0.67 to ~4.5:
+unclipped, clipped low and high, dual-clipped) that are a function of the label, so they follow a
+token wherever it is cut to; the reference is a differently seeded model, so every branch of the
+loss and the KL term take part. Then ``_update`` itself runs: two mini-batches, two passes, its
+old and reference log-probabilities computed by the policy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import random
 import sys
 
 import torch
@@ -30,6 +31,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import Config
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models.hf_mapping import SeededHFWeights
+from nemo_orch.train import grpo
 from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel
 
@@ -39,62 +41,74 @@ OVERRIDES = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_siz
              "model.vocab_size=512", "tokenizer.vocab_size=512", "trainer.lr=1e-3",
              "trainer.warmup_steps=0", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
              "grpo.micro_batch_size=2"]
-NUM_SEQUENCES, SEQ_LENGTH = 8, 24
+NUM_SEQUENCES, SEQ_LENGTH, PAD = 8, 24, 0
 OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
 
 
-def synthetic_batch(config: Config, seed: int = 7) -> dict[str, torch.Tensor]:
-    """The global batch: random tokens, a response after a random prompt length, one advantage per
-    sequence, and per-token offsets for old (``old_offset``) and engine (``engine_offset``)
-    log-probabilities."""
+def synthetic_samples(config: Config, count: int = NUM_SEQUENCES, seed: int = 7
+                      ) -> list[grpo.Sample]:
+    """Random tokens, a response after a random prompt length up to the sequence's own end, one
+    advantage per sequence."""
     generator = torch.Generator().manual_seed(seed)
-    shape = (NUM_SEQUENCES, SEQ_LENGTH)
-    ids = torch.randint(0, config.model.vocab_size, (NUM_SEQUENCES, SEQ_LENGTH + 1),
-                        generator=generator)
-    prompt_lengths = torch.randint(2, SEQ_LENGTH // 2, (NUM_SEQUENCES, 1), generator=generator)
-    ends = torch.tensor([[SEQ_LENGTH if index % 4 == 3 else SEQ_LENGTH // 2 + 2 * (index % 4)]
-                         for index in range(NUM_SEQUENCES)])
-    positions = torch.arange(SEQ_LENGTH)
-    loss_mask = ((positions >= prompt_lengths) & (positions < ends)).float()
-    advantages = torch.randn(NUM_SEQUENCES, 1, generator=generator).expand(shape) * loss_mask
-    choice = torch.randint(0, len(OLD_LOGPROB_OFFSETS), shape, generator=generator)
-    return {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": loss_mask, "end": ends,
-            "position_ids": torch.arange(SEQ_LENGTH).repeat(NUM_SEQUENCES, 1),
-            "advantages": advantages.contiguous(), "old_offset": OLD_LOGPROB_OFFSETS[choice],
-            "engine_offset": 0.01 * torch.randn(shape, generator=generator)}
+    samples = []
+    for index in range(count):
+        ids = torch.randint(1, config.model.vocab_size, (SEQ_LENGTH + 1,), generator=generator)
+        prompt = int(torch.randint(2, SEQ_LENGTH // 2, (1,), generator=generator))
+        end = SEQ_LENGTH if index % 4 == 3 else SEQ_LENGTH // 2 + 2 * (index % 4)
+        # Token i + 1 is the label of position i: the loss covers positions prompt .. end - 1.
+        mask = [0] * (prompt + 1) + [1] * (end - prompt)
+        advantage = float(torch.randn(1, generator=generator))
+        samples.append(grpo.Sample(ids[:end + 1].tolist(), mask, [0.0] * (end + 1), advantage,
+                                   mask))
+    return samples
 
 
-def micro_batches(batch: Batch, context: ParallelContext, micro_batch_size: int) -> list[Batch]:
-    """This DP rank's share of a global batch, cut into micro-batches, each cut to its longest
-    sequence unless pipelined."""
-    per_rank = len(batch["tokens"]) // context.parallel.dp
-    start = context.dp_rank * per_rank
-    chunks = []
-    for i in range(start, start + per_rank, micro_batch_size):
-        chunk = {key: value[i:i + micro_batch_size] for key, value in batch.items()}
-        length = SEQ_LENGTH if context.parallel.pp > 1 else int(chunk.pop("end").max())
-        chunk.pop("end", None)
-        chunks.append({key: value[:, :length] for key, value in chunk.items()})
-    return chunks
+def rank_batches(samples: list[grpo.Sample], config: Config, context: ParallelContext
+                 ) -> list[Batch]:
+    """This DP rank's micro-batches of ``samples``, as GRPO's update cuts them."""
+    mine = grpo._even_split(samples, context.parallel.dp, random.Random(0))[context.dp_rank]
+    return grpo.micro_batches(mine, config.grpo.micro_batch_size, PAD,
+                              one_length=context.parallel.pp > 1)
+
+
+def _offsets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token offsets of the old and the engine's log-probabilities, from the labels."""
+    old = OLD_LOGPROB_OFFSETS[labels % len(OLD_LOGPROB_OFFSETS)]
+    return old, old + 0.01 * ((labels % 7).float() - 3)
+
+
+def _models(config: Config, context: ParallelContext) -> tuple[Policy, ReferenceModel]:
+    policy = Policy(config, context)
+    policy.load_hf_weights(SeededHFWeights(config.model, config.run.seed))
+    reference = ReferenceModel(config, context)
+    reference.load_hf_weights(SeededHFWeights(config.model, config.run.seed + 1))
+    return policy, reference
 
 
 def grpo_steps(config: Config, context: ParallelContext, steps: int = 2) -> list[dict]:
     """``steps`` GRPO updates on the synthetic batch (old and reference log-probabilities fixed
     before the first), each step's loss, tokens, grad norm and metrics."""
-    policy = Policy(config, context)
-    policy.load_hf_weights(SeededHFWeights(config.model, config.run.seed))
-    reference = ReferenceModel(config, context)
-    reference.load_hf_weights(SeededHFWeights(config.model, config.run.seed + 1))
-    batches = micro_batches(synthetic_batch(config), context, config.grpo.micro_batch_size)
+    policy, reference = _models(config, context)
+    batches = rank_batches(synthetic_samples(config), config, context)
     old_logprobs = policy.forward_logprobs(batches)
     for batch, old, ref in zip(batches, old_logprobs, reference.forward_logprobs(batches)):
         if old is not None:  # the last pipeline stage, where the loss is computed
-            batch.update(old_logprobs=old + batch["old_offset"], ref_logprobs=ref,
-                         engine_logprobs=old + batch["old_offset"] + batch["engine_offset"])
+            old_offset, engine_offset = _offsets(batch["labels"])
+            batch.update(old_logprobs=old + old_offset, ref_logprobs=ref,
+                         engine_logprobs=old + engine_offset)
     loss = grpo_token_loss(config.grpo)
     results = [policy.train_step(batches, loss) for _ in range(steps)]
     return [{"loss": r.loss, "num_tokens": r.num_tokens, "grad_norm": r.grad_norm, **r.metrics}
             for r in results]
+
+
+def update_results(config: Config, context: ParallelContext) -> dict[str, float]:
+    """What GRPO's update reports for 16 samples in two mini-batches, two passes over them."""
+    config = config_lib.replace(config, grpo=dataclasses.replace(
+        config.grpo, mini_batches=2, updates_per_step=2))
+    policy, reference = _models(config, context)
+    return grpo._update(policy, reference, grpo_token_loss(config.grpo),
+                        synthetic_samples(config, count=16), config, 1, context.dp_rank, PAD)
 
 
 def main(layouts: list[str]) -> None:
@@ -109,7 +123,8 @@ def main(layouts: list[str]) -> None:
             config = config_lib.load([*OVERRIDES, layout])
             # The process group outlives the layouts; Megatron's groups are rebuilt for each.
             context = distributed.initialize(config.parallel, config.run.seed)
-            results[layout] = grpo_steps(config, context)
+            results[layout] = {"steps": grpo_steps(config, context),
+                               "update": update_results(config, context)}
             parallel_state.destroy_model_parallel()
     finally:
         distributed.shutdown()

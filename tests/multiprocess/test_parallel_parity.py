@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import read_metrics, run_cli, small_sft_overrides
-from multiprocess.grpo_step import (OVERRIDES, grpo_steps, micro_batches,
-                                    synthetic_batch)
+from multiprocess.grpo_step import (OVERRIDES, grpo_steps, rank_batches,
+                                    synthetic_samples, update_results)
 from nemo_orch import config as config_lib
 from nemo_orch.distributed import free_port
 
@@ -45,13 +45,19 @@ def test_sft_losses_match_one_process(one_process_sft_losses, tiny_tokenizer_dir
 def test_grpo_steps_match_one_process(megatron_world):
     config = config_lib.load(OVERRIDES)
     # without PP, the micro-batches differ in length, as GRPO's do
-    cut = micro_batches(synthetic_batch(config), megatron_world, config.grpo.micro_batch_size)
+    cut = rank_batches(synthetic_samples(config), config, megatron_world)
     assert len({batch["tokens"].shape[1] for batch in cut}) > 1
-    expected = grpo_steps(config, megatron_world)
-    first = expected[0]
+    expected = {"steps": grpo_steps(config, megatron_world),
+                "update": update_results(config, megatron_world)}
+    first = expected["steps"][0]
     # the batch exercises every branch of the loss, so agreement means something
     assert min(first["clip_frac_low"], first["clip_frac_high"], first["clip_frac_dual"],
                first["kl"]) > 0
+    # GRPO's update made two passes over every sample (in 2 mini-batches: 4 optimizer steps);
+    # its token count includes the padding, which differs between layouts
+    update = expected["update"]
+    real_tokens = sum(len(sample.token_ids) - 1 for sample in synthetic_samples(config, 16))
+    assert "skipped_update" not in update and update.pop("tokens") >= 2 * real_tokens
     # one launch for all layouts: starting two processes costs more than the steps
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
@@ -61,6 +67,9 @@ def test_grpo_steps_match_one_process(megatron_world):
     assert launched.returncode == 0, launched.stderr[-5000:]
     results = json.loads(launched.stdout.strip().splitlines()[-1])
     for layout in LAYOUTS:
-        for step, want in zip(results[layout], expected, strict=True):
+        for step, want in zip(results[layout]["steps"], expected["steps"], strict=True):
             assert step.keys() == want.keys()
             assert step == pytest.approx(want, abs=1e-5), layout
+        got = results[layout]["update"]
+        assert got.pop("tokens") > 0 and got.keys() == expected["update"].keys()
+        assert got == pytest.approx(expected["update"], abs=1e-4), layout

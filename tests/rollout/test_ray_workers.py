@@ -216,9 +216,9 @@ def test_grpo_rollouts_and_rewards_on_the_pool_equal_local_ones(pool, config, ti
     engine, _ = plan_engine(str(tiny_tokenizer_dir))
     mixture = build_mixture(config)  # the offline world: scored locally by its environment
     local = asyncio.run(Rollouts(config, engine, tiny_tokenizer, mixture, [toolbox]
-                                 ).groups(3, 0, 2))
+                                 ).groups(3, 0, 2)).groups
     on_ray = asyncio.run(Rollouts(config, None, tiny_tokenizer, mixture, [toolbox], pool
-                                  ).groups(3, 0, 2))
+                                  ).groups(3, 0, 2)).groups
     assert [group.task for group in on_ray] == [group.task for group in local]
     assert [[comparable(t) for t in group.trajectories] for group in on_ray] == \
         [[comparable(t) for t in group.trajectories] for group in local]

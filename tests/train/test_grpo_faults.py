@@ -33,7 +33,7 @@ from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_mixture
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.format import call_text
-from nemo_orch.train.grpo import Rollouts, rollout_metrics
+from nemo_orch.train.grpo import Rollouts
 
 TESTS = Path(__file__).resolve().parents[1]
 # Each task's question names the call it wants (the scripted policy and the fine-tuned one make
@@ -147,9 +147,8 @@ def test_rollouts_count_faults_and_go_on(tmp_path, tiny_tokenizer):
                     if step == 2:  # the expert's server dies between the steps
                         expert.kill()
                     started = time.perf_counter()
-                    kept, generated, stats = await rollouts.batch(step)
-                    steps.append({**rollout_metrics(generated, stats),
-                                  "seconds": time.perf_counter() - started, "kept": len(kept)})
+                    batch = await rollouts.batch(step)
+                    steps.append({**batch.metrics(), "seconds": time.perf_counter() - started})
             finally:
                 for toolbox in toolboxes:
                     await toolbox.close()

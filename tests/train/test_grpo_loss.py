@@ -5,10 +5,11 @@ import dataclasses
 import pytest
 import torch
 
-from multiprocess.grpo_step import OVERRIDES, micro_batches, synthetic_batch
+from multiprocess.grpo_step import OVERRIDES, rank_batches, synthetic_samples
 from nemo_orch import config as config_lib
 from nemo_orch.config import GRPOConfig
 from nemo_orch.models.hf_mapping import SeededHFWeights
+from nemo_orch.train import grpo as grpo_recipe
 from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.policy import Policy, ReferenceModel
 
@@ -96,13 +97,22 @@ def tiny_policy(megatron_world):
 
 
 def on_policy_batches(config, policy, context, advantage_per_sequence: torch.Tensor):
-    """Micro-batches whose old and reference log-probabilities are the policy's own (ratio 1)."""
-    batch = synthetic_batch(config)
-    batch["advantages"] = advantage_per_sequence[:, None] * batch["loss_mask"]
-    batches = micro_batches(batch, context, config.grpo.micro_batch_size)
+    """Micro-batches whose old and reference log-probabilities are the policy's own (ratio 1),
+    sequence ``i`` with advantage ``advantage_per_sequence[i]`` (in the micro-batches' order:
+    see :func:`sequence_advantages`)."""
+    samples = [dataclasses.replace(sample, advantage=float(advantage)) for sample, advantage
+               in zip(synthetic_samples(config), advantage_per_sequence, strict=True)]
+    batches = rank_batches(samples, config, context)
     for micro_batch, logprobs in zip(batches, policy.forward_logprobs(batches)):
+        del micro_batch["engine_logprobs"]  # the samples' are placeholders
         micro_batch.update(old_logprobs=logprobs, ref_logprobs=logprobs)
     return batches
+
+
+def sequence_advantages(batches) -> torch.Tensor:
+    """Per sequence, in the micro-batches' order."""
+    return torch.cat([batch["advantages"].sum(1) / batch["loss_mask"].sum(1)
+                      for batch in batches])
 
 
 def sequence_mean_logprobs(policy, batches) -> torch.Tensor:
@@ -113,8 +123,8 @@ def sequence_mean_logprobs(policy, batches) -> torch.Tensor:
 
 def test_a_step_raises_the_logprobs_of_positive_advantages(tiny_policy):
     config, policy, context = tiny_policy
-    advantages = torch.tensor([1.0, -1.0] * 4)
-    batches = on_policy_batches(config, policy, context, advantages)
+    batches = on_policy_batches(config, policy, context, torch.tensor([1.0, -1.0] * 4))
+    advantages = sequence_advantages(batches)
     before = sequence_mean_logprobs(policy, batches)
     result = policy.train_step(batches, grpo_token_loss(config.grpo))
     change = sequence_mean_logprobs(policy, batches) - before
@@ -160,3 +170,12 @@ def test_an_optimizer_that_never_stepped_is_saved_and_resumed(tiny_policy, tmp_p
                     policy.scheduler)
     batches = on_policy_batches(config, policy, context, torch.ones(8))
     assert torch.isfinite(torch.tensor(policy.train_step(batches).loss))
+
+
+def test_an_update_with_too_few_samples_is_skipped(tiny_policy):
+    config, policy, context = tiny_policy
+    (sample,) = synthetic_samples(config, count=1)
+    before = [parameter.detach().clone() for parameter in policy.module.parameters()]
+    assert grpo_recipe._update(policy, ReferenceModel(config, context), grpo_token_loss(config.grpo),
+                        [sample], config, 1, 0, 0) == {"skipped_update": 1.0}
+    assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))

@@ -150,13 +150,13 @@ def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
     config = config_lib.load(["grpo.explore_share=0.25"])  # 2 of each group of 8
     mixture = build_mixture(config)
     rollouts = Rollouts(config, None, tiny_tokenizer, mixture, [toolbox])
-    rollouts.previous_choices = Counter({"echo": 5, "ask:large": 1})
-    forced = rollouts.forced_choices(num_tasks=2)
+    forced = rollouts.forced_choices(2, Counter({"echo": 5, "ask:large": 1}))
     assert sorted(forced) == [(0, 6), (0, 7), (1, 6), (1, 7)]
     assert [forced[key] for key in sorted(forced)] == [
         ("ask", {"model": "small"}), ("ask", {"model": "small"}),
         ("ask", {"model": "large"}), ("ask", {"model": "small"})]
-    assert Rollouts(config_lib.load(), None, None, mixture, [toolbox]).forced_choices(3) == {}
+    assert Rollouts(config_lib.load(), None, None, mixture, [toolbox]).forced_choices(
+        3, Counter()) == {}
     # What the policy chose itself: its first turn's first call that ran.
     episode = trajectory([1, 2], [0, 1], [0.0, 0.0])
     assert rollouts.first_choice(episode) is None
@@ -168,5 +168,4 @@ def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
     (drawn,) = rollouts.tasks(1, 0, 4)
     assert [task.id for task in drawn.tasks] == [f"s1r0-{i:05d}" for i in range(4)]
     assert all(task.tools is None for task in drawn.tasks)
-    rollouts.tools = ["echo"]
-    assert all(task.tools == ("echo",) for task in rollouts.tasks(1, 0, 4)[0].tasks)
+    assert all(task.tools == ("echo",) for task in rollouts.tasks(1, 0, 4, ["echo"])[0].tasks)
