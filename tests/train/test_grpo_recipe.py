@@ -6,6 +6,7 @@ import json
 import re
 from collections import Counter
 
+import pytest
 import torch
 
 from cli_helpers import run_cli
@@ -98,7 +99,18 @@ def test_main_job_end_to_end(tmp_path):
                                        "pref_adherence", "oracle_route_share",
                                        "format_error_rate", "tool_mix"}
     assert set(report["wall_seconds"]) == {"setup", "sft", "grpo", "eval"}
-    assert set(report["sft"]["groups"]) == set(report["oracle"]["groups"])
+    # Values, not only keys. Eight new tokens a turn cannot write a call: both policies answer
+    # nothing right, so the oracle's expected reward is above theirs and they are equal (0).
+    sft, grpo, oracle = report["sft"], report["grpo"], report["oracle"]
+    assert oracle["reward"] > 0 and oracle["reward"] >= grpo["reward"] >= sft["reward"]
+    assert oracle["oracle_route_share"] == 1.0 and oracle["pref_adherence"] == 1.0
+    assert report["gap_closed"] == pytest.approx(
+        (grpo["reward"] - sft["reward"]) / (oracle["reward"] - sft["reward"]))
+    for row in (sft, grpo, oracle):
+        assert set(row["groups"]) == set(oracle["groups"]) == set(row["tool_mix"])
+        assert all(sum(routes.values()) == pytest.approx(1.0)  # each group's routes, shares
+                   for routes in row["tool_mix"].values())
+        assert 0 <= row["accuracy"] <= 1 and 0 <= row["oracle_route_share"] <= 1
     fingerprint, *episodes = (run_dir / "eval" / "offline" / "episodes" / "grpo.jsonl"
                               ).read_text().splitlines()
     assert "fingerprint" in json.loads(fingerprint) and len(episodes) == 4
