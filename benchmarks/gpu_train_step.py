@@ -116,7 +116,7 @@ def load_config(args: argparse.Namespace, overrides: list[str]):
     return config_lib.load([
         f"model={args.model}", f"trainer.micro_batch_size={args.batch_size}",
         f"trainer.global_batch_size={args.batch_size}", f"data.seq_length={args.seq_length}",
-        "trainer.warmup_steps=0", *overrides])
+        "trainer.optim.warmup_steps=0", *overrides])
 
 
 def make_batch(vocab_size: int, batch_size: int, seq_length: int) -> dict[str, torch.Tensor]:

@@ -7,11 +7,11 @@ on the same batch, from the same initial weights, with the same optimizer settin
   spec, DDP wrapper, Megatron optimizer and LR scheduler) in a single-process parallel session.
 * **transformers**: ``Qwen3ForCausalLM`` built from the same ``ModelConfig``, a masked per-token
   cross entropy (summed, divided by the number of loss tokens: the Megatron objective), and
-  ``torch.optim.AdamW`` with ``config.trainer``'s lr, betas and weight decay (not on 1-D
-  parameters, as Megatron does), clipping the gradient norm at ``config.trainer.grad_clip``.
+  ``torch.optim.AdamW`` with ``config.trainer.optim``'s lr, betas and weight decay (not on 1-D
+  parameters, as Megatron does), clipping the gradient norm at ``config.trainer.optim.grad_clip``.
 
-Both use a constant learning rate (``config.trainer.lr``: warm-up off, ``min_lr = lr``) so their
-losses stay comparable. The batch is ``--batch-size`` random token sequences of
+Both use a constant learning rate (``config.trainer.optim.lr``: warm-up off, ``min_lr = lr``) so
+their losses stay comparable. The batch is ``--batch-size`` random token sequences of
 ``--seq-length`` from a seeded generator, with a loss mask of about 70% ones, repeated every step.
 After ``--warmup`` untimed steps, each of ``--steps`` steps is timed with ``time.perf_counter()``.
 
@@ -86,8 +86,9 @@ def load_config(args: argparse.Namespace) -> Config:
         f"data.seq_length={args.seq_length}",
         *(f"model.{override}" for override in args.model_override),
     ])
-    trainer = dataclasses.replace(config.trainer, warmup_steps=0, min_lr=config.trainer.lr)
-    return config_lib.replace(config, trainer=trainer)
+    optim = dataclasses.replace(config.trainer.optim, warmup_steps=0,
+                                min_lr=config.trainer.optim.lr)
+    return config_lib.replace(config, trainer=dataclasses.replace(config.trainer, optim=optim))
 
 
 def make_batch(config: Config, batch_size: int, seq_length: int) -> Batch:
@@ -138,13 +139,13 @@ def seeded_hf_model(config: Config) -> torch.nn.Module:
 
 def measure_transformers(config: Config, batch: Batch, warmup: int, steps: int) -> Measurement:
     model = seeded_hf_model(config)
-    trainer = config.trainer
+    optim = config.trainer.optim
     decayed = [p for p in model.parameters() if p.ndim > 1]
     not_decayed = [p for p in model.parameters() if p.ndim <= 1]
     optimizer = torch.optim.AdamW(
-        [{"params": decayed, "weight_decay": trainer.weight_decay},
+        [{"params": decayed, "weight_decay": optim.weight_decay},
          {"params": not_decayed, "weight_decay": 0.0}],
-        lr=trainer.lr, betas=(trainer.adam_beta1, trainer.adam_beta2))
+        lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2))
     mask = batch["loss_mask"]
 
     def step() -> float:
@@ -154,7 +155,7 @@ def measure_transformers(config: Config, batch: Batch, warmup: int, steps: int) 
                                        reduction="none").view_as(mask)
         loss = (token_losses * mask).sum() / mask.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), trainer.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
         optimizer.step()
         return loss.item()
 
@@ -172,7 +173,7 @@ def print_report(args: argparse.Namespace, config: Config, megatron: Measurement
     print(f"model: {model.preset}, {model.num_layers} layers, hidden {model.hidden_size}, "
           f"{model.params_dtype}; batch {args.batch_size} x seq {args.seq_length} = {tokens} "
           f"tokens/step; {args.warmup} warm-up + {args.steps} timed steps; "
-          f"lr {config.trainer.lr:g} constant\n")
+          f"lr {config.trainer.optim.lr:g} constant\n")
     last = f"loss, step {args.warmup + args.steps}"
     rows = [
         ("parameters", f"{megatron.parameters:,}", f"{hf.parameters:,}",

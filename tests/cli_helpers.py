@@ -25,7 +25,7 @@ def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> lis
             "model.vocab_size=1024", "data.num_offline_conversations=64",
             "data.num_copy_conversations=64",
             "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
-            "trainer.warmup_steps=2", "trainer.num_threads=1"]
+            "trainer.optim.warmup_steps=2", "trainer.num_threads=1"]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None,

@@ -78,7 +78,7 @@ def start_checkpoint(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPath
 
     out = tmp_path_factory.mktemp("start")
     run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, out, "sft"), *TINY_LONG_MODEL,
-            "trainer.max_steps=2", "trainer.warmup_steps=1")
+            "trainer.max_steps=2", "trainer.optim.warmup_steps=1")
     return out / "sft" / "checkpoints" / "step_2"
 
 

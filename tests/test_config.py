@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 import yaml
 
 from nemo_orch import cli
@@ -27,15 +28,15 @@ def test_presets_have_qwen3_sizes(preset, params):
 
 
 def test_overrides_are_typed():
-    cfg = config_lib.load(["trainer.lr=0.5", "parallel.dp=2", "trainer.global_batch_size=32",
+    cfg = config_lib.load(["trainer.optim.lr=0.5", "parallel.dp=2", "trainer.global_batch_size=32",
                            "trainer.micro_batch_size=8"])
-    assert cfg.trainer.lr == 0.5 and cfg.parallel.dp == 2 and cfg.num_microbatches == 2
+    assert cfg.trainer.optim.lr == 0.5 and cfg.parallel.dp == 2 and cfg.num_microbatches == 2
 
 
 @pytest.mark.parametrize("override,named", [
     ("trainer.no_such_key=1", "trainer.no_such_key"),
     ("+trainer.no_such_key=1", "trainer.no_such_key"),
-    ("trainer.lr=fast", "trainer.lr"),
+    ("trainer.optim.lr=fast", "trainer.optim.lr"),
     ("model=qwen3-9000b", "model/qwen3-9000b"),
     ("data.sft_path=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
     ("model.fp8=hybrid", "model.fp8"),
@@ -72,7 +73,7 @@ def test_saved_config_reloads(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(config_lib.to_yaml(cfg))
     assert config_lib.load_saved(path) == cfg
-    assert config_lib.load_saved(path, ["trainer.lr=0.1"]).trainer.lr == 0.1
+    assert config_lib.load_saved(path, ["trainer.optim.lr=0.1"]).trainer.optim.lr == 0.1
     path.write_text("model: [unclosed")
     with pytest.raises(ConfigError, match="config.yaml"):
         config_lib.load_saved(path)
@@ -100,3 +101,19 @@ def test_schema_defaults_are_the_shipped_defaults():
                                                else getattr(config_lib, section.type))
                if field.name not in tree[section.name]]
     assert missing == []
+
+
+def test_the_optimizer_keys_moved_and_old_configs_load_with_their_values(tmp_path):
+    with pytest.raises(ConfigError, match=r"grpo\.lr is now grpo\.optim\.lr"):
+        config_lib.load(["grpo.lr=1e-5"])
+    # What a run saved before each stage's optimizer became a section of its own.
+    tree = OmegaConf.create(config_lib.to_yaml(config_lib.load()))
+    del tree.trainer["optim"], tree.grpo["optim"]
+    tree.trainer.lr, tree.trainer.warmup_steps, tree.grpo.lr, tree.grpo.min_lr = 0.5, 3, 1e-5, 1e-6
+    path = tmp_path / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(tree))
+    loaded = config_lib.load_saved(path)
+    assert (loaded.trainer.optim.lr, loaded.trainer.optim.warmup_steps) == (0.5, 3)
+    assert (loaded.grpo.optim.lr, loaded.grpo.optim.min_lr) == (1e-5, 1e-6)
+    assert loaded.grpo.optim.warmup_steps == 0  # the rest: each stage's defaults
+    assert loaded.trainer.optim.min_lr == config_lib.load().trainer.optim.min_lr

@@ -55,8 +55,14 @@ __all__ = [
 ]
 
 # Keys that moved: their old spelling fails with a message naming the new one.
+_OPTIMIZER_FIELDS = ("lr", "min_lr", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
+                     "grad_clip")
+# Keys that moved, to where: an override of the old key is refused naming the new one; a config
+# saved before the move loads with the value moved (see :func:`_migrate_moved`).
 MOVED_KEYS = {"eval.data": "env.path", "eval.domain": "env.domain", "eval.split": "env.split",
-              "eval.limit": "env.limit", "grpo.eval_tasks": "eval.tasks"}
+              "eval.limit": "env.limit", "grpo.eval_tasks": "eval.tasks",
+              **{f"{section}.{name}": f"{section}.optim.{name}"
+                 for section in ("trainer", "grpo") for name in _OPTIMIZER_FIELDS}}
 
 
 @dataclass
@@ -151,7 +157,8 @@ def _check_moved(overrides: list[str] | tuple[str, ...]) -> None:
     for override in overrides:
         key = override.partition("=")[0].lstrip("+~")
         _require(key not in MOVED_KEYS, f"{key} is now {MOVED_KEYS.get(key)} (where tasks come "
-                 "from lives under env.*, how they are evaluated under eval.*)")
+                 "from lives under env.*, how they are evaluated under eval.*, each stage's "
+                 "optimizer under trainer.optim and grpo.optim)")
 
 
 def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -210,21 +217,26 @@ def load_saved(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     _require_file(str(path), "config")
     try:
         tree = OmegaConf.load(path)
-        _drop_moved(tree)
+        _migrate_moved(tree)
         tree.merge_with_dotlist(list(overrides))
     except Exception as error:  # malformed YAML or override of any kind
         raise ConfigError(f"{path}: not a readable YAML config ({error})") from None
     return validate(tree)
 
 
-def _drop_moved(tree: DictConfig) -> None:
-    """A config saved before a key moved (:data:`MOVED_KEYS`) still loads: the old key goes, the
-    new one keeps the value the saved config holds for it."""
-    for key in MOVED_KEYS:
-        section, _, name = key.rpartition(".")
+def _migrate_moved(tree: DictConfig) -> None:
+    """A config saved before a key moved (:data:`MOVED_KEYS`) still loads: the old key goes; its
+    value moves to the new key, unless the saved config holds that one too (then it wins)."""
+    for old, new in MOVED_KEYS.items():
+        section, _, name = old.rpartition(".")
         node = OmegaConf.select(tree, section)
         if isinstance(node, DictConfig) and name in node:
+            value = node[name]
             del node[name]
+            parent, _, leaf = new.rpartition(".")
+            target = OmegaConf.select(tree, parent)
+            if not (isinstance(target, DictConfig) and leaf in target):
+                OmegaConf.update(tree, new, value, force_add=True)
 
 
 def replace(config: Config, **sections: object) -> Config:

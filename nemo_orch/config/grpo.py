@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from nemo_orch.config.base import _require
+from nemo_orch.config.optim import OptimizerConfig
 
 
 @dataclass
@@ -53,9 +54,9 @@ class GRPOConfig:
     updates_per_step: int = 1
     mini_batches: int = 1
     micro_batch_size: int = 8
-    lr: float = 2.5e-4
-    min_lr: float = 2.5e-4
-    warmup_steps: int = 0
+    # A constant learning rate; weight decay, betas and clipping as SFT's.
+    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
+        lr=2.5e-4, min_lr=2.5e-4, warmup_steps=0))
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 3.0
@@ -75,8 +76,7 @@ class GRPOConfig:
         for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
                      "micro_batch_size", "max_sampling_rounds", "save_interval"):
             _require(getattr(self, name) >= 1, f"grpo.{name} must be >= 1")
-        _require(self.lr > 0 and 0 <= self.min_lr <= self.lr,
-                 "grpo.lr must be > 0 and 0 <= grpo.min_lr <= grpo.lr")
+        self.optim.check("grpo.optim")
         _require(self.clip_low > 0 and self.clip_high > 0, "grpo.clip_low/high must be > 0")
         _require(self.dual_clip == 0 or self.dual_clip > 1, "grpo.dual_clip must be 0 or > 1")
         _require(self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, "

@@ -1,11 +1,12 @@
-"""``trainer.*``: the SFT optimizer loop."""
+"""``trainer.*``: the SFT loop and its optimizer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from nemo_orch.config.base import _require, _require_file
+from nemo_orch.config.optim import OptimizerConfig
 
 
 @dataclass
@@ -13,13 +14,7 @@ class TrainerConfig:
     max_steps: int = 800
     micro_batch_size: int = 16
     global_batch_size: int = 16
-    lr: float = 2e-3
-    min_lr: float = 2e-4
-    warmup_steps: int = 10
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    grad_clip: float = 1.0
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     save_interval: int = 200
     resume: bool = False
     init_from: Optional[str] = None
@@ -30,8 +25,7 @@ class TrainerConfig:
         _require(self.micro_batch_size >= 1, "trainer.micro_batch_size must be >= 1")
         _require(self.global_batch_size % self.micro_batch_size == 0,
                  "trainer.global_batch_size must be a multiple of trainer.micro_batch_size")
-        _require(self.lr > 0 and 0 <= self.min_lr <= self.lr,
-                 "trainer.lr must be > 0 and 0 <= trainer.min_lr <= trainer.lr")
+        self.optim.check("trainer.optim")
         _require(self.save_interval >= 1, "trainer.save_interval must be >= 1")
         _require(self.num_threads >= 0, "trainer.num_threads must be >= 0 (0: torch's choice)")
         _require_file(self.init_from, "trainer.init_from")

@@ -105,11 +105,11 @@ class GRPOSummary:
 
 
 def policy_config(config: Config) -> Config:
-    """The config the Megatron policy is built from for this stage: the optimizer and schedule
-    of ``grpo.*``."""
+    """The config the Megatron policy is built from for this stage: the optimizer of
+    ``grpo.optim``, its schedule over GRPO's optimizer steps."""
     grpo = config.grpo
     trainer = dataclasses.replace(
-        config.trainer, lr=grpo.lr, min_lr=grpo.min_lr, warmup_steps=grpo.warmup_steps,
+        config.trainer, optim=grpo.optim,
         max_steps=grpo.max_steps * grpo.updates_per_step * grpo.mini_batches,
         micro_batch_size=grpo.micro_batch_size, global_batch_size=grpo.micro_batch_size
         * config.parallel.dp, save_interval=grpo.save_interval)

@@ -120,20 +120,21 @@ class Policy:
         self.transformer_config.finalize_model_grads_func = finalize_model_grads
         self.transformer_config.no_sync_func = self.model.no_sync
         dtype = qwen3.DTYPES[config.model.params_dtype]
+        optim = trainer.optim
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
-                optimizer="adam", lr=trainer.lr, min_lr=trainer.min_lr,
-                weight_decay=trainer.weight_decay, adam_beta1=trainer.adam_beta1,
-                adam_beta2=trainer.adam_beta2, clip_grad=trainer.grad_clip,
+                optimizer="adam", lr=optim.lr, min_lr=optim.min_lr,
+                weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
+                adam_beta2=optim.adam_beta2, clip_grad=optim.grad_clip,
                 bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
                 use_distributed_optimizer=config.parallel.use_distributed_optimizer),
             [self.model],
         )
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=trainer.lr, min_lr=trainer.min_lr,
-            lr_warmup_steps=trainer.warmup_steps,
-            lr_decay_steps=max(trainer.max_steps, trainer.warmup_steps + 1),
-            lr_decay_style="cosine", start_wd=trainer.weight_decay, end_wd=trainer.weight_decay,
+            self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
+            lr_warmup_steps=optim.warmup_steps,
+            lr_decay_steps=max(trainer.max_steps, optim.warmup_steps + 1),
+            lr_decay_style="cosine", start_wd=optim.weight_decay, end_wd=optim.weight_decay,
             wd_incr_steps=trainer.max_steps, wd_incr_style="constant")
 
     @property

@@ -20,7 +20,7 @@ def test_a_recipe_composes_over_the_defaults():
     assert (model.preset, model.fp8, model.fp8_recipe, model.transformer_impl) == (
         "qwen3-8b", "hybrid", "tensorwise", "transformer_engine")
     assert (parallel.tp, parallel.pp, parallel.dp, parallel.sequence_parallel) == (4, 1, 4, True)
-    assert (grpo.prompts_per_step, rollout.group_size, grpo.lr, grpo.clip_low, grpo.clip_high,
+    assert (grpo.prompts_per_step, rollout.group_size, grpo.optim.lr, grpo.clip_low, grpo.clip_high,
             grpo.kl_coef) == (16, 8, 1e-6, 0.2, 0.28, 1e-4)
     assert (rollout.engine, rollout.engine_tp, rollout.temperature, rollout.max_turns) == (
         "trtllm", 4, 1.0, 30)
@@ -41,9 +41,9 @@ def test_the_one_node_recipe_derives_from_the_two_node_one():
 
 
 def test_command_line_overrides_win_over_the_recipe():
-    config = config_lib.load([f"recipe={TWO_NODES}", "grpo.lr=2e-6", "rollout.engine=vllm",
+    config = config_lib.load([f"recipe={TWO_NODES}", "grpo.optim.lr=2e-6", "rollout.engine=vllm",
                               "+tools.endpoints.math=http://node7:8001/v1"])
-    assert (config.grpo.lr, config.rollout.engine) == (2e-6, "vllm")
+    assert (config.grpo.optim.lr, config.rollout.engine) == (2e-6, "vllm")
     assert config.tools.endpoints == {"math": "http://node7:8001/v1"}
     # a group chosen on the command line is the base the recipe's own values go over
     assert config_lib.load([f"recipe={TWO_NODES}", "rollout=vllm"]).rollout.engine == "trtllm"

@@ -354,7 +354,7 @@ def test_the_policy_trains_on_cuda_in_bf16_with_the_local_spec(megatron_world):
     from nemo_orch.train.policy import Policy
 
     config = config_lib.load(["model.transformer_impl=local", "model.params_dtype=bfloat16",
-                              "trainer.lr=1e-3", "trainer.warmup_steps=0",
+                              "trainer.optim.lr=1e-3", "trainer.optim.warmup_steps=0",
                               "trainer.max_steps=100"])
     policy = Policy(config, megatron_world)
     assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in policy.module.parameters())

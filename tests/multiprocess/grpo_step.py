@@ -38,9 +38,9 @@ from nemo_orch.train.policy import Batch, Policy, ReferenceModel
 # A ~100k-parameter Qwen3 that splits in two along TP and PP; the LR moves it visibly in one step.
 OVERRIDES = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
              "model.num_attention_heads=4", "model.num_query_groups=2", "model.kv_channels=16",
-             "model.vocab_size=512", "tokenizer.vocab_size=512", "trainer.lr=1e-3",
-             "trainer.warmup_steps=0", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
-             "grpo.micro_batch_size=2"]
+             "model.vocab_size=512", "tokenizer.vocab_size=512", "trainer.optim.lr=1e-3",
+             "trainer.optim.warmup_steps=0", "trainer.global_batch_size=8",
+             "trainer.micro_batch_size=4", "grpo.micro_batch_size=2"]
 NUM_SEQUENCES, SEQ_LENGTH, PAD = 8, 24, 0
 OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
 

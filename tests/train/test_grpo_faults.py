@@ -338,7 +338,7 @@ def test_grpo_stops_clearly_when_the_reward_server_is_gone_and_resumes(
                                "attempts"), last
         assert last.endswith(f"resume from {tmp_path}/run/grpo-tasks/checkpoints/step_1 "
                              "(step 1)."), last
-        assert "KServeError" not in run.errors()  # no traceback of it (the faulty tool's are logged)
+        assert "KServeError" not in run.errors()  # no traceback (the faulty tool's are logged)
 
         reward_server.start()
         resumed = run_cli("grpo", *overrides, env={"PYTHONPATH": str(TESTS)})

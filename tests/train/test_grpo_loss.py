@@ -176,6 +176,7 @@ def test_an_update_with_too_few_samples_is_skipped(tiny_policy):
     config, policy, context = tiny_policy
     (sample,) = synthetic_samples(config, count=1)
     before = [parameter.detach().clone() for parameter in policy.module.parameters()]
-    assert grpo_recipe._update(policy, ReferenceModel(config, context), grpo_token_loss(config.grpo),
-                        [sample], config, 1, 0, 0) == {"skipped_update": 1.0}
+    loss = grpo_token_loss(config.grpo)
+    assert grpo_recipe._update(policy, ReferenceModel(config, context), loss, [sample], config, 1,
+                               0, 0) == {"skipped_update": 1.0}
     assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
