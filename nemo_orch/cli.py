@@ -231,7 +231,8 @@ def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
         async def rollouts():
             async with builders.build_toolbox(config.tools) as toolbox:
                 return await run_rollouts(tasks, samples, engine, toolbox, tokenizer,
-                                          config.resolved_rollout(), seed=config.run.seed)
+                                          builders.rollout_settings(config, engine),
+                                          seed=config.run.seed)
 
     started = time.perf_counter()
     trajectories = asyncio.run(rollouts())

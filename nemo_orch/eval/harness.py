@@ -41,6 +41,7 @@ from nemo_orch.envs import Environment, Scored, build_environment
 from nemo_orch.envs.interfaces import Oracle
 from nemo_orch.envs.offline import OfflineEnvironment
 from nemo_orch.eval.report import EpisodeResult
+from nemo_orch.rollout.builders import rollout_settings
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
@@ -179,7 +180,10 @@ def _tokenizer(resources: Resources) -> Any:
 async def _agent(system: System, resources: Resources, toolbox: Toolbox
                  ) -> AsyncIterator[Agent]:
     config, benchmark, kind = resources.config, resources.benchmark, system.kind
-    settings = dataclasses.replace(config.resolved_rollout(), temperature=config.eval.temperature)
+    # An orchestrator's context is its policy's (see rollout_settings).
+    settings = dataclasses.replace(
+        config.resolved_rollout() if system.engine is None
+        else rollout_settings(config, system.engine), temperature=config.eval.temperature)
     if kind == ORCHESTRATOR:
         from nemo_orch.rollout.runner import GenerationBatcher
 

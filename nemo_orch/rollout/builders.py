@@ -1,4 +1,4 @@
-"""Builders from the validated config to the rollout's parts: tools and engine.
+"""Builders from the validated config to the rollout's parts: tools, engine and settings.
 
 Recipes (``nemo-orch rollout``, GRPO, evaluation) call these instead of reading config fields
 themselves, so every entry point builds the same parts the same way.
@@ -6,6 +6,7 @@ themselves, so every entry point builds the same parts the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import weakref
@@ -15,7 +16,7 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from nemo_orch.config import Config, ConfigError, ToolsConfig, resolve_conf_path
+from nemo_orch.config import Config, ConfigError, RolloutConfig, ToolsConfig, resolve_conf_path
 from nemo_orch.tools.domain import build_domains, domain_tools
 from nemo_orch.tools.llm import endpoint_overrides
 from nemo_orch.tools.pricing import price_overrides
@@ -108,6 +109,16 @@ def build_engine(config: Config, max_requests: int = 8
     client = OpenAIClient(rollout.base_url, rollout.model_name,
                           api_key_env=rollout.api_key_env, max_in_flight=max_requests)
     return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
+
+
+def rollout_settings(config: Config, engine: "Engine") -> RolloutConfig:
+    """``rollout`` for episodes of ``engine``: with ``rollout.max_context_tokens`` null, the
+    context budget is the positions of the policy the engine loaded (its ``model_config``: a
+    checkpoint or HF directory decides its own shape, whatever ``model.*`` says), else of
+    ``model.*`` (a served model)."""
+    model = getattr(engine, "model_config", config.model)
+    return dataclasses.replace(config.rollout, max_context_tokens=(
+        config.rollout.max_context_tokens or model.max_position_embeddings))
 
 
 def build_rollout_engine(config: Config, weights: Mapping[str, "torch.Tensor"],

@@ -240,5 +240,5 @@ def start_orchestrator(config: Config) -> OrchestratorServer:
     api_key = _api_key(config.serve.api_key_env)  # before the (slow) engine
     engine, tokenizer = builders.build_engine(config)
     return serve_orchestrator(engine, tokenizer, builders.build_toolbox(config.tools),
-                              config.resolved_rollout(), config.serve, config.run.name,
-                              api_key=api_key)
+                              builders.rollout_settings(config, engine), config.serve,
+                              config.run.name, api_key=api_key)
