@@ -35,7 +35,8 @@ class GRPOConfig:
     ``max_sampling_rounds`` rounds) until the batch is full; then ``updates_per_step`` optimizer
     steps run over ``mini_batches`` of the samples. Loss: clipped ratio (``clip_low``,
     ``clip_high``), dual clip ``dual_clip`` (0: off), KL to the frozen start policy (``kl_type``
-    k3|mse, ``kl_coef``), token-mean aggregation. ``sample_mode``: whole trajectories, or one
+    k3|mse, ``kl_coef``), token-mean aggregation. ``kl_guard``: a step whose mean KL to the start
+    policy, measured before its update, passes this skips the update (counted; null: off). ``sample_mode``: whole trajectories, or one
     sample per turn. ``advantage_tokens``: the advantage drives every policy token (``all``), or
     only the routing decisions (``decisions``: which tool, which expert, or to answer now; see
     ``rollout.format.decision_end``), leaving the copying of arguments and answers to what SFT
@@ -62,6 +63,7 @@ class GRPOConfig:
     dual_clip: float = 3.0
     kl_type: str = "k3"
     kl_coef: float = 0.1
+    kl_guard: Optional[float] = None
     sample_mode: str = "trajectory"
     advantage_tokens: str = "decisions"
     explore_share: float = 0.0
@@ -82,6 +84,7 @@ class GRPOConfig:
         _require(self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, "
                  f"got {self.kl_type!r}")
         _require(self.kl_coef >= 0, "grpo.kl_coef must be >= 0")
+        _require(self.kl_guard is None or self.kl_guard > 0, "grpo.kl_guard must be null or > 0")
         _require(self.sample_mode in ("trajectory", "turn"),
                  f"grpo.sample_mode must be trajectory|turn, got {self.sample_mode!r}")
         _require(self.advantage_tokens in ("all", "decisions"),

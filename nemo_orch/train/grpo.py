@@ -57,7 +57,7 @@ from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum
-from nemo_orch.train.grpo_loss import grpo_token_loss
+from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
 from nemo_orch.train.metrics import MetricsLogger, logged_steps
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel, load_start_weights
 
@@ -746,11 +746,15 @@ def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any) -> "R
 def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: list[Sample],
             config: Config, step: int, dp_rank: int, pad_id: int) -> dict[str, float]:
     """``updates_per_step`` passes of ``mini_batches`` optimizer steps over this DP rank's share
-    of the samples, with old and reference logprobs computed before the first update."""
+    of the samples, with old and reference logprobs computed before the first update; none with
+    ``grpo.kl_guard`` passed by the samples' mean KL to the reference before it
+    (``kl_guard/skipped``)."""
     grpo, dp = config.grpo, config.parallel.dp
     if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
     on_policy_once = grpo.updates_per_step == 1 and grpo.mini_batches == 1
+    guarded = grpo.kl_guard is not None
+    kl_sums = torch.zeros(2, dtype=torch.float64)  # the guard's KL sum and token count
     minis = []
     split = random.Random(derive_seed(config.run.seed, "mini", step))
     for mini in _even_split(samples, grpo.mini_batches, split):
@@ -761,14 +765,27 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
         # With one update per batch the policy is still the sampling one: the loss uses its own
         # detached logprobs as the old ones (see grpo_loss), saving a forward pass.
         none = [None] * len(batches)
-        olds = none if on_policy_once else policy.forward_logprobs(batches)
-        refs = reference.forward_logprobs(batches) if grpo.kl_coef > 0 else none
+        olds = none if on_policy_once and not guarded else policy.forward_logprobs(batches)
+        refs = reference.forward_logprobs(batches) if grpo.kl_coef > 0 or guarded else none
         for batch, old, ref in zip(batches, olds, refs):  # None off the last pipeline stage
-            if old is not None:
+            if old is not None and not on_policy_once:
                 batch["old_logprobs"] = old
             if ref is not None:
                 batch["ref_logprobs"] = ref
+            if guarded and old is not None:
+                mask = batch["loss_mask"]
+                kl_sums += torch.stack([(kl_penalty(old, ref, grpo.kl_type) * mask).sum(),
+                                        mask.sum()]).double()
         minis.append(batches)
+    guard: dict[str, float] = {}
+    if guarded:
+        # Every rank decides alike: the sums of all ranks (a tensor-parallel group's ranks hold
+        # the same tokens, which leaves the mean as it is; other pipeline stages hold none).
+        if dist.is_initialized():
+            dist.all_reduce(kl_sums)
+        guard["kl_guard/kl"] = float(kl_sums[0] / kl_sums[1]) if kl_sums[1] > 0 else 0.0
+        if guard["kl_guard/kl"] > grpo.kl_guard:
+            return {**guard, "kl_guard/skipped": 1.0, "skipped_update": 1.0}
     totals: dict[str, list[float]] = defaultdict(list)
     tokens = 0
     for _ in range(grpo.updates_per_step):
@@ -781,4 +798,4 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
             for key, value in result.metrics.items():
                 totals[key].append(value)
     return {**{key: statistics.mean(values) for key, values in totals.items()},
-            "tokens": tokens}
+            "tokens": tokens, **guard}

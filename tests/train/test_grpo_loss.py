@@ -180,3 +180,25 @@ def test_an_update_with_too_few_samples_is_skipped(tiny_policy):
     assert grpo_recipe._update(policy, ReferenceModel(config, context), loss, [sample], config, 1,
                                0, 0) == {"skipped_update": 1.0}
     assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
+
+
+def test_the_kl_guard_skips_an_update_whose_kl_passes_it(tiny_policy):
+    # The reference is a differently seeded model: far from the policy, as after a collapse.
+    config, policy, context = tiny_policy
+    reference = ReferenceModel(config, context)
+    reference.load_hf_weights(SeededHFWeights(config.model, config.run.seed + 1))
+    samples = synthetic_samples(config)
+
+    def update(kl_guard: float) -> dict[str, float]:
+        guarded = config_lib.replace(config, grpo=dataclasses.replace(config.grpo,
+                                                                      kl_guard=kl_guard))
+        return grpo_recipe._update(policy, reference, grpo_token_loss(guarded.grpo), samples,
+                                   guarded, 1, 0, 0)
+
+    before = [parameter.detach().clone() for parameter in policy.module.parameters()]
+    skipped = update(kl_guard=0.01)
+    assert skipped["kl_guard/skipped"] == 1.0 and skipped["kl_guard/kl"] > 0.01
+    assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
+    trained = update(kl_guard=1e6)
+    assert "kl_guard/skipped" not in trained and trained["kl_guard/kl"] == skipped["kl_guard/kl"]
+    assert not all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
