@@ -42,7 +42,7 @@ from nemo_orch.envs.interfaces import Oracle
 from nemo_orch.envs.offline import OfflineEnvironment
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.rollout.builders import rollout_settings
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.episode import Trajectory, task_budget
 from nemo_orch.tools.registry import Toolbox
 
 log = logging.getLogger(__name__)
@@ -291,7 +291,8 @@ def _cache_into(cache: EpisodeCache) -> Handler:
             trajectory, scored.outcome.correct,
             judge_error=scored.outcome.method == "judge_error",
             pref_adherence=(None if oracle is None
-                            else oracle.preference_adherence(task, trajectory)))
+                            else oracle.preference_adherence(task, trajectory)),
+            budget_usd=task_budget(task))
         cache.append(episode_record(index, seed, task, trajectory, scored, result))
 
     return append

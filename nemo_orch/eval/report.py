@@ -25,7 +25,8 @@ REPORT = "report.json"
 @dataclass(frozen=True)
 class EpisodeResult:
     """One system's episode on one task. ``judge_error``: the judge failed, so ``correct`` is
-    False by the protocol; it is counted apart, never silently scored wrong."""
+    False by the protocol; it is counted apart, never silently scored wrong. ``within_budget``:
+    whether the episode kept to its task's USD budget (None: the task has none)."""
 
     task_id: str
     correct: bool
@@ -36,16 +37,21 @@ class EpisodeResult:
     format_errors: int = 0
     pref_adherence: float | None = None
     judge_error: bool = False
+    within_budget: bool | None = None
 
     @classmethod
     def from_trajectory(cls, trajectory: Any, correct: bool, judge_error: bool = False,
-                        pref_adherence: float | None = None) -> "EpisodeResult":
+                        pref_adherence: float | None = None,
+                        budget_usd: float | None = None) -> "EpisodeResult":
         """From a :class:`~nemo_orch.rollout.episode.Trajectory`: its ledger's USD (orchestrator
-        and tools), its tool and generation seconds, calls and format errors."""
+        and tools), its tool and generation seconds, calls and format errors, and whether it
+        kept to ``budget_usd`` (not ended for it, nor over it)."""
+        within = None if budget_usd is None else (trajectory.termination != "budget"
+                                                  and trajectory.cost_usd <= budget_usd)
         return cls(trajectory.task_id, correct, trajectory.cost_usd,
                    trajectory.tool_seconds + trajectory.generation_seconds,
                    len(trajectory.turns), trajectory.tool_counts(),
-                   sum(trajectory.format_errors.values()), pref_adherence, judge_error)
+                   sum(trajectory.format_errors.values()), pref_adherence, judge_error, within)
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -82,6 +88,7 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         calls.update(result.tool_calls)
     total_calls, turns = sum(calls.values()), sum(result.turns for result in results)
     adherence = [r.pref_adherence for r in results if r.pref_adherence is not None]
+    budgeted = [r.within_budget for r in results if r.within_budget is not None]
     low, high = wilson_interval(correct, len(results))
     return {
         "tasks": len(results), "correct": correct, "accuracy": correct / len(results),
@@ -93,6 +100,8 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "format_error_rate": sum(r.format_errors for r in results) / max(turns, 1),
         "judge_errors": sum(result.judge_error for result in results),
         "pref_adherence": statistics.mean(adherence) if adherence else None,
+        # The share of the episodes of tasks with a budget that kept to it (None: no budgets).
+        "within_budget": statistics.mean(budgeted) if budgeted else None,
     }
 
 

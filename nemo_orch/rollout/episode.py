@@ -39,12 +39,22 @@ def episode_id(task_id: str, sample: int = 0) -> str:
     return f"{task_id}#{sample}"
 
 
+def task_budget(task: Task) -> float | None:
+    """The task's USD budget (``metadata["budget_usd"]``; None: no budget)."""
+    budget = task.metadata.get("budget_usd")
+    return None if budget is None else float(budget)
+
+
 def initial_messages(task: Task, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
-    """An episode's first messages: the task's system prompt and question, markup escaped."""
+    """An episode's first messages: the task's system prompt and question, markup escaped; the
+    question followed by the task's budget, when it has one."""
     messages = []
     if task.system:
         messages.append({"role": "system", "content": escape_markup(task.system, tokenizer)})
-    messages.append({"role": "user", "content": escape_markup(task.question, tokenizer)})
+    question = task.question
+    if task_budget(task) is not None:
+        question += f"\nBudget: at most ${task_budget(task):g} for this task."
+    messages.append({"role": "user", "content": escape_markup(question, tokenizer)})
     return messages
 
 
@@ -115,7 +125,7 @@ class Trajectory:
     logprobs: list[float]
     prompt_length: int
     turns: list[TurnRecord]
-    termination: str  # answer | max_turns | context_limit | engine_error
+    termination: str  # answer | max_turns | context_limit | engine_error | budget
     answer: str | None
     wall_seconds: float
 
@@ -327,6 +337,12 @@ class Episode:
             final = next((r.answer for r in results if r.answer is not None), None)
             if final is not None:
                 termination, answer = "answer", final
+                break
+            # Past the task's budget once the turn's calls (all of them) are paid: nothing more
+            # runs, and the reward scores the episode over budget.
+            budget = task_budget(self.task)
+            if budget is not None and sum(turn.cost_usd for turn in turns) > budget:
+                termination = "budget"
                 break
             if not self._add_observations(history, parsed, results):
                 termination = "context_limit"

@@ -3,6 +3,7 @@ written, and comparing runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -50,6 +51,10 @@ def test_summarize():
     assert summary["calls_per_task"] == 3 and summary["format_error_rate"] == 1 / 8
     assert summary["judge_errors"] == 1 and summary["pref_adherence"] == 0.5
     assert summarize(results([False], 0.0, {}))["pref_adherence"] is None
+    assert summary["within_budget"] is None  # no task had a budget
+    budgeted = [dataclasses.replace(result, within_budget=within) for result, within
+                in zip(results([True] * 4, 0.01, {}), [True, False, None, True])]
+    assert summarize(budgeted)["within_budget"] == pytest.approx(2 / 3)  # of the 3 with budgets
     with pytest.raises(ValueError):
         summarize([])
 

@@ -260,3 +260,25 @@ def test_sampled_rollouts_do_not_depend_on_batching(random_policy_dir, tiny_toke
     # The samples of a group differ, and another seed samples other tokens.
     assert batched[0].token_ids != batched[1].token_ids
     assert [t.token_ids for t in sampled(6, max_batch_size=6)] != [t.token_ids for t in batched]
+
+
+def test_an_episode_past_its_budget_after_a_turn_ends_there(tiny_tokenizer):
+    # echo costs $0.01 a call; the policy calls it twice per turn until it has three responses.
+    def keep_calling(prompt: str) -> str:
+        if prompt.count("<tool_response>") >= 6:
+            return "<answer>done</answer>"
+        return call("echo", text="a") + "\n" + call("echo", text="b")
+
+    budget = Task("budget", "Echo a lot.", metadata={"budget_usd": 0.03})
+    free = Task("free", "Echo a lot.")
+    (over, unbounded), _ = rollout(tiny_tokenizer, [budget, free], reply=keep_calling,
+                                   multiple_calls="parallel", max_turns=5, max_new_tokens=64)
+    assert over.messages[0]["content"].endswith("Budget: at most $0.03 for this task.")
+    # Turn 1 pays $0.02 (both calls count); turn 2 reaches $0.04: the episode ends after it,
+    # before its observations or any further turn.
+    assert over.termination == "budget" and len(over.turns) == 2
+    assert [len(turn.calls) for turn in over.turns] == [2, 2]
+    assert over.messages[-1]["role"] == "assistant" and over.answer is None
+    assert unbounded.termination == "answer" and len(unbounded.turns) == 4
+    assert "Budget" not in unbounded.messages[0]["content"]
+    assert_tokens_match_template(over, tiny_tokenizer)
