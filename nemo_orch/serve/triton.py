@@ -14,7 +14,7 @@ Bad input never takes the server down and never fails another client's request:
   (PyTriton 0.5.0 prefixes a traceback). When Triton merged it with good requests, a 400 would
   fail those too (PyTriton answers a batch as a whole), so there it is answered with its
   ``error`` output set instead: every model has a text output ``error``, empty on success.
-  :class:`~nemo_orch.serve.kserve.KServeClient` raises on both.
+  :class:`~nemo_orch.clients.kserve.KServeClient` raises on both.
 
 The bundled Triton server's Python helper would load the system's libpython instead of the
 running interpreter's (PLATFORM.md); :func:`ensure_libpython` points the server's library path
