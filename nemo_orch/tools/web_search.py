@@ -7,8 +7,8 @@ One ``POST {base_url}/search`` per call with ``Authorization: Bearer <key>``; th
 Failures follow the project's rule for external calls: a per-attempt timeout, bounded retries with
 exponential backoff and jitter on what may pass (connection errors, timeouts, 429, 5xx), an
 immediate error on what will not (401, 400, ...), and always an error *result*, never an exception.
-The transport is :class:`nemo_orch.clients.http.JSONClient`; the API key is read from the environment and
-redacted from every message, so it reaches neither the policy nor the logs.
+The transport is :class:`nemo_orch.clients.http.JSONClient`; the API key is read from the
+environment and redacted from every message, so it reaches neither the policy nor the logs.
 """
 
 from __future__ import annotations

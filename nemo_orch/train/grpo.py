@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from nemo_orch import config as config_lib
 from nemo_orch import distributed, faults
+from nemo_orch.clients.http import HTTPError
 from nemo_orch.config import Config, ConfigError
 from nemo_orch.data.sft import padded_length
 from nemo_orch.data.tasks import Task
@@ -40,7 +41,6 @@ from nemo_orch.distributed import ParallelContext
 from nemo_orch.envs import Environment, Mixture, build_mixture
 from nemo_orch.envs.mixture import Draw
 from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
-from nemo_orch.clients.http import HTTPError
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
                                          load_hf_checkpoint_config, model_config_from_hf)
@@ -166,9 +166,9 @@ class Rollouts:
     name the tools), the environments (``mixture``, each source with its toolbox in
     ``toolboxes``), the reward, the tasks of each step and the choices directed exploration
     forces. A context manager: entering starts the tools (or the pool) on an event loop of its
-    own, leaving writes the sources' notes and closes them and the loop. Each :meth:`step` returns a
-    :class:`StepBatch`; ``previous_choices`` are the choices the policy made in the step before
-    the first one (a resumed run's, from its log)."""
+    own, leaving writes the sources' notes and closes them and the loop. Each :meth:`step`
+    returns a :class:`StepBatch`; ``previous_choices`` are the choices the policy made in the
+    step before the first one (a resumed run's, from its log)."""
 
     def __init__(self, config: Config, engine: Any, tokenizer: Any, mixture: Mixture,
                  toolboxes: list[Any], pool: "RayRolloutPool | None" = None,

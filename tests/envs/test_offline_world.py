@@ -10,8 +10,9 @@ import pytest
 
 from nemo_orch import config as config_lib
 from nemo_orch.envs.offline.oracle import route_of
-from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, RouterReplies, make_tasks,
-                                          naive_routes, oracle, route_values, routes, utility)
+from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, RouterReplies,
+                                          make_tasks, naive_routes, oracle, route_values, routes,
+                                          utility)
 from nemo_orch.eval.agents import NaiveRouterAgent
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.rollout.builders import build_toolbox
