@@ -106,10 +106,11 @@ class Config:
         _require((self.rollout.max_context_tokens or 0) <= self.model.max_position_embeddings,
                  "rollout.max_context_tokens must be <= model.max_position_embeddings")
 
-    def resolved_rollout(self) -> RolloutConfig:
-        """``rollout`` with the context budget resolved (null: the model's positions)."""
+    def resolved_rollout(self, positions: int | None = None) -> RolloutConfig:
+        """``rollout`` with the context budget resolved (null: ``positions``, the policy's,
+        which default to ``model.max_position_embeddings``)."""
         return dataclasses.replace(self.rollout, max_context_tokens=self.rollout.max_context_tokens
-                                   or self.model.max_position_embeddings)
+                                   or positions or self.model.max_position_embeddings)
 
     @property
     def tokenizer_dir(self) -> Path:

@@ -181,9 +181,8 @@ async def _agent(system: System, resources: Resources, toolbox: Toolbox
                  ) -> AsyncIterator[Agent]:
     config, benchmark, kind = resources.config, resources.benchmark, system.kind
     # An orchestrator's context is its policy's (see rollout_settings).
-    settings = dataclasses.replace(
-        config.resolved_rollout() if system.engine is None
-        else rollout_settings(config, system.engine), temperature=config.eval.temperature)
+    settings = dataclasses.replace(rollout_settings(config, system.engine),
+                                   temperature=config.eval.temperature)
     if kind == ORCHESTRATOR:
         from nemo_orch.rollout.runner import GenerationBatcher
 

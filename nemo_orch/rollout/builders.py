@@ -6,7 +6,6 @@ themselves, so every entry point builds the same parts the same way.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import tempfile
 import weakref
@@ -111,14 +110,13 @@ def build_engine(config: Config, max_requests: int = 8
     return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
 
 
-def rollout_settings(config: Config, engine: "Engine") -> RolloutConfig:
+def rollout_settings(config: Config, engine: "Engine | None") -> RolloutConfig:
     """``rollout`` for episodes of ``engine``: with ``rollout.max_context_tokens`` null, the
     context budget is the positions of the policy the engine loaded (its ``model_config``: a
     checkpoint or HF directory decides its own shape, whatever ``model.*`` says), else of
-    ``model.*`` (a served model)."""
-    model = getattr(engine, "model_config", config.model)
-    return dataclasses.replace(config.rollout, max_context_tokens=(
-        config.rollout.max_context_tokens or model.max_position_embeddings))
+    ``model.*`` (a served model, or no engine)."""
+    return config.resolved_rollout(getattr(engine, "model_config", config.model)
+                                   .max_position_embeddings)
 
 
 def build_rollout_engine(config: Config, weights: Mapping[str, "torch.Tensor"],

@@ -51,9 +51,9 @@ def initial_messages(task: Task, tokenizer: PreTrainedTokenizerBase) -> list[dic
     messages = []
     if task.system:
         messages.append({"role": "system", "content": escape_markup(task.system, tokenizer)})
-    question = task.question
-    if task_budget(task) is not None:
-        question += f"\nBudget: at most ${task_budget(task):g} for this task."
+    question, budget = task.question, task_budget(task)
+    if budget is not None:
+        question += f"\nBudget: at most ${budget:g} for this task."
     messages.append({"role": "user", "content": escape_markup(question, tokenizer)})
     return messages
 
