@@ -13,7 +13,7 @@ class ToolsConfig:
     files (``Domain.save``: their tools act on each episode's database, and their tasks are
     scored on it) and the cache of deterministic tools' results."""
 
-    declarations: list[str] = field(default_factory=lambda: ["tools/offline"])
+    declarations: list[str] = field(default_factory=lambda: ["tools/orchestra"])
     domains: list[str] = field(default_factory=list)
     cache_entries: int = 4096
     cache_mb: int = 64

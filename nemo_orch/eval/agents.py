@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import ConfigError, RolloutConfig
+from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.world import EXPERT_TOOL, RouterReplies, naive_routes
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import GoldPlan
@@ -116,8 +117,12 @@ class NaiveRouterAgent:
     def __init__(self, tasks: list[Task], router_shares: Mapping[str, float], seed: int,
                  toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
                  settings: RolloutConfig) -> None:
-        expert = toolbox.tools[EXPERT_TOOL]
-        self.routes = naive_routes(tasks, expert.models, expert.pricing, router_shares, seed)
+        if orchestra.offers(toolbox.tools):
+            self.routes = orchestra.naive_routes(tasks, orchestra.Writers.of(toolbox),
+                                                 router_shares, seed)
+        else:
+            expert = toolbox.tools[EXPERT_TOOL]
+            self.routes = naive_routes(tasks, expert.models, expert.pricing, router_shares, seed)
         self.toolbox, self.tokenizer = toolbox, tokenizer
         self.settings = scripted_settings(settings)
 

@@ -37,12 +37,16 @@ PREFERENCE_PHRASES: dict[str, tuple[str, ...]] = {
         "Get it right, whatever it takes.",
         "Use the strongest model available when in doubt.",
     ),
-    "no_search": ("Do not use web search.", "Web search is not allowed for this task."),
+    "no_search": ("Do not use web search.", "Web search is not allowed for this task.",
+                  "Do not search."),
     "neutral": ("Answer concisely.", "Be brief.", "Only the final answer is graded."),
     "no_code": ("Do not run code.", "Code execution is not allowed for this task."),
+    # Said with a budget the task states (``budget_usd``).
+    "budget": ("Stay within the budget.", "Do not go over the budget."),
 }
 # Calls whose avoidance has phrasings of its own.
-_AVOIDED_CALL_PHRASES = {"tool:python_sandbox": "no_code", "tool:web_search": "no_search"}
+_AVOIDED_CALL_PHRASES = {"tool:python_sandbox": "no_code", "tool:enhance_reasoning": "no_code",
+                         "tool:web_search": "no_search", "tool:search": "no_search"}
 
 
 @dataclass(frozen=True)

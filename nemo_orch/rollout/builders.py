@@ -19,7 +19,7 @@ from nemo_orch.config import Config, ConfigError, RolloutConfig, ToolsConfig, re
 from nemo_orch.tools.domain import build_domains, domain_tools
 from nemo_orch.tools.llm import endpoint_overrides
 from nemo_orch.tools.pricing import price_overrides
-from nemo_orch.tools.registry import Toolbox, build_tools, load_declarations
+from nemo_orch.tools.registry import Toolbox, load_declarations, offered_and_parts
 
 if TYPE_CHECKING:  # torch and transformers load only for commands that generate or score
     import torch
@@ -37,17 +37,18 @@ def build_toolbox(tools: ToolsConfig) -> Toolbox:
     """The declared tools, priced with ``tools.prices`` over the list prices, and the domains'
     tools, not yet started (``async with toolbox`` warms them up)."""
     with price_overrides(tools.prices), endpoint_overrides(tools.endpoints):
-        declared = build_tools(load_declarations([resolve_conf_path(p)
-                                                  for p in tools.declarations]))
+        offered, parts = offered_and_parts(load_declarations([resolve_conf_path(p)
+                                                              for p in tools.declarations]))
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
-    return Toolbox([*declared, *domain], cache_entries=tools.cache_entries,
-                   cache_bytes=tools.cache_mb << 20)
+    return Toolbox([*offered, *domain], cache_entries=tools.cache_entries,
+                   cache_bytes=tools.cache_mb << 20, parts=parts)
 
 
 def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:
-    """The declared tools' specs, read from their files without building them."""
+    """The specs of the declared tools offered to the policy, read from their files without
+    building them."""
     declarations = load_declarations([resolve_conf_path(path) for path in tools.declarations])
-    return [declaration.spec for declaration in declarations]
+    return [declaration.spec for declaration in declarations if not declaration.part]
 
 
 def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:

@@ -35,9 +35,10 @@ def extract_code(text: str) -> str:
 
 
 def extract_final_answer(text: str) -> str:
-    """``<answer>…</answer>`` if the expert used it, else its whole reply."""
+    """``<answer>…</answer>`` if the expert used it, else its whole reply less a leading
+    ``Answer:``."""
     answers = _ANSWER.findall(text)
-    return (answers[-1] if answers else text).strip()
+    return answers[-1].strip() if answers else text.strip().removeprefix("Answer:").strip()
 
 
 def _combine(expert: ToolResult, executed: ToolResult, output: str) -> ToolResult:
@@ -100,7 +101,9 @@ class BudgetedExpert(Protocol):
 
 class _Composite(BaseTool):
     """Resolves its parts by name. ``expert`` is any tool taking ``{"model", "question"}``.
-    A prompt must place ``{question}`` and may place ``{context}`` (see :func:`context_text`)."""
+    A prompt must place ``{question}`` and may place ``{context}`` (see :func:`context_text`).
+    Without a ``question`` argument the expert is handed the task's own, as ToolOrchestra's
+    orchestrator only chooses the tool and the model."""
 
     prompt: str = "{question}"
 
@@ -116,8 +119,8 @@ class _Composite(BaseTool):
     async def _ask(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         budget = (self.expert.context_budget(arguments["model"])
                   if isinstance(self.expert, BudgetedExpert) else None)
-        question = self.prompt.format(question=arguments["question"],
-                                      context=context_text(context, budget))
+        asked = arguments.get("question") or (context.task.question if context.task else "")
+        question = self.prompt.format(question=asked, context=context_text(context, budget))
         return await self.expert.call({"model": arguments["model"], "question": question},
                                       context)
 

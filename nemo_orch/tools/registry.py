@@ -14,7 +14,9 @@ A declaration is the spec plus how to build the implementation::
     options: {memory_mb: 1024}
 
 Adding a tool is adding such a file. An option written ``file:<path>`` is a path relative to the
-declaration's own directory, so a tool can ship with its data.
+declaration's own directory, so a tool can ship with its data. A declaration with ``part: true``
+is a part of composite tools (the retriever behind ``search``, the sandbox behind
+``enhance_reasoning``): built, started and closed with the toolbox, never offered to the policy.
 
 The toolbox owns everything around a call that must hold for
 every tool: argument validation, a per-tool concurrency bound, the timeout, turning exceptions into
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 _SPEC_KEYS = {"name", "description", "parameters", "pricing", "latency_hint_s", "deterministic",
               "max_concurrency", "timeout_s"}
-_BUILD_KEYS = {"class", "endpoint", "options"}
+_BUILD_KEYS = {"class", "endpoint", "options", "part"}
 DECLARATION_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -59,6 +61,7 @@ class ToolDeclaration:
     endpoint: str | None
     options: dict[str, Any]
     source: Path
+    part: bool = False
 
 
 def load_declaration(path: str | Path) -> ToolDeclaration:
@@ -87,7 +90,10 @@ def load_declaration(path: str | Path) -> ToolDeclaration:
     options = raw.get("options") or {}
     if not isinstance(options, dict):
         raise ToolError(f"{path}: options must be a mapping")
-    return ToolDeclaration(spec, raw.get("class"), raw.get("endpoint"), options, path)
+    part = raw.get("part", False)
+    if not isinstance(part, bool):
+        raise ToolError(f"{path}: part must be true or false")
+    return ToolDeclaration(spec, raw.get("class"), raw.get("endpoint"), options, path, part)
 
 
 def declaration_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -218,16 +224,18 @@ class Toolbox:
     """The tools an episode may call, and the one place a call is validated, bounded and cached.
 
     Per tool, at most ``spec.max_concurrency`` calls run at once and each gets ``spec.timeout_s``;
-    a slow or dead tool only delays the calls made to it.
+    a slow or dead tool only delays the calls made to it. ``parts`` are what composite tools
+    call inside: started and closed with the toolbox, not offered and not callable by name.
     """
 
     def __init__(self, tools: Sequence[Tool], cache_entries: int = 4096,
-                 cache_bytes: int = 64 << 20) -> None:
+                 cache_bytes: int = 64 << 20, parts: Sequence[Tool] = ()) -> None:
         self.tools: dict[str, Tool] = {}
         for tool in tools:
             if tool.spec.name in self.tools:
                 raise ToolError(f"two tools are named {tool.spec.name!r}")
             self.tools[tool.spec.name] = tool
+        self.parts = list(parts)
         self.cache = ResultCache(cache_entries, cache_bytes)
         self._limits: dict[str, asyncio.Semaphore] = {}
 
@@ -246,16 +254,16 @@ class Toolbox:
         unknown = [n for n in names if n not in self.tools]
         if unknown:
             raise ToolError(f"unknown tools {unknown}; declared: {sorted(self.tools)}")
-        subset = Toolbox([self.tools[n] for n in names])
+        subset = Toolbox([self.tools[n] for n in names], parts=self.parts)
         subset.cache, subset._limits = self.cache, self._limits
         return subset
 
     async def start(self) -> None:
         """Warm up pooled tools (sandbox workers, indexes) before the first episode."""
-        await asyncio.gather(*(tool.start() for tool in self.tools.values()))
+        await asyncio.gather(*(tool.start() for tool in [*self.tools.values(), *self.parts]))
 
     async def close(self) -> None:
-        await asyncio.gather(*(tool.close() for tool in self.tools.values()),
+        await asyncio.gather(*(tool.close() for tool in [*self.tools.values(), *self.parts]),
                              return_exceptions=True)
 
     async def __aenter__(self) -> "Toolbox":
@@ -317,7 +325,15 @@ class Toolbox:
         return result
 
 
+def offered_and_parts(declarations: Sequence[ToolDeclaration]) -> tuple[list[Tool], list[Tool]]:
+    """The declared tools built, split into those offered to the policy and composites' parts."""
+    built = build_tools(declarations)
+    return ([tool for tool, d in zip(built, declarations) if not d.part],
+            [tool for tool, d in zip(built, declarations) if d.part])
+
+
 def load_toolbox(paths: Iterable[str | Path], cache_entries: int = 4096,
                  cache_bytes: int = 64 << 20) -> Toolbox:
     """Declarations -> built tools -> a toolbox (not started)."""
-    return Toolbox(build_tools(load_declarations(paths)), cache_entries, cache_bytes)
+    offered, parts = offered_and_parts(load_declarations(paths))
+    return Toolbox(offered, cache_entries, cache_bytes, parts)

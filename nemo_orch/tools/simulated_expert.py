@@ -9,11 +9,25 @@ tool context — which is exactly why it must never be used outside the offline 
 
 Like ToolOrchestra's experts it is handed the episode's context: once a task's ``evidence``
 (``task.metadata["evidence"]``, the fact it hinges on) is in an observation, e.g. a retrieved
-passage, the task has ``task.metadata["evidence_difficulty"]`` instead (default ``easy``). With
+passage, the task has ``task.metadata["evidence_difficulty"]`` instead (default ``easy``);
+``evidence`` may also list ``[text, difficulty]`` pairs, the first one present counting (the
+code's printed answer before the passage it was computed from). A model with a ``distraction``
+below 1 is that much less likely to be right per observation it sees that holds no evidence (an
+unrelated passage, a wrong program's output), as LLMs are led astray by irrelevant context. With
 ``ends_episode`` its answer is the episode's final answer, as with ToolOrchestra's ``answer``
 tool. A model with ``max_context_tokens`` sees only the newest observations that fit it
 (:func:`~nemo_orch.tools.composite.fit_observations`): it bills those, and evidence in an
 observation it cannot see does not help it.
+
+It writes what its role (``writes``) asks, for ToolOrchestra's composite tools
+(:mod:`nemo_orch.tools.composite`) to execute for real:
+
+* ``answer``: the answer (above);
+* ``query``: a search query, the task's right one (``task.metadata["query"][0]``) with its
+  accuracy, a plausible wrong one (``[1]``, another entity) otherwise;
+* ``code``: a Python program (``task.metadata["code"]``): the ``right`` one with its accuracy
+  for the code's ``difficulty``, a subtly ``wrong`` one otherwise; a program that needs a fact
+  (``needs``) it cannot see in its context is the ``blind`` one, written with a guessed fact.
 """
 
 from __future__ import annotations
@@ -22,7 +36,7 @@ import math
 import random
 import re
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolError, ToolResult, ToolSpec, Usage
@@ -41,10 +55,11 @@ class SimulatedModel:
     output_tokens_sigma: float = 0.5
     tokens_per_second: float = 60.0
     max_context_tokens: int | None = None
+    distraction: float = 1.0
 
     def __post_init__(self) -> None:
-        if not all(0 <= p <= 1 for p in self.accuracy.values()):
-            raise ToolError(f"{self.counterpart}: accuracies must be in [0, 1]")
+        if not all(0 <= p <= 1 for p in [*self.accuracy.values(), self.distraction]):
+            raise ToolError(f"{self.counterpart}: accuracies and distraction must be in [0, 1]")
         if self.mean_output_tokens < 1 or self.tokens_per_second <= 0:
             raise ToolError(f"{self.counterpart}: mean_output_tokens must be >= 1 and "
                             "tokens_per_second > 0")
@@ -58,14 +73,37 @@ class SimulatedModel:
         return self.accuracy.get(difficulty, min(self.accuracy.values()))
 
 
-def difficulty(context: ToolContext) -> str:
-    """The task's difficulty for an expert handed this context: its ``evidence_difficulty``
-    once its evidence is in an observation, else its ``difficulty`` (defaults: ``easy``)."""
-    metadata = context.task.metadata if context.task is not None else {}
+def evidence_items(metadata: dict[str, Any]) -> list[tuple[str, str]]:
+    """A task's evidence as (text, difficulty once present) pairs, most useful first."""
     evidence = metadata.get("evidence")
-    if evidence and any(evidence in observation for observation in context.observations):
-        return metadata.get("evidence_difficulty", "easy")
-    return metadata.get("difficulty", "easy")
+    if not evidence:
+        return []
+    if isinstance(evidence, str):
+        return [(evidence, metadata.get("evidence_difficulty", "easy"))]
+    return [(text, level) for text, level in evidence]
+
+
+def holds(observation: str, text: str) -> bool:
+    """Whether ``observation`` states ``text`` as a whole (``12`` is not in ``123``)."""
+    return re.search(rf"(?<![\w.]){re.escape(text)}(?![\w])", observation) is not None
+
+
+def reading(metadata: dict[str, Any], observations: tuple[str, ...]) -> tuple[str, int]:
+    """What an expert handed ``observations`` faces: the difficulty of the first evidence item
+    present (else the task's ``difficulty``; default ``easy``) and how many observations hold
+    no evidence at all."""
+    items = evidence_items(metadata)
+    present = next((level for text, level in items
+                    if any(holds(observation, text) for observation in observations)), None)
+    unrelated = sum(not any(holds(observation, text) for text, _ in items)
+                    for observation in observations)
+    return present or metadata.get("difficulty", "easy"), unrelated
+
+
+def difficulty(context: ToolContext) -> str:
+    """The task's difficulty for an expert handed this context (see :func:`reading`)."""
+    metadata = context.task.metadata if context.task is not None else {}
+    return reading(metadata, context.observations)[0]
 
 
 _NUMBER = re.compile(r"-?\d+")
@@ -80,13 +118,22 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
     return rng.choice(["I am not sure.", "It cannot be determined.", answer[::-1]])
 
 
+WRITES = ("answer", "query", "code")
+
+
 class SimulatedExpert(BaseTool):
     """Arguments: ``model`` (an alias of ``models``) and, optionally, ``question`` (default: the
-    task's question, as when the expert is handed the task)."""
+    task's question, as when the expert is handed the task; a composite tool's prompt, which
+    already carries the episode's context)."""
 
     def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
-                 prompt_overhead_tokens: int = 60, ends_episode: bool = False) -> None:
+                 prompt_overhead_tokens: int = 60, ends_episode: bool = False,
+                 writes: str = "answer") -> None:
         super().__init__(spec)
+        if writes not in WRITES:
+            raise ToolError(f"{spec.name}: writes must be one of {', '.join(WRITES)}, got "
+                            f"{writes!r}")
+        self.writes = writes
         try:
             self.models = {alias: SimulatedModel(**options) for alias, options in models.items()}
         except TypeError as error:
@@ -110,22 +157,43 @@ class SimulatedExpert(BaseTool):
                               "answer (offline demo)")
         question = arguments.get("question") or context.task.question
         # What fits its context is all it reads, pays for and can find the evidence in.
-        context = replace(context, observations=fit_observations(context.observations,
-                                                                 model.max_context_tokens))
+        observations = fit_observations(context.observations, model.max_context_tokens)
         # Same episode, model and question: same reply; different samples differ.
         rng = random.Random(zlib.crc32(f"{context.seed}|{context.episode_id}|{alias}|"
                                        f"{question}".encode()))
-        correct = rng.random() < model.accuracy_on(difficulty(context))
-        answer = context.task.answer if correct else wrong_answer(context.task.answer, rng)
+        output, answer = self._write(model, context.task, observations, rng)
         output_tokens = max(1, round(rng.lognormvariate(
             math.log(model.mean_output_tokens), model.output_tokens_sigma)))
-        context_tokens = (sum(len(observation) for observation in context.observations)
-                          // CHARS_PER_TOKEN)
+        # A composite's prompt already holds the context it was handed.
+        context_tokens = (0 if "question" in arguments else
+                          sum(len(observation) for observation in observations) // CHARS_PER_TOKEN)
         usage = Usage(input_tokens=self.prompt_overhead_tokens + len(question) // 4
                       + context_tokens, output_tokens=output_tokens)
         # Simulated time: reported, not slept, so the demo runs fast.
         seconds = output_tokens / model.tokens_per_second
-        return ToolResult(output=f"Answer: {answer}", usage=usage, latency_s=seconds,
+        return ToolResult(output=output, usage=usage, latency_s=seconds,
                           cost_usd=self.pricing[alias].cost(usage, 0.0)
                           + self.spec.pricing.cost(Usage(), 0.0),
                           answer=answer if self.ends_episode else None)
+
+    def _write(self, model: SimulatedModel, task: Any, observations: tuple[str, ...],
+               rng: random.Random) -> tuple[str, str | None]:
+        """Its reply, and the answer in it (None unless it writes answers)."""
+        metadata = task.metadata
+        if self.writes == "query":
+            right, wrong = metadata["query"]
+            return (right if rng.random() < model.accuracy_on("easy") else wrong), None
+        if self.writes == "code":
+            code = metadata["code"]
+            needs = code.get("needs")
+            if needs and not any(holds(observation, needs) for observation in observations):
+                program = code["blind"]
+            elif code["right"] and rng.random() < model.accuracy_on(code["difficulty"]):
+                program = code["right"]
+            else:
+                program = code["wrong"]
+            return f"```python\n{program}\n```", None
+        level, unrelated = reading(metadata, observations)
+        correct = rng.random() < model.accuracy_on(level) * model.distraction ** unrelated
+        answer = task.answer if correct else wrong_answer(task.answer, rng)
+        return f"Answer: {answer}", answer

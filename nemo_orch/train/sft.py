@@ -46,11 +46,16 @@ class SFTSummary:
 
 def tokenizer_corpus(config: Config) -> list[dict]:
     """What a tokenizer trained for the run learns: the conversation file's conversations, or
-    the offline world's generated ones (its vocabulary: numbers, made-up names, tool markup)."""
+    the offline world's generated ones (its vocabulary: numbers, made-up names, tool markup)
+    offering the configured tools (their names and model aliases)."""
+    from nemo_orch.rollout.builders import declared_schemas
+
     data = config.data
     if data.sft_path is not None:
         return read_conversations(data.sft_path)
-    return offline.generate_conversations(data.num_offline_conversations, config.run.seed)
+    schemas = declared_schemas(config.tools)
+    return [{**conversation, "tools": schemas} for conversation in
+            offline.generate_conversations(data.num_offline_conversations, config.run.seed)]
 
 
 def prepare_tokenizer(config: Config) -> Any:

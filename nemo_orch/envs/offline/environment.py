@@ -12,15 +12,16 @@ from typing import Any
 
 from nemo_orch.config import Config, EnvSourceConfig
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_tools
+from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, declared_tools
 from nemo_orch.envs.interfaces import SPLITS, Scored, draw
 from nemo_orch.envs.offline.oracle import OracleTable, route_of
-from nemo_orch.envs.offline.world import held_out_tasks, make_tasks, utility
+from nemo_orch.envs.offline.values import utility
+from nemo_orch.envs.offline.world import held_out_tasks, interface_of, make_tasks
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
-# Validation tasks are drawn with the run's seed plus this (the held-out test tasks use
-# world.HELD_OUT_SEED_OFFSET): neither is ever a training task.
+# Validation tasks are drawn with the run's seed plus this (the held-out test tasks with
+# world.HELD_OUT_SEED): neither is ever a training task.
 VALIDATION_SEED_OFFSET = 104729
 
 
@@ -30,6 +31,8 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
     def __init__(self, config: Config, source: EnvSourceConfig) -> None:
         super().__init__(config, source, declared_tools(config, source, own_tools=False))
         self.run_seed, self.held_out = config.run.seed, config.eval.tasks
+        # The tasks' preferences name the tools of the interface they are offered.
+        self.interface = interface_of(declared_names(self.tools_config))
         self.usd_reference = config.reward.usd_reference
         self.orchestrator_usd_per_token = (config.rollout.input_usd_per_million / 1e6,
                                            config.rollout.output_usd_per_million / 1e6)
@@ -38,16 +41,17 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
         if split == "test":
-            return draw(held_out_tasks(self.held_out, self.run_seed)[:self.limit], count, seed)
+            return draw(held_out_tasks(self.held_out, self.interface)[:self.limit], count, seed)
         if count is None:
             raise ValueError(f"the offline world's {split} split is unbounded: ask for a count")
         count = min(count, self.limit or count)
         if split == "validation":
-            return make_tasks(count, seed=self.run_seed + VALIDATION_SEED_OFFSET, prefix="val")
+            return make_tasks(count, seed=self.run_seed + VALIDATION_SEED_OFFSET, prefix="val",
+                              interface=self.interface)
         # Named as the main job's demonstration tasks always were: the simulated experts draw
         # by episode id, so the demonstrations (and SFT) stay as they were. GRPO renames its
         # tasks per step.
-        return make_tasks(count, seed, prefix="demo")
+        return make_tasks(count, seed, prefix="demo", interface=self.interface)
 
     async def score(self, task: Task, trajectory: Trajectory) -> Scored:
         scored = await super().score(task, trajectory)

@@ -129,6 +129,14 @@ class _Task:
     # hard the task is for an expert handed that passage.
     evidence: str | None = None
     evidence_difficulty: str = "easy"
+    # A Python program printing the answer (what a coder behind `enhance_reasoning` writes), and
+    # the fact it needs to have been read first (lookup then compute).
+    program: str | None = None
+    needs: str | None = None
+    # A plausible search for the wrong entity (what a query writer gets wrong).
+    decoy: str = ""
+    # The program written without the fact it needs (a guessed one) and what it prints.
+    blind: tuple[str, str] | None = None
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -202,13 +210,14 @@ def _arithmetic(rng: random.Random) -> _Task:
         source, value = f"{a} {op} {b}", _OPERATORS[op](a, b)
         question = rng.choice(_WORDED[op]).format(a=a, b=b)
     else:
-        source, value, _ = _expression(rng, depth=rng.randint(1, 3))
-        while abs(value) > 10**15:  # keep answers short enough to copy
-            source, value, _ = _expression(rng, depth=rng.randint(1, 3))
+        source, value, bare = _expression(rng, depth=rng.randint(1, 3))
+        # Short enough answers to copy; an operation, not a number that answers itself.
+        while abs(value) > 10**15 or bare:
+            source, value, bare = _expression(rng, depth=rng.randint(1, 3))
         shown = source.replace("*", "×") if "**" not in source and rng.random() < 0.2 else source
         question = rng.choice(_SYMBOLIC).format(e=shown)
     step = _Step("python_sandbox", {"code": f"print({source})"}, str(value))
-    return _Task(question, [step], str(value))
+    return _Task(question, [step], str(value), program=f"result = {source}\nprint(result)")
 
 
 # ----------------------------------------------------------------------------- lookup
@@ -356,12 +365,28 @@ def _passage(relation: _Relation, entity: str) -> tuple[str, str]:
     return value, world.choice(relation.passages).format(e=entity, v=value)
 
 
-def _fact(rng: random.Random, relation: _Relation) -> tuple[str, str, _Step]:
-    """An entity of the world, its fact and the search step that finds it."""
+@functools.lru_cache(maxsize=None)
+def _passages_by_query() -> dict[str, str]:
+    return {query.format(e=entity): _passage(relation, entity)[1]
+            for relation in _RELATIONS.values() for entity in _world_entities(relation.name)
+            for query in relation.queries}
+
+
+def world_passage(query: str) -> str:
+    """The passage of the world a search with one of its own queries finds."""
+    return _passages_by_query()[query]
+
+
+def _fact(rng: random.Random, relation: _Relation) -> tuple[str, str, _Step, str]:
+    """An entity of the world, its fact, the search step that finds it and the same search for
+    another entity (drawn from the entity, not from the task stream)."""
     entity = rng.choice(_world_entities(relation.name))
     value, passage = _passage(relation, entity)
-    query = rng.choice(relation.queries).format(e=entity)
-    return entity, value, _Step("search", {"query": query}, passage)
+    template = rng.choice(relation.queries)
+    decoy = random.Random(f"decoy|{relation.name}|{entity}").choice(
+        [other for other in _world_entities(relation.name) if other != entity])
+    return (entity, value, _Step("search", {"query": template.format(e=entity)}, passage),
+            template.format(e=decoy))
 
 
 # Looking facts up is what search is for, so these tasks never forbid it.
@@ -370,23 +395,27 @@ _LOOKUP_PREFERENCES = ("cost", "accuracy", "neutral")
 
 def _lookup(rng: random.Random) -> _Task:
     relation = rng.choice(tuple(_RELATIONS.values()))
-    entity, value, step = _fact(rng, relation)
+    entity, value, step, decoy = _fact(rng, relation)
     question = rng.choice(relation.questions).format(e=entity)
     # Reading the fact off the passage is a language task.
     return _Task(question, [step], value, preferences=_LOOKUP_PREFERENCES, evidence=value,
-                 evidence_difficulty="language")
+                 evidence_difficulty="language", decoy=decoy)
 
 
 def _lookup_then_compute(rng: random.Random) -> _Task:
     if rng.random() < 0.5:
-        entity, year, search = _fact(rng, _RELATIONS["founded"])
+        entity, year, search, decoy = _fact(rng, _RELATIONS["founded"])
         now = rng.randint(2020, 2030)
         question = rng.choice(
             ("How many years before {now} was {e} founded?", "How old will {e} be in {now}?")
         ).format(e=entity, now=now)
         code, value, fact = f"print({now} - {year})", now - int(year), year
+        program = "year = {}\nresult = " + f"{now} - year\nprint(result)"
+        guess = _guess(entity, int(year))
+        blind = program.format(guess), str(now - guess)
+        program = program.format(year)
     else:
-        entity, meters, search = _fact(rng, _RELATIONS["height"])
+        entity, meters, search, decoy = _fact(rng, _RELATIONS["height"])
         question = rng.choice(
             (
                 "How high is {e} in feet, rounded to the nearest foot?",
@@ -395,9 +424,19 @@ def _lookup_then_compute(rng: random.Random) -> _Task:
         ).format(e=entity)
         code, value = f"print(round({meters} * 3.28084))", round(int(meters) * 3.28084)
         fact = meters
+        program = "meters = {}\nresult = round(meters * 3.28084)\nprint(result)"
+        guess = _guess(entity, int(meters))
+        blind = program.format(guess), str(round(guess * 3.28084))
+        program = program.format(meters)
     compute = _Step("python_sandbox", {"code": code}, str(value))
     return _Task(question, [search, compute], str(value), preferences=_LOOKUP_PREFERENCES,
-                 evidence=fact)
+                 evidence=fact, program=program, needs=fact, decoy=decoy, blind=blind)
+
+
+def _guess(entity: str, fact: int) -> int:
+    """A wrong value of a numeric fact, drawn from the entity (not from the task stream)."""
+    shift = random.Random(f"guess|{entity}").randint(1, max(2, fact // 10))
+    return fact + random.Random(f"sign|{entity}").choice((-1, 1)) * shift
 
 
 # ----------------------------------------------------------------------------- experts
@@ -442,37 +481,61 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _math_problem(rng: random.Random) -> tuple[str, int, bool]:
-    """A number-theory question, its answer and whether it is hard (for the expert choice)."""
+_SIEVE = ("limit = {limit}\nsieve = bytearray([1]) * limit\nsieve[:2] = b'\\x00\\x00'\n"
+          "for p in range(2, int(limit ** 0.5) + 1):\n    if sieve[p]:\n"
+          "        sieve[p * p::p] = bytes(len(range(p * p, limit, p)))\n"
+          "primes = [n for n in range(limit) if sieve[n]]\n")
+_PROGRAMS = (
+    _SIEVE.format(limit=120_000) + "result = primes[{n} - 1]",
+    _SIEVE.format(limit=120_000) + "result = sum(1 for p in primes if p < {n})",
+    "result = pow({a}, {b}, {m})",
+    "n = rest = result = {n}\np = 2\nwhile p * p <= rest:\n    if rest % p == 0:\n"
+    "        result -= result // p\n        while rest % p == 0:\n            rest //= p\n"
+    "    p += 1\nif rest > 1:\n    result -= result // rest",
+    "n, result, power = {n}, 0, 5\nwhile power <= n:\n    result += n // power\n"
+    "    power *= 5",
+    "result = sum(int(digit) for digit in str(2 ** {k}))",
+    "a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, (a + b) % {m}\nresult = a",
+)
+
+
+def _math_problem(rng: random.Random) -> tuple[str, int, bool, str]:
+    """A number-theory question, its answer, whether it is hard (for the expert choice) and a
+    program that prints the answer."""
     kind = rng.randrange(7)
     if kind == 0:
         n = rng.randint(50, 10_000)
-        return f"What is the {_ordinal(n)} prime number?", _PRIMES[n - 1], n > 2000
-    if kind == 1:
+        found = f"What is the {_ordinal(n)} prime number?", _PRIMES[n - 1], n > 2000, {"n": n}
+    elif kind == 1:
         n = rng.randint(1_000, 120_000)
         count = bisect.bisect_left(_PRIMES, n)
-        return f"How many prime numbers are there below {n}?", count, n > 30_000
-    if kind == 2:
+        found = f"How many prime numbers are there below {n}?", count, n > 30_000, {"n": n}
+    elif kind == 2:
         a, b, m = rng.randint(2, 999), rng.randint(100, 10**6), rng.randint(7, 10**5)
-        return f"What is {a}^{b} mod {m}?", pow(a, b, m), b > 10**4
-    if kind == 3:
+        found = f"What is {a}^{b} mod {m}?", pow(a, b, m), b > 10**4, {"a": a, "b": b, "m": m}
+    elif kind == 3:
         n = rng.randint(100, 10**7)
-        return f"What is Euler's totient of {n}?", _totient(n), n > 10**5
-    if kind == 4:
+        found = f"What is Euler's totient of {n}?", _totient(n), n > 10**5, {"n": n}
+    elif kind == 4:
         n = rng.randint(100, 10**6)
         zeros = sum(n // 5**k for k in range(1, 10))
-        return f"How many trailing zeros does {n}! have?", zeros, n > 10**4
-    if kind == 5:
+        found = f"How many trailing zeros does {n}! have?", zeros, n > 10**4, {"n": n}
+    elif kind == 5:
         k = rng.randint(50, 2000)
-        return f"What is the sum of the digits of 2^{k}?", sum(map(int, str(2**k))), k > 500
-    n, m = rng.randint(100, 100_000), rng.randint(10, 10**6)
-    question = f"What is the {_ordinal(n)} Fibonacci number modulo {m}, with F(1) = F(2) = 1?"
-    return question, _fibonacci_mod(n, m), n > 10_000
+        found = (f"What is the sum of the digits of 2^{k}?", sum(map(int, str(2**k))), k > 500,
+                 {"k": k})
+    else:
+        n, m = rng.randint(100, 100_000), rng.randint(10, 10**6)
+        found = (f"What is the {_ordinal(n)} Fibonacci number modulo {m}, with F(1) = F(2) = 1?",
+                 _fibonacci_mod(n, m), n > 10_000, {"n": n, "m": m})
+    question, answer, hard, values = found
+    return question, answer, hard, _PROGRAMS[kind].format(**values) + "\nprint(result)"
 
 
 def _math_expert(rng: random.Random) -> _Task:
-    question, answer, hard = _math_problem(rng)
-    return _Task(question, [], str(answer), expert_choice=("math-small", "math-large", hard))
+    question, answer, hard, program = _math_problem(rng)
+    return _Task(question, [], str(answer), expert_choice=("math-small", "math-large", hard),
+                 program=program)
 
 
 _WORDS = tuple(
@@ -486,17 +549,20 @@ def _word_puzzle(rng: random.Random) -> _Task:
     kind = rng.randrange(4)
     if kind == 0:
         question, answer = f"Spell the word '{word}' backwards.", word[::-1]
+        computed = f"{word!r}[::-1]"
     elif kind == 1:
         question, answer = f"How many letters are in the word '{word}'?", str(len(word))
+        computed = f"len({word!r})"
     elif kind == 2:
         letter = rng.choice(word)
         question = f"How many times does the letter '{letter}' appear in '{word}'?"
-        answer = str(word.count(letter))
+        answer, computed = str(word.count(letter)), f"{word!r}.count({letter!r})"
     else:
         words = rng.sample(_WORDS, rng.randint(3, 5))
         question = f"Sort these words alphabetically: {', '.join(words)}."
-        answer = ", ".join(sorted(words))
-    return _Task(question, [], answer, expert_choice=("generalist", "generalist", False))
+        answer, computed = ", ".join(sorted(words)), f"', '.join(sorted({words!r}))"
+    return _Task(question, [], answer, expert_choice=("generalist", "generalist", False),
+                 program=f"result = {computed}\nprint(result)")
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -526,7 +592,10 @@ class OfflineTask:
     (empty when only an expert can), how hard it is for an expert (``easy``, ``hard``, or
     ``unknown``: facts of the made-up world no model knows) and the preference kinds it may get.
     Lookups also name their ``evidence`` (the fact), the ``evidence_route`` that retrieves it
-    and the ``evidence_difficulty`` of the task for an expert handed that passage."""
+    and the ``evidence_difficulty`` of the task for an expert handed that passage. ``program``
+    prints the answer (None for lookups: no program knows the made-up world), once it has read
+    the fact it ``needs``; ``query`` is what finds the fact and ``decoy`` a plausible search
+    for the wrong entity (both the question for tasks that look nothing up)."""
 
     family: str
     question: str
@@ -537,6 +606,11 @@ class OfflineTask:
     evidence: str | None = None
     evidence_route: tuple[tuple[str, dict[str, Any]], ...] = ()
     evidence_difficulty: str = "easy"
+    program: str | None = None
+    needs: str | None = None
+    blind: tuple[str, str] | None = None
+    query: str = ""
+    decoy: str = ""
 
 
 def draw_task(rng: random.Random) -> OfflineTask:
@@ -554,8 +628,21 @@ def draw_task(rng: random.Random) -> OfflineTask:
     route = tuple(("search", {}) if step.tool == "search" else (step.tool, step.arguments)
                   for step in task.steps)
     evidence_route = tuple(step for step in route if step[0] == "search")
+    query, decoy = _queries(task)
     return OfflineTask(family, task.question, task.answer, route, difficulty, task.preferences,
-                       task.evidence, evidence_route, task.evidence_difficulty)
+                       task.evidence, evidence_route, task.evidence_difficulty, task.program,
+                       task.needs, task.blind, query, decoy)
+
+
+def _queries(task: _Task) -> tuple[str, str]:
+    """The query that finds the task's fact and :attr:`_Task.decoy`; the question twice for a
+    task that looks nothing up."""
+    search = next((step for step in task.steps if step.tool == "search"), None)
+    if search is None:
+        return task.question, task.question
+    return search.arguments["query"], task.decoy
+
+
 _EXPERT_REPLIES = ("Answer: {a}", "{a}", "The answer is {a}")
 
 

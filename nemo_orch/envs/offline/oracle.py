@@ -2,9 +2,11 @@
 every task under its preference (expected values from the simulated experts' known accuracies
 and prices), and how near a route taken comes to it (preference adherence).
 
-A route is how an episode answered: ``expert:<alias>`` (the first expert it asked),
-``tools+expert:<alias>`` (basic tools before it), ``tools`` (only basic tools) or ``none``.
-Tasks are grouped by (family, preference), the unit of the main job's route mix.
+A route is how an episode answered. On ToolOrchestra's interface (:mod:`.orchestra`): the
+model aliases of its calls in order (``search-2>answer-4``). On the basic one:
+``expert:<alias>`` (the first expert it asked), ``tools+expert:<alias>`` (basic tools before
+it), ``tools`` (only basic tools). ``none`` without calls. Tasks are grouped by (family,
+preference), the unit of the main job's route mix.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.offline.world import EXPERT_TOOL, RouteValue, oracle, route_values
+from nemo_orch.envs.offline import orchestra
+from nemo_orch.envs.offline.values import RouteValue, best
+from nemo_orch.envs.offline.world import EXPERT_TOOL, route_values
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.base import Usage
 from nemo_orch.tools.registry import Toolbox
@@ -26,6 +30,9 @@ def route_of(trajectory: Trajectory) -> str:
     """The route an episode took (see the module docstring)."""
     calls = [call for turn in trajectory.turns for call in turn.calls
              if call.tool is not None and call.error is None]
+    if any(call.tool in (orchestra.REASON, orchestra.ANSWER)
+           or call.tool == orchestra.SEARCH and "model" in call.arguments for call in calls):
+        return orchestra.route_name((call.tool, call.arguments) for call in calls)
     first_expert = next((index for index, call in enumerate(calls) if call.tool == EXPERT_TOOL),
                         None)
     if first_expert is not None:
@@ -62,18 +69,23 @@ def group_means(tasks: list[Task], rewards: list[float],
 
 
 class OracleTable:
-    """The best route of every task under its preference, from the known simulated experts.
-    A route's price counts the policy's own tokens too, so it depends on the policy's
-    ``tokenizer`` and the orchestrator's prices (USD per input and output token)."""
+    """The best route of every task under its preference, from the known simulated experts, on
+    the toolbox's interface. A route's price counts the policy's own tokens too, so it depends
+    on the policy's ``tokenizer`` and the orchestrator's prices (USD per input and output
+    token)."""
 
     def __init__(self, toolbox: Toolbox, tokenizer: Any, usd_reference: float,
                  orchestrator_usd_per_token: tuple[float, float]) -> None:
-        self.expert = toolbox.tools[EXPERT_TOOL]
         self.toolbox, self.tokenizer = toolbox, tokenizer
         self.usd_reference = usd_reference
         self.input_price, self.output_price = orchestrator_usd_per_token
-        self.tool_usd = {name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
-                         for name, tool in toolbox.tools.items() if name != EXPERT_TOOL}
+        # ToolOrchestra's interface: its writers; the basic one: its expert and tool fees.
+        self.writers = (orchestra.Writers.of(toolbox) if orchestra.offers(toolbox.tools)
+                        else None)
+        if self.writers is None:
+            self.expert = toolbox.tools[EXPERT_TOOL]
+            self.tool_usd = {name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
+                             for name, tool in toolbox.tools.items() if name != EXPERT_TOOL}
         self._values: dict[str, list[RouteValue]] = {}  # by task id: every report asks again
 
     def values(self, task: Task) -> list[RouteValue]:
@@ -90,10 +102,12 @@ class OracleTable:
         # ~32 tokens.
         per_turn = (self.input_price * (len(self.tokenizer.encode(prompt)) + 48)
                     + self.output_price * 32)
+        if self.writers is not None:
+            return orchestra.route_values(task, self.writers, per_turn, self.usd_reference)
         return route_values(task, self.expert, per_turn, self.usd_reference, self.tool_usd)
 
     def best(self, task: Task) -> RouteValue:
-        return oracle(self.values(task))
+        return best(self.values(task))
 
     def adherence(self, task: Task, route: str) -> float:
         """The expected utility of ``route`` for the task's preference over the best route's,

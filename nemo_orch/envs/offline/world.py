@@ -14,9 +14,7 @@ oracle that knows the simulated experts.
   negative weight: avoid), stated after the question in the user's message (a phrasing of
   :func:`~nemo_orch.reward.components.preference_instruction`, as the served orchestrator
   states it).
-* Utility (for evaluation and the oracle, on an absolute scale): 0 if wrong, else
-  ``w_accuracy - w_cost * usd / usd_reference + sum over tool features w * [called]``: the
-  ToolOrchestra reward with the group normalization replaced by a fixed cost scale.
+* Utility (for evaluation and the oracle, on an absolute scale): :func:`~.values.utility`.
 """
 
 from __future__ import annotations
@@ -24,13 +22,14 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nemo_orch.config import DEMO_ROUTERS
 from nemo_orch.data.tasks import Task
+from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.generator import draw_task
+from nemo_orch.envs.offline.values import RouteValue, utility
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.rollout.format import call_text
 from nemo_orch.tools.composite import extract_final_answer
@@ -53,40 +52,57 @@ FAMILY_PREFERENCES: dict[str, tuple[str, ...]] = {
 SYSTEM_PROMPT = ("You are an orchestrator that answers questions by calling tools. "
                  "Finish with the final answer inside <answer></answer> tags.")
 EXPERT_TOOL = "call_expert"
+# The two tool interfaces of the world: ToolOrchestra's (orchestra.py: the policy chooses tools
+# and models, experts write) and the basic one (call_expert, python_sandbox, search(query?):
+# the policy writes code and reads passages itself).
+ORCHESTRA, BASIC = "orchestra", "basic"
 # A route is the tool calls that answer a task: the family's exact tools, or one expert.
 Route = tuple[tuple[str, dict[str, Any]], ...]
 
 
-# Held-out tasks are drawn with the run's seed plus this: the main job's evaluation and
-# `nemo-orch eval --benchmark offline` see the same tasks, which training never does.
-HELD_OUT_SEED_OFFSET = 7919
+def interface_of(tool_names: Iterable[str]) -> str:
+    return ORCHESTRA if orchestra.offers(tool_names) else BASIC
 
 
-def held_out_tasks(n: int, run_seed: int) -> list[Task]:
-    """The first ``n`` held-out evaluation tasks of a run seeded ``run_seed``."""
-    return make_tasks(n, seed=run_seed + HELD_OUT_SEED_OFFSET, prefix="eval")
+# Held-out tasks are drawn with this seed whatever the run's: the main job's evaluation and
+# `nemo-orch eval --benchmark offline` see the same tasks for every training seed, and training
+# never does.
+HELD_OUT_SEED = 9153
 
 
-def make_tasks(n: int, seed: int, prefix: str = "task") -> list[Task]:
-    """``n`` tasks with a preference each (same ``seed``, same tasks)."""
+def held_out_tasks(n: int, interface: str) -> list[Task]:
+    """The first ``n`` held-out evaluation tasks of the ``interface``'s world."""
+    return make_tasks(n, seed=HELD_OUT_SEED, prefix="eval", interface=interface)
+
+
+def make_tasks(n: int, seed: int, prefix: str = "task", interface: str = BASIC) -> list[Task]:
+    """``n`` tasks with a preference each, for the ``interface``'s tools (same ``seed``, same
+    tasks)."""
     rng = random.Random(seed)
+    preferences, vectors = ((orchestra.FAMILY_PREFERENCES, orchestra.PREFERENCE_VECTORS)
+                            if interface == ORCHESTRA else (FAMILY_PREFERENCES, PREFERENCE_VECTORS))
     tasks = []
     for index in range(n):
         drawn = draw_task(rng)
-        preference = rng.choice(FAMILY_PREFERENCES[drawn.family])
+        preference = rng.choice(preferences[drawn.family])
         # The user states the preference after the question, as ToolOrchestra's users do: next
         # to where the policy decides, not ahead of the tool list in the system prompt.
-        instruction = preference_instruction(PREFERENCE_VECTORS[preference], rng)
+        instruction = (orchestra.instruction(preference, rng)
+                       or preference_instruction(vectors[preference], rng))
+        metadata = {"family": drawn.family, "difficulty": drawn.difficulty,
+                    "preference_name": preference, "instruction": instruction,
+                    "preference": vectors[preference],
+                    "route": [list(step) for step in drawn.route],
+                    "evidence": drawn.evidence,
+                    "evidence_difficulty": drawn.evidence_difficulty,
+                    "evidence_route": [list(step) for step in drawn.evidence_route]}
+        if interface == ORCHESTRA:
+            metadata.update(orchestra.task_metadata(drawn))
+            if preference == "budget":
+                metadata["budget_usd"] = orchestra.BUDGET_USD
         tasks.append(Task(
             id=f"{prefix}-{index:05d}", question=f"{drawn.question}\n{instruction}",
-            system=SYSTEM_PROMPT, answer=drawn.answer,
-            metadata={"family": drawn.family, "difficulty": drawn.difficulty,
-                      "preference_name": preference, "instruction": instruction,
-                      "preference": PREFERENCE_VECTORS[preference],
-                      "route": [list(step) for step in drawn.route],
-                      "evidence": drawn.evidence,
-                      "evidence_difficulty": drawn.evidence_difficulty,
-                      "evidence_route": [list(step) for step in drawn.evidence_route]}))
+            system=SYSTEM_PROMPT, answer=drawn.answer, metadata=metadata))
     return tasks
 
 
@@ -108,26 +124,6 @@ def routes(task: Task, experts: Mapping[str, Any]) -> dict[str, Route]:
             found[f"tools+expert:{alias}"] = (_route(task.metadata["evidence_route"])
                                               + ((EXPERT_TOOL, {"model": alias}),))
     return found
-
-
-@dataclass(frozen=True)
-class RouteValue:
-    route: str
-    accuracy: float
-    usd: float
-    utility: float
-
-
-def utility(preference: Mapping[str, float], correct: bool, usd: float,
-            tool_counts: Mapping[str, int], usd_reference: float) -> float:
-    """The absolute, preference-weighted utility of one episode (see the module docstring)."""
-    if not correct:
-        return 0.0
-    value = preference.get("accuracy", 0.0) - preference.get("cost", 0.0) * usd / usd_reference
-    for feature, weight in preference.items():
-        if feature.startswith("tool:") and tool_counts.get(feature[5:], 0) > 0:
-            value += weight
-    return value
 
 
 def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn: float,
@@ -159,13 +155,9 @@ def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn:
             else:
                 usd += tool_usd.get(tool, 0.0)
         preference = task.metadata["preference"]
-        values.append(RouteValue(name, accuracy, usd, accuracy * utility(
+        values.append(RouteValue(name, frozenset(counts), accuracy, usd, accuracy * utility(
             preference, True, usd, counts, usd_reference)))
     return values
-
-
-def oracle(values: list[RouteValue]) -> RouteValue:
-    return max(values, key=lambda value: value.utility)
 
 
 _RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
@@ -188,8 +180,7 @@ class RouterReplies:
         # The fact inside a passage or output when it is there; else what the expert said.
         stated = self.answer is not None and re.search(
             rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
-        copied = self.answer if stated else extract_final_answer(
-            last.removeprefix("Answer:").strip())
+        copied = self.answer if stated else extract_final_answer(last)
         return f"<answer>{copied}</answer>"
 
 

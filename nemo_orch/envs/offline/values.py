@@ -1,0 +1,36 @@
+"""What a route is worth in the offline world: the preference utility of an episode, and a
+route's expected accuracy, USD and utility (the oracle's unit), whatever the tool interface."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+def utility(preference: Mapping[str, float], correct: bool, usd: float,
+            tool_counts: Mapping[str, int], usd_reference: float) -> float:
+    """The absolute, preference-weighted utility of one episode: 0 if wrong, else
+    ``w_accuracy - w_cost * usd / usd_reference + sum over tool features w * [called]`` (the
+    ToolOrchestra reward with the group normalization replaced by a fixed cost scale)."""
+    if not correct:
+        return 0.0
+    value = preference.get("accuracy", 0.0) - preference.get("cost", 0.0) * usd / usd_reference
+    for feature, weight in preference.items():
+        if feature.startswith("tool:") and tool_counts.get(feature[5:], 0) > 0:
+            value += weight
+    return value
+
+
+@dataclass(frozen=True)
+class RouteValue:
+    """A route's expectations; its ``shape`` is the set of tools it calls."""
+
+    route: str
+    shape: frozenset[str]
+    accuracy: float
+    usd: float
+    utility: float
+
+
+def best(values: list[RouteValue]) -> RouteValue:
+    return max(values, key=lambda value: value.utility)
