@@ -14,7 +14,7 @@ from nemo_orch.rollout.builders import build_toolbox
 
 @pytest.fixture(scope="module")
 def table_and_tasks(tiny_tokenizer):
-    config = config_lib.load()
+    config = config_lib.load(["tools=offline_basic"])
     tasks = make_tasks(200, seed=21)
 
     async def build():

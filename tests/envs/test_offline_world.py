@@ -10,9 +10,10 @@ import pytest
 
 from nemo_orch import config as config_lib
 from nemo_orch.envs.offline.oracle import route_of
+from nemo_orch.envs.offline.values import best as oracle
+from nemo_orch.envs.offline.values import utility
 from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, RouterReplies,
-                                          make_tasks, naive_routes, oracle, route_values, routes,
-                                          utility)
+                                          make_tasks, naive_routes, route_values, routes)
 from nemo_orch.eval.agents import NaiveRouterAgent
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.rollout.builders import build_toolbox
@@ -24,7 +25,7 @@ from nemo_orch.tools.base import ToolContext
 
 @pytest.fixture(scope="module")
 def offline_config():
-    return config_lib.load()
+    return config_lib.load(["tools=offline_basic"])
 
 
 def test_tasks_are_seeded_and_carry_preferences():

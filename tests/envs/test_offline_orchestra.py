@@ -1,0 +1,253 @@
+"""The offline world on ToolOrchestra's interface: the SIMULATED writers' accuracies and wrong
+outputs, executed by the real retriever and sandbox; the oracle over multi-step routes, against
+a hand computation and against played episodes; the margins the world is built to have."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections import Counter, defaultdict
+
+import pytest
+
+from nemo_orch import config as config_lib
+from nemo_orch.envs.offline import orchestra
+from nemo_orch.envs.offline.oracle import route_of
+from nemo_orch.envs.offline.values import best
+from nemo_orch.envs.offline.world import ORCHESTRA, make_tasks
+from nemo_orch.eval.agents import NaiveRouterAgent
+from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.rollout.episode import initial_messages
+from nemo_orch.tools.base import ToolContext
+from nemo_orch.tools.simulated_expert import holds
+
+TASKS = make_tasks(400, seed=3, interface=ORCHESTRA)
+PER_TURN_USD = 5e-5
+
+
+def of(family: str) -> list:
+    return [task for task in TASKS if task.metadata["family"] == family]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return config_lib.load()
+
+
+@pytest.fixture(scope="module")
+def writers(config):
+    return orchestra.Writers.of(build_toolbox(config.tools))
+
+
+async def _play(toolbox, task, route, seed: int) -> tuple[list[str], str | None]:
+    """The calls of ``route`` as an episode makes them: each handed the observations so far."""
+    observations: list[str] = []
+    answer = None
+    for tool, arguments in route:
+        context = ToolContext(task_id=task.id, episode_id=f"{task.id}#{seed}", seed=seed,
+                              task=task, observations=tuple(observations))
+        result = await toolbox.call(tool, arguments, context)
+        assert result.error is None, result.error
+        observations.append(result.observation)
+        answer = result.answer
+    return observations, answer
+
+
+def play(config, plays):
+    """Run ``plays`` ((task, route, seed) triples) through one started toolbox."""
+    async def run():
+        async with build_toolbox(config.tools) as toolbox:
+            return [await _play(toolbox, *one) for one in plays]
+
+    return asyncio.run(run())
+
+
+def test_the_policy_is_offered_the_three_composites_only(config):
+    toolbox = build_toolbox(config.tools)
+    assert sorted(toolbox.tools) == ["answer", "enhance_reasoning", "search"]
+    assert sorted(part.spec.name for part in toolbox.parts) == [
+        "answerer", "coder", "query_writer", "retriever", "sandbox"]
+    assert asyncio.run(toolbox.call("sandbox", {"code": "print(1)"})).error.startswith(
+        "unknown tool")
+
+
+def test_every_program_runs_in_the_sandbox_and_prints_what_the_oracle_expects(config):
+    """Right programs print the answer, wrong ones a near miss, blind ones their guess: the
+    texts the oracle reasons over are what the real sandbox prints."""
+    tasks = [task for family in ("arithmetic", "lookup_compute", "math", "word")
+             for task in of(family)[:6]]
+
+    async def run():
+        async with build_toolbox(config.tools) as toolbox:
+            sandbox = next(part for part in toolbox.parts if part.spec.name == "sandbox")
+            printed = []
+            for task in tasks:
+                code = task.metadata["code"]
+                for kind in ("right", "wrong", "blind"):
+                    if code[kind] is not None:
+                        result = await sandbox.call({"code": code[kind]}, ToolContext())
+                        printed.append((task, kind, result.output.strip()))
+            return printed
+
+    printed = asyncio.run(run())
+    assert len(printed) >= 2 * len(tasks)
+    for task, kind, output in printed:
+        assert output == task.metadata["code"]["printed"][kind], (task.question, kind)
+        assert (output == task.answer) == (kind == "right")
+
+
+def test_query_writers_find_the_fact_with_their_accuracy(config):
+    """search-3 writes the right query 90% of the time; the real retriever then returns the
+    fact's passage, else the decoy entity's, which holds no evidence."""
+    lookups = of("lookup")[:20]
+    plays = [(task, ((orchestra.SEARCH, {"model": "search-3"}),), seed)
+             for task in lookups for seed in range(10)]
+    found = []
+    for (task, _, _), (observations, _) in zip(plays, play(config, plays)):
+        right, decoy = task.metadata["passages"]
+        if holds(observations[0], task.answer):
+            assert right in observations[0]
+            found.append(True)
+        else:
+            assert decoy in observations[0] and task.metadata["query"][1] in observations[0]
+            found.append(False)
+    assert statistics.mean(found) == pytest.approx(0.9, abs=0.06)
+
+
+def test_coders_need_the_fact_and_err_with_their_accuracy(config):
+    """A lookup-then-compute program needs the fact: without the passage the coder guesses it
+    (the blind program), with it reasoner-3 writes the right program 93% of the time."""
+    tasks = of("lookup_compute")[:8]
+    code = (orchestra.REASON, {"model": "reasoner-3"})
+    search = (orchestra.SEARCH, {"model": "search-1"})
+    blind = play(config, [(task, (code,), 0) for task in tasks])
+    for task, (observations, _) in zip(tasks, blind):
+        assert task.metadata["code"]["blind"] in observations[0]
+    plays = [(task, (search, code), seed) for task in tasks for seed in range(10)]
+    # Among the episodes whose search found the fact:
+    right = [holds(observations[1], task.answer)
+             for (task, _, _), (observations, _) in zip(plays, play(config, plays))
+             if holds(observations[0], task.metadata["code"]["needs"])]
+    assert statistics.mean(right) == pytest.approx(0.93, abs=0.08)
+
+
+def test_answerers_read_the_evidence_and_are_distracted_by_the_rest(config):
+    """answer-4 reads a passage right 93% of the time; with an unrelated observation beside it,
+    half as often; without the passage it does not know the made-up world."""
+    from nemo_orch.tools.composite import ExpertAnswer
+
+    lookups = of("lookup")[:25]
+
+    async def run():
+        async with build_toolbox(config.tools) as toolbox:
+            answer = toolbox.tools[orchestra.ANSWER]
+            assert isinstance(answer, ExpertAnswer)
+            rates = {}
+            for name, extra in (("passage", ()), ("distracted", ("Result:\nNo documents.",)),
+                                ("nothing", None)):
+                correct = []
+                for task in lookups:
+                    passage = task.metadata["passages"][0]
+                    observations = () if extra is None else (passage, *extra)
+                    for seed in range(8):
+                        context = ToolContext(task_id=task.id, episode_id=f"{task.id}#{seed}",
+                                              seed=seed, task=task, observations=observations)
+                        result = await toolbox.call(orchestra.ANSWER, {"model": "answer-4"},
+                                                    context)
+                        correct.append(result.answer == task.answer)
+                rates[name] = statistics.mean(correct)
+            return rates
+
+    rates = asyncio.run(run())
+    assert rates["passage"] == pytest.approx(0.93, abs=0.06)
+    assert rates["distracted"] == pytest.approx(0.93 * 0.5, abs=0.1)
+    assert rates["nothing"] < 0.1
+
+
+def test_the_oracle_enumerates_multi_step_routes_and_matches_a_hand_computation(writers):
+    routes = orchestra.routes(writers)
+    assert len(routes) == (1 + 6 + 36) * 6  # up to two writer calls, then one of 6 answerers
+    assert max(len(route) for route in routes.values()) == orchestra.MAX_CALLS
+    task = of("lookup")[0]
+    values = {v.route: v for v in orchestra.route_values(task, writers, PER_TURN_USD, 0.01)}
+    # search-3 finds the passage 90% of the time; answer-4 reads it 93%; otherwise it faces the
+    # decoy passage (an unrelated observation: x0.5) knowing nothing of the made-up world (3%).
+    assert values["search-3>answer-4"].accuracy == pytest.approx(0.9 * 0.93 + 0.1 * 0.03 * 0.5)
+    assert values["answer-4"].accuracy == pytest.approx(0.03)
+    assert values["search-3>answer-4"].shape == {"search", "answer"}
+
+
+def test_the_oracle_expects_what_played_episodes_score(config, writers):
+    """Expected accuracy of two routes against 120 played episodes each (real retriever and
+    sandbox, simulated writers): within three standard errors."""
+    lookup, computed = of("lookup")[1], of("lookup_compute")[1]
+    for task, name in ((lookup, "search-3>answer-4"), (computed, "search-2>reasoner-3>answer-4")):
+        route = orchestra.routes(writers)[name]
+        outcomes = [answer == task.answer
+                    for _, answer in play(config, [(task, route, seed) for seed in range(120)])]
+        expected = next(v.accuracy for v in orchestra.route_values(task, writers, PER_TURN_USD,
+                                                                   0.01) if v.route == name)
+        spread = 3 * (expected * (1 - expected) / len(outcomes)) ** 0.5 + 0.01
+        assert abs(statistics.mean(outcomes) - expected) <= spread, (name, expected)
+
+
+def test_every_group_has_a_clear_best_shape_and_preferences_change_routes(writers):
+    """The world's margins (issue 23): in every (family, preference) group the oracle's best
+    route beats the best route of another shape (another set of tools) by >= 0.1 expected
+    utility on average, and in every family two preferences have different best routes."""
+    groups = defaultdict(list)
+    for task in TASKS[:240]:
+        values = orchestra.route_values(task, writers, PER_TURN_USD, 0.01)
+        top = best(values)
+        other = max((v for v in values if v.shape != top.shape), key=lambda v: v.utility)
+        groups[(task.metadata["family"], task.metadata["preference_name"])].append((top, other))
+    print(f"\n{'family':15} {'preference':10} {'tasks':>5} {'utility':>7} {'margin':>7}  route")
+    modal = {}
+    for (family, preference), rows in sorted(groups.items()):
+        margin = statistics.mean(top.utility - other.utility for top, other in rows)
+        modal[family, preference] = Counter(top.route for top, _ in rows).most_common(1)[0][0]
+        print(f"{family:15} {preference:10} {len(rows):5} "
+              f"{statistics.mean(top.utility for top, _ in rows):7.3f} {margin:7.3f}  "
+              f"{modal[family, preference]}")
+        assert margin >= 0.1, (family, preference)
+    for family, preferences in orchestra.FAMILY_PREFERENCES.items():
+        assert all((family, preference) in modal for preference in preferences)
+        assert len({modal[family, preference] for preference in preferences}) >= 2, family
+
+
+def test_budget_tasks_state_their_budget_and_the_oracle_keeps_within_it(writers,
+                                                                       tiny_tokenizer):
+    budgeted = [task for task in TASKS if task.metadata["preference_name"] == "budget"][:10]
+    assert budgeted
+    for task in budgeted:
+        assert task.metadata["budget_usd"] == orchestra.BUDGET_USD
+        message = initial_messages(task, tiny_tokenizer)[-1]["content"]
+        assert message.endswith(f"Budget: at most ${orchestra.BUDGET_USD:g} for this task.")
+        top = best(orchestra.route_values(task, writers, PER_TURN_USD, 0.01))
+        assert top.usd < 0.6 * orchestra.BUDGET_USD
+        assert all(writers.experts[tool].models[arguments["model"]].counterpart != "gpt-5"
+                   for tool, arguments in orchestra.routes(writers)[top.route])
+
+
+def test_naive_routers_play_the_new_interface_and_every_route_is_named_back(config,
+                                                                            tiny_tokenizer):
+    tasks = TASKS[:40]
+    settings = config.resolved_rollout(4096)  # the test tokenizer splits programs finely
+
+    async def run():
+        async with build_toolbox(config.tools) as toolbox:
+            agent = NaiveRouterAgent(tasks, config.data.demo_routers, 0, toolbox,
+                                     tiny_tokenizer, settings)
+            episodes = [await agent.episode(task, seed=0) for task in tasks]
+            return agent.routes, episodes
+
+    routes, episodes = asyncio.run(run())
+    for task, trajectory in zip(tasks, episodes):
+        if trajectory.termination == "budget":  # a costly route past its task's budget
+            assert task.metadata["preference_name"] == "budget"
+            assert routes[task.id][:len(trajectory.calls())] == tuple(trajectory.calls())
+            continue
+        assert trajectory.termination == "answer"
+        assert route_of(trajectory) == orchestra.route_name(routes[task.id])
+    tools_called = Counter(tool for route in routes.values() for tool, _ in route)
+    assert set(tools_called) == {"search", "enhance_reasoning", "answer"}
