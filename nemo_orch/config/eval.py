@@ -12,7 +12,9 @@ from nemo_orch.config.base import _require
 class MonolithConfig:
     """The monolith baseline: one OpenAI-compatible chat model (``model`` at ``base_url``, key
     from the environment variable ``api_key_env``) with the benchmark's tools except
-    ``drop_tools`` (the experts), called with standard function calling. Priced at
+    ``drop_tools`` (the experts), or the tools ``tools`` declares (paths relative to ``conf/``:
+    the basic search and sandbox where the benchmark offers only ToolOrchestra's composites),
+    called with standard function calling. Priced at
     ``usd_per_million`` (input, output) or, when null, the price table's entry for ``model``.
     Each request gets ``timeout_s`` (reasoning models take minutes) and ``max_retries``.
 
@@ -25,6 +27,7 @@ class MonolithConfig:
     api_key_env: Optional[str] = None
     usd_per_million: Optional[list[float]] = None
     drop_tools: list[str] = field(default_factory=lambda: ["call_expert"])
+    tools: Optional[list[str]] = None
     max_tokens: int = 1024
     temperature: float = 0.0
     timeout_s: float = 600.0

@@ -60,44 +60,63 @@ class PolicyAgent:
                              seed=seed).run()
 
 
-def expert_prices(toolbox: Toolbox) -> dict[str, float]:
-    """The expert tool's models by output-token price (USD per token), which ranks them."""
-    expert = toolbox.tools.get(EXPERT_TOOL)
-    pricing = getattr(expert, "pricing", None)
-    if not pricing:
+def expert_prices(toolbox: Toolbox) -> dict[str, dict[str, float]]:
+    """The models a fixed router chooses from, by tool, each by its output-token price (USD per
+    token, which ranks them): on ToolOrchestra's interface, the aliases of ``search``,
+    ``enhance_reasoning`` and ``answer``; else the expert tool's."""
+    if orchestra.offers(toolbox.tools):
+        writers = orchestra.Writers.of(toolbox)
+        pricing = {tool: writers.experts[tool].pricing for tool in writers.experts}
+    else:
+        pricing = {EXPERT_TOOL: getattr(toolbox.tools.get(EXPERT_TOOL), "pricing", None)}
+    if not all(pricing.values()):
         raise ConfigError(f"the fixed routers hand tasks to the models of the tool "
-                          f"{EXPERT_TOOL!r}, which these tools lack (tools: "
-                          f"{', '.join(toolbox.tools)})")
-    return {alias: price.per_output_token for alias, price in pricing.items()}
+                          f"{EXPERT_TOOL!r} or of the answer tool, which these tools lack "
+                          f"(tools: {', '.join(toolbox.tools)})")
+    return {tool: {alias: price.per_output_token for alias, price in models.items()}
+            for tool, models in pricing.items()}
 
 
-def choose_expert(kind: str, prices: dict[str, float], task: Task, seed: int) -> str:
-    """The model the router ``kind`` hands ``task`` to; ties go to the first alias declared."""
+def choose_expert(kind: str, prices: dict[str, float], task: Task, seed: int,
+                  tool: str = "") -> str:
+    """The model the router ``kind`` chooses for ``task`` among ``prices`` (one tool's
+    models); ties go to the first alias declared."""
     if kind == "fixed:cheapest":
         return min(prices, key=prices.__getitem__)
     if kind == "fixed:strongest":
         return max(prices, key=prices.__getitem__)
     # Drawn from the seed and the task alone: the same for a task however the run is split.
-    return random.Random(zlib.crc32(f"{seed}|{task.id}".encode())).choice(sorted(prices))
+    return random.Random(zlib.crc32(f"{seed}|{task.id}{tool}".encode())).choice(sorted(prices))
 
 
 class RouterAgent:
     """A fixed router (``kind`` of :data:`ROUTERS`) played by a scripted engine through the
-    episode runner, with the orchestrator's own tokens free."""
+    episode runner, with the orchestrator's own tokens free. It hands the task to one model of
+    the expert tool; on ToolOrchestra's interface it calls the tools of the task's family
+    (:data:`~nemo_orch.envs.offline.orchestra.FAMILY_SHAPES`), choosing the model of each."""
 
     def __init__(self, kind: str, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
                  settings: RolloutConfig) -> None:
         self.kind, self.toolbox, self.tokenizer = kind, toolbox, tokenizer
         self.prices = expert_prices(toolbox)
         self.settings = scripted_settings(settings)
-        required = toolbox.tools[EXPERT_TOOL].spec.parameters.get("required", [])
+        required = toolbox.tools[next(iter(self.prices))].spec.parameters.get("required", [])
         self.asks_question = "question" in required
 
+    def route(self, task: Task, seed: int) -> tuple[tuple[str, dict[str, Any]], ...]:
+        tools = ((EXPERT_TOOL,) if EXPERT_TOOL in self.prices
+                 else orchestra.FAMILY_SHAPES[task.metadata["family"]])
+        calls = []
+        for tool in tools:
+            arguments: dict[str, Any] = {"model": choose_expert(self.kind, self.prices[tool],
+                                                                task, seed, tool)}
+            if self.asks_question:
+                arguments["question"] = task.question
+            calls.append((tool, arguments))
+        return tuple(calls)
+
     async def episode(self, task: Task, seed: int) -> Trajectory:
-        arguments: dict[str, Any] = {"model": choose_expert(self.kind, self.prices, task, seed)}
-        if self.asks_question:
-            arguments["question"] = task.question
-        replies = RouterReplies(((EXPERT_TOOL, arguments),))
+        replies = RouterReplies(self.route(task, seed))
         policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
         return await Episode(task, 0, policy, self.toolbox, self.tokenizer, self.settings,
                              seed=seed).run()

@@ -40,8 +40,9 @@ from nemo_orch.eval.agents import (Agent, GoldReplayAgent, NaiveRouterAgent, Pol
 from nemo_orch.envs import Environment, Scored, build_environment
 from nemo_orch.envs.interfaces import Oracle
 from nemo_orch.envs.offline import OfflineEnvironment
+from nemo_orch.envs.offline import orchestra
 from nemo_orch.eval.report import EpisodeResult
-from nemo_orch.rollout.builders import rollout_settings
+from nemo_orch.rollout.builders import build_toolbox, rollout_settings
 from nemo_orch.rollout.episode import Trajectory, task_budget
 from nemo_orch.tools.registry import Toolbox
 
@@ -212,14 +213,24 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
     from nemo_orch.tools.pricing import model_pricing, price_overrides
 
     monolith = config.eval.monolith
-    # Tools a benchmark lacks (tau2 and toolscale have no experts) are simply not there to drop.
-    tools = toolbox.subset([name for name in toolbox.tools if name not in monolith.drop_tools])
     if monolith.usd_per_million is not None:
         pricing = Pricing.per_million_tokens(*monolith.usd_per_million)
     else:
         with price_overrides(config.tools.prices):
             pricing = model_pricing(monolith.model)
     async with contextlib.AsyncExitStack() as stack:
+        if monolith.tools is not None:
+            tools = await stack.enter_async_context(build_toolbox(dataclasses.replace(
+                config.tools, declarations=list(monolith.tools), domains=[])))
+        else:
+            # Tools a benchmark lacks (tau2 and toolscale have no experts) are simply not there.
+            tools = toolbox.subset([name for name in toolbox.tools
+                                    if name not in monolith.drop_tools])
+        if orchestra.offers(tools.tools):
+            raise ConfigError("the monolith would get ToolOrchestra's composite tools, which "
+                              "hand the task to experts: give it basic tools with "
+                              "eval.monolith.tools (e.g. [tools/offline/search.yaml, "
+                              "tools/offline/python_sandbox.yaml])")
         base_url = monolith.base_url
         if base_url is None:
             base_url = stack.enter_context(_simulated_monolith(config, resources, toolbox)).url
@@ -238,8 +249,9 @@ def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) 
     from nemo_orch.tools.simulated_expert import SimulatedExpert
 
     monolith = config.eval.monolith
-    expert = next((tool for tool in toolbox.tools.values() if isinstance(tool, SimulatedExpert)),
-                  None)
+    # The answering experts: the expert tool itself, or the part behind `answer`.
+    expert = next((tool for tool in [*toolbox.tools.values(), *toolbox.parts]
+                   if isinstance(tool, SimulatedExpert) and tool.writes == "answer"), None)
     if not isinstance(resources.benchmark, OfflineEnvironment) or expert is None:
         raise ConfigError("eval.monolith.base_url is required: only the offline benchmark "
                           "(with its simulated experts) has a simulated monolith")

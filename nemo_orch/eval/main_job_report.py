@@ -42,6 +42,7 @@ def policy_row(tasks: list[Task], records: list[dict[str, Any]],
         "format_error_rate": summary["format_error_rate"],
         "pref_adherence": summary["pref_adherence"],
         "oracle_route_share": oracle_route_share(table, tasks, routes),
+        "within_budget": summary["within_budget"],
         "tool_mix": route_shares(tasks, routes),
         "groups": group_means(tasks, utilities, [float(r.correct) for r in results]),
     }
@@ -90,14 +91,18 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
              "from the simulated experts' accuracies and prices. Pref. adherence: the expected "
              "utility of the route taken for the task's preference over the oracle route's; "
              "oracle route: the share of tasks answered by exactly the oracle's route.", "",
+             "Within budget: the share of the episodes of tasks with a USD budget that kept "
+             "to it.", "",
              "| policy | reward | accuracy | USD/task | s/task | pref. adherence | oracle route | "
-             "format errors |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "within budget | format errors |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in ("sft", "grpo", "oracle"):
         row = report[name]
         seconds = "" if row["seconds_per_task"] is None else f"{row['seconds_per_task']:.2f}"
+        budget = "" if row.get("within_budget") is None else f"{row['within_budget']:.3f}"
         lines.append(f"| {name} | {row['reward']:.3f} | {row['accuracy']:.3f} | "
                      f"{row['usd_per_task']:.6f} | {seconds} | {row['pref_adherence']:.3f} | "
-                     f"{row['oracle_route_share']:.3f} | {row['format_error_rate']:.3f} |")
+                     f"{row['oracle_route_share']:.3f} | {budget} | "
+                     f"{row['format_error_rate']:.3f} |")
     if report.get("gap_closed") is not None:
         lines += ["", f"GRPO closed {report['gap_closed']:.0%} of the SFT -> oracle reward gap."]
     lines += ["", "## Reward and route mix per (family, preference)", "",
@@ -106,8 +111,7 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
     for group, oracle_row in report["oracle"]["groups"].items():
         rewards = " / ".join(f"{report[name]['groups'][group]['reward']:.2f}"
                              for name in ("sft", "grpo", "oracle"))
-        cells = [", ".join(f"{route} {share:.0%}" for route, share in
-                           report[name]["tool_mix"].get(group, {}).items())
+        cells = [_top_routes(report[name]["tool_mix"].get(group, {}))
                  for name in ("sft", "grpo", "oracle")]
         lines.append(f"| {group} | {oracle_row['tasks']} | {rewards} | " + " | ".join(cells)
                      + " |")
@@ -125,6 +129,14 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
                                                  for k, v in report["wall_seconds"].items())]
     lines += ["", *[f"![{plot.stem}]({plot.name})" for plot in plots]]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def _top_routes(shares: Mapping[str, float], shown: int = 3) -> str:
+    """The ``shown`` most taken routes and their shares, the rest as ``other``."""
+    ranked = sorted(shares.items(), key=lambda item: -item[1])
+    cells = [f"{route} {share:.0%}" for route, share in ranked[:shown]]
+    rest = sum(share for _, share in ranked[shown:])
+    return ", ".join(cells + ([f"other {rest:.0%}"] if rest else []))
 
 
 def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:

@@ -35,7 +35,8 @@ from typing import Any
 from nemo_orch.data.tasks import Task
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
 from nemo_orch.tools.base import ToolContext
-from nemo_orch.tools.simulated_expert import SimulatedModel, difficulty, wrong_answer
+from nemo_orch.tools.simulated_expert import (SimulatedModel, difficulty, evidence_items, holds,
+                                               wrong_answer)
 
 # Completion tokens of a tool-call turn: a short JSON call, no reasoning drawn.
 TOOL_CALL_TOKENS = 30
@@ -110,8 +111,8 @@ class _SimulatedChat:
         rng = random.Random(zlib.crc32(f"{seed}|{question}|{len(observations)}".encode()))
 
         route = task.metadata.get("evidence_route") or []
-        evidence = task.metadata.get("evidence")
-        found = bool(evidence) and any(evidence in text for text in observations)
+        found = any(holds(text, evidence) for evidence, _ in evidence_items(task.metadata)
+                    for text in observations)
         step = route[len(observations)] if len(observations) < len(route) else None
         if not found and step is not None and step[0] in offered:
             name, arguments = step

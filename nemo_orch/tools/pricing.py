@@ -23,6 +23,12 @@ USD_PER_MILLION_TOKENS: dict[str, tuple[float, float]] = {
     "Qwen2.5-Math-72B-Instruct": (0.9, 0.9),
     "Qwen2.5-Math-7B-Instruct": (0.2, 0.2),
     "Llama-3.3-70B-Instruct": (0.9, 0.9),
+    # The reference's unseen experts (generalization: the same roles, models never trained with).
+    "OpenMath-Llama-2-70b": (0.9, 0.9),
+    "deepseek-math-7b-instruct": (0.2, 0.2),
+    "Codestral-22B-v0.1": (0.3, 0.9),
+    "claude-sonnet-4": (3.0, 15.0),
+    "gemma-3-27b-it": (0.8, 0.8),
     "orchestrator": (0.2, 0.2),
 }
 

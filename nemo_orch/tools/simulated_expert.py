@@ -158,9 +158,9 @@ class SimulatedExpert(BaseTool):
         question = arguments.get("question") or context.task.question
         # What fits its context is all it reads, pays for and can find the evidence in.
         observations = fit_observations(context.observations, model.max_context_tokens)
-        # Same episode, model and question: same reply; different samples differ.
-        rng = random.Random(zlib.crc32(f"{context.seed}|{context.episode_id}|{alias}|"
-                                       f"{question}".encode()))
+        # One draw per episode and model: asked again, a model makes the same choice (the same
+        # query, the same program, right or wrong alike); different samples differ.
+        rng = random.Random(zlib.crc32(f"{context.seed}|{context.episode_id}|{alias}".encode()))
         output, answer = self._write(model, context.task, observations, rng)
         output_tokens = max(1, round(rng.lognormvariate(
             math.log(model.mean_output_tokens), model.output_tokens_sigma)))

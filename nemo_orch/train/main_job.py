@@ -173,12 +173,15 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
              + ", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items()) + ")"]
     if summary.report is not None:
         lines.append(f"  {'policy':8} {'reward':>8} {'accuracy':>9} {'usd/task':>10} "
-                     f"{'pref.adh':>9} {'or.route':>9} {'fmt.err':>8}")
+                     f"{'pref.adh':>9} {'or.route':>9} {'in.budget':>9} {'fmt.err':>8}")
         for name in ("sft", "grpo", "oracle"):
             row = summary.report[name]
+            budget = row.get("within_budget")
             lines.append(f"  {name:8} {row['reward']:8.3f} {row['accuracy']:9.3f} "
                          f"{row['usd_per_task']:10.6f} {row['pref_adherence']:9.3f} "
-                         f"{row['oracle_route_share']:9.3f} {row['format_error_rate']:8.3f}")
+                         f"{row['oracle_route_share']:9.3f} "
+                         f"{'' if budget is None else format(budget, '.3f'):>9} "
+                         f"{row['format_error_rate']:8.3f}")
         closed = summary.report.get("gap_closed")
         if closed is not None:
             lines.append(f"  GRPO closed {closed:.0%} of the SFT -> oracle reward gap")

@@ -97,7 +97,7 @@ def test_every_program_runs_in_the_sandbox_and_prints_what_the_oracle_expects(co
 
 
 def test_query_writers_find_the_fact_with_their_accuracy(config):
-    """search-3 writes the right query 90% of the time; the real retriever then returns the
+    """search-3 writes the right query 78% of the time; the real retriever then returns the
     fact's passage, else the decoy entity's, which holds no evidence."""
     lookups = of("lookup")[:20]
     plays = [(task, ((orchestra.SEARCH, {"model": "search-3"}),), seed)
@@ -111,12 +111,12 @@ def test_query_writers_find_the_fact_with_their_accuracy(config):
         else:
             assert decoy in observations[0] and task.metadata["query"][1] in observations[0]
             found.append(False)
-    assert statistics.mean(found) == pytest.approx(0.9, abs=0.06)
+    assert statistics.mean(found) == pytest.approx(0.78, abs=0.08)
 
 
 def test_coders_need_the_fact_and_err_with_their_accuracy(config):
     """A lookup-then-compute program needs the fact: without the passage the coder guesses it
-    (the blind program), with it reasoner-3 writes the right program 93% of the time."""
+    (the blind program), with it reasoner-3 writes the right program 78% of the time."""
     tasks = of("lookup_compute")[:8]
     code = (orchestra.REASON, {"model": "reasoner-3"})
     search = (orchestra.SEARCH, {"model": "search-1"})
@@ -128,11 +128,11 @@ def test_coders_need_the_fact_and_err_with_their_accuracy(config):
     right = [holds(observations[1], task.answer)
              for (task, _, _), (observations, _) in zip(plays, play(config, plays))
              if holds(observations[0], task.metadata["code"]["needs"])]
-    assert statistics.mean(right) == pytest.approx(0.93, abs=0.08)
+    assert statistics.mean(right) == pytest.approx(0.78, abs=0.1)
 
 
 def test_answerers_read_the_evidence_and_are_distracted_by_the_rest(config):
-    """answer-4 reads a passage right 93% of the time; with an unrelated observation beside it,
+    """answer-4 reads a passage right 76% of the time; with an unrelated observation beside it,
     half as often; without the passage it does not know the made-up world."""
     from nemo_orch.tools.composite import ExpertAnswer
 
@@ -159,8 +159,8 @@ def test_answerers_read_the_evidence_and_are_distracted_by_the_rest(config):
             return rates
 
     rates = asyncio.run(run())
-    assert rates["passage"] == pytest.approx(0.93, abs=0.06)
-    assert rates["distracted"] == pytest.approx(0.93 * 0.5, abs=0.1)
+    assert rates["passage"] == pytest.approx(0.76, abs=0.08)
+    assert rates["distracted"] == pytest.approx(0.76 * 0.5, abs=0.1)
     assert rates["nothing"] < 0.1
 
 
@@ -170,9 +170,13 @@ def test_the_oracle_enumerates_multi_step_routes_and_matches_a_hand_computation(
     assert max(len(route) for route in routes.values()) == orchestra.MAX_CALLS
     task = of("lookup")[0]
     values = {v.route: v for v in orchestra.route_values(task, writers, PER_TURN_USD, 0.01)}
-    # search-3 finds the passage 90% of the time; answer-4 reads it 93%; otherwise it faces the
+    # search-3 finds the passage 78% of the time; answer-4 reads it 76%; otherwise it faces the
     # decoy passage (an unrelated observation: x0.5) knowing nothing of the made-up world (3%).
-    assert values["search-3>answer-4"].accuracy == pytest.approx(0.9 * 0.93 + 0.1 * 0.03 * 0.5)
+    assert values["search-3>answer-4"].accuracy == pytest.approx(0.78 * 0.76 + 0.22 * 0.03 * 0.5)
+    # Asked again, a model repeats itself: a second search-3 adds nothing when it was right and
+    # a second unrelated passage when it was wrong.
+    assert values["search-3>search-3>answer-4"].accuracy == pytest.approx(
+        0.78 * 0.76 + 0.22 * 0.03 * 0.25)
     assert values["answer-4"].accuracy == pytest.approx(0.03)
     assert values["search-3>answer-4"].shape == {"search", "answer"}
 
@@ -224,7 +228,7 @@ def test_budget_tasks_state_their_budget_and_the_oracle_keeps_within_it(writers,
         message = initial_messages(task, tiny_tokenizer)[-1]["content"]
         assert message.endswith(f"Budget: at most ${orchestra.BUDGET_USD:g} for this task.")
         top = best(orchestra.route_values(task, writers, PER_TURN_USD, 0.01))
-        assert top.usd < 0.6 * orchestra.BUDGET_USD
+        assert top.usd < 0.75 * orchestra.BUDGET_USD
         assert all(writers.experts[tool].models[arguments["model"]].counterpart != "gpt-5"
                    for tool, arguments in orchestra.routes(writers)[top.route])
 

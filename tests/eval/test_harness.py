@@ -17,6 +17,7 @@ import pytest
 from cli_helpers import run_cli_here
 
 from nemo_orch import config as config_lib
+from nemo_orch.config import ConfigError
 from nemo_orch.eval import harness
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.http_server import RequestError, serve_json
@@ -26,7 +27,9 @@ AGENTS = ["orchestrator", "monolith", "fixed:cheapest", "fixed:strongest", "rand
 
 
 def _overrides(tmp_path: Path, tokenizer_dir: Path, *more: str) -> list[str]:
-    return [f"run.output_dir={tmp_path}", f"tokenizer.path={tokenizer_dir}",
+    """Small evaluations on the offline world's basic tools unless ``more`` names others."""
+    tools = [] if any(o.startswith("tools=") for o in more) else ["tools=offline_basic"]
+    return [*tools, f"run.output_dir={tmp_path}", f"tokenizer.path={tokenizer_dir}",
             "model.vocab_size=1024", "eval.tasks=10", f"eval.out_dir={tmp_path / 'eval'}",
             "eval.monolith.time_scale=0", "rollout.max_turns=3", "rollout.max_new_tokens=16",
             *more]
@@ -92,6 +95,49 @@ def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
         assert _outcomes(out, agent) == _outcomes(tmp_path / "again", agent), agent
 
 
+MONOLITH_BASIC_TOOLS = ("eval.monolith.tools=[tools/offline/search.yaml,"
+                        "tools/offline/python_sandbox.yaml]", "eval.monolith.simulate=answer-1")
+
+
+def test_fixed_routers_and_the_monolith_on_toolorchestras_interface(tmp_path,
+                                                                   tiny_tokenizer_dir):
+    """The main job's tools: fixed routers call the tools of the task's family, each with the
+    cheapest (most expensive, a random) model; the monolith gets the basic search and sandbox
+    (the composites would hand it to experts) and no adherence; unseen experts and another
+    price table swap in at evaluation time."""
+    agents = ["monolith", "fixed:cheapest", "fixed:strongest", "random"]
+    config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "tools=offline",
+                                        *MONOLITH_BASIC_TOOLS))
+    report = json.loads(harness.run(config, agents).report.read_text())
+    out = tmp_path / "eval"
+    shapes = {"search", "enhance_reasoning", "answer"}
+    for agent, tier in (("fixed:cheapest", {"search-3", "reasoner-3", "answer-math-2"}),
+                        ("fixed:strongest", {"search-1", "reasoner-1", "answer-1"})):
+        for record in _episodes(out, agent):
+            calls = _calls(record)
+            assert {tool for tool, _ in calls} <= shapes
+            # Each ends with the answer, unless a costly call passed the task's budget first.
+            assert calls[-1][0] == "answer" or record["episode"]["termination"] == "budget"
+            assert {arguments["model"] for _, arguments in calls} <= tier
+    assert report["systems"]["fixed:strongest"]["usd_per_task"] > 10 * report["systems"][
+        "fixed:cheapest"]["usd_per_task"]
+    monolith = _episodes(out, "monolith")
+    assert {tool for r in monolith for tool, _ in _calls(r)} <= {"search", "python_sandbox"}
+    assert any(_calls(r) for r in monolith) and report["systems"]["monolith"][
+        "pref_adherence"] is None
+    # Without basic tools the monolith is refused, not handed the experts.
+    refused = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "tools=offline",
+                                         f"eval.out_dir={tmp_path / 'refused'}"))
+    with pytest.raises(ConfigError, match="eval.monolith.tools"):
+        harness.run(refused, ["monolith"])
+    for tools in ("offline_unseen", "offline_repriced"):
+        swapped = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
+                                             f"eval.out_dir={tmp_path / tools}"))
+        row = json.loads(harness.run(swapped, ["fixed:strongest"]).report.read_text())[
+            "systems"]["fixed:strongest"]
+        assert row["usd_per_task"] < report["systems"]["fixed:strongest"]["usd_per_task"]
+
+
 def test_price_table_and_tool_set_swap_at_evaluation_time(tmp_path, tiny_tokenizer_dir):
     def cheapest(*overrides: str) -> tuple[str, float]:
         out = tmp_path / "-".join(o.split("=")[-1] for o in overrides or ("list",))
@@ -103,10 +149,10 @@ def test_price_table_and_tool_set_swap_at_evaluation_time(tmp_path, tiny_tokeniz
                 json.loads((out / "report.json").read_text())["systems"]["fixed:cheapest"][
                     "usd_per_task"])
 
-    listed, repriced = cheapest(), cheapest("tools=offline_repriced")
+    listed, repriced = cheapest(), cheapest("tools=offline_basic_repriced")
     # The small math model costs five times its list price: the generalist is cheapest now.
     assert listed[0] == "math-small" and repriced[0] == "generalist"
-    unseen = cheapest("tools=offline_unseen")
+    unseen = cheapest("tools=offline_basic_unseen")
     assert unseen[0] == "math-small" and unseen[1] > 3 * listed[1]  # a 72B model behind it now
 
 
@@ -259,7 +305,7 @@ def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(tmp_pa
 
 
 def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
-    for name, tools in (("list", "offline"), ("repriced", "offline_repriced")):
+    for name, tools in (("list", "offline_basic"), ("repriced", "offline_basic_repriced")):
         config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
                                             f"eval.out_dir={tmp_path / name}"))
         harness.run(config, ["fixed:cheapest", "fixed:strongest"])

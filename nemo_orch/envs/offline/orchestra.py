@@ -51,12 +51,12 @@ Route = tuple[tuple[str, dict[str, Any]], ...]
 PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
     "accuracy": {"accuracy": 1.0},
     "cost": {"accuracy": 1.0, "cost": 1.0},
-    "neutral": {"accuracy": 1.0, "cost": 0.3},
+    "neutral": {"accuracy": 1.0, "cost": 0.2},
     "no_code": {"accuracy": 1.0, f"tool:{REASON}": -1.0},
     "no_search": {"accuracy": 1.0, f"tool:{SEARCH}": -1.0},
     "budget": {"accuracy": 1.0},
 }
-BUDGET_USD = 0.003
+BUDGET_USD = 0.02
 # The preferences a family's tasks get: in every family at least two have different best
 # routes (tests/envs/test_offline_orchestra.py checks it, and the margins).
 FAMILY_PREFERENCES: dict[str, tuple[str, ...]] = {
@@ -210,34 +210,42 @@ def _over_budget(mean_usd: float, budget: float, sigma: float) -> float:
     return 0.5 * math.erfc((math.log(budget) - mu) / (sigma * math.sqrt(2)))
 
 
-# One branch of a route's outcomes: its probability, the observations so far, the USD so far.
-_Branch = tuple[float, tuple[str, ...], float]
+# One branch of a route's outcomes: its probability, the observations so far, the USD so far
+# and what each writer drew (a model asked again in an episode repeats its choice).
+_Branch = tuple[float, tuple[str, ...], float, tuple[tuple[str, str], ...]]
 
 
 def _observe(tool: str, alias: str, task: Task, writers: Writers,
              branch: _Branch) -> list[_Branch]:
     """The branches after one writer's call (see the module docstring)."""
-    probability, observations, usd = branch
+    probability, observations, usd, drawn = branch
     metadata, model = task.metadata, writers.experts[tool].models[alias]
     usd += writers.usd(tool, alias, task, observations)
     seen = fit_observations(observations, model.max_context_tokens)
+    before = dict(drawn).get(alias)
     if tool == SEARCH:
+        p = model.accuracy_on("easy")
+        chances = {before: 1.0} if before else {"right": p, "wrong": 1 - p}
         right, wrong = metadata["query"]
         passages = metadata["passages"] or ["", ""]  # a task with nothing to find: unrelated
-        outcomes = [(model.accuracy_on("easy"), f"Query:\n{right}\nResult:\n{passages[0]}"),
-                    (1 - model.accuracy_on("easy"), f"Query:\n{wrong}\nResult:\n{passages[1]}")]
+        texts = {"right": f"Query:\n{right}\nResult:\n{passages[0]}",
+                 "wrong": f"Query:\n{wrong}\nResult:\n{passages[1]}"}
     else:
         code = metadata["code"]
         if code["needs"] and not any(holds(text, code["needs"]) for text in seen):
             chances = {"blind": 1.0}
+        elif before in ("right", "wrong"):
+            chances = {before: 1.0}
         elif code["right"] is None:
             chances = {"wrong": 1.0}
         else:
             p = model.accuracy_on(code["difficulty"])
             chances = {"right": p, "wrong": 1 - p}
-        outcomes = [(p, f"Code:\n{code[kind]}\nResult:\n{code['printed'][kind]}")
-                    for kind, p in chances.items()]
-    return [(probability * p, (*observations, text), usd) for p, text in outcomes if p > 0]
+        texts = {kind: f"Code:\n{code[kind]}\nResult:\n{code['printed'][kind]}"
+                 for kind in chances}
+    return [(probability * p, (*observations, texts[kind]), usd,
+             (*[(a, k) for a, k in drawn if a != alias], (alias, kind)))
+            for kind, p in chances.items() if p > 0]
 
 
 def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
@@ -247,7 +255,7 @@ def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
     budget scores 0, as the reward scores it."""
     preference, budget = task.metadata["preference"], task.metadata.get("budget_usd")
     all_routes = routes(writers)
-    prefixes: dict[tuple, list[_Branch]] = {(): [(1.0, (), 0.0)]}
+    prefixes: dict[tuple, list[_Branch]] = {(): [(1.0, (), 0.0, ())]}
     values = []
     for name, route in all_routes.items():
         *prefix, (_, answering) = route
@@ -260,7 +268,7 @@ def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
         expert, alias = writers.experts[ANSWER], answering["model"]
         model = expert.models[alias]
         accuracy = usd = value = 0.0
-        for probability, observations, spent in prefixes[key]:
+        for probability, observations, spent, _ in prefixes[key]:
             spent += (writers.usd(ANSWER, alias, task, observations)
                       + orchestrator_usd_per_turn * len(route))
             level, unrelated = reading(task.metadata, fit_observations(
