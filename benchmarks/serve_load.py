@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from nemo_orch.envs.offline.world import held_out_tasks
+from nemo_orch.envs.offline.world import BASIC, held_out_tasks
 from nemo_orch.reward.remote import reward_item
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.remote import context_to_json
@@ -61,7 +61,7 @@ def _free_ports(count: int) -> list[int]:
 
 def _bodies(target: str, count: int, items: int) -> list[dict]:
     """``count`` request bodies of ``items`` items each, cycling over varied inputs."""
-    tasks = held_out_tasks(50, run_seed=0)
+    tasks = held_out_tasks(50, BASIC)
     rows = []
     for i, task in enumerate(tasks):
         if target == "reward":
@@ -135,7 +135,7 @@ def _run_target(name: str, requests: int, concurrency: int, items: int) -> dict:
     server = subprocess.Popen(
         [sys.executable, "-m", "nemo_orch.cli", "serve", *command.split(),
          f"serve.http_port={http_port}", f"serve.grpc_port={grpc_port}",
-         f"serve.metrics_port={metrics_port}"],
+         f"serve.metrics_port={metrics_port}", "tools=offline_basic"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         banner = server.stdout.readline()

@@ -11,7 +11,7 @@ import pytest
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
-from nemo_orch.envs.offline.world import held_out_tasks, make_tasks
+from nemo_orch.envs.offline.world import ORCHESTRA, held_out_tasks, make_tasks
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_environment
@@ -78,10 +78,10 @@ def test_a_mixture_draws_by_weight_and_a_single_source_as_itself():
 def test_the_offline_world_is_the_main_jobs():
     config = config_lib.load(["eval.tasks=20"])
     env = build_environment(config)
-    assert env.preferences and env.tasks("test", None, 0) == held_out_tasks(20, config.run.seed)
+    assert env.preferences and env.tasks("test", None, 0) == held_out_tasks(20, ORCHESTRA)
     # GRPO's tasks of a step are make_tasks with the step's seed, as before environments.
     assert [t.question for t in env.tasks("train", 6, 99)] == [
-        t.question for t in make_tasks(6, 99)]
+        t.question for t in make_tasks(6, 99, interface=ORCHESTRA)]
     assert not {t.question for t in env.tasks("validation", 50, 0)} & {
         t.question for t in env.tasks("test", None, 0)}
     with pytest.raises(ValueError, match="unbounded"):

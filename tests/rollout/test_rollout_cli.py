@@ -9,12 +9,17 @@ from cli_helpers import run_cli, run_cli_here
 
 from nemo_orch.data.tasks import Task, write_tasks
 
+# The basic tools, whose parts the policy calls directly (the main job's composites hide them).
+BASIC = "tools=offline_basic"
 OFFLINE_TOOLS = ["call_expert", "python_sandbox", "search"]
 
 
 def test_tools_list_prints_schemas():
-    schemas = json.loads(run_cli_here("tools", "list").stdout)
+    schemas = json.loads(run_cli_here("tools", "list", BASIC).stdout)
     assert [s["function"]["name"] for s in schemas] == OFFLINE_TOOLS
+    composites = json.loads(run_cli_here("tools", "list").stdout)
+    assert [s["function"]["name"] for s in composites] == ["answer", "enhance_reasoning",
+                                                           "search"]
     assert all(s["type"] == "function" and s["function"]["parameters"]["type"] == "object"
                for s in schemas)
 
@@ -28,7 +33,8 @@ def test_tools_list_prints_schemas():
     ("nope", {}, "", "unknown tool 'nope'"),
 ])
 def test_tools_call_reports_failures_in_json(name, arguments, output, error):
-    result = json.loads(run_cli_here("tools", "call", name, "--args", json.dumps(arguments)).stdout)
+    result = json.loads(run_cli_here("tools", "call", name, "--args", json.dumps(arguments),
+                                     BASIC).stdout)
     assert set(result) >= {"output", "error", "cost_usd", "latency_s"}
     assert output in result["output"]
     assert (result["error"] is None) if error is None else (error in result["error"])
@@ -41,7 +47,7 @@ def test_tools_call_with_bad_json_still_exits_zero():
 
 def test_tools_parse_reads_stdin():
     def parse(text: str) -> dict:
-        return json.loads(run_cli_here("tools", "parse", stdin=text).stdout)
+        return json.loads(run_cli_here("tools", "parse", BASIC, stdin=text).stdout)
 
     ok = parse('<think>go</think><tool_call>{"name": "search", "arguments": {"query": "x"}}'
                '</tool_call>')

@@ -16,7 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_orch import config as config_lib
-from nemo_orch.envs.offline.world import held_out_tasks
+from nemo_orch.envs.offline.world import BASIC, held_out_tasks
 from nemo_orch.data.tasks import Task
 from nemo_orch.eval import harness
 from nemo_orch.reward.remote import reward_item
@@ -39,7 +39,7 @@ CASES = [(QA, "42"), (QA, "Answer: 42.0"), (QA, "forty-two"), (QA, ""), (QA, Non
 
 @pytest.fixture(scope="module")
 def server(make_serve_config):
-    config = config_lib.load()
+    config = config_lib.load(["tools=offline_basic"])
     models, toolbox = tool_models(config, TOOLS)
     settings = make_serve_config(max_batch_size=MAX_BATCH, max_queue_delay_us=20_000,
                                  max_item_bytes=MAX_ITEM_BYTES)
@@ -223,8 +223,8 @@ def _endpoint_declarations(directory: Path, url: str, names: list[str] = TOOLS) 
 def test_served_tools_answer_as_in_process_ones(server, tmp_path):
     remote = Toolbox(build_tools(load_declarations([_endpoint_declarations(tmp_path / "decl",
                                                                            server.url)])))
-    local = build_toolbox(config_lib.load().tools)
-    task = held_out_tasks(1, run_seed=3)[0]
+    local = build_toolbox(config_lib.load(["tools=offline_basic"]).tools)
+    task = held_out_tasks(1, BASIC)[0]
     context = ToolContext(task_id=task.id, episode_id="e", seed=1, task=task,
                           allowed_documents=task.allowed_documents, observations=("seen",))
     calls = [("search", {}), ("python_sandbox", {"code": "print(6 * 7)"}),
@@ -265,7 +265,8 @@ def test_an_evaluation_with_served_reward_and_tools_equals_in_process(server, tm
     # table, which only an in-process declaration has.
     agents = ["monolith", "fixed:strongest"]
     common = [f"run.output_dir={tmp_path}", f"tokenizer.path={tiny_tokenizer_dir}",
-              "model.vocab_size=1024", "eval.tasks=8", "eval.monolith.time_scale=0"]
+              "model.vocab_size=1024", "eval.tasks=8", "eval.monolith.time_scale=0",
+              "tools=offline_basic"]
     served_tools = _endpoint_declarations(tmp_path / "decl", server.url,
                                           ["search", "python_sandbox"])
     served = config_lib.load([*common, f"eval.out_dir={tmp_path / 'served'}",

@@ -21,7 +21,7 @@ def test_naive_router_demonstrations_are_right_and_use_every_route(tiny_tokenize
     episodes = harness.successful_episodes(config, offline,
                                            harness.System(NAIVE_ROUTERS, NAIVE_ROUTERS), 60,
                                            tiny_tokenizer)
-    # Wrong routes (e.g. an expert alone on a lookup of the made-up world) are dropped.
+    # Wrong routes (e.g. an answer without a search on a lookup of the made-up world) are dropped.
     assert 15 <= len(episodes) < len(tasks)
     answers = {task.id: task.answer for task in tasks}
     order = [task.id for task in tasks]
@@ -30,11 +30,10 @@ def test_naive_router_demonstrations_are_right_and_use_every_route(tiny_tokenize
     used = Counter()
     for episode in episodes:
         used.update(episode.tool_counts())
-        # The expert's answer ends the episode; otherwise the policy answers.
-        last = episode.messages[-1]
-        assert last["role"] == "assistant"
-        assert "call_expert" in last["content"] or last["content"].startswith("<answer>")
-    assert set(used) == {"python_sandbox", "search", "call_expert"}
+        # The answer tool's answer ends the episode: the policy only chooses tools and models.
+        assert episode.messages[-1]["role"] == "assistant"
+        assert '"name": "answer"' in episode.messages[-1]["content"]
+    assert set(used) == {"search", "enhance_reasoning", "answer"}
 
 
 def test_sft_trains_on_the_gold_replays_of_domain_tasks(tmp_path, tiny_tokenizer_dir,
