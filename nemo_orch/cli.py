@@ -432,8 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("list", cmd_tools_list, "print the configured tools' schemas as a JSON list",
         tool_commands)
     call = add("call", cmd_tools_call, "call one tool; prints {output, error, cost_usd, "
-               "latency_s, ...} as JSON", tool_commands)
-    call.add_argument("name")
+               "latency_s, ...} as JSON", tool_commands, positionals=("name",))
     call.add_argument("--args", required=True, help="the arguments as a JSON object")
     add("parse", cmd_tools_parse, "parse assistant text from stdin into tool calls (JSON)",
         tool_commands)

@@ -37,11 +37,11 @@ class DataConfig:
 
     sft_path: Optional[str] = None
     demo_agent: str = NAIVE_ROUTERS
-    num_offline_conversations: int = 6000
-    num_copy_conversations: int = 6000
+    num_offline_conversations: int = 2000
+    num_copy_conversations: int = 0
     seq_length: int = 640
     demo_routers: dict[str, float] = field(default_factory=lambda: {
-        "strongest": 0.3, "thrifty": 0.3, "family": 0.15, "random": 0.25})
+        "strongest": 0.3, "thrifty": 0.2, "family": 0.3, "random": 0.2})
     toolscale_tasks_per_domain: int = 200
     toolscale_eval_tasks: int = 20
 

@@ -63,10 +63,10 @@ class GRPOConfig:
     dual_clip: float = 3.0
     kl_type: str = "k3"
     kl_coef: float = 0.1
-    kl_guard: Optional[float] = None
+    kl_guard: Optional[float] = 0.3
     sample_mode: str = "trajectory"
     advantage_tokens: str = "decisions"
-    explore_share: float = 0.0
+    explore_share: float = 0.25
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2

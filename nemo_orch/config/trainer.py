@@ -11,7 +11,7 @@ from nemo_orch.config.optim import OptimizerConfig
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 800
+    max_steps: int = 250
     micro_batch_size: int = 16
     global_batch_size: int = 16
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)

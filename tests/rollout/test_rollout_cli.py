@@ -33,8 +33,8 @@ def test_tools_list_prints_schemas():
     ("nope", {}, "", "unknown tool 'nope'"),
 ])
 def test_tools_call_reports_failures_in_json(name, arguments, output, error):
-    result = json.loads(run_cli_here("tools", "call", name, "--args", json.dumps(arguments),
-                                     BASIC).stdout)
+    result = json.loads(run_cli_here("tools", "call", name, BASIC, "--args",
+                                     json.dumps(arguments)).stdout)
     assert set(result) >= {"output", "error", "cost_usd", "latency_s"}
     assert output in result["output"]
     assert (result["error"] is None) if error is None else (error in result["error"])
