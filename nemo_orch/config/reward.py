@@ -54,8 +54,8 @@ class RewardConfig:
     min_group_std: float = 1e-6
 
     def __post_init__(self) -> None:
-        _require(self.combination in ("toolorchestra", "weighted", "linear"),
-                 f"reward.combination must be toolorchestra|weighted|linear, "
+        _require(self.combination in ("toolorchestra", "weighted", "linear", "preference"),
+                 f"reward.combination must be toolorchestra|weighted|linear|preference, "
                  f"got {self.combination!r}")
         _require(self.numeric_rel_tol >= 0 and self.numeric_abs_tol >= 0,
                  "reward.numeric_rel_tol and reward.numeric_abs_tol must be >= 0")

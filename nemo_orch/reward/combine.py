@@ -18,6 +18,13 @@ rewards ``sum_f |w_f|``.
 ``linear``: ``alpha * outcome - beta * usd / usd_reference - gamma * seconds / seconds_reference
 + delta * preference_match``.
 
+``preference``: a wrong answer scores 0; a right one scores the task's preference vector on a
+fixed scale instead of the group's min-max: ``w_accuracy - w_cost * usd / usd_reference
+- w_latency * seconds / seconds_reference + sum over calls w * [called]`` (the offline world's
+utility). Min-max normalization stretches whatever spread a group has to [0, 1], so a group whose
+routes all cost the same ranks its samples by token-count noise; a fixed scale keeps a route's
+cost where it is.
+
 Each breakdown carries every component on its own (``term:<name>`` is a term's contribution to
 the reward), so a logger can show what moved.
 """
@@ -31,7 +38,8 @@ from dataclasses import dataclass
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.components import (
-    CALL_PREFIXES, Features, extract_features, preference_match, task_preference)
+    CALL_PREFIXES, Features, extract_features, preference_match, preference_terms,
+    task_preference)
 from nemo_orch.reward.outcome import OUTCOME_METHODS, OutcomeResult
 from nemo_orch.rollout.episode import Trajectory
 
@@ -110,9 +118,17 @@ def _linear(features: list[Features], preference: dict[str, float],
             for f in features]
 
 
+def _preference(features: list[Features], preference: dict[str, float],
+                config: RewardConfig) -> list[dict[str, float]]:
+    return [{f"term:{name}": value for name, value in preference_terms(
+        preference, f.outcome > 0, f.usd, f.seconds, f.calls, config.usd_reference,
+        config.seconds_reference).items()} for f in features]
+
+
 COMBINATIONS: dict[str, Callable[[list[Features], dict[str, float], RewardConfig],
                                  list[dict[str, float]]]] = {
-    "toolorchestra": _toolorchestra, "weighted": _weighted, "linear": _linear}
+    "toolorchestra": _toolorchestra, "weighted": _weighted, "linear": _linear,
+    "preference": _preference}
 
 
 def score_group(task: Task, trajectories: Sequence[Trajectory],

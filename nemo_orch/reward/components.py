@@ -49,6 +49,27 @@ _AVOIDED_CALL_PHRASES = {"tool:python_sandbox": "no_code", "tool:enhance_reasoni
                          "tool:web_search": "no_search", "tool:search": "no_search"}
 
 
+def preference_terms(preference: Mapping[str, float], correct: bool, usd: float, seconds: float,
+                     calls: Mapping[str, int], usd_reference: float,
+                     seconds_reference: float) -> dict[str, float]:
+    """Each feature's term of the preference vector on a fixed scale: all 0 if wrong, else
+    ``w_accuracy``, ``-w_cost * usd / usd_reference``, ``-w_latency * seconds /
+    seconds_reference`` and ``w * [called]`` per ``tool:``/``model:`` feature (``calls``: counts
+    by those keys). Their sum is the offline world's utility and the ``preference`` reward."""
+    terms = {}
+    for name, weight in preference.items():
+        if name == "accuracy":
+            value = weight
+        elif name == "cost":
+            value = -weight * usd / usd_reference
+        elif name == "latency":
+            value = -weight * seconds / seconds_reference
+        else:
+            value = weight * float(calls.get(name, 0) > 0)
+        terms[name] = value if correct else 0.0
+    return terms
+
+
 @dataclass(frozen=True)
 class Features:
     """One trajectory, as rewards see it.

@@ -104,6 +104,27 @@ def test_linear():
     assert breakdown.reward == pytest.approx(0.6 - 0.25 - 0.05 + 0.05)
 
 
+def test_preference_scores_on_a_fixed_scale_as_the_offline_utility():
+    """Routes of equal cost keep equal rewards (no min-max stretch of their noise), and the
+    reward is the offline world's utility of the episode."""
+    from nemo_orch.envs.offline.values import utility
+
+    config = RewardConfig(combination="preference", usd_reference=0.01)
+    preference = {"accuracy": 1.0, "cost": 1.0, "tool:web_search": -1.0}
+    dear, dearer = trajectory(usd=0.0150, calls=SEARCH), trajectory(usd=0.0151, calls=SEARCH)
+    cheap = trajectory(usd=0.0002)
+    scored = rewards(preference, [dear, dearer, cheap, dear], [RIGHT, RIGHT, RIGHT, WRONG],
+                     config)
+    assert scored[0] == pytest.approx(1 - 1.5 - 1) and scored[1] == pytest.approx(1 - 1.51 - 1)
+    assert scored[2] == pytest.approx(1 - 0.02) and scored[3] == 0.0
+    assert scored[2] == pytest.approx(utility(preference, True, 0.0002, {}, 0.01))
+    assert scored[0] == pytest.approx(utility(preference, True, 0.015, {"web_search": 1}, 0.01))
+    # The min-max combination stretches the 0.0001 USD between dear and dearer to the whole
+    # cost range: dear outscores dearer by a full cost weight's share.
+    stretched = rewards(preference, [dear, dearer], [RIGHT, RIGHT])
+    assert stretched[0] - stretched[1] == pytest.approx(1.0)
+
+
 def test_components_are_all_logged():
     group = [trajectory(calls=SEARCH, format_errors=("malformed_json",)),
              trajectory(None, calls=(("call_expert", {"model": "math-large"}),))]

@@ -6,19 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nemo_orch.reward.components import preference_terms
+
 
 def utility(preference: Mapping[str, float], correct: bool, usd: float,
             tool_counts: Mapping[str, int], usd_reference: float) -> float:
-    """The absolute, preference-weighted utility of one episode: 0 if wrong, else
-    ``w_accuracy - w_cost * usd / usd_reference + sum over tool features w * [called]`` (the
-    ToolOrchestra reward with the group normalization replaced by a fixed cost scale)."""
-    if not correct:
-        return 0.0
-    value = preference.get("accuracy", 0.0) - preference.get("cost", 0.0) * usd / usd_reference
-    for feature, weight in preference.items():
-        if feature.startswith("tool:") and tool_counts.get(feature[5:], 0) > 0:
-            value += weight
-    return value
+    """The absolute, preference-weighted utility of one episode (``tool_counts`` by tool name):
+    0 if wrong, else ``w_accuracy - w_cost * usd / usd_reference + sum over tool features
+    w * [called]``, the ToolOrchestra reward with the group normalization replaced by a fixed
+    cost scale (:func:`~nemo_orch.reward.components.preference_terms`)."""
+    calls = {f"tool:{name}": count for name, count in tool_counts.items()}
+    return sum(preference_terms(preference, correct, usd, 0.0, calls, usd_reference,
+                                1.0).values())
 
 
 @dataclass(frozen=True)
