@@ -19,8 +19,8 @@ rewards ``sum_f |w_f|``.
 + delta * preference_match``.
 
 ``preference``: a wrong answer scores 0; a right one scores the task's preference vector on a
-fixed scale instead of the group's min-max: ``w_accuracy - w_cost * usd / usd_reference
-- w_latency * seconds / seconds_reference + sum over calls w * [called]`` (the offline world's
+fixed scale instead of the group's min-max: ``max(0, w_accuracy - w_cost * usd / usd_reference
+- w_latency * seconds / seconds_reference + sum over calls w * [called])`` (the offline world's
 utility). Min-max normalization stretches whatever spread a group has to [0, 1], so a group whose
 routes all cost the same ranks its samples by token-count noise; a fixed scale keeps a route's
 cost where it is.

@@ -55,7 +55,10 @@ def preference_terms(preference: Mapping[str, float], correct: bool, usd: float,
     """Each feature's term of the preference vector on a fixed scale: all 0 if wrong, else
     ``w_accuracy``, ``-w_cost * usd / usd_reference``, ``-w_latency * seconds /
     seconds_reference`` and ``w * [called]`` per ``tool:``/``model:`` feature (``calls``: counts
-    by those keys). Their sum is the offline world's utility and the ``preference`` reward."""
+    by those keys), and a ``floor`` that lifts a right answer's sum to 0 when its costs and
+    avoided calls outweigh it: a right answer never scores below a wrong one (else a policy
+    learns to fail where answering is dear). Their sum is the offline world's utility and the
+    ``preference`` reward."""
     terms = {}
     for name, weight in preference.items():
         if name == "accuracy":
@@ -67,6 +70,7 @@ def preference_terms(preference: Mapping[str, float], correct: bool, usd: float,
         else:
             value = weight * float(calls.get(name, 0) > 0)
         terms[name] = value if correct else 0.0
+    terms["floor"] = max(0.0, -sum(terms.values()))
     return terms
 
 

@@ -115,14 +115,18 @@ def test_preference_scores_on_a_fixed_scale_as_the_offline_utility():
     cheap = trajectory(usd=0.0002)
     scored = rewards(preference, [dear, dearer, cheap, dear], [RIGHT, RIGHT, RIGHT, WRONG],
                      config)
-    assert scored[0] == pytest.approx(1 - 1.5 - 1) and scored[1] == pytest.approx(1 - 1.51 - 1)
-    assert scored[2] == pytest.approx(1 - 0.02) and scored[3] == 0.0
+    # Right but dearer than it is worth: 0, never below a wrong answer.
+    assert scored[0] == scored[1] == scored[3] == 0.0
+    assert scored[2] == pytest.approx(1 - 0.02)
     assert scored[2] == pytest.approx(utility(preference, True, 0.0002, {}, 0.01))
     assert scored[0] == pytest.approx(utility(preference, True, 0.015, {"web_search": 1}, 0.01))
-    # The min-max combination stretches the 0.0001 USD between dear and dearer to the whole
-    # cost range: dear outscores dearer by a full cost weight's share.
-    stretched = rewards(preference, [dear, dearer], [RIGHT, RIGHT])
-    assert stretched[0] - stretched[1] == pytest.approx(1.0)
+    # The min-max combination stretches the 0.0001 USD between two equally dear routes to the
+    # whole cost range: one outscores the other by a full cost weight; the fixed scale does not.
+    cost = {"accuracy": 1.0, "cost": 0.1}
+    stretched = rewards(cost, [dear, dearer], [RIGHT, RIGHT])
+    assert stretched[0] - stretched[1] == pytest.approx(0.1)
+    fixed = rewards(cost, [dear, dearer], [RIGHT, RIGHT], config)
+    assert fixed[0] - fixed[1] == pytest.approx(0.1 * 0.0001 / 0.01)
 
 
 def test_components_are_all_logged():
