@@ -63,7 +63,7 @@ class GRPOConfig:
     dual_clip: float = 3.0
     kl_type: str = "k3"
     kl_coef: float = 0.1
-    kl_guard: Optional[float] = 0.3
+    kl_guard: Optional[float] = None
     sample_mode: str = "trajectory"
     advantage_tokens: str = "decisions"
     explore_share: float = 0.25
