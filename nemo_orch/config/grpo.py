@@ -66,7 +66,7 @@ class GRPOConfig:
     kl_guard: Optional[float] = None
     sample_mode: str = "trajectory"
     advantage_tokens: str = "decisions"
-    explore_share: float = 0.25
+    explore_share: float = 0.0
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2

@@ -133,9 +133,11 @@ def test_tools_parse_answers_json_on_any_bytes():
         answer = json.loads(run_cli_here("tools", "parse", stdin=data).stdout)
         assert {"calls", "error", "answer", "format_errors", "invalid_calls"} <= answer.keys()
     assert answer["format_errors"] == ["no_call"]
-    # A JSON escape can make a lone surrogate, which no UTF-8 stream carries: a real process.
+    # A JSON escape can make a lone surrogate, which no UTF-8 stream carries: a real process
+    # (on the basic tools, whose search takes a query).
     escaped = '<tool_call>{"name": "search", "arguments": {"query": "\\ud800"}}</tool_call>'
-    result = subprocess.run([sys.executable, "-m", "nemo_orch.cli", "tools", "parse"],
+    result = subprocess.run([sys.executable, "-m", "nemo_orch.cli", "tools", "parse",
+                             "tools=offline_basic"],
                             input=escaped.encode(), capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     assert json.loads(result.stdout)["calls"] == [{"name": "search",
