@@ -28,15 +28,17 @@ train: $(STAMP)
 # a monolith (a SIMULATED gpt-5, answer-1's simulated model, with the basic search and sandbox,
 # served on 127.0.0.1), on the main job's 300 held-out tasks; then the same policy with unseen
 # experts and with another price table. Reports: runs/eval/offline{,_unseen,_repriced}/.
-COMPARE = $(VENV)/bin/nemo-orch eval --benchmark offline --agent orchestrator \
-	--agent fixed:cheapest --agent fixed:strongest --agent random \
-	rollout.policy=runs/tiny-sft/grpo/checkpoints eval.concurrency=64 \
+ROUTERS = --agent orchestrator --agent fixed:cheapest --agent fixed:strongest --agent random
+COMPARE = rollout.policy=runs/tiny-sft/grpo/checkpoints eval.concurrency=64 \
 	eval.max_requests_per_endpoint=64
 compare: $(STAMP)
-	$(COMPARE) --agent monolith eval.monolith.simulate=answer-1 \
+	$(VENV)/bin/nemo-orch eval --benchmark offline $(ROUTERS) --agent monolith $(COMPARE) \
+		eval.monolith.simulate=answer-1 \
 		'eval.monolith.tools=[tools/offline/search.yaml,tools/offline/python_sandbox.yaml]'
-	$(COMPARE) tools=offline_unseen eval.out_dir=runs/eval/offline_unseen
-	$(COMPARE) tools=offline_repriced eval.out_dir=runs/eval/offline_repriced
+	$(VENV)/bin/nemo-orch eval --benchmark offline $(ROUTERS) $(COMPARE) tools=offline_unseen \
+		eval.out_dir=runs/eval/offline_unseen
+	$(VENV)/bin/nemo-orch eval --benchmark offline $(ROUTERS) $(COMPARE) tools=offline_repriced \
+		eval.out_dir=runs/eval/offline_repriced
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q
