@@ -14,8 +14,10 @@ class RewardConfig:
 
     ``combination``: ``toolorchestra`` (wrong -> 0; right -> preference-weighted sum of
     group-min-max-normalized features, cost and latency entering negated), ``weighted``
-    (per-component group baselines, weighted: GDPO-style) or ``linear`` (``linear_*``
-    coefficients; USD and seconds divided by their references). The LLM judge is used for answers
+    (per-component group baselines, weighted: GDPO-style), ``linear`` (``linear_*``
+    coefficients; USD and seconds divided by their references) or ``preference`` (the
+    preference vector on a fixed scale, USD over ``usd_reference``, a right answer floored at
+    0: the offline world's utility). The LLM judge is used for answers
     that are neither empty, too long nor an exact match, when ``judge_base_url`` is set; each
     request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
     after which the answer counts as a judge failure. With ``endpoint`` (a reward server's

@@ -76,6 +76,10 @@ FAMILY_SHAPES: dict[str, tuple[str, ...]] = {
 }
 
 
+# How hard a family's program is for a coder (number theory: the task's own easy or hard).
+CODE_DIFFICULTY = {"arithmetic": "easy", "lookup_compute": "easy", "word": "language"}
+
+
 def offers(tool_names: Iterable[str]) -> bool:
     """Whether a tool set is this interface (it has the three composites)."""
     return {SEARCH, REASON, ANSWER} <= set(tool_names)
@@ -92,9 +96,9 @@ def _bug(program: str, answer: str, key: str) -> tuple[str, str]:
         # A shift whose digits are not the answer: the program text must not state it.
         shift = random.Random(f"bug|{key}").choice([shift for shift in (1, 2, 3)
                                                     if str(shift) != answer.lstrip("-")])
-        sign = random.Random(f"sign|{key}").choice((-1, 1))
-        return (program.removesuffix("print(result)")
-                + f"print(result {'+' if sign > 0 else '-'} {shift})", str(int(answer) + sign * shift))
+        sign = random.Random(f"sign|{key}").choice(("+", "-"))
+        printed = int(answer) + (shift if sign == "+" else -shift)
+        return program.removesuffix("print(result)") + f"print(result {sign} {shift})", str(printed)
     return program.removesuffix("print(result)") + "print(result[1:])", answer[1:]
 
 
@@ -116,8 +120,7 @@ def task_metadata(drawn: OfflineTask) -> dict[str, Any]:
         wrong, printed = _bug(drawn.program, answer, drawn.question)
         code = {"right": drawn.program, "wrong": wrong,
                 "blind": drawn.blind[0] if drawn.blind else None, "needs": drawn.needs,
-                "difficulty": {"arithmetic": "easy", "word": "language"}.get(
-                    family, "easy" if family == "lookup_compute" else drawn.difficulty),
+                "difficulty": CODE_DIFFICULTY.get(family, drawn.difficulty),
                 "printed": {"right": answer, "wrong": printed,
                             "blind": drawn.blind[1] if drawn.blind else None}}
     looks_up = drawn.query != drawn.question
