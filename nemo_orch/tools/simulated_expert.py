@@ -121,6 +121,24 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
 WRITES = ("answer", "query", "code")
 
 
+def writing_chances(writes: str, model: SimulatedModel, metadata: dict[str, Any],
+                    observations: tuple[str, ...]) -> dict[str, float]:
+    """What a query writer or coder handed ``observations`` may write for a task, each kind
+    (``right``, ``wrong``, ``blind``) with its chance: the one rule the simulation draws from
+    and the offline oracle enumerates."""
+    if writes == "query":
+        p = model.accuracy_on("easy")
+        return {"right": p, "wrong": 1 - p}
+    code = metadata["code"]
+    if code["needs"] and not any(holds(observation, code["needs"])
+                                 for observation in observations):
+        return {"blind": 1.0}
+    if code["right"] is None:
+        return {"wrong": 1.0}
+    p = model.accuracy_on(code["difficulty"])
+    return {"right": p, "wrong": 1 - p}
+
+
 class SimulatedExpert(BaseTool):
     """Arguments: ``model`` (an alias of ``models``) and, optionally, ``question`` (default: the
     task's question, as when the expert is handed the task; a composite tool's prompt, which
@@ -180,19 +198,14 @@ class SimulatedExpert(BaseTool):
                rng: random.Random) -> tuple[str, str | None]:
         """Its reply, and the answer in it (None unless it writes answers)."""
         metadata = task.metadata
-        if self.writes == "query":
-            right, wrong = metadata["query"]
-            return (right if rng.random() < model.accuracy_on("easy") else wrong), None
-        if self.writes == "code":
-            code = metadata["code"]
-            needs = code.get("needs")
-            if needs and not any(holds(observation, needs) for observation in observations):
-                program = code["blind"]
-            elif code["right"] and rng.random() < model.accuracy_on(code["difficulty"]):
-                program = code["right"]
-            else:
-                program = code["wrong"]
-            return f"```python\n{program}\n```", None
+        if self.writes != "answer":
+            chances = writing_chances(self.writes, model, metadata, observations)
+            # A draw only where there is a choice: right with its chance, else wrong.
+            kind = (next(iter(chances)) if len(chances) == 1
+                    else "right" if rng.random() < chances["right"] else "wrong")
+            if self.writes == "query":
+                return metadata["query"][0 if kind == "right" else 1], None
+            return f"```python\n{metadata['code'][kind]}\n```", None
         level, unrelated = reading(metadata, observations)
         correct = rng.random() < model.accuracy_on(level) * model.distraction ** unrelated
         answer = task.answer if correct else wrong_answer(task.answer, rng)

@@ -39,7 +39,8 @@ from nemo_orch.reward.components import PREFERENCE_PHRASES
 from nemo_orch.tools.base import ToolContext, Usage
 from nemo_orch.tools.composite import context_text, fit_observations
 from nemo_orch.tools.registry import Toolbox
-from nemo_orch.tools.simulated_expert import SimulatedExpert, holds, reading, wrong_answer
+from nemo_orch.tools.simulated_expert import (SimulatedExpert, reading, writing_chances,
+                                               wrong_answer)
 
 SEARCH, REASON, ANSWER = "search", "enhance_reasoning", "answer"
 WRITERS = (SEARCH, REASON)
@@ -225,25 +226,17 @@ def _observe(tool: str, alias: str, task: Task, writers: Writers,
     metadata, model = task.metadata, writers.experts[tool].models[alias]
     usd += writers.usd(tool, alias, task, observations)
     seen = fit_observations(observations, model.max_context_tokens)
+    chances = writing_chances("query" if tool == SEARCH else "code", model, metadata, seen)
     before = dict(drawn).get(alias)
+    if before in ("right", "wrong") and "blind" not in chances:
+        chances = {before: 1.0}  # asked again, a model repeats its choice
     if tool == SEARCH:
-        p = model.accuracy_on("easy")
-        chances = {before: 1.0} if before else {"right": p, "wrong": 1 - p}
         right, wrong = metadata["query"]
         passages = metadata["passages"] or ["", ""]  # a task with nothing to find: unrelated
         texts = {"right": f"Query:\n{right}\nResult:\n{passages[0]}",
                  "wrong": f"Query:\n{wrong}\nResult:\n{passages[1]}"}
     else:
         code = metadata["code"]
-        if code["needs"] and not any(holds(text, code["needs"]) for text in seen):
-            chances = {"blind": 1.0}
-        elif before in ("right", "wrong"):
-            chances = {before: 1.0}
-        elif code["right"] is None:
-            chances = {"wrong": 1.0}
-        else:
-            p = model.accuracy_on(code["difficulty"])
-            chances = {"right": p, "wrong": 1 - p}
         texts = {kind: f"Code:\n{code[kind]}\nResult:\n{code['printed'][kind]}"
                  for kind in chances}
     return [(probability * p, (*observations, texts[kind]), usd,
