@@ -23,6 +23,7 @@ from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
 from nemo_orch.models.hf_mapping import SeededHFWeights
+from nemo_orch.rollout.builders import declared_schemas
 from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Policy, load_start_weights
 
@@ -48,8 +49,6 @@ def tokenizer_corpus(config: Config) -> list[dict]:
     """What a tokenizer trained for the run learns: the conversation file's conversations, or
     the offline world's generated ones (its vocabulary: numbers, made-up names, tool markup)
     offering the configured tools (their names and model aliases)."""
-    from nemo_orch.rollout.builders import declared_schemas
-
     data = config.data
     if data.sft_path is not None:
         return read_conversations(data.sft_path)
