@@ -10,7 +10,7 @@ from nemo_orch.config.base import _require, _require_file
 
 
 # The naive routers that play the main job's demonstrations (envs.offline.world.naive_routes).
-DEMO_ROUTERS = ("strongest", "thrifty", "family", "random")
+DEMO_ROUTERS = ("strongest", "instructed", "family", "random")
 # The systems an evaluation runs and SFT collects demonstrations from (eval/agents.py).
 ORCHESTRATOR, MONOLITH, GOLD_REPLAY = "orchestrator", "monolith", "gold-replay"
 NAIVE_ROUTERS = "naive-routers"
@@ -41,7 +41,7 @@ class DataConfig:
     num_copy_conversations: int = 0
     seq_length: int = 640
     demo_routers: dict[str, float] = field(default_factory=lambda: {
-        "strongest": 0.3, "thrifty": 0.2, "family": 0.3, "random": 0.2})
+        "strongest": 0.2, "instructed": 0.3, "family": 0.3, "random": 0.2})
     toolscale_tasks_per_domain: int = 200
     toolscale_eval_tasks: int = 20
 

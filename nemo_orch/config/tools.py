@@ -20,6 +20,9 @@ class ToolsConfig:
     # USD per million (input, output) tokens of models, over the built-in list prices
     # (nemo_orch/tools/pricing.py): how a price table is swapped at evaluation time.
     prices: dict[str, list[float]] = field(default_factory=dict)
+    # List each model's price in the tools the policy is offered (as ToolOrchestra's tool
+    # descriptions do), so a trained policy can read a changed price table.
+    show_prices: bool = True
     # Base URLs of expert models by alias (an LLM tool's `models` key), over the declarations'
     # `base_url`: how a launch hands the servers it started to the job (tools.endpoints.math=URL).
     endpoints: dict[str, str] = field(default_factory=dict)

@@ -59,9 +59,10 @@ _QWEN3_TOOLS_LISTING = r"""
         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
         "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>" }}
 """
-# One signature line per tool, ``name(arg, optional?, choice: a|b)``, and no descriptions: for
-# models trained from scratch, which learn what a tool does from its results, not from prose, and
-# for which the JSON schemas would be most of every sequence.
+# One signature line per tool, ``name(arg, optional?, choice: a|b)``, a priced choice followed by
+# its output price (``a $10.0``, USD per million tokens: what an expert call mostly costs), and no
+# descriptions: for models trained from scratch, which learn what a tool does from its results,
+# not from prose, and for which the JSON schemas would be most of every sequence.
 _COMPACT_TOOLS_LISTING = r"""
     {{- 'Tools:' }}
     {%- for tool in tools %}
@@ -71,7 +72,13 @@ _COMPACT_TOOLS_LISTING = r"""
         {%- for name, schema in (function.parameters.properties or {}).items() %}
             {{- (', ' if not loop.first else '') + name + ('' if name in required else '?') }}
             {%- if schema.enum %}
-                {{- ': ' + schema.enum | join('|') }}
+                {{- ': ' }}
+                {%- for choice in schema.enum %}
+                    {{- ('|' if not loop.first else '') + choice | string }}
+                    {%- if schema.prices and choice in schema.prices %}
+                        {{- ' $' + schema.prices[choice][1] | string }}
+                    {%- endif %}
+                {%- endfor %}
             {%- endif %}
         {%- endfor %}
         {{- ')' }}

@@ -41,7 +41,7 @@ def build_toolbox(tools: ToolsConfig) -> Toolbox:
                                                               for p in tools.declarations]))
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
     return Toolbox([*offered, *domain], cache_entries=tools.cache_entries,
-                   cache_bytes=tools.cache_mb << 20, parts=parts)
+                   cache_bytes=tools.cache_mb << 20, parts=parts, show_prices=tools.show_prices)
 
 
 def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:
@@ -52,8 +52,11 @@ def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:
 
 
 def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:
-    """The declared tools' OpenAI schemas, read from their files without building them."""
-    return [spec.schema() for spec in declared_specs(tools)]
+    """The OpenAI schemas of the declared tools offered to the policy, as an episode lists them
+    (with their models' prices where ``tools.show_prices``): the tools are built, not
+    started."""
+    toolbox = build_toolbox(tools)
+    return toolbox.schemas([spec.name for spec in declared_specs(tools)])
 
 
 def _policy_dir(config: Config, scratch: Path) -> Path:

@@ -7,6 +7,7 @@ bad call: it returns a :class:`ToolResult` with ``error`` set, which becomes the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -40,6 +41,11 @@ class Pricing:
     def cost(self, usage: "Usage", seconds: float) -> float:
         return (self.per_call + self.per_input_token * usage.input_tokens
                 + self.per_output_token * usage.output_tokens + self.per_second * seconds)
+
+    @property
+    def usd_per_million_tokens(self) -> list[float]:
+        """The list price, [input, output] USD per million tokens (as the policy is shown it)."""
+        return [round(self.per_input_token * 1e6, 6), round(self.per_output_token * 1e6, 6)]
 
 
 @dataclass(frozen=True)
@@ -78,11 +84,26 @@ class ToolSpec:
             raise ToolError(f"tool {self.name!r}: max_concurrency must be >= 1, timeout_s > 0 "
                             "and latency_hint_s >= 0")
 
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI function-calling form, as listed to the policy."""
-        return {"type": "function", "function": {"name": self.name,
-                                                 "description": self.description,
-                                                 "parameters": self.parameters}}
+    def schema(self, prices: Mapping[str, Pricing] | None = None) -> dict[str, Any]:
+        """The OpenAI function-calling form, as listed to the policy. With ``prices`` (by model
+        alias), the choices of a ``model``-like argument show theirs, as ToolOrchestra's tool
+        descriptions do: in the description, and as ``prices`` ([input, output] USD per million
+        tokens by alias) beside the argument's ``enum``, which compact chat formats list."""
+        description, parameters = self.description, self.parameters
+        priced = {name: [alias for alias in schema.get("enum", []) if alias in prices]
+                  for name, schema in parameters.get("properties", {}).items()} if prices else {}
+        priced = {name: aliases for name, aliases in priced.items() if aliases}
+        if priced:
+            properties = dict(parameters["properties"])
+            for name, aliases in priced.items():
+                properties[name] = {**properties[name], "prices": {
+                    alias: prices[alias].usd_per_million_tokens for alias in aliases}}
+                description += " Prices, USD per million input/output tokens: " + ", ".join(
+                    f"{alias} {'/'.join(f'{usd:g}' for usd in prices[alias].usd_per_million_tokens)}"
+                    for alias in aliases) + "."
+            parameters = {**parameters, "properties": properties}
+        return {"type": "function", "function": {"name": self.name, "description": description,
+                                                 "parameters": parameters}}
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,16 @@ class Tool(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PricedModels(Protocol):
+    """A tool whose ``model`` argument chooses among priced models (an LLM expert, a simulated
+    one, a composite over either): its prices by alias, shown to the policy
+    (:meth:`ToolSpec.schema`)."""
+
+    @property
+    def pricing(self) -> dict[str, Pricing]: ...
 
 
 class BaseTool:

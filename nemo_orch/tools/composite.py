@@ -22,7 +22,8 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from nemo_orch.tools.base import BaseTool, Tool, ToolContext, ToolError, ToolResult, ToolSpec
+from nemo_orch.tools.base import (BaseTool, PricedModels, Pricing, Tool, ToolContext, ToolError,
+                                  ToolResult, ToolSpec)
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -115,6 +116,11 @@ class _Composite(BaseTool):
             self.prompt = prompt
         if "{question}" not in self.prompt:
             raise ToolError(f"{spec.name}: prompt must contain {{question}}")
+
+    @property
+    def pricing(self) -> dict[str, Pricing]:
+        """The expert's prices by alias (none when it has no priced models)."""
+        return self.expert.pricing if isinstance(self.expert, PricedModels) else {}
 
     async def _ask(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         budget = (self.expert.context_budget(arguments["model"])

@@ -40,8 +40,8 @@ from typing import Any
 
 import yaml
 
-from nemo_orch.tools.base import Pricing, Tool, ToolContext, ToolError, ToolResult, ToolSpec
-from nemo_orch.tools.base import Usage
+from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
+                                  ToolSpec, Usage)
 from nemo_orch.tools.schema import argument_errors
 
 logger = logging.getLogger(__name__)
@@ -226,16 +226,20 @@ class Toolbox:
     Per tool, at most ``spec.max_concurrency`` calls run at once and each gets ``spec.timeout_s``;
     a slow or dead tool only delays the calls made to it. ``parts`` are what composite tools
     call inside: started and closed with the toolbox, not offered and not callable by name.
+    With ``show_prices``, the schemas offered list the prices of the models a tool chooses
+    among (:class:`~nemo_orch.tools.base.PricedModels`).
     """
 
     def __init__(self, tools: Sequence[Tool], cache_entries: int = 4096,
-                 cache_bytes: int = 64 << 20, parts: Sequence[Tool] = ()) -> None:
+                 cache_bytes: int = 64 << 20, parts: Sequence[Tool] = (),
+                 show_prices: bool = True) -> None:
         self.tools: dict[str, Tool] = {}
         for tool in tools:
             if tool.spec.name in self.tools:
                 raise ToolError(f"two tools are named {tool.spec.name!r}")
             self.tools[tool.spec.name] = tool
         self.parts = list(parts)
+        self.show_prices = show_prices
         self.cache = ResultCache(cache_entries, cache_bytes)
         self._limits: dict[str, asyncio.Semaphore] = {}
 
@@ -246,7 +250,9 @@ class Toolbox:
     def schemas(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """OpenAI function schemas, in declaration order (or the order of ``names``)."""
         chosen = self.tools.keys() if names is None else names
-        return [self.tools[name].spec.schema() for name in chosen]
+        return [self.tools[name].spec.schema(
+            self.tools[name].pricing if self.show_prices
+            and isinstance(self.tools[name], PricedModels) else None) for name in chosen]
 
     def subset(self, names: Iterable[str]) -> "Toolbox":
         """A toolbox over some of these tools that shares their instances and the cache."""
@@ -254,7 +260,8 @@ class Toolbox:
         unknown = [n for n in names if n not in self.tools]
         if unknown:
             raise ToolError(f"unknown tools {unknown}; declared: {sorted(self.tools)}")
-        subset = Toolbox([self.tools[n] for n in names], parts=self.parts)
+        subset = Toolbox([self.tools[n] for n in names], parts=self.parts,
+                         show_prices=self.show_prices)
         subset.cache, subset._limits = self.cache, self._limits
         return subset
 

@@ -255,3 +255,30 @@ def test_naive_routers_play_the_new_interface_and_every_route_is_named_back(conf
         assert route_of(trajectory) == orchestra.route_name(routes[task.id])
     tools_called = Counter(tool for route in routes.values() for tool, _ in route)
     assert set(tools_called) == {"search", "enhance_reasoning", "answer"}
+
+
+def test_the_instructed_rule_reads_the_instruction_and_nothing_else(writers):
+    """The one naive router that reads the preference: the tool an instruction forbids is
+    dropped, a cost instruction takes the cheapest model of the strongest's line (not the math
+    specialist), any other the strongest; the strongest router ignores the instruction."""
+    instructed = orchestra.naive_routes(TASKS, writers, {"strongest": 0, "instructed": 1,
+                                                         "family": 0, "random": 0}, seed=0)
+    strongest = orchestra.naive_routes(TASKS, writers, {"strongest": 1, "instructed": 0,
+                                                        "family": 0, "random": 0}, seed=0)
+    cheapest = {orchestra.SEARCH: "search-3", orchestra.REASON: "reasoner-3",
+                orchestra.ANSWER: "answer-4"}
+    dearest = {orchestra.SEARCH: "search-1", orchestra.REASON: "reasoner-1",
+               orchestra.ANSWER: "answer-1"}
+    seen = set()
+    for task in TASKS:
+        family, preference = task.metadata["family"], task.metadata["preference_name"]
+        shape = orchestra.FAMILY_SHAPES[family]
+        assert [tool for tool, _ in strongest[task.id]] == list(shape)
+        assert all(arguments["model"] == dearest[tool] for tool, arguments in strongest[task.id])
+        forbidden = {"no_code": orchestra.REASON, "no_search": orchestra.SEARCH}.get(preference)
+        assert [tool for tool, _ in instructed[task.id]] == [t for t in shape if t != forbidden]
+        for tool, arguments in instructed[task.id]:
+            expected = (cheapest if preference == "cost" else dearest)[tool]
+            assert arguments["model"] == expected, (task.id, preference)
+        seen.add(preference)
+    assert seen == set(orchestra.PREFERENCE_VECTORS)

@@ -81,7 +81,7 @@ def test_oracle_depends_on_the_preference(offline_config):
 
 
 def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
-    """On easy math the strongest router always calls the frontier model; the thrifty one calls
+    """On easy math the strongest router always calls the frontier model; the instructed one calls
     the cheap model exactly when the instruction asks for low cost."""
     tasks = [task for task in make_tasks(600, seed=3) if task.metadata["family"] == "math"
              and task.metadata["difficulty"] == "easy"]
@@ -101,11 +101,11 @@ def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
                 for trajectory in asyncio.run(run())]
 
     assert {model for _, model in models_called("strongest")} == {"math-large"}
-    thrifty = models_called("thrifty")
+    instructed = models_called("instructed")
     cost_instructions = set(PREFERENCE_PHRASES["cost"])
     assert all((model == "math-small") == (instruction in cost_instructions)
-               for instruction, model in thrifty)
-    assert {"math-small", "math-large"} <= {model for _, model in thrifty}
+               for instruction, model in instructed)
+    assert {"math-small", "math-large"} <= {model for _, model in instructed}
 
 
 def test_naive_routes_are_drawn_in_task_order_with_the_seed(offline_config):

@@ -151,3 +151,29 @@ def test_subset_shares_instances_and_rejects_unknown():
     assert toolbox.subset(["echo"]).tools == {"echo": echo}
     with pytest.raises(ToolError, match="unknown tools"):
         toolbox.subset(["missing"])
+
+
+def test_offered_tools_show_their_models_prices_from_the_price_table():
+    """The main job's composites list each model alias's price (description, schema, the
+    compact signature), from the table in force: a repriced table shows its prices; with
+    ``tools.show_prices=false`` only the aliases."""
+    from nemo_orch import config as config_lib
+    from nemo_orch.models.tokenizer import render_conversation
+    from nemo_orch.rollout.builders import declared_schemas
+
+    def answer_schema(*overrides):
+        schemas = declared_schemas(config_lib.load(list(overrides)).tools)
+        return next(s["function"] for s in schemas if s["function"]["name"] == "answer")
+
+    listed = answer_schema()
+    assert listed["parameters"]["properties"]["model"]["prices"]["answer-1"] == [1.25, 10.0]
+    assert "answer-1 1.25/10, answer-2 0.25/2," in listed["description"]
+    signature = render_conversation([{"role": "user", "content": "q"}],
+                                    [{"type": "function", "function": listed}],
+                                    chat_format="compact").splitlines()[2]
+    assert signature.startswith("answer(model: answer-1 $10.0|answer-2 $2.0|answer-3 $0.9|")
+    repriced = answer_schema("tools=offline_repriced")
+    assert repriced["parameters"]["properties"]["model"]["prices"]["answer-2"] == [0.75, 6.0]
+    hidden = answer_schema("tools.show_prices=false")
+    assert "prices" not in hidden["parameters"]["properties"]["model"]
+    assert "Prices" not in hidden["description"]

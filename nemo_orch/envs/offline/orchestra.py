@@ -280,14 +280,21 @@ def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
     return values
 
 
+def _line(alias: str) -> str:
+    """A model's line: its alias less the tier (``answer-math`` of ``answer-math-2``)."""
+    return alias.rsplit("-", 1)[0]
+
+
 def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str, float],
                  seed: int) -> dict[str, Route]:
     """The route each task's naive router takes (``router_shares`` over
-    :data:`~nemo_orch.config.DEMO_ROUTERS`): ``strongest``, the
-    family's tools with the most expensive model of each; ``thrifty``, the cheapest models
-    when the instruction asks to keep the cost low and the strongest otherwise; ``family``,
-    the family's tools with models drawn at random; ``random``, any route. None knows the
-    accuracies or the other preferences: what is best is left to RL. By task id."""
+    :data:`~nemo_orch.config.DEMO_ROUTERS`): ``strongest``, the family's tools with the most
+    expensive model of each; ``instructed``, a keyword rule over the user's instruction that
+    drops the tool an instruction forbids and takes the cheapest model of the strongest's line
+    (``answer-4``, not a math specialist) when the instruction asks for low cost, the strongest
+    otherwise; ``family``, the family's tools with models drawn at random; ``random``, any
+    route. None knows the accuracies, and only the instructed rule reads the preference: what
+    is best is left to RL. By task id."""
     rng = random.Random(seed)
     every = routes(writers)
     names = sorted(every)
@@ -295,14 +302,24 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
     for task in tasks:
         router = rng.choices(DEMO_ROUTERS, [router_shares[name] for name in DEMO_ROUTERS])[0]
         tools = FAMILY_SHAPES[task.metadata["family"]]
-        cheap = task.metadata["instruction"] in PREFERENCE_PHRASES["cost"]
         if router == "random":
             chosen[task.id] = every[rng.choice(names)]
             continue
         if router == "family":
             aliases = [rng.choice(writers.aliases(tool)) for tool in tools]
         else:
-            aliases = [writers.by_price(tool)[0 if router == "thrifty" and cheap else -1]
-                       for tool in tools]
+            stated = next((name for name, phrases in PREFERENCE_PHRASES.items()
+                           if task.metadata["instruction"] in phrases), None)
+            if router == "instructed":
+                forbidden = {name.removeprefix("tool:") for name, weight in
+                             PREFERENCE_VECTORS.get(stated, {}).items() if weight < 0}
+                tools = tuple(tool for tool in tools if tool not in forbidden)
+            aliases = []
+            for tool in tools:
+                strongest = writers.by_price(tool)[-1]
+                line = [alias for alias in writers.by_price(tool)
+                        if _line(alias) == _line(strongest)]
+                aliases.append(line[0] if router == "instructed" and stated == "cost"
+                               else strongest)
         chosen[task.id] = tuple((tool, {"model": alias}) for tool, alias in zip(tools, aliases))
     return chosen

@@ -200,9 +200,9 @@ def naive_routes(tasks: list[Task], experts: Mapping[str, Any], pricing: Mapping
                  router_shares: Mapping[str, float], seed: int) -> dict[str, Route]:
     """The route each task's naive router takes, the router drawn with ``router_shares`` (over
     :data:`~nemo_orch.config.DEMO_ROUTERS`): the strongest (most expensive) expert for the
-    task's difficulty; ``thrifty``, a keyword rule that takes the cheapest expert when the
+    task's difficulty; ``instructed``, a keyword rule that takes the cheapest expert when the
     instruction asks to keep the cost low and the strongest otherwise; the family's exact tools
-    (where it has them, else a random route); or a uniformly random route. Only the thrifty
+    (where it has them, else a random route); or a uniformly random route. Only the instructed
     rule reads the preference, and it knows neither the experts' accuracies nor the other
     preferences: what is best is left to RL. One generator seeded with ``seed`` draws for the
     tasks in order. By task id."""
@@ -211,9 +211,9 @@ def naive_routes(tasks: list[Task], experts: Mapping[str, Any], pricing: Mapping
     for task in tasks:
         options = routes(task, experts)
         router = rng.choices(DEMO_ROUTERS, [router_shares[name] for name in DEMO_ROUTERS])[0]
-        if router == "thrifty" and task.metadata["instruction"] in PREFERENCE_PHRASES["cost"]:
+        if router == "instructed" and task.metadata["instruction"] in PREFERENCE_PHRASES["cost"]:
             chosen[task.id] = options[f"expert:{cheapest_expert(experts, pricing)}"]
-        elif router in ("strongest", "thrifty"):
+        elif router in ("strongest", "instructed"):
             chosen[task.id] = options[f"expert:{strongest_expert(task, experts, pricing)}"]
         elif router == "family" and "tools" in options:
             chosen[task.id] = options["tools"]
