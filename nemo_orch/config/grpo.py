@@ -35,8 +35,10 @@ class GRPOConfig:
     ``max_sampling_rounds`` rounds) until the batch is full; then ``updates_per_step`` optimizer
     steps run over ``mini_batches`` of the samples. Loss: clipped ratio (``clip_low``,
     ``clip_high``), dual clip ``dual_clip`` (0: off), KL to the frozen start policy (``kl_type``
-    k3|mse, ``kl_coef``), token-mean aggregation. ``kl_guard``: a step whose mean KL to the start
-    policy, measured before its update, passes this skips the update (counted; null: off).
+    k3|mse, ``kl_coef``), token-mean aggregation. ``kl_guard``: a step whose samples' mean KL to
+    the start policy, measured before its update, passes this skips the update and rolls back
+    the one before it, whose weights sampled them (a rejected step, as a trust region; counted;
+    the optimizer's moments are kept; null: off).
     ``sample_mode``: whole trajectories, or one sample per turn. ``advantage_tokens``: the advantage drives every policy token (``all``), or
     only the routing decisions (``decisions``: which tool, which expert, or to answer now; see
     ``rollout.format.decision_end``), leaving the copying of arguments and answers to what SFT

@@ -673,6 +673,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
                                       start_step=start_step, max_steps=grpo.max_steps)
     loss_fn = grpo_token_loss(grpo)
     rewards, saved = [], resumed.path if resumed is not None else None
+    before_update = None  # the weights before the last update (with grpo.kl_guard)
     with rollouts or contextlib.nullcontext(), contextlib.closing(metrics):
         for step in range(start_step + 1, grpo.max_steps + 1):
             faults.maybe_kill("step", step)
@@ -690,8 +691,11 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             rollout_seconds = time.perf_counter() - started
 
             train_started = time.perf_counter()
+            start = policy.copy_weights() if grpo.kl_guard is not None else None
             trained = _update(policy, reference, loss_fn, samples, config, step,
-                              context.dp_rank, tokenizer.pad_token_id)
+                              context.dp_rank, tokenizer.pad_token_id, rollback=before_update)
+            if "skipped_update" not in trained:  # what the guard rolls back to
+                before_update = start
             train_seconds = time.perf_counter() - train_started
 
             hf = weights.gather_hf_weights(policy.module, config.model)
@@ -744,11 +748,13 @@ def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any) -> "R
 
 
 def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: list[Sample],
-            config: Config, step: int, dp_rank: int, pad_id: int) -> dict[str, float]:
+            config: Config, step: int, dp_rank: int, pad_id: int,
+            rollback: list[torch.Tensor] | None = None) -> dict[str, float]:
     """``updates_per_step`` passes of ``mini_batches`` optimizer steps over this DP rank's share
     of the samples, with old and reference logprobs computed before the first update; none with
     ``grpo.kl_guard`` passed by the samples' mean KL to the reference before it
-    (``kl_guard/skipped``)."""
+    (``kl_guard/skipped``), and then the policy goes back to the ``rollback`` weights (those
+    before the update that produced the samples' policy; ``kl_guard/rolled_back``)."""
     grpo, dp = config.grpo, config.parallel.dp
     if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
@@ -785,6 +791,9 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
             dist.all_reduce(kl_sums)
         guard["kl_guard/kl"] = float(kl_sums[0] / kl_sums[1]) if kl_sums[1] > 0 else 0.0
         if guard["kl_guard/kl"] > grpo.kl_guard:
+            if rollback is not None:
+                policy.restore_weights(rollback)
+                guard["kl_guard/rolled_back"] = 1.0
             return {**guard, "kl_guard/skipped": 1.0, "skipped_update": 1.0}
     totals: dict[str, list[float]] = defaultdict(list)
     tokens = 0

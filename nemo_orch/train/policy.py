@@ -152,6 +152,17 @@ class Policy:
         ``old_logprobs`` of a GRPO batch before its updates."""
         return forward_logprobs(self.model, micro_batches)
 
+    def copy_weights(self) -> list[torch.Tensor]:
+        """A copy of this rank's weights, to roll updates back with :meth:`restore_weights`."""
+        return [parameter.detach().clone() for parameter in self.module.parameters()]
+
+    def restore_weights(self, copied: list[torch.Tensor]) -> None:
+        """Back to the weights of :meth:`copy_weights` (the optimizer's moments stay)."""
+        with torch.no_grad():
+            for parameter, saved in zip(self.module.parameters(), copied, strict=True):
+                parameter.copy_(saved)
+        self.optimizer.reload_model_params()
+
     def train_step(self, micro_batches: list[Batch],
                    token_loss: TokenLossFn = masked_token_loss) -> StepResult:
         """Forward/backward over this DP rank's micro-batches, then one optimizer step."""

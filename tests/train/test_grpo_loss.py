@@ -182,18 +182,18 @@ def test_an_update_with_too_few_samples_is_skipped(tiny_policy):
     assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
 
 
-def test_the_kl_guard_skips_an_update_whose_kl_passes_it(tiny_policy):
+def test_the_kl_guard_skips_an_update_whose_kl_passes_it_and_rolls_back_the_last(tiny_policy):
     # The reference is a differently seeded model: far from the policy, as after a collapse.
     config, policy, context = tiny_policy
     reference = ReferenceModel(config, context)
     reference.load_hf_weights(SeededHFWeights(config.model, config.run.seed + 1))
     samples = synthetic_samples(config)
 
-    def update(kl_guard: float) -> dict[str, float]:
+    def update(kl_guard: float, rollback=None) -> dict[str, float]:
         guarded = config_lib.replace(config, grpo=dataclasses.replace(config.grpo,
                                                                       kl_guard=kl_guard))
         return grpo_recipe._update(policy, reference, grpo_token_loss(guarded.grpo), samples,
-                                   guarded, 1, 0, 0)
+                                   guarded, 1, 0, 0, rollback=rollback)
 
     before = [parameter.detach().clone() for parameter in policy.module.parameters()]
     skipped = update(kl_guard=0.01)
@@ -202,3 +202,10 @@ def test_the_kl_guard_skips_an_update_whose_kl_passes_it(tiny_policy):
     trained = update(kl_guard=1e6)
     assert "kl_guard/skipped" not in trained and trained["kl_guard/kl"] == skipped["kl_guard/kl"]
     assert not all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
+    # The next step's samples come from the updated policy; past the guard, the update that
+    # produced it is rolled back.
+    rolled = update(kl_guard=0.01, rollback=before)
+    assert rolled["kl_guard/rolled_back"] == 1.0 and rolled["kl_guard/skipped"] == 1.0
+    assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
+    after = update(kl_guard=1e6)
+    assert after["kl_guard/kl"] == pytest.approx(skipped["kl_guard/kl"])
