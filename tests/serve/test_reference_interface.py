@@ -11,18 +11,16 @@ that API keys never reach the response."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import threading
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 from scripted_plans import follow_plan, with_plan
+from simulated_tavily import SimulatedTavily
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import RolloutConfig, ServeConfig, resolve_conf_path
@@ -70,45 +68,11 @@ def expert_reply(prompt: str) -> str:
     return f"The program computed it. <answer>{results[-1].strip()}</answer>"
 
 
-class SimulatedTavily:
-    """A SIMULATED Tavily-compatible endpoint on 127.0.0.1 (``POST /search``): a query about
-    Mount Kelu finds one made-up page; any other finds nothing. A wrong key gets 401."""
-
-    def __init__(self) -> None:
-        self.queries: list[str] = []
-        simulated = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                simulated.queries.append(body["query"])
-                status, payload = 200, {"query": body["query"], "answer": None,
-                                        "results": [], "response_time": 0.01}
-                if self.headers.get("Authorization") != f"Bearer {TAVILY_SENTINEL}":
-                    status, payload = 401, {"detail": {"error": "Unauthorized"}}
-                elif self.path == "/search" and "Mount Kelu" in body["query"]:
-                    payload["results"] = [{"title": "Mount Kelu", "url": "https://example.org/kelu",
-                                           "content": FACT, "score": 0.9, "raw_content": None}]
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def tavily_results(query: str) -> dict[str, Any]:
+    """The SIMULATED web: a query about Mount Kelu finds one made-up page; any other nothing."""
+    found = [{"title": "Mount Kelu", "url": "https://example.org/kelu", "content": FACT,
+              "score": 0.9, "raw_content": None}] if "Mount Kelu" in query else []
+    return {"query": query, "answer": None, "results": found, "response_time": 0.01}
 
 
 def llm_models() -> dict[str, dict[str, Any]]:
@@ -131,8 +95,8 @@ def test_reference_interface_through_the_orchestrator(tiny_tokenizer, tmp_path, 
     shutil.copytree(resolve_conf_path("tools/reference"), declarations)
     asked: list[tuple[str, str]] = []  # (served model, prompt) in order
     with ExitStack() as stack:
-        tavily = SimulatedTavily()
-        stack.callback(tavily.close)
+        tavily = SimulatedTavily(TAVILY_SENTINEL, tavily_results)
+        stack.callback(tavily.stop)
         web_search = yaml.safe_load((declarations / "web_search.yaml").read_text())
         web_search["options"]["base_url"] = tavily.url
         (declarations / "web_search.yaml").write_text(yaml.safe_dump(web_search))
@@ -163,7 +127,7 @@ def test_reference_interface_through_the_orchestrator(tiny_tokenizer, tmp_path, 
     assert (body["finish_reason"], body["answer"], body["turns"]) == ("answer", "8400", 3)
     assert [model for model, _ in asked] == [
         "gpt-5-mini", "Qwen/Qwen2.5-Coder-32B-Instruct", "gpt-5"]
-    assert tavily.queries == ["height of Mount Kelu"]
+    assert [request["body"]["query"] for request in tavily.requests] == ["height of Mount Kelu"]
     calls = body["ledger"]["calls"]
     assert [(c["tool"], c["arguments"], c["error"]) for c in calls] == [
         (name, arguments, None) for name, arguments in PLAN]

@@ -4,12 +4,11 @@ import asyncio
 import json
 import logging
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from simulated_tavily import SimulatedTavily
 
 from nemo_orch.tools.base import Tool, ToolContext, ToolError, ToolResult
 from nemo_orch.tools.web_search import USD_PER_CREDIT, WebSearch, default_spec
@@ -32,64 +31,9 @@ def tavily_response(query: str, answer: str | None = None) -> dict[str, Any]:
             "images": [], "follow_up_questions": None}
 
 
-class FakeTavily:
-    """A real HTTP server on 127.0.0.1 that answers like Tavily's /search. Responses are taken
-    from ``script`` in order (status, body, headers), then it answers 200; a wrong
-    Authorization header gets 401 whatever the script says."""
-
-    def __init__(self) -> None:
-        self.script: list[tuple[int, Any, dict[str, str]]] = []
-        self.requests: list[dict[str, Any]] = []
-        self.hang = False
-        self.release = threading.Event()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append({"path": self.path, "body": body,
-                                      "auth": self.headers.get("Authorization")})
-                if fake.hang:
-                    fake.release.wait(10)
-                    return
-                if self.headers.get("Authorization") != f"Bearer {KEY}":
-                    status, payload, headers = 401, {"detail": {"error": "Unauthorized"}}, {}
-                elif fake.script:
-                    status, payload, headers = fake.script.pop(0)
-                else:
-                    status, payload, headers = 200, tavily_response(body["query"]), {}
-                data = payload.encode() if isinstance(payload, str) else json.dumps(
-                    payload).encode()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def stop(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def tavily():
-    server = FakeTavily()
+    server = SimulatedTavily(KEY, tavily_response)
     yield server
     server.stop()
 
