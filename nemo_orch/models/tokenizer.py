@@ -60,7 +60,7 @@ _QWEN3_TOOLS_LISTING = r"""
         "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>" }}
 """
 # One signature line per tool, ``name(arg, optional?, choice: a|b)``, a priced choice followed by
-# its output price (``a $10.0``, USD per million tokens: what an expert call mostly costs), and no
+# its output price (``a $10``, USD per million tokens: what an expert call mostly costs), and no
 # descriptions: for models trained from scratch, which learn what a tool does from its results,
 # not from prose, and for which the JSON schemas would be most of every sequence.
 _COMPACT_TOOLS_LISTING = r"""
@@ -76,7 +76,7 @@ _COMPACT_TOOLS_LISTING = r"""
                 {%- for choice in schema.enum %}
                     {{- ('|' if not loop.first else '') + choice | string }}
                     {%- if schema.prices and choice in schema.prices %}
-                        {{- ' $' + schema.prices[choice][1] | string }}
+                        {{- ' $' + '%g' | format(schema.prices[choice][1]) }}
                     {%- endif %}
                 {%- endfor %}
             {%- endif %}

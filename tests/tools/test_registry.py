@@ -171,7 +171,7 @@ def test_offered_tools_show_their_models_prices_from_the_price_table():
     signature = render_conversation([{"role": "user", "content": "q"}],
                                     [{"type": "function", "function": listed}],
                                     chat_format="compact").splitlines()[2]
-    assert signature.startswith("answer(model: answer-1 $10.0|answer-2 $2.0|answer-3 $0.9|")
+    assert signature.startswith("answer(model: answer-1 $10|answer-2 $2|answer-3 $0.9|")
     repriced = answer_schema("tools=offline_repriced")
     assert repriced["parameters"]["properties"]["model"]["prices"]["answer-2"] == [0.75, 6.0]
     hidden = answer_schema("tools.show_prices=false")
