@@ -43,6 +43,7 @@ _PRETOKENIZE_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _SPECIAL_TOKEN_RE = re.compile("|".join(re.escape(token) for token in SPECIAL_TOKENS))
+_GENERATION_MARKER = re.compile(r"{%-?\s*generation\s*-?%}")
 
 # Qwen3's official template restricted to non-thinking conversations, with two changes: the
 # final assistant turn gets no empty "<think>\n\n</think>\n\n" block (so every assistant turn,
@@ -222,7 +223,9 @@ def train_tokenizer(
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load an HF tokenizer directory (ours or Qwen3's) set up for our chat format.
 
-    A directory saved with one of :data:`CHAT_TEMPLATES` keeps it; any other (a base Qwen3 one)
+    A directory saved with a template that marks the assistant's tokens (``{% generation %}``:
+    one of :data:`CHAT_TEMPLATES`, as this run or an earlier version of the project saved it)
+    keeps it, so a checkpoint is always prompted as it was trained; any other (a base Qwen3 one)
     gets the ``qwen3`` format. ``eos=<|im_end|>`` and ``pad=<|endoftext|>`` are always set, so a
     base Qwen3 tokenizer (whose eos is ``<|endoftext|>``) and ours end turns and pad the same way.
     """
@@ -238,7 +241,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     for token in SPECIAL_TOKENS:
         if len(tokenizer.encode(token, add_special_tokens=False)) != 1:
             raise TokenizerError(f"{path}: {token!r} is not a single token in this vocabulary")
-    if tokenizer.chat_template not in CHAT_TEMPLATES.values():
+    if not _GENERATION_MARKER.search(tokenizer.chat_template or ""):
         tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.eos_token = EOS_TOKEN
     tokenizer.pad_token = PAD_TOKEN

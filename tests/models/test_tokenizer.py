@@ -195,6 +195,12 @@ def test_save_and_load_roundtrip(
     train_tokenizer(texts, vocab_size=400, min_frequency=2, out_dir=tmp_path / "compact",
                     chat_format="compact")
     assert load_tokenizer(tmp_path / "compact").chat_template == CHAT_TEMPLATES["compact"]
+    # One saved by an earlier version (another listing, the same markers) keeps its own: a
+    # checkpoint is prompted as it was trained.
+    earlier = CHAT_TEMPLATES["compact"].replace("'Tools:'", "'Tools (earlier):'")
+    config = tmp_path / "compact" / "chat_template.jinja"
+    config.write_text(earlier)
+    assert load_tokenizer(tmp_path / "compact").chat_template == earlier
 
 
 def test_load_overrides_template_eos_and_pad(
