@@ -87,8 +87,9 @@ class ToolSpec:
     def schema(self, prices: Mapping[str, Pricing] | None = None) -> dict[str, Any]:
         """The OpenAI function-calling form, as listed to the policy. With ``prices`` (by model
         alias), the choices of a ``model``-like argument show theirs, as ToolOrchestra's tool
-        descriptions do: in the description, and as ``prices`` ([input, output] USD per million
-        tokens by alias) beside the argument's ``enum``, which compact chat formats list."""
+        descriptions do: ``prices`` ([input, output] USD per million tokens by alias) beside the
+        argument's ``enum`` (which the compact chat format lists too), their unit in the
+        description."""
         description, parameters = self.description, self.parameters
         priced = {name: [alias for alias in schema.get("enum", []) if alias in prices]
                   for name, schema in parameters.get("properties", {}).items()} if prices else {}
@@ -98,9 +99,7 @@ class ToolSpec:
             for name, aliases in priced.items():
                 properties[name] = {**properties[name], "prices": {
                     alias: prices[alias].usd_per_million_tokens for alias in aliases}}
-                description += " Prices, USD per million input/output tokens: " + ", ".join(
-                    f"{alias} {'/'.join(f'{usd:g}' for usd in prices[alias].usd_per_million_tokens)}"
-                    for alias in aliases) + "."
+                description += (f" The {name} prices: USD per million input/output tokens.")
             parameters = {**parameters, "properties": properties}
         return {"type": "function", "function": {"name": self.name, "description": description,
                                                  "parameters": parameters}}

@@ -160,7 +160,7 @@ def test_reference_interface_through_the_orchestrator(tiny_tokenizer, tmp_path, 
         assert model["enum"] == list(aliases)
         assert model["prices"] == {alias: model_pricing(name).usd_per_million_tokens
                                    for alias, name in aliases.items()}
-        assert "Prices, USD per million input/output tokens: " in schema["function"][
+        assert "prices: USD per million input/output tokens" in schema["function"][
             "description"]
 
     # The keys reached their servers (the gpt-5 ones and Tavily answered) but not the client.
