@@ -97,6 +97,8 @@ def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
 
 MONOLITH_BASIC_TOOLS = ("eval.monolith.tools=[tools/offline/search.yaml,"
                         "tools/offline/python_sandbox.yaml]", "eval.monolith.simulate=answer-1")
+# The test tokenizer splits the priced tool listing and the programs finely: room for them.
+ORCHESTRA_CONTEXT = "model.max_position_embeddings=4096"
 
 
 def test_fixed_routers_and_the_monolith_on_toolorchestras_interface(tmp_path,
@@ -107,7 +109,7 @@ def test_fixed_routers_and_the_monolith_on_toolorchestras_interface(tmp_path,
     price table swap in at evaluation time."""
     agents = ["monolith", "fixed:cheapest", "fixed:strongest", "random"]
     config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "tools=offline",
-                                        *MONOLITH_BASIC_TOOLS))
+                                        ORCHESTRA_CONTEXT, *MONOLITH_BASIC_TOOLS))
     report = json.loads(harness.run(config, agents).report.read_text())
     out = tmp_path / "eval"
     shapes = {"search", "enhance_reasoning", "answer"}
@@ -132,6 +134,7 @@ def test_fixed_routers_and_the_monolith_on_toolorchestras_interface(tmp_path,
         harness.run(refused, ["monolith"])
     for tools in ("offline_unseen", "offline_repriced"):
         swapped = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
+                                             ORCHESTRA_CONTEXT,
                                              f"eval.out_dir={tmp_path / tools}"))
         row = json.loads(harness.run(swapped, ["fixed:strongest"]).report.read_text())[
             "systems"]["fixed:strongest"]

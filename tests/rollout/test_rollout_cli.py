@@ -95,8 +95,8 @@ def test_rollout_user_errors(tmp_path):
 
 
 def test_the_context_budget_is_the_loaded_policys(tiny_tokenizer_dir, tmp_path):
-    # A policy with 256 positions under the default model.* (1024): its prompts are measured
-    # against its own 256, so a task too long for it ends as context_limit, not as an engine
+    # A policy with 384 positions under the default model.* (1024): its prompts are measured
+    # against its own 384, so a task too long for it ends as context_limit, not as an engine
     # error, and the episode batched with it still runs.
     import shutil
 
@@ -105,7 +105,7 @@ def test_the_context_budget_is_the_loaded_policys(tiny_tokenizer_dir, tmp_path):
 
     model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                         kv_channels=16, ffn_hidden_size=128, vocab_size=1024,
-                        max_position_embeddings=256)
+                        max_position_embeddings=384)
     policy = save_hf_checkpoint(tmp_path / "policy", SeededHFWeights(model, seed=0), model)
     for file in tiny_tokenizer_dir.iterdir():
         shutil.copy(file, policy / file.name)
@@ -116,5 +116,5 @@ def test_the_context_budget_is_the_loaded_policys(tiny_tokenizer_dir, tmp_path):
     run_cli_here("rollout", "--tasks", str(tasks), "--n", "1", "--out", str(out),
                  f"rollout.policy={policy}", "rollout.max_turns=1", "rollout.max_new_tokens=4")
     long, short = [json.loads(line) for line in out.read_text().splitlines()]
-    assert long["prompt_tokens"] > 256 and long["termination"] == "context_limit"
+    assert long["prompt_tokens"] > 384 and long["termination"] == "context_limit"
     assert short["termination"] != "engine_error" and short["policy_tokens"] > 0
