@@ -18,7 +18,7 @@ def test_default_tree_composes_all_groups():
     assert cfg.model.preset == "micro"
     assert 1e6 < cfg.model.num_parameters() < 10e6  # "a few million parameters"
     assert (cfg.tools.declarations, cfg.reward.combination, cfg.rollout.engine,
-            cfg.launcher.executor) == (["tools/orchestra"], "toolorchestra", "hf", "local")
+            cfg.launcher.executor) == (["tools/orchestra"], "preference", "hf", "local")
 
 
 @pytest.mark.parametrize("preset,params", [("qwen3-0.6b", 0.6e9), ("qwen3-8b", 8.2e9)])

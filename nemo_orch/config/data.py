@@ -41,7 +41,7 @@ class DataConfig:
     num_copy_conversations: int = 0
     seq_length: int = 640
     demo_routers: dict[str, float] = field(default_factory=lambda: {
-        "strongest": 0.2, "instructed": 0.3, "family": 0.3, "random": 0.2})
+        "strongest": 0.1, "instructed": 0.5, "family": 0.25, "random": 0.15})
     toolscale_tasks_per_domain: int = 200
     toolscale_eval_tasks: int = 20
 

@@ -59,13 +59,13 @@ class GRPOConfig:
     micro_batch_size: int = 8
     # A constant learning rate; weight decay, betas and clipping as SFT's.
     optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
-        lr=2.5e-4, min_lr=2.5e-4, warmup_steps=0))
+        lr=5e-4, min_lr=5e-4, warmup_steps=0))
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 3.0
     kl_type: str = "k3"
     kl_coef: float = 0.1
-    kl_guard: Optional[float] = None
+    kl_guard: Optional[float] = 0.5
     sample_mode: str = "trajectory"
     advantage_tokens: str = "decisions"
     explore_share: float = 0.0

@@ -31,7 +31,7 @@ def test_a_recipe_composes_over_the_defaults():
     assert [e.endpoint for e in config.launcher.experts] == [
         "tools.endpoints.math", "tools.endpoints.coder", "tools.endpoints.generalist"]
     # the untouched groups keep their defaults
-    assert config.reward.combination == "toolorchestra" and config.data.num_offline_conversations
+    assert config.reward.combination == "preference" and config.data.num_offline_conversations
 
 
 def test_the_one_node_recipe_derives_from_the_two_node_one():
