@@ -17,7 +17,7 @@ class RewardConfig:
     (per-component group baselines, weighted: GDPO-style), ``linear`` (``linear_*``
     coefficients; USD and seconds divided by their references) or ``preference`` (the
     preference vector on a fixed scale, USD over ``usd_reference``, a right answer floored at
-    0: the offline world's utility). The LLM judge is used for answers
+    0: the offline world's utility; the main job's default, ``reward=utility``). The LLM judge is used for answers
     that are neither empty, too long nor an exact match, when ``judge_base_url`` is set; each
     request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
     after which the answer counts as a judge failure. With ``endpoint`` (a reward server's
@@ -25,7 +25,7 @@ class RewardConfig:
     given ``endpoint_timeout_s`` and ``endpoint_max_retries``; the judge is then the server's.
     """
 
-    combination: str = "toolorchestra"
+    combination: str = "preference"
     numeric_rel_tol: float = 1e-6
     numeric_abs_tol: float = 1e-9
     max_answer_words: int = 500
