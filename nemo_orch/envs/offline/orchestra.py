@@ -280,9 +280,12 @@ def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
     return values
 
 
-def _line(alias: str) -> str:
-    """A model's line: its alias less the tier (``answer-math`` of ``answer-math-2``)."""
-    return alias.rsplit("-", 1)[0]
+def _cheapest_of_the_strongests_line(writers: Writers, tool: str) -> str:
+    """The cheapest alias of the strongest model's line (a line: the alias less its tier, so
+    ``answer-4`` for ``answer``, not the math specialist ``answer-math-2``)."""
+    *_, strongest = ranked = writers.by_price(tool)
+    line = strongest.rsplit("-", 1)[0]
+    return next(alias for alias in ranked if alias.rsplit("-", 1)[0] == line)
 
 
 def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str, float],
@@ -314,12 +317,8 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
                 forbidden = {name.removeprefix("tool:") for name, weight in
                              PREFERENCE_VECTORS.get(stated, {}).items() if weight < 0}
                 tools = tuple(tool for tool in tools if tool not in forbidden)
-            aliases = []
-            for tool in tools:
-                strongest = writers.by_price(tool)[-1]
-                line = [alias for alias in writers.by_price(tool)
-                        if _line(alias) == _line(strongest)]
-                aliases.append(line[0] if router == "instructed" and stated == "cost"
-                               else strongest)
+            cheap = router == "instructed" and stated == "cost"
+            aliases = [_cheapest_of_the_strongests_line(writers, tool) if cheap
+                       else writers.by_price(tool)[-1] for tool in tools]
         chosen[task.id] = tuple((tool, {"model": alias}) for tool, alias in zip(tools, aliases))
     return chosen
