@@ -99,7 +99,7 @@ class ToolSpec:
             for name, aliases in priced.items():
                 properties[name] = {**properties[name], "prices": {
                     alias: prices[alias].usd_per_million_tokens for alias in aliases}}
-                description += (f" The {name} prices: USD per million input/output tokens.")
+                description += f" The {name} prices: USD per million input/output tokens."
             parameters = {**parameters, "properties": properties}
         return {"type": "function", "function": {"name": self.name, "description": description,
                                                  "parameters": parameters}}

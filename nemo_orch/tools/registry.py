@@ -249,10 +249,10 @@ class Toolbox:
 
     def schemas(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """OpenAI function schemas, in declaration order (or the order of ``names``)."""
-        chosen = self.tools.keys() if names is None else names
-        return [self.tools[name].spec.schema(
-            self.tools[name].pricing if self.show_prices
-            and isinstance(self.tools[name], PricedModels) else None) for name in chosen]
+        chosen = [self.tools[name] for name in (self.tools if names is None else names)]
+        return [tool.spec.schema(tool.pricing if self.show_prices
+                                 and isinstance(tool, PricedModels) else None)
+                for tool in chosen]
 
     def subset(self, names: Iterable[str]) -> "Toolbox":
         """A toolbox over some of these tools that shares their instances and the cache."""

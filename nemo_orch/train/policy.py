@@ -153,8 +153,9 @@ class Policy:
         return forward_logprobs(self.model, micro_batches)
 
     def copy_weights(self) -> list[torch.Tensor]:
-        """A copy of this rank's weights, to roll updates back with :meth:`restore_weights`."""
-        return [parameter.detach().clone() for parameter in self.module.parameters()]
+        """A copy of this rank's weights in host memory (the KL guard takes one every step: it
+        must not cost accelerator memory), to roll updates back with :meth:`restore_weights`."""
+        return [parameter.detach().to("cpu", copy=True) for parameter in self.module.parameters()]
 
     def restore_weights(self, copied: list[torch.Tensor]) -> None:
         """Back to the weights of :meth:`copy_weights` (the optimizer's moments stay)."""
