@@ -24,7 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 from nemo_orch.config.base import CONF_DIR, ConfigError, _require, _require_file, resolve_conf_path
 from nemo_orch.config.data import (AGENT_KINDS, DEMO_ROUTERS, GOLD_REPLAY, MONOLITH,
                                    NAIVE_ROUTERS, ORCHESTRATOR, ROUTERS, DataConfig)
-from nemo_orch.config.env import BENCHMARKS, ENV_KINDS, QA_PRESETS, EnvConfig, EnvSourceConfig
+from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, EnvConfig, EnvSourceConfig,
+                                   UserConfig)
 from nemo_orch.config.eval import EvalConfig, MonolithConfig
 from nemo_orch.config.grpo import CurriculumStage, GRPOConfig
 from nemo_orch.config.launcher import (CONTAINER_SQSH, SECRET_MARKERS, ExpertServerConfig,
@@ -50,7 +51,8 @@ __all__ = [
     "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig", "RayConfig",
     "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
     "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",
-    "BENCHMARKS", "QA_PRESETS", "EnvSourceConfig", "EnvConfig", "MonolithConfig", "EvalConfig",
+    "BENCHMARKS", "QA_PRESETS", "EnvSourceConfig", "EnvConfig", "UserConfig", "MonolithConfig",
+    "EvalConfig",
     "SERVE_KINDS", "ServeConfig",
 ]
 
@@ -105,6 +107,10 @@ class Config:
                  "tokenizer.vocab_size must be <= model.vocab_size")
         _require((self.rollout.max_context_tokens or 0) <= self.model.max_position_embeddings,
                  "rollout.max_context_tokens must be <= model.max_position_embeddings")
+        _require(self.rollout.backend != "ray"
+                 or not any(source.user.simulated for source in self.env.source_list()),
+                 "rollout.backend=ray: the Ray workers do not run tau2's LLM user yet; use "
+                 "rollout.backend=local with env.user.base_url")
 
     def resolved_rollout(self, positions: int | None = None) -> RolloutConfig:
         """``rollout`` with the context budget resolved (null: ``positions``, the policy's,

@@ -18,7 +18,7 @@ QA_PRESETS = ("hle", "frames")
 _KIND_OPTIONS = {
     "offline": set(),
     "toolscale": {"path", "domain"},
-    "tau2": {"domain", "split"},
+    "tau2": {"domain", "split", "user"},
     "qa": {"path", "preset", "id_column", "question_columns", "answer_columns",
            "documents_column"},
     "tasks": {"path"},
@@ -31,6 +31,49 @@ def _field_default(cls: type, name: str) -> object:
 
 
 @dataclass
+class UserConfig:
+    """tau2's user (``env.user``): with ``base_url`` null, the scenario is stated up front and
+    no one answers (not comparable with tau2-bench); with it set, an LLM behind that
+    OpenAI-compatible endpoint plays tau2's user simulator (its system prompt, guidelines, message
+    conversion and stop rule), served through the project's HTTP client (``timeout_s``,
+    ``max_retries``, ``max_in_flight``, the key read from ``api_key_env``).
+
+    ``max_steps`` and ``max_errors`` end an episode as tau2's orchestrator does (each agent,
+    user or tool-results message is a step; each failed tool call, either side's, an error).
+    The user's tokens are priced at ``input_usd_per_million`` / ``output_usd_per_million``
+    (null: ``model``'s list price where ``tools/pricing.py`` knows it, else 0) and kept apart
+    from the orchestrator's and the experts' cost."""
+
+    base_url: Optional[str] = None
+    model: Optional[str] = None
+    api_key_env: Optional[str] = None
+    temperature: float = 0.0  # tau2's DEFAULT_LLM_ARGS_USER
+    top_p: Optional[float] = None
+    max_tokens: Optional[int] = None
+    seed: Optional[int] = None
+    timeout_s: float = 120.0
+    max_retries: int = 3
+    max_in_flight: int = 16
+    input_usd_per_million: Optional[float] = None
+    output_usd_per_million: Optional[float] = None
+    max_steps: int = 200
+    max_errors: int = 10
+
+    @property
+    def simulated(self) -> bool:
+        """An LLM plays the user (tau2's protocol)."""
+        return self.base_url is not None
+
+    def _check(self, where: str) -> None:
+        _require(self.base_url is None or self.model is not None,
+                 f"{where}.model: an LLM user needs its model name ({where}.base_url is set)")
+        _require(self.max_steps >= 1 and self.max_errors >= 1,
+                 f"{where}.max_steps and {where}.max_errors must be >= 1")
+        _require(self.timeout_s > 0 and self.max_retries >= 0 and self.max_in_flight >= 1,
+                 f"{where}: need timeout_s > 0, max_retries >= 0 and max_in_flight >= 1")
+
+
+@dataclass
 class EnvSourceConfig:
     """One task source: an environment of ``kind`` (:data:`ENV_KINDS`, less ``mixture``) with its
     options. ``name`` labels it in metrics and reports (null: the kind, or the preset).
@@ -40,7 +83,7 @@ class EnvSourceConfig:
       ``tasks.jsonl`` (null: ``synth.out_dir``) or a ToolScale ``.parquet`` file (its rows run on
       the installed domains of ``tools.domains``); ``domain``: one domain (null: all);
     * ``tau2``: tau2-bench's ``domain`` (extra ``tau2``); evaluation runs its ``split``,
-      training its ``train`` split;
+      training its ``train`` split; ``user``: who answers the agent (:class:`UserConfig`);
     * ``qa``: question / reference-answer rows, ``path`` a ``.jsonl``, ``.json`` or ``.parquet``
       file, columns ``id_column``, the first present of ``question_columns`` and of
       ``answer_columns``, optionally ``documents_column`` (the ids retrieval may return);
@@ -71,6 +114,7 @@ class EnvSourceConfig:
     answer_columns: list[str] = field(default_factory=lambda: [
         "answer", "reference_answer", "reference", "solution"])
     documents_column: Optional[str] = None
+    user: UserConfig = field(default_factory=UserConfig)
 
     @property
     def label(self) -> str:
@@ -99,6 +143,7 @@ class EnvSourceConfig:
         _require(self.kind not in ("qa", "tasks") or self.path is not None,
                  f"{where}.path: a {self.kind} environment reads a file: set {where}.path (a "
                  "local file; nothing is downloaded)")
+        self.user._check(f"{where}.user")
         _require(self.kind != "tau2" or self.domain is not None,
                  f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
                  "telecom, mock)")

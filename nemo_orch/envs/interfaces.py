@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.outcome import OutcomeResult
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.episode import Trajectory, UserFactory
 from nemo_orch.tools.registry import Toolbox
 
 SPLITS = ("train", "validation", "test")
@@ -88,6 +88,11 @@ class Environment(abc.ABC):
 
     def user_toolbox(self) -> Toolbox | None:
         """The user side's tools, where the environment has a user who acts (tau2)."""
+        return None
+
+    def users(self) -> UserFactory | None:
+        """Who answers the agent, made per episode, where someone does (tau2's LLM user);
+        None: the task states everything up front."""
         return None
 
     @abc.abstractmethod

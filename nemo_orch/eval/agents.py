@@ -35,7 +35,7 @@ from nemo_orch.envs.interfaces import GoldPlan
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.format import call_text
 from nemo_orch.rollout.episode import (CallRecord, Episode, Trajectory, TurnRecord,
-                                       episode_id)
+                                       UserFactory, episode_id)
 from nemo_orch.rollout.runner import DirectPolicy, GenerationBatcher
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.registry import Toolbox
@@ -48,16 +48,18 @@ class Agent(Protocol):
 
 class PolicyAgent:
     """The policy through the episode runner; concurrent episodes share ``batcher``, so their
-    prompts are generated in batches."""
+    prompts are generated in batches. ``users``: the environment's user, where one answers."""
 
     def __init__(self, batcher: GenerationBatcher, toolbox: Toolbox,
-                 tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig) -> None:
+                 tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
+                 users: UserFactory | None = None) -> None:
         self.batcher, self.toolbox, self.tokenizer, self.settings = (batcher, toolbox, tokenizer,
                                                                      settings)
+        self.users = users
 
     async def episode(self, task: Task, seed: int) -> Trajectory:
         return await Episode(task, 0, self.batcher, self.toolbox, self.tokenizer, self.settings,
-                             seed=seed).run()
+                             seed=seed, users=self.users).run()
 
 
 def expert_prices(toolbox: Toolbox) -> dict[str, dict[str, float]]:

@@ -189,7 +189,8 @@ async def _agent(system: System, resources: Resources, toolbox: Toolbox
 
         batcher = GenerationBatcher(system.engine, settings.max_batch_size)
         try:
-            yield PolicyAgent(batcher, toolbox, _tokenizer(resources), settings)
+            yield PolicyAgent(batcher, toolbox, _tokenizer(resources), settings,
+                              benchmark.users())
         finally:
             await batcher.close()
     elif kind in ROUTERS:

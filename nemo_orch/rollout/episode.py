@@ -1,5 +1,10 @@
 """One episode: the policy and the tools take turns until an answer, a limit or a failure.
 
+An episode can have a user (tau2's customer, :class:`User`): then the conversation opens with
+the agent's greeting and the user's first message, every policy message without a tool call
+goes to the user, and the user's reply is the next observation, until either side stops (the
+agent with tau2's ``###STOP###``) or tau2's step and error limits end it.
+
 The token-level history is the record: the prompt and every observation are appended as
 template tokens (loss mask 0), every sampled token as a policy token (loss mask 1, with the
 engine's logprob). Earlier turns are never re-tokenized, so what the trainer scores is exactly what
@@ -15,6 +20,7 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
@@ -24,7 +30,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import MARKUP_TOKENS
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
-                                      call_text, decision_end, parse_turn)
+                                      call_text, decision_end, parse_turn, without_thinking)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -45,12 +51,16 @@ def task_budget(task: Task) -> float | None:
     return None if budget is None else float(budget)
 
 
-def initial_messages(task: Task, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+def initial_messages(task: Task, tokenizer: PreTrainedTokenizerBase,
+                     greeting: str | None = None) -> list[dict[str, Any]]:
     """An episode's first messages: the task's system prompt and question, markup escaped; the
-    question followed by the task's budget, when it has one."""
+    question followed by the task's budget, when it has one. With a user, the agent's
+    ``greeting`` instead of the question: the user speaks next."""
     messages = []
     if task.system:
         messages.append({"role": "system", "content": escape_markup(task.system, tokenizer)})
+    if greeting is not None:
+        return [*messages, {"role": "assistant", "content": greeting}]
     question, budget = task.question, task_budget(task)
     if budget is not None:
         question += f"\nBudget: at most ${budget:g} for this task."
@@ -70,6 +80,62 @@ def prompt_length(task: Task, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBa
 
 class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
+
+
+# How the agent ends a conversation with a user (tau2's agent stop token).
+AGENT_STOP = "###STOP###"
+
+
+@dataclass(frozen=True)
+class UserReply:
+    """The user's answer to one agent message: its text (None on ``error``), whether it ends
+    the conversation, the steps and errors it took as tau2 counts them (its messages, its own
+    tool calls' results and their failures) and what it cost."""
+
+    text: str | None
+    stop: bool = False
+    error: str | None = None
+    steps: int = 0
+    errors: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass
+class UserUsage:
+    """The user's side of an episode's ledger, kept apart from the orchestrator's and the
+    experts' cost (the reward's cost term never sees it)."""
+
+    messages: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, reply: UserReply) -> None:
+        self.messages += reply.error is None
+        self.input_tokens += reply.input_tokens
+        self.output_tokens += reply.output_tokens
+        self.cost_usd += reply.cost_usd
+        self.seconds += reply.seconds
+
+
+class User(Protocol):
+    """The other party of a conversation episode, with tau2's limits (``max_steps``,
+    ``max_errors``). ``greeting`` is the agent's fixed first message; :meth:`reply` answers an
+    agent message and never raises (a failure is a reply with ``error``)."""
+
+    greeting: str
+    max_steps: int
+    max_errors: int
+
+    async def reply(self, message: str, steps_left: int) -> UserReply: ...
+
+
+# Builds an episode's user from its task and call context (the per-episode state's key).
+UserFactory = Callable[[Task, ToolContext], User]
 
 
 class PolicyClient(Protocol):
@@ -125,9 +191,12 @@ class Trajectory:
     logprobs: list[float]
     prompt_length: int
     turns: list[TurnRecord]
-    termination: str  # answer | max_turns | context_limit | engine_error | budget
+    # answer | max_turns | context_limit | engine_error | budget, and with a user: agent_stop |
+    # user_stop | user_error | max_steps | too_many_errors
+    termination: str
     answer: str | None
     wall_seconds: float
+    user: UserUsage | None = None
 
     @classmethod
     def without_tokens(cls, task_id: str, messages: list[dict[str, Any]],
@@ -175,6 +244,7 @@ class Trajectory:
             "tool_seconds": self.tool_seconds, "generation_seconds": self.generation_seconds,
             "wall_seconds": self.wall_seconds, "format_errors": self.format_errors,
             "tool_counts": self.tool_counts(),
+            "user": None if self.user is None else asdict(self.user),
             "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
             "token_ids": self.token_ids, "loss_mask": self.loss_mask,
             "decision_mask": self.decision_mask, "logprobs": self.logprobs,
@@ -188,6 +258,37 @@ def escape_markup(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
         if token in text:
             text = text.replace(token, token.replace("<", "<\u200b", 1))
     return text
+
+
+class _Conversation:
+    """tau2's bookkeeping of a conversation with a user: every agent message, user message and
+    batch of tool results is a step, every failed tool call (either side's) an error."""
+
+    def __init__(self, user: User) -> None:
+        self.user, self.steps, self.errors, self.usage = user, 0, 0, UserUsage()
+
+    def limit(self) -> str | None:
+        if self.steps >= self.user.max_steps:
+            return "max_steps"
+        if self.errors >= self.user.max_errors:
+            return "too_many_errors"
+        return None
+
+    def agent_turn(self, record: "TurnRecord") -> str | None:
+        """Count an agent message and its calls' results; the limit it reached, if any."""
+        self.steps += 1 + bool(record.calls)
+        self.errors += sum(call.error is not None for call in record.calls)
+        return self.limit()
+
+    async def tell(self, message: str) -> tuple[str | None, str | None]:
+        """The user's reply to ``message`` and what ended the conversation (None: nothing)."""
+        reply = await self.user.reply(message, max(1, self.user.max_steps - self.steps))
+        self.usage.add(reply)
+        self.steps += reply.steps
+        self.errors += reply.errors
+        if reply.error is not None:
+            return None, "user_error"
+        return reply.text, "user_stop" if reply.stop else self.limit()
 
 
 class _History:
@@ -228,11 +329,14 @@ class Episode:
 
     ``forced_choice`` (directed exploration) makes the first turn start with the decision
     tokens of a call of that choice; the policy writes the rest (its arguments). Forced tokens
-    are policy tokens with logprob 0: they were not sampled."""
+    are policy tokens with logprob 0: they were not sampled.
+
+    ``users`` (tau2's customer) makes it a conversation: see the module docstring."""
 
     def __init__(self, task: Task, sample: int, policy: PolicyClient, toolbox: Toolbox,
                  tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
-                 seed: int = 0, forced_choice: Choice | None = None) -> None:
+                 seed: int = 0, forced_choice: Choice | None = None,
+                 users: UserFactory | None = None) -> None:
         if settings.max_context_tokens is None:
             raise RolloutError("rollout.max_context_tokens must be resolved (see "
                                "Config.resolved_rollout)")
@@ -249,7 +353,9 @@ class Episode:
                                    task=task)
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.forced_ids = [] if forced_choice is None else self._decision_prefix(forced_choice)
-        self.messages = initial_messages(task, tokenizer)
+        self.user = None if users is None else users(task, self.context)
+        self.messages = initial_messages(task, tokenizer,
+                                         None if self.user is None else self.user.greeting)
 
     # ------------------------------------------------------------------ rendering
     def _render(self, generation_prompt: bool) -> str:
@@ -294,11 +400,17 @@ class Episode:
     async def run(self) -> Trajectory:
         started = time.perf_counter()
         settings = self.settings
+        conversation = None if self.user is None else _Conversation(self.user)
+        ended = None
+        if conversation is not None:  # the user answers the greeting: the prompt's last message
+            opening, ended = await conversation.tell(self.user.greeting)
+            if ended is None:
+                self.messages.append({"role": "user", "content": self._observation(opening)})
         history = _History(self._encode(self._render(generation_prompt=True)))
         prompt_length = len(history.ids)
         turns: list[TurnRecord] = []
-        termination, answer = "max_turns", None
-        for turn_index in range(settings.max_turns):
+        termination, answer = ended or "max_turns", None
+        for turn_index in range(settings.max_turns if ended is None else 0):
             room = settings.max_context_tokens - len(history.ids)
             if room < 2:  # nothing useful fits: at least one token and the closing eos
                 termination = "context_limit"
@@ -330,6 +442,24 @@ class Episode:
             record.format_errors = list(parsed.format_errors)
             history.mark_decision(turn_start, self._decision_tokens(
                 history.ids[turn_start:], text, decision_end(text, parsed, self.format)))
+            message = None if conversation is None else self._message_to_user(text, parsed)
+            if message is not None:
+                record.format_errors = []
+                answer = message
+                if AGENT_STOP in message:
+                    termination = "agent_stop"
+                    break
+                ended = conversation.agent_turn(record)
+                if ended is None:
+                    reply, ended = await conversation.tell(message)
+                if ended is not None:
+                    termination = ended
+                    break
+                if not self._append_messages(history, [{"role": "user",
+                                                        "content": self._observation(reply)}]):
+                    termination = "context_limit"
+                    break
+                continue
             if parsed.answer is not None:
                 termination, answer = "answer", parsed.answer
                 break
@@ -344,13 +474,28 @@ class Episode:
             if budget is not None and sum(turn.cost_usd for turn in turns) > budget:
                 termination = "budget"
                 break
+            if conversation is not None and (ended := conversation.agent_turn(record)):
+                termination = ended
+                break
             if not self._add_observations(history, parsed, results):
                 termination = "context_limit"
                 break
         self._check_agreement(history)
         return Trajectory(self.task.id, self.sample, self.messages, self.schemas, history.ids,
                           history.mask, history.decisions, history.logprobs, prompt_length,
-                          turns, termination, answer, time.perf_counter() - started)
+                          turns, termination, answer, time.perf_counter() - started,
+                          None if conversation is None else conversation.usage)
+
+    @staticmethod
+    def _message_to_user(text: str, parsed: ParsedTurn) -> str | None:
+        """What a turn says to the user: an ``<answer>``'s text, or the text of a turn with no
+        call (thinking removed); None for a call, or a turn that says nothing."""
+        if parsed.calls:
+            return None
+        if parsed.answer is not None:
+            return parsed.answer
+        message = without_thinking(text).strip()
+        return message if parsed.format_errors == ["no_call"] and message else None
 
     def _decision_prefix(self, choice: Choice) -> list[int]:
         """The decision tokens of the canonical call of ``choice``, cut at a token boundary of
@@ -409,29 +554,37 @@ class Episode:
                 result.error, result.usage.input_tokens, result.usage.output_tokens))
         return list(results)
 
+    def _observation(self, text: str) -> str:
+        return self._truncate_observation(escape_markup(text, self.tokenizer))
+
     def _add_observations(self, history: _History, parsed: ParsedTurn,
                           results: list[ToolResult]) -> bool:
         """One tool message per call (its output or its error), then the turn-level format
-        error if any; appended as template tokens cut from the template's own rendering.
-        Returns False (appending nothing) when they would leave no room for another turn."""
+        error if any (see :meth:`_append_messages`)."""
         by_call = iter(results)
         observations = [next(by_call).observation if call.valid else f"Error: {call.error}"
                         for call in parsed.calls]
         if parsed.error is not None:
             observations.append(f"Error: {parsed.error}")
+        return self._append_messages(history, [
+            {"role": "tool", "content": self._observation(observation)}
+            for observation in observations])
+
+    def _append_messages(self, history: _History, messages: list[dict[str, Any]]) -> bool:
+        """Append observations (tool outputs, the user's reply) after the assistant's turn as
+        template tokens cut from the template's own rendering. Returns False (appending
+        nothing) when they would leave no room for another turn."""
         before = self._render(generation_prompt=False)
-        for observation in observations:
-            content = self._truncate_observation(escape_markup(observation, self.tokenizer))
-            self.messages.append({"role": "tool", "content": content})
+        self.messages.extend(messages)
         after = self._render(generation_prompt=True)
         # `before` ends with the "\n" that follows the assistant's eos; the kept tokens end at
         # the eos, so the delta starts with that newline.
         if not after.startswith(before) or not before.endswith("\n"):
-            raise RolloutError("the chat template does not render tool messages as an "
-                               "append-only continuation; observations cannot be cut from it")
+            raise RolloutError("the chat template does not render observations as an "
+                               "append-only continuation; they cannot be cut from it")
         observation_ids = self._encode(after[len(before) - 1:])
         if len(history.ids) + len(observation_ids) + 2 > self.settings.max_context_tokens:
-            del self.messages[-len(observations):]
+            del self.messages[-len(messages):]
             return False
         history.add_template(observation_ids)
         self._check_agreement(history)

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams, prompt_seeds
 from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
-from nemo_orch.rollout.episode import Episode, PolicyClient, Trajectory
+from nemo_orch.rollout.episode import Episode, PolicyClient, Trajectory, UserFactory
 from nemo_orch.rollout.format import Choice
 from nemo_orch.tools.registry import Toolbox
 
@@ -162,16 +162,16 @@ def episode_jobs(tasks: Sequence[Task], samples_per_task: int, seed: int = 0,
 
 
 async def run_episodes(jobs: Sequence[EpisodeJob], policy: PolicyClient, toolbox: Toolbox,
-                       tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig
-                       ) -> list[Trajectory]:
-    """Run ``jobs``, at most ``settings.max_concurrent_episodes`` at once; trajectories come back
-    in the jobs' order."""
+                       tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
+                       users: UserFactory | None = None) -> list[Trajectory]:
+    """Run ``jobs``, at most ``settings.max_concurrent_episodes`` at once (each with its user,
+    where ``users`` makes one); trajectories come back in the jobs' order."""
     slots = asyncio.Semaphore(settings.max_concurrent_episodes)
 
     async def one(job: EpisodeJob) -> Trajectory:
         async with slots:
             episode = Episode(job.task, job.sample, policy, toolbox, tokenizer, settings,
-                              seed=job.seed, forced_choice=job.forced_choice)
+                              seed=job.seed, forced_choice=job.forced_choice, users=users)
             return await episode.run()
 
     return list(await asyncio.gather(*(one(job) for job in jobs)))
@@ -182,16 +182,16 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
                        settings: RolloutConfig, *, seed: int = 0,
                        batcher: GenerationBatcher | None = None,
                        forced_choices: Mapping[tuple[int, int], Choice] | None = None,
-                       ) -> list[Trajectory]:
+                       users: UserFactory | None = None) -> list[Trajectory]:
     """Run every task ``samples_per_task`` times (a GRPO group each), at most
     ``settings.max_concurrent_episodes`` at once; trajectories come back in (task, sample)
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
-    with (directed exploration)."""
+    with (directed exploration); ``users``: the environment's user (tau2's customer)."""
     own_batcher = batcher is None
     batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
     try:
         return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices),
-                                  batcher, toolbox, tokenizer, settings)
+                                  batcher, toolbox, tokenizer, settings, users)
     finally:
         if own_batcher:
             await batcher.close()

@@ -313,7 +313,7 @@ class Rollouts:
             runs.append(run_rollouts(drawn.tasks, size, self.engine,
                                      self.toolboxes[drawn.environment.name], self.tokenizer,
                                      self.settings, seed=seed + start * size, batcher=batcher,
-                                     forced_choices=mine))
+                                     forced_choices=mine, users=drawn.environment.users()))
             start += len(drawn.tasks)
         try:
             return [t for trajectories in await asyncio.gather(*runs) for t in trajectories]

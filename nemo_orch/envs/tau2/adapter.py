@@ -3,12 +3,13 @@
 A domain's tools become our :class:`~nemo_orch.tools.base.Tool` implementations, with tau2's own
 OpenAI schemas, so the policy sees what tau2's agents see; each episode runs on its own fresh
 tau2 ``Environment``, so observations are byte-identical to tau2's. Its tasks become our task
-rows: the domain policy is the system prompt and the user's scenario is stated up front (the user
-side is scripted: there is no simulated user to ask). Episodes are scored by tau2's own
-evaluator on a trajectory carrying our executor's outputs, so a score here is a tau2 score.
+rows: the domain policy is the system prompt, and the user's scenario is either stated up front
+(no one answers: not tau2-bench's protocol) or played by an LLM user
+(:mod:`nemo_orch.envs.tau2.user`). Episodes are scored by tau2's own evaluator on the episode's
+transcript carrying our executor's outputs, so a score here is a tau2 score.
 
-User-side tools (telecom's phone) are a second toolset, run by the scripted user on the same
-per-episode environment; the assistant never sees them.
+User-side tools (telecom's phone) are a second toolset, run by the user (the LLM's calls, or a
+gold replay's) on the same per-episode environment; the assistant never sees them.
 
 tau2 is an optional extra (``pip install 'nemo-orch[tau2]'``), imported only when used.
 """
@@ -57,11 +58,18 @@ def _tau2() -> SimpleNamespace:
         tau2_logger.disable("tau2")
         from tau2.data_model import message, simulation, tasks
         from tau2.evaluator import evaluator
+        from tau2.metrics import agent_metrics
+        from tau2.orchestrator import orchestrator
         from tau2.registry import registry
+        from tau2.user import base as user_base
+        from tau2.user import user_simulator
+        from tau2.utils import llm_utils
     except ImportError as error:
         raise Tau2Error(f"tau2-bench needs the tau2 extra ({INSTALL_HINT}): {error}") from None
     return SimpleNamespace(message=message, simulation=simulation, tasks=tasks,
-                           evaluator=evaluator, registry=registry)
+                           evaluator=evaluator, registry=registry, orchestrator=orchestrator,
+                           user_simulator=user_simulator, user_base=user_base,
+                           llm_utils=llm_utils, agent_metrics=agent_metrics)
 
 
 def domains() -> list[str]:
@@ -91,12 +99,13 @@ def tau2_task_of(task: Task) -> Any:
 
 @dataclass
 class Tau2Episode:
-    """An episode's tau2 environment and every call that reached it, in order, with its
-    requestor: the trajectory tau2's evaluator replays (a call our toolbox refused, e.g. for
-    malformed arguments, never reached the environment and changed nothing)."""
+    """An episode's tau2 environment and its transcript, in order: every call that reached the
+    environment, by its requestor, and every message between agent and user (a call our
+    toolbox refused, e.g. for malformed arguments, never reached the environment and changed
+    nothing). tau2's evaluator replays the transcript."""
 
     environment: Any
-    calls: list[tuple[str, "ExecutedCall"]] = field(default_factory=list)
+    turns: list["Turn"] = field(default_factory=list)
 
 
 def episode_environments(domain: str,
@@ -141,7 +150,8 @@ class Tau2Tool(BaseTool):
         # Our observation of an error is "Error: <error>": the same text as tau2's.
         result = (ToolResult(error=response.content.removeprefix(_ERROR_PREFIX))
                   if response.error else ToolResult(output=response.content))
-        episode.calls.append((self.requestor, ExecutedCall(self.spec.name, arguments, result)))
+        episode.turns.append(Turn(self.requestor,
+                                  calls=(ExecutedCall(self.spec.name, arguments, result),)))
         return result
 
 
@@ -309,25 +319,32 @@ def _failures(breakdown: dict[str, Any]) -> list[str]:
 
 
 def recorded_turns(domain: Tau2Domain, task: Task, episode_id: str,
-                   answer: str | None) -> list[Turn]:
-    """An episode the episode runner played (the policy's calls went through the domain's
-    toolboxes) as tau2 turns: every call that reached the environment, then the answer as the
-    assistant's closing message."""
+                   closing: str | None = None) -> list[Turn]:
+    """An episode the episode runner played (its calls went through the domain's toolboxes,
+    its messages through the user) as tau2 turns: its transcript, then ``closing`` as the
+    assistant's last message (the answer of an episode without a user)."""
     episode = domain.environments.get(ToolContext(task_id=task.id, episode_id=episode_id,
                                                   task=task))
-    return [*(Turn(requestor, calls=(call,)) for requestor, call in episode.calls),
-            Turn(ASSISTANT, text=answer or "")]
+    closed = [] if closing is None else [Turn(ASSISTANT, text=closing)]
+    return [*episode.turns, *closed]
 
 
-def score_episode(task: Task, turns: Sequence[Turn]) -> Tau2Score:
-    """Score an episode that the assistant ended, with tau2's evaluator (database, assertions,
-    actions and communicated facts, as the task's reward basis says)."""
+# How tau2 names the ends of our episodes; the evaluator scores only the agent's or the user's
+# stop, everything else is 0 (ours without a tau2 name are the agent's failures).
+_TERMINATIONS = {"answer": "AGENT_STOP", "agent_stop": "AGENT_STOP", "user_stop": "USER_STOP",
+                 "max_steps": "MAX_STEPS", "too_many_errors": "TOO_MANY_ERRORS",
+                 "user_error": "USER_ERROR"}
+
+
+def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer") -> Tau2Score:
+    """Score an episode that ended with our ``termination``, with tau2's evaluator (database,
+    assertions, actions and communicated facts, as the task's reward basis says)."""
     tau2 = _tau2()
     tau2_task = tau2_task_of(task)
+    reason = tau2.simulation.TerminationReason[_TERMINATIONS.get(termination, "AGENT_ERROR")]
     run = tau2.simulation.SimulationRun(
         id=f"{task.id}-episode", task_id=tau2_task.id, start_time="", end_time="", duration=0.0,
-        termination_reason=tau2.simulation.TerminationReason.AGENT_STOP,
-        messages=to_tau2_messages(tau2_task, turns))
+        termination_reason=reason, messages=to_tau2_messages(tau2_task, turns))
     try:
         info = tau2.evaluator.evaluate_simulation(
             run, tau2_task, tau2.evaluator.EvaluationType.ALL, solo_mode=False,

@@ -2,8 +2,11 @@
 domains): the domain policy and assistant tools, the user-side tools (telecom's user acts on
 their phone), and tau2's own evaluator on the calls that reached its environment. ``test`` is
 the split ``env.split`` names; ``train`` / ``validation`` split tau2's ``train`` split (a
-domain without splits, such as ``mock``: its one task set) by a hash of the task id. The
-user speaks through the scenario stated up front (no simulated user yet)."""
+domain without splits, such as ``mock``: its one task set) by a hash of the task id.
+
+Who answers the agent is ``env.user``: an LLM playing tau2's user simulator (tau2-bench's
+protocol), or no one, the scenario stated up front in the question (every report says that
+this is not comparable with tau2-bench)."""
 
 from __future__ import annotations
 
@@ -13,10 +16,12 @@ from nemo_orch.envs.common import declared_names, declared_tools, offering
 from nemo_orch.envs.interfaces import (Environment, GoldAction, GoldPlan, Scored, draw,
                                        final_message, split_pool)
 from nemo_orch.reward.outcome import OutcomeResult
-from nemo_orch.rollout.episode import Trajectory, episode_id
+from nemo_orch.rollout.episode import Trajectory, UserFactory, episode_id
 from nemo_orch.tools.registry import Toolbox
 
 TRAIN_SPLIT = "train"
+SCENARIO_PROTOCOL = ("scenario stated up front, no user answers (env.user.base_url unset): not "
+                     "comparable with tau2-bench")
 
 
 def tau2_gold_plan(task: Task) -> GoldPlan:
@@ -39,8 +44,15 @@ class Tau2Environment(Environment):
         from nemo_orch.envs.tau2 import adapter
 
         assert source.domain is not None  # checked when the config was loaded
-        self.name, self.notes = source.label, {}
+        self.name = source.label
         self.domain = adapter.load_domain(source.domain, source.split)
+        self._users = None
+        if source.user.simulated:
+            from nemo_orch.envs.tau2.user import Tau2Users
+
+            self._users = Tau2Users(source.user, self.domain)
+        self.notes = {"protocol": SCENARIO_PROTOCOL if self._users is None
+                      else self._users.describe()}
         self.limit, self.val_fraction = source.limit, val_fraction
         self._train: list[Task] | None = None
         self.tools_config = dataclasses.replace(
@@ -77,15 +89,21 @@ class Tau2Environment(Environment):
     def user_toolbox(self) -> Toolbox:
         return self.domain.user_toolbox()
 
+    def users(self) -> UserFactory | None:
+        return self._users
+
     async def score(self, task: Task, trajectory: Trajectory) -> Scored:
         from nemo_orch.envs.tau2 import adapter
 
         key = episode_id(task.id, trajectory.sample)
+        # Without a user, the answer is the agent's closing message; with one, the transcript
+        # already holds every message.
+        closing = None if trajectory.user is not None else trajectory.answer or ""
         try:
-            turns = adapter.recorded_turns(self.domain, task, key, trajectory.answer)
+            turns = adapter.recorded_turns(self.domain, task, key, closing)
         finally:
             self.domain.environments.release(key)
-        result = adapter.score_episode(task, turns)
+        result = adapter.score_episode(task, turns, trajectory.termination)
         return Scored(OutcomeResult(result.passed, "tau2", "; ".join(result.failures)),
                       {"tau2": result.to_json()})
 
