@@ -1,0 +1,180 @@
+"""tau2 under its own protocol: an LLM user (here the SIMULATED one of
+``tests/simulated_tau2_user.py``, over real HTTP on 127.0.0.1) talks with the agent turn by turn,
+acts on its own phone in telecom, ends the conversation, and tau2's evaluator scores the
+transcript; a failing or hanging user endpoint ends the episode with a counted ``user_error``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+pytest.importorskip("tau2")
+
+from simulated_tau2_user import MODEL, simulated_user_server  # noqa: E402
+
+from nemo_orch import config as config_lib  # noqa: E402
+from nemo_orch.config import RolloutConfig  # noqa: E402
+from nemo_orch.envs import build_environment  # noqa: E402
+from nemo_orch.envs.interfaces import final_message  # noqa: E402
+from nemo_orch.envs.tau2 import adapter  # noqa: E402
+from nemo_orch.envs.tau2.environment import SCENARIO_PROTOCOL  # noqa: E402
+from nemo_orch.rollout.engines.scripted import ScriptedEngine  # noqa: E402
+from nemo_orch.rollout.format import call_text  # noqa: E402
+from nemo_orch.rollout.runner import run_rollouts  # noqa: E402
+from nemo_orch.serve.http_server import RequestError, serve_json  # noqa: E402
+
+pytestmark = pytest.mark.tau2
+
+TELECOM_TASK = "[mobile_data_issue]airplane_mode_on|user_abroad_roaming_enabled_off[PERSONA:None]"
+SETTINGS = RolloutConfig(max_context_tokens=1 << 15, max_turns=12, max_new_tokens=512,
+                         check_template=False)
+
+
+@pytest.fixture(scope="module")
+def user_url(tiny_tokenizer):
+    with simulated_user_server(tiny_tokenizer) as url:
+        yield url
+
+
+def _environment(domain, url, *overrides):
+    user = [] if url is None else [f"env.user.base_url={url}", f"env.user.model={MODEL}"]
+    return build_environment(config_lib.load(["env=tau2", f"env.domain={domain}",
+                                              "env.split=train", *user, *overrides]))
+
+
+def _task(environment, tau2_id):
+    return next(task for task in environment.domain.tasks
+                if task.metadata["tau2_task"]["id"] == tau2_id)
+
+
+def _own_turns(prompt: str) -> int:
+    """How many messages the agent has written (the greeting and the generation prompt are
+    not its own)."""
+    return prompt.count("<|im_start|>assistant") - 2
+
+
+def _play(environment, task, agent, tokenizer):
+    """One episode of the scripted ``agent`` with the environment's user, and tau2's score."""
+    async def run():
+        trajectory, = await run_rollouts([task], 1, ScriptedEngine(tokenizer, agent),
+                                         environment.toolbox(), tokenizer, SETTINGS,
+                                         users=environment.users())
+        return trajectory, await environment.score(task, trajectory)
+
+    return asyncio.run(run())
+
+
+def test_a_telecom_user_acts_on_its_phone_when_the_agent_asks(user_url, tiny_tokenizer):
+    """The fix needs the user's hands: the agent can only ask, the user's own tool calls
+    change its phone, and tau2's assertions on the phone pass."""
+    environment = _environment("telecom", user_url, "env.user.input_usd_per_million=1",
+                               "env.user.output_usd_per_million=2")
+    task = _task(environment, TELECOM_TASK)
+
+    def agent(prompt):
+        if _own_turns(prompt) == 0:
+            return ("Please turn airplane mode off with `toggle_airplane_mode {}` and data "
+                    "roaming on with `toggle_roaming {}`.")
+        return f"<answer>{final_message([])}</answer>"
+
+    trajectory, scored = _play(environment, task, agent, tiny_tokenizer)
+    assert trajectory.termination == "user_stop" and scored.outcome.correct
+    assert scored.details["tau2"]["breakdown"]["env_assertions"] == [
+        {"assertion": "user.assert_mobile_data_status(expected_status=True)", "met": True},
+        {"assertion": "user.assert_internet_speed(expected_speed=200, "
+                      "expected_desc='excellent')", "met": True}]
+    # The scenario is not stated up front: the user opens with its reason for calling.
+    first_prompt = [m["content"] for m in trajectory.messages[:3]]
+    assert first_prompt[1] == "Hi! How can I help you today?"
+    assert first_prompt[2].startswith("You mobile data is not working properly")
+    assert "Known info" not in " ".join(first_prompt)
+    # The user's reply after its two phone actions is the agent's next observation, with
+    # loss mask 0.
+    reply = trajectory.messages[4]
+    assert reply["role"] == "user" and reply["content"].startswith("Done. My phone says:")
+    reply_ids = tiny_tokenizer.encode(reply["content"], add_special_tokens=False)
+    start = next(i for i in range(len(trajectory.token_ids))
+                 if trajectory.token_ids[i:i + len(reply_ids)] == reply_ids)
+    assert set(trajectory.loss_mask[start:start + len(reply_ids)]) == {0}
+    # The user's tokens are priced in its own ledger, apart from the episode's cost.
+    user = trajectory.user
+    assert user.messages == 3 and user.input_tokens > 0
+    assert user.cost_usd == pytest.approx((user.input_tokens + 2 * user.output_tokens) / 1e6)
+    assert trajectory.cost_usd == sum(turn.orchestrator_cost_usd for turn in trajectory.turns)
+    # Without the user's phone actions, the same closing fails tau2's assertions.
+    def closes_at_once(prompt):
+        return f"<answer>{final_message([])}</answer>"
+
+    _, scored = _play(environment, task, closes_at_once, tiny_tokenizer)
+    assert not scored.outcome.correct
+
+
+def test_a_retail_agent_asks_the_user_and_acts_on_the_answer(user_url, tiny_tokenizer):
+    """The agent asks who the user is; the user answers from its scenario; the agent's gold
+    calls and closing message pass tau2's database and communicate checks."""
+    environment = _environment("retail", user_url)
+    task = _task(environment, "0")
+    criteria = adapter.tau2_task_of(task).evaluation_criteria
+    calls = [(action.name, action.arguments) for action in criteria.actions]
+    closing = final_message(criteria.communicate_info or [])
+
+    def agent(prompt):
+        turn = _own_turns(prompt)
+        if turn == 0:
+            return "I can help with that. What is your name and zip code?"
+        if turn <= len(calls):
+            return call_text(calls[turn - 1])
+        return f"<answer>{closing}</answer>"
+
+    trajectory, scored = _play(environment, task, agent, tiny_tokenizer)
+    assert trajectory.termination == "user_stop", trajectory.messages[-2:]
+    assert scored.outcome.correct, scored.details
+    answer = trajectory.messages[4]["content"]
+    assert "Yusuf Rossi in zip code 19122" in answer and trajectory.messages[4]["role"] == "user"
+
+
+def test_tau2s_step_limit_ends_a_conversation(user_url, tiny_tokenizer):
+    """Every agent message, user message and batch of tool results is one of tau2's steps."""
+    environment = _environment("retail", user_url, "env.user.max_steps=4")
+    task = _task(environment, "0")
+    trajectory, scored = _play(environment, task, lambda prompt: "Could you say that again?",
+                               tiny_tokenizer)
+    # The user's opening (1), then agent (2), user (3), agent (4): the limit.
+    assert trajectory.termination == "max_steps" and len(trajectory.turns) == 2
+    assert not scored.outcome.correct
+
+
+def _failing_user(handler):
+    return serve_json({("POST", "/chat/completions"): handler}, url_path="/v1")
+
+
+def test_a_failing_or_hanging_user_endpoint_is_a_counted_user_error(tiny_tokenizer):
+    def broken(body):
+        raise RequestError("the user model crashed", status=500)
+
+    def hanging(body):
+        time.sleep(3)
+        return {}
+
+    for handler in (broken, hanging):
+        with _failing_user(handler) as server:
+            environment = _environment("retail", server.url, "env.user.timeout_s=0.5",
+                                       "env.user.max_retries=1")
+            started = time.perf_counter()
+            trajectory, scored = _play(environment, _task(environment, "0"),
+                                       lambda prompt: "Hello?", tiny_tokenizer)
+            assert time.perf_counter() - started < 10
+        assert trajectory.termination == "user_error" and not trajectory.turns
+        assert not scored.outcome.correct
+
+
+def test_without_a_user_the_report_says_it_is_not_tau2_bench():
+    environment = _environment("mock", None)
+    assert environment.users() is None
+    assert environment.notes["protocol"] == SCENARIO_PROTOCOL
+    assert re.search("not comparable with tau2-bench", SCENARIO_PROTOCOL)
