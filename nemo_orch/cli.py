@@ -97,9 +97,12 @@ def cmd_grpo(config: Config, args: argparse.Namespace) -> int:
         if summary.start_step >= summary.end_step:
             print(f"grpo: already complete at step {summary.end_step} ({summary.run_dir})")
             return 0
+        def reward(value: float | None) -> str:
+            return "none (no group kept)" if value is None else f"{value:.3f}"
+
         print(f"grpo: env={config.env.label}, steps {summary.start_step + 1}-{summary.end_step} "
-              f"from {stage.trainer.init_from}; reward {summary.first_reward:.3f} -> "
-              f"{summary.last_reward:.3f}")
+              f"from {stage.trainer.init_from}; reward {reward(summary.first_reward)} -> "
+              f"{reward(summary.last_reward)}")
         print(f"  checkpoint {summary.checkpoint}")
         print(f"  metrics    {summary.run_dir / 'metrics.jsonl'} (per source: source/<name>/...)")
     return 0

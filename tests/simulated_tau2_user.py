@@ -9,7 +9,7 @@ turns, the simulated user's own as ``assistant`` turns, as tau2 flips them):
   ``name {json arguments}`` in backticks, then says what the last one returned;
 - to a message saying the request is handled it answers ``###STOP###``;
 - to anything else (the greeting, a question) it states its scenario's reason for call and
-  known info.
+  known info (a scenario without them: its instructions).
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def simulated_user_reply(prompt: str) -> str:
         return f"Done. My phone says: {' '.join(output[1].split())}"
     if "handled" in agent_message:
         return "Thank you, that is all. ###STOP###"
-    return f"{_field(scenario, 'Reason for call')} {_field(scenario, 'Known info')}"
+    opening = " ".join(filter(None, (_field(scenario, "Reason for call"),
+                                     _field(scenario, "Known info"))))
+    return opening or _field(scenario, "Instructions")
 
 
 @contextmanager

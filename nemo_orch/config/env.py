@@ -42,7 +42,8 @@ class UserConfig:
     user or tool-results message is a step; each failed tool call, either side's, an error).
     The user's tokens are priced at ``input_usd_per_million`` / ``output_usd_per_million``
     (null: ``model``'s list price where ``tools/pricing.py`` knows it, else 0) and kept apart
-    from the orchestrator's and the experts' cost."""
+    from the orchestrator's and the experts' cost. ``seed`` (null: the episode's, so each trial
+    of a task has its own) is sent with every request."""
 
     base_url: Optional[str] = None
     model: Optional[str] = None

@@ -55,6 +55,9 @@ class EvalConfig:
     evaluation continues where it stopped. ``tasks``: the offline world's held-out tasks (the
     main job evaluates its policies on them, greedily, ``rollout.max_concurrent_episodes`` at
     once; its caches are ``<run>/eval/<environment>/episodes/<policy>.jsonl``).
+    ``num_trials``: each task that many times (trial ``t``'s episode of task ``j`` is episode
+    ``t * tasks + j``), the report then giving pass^k for k = 1..num_trials (tau2-bench's
+    measure).
     Episode ``i`` runs with seed ``seed + i`` (null: ``run.seed``) at ``temperature``;
     ``concurrency`` episodes at once, at most ``max_requests_per_endpoint`` requests in flight
     to each OpenAI-compatible endpoint the evaluation calls (orchestrator, monolith, judge).
@@ -68,10 +71,12 @@ class EvalConfig:
     concurrency: int = 16
     max_requests_per_endpoint: int = 8
     resume: bool = True
+    num_trials: int = 1
     monolith: MonolithConfig = field(default_factory=MonolithConfig)
 
     def __post_init__(self) -> None:
         _require(self.tasks >= 1 and self.concurrency >= 1
-                 and self.max_requests_per_endpoint >= 1,
-                 "eval.tasks, eval.concurrency and eval.max_requests_per_endpoint must be >= 1")
+                 and self.max_requests_per_endpoint >= 1 and self.num_trials >= 1,
+                 "eval.tasks, eval.concurrency, eval.max_requests_per_endpoint and "
+                 "eval.num_trials must be >= 1")
         _require(self.temperature >= 0, "eval.temperature must be >= 0")

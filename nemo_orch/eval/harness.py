@@ -12,7 +12,8 @@ starts with a fingerprint of what decides the results (environment, agent, tasks
 rollout, reward, monolith): results of other settings are refused, never mixed in.
 
 Episode ``i`` runs with seed ``eval.seed + i`` whichever examples are left, and decoding is
-greedy by default, so a run is deterministic for a seed.
+greedy by default, so a run is deterministic for a seed. With ``eval.num_trials`` each task is
+an example that many times (trial ``t`` of task ``j`` is episode ``t * tasks + j``).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class EpisodeCache:
             raise ConfigError(f"{self.path} holds results of another evaluation (other "
                               "settings, tasks or seed); set eval.resume=false to start over, "
                               "or choose another eval.out_dir")
-        self.records = {record["task_id"]: record for record in kept[1:]}
+        self.records = {example_key(record["task_id"], record["trial"]): record
+                        for record in kept[1:]}
         self._write_all(kept)  # without a cut line, so appends start on a fresh line
 
     def _write_all(self, records: list[dict[str, Any]]) -> None:
@@ -111,15 +113,20 @@ class EpisodeCache:
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
             file.flush()
             os.fsync(file.fileno())
-        self.records[record["task_id"]] = record
+        self.records[example_key(record["task_id"], record["trial"])] = record
+
+
+def example_key(task_id: str, trial: int) -> str:
+    """An example of the cache: a task's trial."""
+    return f"{task_id}@{trial}"
 
 
 def fingerprint(config: Config, benchmark: Environment, tasks: list[Task], system: System,
                 seed: int) -> str:
     """What decides a system's results; concurrency and output paths do not."""
     relevant = {"benchmark": benchmark.name, "agent": system.kind, "system": system.name,
-                "weights": system.weights, "seed": seed,
-                "tasks": [task.id for task in tasks],
+                "weights": system.weights, "seed": seed, "env": asdict(config.env),
+                "tasks": [task.id for task in tasks], "trials": config.eval.num_trials,
                 "temperature": config.eval.temperature,
                 "tools": asdict(config.tools), "reward": asdict(config.reward),
                 "rollout": {k: v for k, v in asdict(config.rollout).items()
@@ -128,10 +135,11 @@ def fingerprint(config: Config, benchmark: Environment, tasks: list[Task], syste
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def episode_record(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
-                   result: EpisodeResult) -> dict[str, Any]:
+def episode_record(index: int, trial: int, seed: int, task: Task, trajectory: Trajectory,
+                   scored: Scored, result: EpisodeResult) -> dict[str, Any]:
     episode = {k: v for k, v in trajectory.to_json().items() if k not in _TOKEN_FIELDS}
-    return {"task_id": task.id, "index": index, "seed": seed, "result": asdict(result),
+    return {"task_id": task.id, "trial": trial, "index": index, "seed": seed,
+            "result": asdict(result),
             "outcome": asdict(scored.outcome), "details": scored.details,
             "reference": task.answer, "episode": episode}
 
@@ -296,7 +304,7 @@ async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, 
         await asyncio.gather(*(one(index, task) for index, task in todo))
 
 
-def _cache_into(cache: EpisodeCache) -> Handler:
+def _cache_into(cache: EpisodeCache, num_tasks: int) -> Handler:
     def append(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
                oracle: Oracle | None) -> None:
         result = EpisodeResult.from_trajectory(
@@ -305,15 +313,16 @@ def _cache_into(cache: EpisodeCache) -> Handler:
             pref_adherence=(None if oracle is None
                             else oracle.preference_adherence(task, trajectory)),
             budget_usd=task_budget(task))
-        cache.append(episode_record(index, seed, task, trajectory, scored, result))
+        cache.append(episode_record(index, index // num_tasks, seed, task, trajectory, scored,
+                                    result))
 
     return append
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The test tasks evaluated and, per system, its episode records in task order (each as
-    :func:`episode_record` writes it to the system's cache)."""
+    """The test tasks evaluated and, per system, its episode records in (trial, task) order
+    (each as :func:`episode_record` writes it to the system's cache)."""
 
     tasks: list[Task]
     records: dict[str, list[dict[str, Any]]]
@@ -339,11 +348,14 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
         cache = EpisodeCache(directory / EPISODES / f"{system.name.replace(':', '-')}.jsonl",
                              fingerprint(config, benchmark, tasks, system, seed),
                              config.eval.resume)
-        todo = [(index, task) for index, task in enumerate(tasks) if task.id not in cache.records]
+        examples = [(trial * len(tasks) + index, example_key(task.id, trial), task)
+                    for trial in range(config.eval.num_trials)
+                    for index, task in enumerate(tasks)]
+        todo = [(index, task) for index, key, task in examples if key not in cache.records]
         if todo:
             asyncio.run(_roll_out(system, resources, todo, config.eval.concurrency,
-                                  _cache_into(cache)))
-        records[system.name] = [cache.records[task.id] for task in tasks]
+                                  _cache_into(cache, len(tasks))))
+        records[system.name] = [cache.records[key] for _, key, _ in examples]
     return Evaluation(tasks, records)
 
 

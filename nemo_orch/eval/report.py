@@ -76,8 +76,32 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def pass_hat_k(trials: int, successes: int, k: int) -> float:
+    """The chance that ``k`` trials drawn from a task's ``trials``, ``successes`` of them
+    right, are all right: tau2-bench's pass^k of one task (``comb(s, k) / comb(n, k)``)."""
+    if not 1 <= k <= trials or not 0 <= successes <= trials:
+        raise ValueError(f"pass^k needs 1 <= k <= trials and 0 <= successes <= trials, got "
+                         f"k={k}, trials={trials}, successes={successes}")
+    return math.comb(successes, k) / math.comb(trials, k)
+
+
+def pass_hat_ks(results: Sequence[EpisodeResult]) -> dict[str, float]:
+    """pass^k for k = 1..trials, averaged over tasks (each task run ``trials`` times)."""
+    by_task: dict[str, list[bool]] = {}
+    for result in results:
+        by_task.setdefault(result.task_id, []).append(result.correct)
+    trials = {len(outcomes) for outcomes in by_task.values()}
+    if len(trials) != 1:
+        raise ValueError(f"pass^k needs as many trials of every task, got {sorted(trials)}")
+    (count,) = trials
+    return {str(k): statistics.mean(pass_hat_k(count, sum(outcomes), k)
+                                    for outcomes in by_task.values())
+            for k in range(1, count + 1)}
+
+
 def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
-    """A system's numbers over its episodes (one per task)."""
+    """A system's numbers over its episodes (one per task, or per trial of each task:
+    ``tasks`` counts the episodes, ``pass_hat_k`` the tasks' pass^k)."""
     if not results:
         raise ValueError("no episodes to summarize")
     correct = sum(result.correct for result in results)
@@ -102,6 +126,7 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "pref_adherence": statistics.mean(adherence) if adherence else None,
         # The share of the episodes of tasks with a budget that kept to it (None: no budgets).
         "within_budget": statistics.mean(budgeted) if budgeted else None,
+        "pass_hat_k": pass_hat_ks(results),
     }
 
 
@@ -171,6 +196,18 @@ def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
     return [pareto, mix]
 
 
+def _pass_hat_k(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """pass^k per system, where tasks ran more than once."""
+    if all(len(row["pass_hat_k"]) == 1 for row in systems.values()):
+        return []
+    ks = max((row["pass_hat_k"] for row in systems.values()), key=len)
+    return ["", "| system | " + " | ".join(f"pass^{k}" for k in ks) + " |",
+            "|---|" + "---:|" * len(ks),
+            *[f"| {name} | " + " | ".join(f"{row['pass_hat_k'][k]:.3f}" if k in row["pass_hat_k"]
+                                         else "" for k in ks) + " |"
+              for name, row in systems.items()]]
+
+
 def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -206,7 +243,8 @@ def write_report(out_dir: str | Path, benchmark: str,
                           for name, row in summaries.items()})
     plots = _plots(summaries, front, out_dir)
     lines = [f"# {benchmark}", "", *_table(summaries, front), "",
-             "\\* on the cost-accuracy Pareto front.", *_notes(notes), "",
+             "\\* on the cost-accuracy Pareto front.", *_pass_hat_k(summaries), *_notes(notes),
+             "",
              *[f"![{plot.stem}]({plot.name})" for plot in plots]]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
     path = out_dir / REPORT

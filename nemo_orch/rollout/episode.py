@@ -480,7 +480,8 @@ class Episode:
             if not self._add_observations(history, parsed, results):
                 termination = "context_limit"
                 break
-        self._check_agreement(history)
+        if turns:  # a conversation the user ended at its opening has only the prompt
+            self._check_agreement(history)
         return Trajectory(self.task.id, self.sample, self.messages, self.schemas, history.ids,
                           history.mask, history.decisions, history.logprobs, prompt_length,
                           turns, termination, answer, time.perf_counter() - started,

@@ -132,8 +132,9 @@ class StepBatch:
     """What rank 0's rollouts made of one step: the groups kept for training, every group
     generated (what the step's metrics describe), the sampling stats, the routing choices the
     policy made itself, the episodes whose first choice was forced, the tasks left out because
-    their prompt does not fit the context, and the validation metrics (empty between
-    ``grpo.val_interval`` steps)."""
+    their prompt does not fit the context, the episodes a failing user endpoint ended (left
+    out of their groups), and the validation metrics (empty between ``grpo.val_interval``
+    steps)."""
 
     kept: list[Group]
     generated: list[Group]
@@ -141,12 +142,14 @@ class StepBatch:
     choices: Counter
     forced_episodes: int
     skipped_context: int
+    user_errors: int = 0
     validation: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         return {**rollout_metrics(self.generated, self.stats),
                 "explore/forced_episodes": self.forced_episodes,
-                "sampling/skipped_context": self.skipped_context, **self.validation,
+                "sampling/skipped_context": self.skipped_context,
+                "sampling/user_errors": self.user_errors, **self.validation,
                 **{f"choices/{key}": count for key, count in self.choices.items()}}
 
 
@@ -158,6 +161,7 @@ class _Round:
     choices: Counter
     forced_episodes: int
     skipped_context: int
+    user_errors: int
 
 
 class Rollouts:
@@ -339,12 +343,19 @@ class Rollouts:
                 choice = self.first_choice(trajectory)
                 if (task_index, sample) not in forced and choice is not None:
                     made[_choice_key(choice)] += 1
-        environments = {task.id: environment for task, environment in zip(tasks, sources)}
-        breakdowns = await score_groups(tasks, grouped, self.config.reward, self._outcome(
-            environments))
-        groups = [Group(task, group, scored, environment.name) for task, group, scored,
-                  environment in zip(tasks, grouped, breakdowns, sources)]
-        return _Round(groups, made, len(forced), count - len(tasks))
+        # An episode a failing user endpoint ended says nothing of the policy: it leaves its
+        # group (the rest keep a baseline among themselves), and a task with none left goes.
+        user_errors = sum(t.termination == "user_error" for t in trajectories)
+        kept = [(task, answered, environment)
+                for task, group, environment in zip(tasks, grouped, sources)
+                if (answered := [t for t in group if t.termination != "user_error"])]
+        environments = {task.id: environment for task, _, environment in kept}
+        breakdowns = await score_groups([task for task, _, _ in kept],
+                                        [group for _, group, _ in kept], self.config.reward,
+                                        self._outcome(environments))
+        groups = [Group(task, group, scored, environment.name)
+                  for (task, group, environment), scored in zip(kept, breakdowns)]
+        return _Round(groups, made, len(forced), count - len(tasks), user_errors)
 
     def _outcome(self, environments: dict[str, Environment]) -> OutcomeFn:
         """Each task's environment scores its episodes (on Ray: the pool's scorers)."""
@@ -370,7 +381,8 @@ class Rollouts:
                 continue
             trajectories = await run_rollouts(tasks, 1, self.engine,
                                               self.toolboxes[environment.name], self.tokenizer,
-                                              settings, seed=self.config.run.seed)
+                                              settings, seed=self.config.run.seed,
+                                              users=environment.users())
             scored = await asyncio.gather(*(environment.score(task, trajectory) for
                                             task, trajectory in zip(tasks, trajectories)))
             prefix = f"val/{environment.name}"
@@ -400,7 +412,8 @@ class Rollouts:
         self.previous_choices = choices
         return StepBatch(kept, [group for r in rounds for group in r.groups], stats, choices,
                          sum(r.forced_episodes for r in rounds),
-                         sum(r.skipped_context for r in rounds))
+                         sum(r.skipped_context for r in rounds),
+                         sum(r.user_errors for r in rounds))
 
 
 def build_rollouts(config: Config, tokenizer: Any, hf: dict[str, torch.Tensor],

@@ -78,3 +78,53 @@ def test_unknown_choices_are_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--benchmark", "tau3", "--agent", "gold-replay"])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_pass_hat_k_is_tau2s_over_tasks():
+    """pass^k of a report: tau2's own per-task formula, averaged over tasks."""
+    from tau2.metrics.agent_metrics import pass_hat_k
+
+    from nemo_orch.eval.report import EpisodeResult, pass_hat_ks
+
+    outcomes = {"a": [True, True, True, False], "b": [False, True, False, False],
+                "c": [True, True, True, True], "d": [False] * 4}
+    results = [EpisodeResult(task, correct, 0.0, 0.0, 1)
+               for trial in range(4) for task, runs in outcomes.items()
+               for correct in [runs[trial]]]
+    expected = {str(k): sum(pass_hat_k(4, sum(runs), k) for runs in outcomes.values()) / 4
+                for k in range(1, 5)}
+    assert pass_hat_ks(results) == pytest.approx(expected)
+    assert pass_hat_ks(results)["1"] == pytest.approx(8 / 16)  # pass^1: the accuracy
+    with pytest.raises(ValueError, match="as many trials of every task"):
+        pass_hat_ks(results[:-1])
+
+
+def test_trials_with_an_llm_user_report_pass_hat_k_and_the_protocol(tmp_path, random_policy_dir,
+                                                                    tiny_tokenizer):
+    """``eval.num_trials=2`` with the user of ``env.user`` (the SIMULATED one on 127.0.0.1):
+    each task twice, pass^1 and pass^2 and the protocol in report.json and report.md."""
+    from simulated_tau2_user import MODEL, simulated_user_server
+
+    out = tmp_path / "report"
+    with simulated_user_server(tiny_tokenizer) as url:
+        assert _eval("env.domain=mock", "env.limit=2", "eval.num_trials=2",
+                     f"env.user.base_url={url}", f"env.user.model={MODEL}",
+                     f"rollout.policy={random_policy_dir}", "rollout.max_turns=2",
+                     "rollout.max_new_tokens=8", f"eval.out_dir={out}",
+                     agent="orchestrator") == 0
+    report = json.loads((out / "report.json").read_text())
+    row = report["systems"]["orchestrator"]
+    assert row["tasks"] == 4 and set(row["pass_hat_k"]) == {"1", "2"}
+    assert row["pass_hat_k"]["1"] == row["accuracy"]
+    episodes = [json.loads(line) for line in
+                (out / "episodes" / "orchestrator.jsonl").read_text().splitlines()[1:]]
+    assert sorted((e["task_id"], e["trial"]) for e in episodes) == sorted(
+        (task, trial) for task in {e["task_id"] for e in episodes} for trial in (0, 1))
+    assert len({e["seed"] for e in episodes}) == 4  # each trial its own seed
+    assert all(e["episode"]["user"]["messages"] >= 1 for e in episodes)
+    notes = report["notes"]
+    assert notes["protocol"].startswith(f"LLM user {MODEL} at {url}")
+    assert "max_steps 200" in notes["protocol"] and notes["split"] == "mock test"
+    assert notes["submission"] == "standard (the domain's tools only)"
+    markdown = (out / "report.md").read_text()
+    assert "| system | pass^1 | pass^2 |" in markdown and "protocol: LLM user" in markdown

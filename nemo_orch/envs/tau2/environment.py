@@ -51,13 +51,19 @@ class Tau2Environment(Environment):
             from nemo_orch.envs.tau2.user import Tau2Users
 
             self._users = Tau2Users(source.user, self.domain)
-        self.notes = {"protocol": SCENARIO_PROTOCOL if self._users is None
-                      else self._users.describe()}
         self.limit, self.val_fraction = source.limit, val_fraction
         self._train: list[Task] | None = None
         self.tools_config = dataclasses.replace(
             config.tools, declarations=declared_tools(config, source, own_tools=True), domains=[])
         self.declared = declared_names(self.tools_config)
+        self.notes = {
+            "protocol": SCENARIO_PROTOCOL if self._users is None else self._users.describe(),
+            "split": f"{source.domain} {source.split}" + (
+                " (train + test, as the leaderboard; GRPO trains on its train part)"
+                if source.split == "base" else ""),
+            # The leaderboard calls a run with tools beyond the domain's a custom submission.
+            "submission": "standard (the domain's tools only)" if not self.declared else
+                          f"custom: extra tools offered ({', '.join(sorted(self.declared))})"}
 
     def _train_pool(self) -> list[Task]:
         from nemo_orch.envs.tau2 import adapter

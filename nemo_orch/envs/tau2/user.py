@@ -136,7 +136,9 @@ class Tau2User:
         for _ in range(EMPTY_REPLY_RETRIES + 1):
             result = await self.users.client.chat(
                 messages, max_tokens=config.max_tokens, temperature=config.temperature,
-                top_p=config.top_p, seed=config.seed, tools=tools or None,
+                top_p=config.top_p,
+                seed=self.context.seed if config.seed is None else config.seed,
+                tools=tools or None,
                 extra={"tool_choice": "auto"} if tools else None)
             if result.text.strip() or result.tool_calls:
                 return result
