@@ -444,20 +444,11 @@ class Episode:
                 history.ids[turn_start:], text, decision_end(text, parsed, self.format)))
             message = None if conversation is None else self._message_to_user(text, parsed)
             if message is not None:
-                record.format_errors = []
+                record.format_errors = []  # a message to the user is no missing call
                 answer = message
-                if AGENT_STOP in message:
-                    termination = "agent_stop"
-                    break
-                ended = conversation.agent_turn(record)
-                if ended is None:
-                    reply, ended = await conversation.tell(message)
+                ended = await self._talk(history, conversation, record, message)
                 if ended is not None:
                     termination = ended
-                    break
-                if not self._append_messages(history, [{"role": "user",
-                                                        "content": self._observation(reply)}]):
-                    termination = "context_limit"
                     break
                 continue
             if parsed.answer is not None:
@@ -486,6 +477,20 @@ class Episode:
                           history.mask, history.decisions, history.logprobs, prompt_length,
                           turns, termination, answer, time.perf_counter() - started,
                           None if conversation is None else conversation.usage)
+
+    async def _talk(self, history: _History, conversation: _Conversation, record: TurnRecord,
+                    message: str) -> str | None:
+        """Send the turn's ``message`` to the user and append the reply as the next
+        observation; what ended the conversation, if anything."""
+        if AGENT_STOP in message:
+            return "agent_stop"
+        ended = conversation.agent_turn(record)
+        if ended is None:
+            reply, ended = await conversation.tell(message)
+        if ended is None and not self._append_messages(
+                history, [{"role": "user", "content": self._observation(reply)}]):
+            return "context_limit"
+        return ended
 
     @staticmethod
     def _message_to_user(text: str, parsed: ParsedTurn) -> str | None:
