@@ -18,7 +18,7 @@ QA_PRESETS = ("hle", "frames")
 _KIND_OPTIONS = {
     "offline": set(),
     "toolscale": {"path", "domain"},
-    "tau2": {"domain", "split", "user"},
+    "tau2": {"domain", "split", "user", "tau2_domains", "path"},
     "qa": {"path", "preset", "id_column", "question_columns", "answer_columns",
            "documents_column"},
     "tasks": {"path"},
@@ -85,6 +85,12 @@ class EnvSourceConfig:
       the installed domains of ``tools.domains``); ``domain``: one domain (null: all);
     * ``tau2``: tau2-bench's ``domain`` (extra ``tau2``); evaluation runs its ``split``,
       training its ``train`` split; ``user``: who answers the agent (:class:`UserConfig`);
+      ``tau2_domains``: directories registered with tau2 as domains of their own, each named by
+      its directory and in tau2's layout (``tools.py``, ``data_model.py``, ``db.json``,
+      ``policy.md``, optionally ``tasks.json``; see :mod:`nemo_orch.envs.tau2.external`);
+      ``path``: the domain's tasks instead of its own, the rows of a ToolScale ``.parquet``
+      file in the published layout (or a ``.json`` / ``.jsonl`` list of tau2 tasks) whose
+      ``user_scenario.instructions.domain`` is ``domain``; a file is one task set, no splits;
     * ``qa``: question / reference-answer rows, ``path`` a ``.jsonl``, ``.json`` or ``.parquet``
       file, columns ``id_column``, the first present of ``question_columns`` and of
       ``answer_columns``, optionally ``documents_column`` (the ids retrieval may return);
@@ -116,6 +122,7 @@ class EnvSourceConfig:
         "answer", "reference_answer", "reference", "solution"])
     documents_column: Optional[str] = None
     user: UserConfig = field(default_factory=UserConfig)
+    tau2_domains: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -139,6 +146,9 @@ class EnvSourceConfig:
         for index, path in enumerate(self.tools or []):
             _require(resolve_conf_path(path).exists(),
                      f"{where}.tools[{index}]: no such file or directory: {path}")
+        for index, path in enumerate(self.tau2_domains):
+            _require(resolve_conf_path(path).is_dir(),
+                     f"{where}.tau2_domains[{index}]: no such directory: {path}")
         _require(self.preset in (None, *QA_PRESETS),
                  f"{where}.preset must be null|{'|'.join(QA_PRESETS)}, got {self.preset!r}")
         _require(self.kind not in ("qa", "tasks") or self.path is not None,
@@ -147,7 +157,7 @@ class EnvSourceConfig:
         self.user._check(f"{where}.user")
         _require(self.kind != "tau2" or self.domain is not None,
                  f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
-                 "telecom, mock)")
+                 "telecom, mock, or a directory's name in tau2_domains)")
 
 
 @dataclass

@@ -146,8 +146,8 @@ def test_toolscale_counts_domains_and_replays_gold(toolscale_dir):
 
 
 def test_an_option_of_another_kind_and_moved_keys_are_refused():
-    with pytest.raises(ConfigError, match="a tau2 environment has no option path"):
-        config_lib.load(["env=tau2", f"env.path={QA_SAMPLE}"])
+    with pytest.raises(ConfigError, match="a tau2 environment has no option id_column"):
+        config_lib.load(["env=tau2", "env.id_column=qid"])
     with pytest.raises(ConfigError, match="eval.limit is now env.limit"):
         config_lib.load(["eval.limit=3"])
     with pytest.raises(ConfigError, match=r"env.sources\[0\].weight must be > 0"):

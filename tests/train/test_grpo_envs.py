@@ -14,7 +14,7 @@ import pytest
 from cli_helpers import TINY_LONG_MODEL, read_metrics, run_cli, run_cli_here
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.faults import ENV as KILL_AT
-from nemo_orch.serve.http_server import RequestError, serve_json
+from nemo_orch.serve.http_server import serve_json
 
 QA_SAMPLE = "env/samples/generalthought_sample.jsonl"  # shipped under conf/
 
@@ -64,31 +64,46 @@ def test_grpo_on_tau2_mock_is_scored_by_tau2(start_checkpoint, tmp_path):
 
 
 @pytest.mark.tau2
-def test_grpo_on_tau2_talks_with_an_llm_user(start_checkpoint, tiny_tokenizer, tmp_path):
-    """Rollouts on tau2 with its LLM user (the SIMULATED one, over HTTP on 127.0.0.1); an
-    episode a failing user endpoint ends is counted and left out of its group, never trained
-    on as a failure."""
-    from simulated_tau2_user import MODEL, simulated_user_server
+def test_grpo_on_an_external_tau2_domain_is_scored_by_tau2(start_checkpoint, tmp_path):
+    """A domain from a directory in tau2's layout (registered in the GRPO process itself), its
+    tasks the rows of a ToolScale parquet file: one task set, so GRPO trains on it too."""
+    from tau2_bank import write_domain, write_rows
 
-    def failing(body):
-        raise RequestError("the user model crashed", status=500)
-
-    with simulated_user_server(tiny_tokenizer) as url:
-        run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2",
-                                        "env.domain=mock", f"env.user.base_url={url}",
-                                        f"env.user.model={MODEL}"))
+    bank, rows = write_domain(tmp_path), write_rows(tmp_path / "bank.parquet")
+    run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2", "env.domain=bank",
+                                    f"env.tau2_domains=[{bank}]", f"env.path={rows}"))
     metrics = read_metrics(tmp_path / "run" / "grpo-tau2")
     assert [m["step"] for m in metrics] == [1, 2]
-    assert all(m["sampling/user_errors"] == 0 and "source/tau2/accuracy" in m for m in metrics)
-    with serve_json({("POST", "/chat/completions"): failing}, url_path="/v1") as broken:
-        run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path / "failing", "env=tau2",
-                                        "env.domain=mock", f"env.user.base_url={broken.url}",
-                                        f"env.user.model={MODEL}", "env.user.max_retries=0",
-                                        "grpo.max_steps=1"))
-    (step,) = read_metrics(tmp_path / "failing" / "run" / "grpo-tau2")
-    # Every episode of every sampling round (2 prompts x 2 samples each) failed; none trained.
-    assert step["sampling/user_errors"] == 4 * step["sampling/rounds"]
-    assert step["sampling/kept"] == 0 and step["samples"] == 0
+    assert all(m["source/tau2/share"] == 1.0 and "source/tau2/accuracy" in m for m in metrics)
+
+
+@pytest.mark.tau2
+def test_grpo_on_tau2_talks_with_an_llm_user(start_checkpoint, tiny_tokenizer, tmp_path):
+    """Rollouts on tau2 with its LLM user (the SIMULATED one, served by the project's
+    OpenAI-compatible server on 127.0.0.1), whose endpoint fails for the episodes of odd seeds:
+    those are counted and left out of their groups, never trained on as failures; the others
+    train."""
+    from simulated_tau2_user import MODEL, simulated_user_reply
+
+    from nemo_orch.rollout.engines.scripted import ScriptedEngine
+    from nemo_orch.serve.openai_server import start_server
+
+    class FlakyUser(ScriptedEngine):
+        def generate(self, prompts, params, seeds=None):
+            if params.seed % 2:  # the user's requests carry their episode's seed
+                raise RuntimeError("the user model crashed")
+            return super().generate(prompts, params, seeds)
+
+    with start_server(FlakyUser(tiny_tokenizer, simulated_user_reply), tiny_tokenizer,
+                      MODEL) as server:
+        run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2",
+                                        "env.domain=mock", f"env.user.base_url={server.url}",
+                                        f"env.user.model={MODEL}", "env.user.max_retries=0"))
+    metrics = read_metrics(tmp_path / "run" / "grpo-tau2")
+    assert [m["step"] for m in metrics] == [1, 2]
+    # Each round's 4 episodes (2 prompts x 2 samples) have consecutive seeds: 2 failed.
+    assert all(m["sampling/user_errors"] == 2 * m["sampling/rounds"]
+               and "source/tau2/accuracy" in m for m in metrics)
 
 
 @pytest.mark.tau2

@@ -11,6 +11,9 @@ transcript carrying our executor's outputs, so a score here is a tau2 score.
 User-side tools (telecom's phone) are a second toolset, run by the user (the LLM's calls, or a
 gold replay's) on the same per-episode environment; the assistant never sees them.
 
+Domains outside tau2 (directories in its layout) join its registry first
+(:mod:`nemo_orch.envs.tau2.external`); from then on they are tau2 domains like any other.
+
 tau2 is an optional extra (``pip install 'nemo-orch[tau2]'``), imported only when used.
 """
 
@@ -22,6 +25,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,6 +61,7 @@ def _tau2() -> SimpleNamespace:
         # tau2 logs its registry on import, and every tool response, at DEBUG level to stderr.
         tau2_logger.disable("tau2")
         from tau2.data_model import message, simulation, tasks
+        from tau2.environment import db, environment, toolkit
         from tau2.evaluator import evaluator
         from tau2.metrics import agent_metrics
         from tau2.orchestrator import orchestrator
@@ -69,7 +74,8 @@ def _tau2() -> SimpleNamespace:
     return SimpleNamespace(message=message, simulation=simulation, tasks=tasks,
                            evaluator=evaluator, registry=registry, orchestrator=orchestrator,
                            user_simulator=user_simulator, user_base=user_base,
-                           llm_utils=llm_utils, agent_metrics=agent_metrics)
+                           llm_utils=llm_utils, agent_metrics=agent_metrics, db=db,
+                           environment=environment, toolkit=toolkit)
 
 
 def domains() -> list[str]:
@@ -190,12 +196,14 @@ class Tau2Domain:
         return Toolbox(self.user_tools)
 
 
-def load_domain(domain: str, split: str,
-                max_episodes: int = DEFAULT_MAX_EPISODES) -> Tau2Domain:
+def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODES,
+                tasks_path: str | Path | None = None) -> Tau2Domain:
     """A tau2 domain as our environment, with the tasks of ``split`` (a domain without splits,
-    such as ``mock``, has one set of tasks, which every split names)."""
+    such as ``mock``, has one set of tasks, which every split names), or with the domain's rows
+    of the task file ``tasks_path`` instead (one set of tasks, which every split names; see
+    :func:`nemo_orch.envs.tau2.external.read_task_file`)."""
     available = splits(domain)
-    if available and split not in available:
+    if tasks_path is None and available and split not in available:
         raise Tau2Error(f"tau2 domain {domain!r} has no split {split!r}; splits: "
                         f"{', '.join(available) or 'none'}")
     registry = _tau2().registry
@@ -206,8 +214,15 @@ def load_domain(domain: str, split: str,
     user_tools = [] if template.user_tools is None else [
         Tau2Tool(_spec(tool), USER, environments) for tool in template.get_user_tools()]
     policy, names = template.get_policy(), [tool.spec.name for tool in assistant_tools]
-    tasks = [to_task(tau2_task, domain, policy, names)
-             for tau2_task in registry.get_tasks_loader(domain)(split if available else None)]
+    if tasks_path is None:
+        tau2_tasks = registry.get_tasks_loader(domain)(split if available else None)
+    else:
+        from nemo_orch.envs.tau2.external import read_task_file
+
+        tau2_tasks = read_task_file(tasks_path, domain, {
+            tool.spec.name: tool.spec.parameters["properties"]
+            for tool in [*assistant_tools, *user_tools]})
+    tasks = [to_task(tau2_task, domain, policy, names) for tau2_task in tau2_tasks]
     return Tau2Domain(domain, split, policy, tasks, assistant_tools, user_tools, environments)
 
 

@@ -4,13 +4,18 @@ their phone), and tau2's own evaluator on the calls that reached its environment
 the split ``env.split`` names; ``train`` / ``validation`` split tau2's ``train`` split (a
 domain without splits, such as ``mock``: its one task set) by a hash of the task id.
 
+``env.tau2_domains`` registers directories in tau2's layout as domains
+(:mod:`nemo_orch.envs.tau2.external`), here, in every process that builds the environment, so
+tau2 runs and scores them as its own. ``env.path`` replaces the domain's tasks by its rows of a
+task file (a ToolScale parquet file): one task set, which every split names.
+
 Who answers the agent is ``env.user``: an LLM playing tau2's user simulator (tau2-bench's
 protocol), or no one, the scenario stated up front in the question (every report says that
 this is not comparable with tau2-bench)."""
 
 from __future__ import annotations
 
-from nemo_orch.config import Config, ConfigError, EnvSourceConfig
+from nemo_orch.config import Config, ConfigError, EnvSourceConfig, resolve_conf_path
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.common import declared_names, declared_tools, offering
 from nemo_orch.envs.interfaces import (Environment, GoldAction, GoldPlan, Scored, draw,
@@ -41,11 +46,15 @@ class Tau2Environment(Environment):
     def __init__(self, config: Config, source: EnvSourceConfig, val_fraction: float) -> None:
         import dataclasses
 
-        from nemo_orch.envs.tau2 import adapter
+        from nemo_orch.envs.tau2 import adapter, external
 
         assert source.domain is not None  # checked when the config was loaded
         self.name = source.label
-        self.domain = adapter.load_domain(source.domain, source.split)
+        for directory in source.tau2_domains:
+            external.register_domain_directory(resolve_conf_path(directory))
+        self.tasks_path = None if source.path is None else resolve_conf_path(source.path)
+        self.domain = adapter.load_domain(source.domain, source.split,
+                                          tasks_path=self.tasks_path)
         self._users = None
         if source.user.simulated:
             from nemo_orch.envs.tau2.user import Tau2Users
@@ -56,11 +65,13 @@ class Tau2Environment(Environment):
         self.tools_config = dataclasses.replace(
             config.tools, declarations=declared_tools(config, source, own_tools=True), domains=[])
         self.declared = declared_names(self.tools_config)
+        split = f"{source.domain} {source.split}" + (
+            " (train + test, as the leaderboard; GRPO trains on its train part)"
+            if source.split == "base" else "")
         self.notes = {
             "protocol": SCENARIO_PROTOCOL if self._users is None else self._users.describe(),
-            "split": f"{source.domain} {source.split}" + (
-                " (train + test, as the leaderboard; GRPO trains on its train part)"
-                if source.split == "base" else ""),
+            "split": split if source.path is None else
+                     f"{source.domain}: the tasks of {source.path} (one task set, no splits)",
             # The leaderboard calls a run with tools beyond the domain's a custom submission.
             "submission": "standard (the domain's tools only)" if not self.declared else
                           f"custom: extra tools offered ({', '.join(sorted(self.declared))})"}
@@ -70,7 +81,8 @@ class Tau2Environment(Environment):
 
         if self._train is None:
             available = adapter.splits(self.domain.name)
-            if self.domain.split == TRAIN_SPLIT or not available:  # no splits: one task set
+            if self.tasks_path is not None or self.domain.split == TRAIN_SPLIT or not available:
+                # a task file, or a domain without splits: one task set
                 self._train = self.domain.tasks
             elif TRAIN_SPLIT not in available:
                 raise ConfigError(f"tau2 domain {self.domain.name!r} has no train split to "

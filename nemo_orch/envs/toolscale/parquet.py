@@ -91,11 +91,11 @@ def read_toolscale_parquet(path: str | Path, domains: Mapping[str, Domain]) -> L
     skipped: dict[str, int] = {}
     seen: set[str] = set()
     for where, row in read_records(path):
-        name = _domain_of(row, where)
+        name = domain_of(row, where)
         if name not in domains:
             skipped[name] = skipped.get(name, 0) + 1
             continue
-        task = task_from_record(_task_record(_plain(row), properties[name]), where)
+        task = task_from_record(published_record(row, properties[name]), where)
         if task.id in seen:
             raise DataError(f"{where}: duplicate task id {task.id!r}")
         seen.add(task.id)
@@ -117,7 +117,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _domain_of(record: dict[str, Any], where: str) -> str:
+def published_record(row: dict[str, Any], tools: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A published row as its tau2 task's record, by the rules of the module docstring (also
+    for tau2 domains read from this layout); ``tools``: each tool's JSON-schema
+    ``properties``."""
+    return _task_record(_plain(row), tools)
+
+
+def domain_of(record: dict[str, Any], where: str) -> str:
+    """The domain a row names (``user_scenario.instructions.domain``); ``where`` names the row
+    in the error a row without one is."""
     scenario = record.get("user_scenario")
     instructions = scenario.get("instructions") if isinstance(scenario, dict) else None
     name = instructions.get("domain") if isinstance(instructions, dict) else None
