@@ -126,23 +126,9 @@ def write_rows(path: Path, rows: list[dict[str, Any]] = BANK_ROWS) -> Path:
     """``rows`` as a parquet file in the published layout."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from published_rows import published_schema
 
     arguments = pa.struct([("account_id", pa.string()), ("amount", pa.float64()),
                            ("city", pa.string())])
-    action_type = pa.struct([("arguments", arguments), ("name", pa.string()),
-                             ("action_id", pa.string()), ("info", pa.string()),
-                             ("requestor", pa.string())])
-    instructions = pa.struct([(key, pa.string()) for key in (
-        "task_instructions", "reason_for_call", "known_info", "unknown_info", "domain")])
-    schema = pa.schema([
-        ("id", pa.string()),
-        ("description", pa.struct([("purpose", pa.string()), ("relevant_policies", pa.null()),
-                                   ("notes", pa.null())])),
-        ("user_scenario", pa.struct([("persona", pa.null()), ("instructions", instructions)])),
-        ("initial_state", pa.null()),
-        ("evaluation_criteria", pa.struct([
-            ("actions", pa.list_(action_type)), ("communicate_info", pa.list_(pa.string())),
-            ("nl_assertions", pa.list_(pa.string())), ("env_assertions", pa.null()),
-            ("reward_basis", pa.list_(pa.string()))]))])
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    pq.write_table(pa.Table.from_pylist(rows, schema=published_schema(arguments)), path)
     return path

@@ -13,14 +13,13 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2")
 
+from tau2_replay import gold_replay_turns  # noqa: E402
+
 from nemo_orch.data.tasks import task_from_json  # noqa: E402
 from nemo_orch.envs.interfaces import final_message  # noqa: E402
 from nemo_orch.envs.tau2 import adapter  # noqa: E402
 from nemo_orch.envs.tau2.adapter import (ASSISTANT, USER, ExecutedCall, Tau2Error,  # noqa: E402
                                          Turn, load_domain, score_episode)
-from nemo_orch.envs.tau2 import tau2_gold_plan  # noqa: E402
-from nemo_orch.eval.agents import GoldReplayAgent  # noqa: E402
-from nemo_orch.rollout.episode import episode_id  # noqa: E402
 from nemo_orch.tools.base import ToolContext  # noqa: E402
 
 pytestmark = pytest.mark.tau2
@@ -125,19 +124,11 @@ def test_each_episode_has_its_own_bounded_environment(retail):
     assert "needs the task" in unknown.error
 
 
-async def _replay(domain, task):
-    """The gold replay agent's episode as tau2 turns: the calls that reached the environment."""
-    agent = GoldReplayAgent(tau2_gold_plan, domain.assistant_toolbox(), domain.user_toolbox())
-    trajectory = await agent.episode(task, seed=0)
-    try:
-        return adapter.recorded_turns(domain, task, episode_id(task.id), trajectory.answer)
-    finally:
-        domain.environments.release(episode_id(task.id))
 
 
 def test_a_wrong_order_id_in_a_write_action_scores_zero(retail):
     task = _task(retail, "0")
-    turns = asyncio.run(_replay(retail, task))
+    turns = asyncio.run(gold_replay_turns(retail, task))
     assert score_episode(task, turns).reward == 1.0
     write = turns[-2].calls[0]
     assert write.name == "exchange_delivered_order_items"
@@ -155,7 +146,7 @@ def test_a_wrong_order_id_in_a_write_action_scores_zero(retail):
 def test_an_untold_fact_fails_the_communicate_check(retail):
     task = next(task for task in retail.tasks
                 if task.metadata["tau2_task"]["evaluation_criteria"]["communicate_info"])
-    turns = asyncio.run(_replay(retail, task))
+    turns = asyncio.run(gold_replay_turns(retail, task))
     assert score_episode(task, turns).passed
     turns[-1] = Turn(ASSISTANT, text=final_message([]))
     score = score_episode(task, turns)
@@ -165,7 +156,7 @@ def test_an_untold_fact_fails_the_communicate_check(retail):
 
 def test_outputs_tau2_does_not_reproduce_fail_the_replay(retail):
     task = _task(retail, "0")
-    turns = asyncio.run(_replay(retail, task))
+    turns = asyncio.run(gold_replay_turns(retail, task))
     call = turns[0].calls[0]
     forged = dataclasses.replace(call.result, output='"someone_else_1234"')
     turns[0] = Turn(ASSISTANT, calls=(dataclasses.replace(call, result=forged),))
@@ -176,7 +167,7 @@ def test_outputs_tau2_does_not_reproduce_fail_the_replay(retail):
 def test_user_tools_act_on_the_episode_environment(telecom):
     task = _task(telecom, "[mobile_data_issue]airplane_mode_on|user_abroad_roaming_enabled_off"
                           "[PERSONA:None]")
-    turns = asyncio.run(_replay(telecom, task))
+    turns = asyncio.run(gold_replay_turns(telecom, task))
     assert [turn.role for turn in turns] == [USER, USER, ASSISTANT]
     assert score_episode(task, turns).passed
     # Without the user's toggles the phone stays offline and tau2's assertions fail.
@@ -207,12 +198,12 @@ def test_a_task_with_message_history_starts_from_it(retail):
     assert '"status": "cancelled"' in status.output
     messages = adapter.to_tau2_messages(tau2_task, [Turn(ASSISTANT, text="Bye.")])
     assert messages[:4] == history
-    assert score_episode(task, asyncio.run(_replay(retail, task))).passed
+    assert score_episode(task, asyncio.run(gold_replay_turns(retail, task))).passed
 
 
 def _failed_gold_replays(domain):
     return [task.id for task in domain.tasks
-            if not score_episode(task, asyncio.run(_replay(domain, task))).passed]
+            if not score_episode(task, asyncio.run(gold_replay_turns(domain, task))).passed]
 
 
 @pytest.mark.slow

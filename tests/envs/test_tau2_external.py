@@ -16,16 +16,15 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2")
 
 from tau2_bank import TOOLS, task_row, write_domain, write_rows  # noqa: E402
+from tau2_replay import gold_replay_turns  # noqa: E402
 
 from nemo_orch import config as config_lib  # noqa: E402
 from nemo_orch.cli import EXIT_USER_ERROR, main  # noqa: E402
 from nemo_orch.config import ConfigError  # noqa: E402
-from nemo_orch.envs.tau2 import adapter, tau2_gold_plan  # noqa: E402
+from nemo_orch.envs.tau2 import adapter  # noqa: E402
 from nemo_orch.envs.tau2.adapter import (ASSISTANT, ExecutedCall, Tau2Error, Turn,  # noqa: E402
                                          load_domain, score_episode)
 from nemo_orch.envs.tau2.external import read_task_file, register_domain_directory  # noqa: E402
-from nemo_orch.eval.agents import GoldReplayAgent  # noqa: E402
-from nemo_orch.rollout.episode import episode_id  # noqa: E402
 from nemo_orch.tools.base import ToolContext  # noqa: E402
 
 pytestmark = pytest.mark.tau2
@@ -50,13 +49,6 @@ def _task(domain, tau2_id):
     return next(task for task in domain.tasks if task.metadata["tau2_task"]["id"] == tau2_id)
 
 
-async def _replay(domain, task):
-    agent = GoldReplayAgent(tau2_gold_plan, domain.assistant_toolbox(), domain.user_toolbox())
-    trajectory = await agent.episode(task, seed=0)
-    try:
-        return adapter.recorded_turns(domain, task, episode_id(task.id), trajectory.answer)
-    finally:
-        domain.environments.release(episode_id(task.id))
 
 
 def _eval(*overrides: str) -> int:
@@ -91,7 +83,7 @@ def test_the_domain_is_tau2s_own(bank):
 
 def test_a_wrong_deposit_scores_zero_by_tau2s_evaluator(bank):
     task = _task(bank, "deposit-50")
-    turns = asyncio.run(_replay(bank, task))
+    turns = asyncio.run(gold_replay_turns(bank, task))
     assert score_episode(task, turns).passed
     context = ToolContext(task_id=task.id, episode_id="wrong", task=task)
     arguments = {"account_id": "A1", "amount": 5.0}
@@ -129,7 +121,7 @@ def test_relative_imports_and_the_directorys_tasks_json(tmp_path):
     vault = load_domain("vault", "train")  # no splits: every split names the one task set
     (task,) = vault.tasks
     assert task.id == "tau2-vault-top-up"
-    assert score_episode(task, asyncio.run(_replay(vault, task))).passed
+    assert score_episode(task, asyncio.run(gold_replay_turns(vault, task))).passed
     empty = write_domain(tmp_path, "empty_vault")
     register_domain_directory(empty)
     with pytest.raises(Tau2Error, match=f"'empty_vault' has no tasks: no {empty}/tasks.json"):

@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from published_rows import published_schema
 
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, gold_calls, read_domain_tasks
@@ -53,21 +54,7 @@ def schema(domains: dict[str, Domain]) -> pa.Schema:
         for tool in domain.spec.tools:
             for key, prop in domain.spec.parameters(tool)["properties"].items():
                 fields.setdefault(key, TYPED.get(key, _JSON_TYPES[prop["type"]]))
-    action = pa.struct([("arguments", pa.struct(sorted(fields.items()))), ("name", pa.string()),
-                        ("action_id", pa.string()), ("info", pa.string()),
-                        ("requestor", pa.string())])
-    instructions = pa.struct([(key, pa.string()) for key in (
-        "task_instructions", "reason_for_call", "known_info", "unknown_info", "domain")])
-    return pa.schema([
-        ("id", pa.string()),
-        ("description", pa.struct([("purpose", pa.string()), ("relevant_policies", pa.null()),
-                                   ("notes", pa.null())])),
-        ("user_scenario", pa.struct([("persona", pa.null()), ("instructions", instructions)])),
-        ("initial_state", pa.null()),
-        ("evaluation_criteria", pa.struct([
-            ("actions", pa.list_(action)), ("communicate_info", pa.list_(pa.string())),
-            ("nl_assertions", pa.list_(pa.string())), ("env_assertions", pa.null()),
-            ("reward_basis", pa.list_(pa.string()))]))])
+    return published_schema(pa.struct(sorted(fields.items())))
 
 
 def published(key: str, value: Any) -> Any:
