@@ -19,18 +19,22 @@ tau2 is an optional extra (``pip install 'nemo-orch[tau2]'``), imported only whe
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pydantic
+
 from nemo_orch.data.domain_tasks import DomainTask
 from nemo_orch.data.jsonl import DataError
+from nemo_orch.data.records import read_records
 from nemo_orch.data.tasks import Task
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec
 from nemo_orch.tools.domain import EpisodeStates
@@ -201,7 +205,7 @@ def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODE
     """A tau2 domain as our environment, with the tasks of ``split`` (a domain without splits,
     such as ``mock``, has one set of tasks, which every split names), or with the domain's rows
     of the task file ``tasks_path`` instead (one set of tasks, which every split names; see
-    :func:`nemo_orch.envs.tau2.external.read_task_file`)."""
+    :func:`read_task_file`)."""
     available = splits(domain)
     if tasks_path is None and available and split not in available:
         raise Tau2Error(f"tau2 domain {domain!r} has no split {split!r}; splits: "
@@ -215,14 +219,12 @@ def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODE
         Tau2Tool(_spec(tool), USER, environments) for tool in template.get_user_tools()]
     policy, names = template.get_policy(), [tool.spec.name for tool in assistant_tools]
     if tasks_path is None:
-        tau2_tasks = registry.get_tasks_loader(domain)(split if available else None)
+        loaded = registry.get_tasks_loader(domain)(split if available else None)
     else:
-        from nemo_orch.envs.tau2.external import read_task_file
-
-        tau2_tasks = read_task_file(tasks_path, domain, {
+        loaded = read_task_file(tasks_path, domain, {
             tool.spec.name: tool.spec.parameters["properties"]
             for tool in [*assistant_tools, *user_tools]})
-    tasks = [to_task(tau2_task, domain, policy, names) for tau2_task in tau2_tasks]
+    tasks = [to_task(tau2_task, domain, policy, names) for tau2_task in loaded]
     return Tau2Domain(domain, split, policy, tasks, assistant_tools, user_tools, environments)
 
 
@@ -372,3 +374,44 @@ def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer"
     if info.reward < 1.0 and not failures:
         failures = [f"tau2: {info.info}"]
     return Tau2Score(info.reward, breakdown, tuple(failures))
+
+
+def read_task_file(path: str | Path, domain: str, tools: dict[str, dict[str, Any]]) -> list[Any]:
+    """The tau2 tasks of ``domain`` in a ToolScale file of the published layout (or a
+    ``.json`` / ``.jsonl`` list of tau2 tasks): the rows whose
+    ``user_scenario.instructions.domain`` is ``domain``, read as ToolScale's reader reads them
+    (null keys dropped, action arguments fitted to the tools; ``tools``: each tool's JSON-schema
+    ``properties``). A row that is not a tau2 task is an error naming ``file[row N]``."""
+    from nemo_orch.envs.toolscale.parquet import domain_of, published_record
+
+    named: collections.Counter[str] = collections.Counter()
+    rows = []
+    for where, row in read_records(path):
+        name = domain_of(row, where)
+        named[name] += 1
+        if name == domain:
+            rows.append((where, published_record(row, tools)))
+    if not rows:
+        listed = ", ".join(f"{name} ({count})" for name, count in sorted(named.items()))
+        raise Tau2Error(f"{path}: no task of tau2 domain {domain!r}; its rows name {listed}")
+    return tau2_tasks(rows)
+
+
+def tau2_tasks(rows: Iterable[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """tau2 ``Task`` objects from ``(where, record)`` rows; a row that is not one, or a repeated
+    id, is a :class:`Tau2Error` naming ``where``."""
+    model = _tau2().tasks.Task
+    tasks, seen = [], set()
+    for where, record in rows:
+        try:
+            task = model.model_validate(record)
+        except pydantic.ValidationError as error:
+            first = error.errors()[0]
+            location = ".".join(map(str, first["loc"])) or "task"
+            raise Tau2Error(f"{where}: not a tau2 task: {location}: {first['msg']} "
+                            f"({error.error_count()} problem(s))") from None
+        if task.id in seen:
+            raise Tau2Error(f"{where}: duplicate task id {task.id!r}")
+        seen.add(task.id)
+        tasks.append(task)
+    return tasks

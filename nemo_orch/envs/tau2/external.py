@@ -23,26 +23,22 @@ Registering a directory again is a no-op; a name tau2 already has (its own domai
 directory's) is an error.
 
 A domain's tasks are its ``tasks.json``, or, for any tau2 domain, the rows of a task file
-(``env.path``, :func:`read_task_file`). A domain has no splits: every split names its one task
-set, as for tau2's ``mock``.
+(``env.path``, :func:`~nemo_orch.envs.tau2.adapter.read_task_file`). A domain has no splits:
+every split names its one task set, as for tau2's ``mock``.
 """
 
 from __future__ import annotations
 
-import collections
 import importlib
 import importlib.machinery
 import importlib.util
 import sys
 import traceback
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pydantic
-
 from nemo_orch.data.records import read_records
-from nemo_orch.envs.tau2.adapter import Tau2Error, _tau2
+from nemo_orch.envs.tau2.adapter import Tau2Error, _tau2, tau2_tasks
 
 DATA_MODEL, TOOLS, DB_FILE, POLICY = "data_model.py", "tools.py", "db.json", "policy.md"
 PARTS = (DATA_MODEL, TOOLS, DB_FILE, POLICY)
@@ -170,43 +166,4 @@ def _directory_tasks(directory: Path) -> list[Any]:
     if not file.is_file():
         raise Tau2Error(f"tau2 domain {directory.name!r} has no tasks: no {file}; name a task "
                         "file in env.path")
-    return _tasks(read_records(file))
-
-
-def read_task_file(path: str | Path, domain: str, tools: dict[str, dict[str, Any]]) -> list[Any]:
-    """The tau2 tasks of ``domain`` in a ToolScale file of the published layout (or a
-    ``.json`` / ``.jsonl`` list of tau2 tasks): the rows whose
-    ``user_scenario.instructions.domain`` is ``domain``, read as ToolScale's reader reads them
-    (null keys dropped, action arguments fitted to the tools; ``tools``: each tool's JSON-schema
-    ``properties``). A row that is not a tau2 task is an error naming ``file[row N]``."""
-    from nemo_orch.envs.toolscale.parquet import domain_of, published_record
-
-    named: collections.Counter[str] = collections.Counter()
-    rows = []
-    for where, row in read_records(path):
-        name = domain_of(row, where)
-        named[name] += 1
-        if name == domain:
-            rows.append((where, published_record(row, tools)))
-    if not rows:
-        listed = ", ".join(f"{name} ({count})" for name, count in sorted(named.items()))
-        raise Tau2Error(f"{path}: no task of tau2 domain {domain!r}; its rows name {listed}")
-    return _tasks(rows)
-
-
-def _tasks(rows: Iterable[tuple[str, dict[str, Any]]]) -> list[Any]:
-    model = _tau2().tasks.Task
-    tasks, seen = [], set()
-    for where, record in rows:
-        try:
-            task = model.model_validate(record)
-        except pydantic.ValidationError as error:
-            first = error.errors()[0]
-            location = ".".join(map(str, first["loc"])) or "task"
-            raise Tau2Error(f"{where}: not a tau2 task: {location}: {first['msg']} "
-                            f"({error.error_count()} problem(s))") from None
-        if task.id in seen:
-            raise Tau2Error(f"{where}: duplicate task id {task.id!r}")
-        seen.add(task.id)
-        tasks.append(task)
-    return tasks
+    return tau2_tasks(read_records(file))
