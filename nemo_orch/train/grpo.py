@@ -142,7 +142,7 @@ class StepBatch:
     choices: Counter
     forced_episodes: int
     skipped_context: int
-    user_errors: int = 0
+    user_errors: int
     validation: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:

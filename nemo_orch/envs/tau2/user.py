@@ -29,7 +29,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.envs.tau2.adapter import (ASSISTANT, USER, Tau2Domain, Turn, _tau2,
                                          tau2_task_of)
 from nemo_orch.rollout.episode import UserReply
-from nemo_orch.tools.base import Pricing, ToolContext, ToolError, ToolResult
+from nemo_orch.tools.base import Pricing, ToolContext, ToolError, ToolResult, Usage
 from nemo_orch.tools.pricing import model_pricing
 
 # tau2's generate() asks again when a reply has neither text nor tool calls.
@@ -99,15 +99,16 @@ class Tau2User:
         self.transcript.append(Turn(ASSISTANT, text=message))
         self.state.messages.append(tau2.message.AssistantMessage(role="assistant",
                                                                  content=message))
-        steps = errors = input_tokens = output_tokens = 0
+        steps = errors = 0
+        usage = Usage()
         started = time.perf_counter()
 
         def ledger(**fields: Any) -> UserReply:
-            cost = (self.users.pricing.per_input_token * input_tokens
-                    + self.users.pricing.per_output_token * output_tokens)
-            return UserReply(steps=steps, errors=errors, input_tokens=input_tokens,
-                             output_tokens=output_tokens, cost_usd=cost,
-                             seconds=time.perf_counter() - started, **fields)
+            seconds = time.perf_counter() - started
+            return UserReply(steps=steps, errors=errors, input_tokens=usage.input_tokens,
+                             output_tokens=usage.output_tokens,
+                             cost_usd=self.users.pricing.cost(usage, seconds), seconds=seconds,
+                             **fields)
 
         while steps < steps_left:
             try:
@@ -115,8 +116,7 @@ class Tau2User:
             except (HTTPError, ValueError) as error:
                 return ledger(text=None, error=f"the user endpoint failed: {error}")
             steps += 1
-            input_tokens += result.input_tokens
-            output_tokens += result.output_tokens
+            usage += Usage(result.input_tokens, result.output_tokens)
             if result.tool_calls:
                 errors += await self._run_calls(result)
                 steps += 1
