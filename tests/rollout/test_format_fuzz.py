@@ -142,3 +142,18 @@ def test_tools_parse_answers_json_on_any_bytes():
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     assert json.loads(result.stdout)["calls"] == [{"name": "search",
                                                    "arguments": {"query": "\ud800"}}]
+
+
+@HYPOTHESIS
+@given(any_text)
+def test_what_a_turn_says_to_a_user_is_read_without_raising(text):
+    """With a user (tau2), a turn without a call is a message: its answer, or its text without
+    thinking; never a turn that calls, never an empty message."""
+    from nemo_orch.rollout.episode import Episode
+
+    parsed = parse_turn(text, FORMAT)
+    message = Episode._message_to_user(text, parsed)
+    if parsed.calls:
+        assert message is None
+    elif message is not None:
+        assert message == parsed.answer or (message.strip() and "<think>" not in message)
