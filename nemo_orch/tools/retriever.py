@@ -4,16 +4,21 @@ ToolOrchestra's basic tools include a local retriever over a fixed corpus (e.g. 
 HLE or FRAMES task). Dense vectors catch paraphrase, BM25 catches rare exact terms; the two ranked
 lists are fused by reciprocal rank fusion (RRF), which needs no score calibration between them.
 
-An index is a directory written by :func:`build_index`::
+An index is a directory written by :func:`build_index` (or :func:`import_index`, from an existing
+FAISS index and its corpus)::
 
     manifest.json   format, encoder description, dim, number of docs, corpus checksum, BM25 params
+                    (``"sparse": false``: a dense-only index, no BM25 side)
     dense.faiss     inner-product FAISS index over L2-normalised embeddings (row i = doc i)
     sparse/         the bm25s index
     docs.jsonl      id, text, title of doc i on line i
 
-The encoder is pluggable (:class:`Encoder`). :class:`HashingEncoder` needs no model download and is
-the offline default; :class:`HFEncoder` mean-pools any local Hugging Face encoder. An index only
-answers queries encoded the way its documents were, so loading it with another encoder is an error.
+The encoder is pluggable (:mod:`nemo_orch.tools.encoders`). An index only answers queries encoded
+the way its documents were, so loading it with another encoder is an error.
+
+:meth:`RetrievalIndex.search_many` answers a batch of queries with one encoder call and one FAISS
+search; the tools gather the searches of concurrent calls into such batches (:class:`SearchBatcher`),
+so a served retriever's Triton batch and a rollout's concurrent episodes search together.
 """
 
 from __future__ import annotations
@@ -22,24 +27,23 @@ import asyncio
 import hashlib
 import json
 import logging
-import math
-import re
+import os
+import shutil
 import threading
 import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, get_args
 
 import bm25s
 import faiss
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
 
 from nemo_orch.data.jsonl import read_jsonl
-from nemo_orch.tools.base import BaseTool, ToolContext, ToolError, ToolResult, ToolSpec, Usage
+from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
+from nemo_orch.tools.encoders import Encoder, RetrievalError, make_encoder, tokenize
 from nemo_orch.tools.schema import argument_errors
 
 # bm25s sets its logger to DEBUG on import; its per-build messages are noise here.
@@ -51,197 +55,13 @@ DENSE_FILE = "dense.faiss"
 SPARSE_DIR = "sparse"
 DOCS_FILE = "docs.jsonl"
 
-_WORD_RE = re.compile(r"\w+")
-_STOPWORDS = frozenset(STOPWORDS_EN)
 # BM25 parameters: the Lucene variant with the usual k1/b.
 _BM25_PARAMS = {"method": "lucene", "k1": 1.5, "b": 0.75}
 _ENCODE_BATCH = 256
 
 Mode = Literal["hybrid", "dense", "sparse"]
 MODES: tuple[str, ...] = get_args(Mode)
-
-
-class RetrievalError(ToolError):
-    """A corpus, index or encoder that cannot be used (raised at build/load time)."""
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens without English stopwords: BM25's terms and the hashing
-    encoder's words, so both sides of an index agree on what a term is."""
-    return [word for word in _WORD_RE.findall(text.lower()) if word not in _STOPWORDS]
-
-
-# --------------------------------------------------------------------------------------- encoders
-
-
-@runtime_checkable
-class Encoder(Protocol):
-    """Texts to L2-normalised float32 vectors of size ``dim``. ``describe()`` identifies the
-    encoder in an index's manifest: two encoders with equal descriptions embed alike."""
-
-    name: str
-    dim: int
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-def _normalise(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
-
-
-class HashingEncoder:
-    """Signed feature hashing of words and their character n-grams (fastText-style subwords).
-
-    Needs no model, so an index can be built anywhere offline; n-grams make morphological variants
-    ("volcanic" / "volcano") land near each other, which BM25 without a stemmer misses. Buckets
-    come from BLAKE2b, not Python's per-process salted ``hash()``, so vectors are identical across
-    processes and machines.
-    """
-
-    name = "hashing"
-    _VERSION = 1
-
-    def __init__(self, dim: int = 384, ngram_range: tuple[int, int] = (3, 5),
-                 cache_size: int = 1 << 18) -> None:
-        if dim < 2:
-            raise RetrievalError(f"hashing encoder: dim must be >= 2, got {dim}")
-        low, high = ngram_range
-        if not 1 <= low <= high:
-            raise RetrievalError(f"hashing encoder: bad ngram_range {ngram_range}")
-        self.dim = dim
-        self.ngram_range = (low, high)
-        # Per-word (buckets, signed weights); bounded so a huge vocabulary cannot exhaust memory.
-        self._word_features = lru_cache(maxsize=cache_size)(self._features)
-
-    def describe(self) -> dict[str, Any]:
-        return {"type": self.name, "version": self._VERSION, "dim": self.dim,
-                "ngram_range": list(self.ngram_range)}
-
-    def _bucket(self, feature: str) -> tuple[int, float]:
-        value = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
-        return value % self.dim, 1.0 if value >> 63 else -1.0
-
-    def _features(self, word: str) -> tuple[np.ndarray, np.ndarray]:
-        padded = f"<{word}>"
-        low, high = self.ngram_range
-        grams = [padded[i:i + n] for n in range(low, high + 1) for i in range(len(padded) - n + 1)]
-        # No corpus statistics, so no IDF: word length stands in for rarity (longer words are
-        # rarer, Zipf's law of abbreviation). The word and all its n-grams weigh alike.
-        weight = (min(len(word), 12) / 5.0) ** 2
-        features = [(f"w:{word}", weight)]
-        features += [(f"c:{gram}", weight / math.sqrt(len(grams))) for gram in grams]
-        buckets = np.empty(len(features), dtype=np.int64)
-        weights = np.empty(len(features), dtype=np.float64)
-        for i, (feature, weight) in enumerate(features):
-            buckets[i], sign = self._bucket(feature)
-            weights[i] = sign * weight
-        return buckets, weights
-
-    def _encode_one(self, text: str) -> np.ndarray:
-        counts = Counter(tokenize(text))
-        if not counts:
-            return np.zeros(self.dim)
-        buckets, weights = [], []
-        for word, count in counts.items():
-            word_buckets, word_weights = self._word_features(word)
-            buckets.append(word_buckets)
-            weights.append(word_weights * (1.0 + math.log(count)))
-        return np.bincount(np.concatenate(buckets), np.concatenate(weights), minlength=self.dim)
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return _normalise(np.stack([self._encode_one(text) for text in texts]))
-
-
-def _fingerprint(model_dir: Path) -> str:
-    """Identify a local model cheaply: config and tokenizer files in full, weight files by size
-    and their first and last MiB (hashing multi-GB weights on every load would be slow)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
-        digest.update(path.name.encode())
-        if path.suffix in {".json", ".txt", ".model"}:
-            digest.update(path.read_bytes())
-        elif path.suffix in {".safetensors", ".bin", ".pt", ".pth"}:
-            size = path.stat().st_size
-            digest.update(str(size).encode())
-            with path.open("rb") as handle:
-                digest.update(handle.read(1 << 20))
-                handle.seek(max(0, size - (1 << 20)))
-                digest.update(handle.read(1 << 20))
-    return digest.hexdigest()
-
-
-class HFEncoder:
-    """Mean-pooled last hidden states of a local Hugging Face encoder (BERT, E5, BGE, Qwen3 ...).
-
-    Loaded with ``local_files_only=True``: nothing is downloaded at run time. Runs on CUDA when
-    available.
-    """
-
-    name = "hf"
-
-    def __init__(self, model_dir: str | Path, max_length: int = 512, batch_size: int = 32) -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
-        self.model_dir = Path(model_dir)
-        if not (self.model_dir / "config.json").is_file():
-            raise RetrievalError(f"{self.model_dir}: not a Hugging Face model directory "
-                                 "(no config.json)")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
-            self.model = AutoModel.from_pretrained(self.model_dir, local_files_only=True)
-        except (OSError, ValueError) as error:
-            raise RetrievalError(f"{self.model_dir}: cannot load the encoder: {error}") from None
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
-        self._torch = torch
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model.to(self.device).eval()
-        config = self.model.config
-        self.dim = int(config.hidden_size)
-        self.max_length = min(max_length, getattr(config, "max_position_embeddings", max_length))
-        self.batch_size = batch_size
-        self._fingerprint = _fingerprint(self.model_dir)
-
-    def describe(self) -> dict[str, Any]:
-        return {"type": self.name, "model_type": self.model.config.model_type, "dim": self.dim,
-                "pooling": "mean", "max_length": self.max_length,
-                "fingerprint": self._fingerprint}
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        torch = self._torch
-        chunks = []
-        with torch.inference_mode():
-            for start in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer(list(texts[start:start + self.batch_size]), padding=True,
-                                       truncation=True, max_length=self.max_length,
-                                       return_tensors="pt")
-                mask = batch["attention_mask"].to(self.device)
-                hidden = self.model(input_ids=batch["input_ids"].to(self.device),
-                                    attention_mask=mask).last_hidden_state
-                weights = mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-                chunks.append(pooled.float().cpu().numpy())
-        if not chunks:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return _normalise(np.concatenate(chunks))
-
-
-def make_encoder(encoder: str | Path | Encoder) -> Encoder:
-    """``"hashing"`` (the offline default), a local HF model directory, or an :class:`Encoder`."""
-    if isinstance(encoder, Encoder):
-        return encoder
-    if str(encoder) == "hashing":
-        return HashingEncoder()
-    if Path(encoder).is_dir():
-        return HFEncoder(encoder)
-    raise RetrievalError(f"encoder {str(encoder)!r} is neither 'hashing' nor a local Hugging Face "
-                         "model directory")
+EncoderChoice = str | Path | Mapping[str, Any] | Encoder
 
 
 # ----------------------------------------------------------------------------------------- corpus
@@ -260,17 +80,21 @@ class Document:
 
 def read_corpus(path: str | Path) -> list[Document]:
     """Parse a JSONL corpus (``{"id": str, "text": str, "title"?: str, ...}`` per line; blank lines
-    skipped); every problem is reported as ``file:line``."""
+    skipped); every problem is reported as ``file:line``. Existing corpora's spellings are read
+    too: an integer id (kept as its decimal string) and ``contents`` in place of ``text``."""
     docs: list[Document] = []
     first_seen: dict[str, str] = {}
     for where, record in read_jsonl(path, "corpus document", RetrievalError):
         if not isinstance(record, dict):
             raise RetrievalError(f"{where}: a document must be a JSON object")
-        doc_id, text, title = record.get("id"), record.get("text"), record.get("title")
+        doc_id, title = record.get("id"), record.get("title")
+        text = record.get("text", record.get("contents"))
+        if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+            doc_id = str(doc_id)
         if not isinstance(doc_id, str) or not doc_id:
-            raise RetrievalError(f"{where}: 'id' must be a non-empty string")
+            raise RetrievalError(f"{where}: 'id' must be a non-empty string or an integer")
         if not isinstance(text, str):
-            raise RetrievalError(f"{where}: 'text' must be a string")
+            raise RetrievalError(f"{where}: 'text' (or 'contents') must be a string")
         if title is not None and not isinstance(title, str):
             raise RetrievalError(f"{where}: 'title' must be a string")
         if doc_id in first_seen:
@@ -307,14 +131,29 @@ class Hit:
     sparse_score: float | None = None
 
 
+def check_search(mode: str, score_threshold: float | None, has_sparse: bool = True) -> None:
+    """A search ``mode`` and ``score_threshold`` that can go together on an index with (or
+    without) a BM25 side. The threshold is on the dense score (the cosine of normalised
+    vectors); fused RRF ranks have no scale a threshold could mean."""
+    if mode not in MODES:
+        raise RetrievalError(f"unknown search mode {mode!r} ({', '.join(MODES)})")
+    if score_threshold is not None and mode != "dense":
+        raise RetrievalError(f"a score threshold applies to the dense cosine score: search with "
+                             f"mode dense, not {mode} (its scores are fused ranks or BM25's)")
+    if mode != "dense" and not has_sparse:
+        raise RetrievalError(f"the index is dense-only (no BM25 side): search with mode dense, "
+                             f"not {mode}, or import it with a BM25 side (index import --bm25)")
+
+
 class RetrievalIndex:
-    """Documents with their FAISS and BM25 indexes; thread-safe for concurrent searches.
+    """Documents with their FAISS and (optional) BM25 indexes; thread-safe for concurrent
+    searches.
 
     ``rrf_k`` is RRF's rank offset (60 as in Cormack et al.); ``candidates`` is how deep each
     component's list goes before fusion.
     """
 
-    def __init__(self, docs: list[Document], dense: faiss.Index, sparse: bm25s.BM25,
+    def __init__(self, docs: list[Document], dense: faiss.Index, sparse: bm25s.BM25 | None,
                  encoder: Encoder, manifest: dict[str, Any], rrf_k: float = 60.0,
                  candidates: int = 100) -> None:
         if rrf_k <= 0 or candidates < 1:
@@ -330,6 +169,23 @@ class RetrievalIndex:
     def __len__(self) -> int:
         return len(self.docs)
 
+    @property
+    def has_sparse(self) -> bool:
+        return self.sparse is not None
+
+    @staticmethod
+    def _manifest(docs: list[Document], encoder: Encoder, corpus_sha256: str,
+                  sparse: bool) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "encoder": encoder.describe(),
+                "dim": encoder.dim, "num_docs": len(docs), "corpus_sha256": corpus_sha256,
+                "sparse": sparse, **({"bm25": dict(_BM25_PARAMS)} if sparse else {})}
+
+    @staticmethod
+    def _bm25(docs: list[Document]) -> bm25s.BM25:
+        sparse = bm25s.BM25(**_BM25_PARAMS)
+        sparse.index([tokenize(doc.indexed_text) for doc in docs], show_progress=False)
+        return sparse
+
     @classmethod
     def build(cls, docs: list[Document], encoder: Encoder, corpus_sha256: str = "",
               **options: Any) -> "RetrievalIndex":
@@ -343,12 +199,8 @@ class RetrievalIndex:
                 raise RetrievalError(f"encoder {encoder.name} returned shape {vectors.shape}, "
                                      f"expected (batch, {encoder.dim})")
             dense.add(vectors)
-        sparse = bm25s.BM25(**_BM25_PARAMS)
-        sparse.index([tokenize(text) for text in texts], show_progress=False)
-        manifest = {"format_version": FORMAT_VERSION, "encoder": encoder.describe(),
-                    "dim": encoder.dim, "num_docs": len(docs), "corpus_sha256": corpus_sha256,
-                    "bm25": dict(_BM25_PARAMS)}
-        return cls(docs, dense, sparse, encoder, manifest, **options)
+        return cls(docs, dense, cls._bm25(docs), encoder,
+                   cls._manifest(docs, encoder, corpus_sha256, sparse=True), **options)
 
     def save(self, out_dir: str | Path) -> Path:
         out_dir = Path(out_dir)
@@ -356,18 +208,14 @@ class RetrievalIndex:
         # The manifest goes last: until it is rewritten, a half-overwritten index won't load.
         (out_dir / MANIFEST).unlink(missing_ok=True)
         faiss.write_index(self.dense, str(out_dir / DENSE_FILE))
-        self.sparse.save(str(out_dir / SPARSE_DIR), show_progress=False)
-        with (out_dir / DOCS_FILE).open("w", encoding="utf-8") as handle:
-            for doc in self.docs:
-                record = {"id": doc.id, "text": doc.text}
-                if doc.title:
-                    record["title"] = doc.title
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if self.sparse is not None:
+            self.sparse.save(str(out_dir / SPARSE_DIR), show_progress=False)
+        _write_docs(self.docs, out_dir / DOCS_FILE)
         (out_dir / MANIFEST).write_text(json.dumps(self.manifest, indent=2, sort_keys=True) + "\n")
         return out_dir
 
     @classmethod
-    def load(cls, directory: str | Path, encoder: str | Path | Encoder = "hashing",
+    def load(cls, directory: str | Path, encoder: EncoderChoice = "hashing",
              **options: Any) -> "RetrievalIndex":
         directory = Path(directory)
         try:
@@ -386,7 +234,8 @@ class RetrievalIndex:
                 "the index")
         try:
             dense = faiss.read_index(str(directory / DENSE_FILE))
-            sparse = bm25s.BM25.load(str(directory / SPARSE_DIR), show_progress=False)
+            sparse = (bm25s.BM25.load(str(directory / SPARSE_DIR), show_progress=False)
+                      if manifest.get("sparse", True) else None)
             with (directory / DOCS_FILE).open(encoding="utf-8") as handle:
                 docs = [Document(r["id"], r["text"], r.get("title"))
                         for r in map(json.loads, handle)]
@@ -414,26 +263,27 @@ class RetrievalIndex:
                     self._gpu_index = faiss.index_cpu_to_all_gpus(self.dense)
             return self._gpu_index
 
-    def _dense_search(self, query: str, depth: int,
-                      rows: np.ndarray | None) -> list[tuple[int, float]]:
-        vector = np.ascontiguousarray(self.encoder.encode([query]), dtype=np.float32)
+    def _dense_search(self, vectors: np.ndarray, depth: int,
+                      rows: np.ndarray | None) -> list[list[tuple[int, float]]]:
+        """The ``depth`` best rows of each vector: one FAISS search for the whole batch."""
         if rows is None:
             gpu = self._gpu() if depth <= 2048 else None  # the GPU flat index's k limit
             if gpu is not None:
                 with self._gpu_lock:
-                    scores, labels = gpu.search(vector, depth)
+                    scores, labels = gpu.search(vectors, depth)
             else:
-                scores, labels = self.dense.search(vector, depth)
+                scores, labels = self.dense.search(vectors, depth)
         else:
             # Exact restriction on the CPU index: only whitelisted rows are scored, so k allowed
             # hits come back whenever k allowed docs exist.
             params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(rows))
-            scores, labels = self.dense.search(vector, depth, params=params)
-        return [(int(label), float(score)) for label, score in zip(labels[0], scores[0])
-                if label >= 0]
+            scores, labels = self.dense.search(vectors, depth, params=params)
+        return [[(int(label), float(score)) for label, score in zip(row_labels, row_scores)
+                 if label >= 0] for row_labels, row_scores in zip(labels, scores)]
 
     def _sparse_search(self, query: str, depth: int,
                        rows: np.ndarray | None) -> list[tuple[int, float]]:
+        assert self.sparse is not None  # checked by check_search
         token_ids = self.sparse.get_tokens_ids(tokenize(query))
         if not token_ids:
             return []
@@ -449,18 +299,51 @@ class RetrievalIndex:
         return [(row, float(scores[row])) for row in order]
 
     def search(self, query: str, k: int = 5, allowed_ids: Iterable[str] | None = None,
-               mode: Mode = "hybrid") -> list[Hit]:
+               mode: Mode = "hybrid", score_threshold: float | None = None) -> list[Hit]:
         """The ``k`` best documents for ``query``, restricted to ``allowed_ids`` when given
-        (unknown ids are ignored). ``mode`` picks one component alone (for evaluation)."""
-        if mode not in MODES:
-            raise ValueError(f"unknown search mode {mode!r}")
-        rows = self._rows(allowed_ids)
-        pool = len(self.docs) if rows is None else len(rows)
-        if k < 1 or pool == 0:
-            return []
-        depth = min(pool, max(k, self.candidates) if mode == "hybrid" else k)
-        dense = self._dense_search(query, depth, rows) if mode != "sparse" else []
-        sparse = self._sparse_search(query, depth, rows) if mode != "dense" else []
+        (unknown ids are ignored). ``mode`` picks one component alone; ``score_threshold``
+        (dense mode only) keeps hits whose cosine score is above it."""
+        return self.search_many([query], k, [allowed_ids], mode, score_threshold)[0]
+
+    def search_many(self, queries: Sequence[str], k: int = 5,
+                    allowed_ids: Sequence[Iterable[str] | None] | None = None,
+                    mode: Mode = "hybrid",
+                    score_threshold: float | None = None) -> list[list[Hit]]:
+        """:meth:`search` for a batch: the queries are encoded in one call, and those searching
+        the whole index share one FAISS search (a restricted one is searched on its own rows).
+        ``allowed_ids``: one whitelist (or None) per query; None: no query is restricted."""
+        check_search(mode, score_threshold, self.has_sparse)
+        restrictions = [None] * len(queries) if allowed_ids is None else list(allowed_ids)
+        if len(restrictions) != len(queries):
+            raise ValueError(f"{len(queries)} queries but {len(restrictions)} whitelists")
+        rows = [self._rows(allowed) for allowed in restrictions]
+        pools = [len(self.docs) if restricted is None else len(restricted) for restricted in rows]
+        depths = [min(pool, max(k, self.candidates) if mode == "hybrid" else k) for pool in pools]
+        dense: list[list[tuple[int, float]]] = [[] for _ in queries]
+        if mode != "sparse" and queries:
+            vectors = np.ascontiguousarray(self.encoder.encode(list(queries), query=True),
+                                           dtype=np.float32)
+            open_ones = [i for i, restricted in enumerate(rows) if restricted is None]
+            if open_ones and depths[open_ones[0]] > 0:
+                found = self._dense_search(vectors[open_ones], depths[open_ones[0]], None)
+                for i, ranked in zip(open_ones, found):
+                    dense[i] = ranked
+            for i, restricted in enumerate(rows):
+                if restricted is not None and depths[i] > 0:
+                    dense[i] = self._dense_search(vectors[i:i + 1], depths[i], restricted)[0]
+        results = []
+        for i, query in enumerate(queries):
+            if k < 1 or depths[i] == 0:
+                results.append([])
+                continue
+            sparse = self._sparse_search(query, depths[i], rows[i]) if mode != "dense" else []
+            ranked = dense[i] if score_threshold is None else [
+                (row, score) for row, score in dense[i] if score > score_threshold]
+            results.append(self._fuse(ranked, sparse, k, mode))
+        return results
+
+    def _fuse(self, dense: list[tuple[int, float]], sparse: list[tuple[int, float]], k: int,
+              mode: str) -> list[Hit]:
         found: dict[int, dict[str, Any]] = {}
         for component, ranked in (("dense", dense), ("sparse", sparse)):
             for rank, (row, score) in enumerate(ranked, start=1):
@@ -479,8 +362,17 @@ class RetrievalIndex:
         return hits
 
 
+def _write_docs(docs: Sequence[Document], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for doc in docs:
+            record = {"id": doc.id, "text": doc.text}
+            if doc.title:
+                record["title"] = doc.title
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
 def build_index(corpus_path: str | Path, out_dir: str | Path,
-                encoder: str | Path | Encoder = "hashing") -> Path:
+                encoder: EncoderChoice = "hashing") -> Path:
     """Build a retrieval index from a JSONL corpus and write it to ``out_dir`` (returned)."""
     corpus_path = Path(corpus_path)
     docs = read_corpus(corpus_path)
@@ -488,14 +380,133 @@ def build_index(corpus_path: str | Path, out_dir: str | Path,
     return index.save(out_dir)
 
 
-def load_index(directory: str | Path, encoder: str | Path | Encoder = "hashing",
+def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
+                 encoder: EncoderChoice, bm25: bool = False) -> Path:
+    """An existing FAISS index (row i embeds line i of its JSONL corpus, e.g. the reference's
+    wiki or HLE index) as an index of ours in ``out_dir``: the FAISS file is linked (copied
+    across file systems), the corpus rewritten as ``docs.jsonl``, the manifest names
+    ``encoder``, the one the index was built with. Dense-only unless ``bm25`` (then BM25 is
+    built from the corpus). The FAISS index must score by inner product; its dimension must be
+    the encoder's and its size the corpus's: a mismatch is an error naming both."""
+    faiss_path, corpus_path, out_dir = Path(faiss_path), Path(corpus_path), Path(out_dir)
+    try:
+        dense = faiss.read_index(str(faiss_path))
+    except RuntimeError as error:
+        raise RetrievalError(f"{faiss_path}: not a FAISS index: {error}") from None
+    if dense.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise RetrievalError(f"{faiss_path}: the index scores by FAISS metric "
+                             f"{dense.metric_type}, not inner product (METRIC_INNER_PRODUCT = "
+                             f"{faiss.METRIC_INNER_PRODUCT}); retrieval ranks by cosine")
+    model = make_encoder(encoder)
+    if dense.d != model.dim:
+        raise RetrievalError(f"dimension mismatch: {faiss_path} holds {dense.d}-dimensional "
+                             f"vectors, the encoder {model.describe()['type']} writes {model.dim}")
+    docs = read_corpus(corpus_path)
+    if dense.ntotal != len(docs):
+        raise RetrievalError(f"size mismatch: {faiss_path} holds {dense.ntotal} vectors, "
+                             f"{corpus_path} {len(docs)} documents")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    target = out_dir / DENSE_FILE
+    target.unlink(missing_ok=True)
+    try:
+        os.link(faiss_path, target)
+    except OSError:  # another file system, or links not allowed
+        shutil.copyfile(faiss_path, target)
+    if bm25:
+        RetrievalIndex._bm25(docs).save(str(out_dir / SPARSE_DIR), show_progress=False)
+    _write_docs(docs, out_dir / DOCS_FILE)
+    manifest = RetrievalIndex._manifest(docs, model, _sha256(corpus_path), sparse=bm25)
+    manifest["imported_from"] = {"faiss": faiss_path.name, "corpus": corpus_path.name}
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+def load_index(directory: str | Path, encoder: EncoderChoice = "hashing",
                rrf_k: float = 60.0, candidates: int = 100) -> RetrievalIndex:
-    """Load an index written by :func:`build_index`; ``encoder`` must be the one it was built
-    with (compared by ``describe()``)."""
+    """Load an index written by :func:`build_index` or :func:`import_index`; ``encoder`` must be
+    the one it was built with (compared by ``describe()``)."""
     return RetrievalIndex.load(directory, encoder, rrf_k=rrf_k, candidates=candidates)
 
 
 # ------------------------------------------------------------------------------------------- tool
+
+
+@dataclass
+class _Search:
+    query: str
+    k: int
+    allowed: frozenset[str] | None
+    mode: str
+    score_threshold: float | None
+    future: asyncio.Future[list[Hit]]
+
+
+class SearchBatcher:
+    """Gathers the searches of concurrent callers on one event loop into batches: while one
+    batch runs (:meth:`RetrievalIndex.search_many` in a worker thread), the searches that arrive
+    wait, then go together. Calls of one Triton batch, or of a rollout's concurrent episodes,
+    so share one encoder call and one FAISS search. At most ``max_batch`` searches per call."""
+
+    def __init__(self, index: RetrievalIndex, max_batch: int = 256) -> None:
+        if max_batch < 1:
+            raise RetrievalError(f"max_batch must be >= 1, got {max_batch}")
+        self.index, self.max_batch = index, max_batch
+        # Futures belong to one event loop; a tool may be called from several (one at a time).
+        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Search]] = (
+            weakref.WeakKeyDictionary())
+        self.batches = self.searches = 0  # how well batching works, for benchmarks
+
+    async def search(self, query: str, k: int, allowed: frozenset[str] | None = None,
+                     mode: Mode = "hybrid",
+                     score_threshold: float | None = None) -> list[Hit]:
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting.setdefault(loop, [])
+        request = _Search(query, k, allowed, mode, score_threshold, loop.create_future())
+        waiting.append(request)
+        if len(waiting) == 1:  # no drain is scheduled on this loop: start one
+            loop.create_task(self._drain(waiting))
+        return await request.future
+
+    async def _drain(self, waiting: list[_Search]) -> None:
+        while waiting:
+            batch = waiting[:self.max_batch]
+            # Removed only once this batch is taken, so callers arriving meanwhile see a
+            # non-empty list and leave the scheduling to this drain.
+            groups: dict[tuple, list[_Search]] = {}
+            for request in batch:
+                groups.setdefault((request.k, request.mode, request.score_threshold),
+                                  []).append(request)
+            for (k, mode, threshold), requests in groups.items():
+                try:
+                    found = await asyncio.to_thread(
+                        self.index.search_many, [r.query for r in requests], k,
+                        [r.allowed for r in requests], mode, threshold)
+                except Exception as error:  # each caller gets the failure, the drain goes on
+                    for request in requests:
+                        if not request.future.done():
+                            request.future.set_exception(error)
+                    continue
+                self.batches += 1
+                self.searches += len(requests)
+                for request, hits in zip(requests, found):
+                    if not request.future.done():  # a caller may have been cancelled
+                        request.future.set_result(hits)
+            del waiting[:len(batch)]
+
+
+def format_hits(hits: Sequence[Hit], max_chars_per_doc: int) -> str:
+    """Passages as the policy or an expert reads them: ``[doc-id] title: text`` per line, each
+    cut at ``max_chars_per_doc`` characters."""
+    lines = []
+    for hit in hits:
+        text = " ".join(hit.text.split())
+        if hit.title:
+            text = f"{hit.title}: {text}"
+        if len(text) > max_chars_per_doc:
+            text = text[:max_chars_per_doc].rstrip() + "..."
+        lines.append(f"[{hit.id}] {text}")
+    return "\n".join(lines) if lines else "No documents found."
 
 
 def default_spec() -> ToolSpec:
@@ -525,18 +536,17 @@ class Retriever(BaseTool):
     suits made-up names, which only exact terms find). Honours the per-task whitelist
     ``context.allowed_documents``. With ``question_as_query``, a call without a query searches
     for the task's question (declare ``query`` optional then): the tool is handed the task, as
-    an expert is."""
+    an expert is. Concurrent calls search in batches (:class:`SearchBatcher`)."""
 
     def __init__(self, spec: ToolSpec | None = None, *, index_dir: str | Path | None = None,
-                 corpus: str | Path | None = None, encoder: str | Path | Encoder = "hashing",
+                 corpus: str | Path | None = None, encoder: EncoderChoice = "hashing",
                  top_k: int = 5, max_top_k: int = 20, max_chars_per_doc: int = 400,
                  rrf_k: float = 60.0, candidates: int = 100, mode: Mode = "hybrid",
                  question_as_query: bool = False) -> None:
         super().__init__(spec or default_spec())
         if (index_dir is None) == (corpus is None):
             raise RetrievalError("retriever: give exactly one of index_dir or corpus")
-        if mode not in MODES:
-            raise RetrievalError(f"retriever: unknown mode {mode!r} ({', '.join(MODES)})")
+        check_search(mode, None)
         self.mode, self.question_as_query = mode, question_as_query
         if not 1 <= top_k <= max_top_k or max_chars_per_doc < 1:
             raise RetrievalError("retriever: need 1 <= top_k <= max_top_k and "
@@ -549,14 +559,8 @@ class Retriever(BaseTool):
             self.index = RetrievalIndex.build(read_corpus(corpus), make_encoder(encoder),
                                               corpus_sha256=_sha256(corpus), rrf_k=rrf_k,
                                               candidates=candidates)
-
-    def _format(self, hit: Hit) -> str:
-        text = " ".join(hit.text.split())
-        if hit.title:
-            text = f"{hit.title}: {text}"
-        if len(text) > self.max_chars_per_doc:
-            text = text[:self.max_chars_per_doc].rstrip() + "..."
-        return f"[{hit.id}] {text}"
+        check_search(mode, None, self.index.has_sparse)
+        self.batcher = SearchBatcher(self.index)
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         start = time.perf_counter()
@@ -572,9 +576,8 @@ class Retriever(BaseTool):
             errors.append(f"argument 'top_k' must be an integer in [1, {self.max_top_k}]")
         if errors:
             return ToolResult(error="; ".join(errors), latency_s=time.perf_counter() - start)
-        hits = await asyncio.to_thread(self.index.search, query, top_k,
-                                       context.allowed_documents, self.mode)
-        output = "\n".join(map(self._format, hits)) if hits else "No documents found."
+        hits = await self.batcher.search(query, top_k, context.allowed_documents, self.mode)
+        output = format_hits(hits, self.max_chars_per_doc)
         latency = time.perf_counter() - start
         return ToolResult(output=output, latency_s=latency,
                           cost_usd=self.spec.pricing.cost(Usage(), latency))

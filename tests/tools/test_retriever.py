@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 from nemo_orch.tools.base import Tool, ToolContext
+from nemo_orch.tools.encoders import HashingEncoder, HFEncoder
 from nemo_orch.tools.retriever import (
-    HashingEncoder,
-    HFEncoder,
     RetrievalError,
     RetrievalIndex,
     Retriever,
@@ -240,7 +239,7 @@ def test_tool_searches_one_component_alone_when_configured(index_dir):
     expected = load_index(index_dir).search("penicillin mold", 3, mode="sparse")
     assert [line.split("]")[0][1:] for line in sparse.output.splitlines()] == [
         hit.id for hit in expected]
-    with pytest.raises(RetrievalError, match="unknown mode 'bm25'"):
+    with pytest.raises(RetrievalError, match="unknown search mode 'bm25'"):
         Retriever(index_dir=index_dir, mode="bm25")
 
 
@@ -276,8 +275,9 @@ def test_encoder_mismatch_is_a_clear_error(index_dir):
     (['{"id": "a", "text": "x"}', '{"id": "b", "text": '], ":2: not valid JSON"),
     (['["a", "x"]'], ":1: a document must be a JSON object"),
     (['{"text": "x"}'], ":1: 'id' must be a non-empty string"),
-    (['{"id": 7, "text": "x"}'], ":1: 'id' must be a non-empty string"),
-    (['{"id": "a", "text": null}'], ":1: 'text' must be a string"),
+    (['{"id": true, "text": "x"}'], ":1: 'id' must be a non-empty string or an integer"),
+    (['{"id": "a", "text": null}'], ":1: 'text' \\(or 'contents'\\) must be a string"),
+    (['{"id": 7, "text": "x"}', '{"id": "7", "contents": "y"}'], ":2: duplicate id '7'"),
     (['{"id": "a", "text": "x", "title": 1}'], ":1: 'title' must be a string"),
     (['{"id": "a", "text": "x"}', "", '{"id": "a", "text": "y"}'],
      ":3: duplicate id 'a' \\(first at .*bad.jsonl:1\\)"),
@@ -299,7 +299,7 @@ def test_missing_corpus_is_a_clear_error(tmp_path):
 
 def test_hashing_encoder_is_deterministic_across_processes():
     text = "Volcanoes erupt when molten magma rises"
-    script = ("import sys; from nemo_orch.tools.retriever import HashingEncoder; "
+    script = ("import sys; from nemo_orch.tools.encoders import HashingEncoder; "
               "sys.stdout.write(HashingEncoder().encode([sys.argv[1]]).tobytes().hex())")
     outputs = {subprocess.run([sys.executable, "-c", script, text], check=True,
                               capture_output=True, text=True,
