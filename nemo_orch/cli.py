@@ -357,11 +357,31 @@ def cmd_synth(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _encoder_choice(args: argparse.Namespace) -> str | dict[str, Any]:
+    """``--encoder`` with ``--preset`` / ``--pooling`` / prefixes (an HF encoder's settings)."""
+    settings = {"preset": args.preset, "pooling": args.pooling,
+                "query_prefix": args.query_prefix, "document_prefix": args.document_prefix}
+    if args.encoder == "hashing" or all(value is None for value in settings.values()):
+        return args.encoder
+    return {"model_dir": args.encoder, **settings}
+
+
 def cmd_index_build(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.tools.retriever import build_index
 
-    out = build_index(args.corpus, args.out, encoder=args.encoder)
+    out = build_index(args.corpus, args.out, encoder=_encoder_choice(args))
     print(f"index: built {out} from {args.corpus} (encoder {args.encoder})")
+    return 0
+
+
+def cmd_index_import(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.tools.retriever import import_index, load_index
+
+    out = import_index(args.faiss, args.corpus, args.out, _encoder_choice(args), bm25=args.bm25)
+    index = load_index(out, _encoder_choice(args))
+    print(f"index: imported {args.faiss} ({len(index)} documents of {args.corpus}, "
+          f"{index.dense.d} dimensions, {'dense + BM25' if index.has_sparse else 'dense only'}) "
+          f"-> {out}")
     return 0
 
 
@@ -500,9 +520,28 @@ def build_parser() -> argparse.ArgumentParser:
     build = add("build", cmd_index_build, "build a dense (FAISS) + BM25 index from a JSONL "
                 "corpus", index_commands)
     build.add_argument("--corpus", required=True, help='JSONL: {"id": ..., "text": ...}')
-    build.add_argument("--out", required=True, help="index directory")
-    build.add_argument("--encoder", default="hashing",
-                       help="'hashing' (offline default) or a local HF encoder directory")
+    imported = add("import", cmd_index_import, "an existing FAISS index (inner product; row i "
+                   "embeds line i of its JSONL corpus) as an index of ours: dimension and count "
+                   "checked, dense-only unless --bm25", index_commands)
+    imported.add_argument("--faiss", required=True, help="the FAISS index file")
+    imported.add_argument("--corpus", required=True,
+                          help='its JSONL corpus: {"id": str|int, "text" or "contents": ..., '
+                          '"title"?: ...}')
+    imported.add_argument("--bm25", action="store_true",
+                          help="also build a BM25 side from the corpus (hybrid search)")
+    for command in (build, imported):
+        command.add_argument("--out", required=True, help="index directory")
+        command.add_argument("--encoder", default="hashing", required=command is imported,
+                             help="'hashing' (offline default) or a local HF encoder directory: "
+                             "the encoder the index is (was) built with")
+        command.add_argument("--preset", default=None,
+                             help="an HF encoder's settings: qwen3-embedding, e5 or bge")
+        command.add_argument("--pooling", default=None, choices=["mean", "last_token", "cls"],
+                             help="an HF encoder's pooling over the preset's (default: mean)")
+        command.add_argument("--query-prefix", default=None,
+                             help="written before each query (over the preset's)")
+        command.add_argument("--document-prefix", default=None,
+                             help="written before each document (over the preset's)")
     return parser
 
 

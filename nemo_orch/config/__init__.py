@@ -24,7 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 from nemo_orch.config.base import CONF_DIR, ConfigError, _require, _require_file, resolve_conf_path
 from nemo_orch.config.data import (AGENT_KINDS, DEMO_ROUTERS, GOLD_REPLAY, MONOLITH,
                                    NAIVE_ROUTERS, ORCHESTRATOR, ROUTERS, DataConfig)
-from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, EnvConfig, EnvSourceConfig,
+from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, RETRIEVAL_SCOPES,
+                                   EncoderConfig, EnvConfig, EnvSourceConfig, RetrievalConfig,
                                    UserConfig)
 from nemo_orch.config.eval import EvalConfig, MonolithConfig
 from nemo_orch.config.grpo import CurriculumStage, GRPOConfig
@@ -51,7 +52,8 @@ __all__ = [
     "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig", "RayConfig",
     "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
     "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",
-    "BENCHMARKS", "QA_PRESETS", "EnvSourceConfig", "EnvConfig", "UserConfig", "MonolithConfig",
+    "BENCHMARKS", "QA_PRESETS", "RETRIEVAL_SCOPES", "EnvSourceConfig", "EnvConfig", "UserConfig",
+    "RetrievalConfig", "EncoderConfig", "MonolithConfig",
     "EvalConfig",
     "SERVE_KINDS", "ServeConfig",
 ]

@@ -13,6 +13,9 @@ ENV_KINDS = ("offline", "toolscale", "tau2", "qa", "tasks", "mixture")
 # `nemo-orch eval --benchmark NAME` is `env=NAME`: the presets of conf/env/ that name one source.
 BENCHMARKS = ("offline", "toolscale", "tau2", "qa", "hle", "frames", "tasks")
 QA_PRESETS = ("hle", "frames")
+RETRIEVAL_SCOPES = ("open", "whitelist", "oracle")
+ENCODER_POOLINGS = ("mean", "last_token", "cls")
+ENCODER_PRESETS = ("qwen3-embedding", "e5", "bge")
 # Which options each kind reads (beyond kind, name, weight, limit and tools); another one set is
 # a mistake, not silently ignored.
 _KIND_OPTIONS = {
@@ -20,7 +23,7 @@ _KIND_OPTIONS = {
     "toolscale": {"path", "domain"},
     "tau2": {"domain", "split", "user", "tau2_domains", "path"},
     "qa": {"path", "preset", "id_column", "question_columns", "answer_columns",
-           "documents_column"},
+           "documents_column", "retrieval"},
     "tasks": {"path"},
 }
 
@@ -75,6 +78,123 @@ class UserConfig:
 
 
 @dataclass
+class EncoderConfig:
+    """The encoder an index was built with (``env.retrieval.encoder``): ``model`` ``hashing``
+    (the offline default) or a local Hugging Face model directory; for the latter, ``preset``
+    (``qwen3-embedding``: last-token pooling, the reference's instruction before queries only;
+    ``e5``, ``bge``) and ``pooling`` / ``query_prefix`` / ``document_prefix`` over it (null:
+    the preset's, else mean pooling and no prefix)."""
+
+    model: str = "hashing"
+    preset: Optional[str] = None
+    pooling: Optional[str] = None
+    query_prefix: Optional[str] = None
+    document_prefix: Optional[str] = None
+    max_length: int = 512
+
+    def options(self) -> str | dict[str, object]:
+        """What :func:`nemo_orch.tools.encoders.make_encoder` takes."""
+        if self.model == "hashing":
+            return "hashing"
+        return {"model_dir": str(resolve_conf_path(self.model)), "preset": self.preset,
+                "pooling": self.pooling, "query_prefix": self.query_prefix,
+                "document_prefix": self.document_prefix, "max_length": self.max_length}
+
+    def _check(self, where: str) -> None:
+        hf = self.model != "hashing"
+        _require(not hf or resolve_conf_path(self.model).is_dir(),
+                 f"{where}.model: neither 'hashing' nor a local Hugging Face model directory: "
+                 f"{self.model}")
+        _require(hf or (self.preset, self.pooling, self.query_prefix, self.document_prefix)
+                 == (None,) * 4, f"{where}: the hashing encoder takes no preset, pooling or "
+                 "prefix")
+        _require(self.preset in (None, *ENCODER_PRESETS),
+                 f"{where}.preset must be null|{'|'.join(ENCODER_PRESETS)}, got {self.preset!r}")
+        _require(self.pooling in (None, *ENCODER_POOLINGS),
+                 f"{where}.pooling must be null|{'|'.join(ENCODER_POOLINGS)}, got "
+                 f"{self.pooling!r}")
+        _require(self.max_length >= 1, f"{where}.max_length must be >= 1")
+
+
+@dataclass
+class RetrievalConfig:
+    """How a question-answering benchmark retrieves (``env.retrieval``): what ``search``'s
+    query, once written, brings its expert (:class:`~nemo_orch.tools.document_search.
+    DocumentSearch`).
+
+    ``scope``: which documents a question may get. ``open``: the whole index; ``whitelist``: the
+    ids ``whitelist`` (a JSON file ``{question id: [doc ids]}``, the reference's
+    ``examples.json``) lists for the question, kept from the ``depth`` best hits of the whole
+    index, as the reference filters; ``oracle``: the row's own documents (FRAMES' ``wiki_links``,
+    a ``qa`` file's ``documents_column``), searched exactly; not comparable with the reference,
+    which never hands a question its gold pages.
+
+    ``index``: the index directory (``nemo-orch index build`` / ``index import``; null: no local
+    index, web search only) and ``encoder`` the encoder it was built with; ``mode``: ``dense``
+    (the reference's), ``hybrid`` or ``sparse``; ``depth``: hits fetched per query;
+    ``score_threshold``: keep hits whose dense cosine score is above it (dense mode only: fused
+    ranks have no such scale); ``top_k``: documents handed on (each cut at
+    ``max_chars_per_doc``; the expert reads what fits its context budget); fewer than
+    ``fallback_below`` left: the fallback web search (the ``search`` tool's ``fallback`` part)
+    runs the query too (0: never).
+
+    The policy's own ``retriever`` calls (its ``top_k`` up to the declaration's ``max_top_k``)
+    are not governed by this, only by the scope.
+    """
+
+    scope: str = "open"
+    whitelist: Optional[str] = None
+    index: Optional[str] = None
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    mode: str = "dense"
+    depth: int = 150
+    score_threshold: Optional[float] = None
+    top_k: int = 150
+    max_chars_per_doc: int = 2000
+    fallback_below: int = 0
+
+    def describe(self) -> str:
+        """The setting, one line for every report."""
+        source = {"open": "the whole index",
+                  "whitelist": f"the question's whitelist ({self.whitelist})",
+                  "oracle": "ORACLE: each question's own documents; not comparable with the "
+                            "reference"}[self.scope]
+        if self.index is None:
+            return f"no local index: web search only (scope {self.scope})"
+        threshold = ("" if self.score_threshold is None
+                     else f", cosine > {self.score_threshold:g}")
+        fallback = (f", web search below {self.fallback_below} documents"
+                    if self.fallback_below else "")
+        return (f"{self.scope}: {source}; {self.mode} top {self.depth}{threshold} -> "
+                f"{self.top_k} documents to the expert{fallback}")
+
+    def _check(self, where: str) -> None:
+        _require(self.scope in RETRIEVAL_SCOPES,
+                 f"{where}.scope must be {'|'.join(RETRIEVAL_SCOPES)}, got {self.scope!r}")
+        _require((self.scope == "whitelist") == (self.whitelist is not None),
+                 f"{where}.whitelist: scope whitelist needs a JSON file of question id -> "
+                 f"document ids (or set {where}.scope=open)" if self.scope == "whitelist"
+                 else f"{where}.whitelist: only scope whitelist reads one (scope is "
+                 f"{self.scope})")
+        for key in ("whitelist", "index"):
+            value = getattr(self, key)
+            _require(value is None or resolve_conf_path(value).exists(),
+                     f"{where}.{key}: no such file or directory: {value}")
+        self.encoder._check(f"{where}.encoder")
+        _require(self.mode in ("dense", "hybrid", "sparse"),
+                 f"{where}.mode must be dense|hybrid|sparse, got {self.mode!r}")
+        _require(self.score_threshold is None or self.mode == "dense",
+                 f"{where}.score_threshold applies to the dense cosine score: set {where}.mode="
+                 f"dense (the {self.mode} search's scores are fused ranks or BM25's) or drop "
+                 "the threshold")
+        _require(self.depth >= 1 and 1 <= self.top_k <= self.depth,
+                 f"{where}: need depth >= 1 and 1 <= top_k <= depth (got depth {self.depth}, "
+                 f"top_k {self.top_k})")
+        _require(self.fallback_below >= 0 and self.max_chars_per_doc >= 1,
+                 f"{where}: need fallback_below >= 0 and max_chars_per_doc >= 1")
+
+
+@dataclass
 class EnvSourceConfig:
     """One task source: an environment of ``kind`` (:data:`ENV_KINDS`, less ``mixture``) with its
     options. ``name`` labels it in metrics and reports (null: the kind, or the preset).
@@ -123,6 +243,7 @@ class EnvSourceConfig:
     documents_column: Optional[str] = None
     user: UserConfig = field(default_factory=UserConfig)
     tau2_domains: list[str] = field(default_factory=list)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
     @property
     def label(self) -> str:
@@ -155,6 +276,11 @@ class EnvSourceConfig:
                  f"{where}.path: a {self.kind} environment reads a file: set {where}.path (a "
                  "local file; nothing is downloaded)")
         self.user._check(f"{where}.user")
+        self.retrieval._check(f"{where}.retrieval")
+        _require(self.retrieval.scope != "oracle" or self.preset == "frames"
+                 or self.documents_column is not None,
+                 f"{where}.retrieval.scope=oracle reads each row's own documents: FRAMES' "
+                 f"wiki_links (preset frames) or a documents_column")
         _require(self.kind != "tau2" or self.domain is not None,
                  f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
                  "telecom, mock, or a directory's name in tau2_domains)")

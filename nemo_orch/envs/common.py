@@ -23,6 +23,7 @@ class OutcomeScoredEnvironment(Environment):
         from nemo_orch.reward.builders import build_scorer
 
         self.name, self.notes, self.limit = source.label, {}, source.limit
+        self.retrieval = source.retrieval
         self.tools_config = dataclasses.replace(config.tools, declarations=list(declarations),
                                                 domains=[*config.tools.domains, *domains])
         self.scorer = build_scorer(dataclasses.replace(config, tools=self.tools_config),
@@ -31,7 +32,7 @@ class OutcomeScoredEnvironment(Environment):
     def toolbox(self) -> Toolbox:
         from nemo_orch.rollout.builders import build_toolbox
 
-        return build_toolbox(self.tools_config)
+        return build_toolbox(self.tools_config, self.retrieval)
 
     async def score(self, task: Task, trajectory: Trajectory) -> Scored:
         return Scored(await self.scorer.score(task, trajectory.answer, trajectory.calls()))

@@ -15,7 +15,8 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from nemo_orch.config import Config, ConfigError, RolloutConfig, ToolsConfig, resolve_conf_path
+from nemo_orch.config import (Config, ConfigError, RetrievalConfig, RolloutConfig, ToolsConfig,
+                              resolve_conf_path)
 from nemo_orch.tools.domain import build_domains, domain_tools
 from nemo_orch.tools.llm import endpoint_overrides
 from nemo_orch.tools.pricing import price_overrides
@@ -33,10 +34,15 @@ if TYPE_CHECKING:  # torch and transformers load only for commands that generate
 GPU_ENGINES = ("trtllm", "vllm")
 
 
-def build_toolbox(tools: ToolsConfig) -> Toolbox:
+def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) -> Toolbox:
     """The declared tools, priced with ``tools.prices`` over the list prices, and the domains'
-    tools, not yet started (``async with toolbox`` warms them up)."""
-    with price_overrides(tools.prices), endpoint_overrides(tools.endpoints):
+    tools, not yet started (``async with toolbox`` warms them up). ``retrieval``: the setting
+    ``search``'s document retrieval runs under (an environment's ``env.retrieval``; None: the
+    defaults, web search only)."""
+    from nemo_orch.tools.document_search import retrieval_setting
+
+    with price_overrides(tools.prices), endpoint_overrides(tools.endpoints), \
+            retrieval_setting(retrieval or RetrievalConfig()):
         offered, parts = offered_and_parts(load_declarations([resolve_conf_path(p)
                                                               for p in tools.declarations]))
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]

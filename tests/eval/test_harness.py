@@ -237,7 +237,8 @@ def test_judge_failures_are_counted_and_endpoints_bounded(tmp_path, tiny_tokeniz
     with serve_json({("POST", "/v1/chat/completions"): judge}, url_path="/v1") as server:
         def evaluate(out: Path) -> dict:
             config = config_lib.load(_overrides(
-                tmp_path, tiny_tokenizer_dir, "env=hle", f"env.path={hle}", f"eval.out_dir={out}",
+                tmp_path, tiny_tokenizer_dir, "env=hle", f"env.path={hle}",
+                "env.retrieval.scope=open", f"eval.out_dir={out}",
                 f"tools.declarations=[{experts}]", f"reward.judge_base_url={server.url}",
                 "reward.judge_model=judge", "reward.judge_max_retries=1",
                 "eval.concurrency=3", "eval.max_requests_per_endpoint=1"))

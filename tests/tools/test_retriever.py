@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 import hashlib
 import json
-import random
 import shutil
 import subprocess
 import sys
@@ -15,80 +13,21 @@ import faiss
 import numpy as np
 import pytest
 
+from retrieval_corpus import LABELLED, TOPICS, make_corpus
+
 from nemo_orch.tools.base import Tool, ToolContext
 from nemo_orch.tools.encoders import HashingEncoder, HFEncoder
+from nemo_orch import cli
 from nemo_orch.tools.retriever import (
     RetrievalError,
     RetrievalIndex,
     Retriever,
     build_index,
     default_spec,
+    import_index,
     load_index,
     read_corpus,
 )
-
-TOPICS = {
-    "photosynthesis": "Photosynthesis lets green plants convert sunlight into chemical energy "
-                      "stored in glucose, releasing oxygen as a by-product.",
-    "volcano": "Volcanoes erupt when molten magma rises through the crust; lava flows and ash "
-               "clouds follow the explosion.",
-    "rome": "The Western Roman Empire collapsed in 476 when Odoacer deposed the emperor Romulus "
-            "Augustulus.",
-    "dna": "DNA is a double helix that carries genetic instructions; Watson and Crick described "
-           "its structure in 1953.",
-    "black-hole": "A black hole is a region of spacetime where gravity is so strong that "
-                  "nothing, not even light, can escape.",
-    "jazz": "Jazz originated in New Orleans among African-American communities, blending blues "
-            "and ragtime with improvisation.",
-    "penicillin": "Alexander Fleming discovered penicillin in 1928, the first antibiotic able to "
-                  "kill bacteria.",
-    "tides": "Ocean tides are caused by the gravitational pull of the Moon and the Sun acting on "
-             "the seas.",
-    "printing": "Johannes Gutenberg invented the movable-type printing press around 1440 in "
-                "Mainz.",
-    "glacier": "Glaciers are slowly moving masses of ice that carve valleys as they advance and "
-               "retreat.",
-    "vaccine": "Vaccination trains the immune system to recognise a pathogen by exposing it to a "
-               "harmless antigen.",
-    "everest": "Mount Everest, the highest mountain above sea level, was first climbed by "
-               "Hillary and Norgay in 1953.",
-}
-# Paraphrased questions and the document that answers each.
-LABELLED = [
-    ("how do plants turn light into sugar", "photosynthesis"),
-    ("volcanic eruptions of magma", "volcano"),
-    ("who deposed the last western roman emperor", "rome"),
-    ("genetic molecule with a helical shape", "dna"),
-    ("gravitational collapse that traps light", "black-hole"),
-    ("improvised music from new orleans", "jazz"),
-    ("discovery of penicillin", "penicillin"),
-    ("what makes the sea rise and fall with the moon", "tides"),
-    ("Gutenberg movable type", "printing"),
-    ("ice carving valleys", "glacier"),
-    ("immunization against pathogens", "vaccine"),
-    ("first ascent of the highest peak", "everest"),
-]
-# Distractors sharing generic words ("first", "light", "music", "sea") with the questions.
-SUBJECTS = ("market bank loan football league bridge poem novel painting museum harbor festival "
-            "tax coffee bread cheese election parliament railway orchestra recipe garden tennis "
-            "castle village factory newspaper theatre").split()
-GENERIC = "first light energy discovery music sea system new history people large".split()
-VERBS = "opened grew changed closed expanded hosted attracted financed".split()
-
-
-def make_corpus(path: Path, fillers: int = 300) -> Path:
-    rng = random.Random(0)
-    records = [{"id": doc_id, "text": text} for doc_id, text in TOPICS.items()]
-    for i in range(fillers):
-        a, b, c = rng.sample(SUBJECTS, 3)
-        g1, g2 = rng.sample(GENERIC, 2)
-        records.append({"id": f"filler-{i:03d}", "title": f"{a.title()} news",
-                        "text": f"The {a} {rng.choice(VERBS)} the {g1} {b} in "
-                                f"{rng.randint(1800, 2020)}, and the {c} brought {g2} visitors."})
-    rng.shuffle(records)
-    path.write_text("".join(json.dumps(record) + "\n" for record in records))
-    return path
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -346,6 +285,140 @@ def test_hf_encoder_from_a_local_directory(tmp_path, corpus, tiny_tokenizer_dir,
         load_index(out, other)
     with pytest.raises(RetrievalError, match="no config.json"):
         HFEncoder(tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "sparse"])
+def test_search_many_answers_as_searches_one_by_one(index, mode):
+    queries = [query for query, _ in LABELLED] + ["", "zzzz qqqq"]
+    whitelists = [None if i % 3 else {"dna", "jazz", "rome", "filler-001"}
+                  for i in range(len(queries))]
+    batched = index.search_many(queries, 4, whitelists, mode)
+    assert batched == [index.search(query, 4, allowed, mode)
+                       for query, allowed in zip(queries, whitelists)]
+    assert [hits[0].id for hits in index.search_many(queries[:3], 1, None, mode)] == [
+        index.search(query, 1, mode=mode)[0].id for query in queries[:3]]
+    with pytest.raises(ValueError, match="2 queries but 1 whitelists"):
+        index.search_many(queries[:2], 1, [None], mode)
+
+
+def test_search_many_encodes_once_and_searches_faiss_once(index, monkeypatch):
+    calls = {"encode": 0, "faiss": 0}
+    encode, search = index.encoder.encode, index.dense.search
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(index.encoder, "encode", counted("encode", encode))
+    monkeypatch.setattr(index.dense, "search", counted("faiss", search))
+    index.search_many([query for query, _ in LABELLED], 3, mode="dense")
+    assert calls == {"encode": 1, "faiss": 1}
+
+
+def test_score_threshold_keeps_dense_hits_above_it(index):
+    query = LABELLED[0][0]
+    scores = [hit.score for hit in index.search(query, 50, mode="dense")]
+    threshold = (scores[2] + scores[3]) / 2  # between the third and the fourth hit
+    kept = index.search(query, 50, mode="dense", score_threshold=threshold)
+    assert [hit.score for hit in kept] == scores[:3]
+    assert all(hit.score == hit.dense_score > threshold for hit in kept)
+    for mode in ("hybrid", "sparse"):
+        with pytest.raises(RetrievalError, match="threshold applies to the dense cosine"):
+            index.search(query, 5, mode=mode, score_threshold=0.1)
+
+
+def test_concurrent_calls_search_in_batches(index_dir):
+    tool = Retriever(index_dir=index_dir, mode="dense")
+    queries = [query for query, _ in LABELLED]
+    allowed = frozenset({"dna", "jazz", "rome"})
+
+    async def together():
+        return await asyncio.gather(*(tool.call({"query": query, "top_k": 2},
+                                                ToolContext(allowed_documents=allowed if i == 0
+                                                            else None))
+                                      for i, query in enumerate(queries)))
+
+    results = asyncio.run(together())
+    # The first call starts a batch alone; the others arrive while it runs and go together.
+    assert tool.batcher.searches == len(queries) and tool.batcher.batches <= 3
+    one_by_one = Retriever(index_dir=index_dir, mode="dense")
+    assert [r.output for r in results] == [
+        run_tool(one_by_one, {"query": query, "top_k": 2},
+                 ToolContext(allowed_documents=allowed if i == 0 else None)).output
+        for i, query in enumerate(queries)]
+    assert one_by_one.batcher.batches == len(queries)
+
+
+def _existing_index(tmp_path: Path, corpus: Path, dim: int = 384,
+                    metric: int = faiss.METRIC_INNER_PRODUCT) -> tuple[Path, Path]:
+    """An index built elsewhere, as the reference's are: a FAISS file and its corpus with
+    integer ids and ``contents``."""
+    docs = read_corpus(corpus)
+    reference = tmp_path / "reference_corpus.jsonl"
+    reference.write_text("".join(json.dumps({"id": i, "contents": doc.indexed_text}) + "\n"
+                                 for i, doc in enumerate(docs)))
+    vectors = HashingEncoder(dim=dim).encode([doc.indexed_text for doc in docs])
+    flat = (faiss.IndexFlatIP(dim) if metric == faiss.METRIC_INNER_PRODUCT
+            else faiss.IndexFlatL2(dim))
+    flat.add(vectors)
+    faiss.write_index(flat, str(tmp_path / "e5_Flat.index"))
+    return tmp_path / "e5_Flat.index", reference
+
+
+def test_an_existing_faiss_index_is_imported_dense_only(tmp_path, corpus, index):
+    faiss_file, reference = _existing_index(tmp_path, corpus)
+    out = import_index(faiss_file, reference, tmp_path / "imported", "hashing")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["sparse"], manifest["num_docs"], manifest["dim"]) == (False, len(index), 384)
+    assert manifest["encoder"] == HashingEncoder().describe()
+    assert not (out / "sparse").exists()
+    imported = load_index(out)
+    names = {str(i): doc.id for i, doc in enumerate(index.docs)}
+    for query, _ in LABELLED:
+        assert [names[hit.id] for hit in imported.search(query, 3, mode="dense")] == [
+            hit.id for hit in index.search(query, 3, mode="dense")]
+    with pytest.raises(RetrievalError, match="dense-only"):
+        imported.search("music", 3)  # hybrid needs BM25
+    with pytest.raises(RetrievalError, match="dense-only"):
+        Retriever(index_dir=out)
+    assert run_tool(Retriever(index_dir=out, mode="dense"), {"query": "jazz"}).error is None
+    hybrid = load_index(import_index(faiss_file, reference, tmp_path / "with_bm25", "hashing",
+                                     bm25=True))
+    assert hybrid.has_sparse and hybrid.search("Gutenberg movable type", 1)[0].id == next(
+        key for key, name in names.items() if name == "printing")
+
+
+def test_an_import_that_does_not_match_names_both_sides(tmp_path, corpus):
+    faiss_file, reference = _existing_index(tmp_path, corpus, dim=128)
+    with pytest.raises(RetrievalError, match=r"dimension mismatch: .*e5_Flat.index holds "
+                       r"128-dimensional vectors, the encoder hashing writes 384"):
+        import_index(faiss_file, reference, tmp_path / "out", "hashing")
+    faiss_file, reference = _existing_index(tmp_path, corpus)
+    with reference.open("a") as handle:
+        handle.write(json.dumps({"id": 10_000, "contents": "one more"}) + "\n")
+    with pytest.raises(RetrievalError, match=r"size mismatch: .*e5_Flat.index holds 312 "
+                       r"vectors, .*reference_corpus.jsonl 313 documents"):
+        import_index(faiss_file, reference, tmp_path / "out", "hashing")
+    faiss_file, reference = _existing_index(tmp_path, corpus, metric=faiss.METRIC_L2)
+    with pytest.raises(RetrievalError, match="not inner product"):
+        import_index(faiss_file, reference, tmp_path / "out", "hashing")
+    (tmp_path / "junk.index").write_bytes(b"not faiss")
+    with pytest.raises(RetrievalError, match="junk.index: not a FAISS index"):
+        import_index(tmp_path / "junk.index", reference, tmp_path / "out", "hashing")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_index_import_command(tmp_path, corpus, capsys):
+    faiss_file, reference = _existing_index(tmp_path, corpus)
+    out = tmp_path / "cli"
+    args = ["index", "import", "--faiss", str(faiss_file), "--corpus", str(reference),
+            "--out", str(out), "--encoder", "hashing"]
+    assert cli.main(args) == 0
+    assert "312 documents" in capsys.readouterr().out and (out / "manifest.json").is_file()
+    assert cli.main([*args[:-1], str(tmp_path / "no-such-encoder")]) == 2
+    assert "neither 'hashing' nor" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

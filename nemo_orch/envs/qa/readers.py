@@ -16,9 +16,13 @@ Columns read (others are ignored). Each benchmark's published names come first; 
   (required), ``wiki_links`` (a list of URLs, or a string holding a Python-literal list, as in
   the published TSV/CSV export), ``reasoning_types`` (``"A | B"``, optional) and the id column
   ``Unnamed: 0`` or ``id`` (absent: the row's index). Task ids are ``frames-<id>``. A question's
-  ``wiki_links`` become its ``allowed_documents``: the retriever returns no other document, so
-  a FRAMES corpus must use the Wikipedia page URLs, exactly as written in ``wiki_links``, as
-  its document ids. Without ``wiki_links`` a question may retrieve from the whole corpus.
+  ``wiki_links`` are read as its own documents (``allowed_documents``), which only the oracle
+  retrieval setting uses (``env.retrieval.scope=oracle``: a corpus whose document ids are the
+  Wikipedia page URLs, exactly as written in ``wiki_links``); the reference's setting, and the
+  preset's, searches the whole index.
+
+A whitelist (:func:`read_whitelist`, ``env.retrieval.whitelist``) maps question ids to the
+document ids each may retrieve, as the reference's ``examples.json`` does for HLE.
 
 Every task's system prompt asks for the final answer inside ``<answer></answer>``, the tag the
 rollout parser reads.
@@ -27,6 +31,7 @@ rollout parser reads.
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,3 +206,30 @@ def read_qa(path: str | Path, *, id_column: str = "id",
                           allowed_documents=None if documents is None else frozenset(documents),
                           metadata={"benchmark": "qa"}))
     return QABenchmark("qa", tasks, {})
+
+
+def read_whitelist(path: str | Path) -> dict[str, frozenset[str]]:
+    """A JSON object ``{question id: [document id, ...]}``; ids may be strings or integers (kept
+    as decimal strings, as corpus ids are read). Problems name the file and the question."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{path}: cannot read the whitelist: {error}") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: a whitelist is a JSON object of question id -> document ids")
+
+    def identifier(value: Any) -> str | None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value if isinstance(value, str) and value else None
+
+    whitelist = {}
+    for question, documents in raw.items():
+        ids = [identifier(document) for document in documents] if isinstance(
+            documents, list) else [None]
+        if None in ids:
+            raise DataError(f"{path}: question {question!r}: the documents must be a list of "
+                            f"ids (strings or integers), got {str(documents)[:80]}")
+        whitelist[question] = frozenset(ids)
+    return whitelist
