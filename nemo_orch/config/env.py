@@ -160,7 +160,7 @@ class RetrievalConfig:
                   "oracle": "ORACLE: each question's own documents; not comparable with the "
                             "reference"}[self.scope]
         if self.index is None:
-            return f"no local index: web search only (scope {self.scope})"
+            return f"{self.scope}: {source}; no local index: web search only"
         threshold = ("" if self.score_threshold is None
                      else f", cosine > {self.score_threshold:g}")
         fallback = (f", web search below {self.fallback_below} documents"
@@ -281,6 +281,9 @@ class EnvSourceConfig:
                  or self.documents_column is not None,
                  f"{where}.retrieval.scope=oracle reads each row's own documents: FRAMES' "
                  f"wiki_links (preset frames) or a documents_column")
+        _require(self.documents_column is None or self.retrieval.scope == "oracle",
+                 f"{where}.documents_column: a row's own documents are read only by "
+                 f"{where}.retrieval.scope=oracle (scope is {self.retrieval.scope})")
         _require(self.kind != "tau2" or self.domain is not None,
                  f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
                  "telecom, mock, or a directory's name in tau2_domains)")

@@ -97,13 +97,17 @@ def test_qa_rows_read_with_configured_columns_and_bad_rows_named(tmp_path):
                       + json.dumps({"problem": "3+3?"}) + "\n")
     with pytest.raises(DataError, match=r"mine.jsonl:2: answer or reference_answer"):
         build_environment(config_lib.load(["env=qa", f"env.path={custom}",
-                                           "env.documents_column=docs"]))
+                                           "env.documents_column=docs",
+                                           "env.retrieval.scope=oracle"]))
     custom.write_text(json.dumps({"problem": "2+2?", "solution": 4, "docs": ["d1"]}) + "\n")
     (task,) = build_environment(config_lib.load(["env=qa", f"env.path={custom}",
-                                                 "env.documents_column=docs"])
+                                                 "env.documents_column=docs",
+                                                 "env.retrieval.scope=oracle"])
                                 ).tasks("test", None, 0)
     assert (task.id, task.question, task.answer, task.allowed_documents) == (
         "qa-0", "2+2?", "4", frozenset({"d1"}))
+    with pytest.raises(config_lib.ConfigError, match="read only by env.retrieval.scope=oracle"):
+        config_lib.load(["env=qa", f"env.path={custom}", "env.documents_column=docs"])
 
 
 def _verdict(body: dict) -> dict:

@@ -146,7 +146,7 @@ def test_read_records_locates_rows_in_every_format(tmp_path):
         (f"{parquet}[row 0]", rows[0]), (f"{parquet}[row 1]", rows[1])]
 
 
-def test_frames_links_become_the_retrieval_whitelist(tmp_path):
+def test_frames_links_are_read_as_each_questions_own_documents(tmp_path):
     as_lists = [dict(row, wiki_links=json.loads(row["wiki_links"].replace("'", '"')))
                 for row in FRAMES_ROWS]
     literal = read_frames(write_jsonl(tmp_path / "frames.jsonl", FRAMES_ROWS))
