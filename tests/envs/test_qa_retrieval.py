@@ -13,7 +13,6 @@ from retrieval_corpus import make_corpus
 from nemo_orch import config as config_lib
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.envs import build_environment
-from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.document_search import DocumentSearch
 from nemo_orch.tools.retriever import build_index
 
