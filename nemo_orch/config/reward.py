@@ -7,6 +7,9 @@ from typing import Optional
 
 from nemo_orch.config.base import _require
 
+# The judge templates shipped in conf/reward/judges/ (see nemo_orch.reward.judge).
+JUDGE_TEMPLATES = ("default", "reference", "hle_official")
+
 
 @dataclass
 class RewardConfig:
@@ -23,6 +26,10 @@ class RewardConfig:
     after which the answer counts as a judge failure. With ``endpoint`` (a reward server's
     ``http://host:port``: ``nemo-orch serve reward``) answers are scored there, each request
     given ``endpoint_timeout_s`` and ``endpoint_max_retries``; the judge is then the server's.
+    ``judge_template`` picks how the judge is asked and its reply read
+    (``conf/reward/judges/NAME.yaml``): ``default`` (nemo-orch's one-word verdict), ``reference``
+    (ToolOrchestra's ``<correct>True</correct>``) or ``hle_official`` (the official HLE judge's
+    structured output).
     """
 
     combination: str = "preference"
@@ -34,6 +41,7 @@ class RewardConfig:
     judge_api_key_env: Optional[str] = None
     judge_max_retries: int = 2
     judge_timeout_s: float = 60.0
+    judge_template: str = "default"
     endpoint: Optional[str] = None
     endpoint_timeout_s: float = 300.0
     endpoint_max_retries: int = 2
@@ -66,6 +74,9 @@ class RewardConfig:
                  "reward.judge_base_url needs reward.judge_model")
         _require(self.judge_max_retries >= 0 and self.judge_timeout_s > 0,
                  "reward.judge_max_retries must be >= 0 and reward.judge_timeout_s > 0")
+        _require(self.judge_template in JUDGE_TEMPLATES,
+                 f"reward.judge_template must be {'|'.join(JUDGE_TEMPLATES)}, "
+                 f"got {self.judge_template!r}")
         _require(self.endpoint is None or self.judge_base_url is None,
                  "reward.endpoint scores on a reward server, which has its own judge: set "
                  "reward.judge_base_url there, not here")

@@ -16,13 +16,17 @@ from nemo_orch.tools.registry import Toolbox
 class OutcomeScoredEnvironment(Environment):
     """An environment whose tools are declarations (``declarations``) and domain files
     (``domains``), scored by the reward's outcome scorer (:func:`build_scorer`), so a judge or a
-    reward endpoint configured under ``reward.*`` applies."""
+    reward endpoint configured under ``reward.*`` applies; ``notes["judge"]`` names it in every
+    report."""
 
     def __init__(self, config: Config, source: EnvSourceConfig, declarations: Sequence[str],
                  domains: Sequence[str] = ()) -> None:
         from nemo_orch.reward.builders import build_scorer
 
-        self.name, self.notes, self.limit = source.label, {}, source.limit
+        from nemo_orch.reward.judge import judge_description
+
+        self.name, self.limit = source.label, source.limit
+        self.notes = {"judge": judge_description(config.reward)}
         self.retrieval = source.retrieval
         self.tools_config = dataclasses.replace(config.tools, declarations=list(declarations),
                                                 domains=[*config.tools.domains, *domains])

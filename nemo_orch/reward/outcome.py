@@ -2,7 +2,8 @@
 
 The protocol follows the ToolOrchestra reference: an empty answer, or one longer than
 ``reward.max_answer_words`` words, is wrong; a normalized exact match or a numeric match is right;
-anything else goes to the LLM judge when one is configured (``reward.judge_base_url``) and is
+anything else goes to the LLM judge when one is configured (``reward.judge_base_url``), asked and
+read as its template says (``reward.judge_template``: :mod:`nemo_orch.reward.judge`), and is
 wrong otherwise. A judge that fails or answers unreadably makes the answer wrong with the reason
 recorded (method ``judge_error``): scoring never raises over an external call.
 
@@ -28,6 +29,7 @@ from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, score_episode
 from nemo_orch.data.tasks import Task
 from nemo_orch.clients.openai import OpenAIClient
+from nemo_orch.reward.judge import JudgeTemplate, load_judge_template
 
 # How an outcome was decided; every one is logged as its own component.
 OUTCOME_METHODS = ("empty", "too_long", "exact", "numeric", "judge", "no_match", "judge_error",
@@ -41,14 +43,6 @@ _NUMERIC_PUNCTUATION = re.compile(r"(?:(?<![\w.])-(?=\d)|(?<=\d)[./](?=\d))")
 _PUNCTUATION = frozenset(string.punctuation)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+|(?<=\d))"
                      r"(?:\s*/\s*\d+(?![\d.]))?(?:[eE][-+]?\d+)?")
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
-_VERDICT = re.compile(r"\b(incorrect|wrong|yes|no|(?:not\s+)?(?:correct|right))\b")
-_POSITIVE = frozenset({"correct", "right", "yes"})
-
-JUDGE_MAX_TOKENS = 256  # room for a short justification; reasoning judges think before it
-JUDGE_SYSTEM = ("You grade answers to questions. Decide whether the prediction means the same as "
-                "the reference answer; ignore formatting, capitalization and extra explanation. "
-                "Reply with one word: correct or incorrect.")
 
 
 def normalize_answer(text: str) -> str:
@@ -102,13 +96,6 @@ class OutcomeResult:
     detail: str = ""
 
 
-def parse_verdict(text: str) -> bool | None:
-    """The judge's verdict: the first of correct/incorrect/yes/no/right/wrong after any
-    ``<think>`` block; None when there is none."""
-    found = _VERDICT.search(_THINK.sub(" ", text).lower())
-    return None if found is None else found[1] in _POSITIVE
-
-
 class AnswerScorer(Protocol):
     """What scores answers: :class:`OutcomeScorer` in-process, or
     :class:`~nemo_orch.reward.remote.RemoteOutcomeScorer` on a reward server."""
@@ -121,7 +108,8 @@ class OutcomeScorer:
     """Scores final answers under the reference protocol (see the module docstring).
 
     ``client`` overrides the judge client built from ``config`` (e.g. with other timeouts);
-    ``judge_in_flight`` bounds the built client's requests in flight.
+    ``judge_in_flight`` bounds the built client's requests in flight. With a judge, its template
+    (``reward.judge_template``) is read once, here.
     Judge verdicts are cached per (task id, normalized answer), and concurrent requests for the
     same pair share one judge call, so a group repeating a wrong answer costs one request.
     Judge failures are not cached: the next score asks again.
@@ -140,6 +128,8 @@ class OutcomeScorer:
                                   max_retries=config.judge_max_retries,
                                   max_in_flight=judge_in_flight)
         self.client = client
+        self.judge: JudgeTemplate | None = (
+            None if client is None else load_judge_template(config.judge_template))
         self._verdicts: dict[tuple[str, str], OutcomeResult] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[OutcomeResult]] = {}
 
@@ -202,16 +192,18 @@ class OutcomeScorer:
             del self._pending[key]
 
     async def _ask_judge(self, task: Task, answer: str) -> OutcomeResult:
-        assert self.client is not None
-        prompt = (f"Question:\n{task.question}\n\nReference answer:\n{task.answer}\n\n"
-                  f"Prediction:\n{answer}\n\nIs the prediction correct?")
+        judge = self.judge
+        assert self.client is not None and judge is not None and task.answer is not None
+        extra = None if judge.response_format is None else {
+            "response_format": judge.response_format}
         try:
             reply = await self.client.chat(
-                [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": prompt}],
-                max_tokens=JUDGE_MAX_TOKENS, temperature=0.0)
+                judge.messages(task.question, task.answer, answer),
+                max_tokens=judge.max_tokens, temperature=judge.temperature, extra=extra)
         except Exception as error:  # any failure of the judge is a wrong answer, never a crash
             return OutcomeResult(False, "judge_error", f"{type(error).__name__}: {error}")
-        verdict = parse_verdict(reply.text)
+        verdict, detail = judge.parse(reply.text)
         if verdict is None:
-            return OutcomeResult(False, "judge_error", f"no verdict in {reply.text[:200]!r}")
-        return OutcomeResult(verdict, "judge", reply.text[:200])
+            return OutcomeResult(False, "judge_error",
+                                 f"no verdict ({detail}) in {reply.text[:200]!r}")
+        return OutcomeResult(verdict, "judge", detail)

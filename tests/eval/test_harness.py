@@ -253,6 +253,10 @@ def test_judge_failures_are_counted_and_endpoints_bounded(tmp_path, tiny_tokeniz
     # q1 matches exactly; q2 and q3 need the judge, which failed: counted, not hidden.
     assert (row["tasks"], row["correct"], row["judge_errors"]) == (3, 1, 2)
     assert down["notes"]["skipped"] == {"image": 1}
+    # The report names the judge (its template) and the retrieval setting.
+    assert down["notes"]["judge"] == (
+        f"default (nemo-orch's judge: one word, correct or incorrect) by judge at {server.url}")
+    assert down["notes"]["retrieval"].startswith("open: the whole index")
     methods = {r["task_id"]: r["outcome"]["method"]
                for r in _episodes(tmp_path / "down", "fixed:strongest")}
     assert methods == {"q1": "exact", "q2": "judge_error", "q3": "judge_error"}

@@ -11,7 +11,8 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row
 from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
 from nemo_orch.reward.outcome import (
-    OutcomeScorer, exact_match, normalize_answer, numeric_match, parse_number, parse_verdict)
+    OutcomeScorer, exact_match, normalize_answer, numeric_match, parse_number)
+from nemo_orch.reward.judge import parse_verdict
 from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server

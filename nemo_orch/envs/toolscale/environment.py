@@ -122,10 +122,11 @@ class ToolScaleEnvironment(OutcomeScoredEnvironment):
         # A row offers its domain's tools; the declared ones (env.tools) join them.
         self.pool = offering([row for domain in loaded for row in domain.rows],
                              declared_names(self.tools_config))
-        self.notes = {"dropped": [rejection for domain in loaded
-                                  for rejection in domain.validation.to_json()["rejections"]],
-                      "tasks_by_domain": {domain.domain.name: len(domain.rows)
-                                          for domain in loaded}, **parquet_notes}
+        self.notes.update({"dropped": [rejection for domain in loaded
+                                       for rejection in domain.validation.to_json()[
+                                           "rejections"]],
+                           "tasks_by_domain": {domain.domain.name: len(domain.rows)
+                                               for domain in loaded}, **parquet_notes})
         self.val_fraction = val_fraction
 
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
