@@ -7,7 +7,12 @@ threads over HTTP keep-alive connections:
 * **reward**: ``nemo-orch serve reward``, outcome scoring of varied answers (exact, numeric and
   wrong ones; no judge, so this is the server's own overhead plus the matching rules);
 * **retriever**: ``nemo-orch serve tool search``, the offline retriever (BM25 over the demo
-  corpus, the task's question as the query).
+  corpus, the task's question as the query);
+* **dense retriever**: ``nemo-orch serve tool retriever`` over a dense (hashing encoder) index of
+  ``--passages`` synthetic passages (built first, not timed), a distinct 8-word query per item,
+  top 10: ``one at a time`` (``max_batch: 1``, each item of a Triton batch searched alone, as
+  before batching) and ``batched`` (the items of a Triton batch, and of the batches in flight,
+  searched with one encoder call and one FAISS search).
 
 How to read the table: ``errors`` counts non-200 answers, transport failures and rows whose
 ``error`` output is set (must be 0). p50/p99 are client-side latencies of the answered requests;
@@ -19,7 +24,7 @@ put the compute of a merged batch far above the model's time), so items per requ
 machine's cores, so on a 2-core machine the client's own cost is part of what is measured.
 
 Run: ``python benchmarks/serve_load.py [--requests 10000 --concurrency 64 --items 1
---target reward]``.
+--target reward --passages 100000]``.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ import http.client
 import json
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -45,8 +52,13 @@ from nemo_orch.envs.offline.world import BASIC, held_out_tasks
 from nemo_orch.reward.remote import reward_item
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.remote import context_to_json
+from nemo_orch.tools.retriever import build_index
+from retrieval import corpus  # benchmarks/retrieval.py: the synthetic passages
 
-TARGETS = {"reward": ("reward", "reward"), "retriever": ("tool search", "search")}
+# target -> (serve command, Triton model, max_batch of the dense retriever or None)
+TARGETS = {"reward": ("reward", "reward", None), "retriever": ("tool search", "search", None),
+           "dense retriever, one at a time": ("tool retriever", "retriever", 1),
+           "dense retriever, batched": ("tool retriever", "retriever", 256)}
 
 
 def _free_ports(count: int) -> list[int]:
@@ -59,11 +71,42 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
-def _bodies(target: str, count: int, items: int) -> list[dict]:
+def _dense_index(directory: Path, passages: int) -> tuple[Path, list[str]]:
+    """An index of synthetic passages (:mod:`retrieval`'s, searched dense here) and their
+    words, built once per run in ``directory``."""
+    docs, words = corpus(passages, random.Random(0))
+    if not (directory / "idx").exists():
+        (directory / "docs.jsonl").write_text("".join(
+            json.dumps({"id": doc.id, "text": doc.text}) + "\n" for doc in docs))
+        build_index(directory / "docs.jsonl", directory / "idx")
+    return directory / "idx", words
+
+
+def _dense_declaration(directory: Path, index: Path, max_batch: int) -> Path:
+    """The served retriever: dense, top 10, 64 calls at once, not cached (every query is new
+    anyway; the cache must not stand in for the search)."""
+    path = directory / f"retriever_{max_batch}.yaml"
+    path.write_text(json.dumps({
+        "name": "retriever", "description": "Searches the passages.",
+        "parameters": {"type": "object", "required": ["query"],
+                       "properties": {"query": {"type": "string"},
+                                      "top_k": {"type": "integer"}}},
+        "deterministic": False, "max_concurrency": 64,
+        "class": "nemo_orch.tools.retriever.Retriever",
+        "options": {"index_dir": str(index), "mode": "dense", "max_batch": max_batch,
+                    "top_k": 10}}))
+    return path
+
+
+def _bodies(target: str, count: int, items: int, words: list[str]) -> list[dict]:
     """``count`` request bodies of ``items`` items each, cycling over varied inputs."""
-    tasks = held_out_tasks(50, BASIC)
     rows = []
-    for i, task in enumerate(tasks):
+    if TARGETS[target][2] is not None:
+        rng = random.Random(1)
+        context = json.dumps(context_to_json(ToolContext()))
+        rows = [{"arguments": json.dumps({"query": " ".join(rng.choices(words, k=8))}),
+                 "context": context} for _ in range(count * items)]
+    for i, task in enumerate(held_out_tasks(50, BASIC) if not rows else []):
         if target == "reward":
             answers = [task.answer, f"Answer: {task.answer}", "not it", str(i)]
             rows += [reward_item(task, answer) for answer in answers]
@@ -129,20 +172,25 @@ def _mean_batch(metrics: str, model: str) -> float:
             / values["nemo_orch_serve_batch_requests_count"])
 
 
-def _run_target(name: str, requests: int, concurrency: int, items: int) -> dict:
-    command, model = TARGETS[name]
+def _run_target(name: str, requests: int, concurrency: int, items: int,
+                scratch: Path, passages: int) -> dict:
+    command, model, max_batch = TARGETS[name]
+    tools, words = ["tools=offline_basic"], []
+    if max_batch is not None:
+        index, words = _dense_index(scratch, passages)
+        tools = [f"tools.declarations=[{_dense_declaration(scratch, index, max_batch)}]"]
     http_port, grpc_port, metrics_port = _free_ports(3)
     server = subprocess.Popen(
         [sys.executable, "-m", "nemo_orch.cli", "serve", *command.split(),
          f"serve.http_port={http_port}", f"serve.grpc_port={grpc_port}",
-         f"serve.metrics_port={metrics_port}", "tools=offline_basic"],
+         f"serve.metrics_port={metrics_port}", *tools],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         banner = server.stdout.readline()
         if "serving" not in banner:
             raise RuntimeError(f"nemo-orch serve {command} did not start: {banner!r}")
         latencies, errors, seconds = _load(http_port, f"/v2/models/{model}/infer",
-                                           _bodies(name, requests, items), concurrency)
+                                           _bodies(name, requests, items, words), concurrency)
         batch = _mean_batch(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text, model)
         stopping = time.perf_counter()
         server.send_signal(signal.SIGTERM)
@@ -165,10 +213,13 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1, help="items per request")
     parser.add_argument("--target", choices=list(TARGETS), action="append",
                         help="repeat for several (default: all)")
+    parser.add_argument("--passages", type=int, default=100_000,
+                        help="the dense retriever's index size")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
-    rows = [_run_target(name, args.requests, args.concurrency, args.items)
-            for name in args.target or list(TARGETS)]
+    with tempfile.TemporaryDirectory() as scratch:
+        rows = [_run_target(name, args.requests, args.concurrency, args.items, Path(scratch),
+                            args.passages) for name in args.target or list(TARGETS)]
     print(f"serve load: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"PyTriton on 127.0.0.1")
     print("| target | requests | items/request | concurrency | errors | p50 ms | p99 ms | "

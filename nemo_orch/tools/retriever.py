@@ -536,13 +536,14 @@ class Retriever(BaseTool):
     suits made-up names, which only exact terms find). Honours the per-task whitelist
     ``context.allowed_documents``. With ``question_as_query``, a call without a query searches
     for the task's question (declare ``query`` optional then): the tool is handed the task, as
-    an expert is. Concurrent calls search in batches (:class:`SearchBatcher`)."""
+    an expert is. Concurrent calls search in batches of up to ``max_batch``
+    (:class:`SearchBatcher`; 1: one search at a time)."""
 
     def __init__(self, spec: ToolSpec | None = None, *, index_dir: str | Path | None = None,
                  corpus: str | Path | None = None, encoder: EncoderChoice = "hashing",
                  top_k: int = 5, max_top_k: int = 20, max_chars_per_doc: int = 400,
                  rrf_k: float = 60.0, candidates: int = 100, mode: Mode = "hybrid",
-                 question_as_query: bool = False) -> None:
+                 question_as_query: bool = False, max_batch: int = 256) -> None:
         super().__init__(spec or default_spec())
         if (index_dir is None) == (corpus is None):
             raise RetrievalError("retriever: give exactly one of index_dir or corpus")
@@ -560,7 +561,7 @@ class Retriever(BaseTool):
                                               corpus_sha256=_sha256(corpus), rrf_k=rrf_k,
                                               candidates=candidates)
         check_search(mode, None, self.index.has_sparse)
-        self.batcher = SearchBatcher(self.index)
+        self.batcher = SearchBatcher(self.index, max_batch)
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         start = time.perf_counter()
