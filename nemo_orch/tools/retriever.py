@@ -455,6 +455,7 @@ class SearchBatcher:
         # Futures belong to one event loop; a tool may be called from several (one at a time).
         self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Search]] = (
             weakref.WeakKeyDictionary())
+        self._drains: set[asyncio.Task[None]] = set()
         self.batches = self.searches = 0  # how well batching works, for benchmarks
 
     async def search(self, query: str, k: int, allowed: frozenset[str] | None = None,
@@ -465,7 +466,9 @@ class SearchBatcher:
         request = _Search(query, k, allowed, mode, score_threshold, loop.create_future())
         waiting.append(request)
         if len(waiting) == 1:  # no drain is scheduled on this loop: start one
-            loop.create_task(self._drain(waiting))
+            drain = loop.create_task(self._drain(waiting))
+            self._drains.add(drain)  # the loop keeps only a weak reference to a task
+            drain.add_done_callback(self._drains.discard)
         return await request.future
 
     async def _drain(self, waiting: list[_Search]) -> None:

@@ -38,13 +38,19 @@ CASES = [(QA, "42"), (QA, "Answer: 42.0"), (QA, "forty-two"), (QA, ""), (QA, Non
 
 
 @pytest.fixture(scope="module")
-def server(make_serve_config):
+def served(make_serve_config):
+    """The server and the toolbox behind its tool models."""
     config = config_lib.load(["tools=offline_basic"])
-    models, toolbox = tool_models(config, TOOLS)
+    models, toolboxes = tool_models(config, TOOLS)
     settings = make_serve_config(max_batch_size=MAX_BATCH, max_queue_delay_us=20_000,
                                  max_item_bytes=MAX_ITEM_BYTES)
-    with serve_models([reward_model(config), *models], settings, toolbox) as running:
-        yield running
+    with serve_models([reward_model(config), *models], settings, toolboxes) as running:
+        yield running, toolboxes[0]
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 def _infer(server, model: str, inputs: list[dict], **request) -> httpx.Response:
@@ -241,6 +247,18 @@ def test_served_tools_answer_as_in_process_ones(server, tmp_path):
         assert (got.output, got.error, got.answer, got.usage) == (
             expected.output, expected.error, expected.answer, expected.usage), name
     assert "42" in served[1].output and served[0].output.startswith("[")
+
+
+def test_the_items_of_a_batch_search_together(served):
+    server, toolbox = served
+    batcher = toolbox.tools["search"].batcher
+    queries = ["Mount Kelu", "Vel Anor", "Ostrel river", "made-up name", "height", "author"]
+    before = (batcher.batches, batcher.searches)
+    answer = _infer(server, "search", _text_inputs([
+        {"arguments": json.dumps({"query": query}), "context": "{}"} for query in queries]))
+    assert answer.status_code == 200, answer.text
+    # One request of six items: six searches in one search_many call.
+    assert (batcher.batches - before[0], batcher.searches - before[1]) == (1, len(queries))
 
 
 def test_tool_model_refuses_malformed_arguments(server):
