@@ -1,18 +1,26 @@
 """``env.retrieval`` on the qa environment: what each question may retrieve under each scope, the
 HLE and FRAMES presets' reference settings, the setting in every report, and the environment's
-toolbox retrieving under it."""
+toolbox retrieving under it, down to ``search`` on ``tools=reference`` with its web fallback."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+from contextlib import ExitStack
 
 import pytest
+import yaml
 from retrieval_corpus import make_corpus
+from simulated_tavily import SimulatedTavily
 
 from nemo_orch import config as config_lib
+from nemo_orch.config import resolve_conf_path
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.envs import build_environment
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.serve.openai_server import start_server
+from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.document_search import DocumentSearch
 from nemo_orch.tools.retriever import build_index
 
@@ -127,3 +135,58 @@ def test_retrieval_settings_are_checked_when_loaded(tmp_path):
     for overrides, message in cases:
         with pytest.raises(config_lib.ConfigError, match=message):
             config_lib.load(overrides)
+
+
+def test_search_on_hle_retrieves_under_the_setting_and_falls_back_to_the_web(
+        tmp_path, index_dir, tiny_tokenizer, monkeypatch):
+    """The whole path on tools=reference: the environment's toolbox, `search(model=search-2)`,
+    its query writer (a scripted OpenAI-compatible server on 127.0.0.1), the whitelisted dense
+    retrieval with the threshold, and below 3 documents the web search (a SIMULATED Tavily on
+    127.0.0.1) after the documents that passed."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("TAVILY_API_KEY", "tvly-test")
+    hle = write_jsonl(tmp_path / "hle.jsonl", HLE_ROWS)
+    whitelist = tmp_path / "examples.json"
+    whitelist.write_text(json.dumps({"q1": ["printing", "rome"], "q2": ["penicillin"]}))
+    declarations = tmp_path / "reference"
+    shutil.copytree(resolve_conf_path("tools/reference"), declarations)
+    queries = {"Who printed with movable type?": "Gutenberg movable type printing press",
+               "When was penicillin found?": "Alexander Fleming discovered penicillin"}
+
+    def query_writer(prompt: str) -> str:
+        return next(query for question, query in queries.items() if question in prompt)
+
+    with ExitStack() as stack:
+        tavily = SimulatedTavily("tvly-test", lambda query: {"query": query, "results": [
+            {"title": "Web", "url": "https://example.org", "content": f"web: {query}"}]})
+        stack.callback(tavily.stop)
+        web = yaml.safe_load((declarations / "web_search.yaml").read_text())
+        web["options"]["base_url"] = tavily.url
+        (declarations / "web_search.yaml").write_text(yaml.safe_dump(web))
+        writer = stack.enter_context(start_server(ScriptedEngine(tiny_tokenizer, query_writer),
+                                                  tiny_tokenizer, "gpt-5-mini"))
+        env = environment("env=hle", f"env.path={hle}", f"env.retrieval.whitelist={whitelist}",
+                          f"env.retrieval.index={index_dir}", "tools=reference",
+                          f"tools.declarations=['{declarations}']",
+                          f"+tools.endpoints.search-2='{writer.url}'")
+        toolbox = env.toolbox()
+
+        async def search_each():
+            async with toolbox:
+                return [await toolbox.call("search", {"model": "search-2"},
+                                           ToolContext(task_id=task.id, task=task,
+                                                       allowed_documents=task.allowed_documents))
+                        for task in env.tasks("test", None, 0)]
+
+        printing, penicillin = asyncio.run(search_each())
+    # q1: only "printing" of its list passes the threshold: fewer than 3, so the web too.
+    assert printing.error is None and "Query:\nGutenberg movable type printing press" in (
+        printing.output)
+    documents, web_results = printing.output.split("Result:\n", 1)[1].split("\nWeb search:\n")
+    assert [line[1:].split("]")[0] for line in documents.splitlines()] == ["printing"]
+    assert "web: Gutenberg movable type printing press" in web_results
+    assert "[penicillin]" in penicillin.output
+    assert [request["body"]["query"] for request in tavily.requests] == [
+        "Gutenberg movable type printing press", "Alexander Fleming discovered penicillin"]
+    # The fee of each web search is billed with the query writer's tokens.
+    assert printing.cost_usd > web["pricing"]["per_call"]
