@@ -8,6 +8,11 @@ threads over HTTP keep-alive connections:
   wrong ones; no judge, so this is the server's own overhead plus the matching rules);
 * **retriever**: ``nemo-orch serve tool search``, the offline retriever (BM25 over the demo
   corpus, the task's question as the query);
+* **reward, GRPO client**: the same server, scored the way GRPO scores (``score_groups`` over
+  :class:`~nemo_orch.reward.remote.RemoteOutcomeScorer`, ``reward.endpoint_batch_size`` 64):
+  ``--concurrency`` callers each scoring one group of 8 answers at a time, ``--requests``
+  answers in all; ``requests`` then counts the HTTP requests the client sent, and
+  ``items/request`` their mean size;
 * **dense retriever**: ``nemo-orch serve tool retriever`` over a dense (hashing encoder) index of
   ``--passages`` synthetic passages (built first, not timed), a distinct 8-word query per item,
   top 10: ``one at a time`` (``max_batch: 1``, each item of a Triton batch searched alone, as
@@ -30,6 +35,7 @@ Run: ``python benchmarks/serve_load.py [--requests 10000 --concurrency 64 --item
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
@@ -48,7 +54,11 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from nemo_orch import config as config_lib
 from nemo_orch.envs.offline.world import BASIC, held_out_tasks
+from nemo_orch.reward.builders import build_scorer
+from nemo_orch.reward.scoring import by_answer, score_groups
+from nemo_orch.rollout.episode import Trajectory, TurnRecord
 from nemo_orch.reward.remote import reward_item
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.remote import context_to_json
@@ -56,7 +66,9 @@ from nemo_orch.tools.retriever import build_index
 from retrieval import corpus  # benchmarks/retrieval.py: the synthetic passages
 
 # target -> (serve command, Triton model, max_batch of the dense retriever or None)
-TARGETS = {"reward": ("reward", "reward", None), "retriever": ("tool search", "search", None),
+TARGETS = {"reward": ("reward", "reward", None),
+           "reward, GRPO client": ("reward", "reward", None),
+           "retriever": ("tool search", "search", None),
            "dense retriever, one at a time": ("tool retriever", "retriever", 1),
            "dense retriever, batched": ("tool retriever", "retriever", 256)}
 
@@ -164,6 +176,63 @@ def _load(port: int, path: str, bodies: list[dict], concurrency: int
     return latencies, errors, time.perf_counter() - started
 
 
+GROUP = 8  # answers per group, a GRPO step's samples of one prompt
+
+
+def _group(task, index: int) -> list[Trajectory]:
+    """Eight episodes of ``task``: right, right with a prefix, and wrong answers."""
+    answers = [task.answer, f"Answer: {task.answer}", "not it", str(index)] * (GROUP // 4)
+    turn = TurnRecord(turn=0, input_tokens=10, output_tokens=5, generation_seconds=0.1,
+                      orchestrator_cost_usd=1e-5, finish_reason="stop", calls=[])
+    return [Trajectory(task_id=task.id, sample=sample, messages=[], tools=[], token_ids=[1],
+                       loss_mask=[1], decision_mask=[1], logprobs=[0.0], prompt_length=0,
+                       turns=[turn], termination="answer", answer=answer, wall_seconds=0.1)
+            for sample, answer in enumerate(answers)]
+
+
+def _grpo_client_load(port: int, answers: int, concurrency: int
+                      ) -> tuple[list[float], int, float, list[int]]:
+    """``concurrency`` callers scoring one group each through ``score_groups`` until
+    ``answers`` are scored; the latency of each call, errors, seconds and the size of every
+    HTTP request the client sent."""
+    config = config_lib.load([f"reward.endpoint=http://127.0.0.1:{port}",
+                              "reward.endpoint_batch_size=64"])
+    scorer = build_scorer(config, judge_in_flight=concurrency)
+    sizes: list[int] = []
+    infer = scorer.client.infer
+
+    async def counted(rows):
+        sizes.append(len(rows))
+        return await infer(rows)
+
+    scorer.client.infer = counted
+    tasks = held_out_tasks(50, BASIC)
+    groups = [(tasks[i % len(tasks)], _group(tasks[i % len(tasks)], i))
+              for i in range(answers // GROUP)]
+    latencies: list[float] = []
+    errors = 0
+
+    async def caller(queue: list) -> None:
+        nonlocal errors
+        while queue:
+            task, group = queue.pop()
+            started = time.perf_counter()
+            try:
+                await score_groups([task], [group], config.reward, by_answer(scorer))
+                latencies.append(time.perf_counter() - started)
+            except Exception:
+                errors += 1
+
+    async def run() -> float:
+        started = time.perf_counter()
+        queue = list(groups)
+        await asyncio.gather(*(caller(queue) for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+    seconds = asyncio.run(run())
+    return latencies, errors, seconds, sizes
+
+
 def _mean_batch(metrics: str, model: str) -> float:
     """Requests per batch of ``model``, from the server's batch-size histogram."""
     values = {sample.name: sample.value for family in text_string_to_metric_families(metrics)
@@ -189,8 +258,14 @@ def _run_target(name: str, requests: int, concurrency: int, items: int,
         banner = server.stdout.readline()
         if "serving" not in banner:
             raise RuntimeError(f"nemo-orch serve {command} did not start: {banner!r}")
-        latencies, errors, seconds = _load(http_port, f"/v2/models/{model}/infer",
-                                           _bodies(name, requests, items, words), concurrency)
+        if name == "reward, GRPO client":
+            latencies, errors, seconds, sizes = _grpo_client_load(http_port, requests,
+                                                                  concurrency)
+            requests, items = len(sizes), sum(sizes) / len(sizes)
+        else:
+            latencies, errors, seconds = _load(http_port, f"/v2/models/{model}/infer",
+                                               _bodies(name, requests, items, words),
+                                               concurrency)
         batch = _mean_batch(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text, model)
         stopping = time.perf_counter()
         server.send_signal(signal.SIGTERM)
@@ -226,7 +301,7 @@ def main() -> None:
           "req/s | items/s | requests/batch | SIGTERM->exit s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['target']} | {row['requests']} | {row['items']} | {row['concurrency']} | "
+        print(f"| {row['target']} | {row['requests']} | {row['items']:.3g} | {row['concurrency']} | "
               f"{row['errors']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
               f"{row['req_per_s']:.0f} | {row['items_per_s']:.0f} | {row['batch']:.1f} | "
               f"{row['stop_s']:.1f} |")

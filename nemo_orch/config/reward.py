@@ -24,8 +24,10 @@ class RewardConfig:
     that are neither empty, too long nor an exact match, when ``judge_base_url`` is set; each
     request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
     after which the answer counts as a judge failure. With ``endpoint`` (a reward server's
-    ``http://host:port``: ``nemo-orch serve reward``) answers are scored there, each request
-    given ``endpoint_timeout_s`` and ``endpoint_max_retries``; the judge is then the server's.
+    ``http://host:port``: ``nemo-orch serve reward``) answers are scored there, the answers
+    scored together sent in requests of up to ``endpoint_batch_size`` (at most the server's
+    ``serve.max_batch_size``), each request given ``endpoint_timeout_s`` and
+    ``endpoint_max_retries``; the judge is then the server's.
     ``judge_template`` picks how the judge is asked and its reply read
     (``conf/reward/judges/NAME.yaml``): ``default`` (nemo-orch's one-word verdict), ``reference``
     (ToolOrchestra's ``<correct>True</correct>``) or ``hle_official`` (the official HLE judge's
@@ -45,6 +47,7 @@ class RewardConfig:
     endpoint: Optional[str] = None
     endpoint_timeout_s: float = 300.0
     endpoint_max_retries: int = 2
+    endpoint_batch_size: int = 64
     # weighted: weight of each component's group-baselined value
     weights: dict[str, float] = field(default_factory=lambda: {
         "outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2})
@@ -80,8 +83,10 @@ class RewardConfig:
         _require(self.endpoint is None or self.judge_base_url is None,
                  "reward.endpoint scores on a reward server, which has its own judge: set "
                  "reward.judge_base_url there, not here")
-        _require(self.endpoint_max_retries >= 0 and self.endpoint_timeout_s > 0,
-                 "reward.endpoint_max_retries must be >= 0 and reward.endpoint_timeout_s > 0")
+        _require(self.endpoint_max_retries >= 0 and self.endpoint_timeout_s > 0
+                 and self.endpoint_batch_size >= 1,
+                 "reward.endpoint_max_retries must be >= 0, reward.endpoint_timeout_s > 0 and "
+                 "reward.endpoint_batch_size >= 1")
         _require(self.usd_reference > 0 and self.seconds_reference > 0,
                  "reward.usd_reference and reward.seconds_reference must be > 0")
         _require(self.advantage_clip > 0 and self.advantage_eps > 0,

@@ -17,6 +17,7 @@ def build_scorer(config: Config, judge_in_flight: int | None = None) -> AnswerSc
         return RemoteOutcomeScorer(config.reward.endpoint,
                                    timeout_s=config.reward.endpoint_timeout_s,
                                    max_retries=config.reward.endpoint_max_retries,
-                                   max_in_flight=judge_in_flight)
+                                   max_in_flight=judge_in_flight,
+                                   batch_size=config.reward.endpoint_batch_size)
     return OutcomeScorer(config.reward, domains=build_domains(config.tools),
                          judge_in_flight=judge_in_flight)

@@ -12,7 +12,9 @@ none), ``reference`` (the reference answer) and ``metadata``, a JSON object with
 
 from __future__ import annotations
 
+import asyncio
 import json
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,16 +62,53 @@ def parse_reward_item(item: dict[str, str]) -> tuple[Task, str, list[tuple[str, 
 
 class RemoteOutcomeScorer:
     """:class:`~nemo_orch.reward.outcome.OutcomeScorer`'s interface, answered by a reward
-    server. Concurrent ``score`` calls are separate requests, which Triton batches."""
+    server. The ``score`` calls made together (a ``score_groups`` call gathers a whole batch of
+    groups; concurrent callers add theirs) go in requests of up to ``batch_size`` answers: the
+    server's per-request cost (milliseconds in PyTriton's proxy) is paid per request, not per
+    answer. ``batch_size`` must not exceed the server's ``serve.max_batch_size``."""
 
     def __init__(self, endpoint: str, *, timeout_s: float, max_retries: int,
-                 max_in_flight: int | None = None) -> None:
+                 max_in_flight: int | None = None, batch_size: int = 64) -> None:
         from nemo_orch.clients.kserve import KServeClient
 
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.client = KServeClient(endpoint, REWARD_MODEL, timeout_s=timeout_s,
                                    max_retries=max_retries, max_in_flight=max_in_flight)
+        self.batch_size = batch_size
+        # Answers waiting for the next request, per event loop (futures belong to one loop).
+        self._waiting: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, list[tuple[dict[str, str], asyncio.Future[dict]]]] = (
+            weakref.WeakKeyDictionary())
+        self._requests: set[asyncio.Task[None]] = set()
 
     async def score(self, task: Task, answer: str | None,
                     calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult:
-        (row,) = await self.client.infer([reward_item(task, answer, calls)])
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting.setdefault(loop, [])
+        answered: asyncio.Future[dict] = loop.create_future()
+        waiting.append((reward_item(task, answer, calls), answered))
+        if len(waiting) == 1:
+            # Sent once the callers scheduled with this one (a gather's) have queued theirs.
+            loop.call_soon(self._send_waiting, loop)
+        row = await answered
         return OutcomeResult(bool(row["correct"]), str(row["method"]), str(row["detail"]))
+
+    def _send_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiting = self._waiting.pop(loop, [])
+        for start in range(0, len(waiting), self.batch_size):
+            request = loop.create_task(self._request(waiting[start:start + self.batch_size]))
+            self._requests.add(request)  # the loop keeps only a weak reference to a task
+            request.add_done_callback(self._requests.discard)
+
+    async def _request(self, items: list[tuple[dict[str, str], asyncio.Future[dict]]]) -> None:
+        try:
+            rows = await self.client.infer([item for item, _ in items])
+        except Exception as error:  # every answer of the request gets the failure
+            for _, answered in items:
+                if not answered.done():
+                    answered.set_exception(error)
+            return
+        for (_, answered), row in zip(items, rows):
+            if not answered.done():  # a caller may have been cancelled
+                answered.set_result(row)

@@ -76,6 +76,41 @@ def test_reward_model_equals_in_process_scoring(server):
                                           "too_long", "no_match"]
 
 
+def test_answers_scored_together_go_in_batched_requests(server):
+    """A gather of 20 answers (what score_groups does) in requests of at most
+    reward.endpoint_batch_size answers; each answer gets its own result."""
+    remote = build_scorer(config_lib.load([f"reward.endpoint={server.url}",
+                                           f"reward.endpoint_batch_size={MAX_BATCH}"]))
+    local = build_scorer(config_lib.load())
+    sizes = []
+    infer = remote.client.infer
+
+    async def counted(rows):
+        sizes.append(len(rows))
+        return await infer(rows)
+
+    remote.client.infer = counted
+    cases = [(QA, str(40 + i)) for i in range(20)]
+
+    async def score(scorer):
+        return await asyncio.gather(*(scorer.score(task, answer) for task, answer in cases))
+
+    assert asyncio.run(score(remote)) == asyncio.run(score(local))
+    assert sizes == [8, 8, 4]
+    assert [r.correct for r in asyncio.run(score(remote))] == [i == 2 for i in range(20)]
+    # More answers per request than the server takes: every answer of it gets the refusal.
+    too_big = build_scorer(config_lib.load([f"reward.endpoint={server.url}",
+                                            f"reward.endpoint_batch_size={MAX_BATCH + 1}",
+                                            "reward.endpoint_max_retries=0"]))
+
+    async def refused():
+        return await asyncio.gather(*(too_big.score(task, answer) for task, answer in cases[:9]),
+                                    return_exceptions=True)
+
+    failures = asyncio.run(refused())
+    assert len(failures) == 9 and all("batch-size must be <= 8" in str(f) for f in failures)
+
+
 def test_reward_model_over_plain_http_and_the_client_library(server):
     from pytriton.client import ModelClient
 
