@@ -1,7 +1,9 @@
 """The Qwen3 policy as a Megatron-Core ``GPTModel``.
 
-Local layer spec on CPU, Transformer Engine spec (and FP8) on GPU. Dropout is off, as in Qwen3, so
-forward passes are deterministic and parallel layouts agree with a single process.
+Local layer spec on CPU (its core attention fused by PyTorch:
+:mod:`nemo_orch.models.sdpa_attention`), Transformer Engine spec (and FP8) on GPU. Dropout is
+off, as in Qwen3, so forward passes are deterministic and parallel layouts agree with a single
+process.
 """
 
 from __future__ import annotations
@@ -124,8 +126,15 @@ def layer_spec(model: ModelConfig):
     if model.transformer_impl == "transformer_engine":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             qk_layernorm=model.qk_layernorm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(
         qk_layernorm=model.qk_layernorm, normalization="RMSNorm")
+    if not torch.cuda.is_available():
+        from nemo_orch.models.sdpa_attention import SDPAttention
+
+        # PyTorch's fused causal attention instead of Megatron's unfused local one (3 kernels,
+        # the scores kept for the backward pass): the CPU step's largest cost.
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
 
 
 def build_model(model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool,

@@ -37,3 +37,33 @@ def test_gpu_only_choices_fail_clearly_on_cpu(override):
     config = config_lib.load(["model.transformer_impl=transformer_engine", override])
     with pytest.raises(ConfigError, match="GPU"):
         qwen3.check_runtime(config.model)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_fused_core_attention_equals_megatron_s_own(megatron_world, groups):
+    """The CPU spec's SDPA core attention against Megatron's DotProductAttention on the same
+    causal GQA inputs: outputs and gradients equal up to float rounding."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from nemo_orch.models.sdpa_attention import SDPAttention
+
+    config = config_lib.load(["model.num_attention_heads=4", f"model.num_query_groups={groups}"])
+    assert qwen3.layer_spec(config.model).submodules.self_attention.submodules.core_attention \
+        is SDPAttention
+    tc = qwen3.transformer_config(config.model, config.parallel)
+    generator = torch.Generator().manual_seed(0)
+    heads, head_dim = tc.num_attention_heads, tc.kv_channels
+    inputs = [torch.randn(24, 3, n, head_dim, generator=generator, requires_grad=True)
+              for n in (heads, groups, groups)]
+    results = []
+    for cls in (SDPAttention, DotProductAttention):
+        attention = cls(tc, layer_number=1, attn_mask_type=AttnMaskType.causal,
+                        attention_type="self")
+        output = attention(*inputs, attention_mask=None)
+        results.append((output, torch.autograd.grad(output.square().sum(), inputs)))
+    (fused, fused_grads), (own, own_grads) = results
+    assert fused.shape == own.shape == (24, 3, heads * head_dim)
+    torch.testing.assert_close(fused, own, rtol=1e-5, atol=1e-5)
+    for fused_grad, own_grad in zip(fused_grads, own_grads):
+        torch.testing.assert_close(fused_grad, own_grad, rtol=1e-4, atol=1e-5)
