@@ -35,7 +35,10 @@ class GRPOConfig:
     ``max_sampling_rounds`` rounds) until the batch is full; then ``updates_per_step`` optimizer
     steps run over ``mini_batches`` of the samples. Loss: clipped ratio (``clip_low``,
     ``clip_high``), dual clip ``dual_clip`` (0: off), KL to the frozen start policy (``kl_type``
-    k3|mse, ``kl_coef``), token-mean aggregation. ``kl_guard``: a step whose samples' mean KL to
+    k3|mse, ``kl_coef``), token-mean aggregation. ``importance_sampling_cap``: weight each
+    token's clipped surrogate by the truncated importance ratio min(p_trainer / p_engine, cap) of
+    the old policy to the engine that sampled it (truncated IS, as NeMo-RL's and verl's
+    correction of the engine-vs-trainer mismatch; null: off, the mismatch only logged). ``kl_guard``: a step whose samples' mean KL to
     the start policy, measured before its update, passes this skips the update and rolls back
     the one before it, whose weights sampled them (a rejected step, as a trust region; counted;
     the optimizer's moments are kept; null: off).
@@ -63,6 +66,7 @@ class GRPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 3.0
+    importance_sampling_cap: Optional[float] = None
     kl_type: str = "k3"
     kl_coef: float = 0.1
     kl_guard: Optional[float] = 0.5
@@ -83,6 +87,8 @@ class GRPOConfig:
         self.optim.check("grpo.optim")
         _require(self.clip_low > 0 and self.clip_high > 0, "grpo.clip_low/high must be > 0")
         _require(self.dual_clip == 0 or self.dual_clip > 1, "grpo.dual_clip must be 0 or > 1")
+        _require(self.importance_sampling_cap is None or self.importance_sampling_cap >= 1,
+                 "grpo.importance_sampling_cap must be null or >= 1")
         _require(self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, "
                  f"got {self.kl_type!r}")
         _require(self.kl_coef >= 0, "grpo.kl_coef must be >= 0")

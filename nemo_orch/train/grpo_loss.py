@@ -10,8 +10,11 @@ aligned with ``labels``:
   each batch gets exactly one update: they equal this forward pass's own values, which serve
   detached, and the extra pass is saved;
 * ``ref_logprobs``: the reference model's (may be left out when ``kl_coef`` is 0);
-* ``engine_logprobs`` (optional): what the rollout engine reported, only to log its mismatch with
-  the trainer (``engine_logprob_abs_diff``), which grows with precision or kernel differences.
+* ``engine_logprobs`` (optional): what the rollout engine reported, to log its mismatch with the
+  trainer (``engine_logprob_abs_diff``), which grows with precision or kernel differences, and,
+  with ``importance_sampling_cap``, to correct for it: each token's surrogate is weighted by
+  min(exp(old - engine), cap), the truncated importance ratio of the old policy to the policy
+  that sampled the token (``is_weight_mean``, ``is_truncated_frac``).
 
 Clipping is asymmetric (``clip_low``, ``clip_high``: DAPO's clip-higher) with the dual clip of
 Ye et al. 2020 for negative advantages (``dual_clip`` > 1; 0 turns it off), as in verl's
@@ -64,7 +67,8 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
     """The loss function for :meth:`Policy.train_step`. Its metrics are token means over the global
     batch (``policy_loss``, ``ratio_mean``, ``clip_frac_low``/``high``/``dual``; ``kl`` and
     ``kl_loss`` when there is a KL term; ``engine_logprob_abs_diff`` when the batch has
-    ``engine_logprobs``) and the maximum ``ratio_max``."""
+    ``engine_logprobs``; ``is_weight_mean`` and ``is_truncated_frac`` with the importance-sampling
+    correction) and the maximum ``ratio_max``."""
 
     def token_loss(token_losses: torch.Tensor, batch: Batch) -> TokenLoss:
         mask = batch["loss_mask"].float()
@@ -72,7 +76,16 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
         old_logprobs = batch["old_logprobs"] if "old_logprobs" in batch else logprobs.detach()
         surrogate, ratio, active = clipped_surrogate(logprobs, old_logprobs,
                                                      batch["advantages"], config)
-        loss, per_token = surrogate, {"policy_loss": surrogate}
+        per_token: dict[str, torch.Tensor] = {}
+        if config.importance_sampling_cap is not None:
+            behaviour = (old_logprobs - batch["engine_logprobs"]).detach().clamp(
+                -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
+            weight = behaviour.clamp(max=config.importance_sampling_cap)
+            surrogate = surrogate * weight
+            per_token.update(is_weight_mean=weight,
+                             is_truncated_frac=(behaviour > weight).float())
+        loss = surrogate
+        per_token["policy_loss"] = surrogate
         if config.kl_coef > 0 or "ref_logprobs" in batch:
             kl = kl_penalty(logprobs, batch["ref_logprobs"], config.kl_type)
             loss = loss + config.kl_coef * kl

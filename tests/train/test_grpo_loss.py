@@ -209,3 +209,24 @@ def test_the_kl_guard_skips_an_update_whose_kl_passes_it_and_rolls_back_the_last
     assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
     after = update(kl_guard=1e6)
     assert after["kl_guard/kl"] == pytest.approx(skipped["kl_guard/kl"])
+
+
+def test_truncated_importance_sampling_by_hand():
+    """Weights min(exp(old - engine), cap) with the engine's logprobs old + ENGINE_OFFSET:
+    e^-0.1, e^0.2 -> cap 1.1, 1, 1, e^-0.3 (the masked token's e^-9 does not count)."""
+    result = grpo_token_loss(grpo(kl_coef=0.0, importance_sampling_cap=1.1))(*hand_batch())
+    # -e^0.1 e^-0.1 - 2.56 * 1.1 + 0.8 + 1.5 + e^0.7 e^-0.3
+    expected = -1.0 - 2.816 + 0.8 + 1.5 + 1.491825
+    assert float(result.loss_sum) == pytest.approx(expected, abs=1e-5)
+    sums = {key: float(value) for key, value in result.metric_sums.items()}
+    assert sums["is_weight_mean"] == pytest.approx(0.904837 + 1.1 + 1 + 1 + 0.740818, abs=1e-5)
+    assert sums["is_truncated_frac"] == 1.0
+    # Only the weight scales the gradient: it is not differentiated.
+    token_losses, batch = hand_batch(requires_grad=True)
+    grpo_token_loss(grpo(kl_coef=0.0, importance_sampling_cap=1.1))(
+        token_losses, batch).loss_sum.backward()
+    torch.testing.assert_close(token_losses.grad, torch.tensor([[1.0, 0.0, 0.0],
+                                                                [0.0, -1.491825, 0.0]]),
+                               atol=1e-5, rtol=0)
+    with pytest.raises(config_lib.ConfigError, match="importance_sampling_cap"):
+        grpo(importance_sampling_cap=0.5)
