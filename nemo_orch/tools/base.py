@@ -7,9 +7,11 @@ bad call: it returns a :class:`ToolResult` with ``error`` set, which becomes the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from nemo_orch.data.tasks import Task
@@ -17,6 +19,21 @@ if TYPE_CHECKING:
 
 class ToolError(ValueError):
     """A tool declaration or option that cannot work (raised at load time, never during calls)."""
+
+
+T = TypeVar("T")
+
+
+@contextmanager
+def building_with(setting: ContextVar[T], value: T) -> Iterator[None]:
+    """Within the block, ``setting`` holds ``value``: how a job's settings (prices, endpoints,
+    a benchmark's retrieval) reach the tools built from declarations, which take only their
+    declared options."""
+    token = setting.set(value)
+    try:
+        yield
+    finally:
+        setting.reset(token)
 
 
 @dataclass(frozen=True)

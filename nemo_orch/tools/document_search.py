@@ -18,28 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import Any
 
 from nemo_orch.config import RetrievalConfig, resolve_conf_path
-from nemo_orch.tools.base import BaseTool, Tool, ToolContext, ToolError, ToolResult, ToolSpec
+from nemo_orch.tools.base import (BaseTool, Tool, ToolContext, ToolError, ToolResult, ToolSpec,
+                                  building_with)
 from nemo_orch.tools.retriever import (Hit, RetrievalIndex, SearchBatcher, format_hits,
                                        load_index)
 
 _SETTING: ContextVar[RetrievalConfig | None] = ContextVar("retrieval_setting", default=None)
 
 
-@contextmanager
-def retrieval_setting(setting: RetrievalConfig) -> Iterator[None]:
+def retrieval_setting(setting: RetrievalConfig) -> AbstractContextManager[None]:
     """Within the block, :class:`DocumentSearch` tools being built retrieve under ``setting``
     (outside any: :class:`RetrievalConfig`'s defaults, i.e. web search only)."""
-    token = _SETTING.set(setting)
-    try:
-        yield
-    finally:
-        _SETTING.reset(token)
+    return building_with(_SETTING, setting)
 
 
 class DocumentSearch(BaseTool):

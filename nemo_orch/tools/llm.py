@@ -3,14 +3,15 @@ OpenAI, the project's own server), chosen per call by alias and billed from the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
-from nemo_orch.tools.base import BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec
+from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
+                                  building_with)
 from nemo_orch.tools.base import Usage
 from nemo_orch.tools.composite import check_context_budget
 from nemo_orch.tools.pricing import model_pricing
@@ -39,16 +40,11 @@ class ExpertEndpoint:
 _ENDPOINTS: ContextVar[Mapping[str, str]] = ContextVar("endpoint_overrides", default={})
 
 
-@contextmanager
-def endpoint_overrides(endpoints: Mapping[str, str]) -> Iterator[None]:
+def endpoint_overrides(endpoints: Mapping[str, str]) -> AbstractContextManager[None]:
     """Within the block, LLM tools being built serve alias ``a`` from ``endpoints[a]`` over the
     declared ``base_url`` (``tools.endpoints``: servers a launch started on nodes it learns only
     when the job runs)."""
-    token = _ENDPOINTS.set(endpoints)
-    try:
-        yield
-    finally:
-        _ENDPOINTS.reset(token)
+    return building_with(_ENDPOINTS, endpoints)
 
 
 class LLMTool(BaseTool):

@@ -9,11 +9,11 @@ is swapped at evaluation time without touching the declarations.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 
-from nemo_orch.tools.base import Pricing, ToolError
+from nemo_orch.tools.base import Pricing, ToolError, building_with
 
 USD_PER_MILLION_TOKENS: dict[str, tuple[float, float]] = {
     "gpt-5": (1.25, 10.0),
@@ -37,15 +37,10 @@ _OVERRIDES: ContextVar[Mapping[str, Sequence[float]]] = ContextVar("price_overri
                                                                    default={})
 
 
-@contextmanager
-def price_overrides(prices: Mapping[str, Sequence[float]]) -> Iterator[None]:
+def price_overrides(prices: Mapping[str, Sequence[float]]) -> AbstractContextManager[None]:
     """Within the block, :func:`model_pricing` reads ``prices`` (model -> USD per million input
     and output tokens) over the built-in table."""
-    token = _OVERRIDES.set(prices)
-    try:
-        yield
-    finally:
-        _OVERRIDES.reset(token)
+    return building_with(_OVERRIDES, prices)
 
 
 def model_pricing(model: str, table: Mapping[str, Sequence[float]] | None = None) -> Pricing:
