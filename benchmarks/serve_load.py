@@ -110,21 +110,32 @@ def _dense_declaration(directory: Path, index: Path, max_batch: int) -> Path:
     return path
 
 
-def _bodies(target: str, count: int, items: int, words: list[str]) -> list[dict]:
-    """``count`` request bodies of ``items`` items each, cycling over varied inputs."""
-    rows = []
+def _answers(task, index: int) -> list[str]:
+    """Varied answers to ``task``: right, right with a prefix, and two wrong ones."""
+    return [task.answer, f"Answer: {task.answer}", "not it", str(index)]
+
+
+def _rows(target: str, count: int, words: list[str]) -> list[dict[str, str]]:
+    """The items to send: a new query each for the dense retriever (``count`` of them), else
+    varied answers or tasks of the offline world, cycled over."""
     if TARGETS[target][2] is not None:
         rng = random.Random(1)
         context = json.dumps(context_to_json(ToolContext()))
-        rows = [{"arguments": json.dumps({"query": " ".join(rng.choices(words, k=8))}),
-                 "context": context} for _ in range(count * items)]
-    for i, task in enumerate(held_out_tasks(50, BASIC) if not rows else []):
+        return [{"arguments": json.dumps({"query": " ".join(rng.choices(words, k=8))}),
+                 "context": context} for _ in range(count)]
+    rows = []
+    for i, task in enumerate(held_out_tasks(50, BASIC)):
         if target == "reward":
-            answers = [task.answer, f"Answer: {task.answer}", "not it", str(i)]
-            rows += [reward_item(task, answer) for answer in answers]
+            rows += [reward_item(task, answer) for answer in _answers(task, i)]
         else:
             context = ToolContext(task_id=task.id, task=task, seed=i)
             rows.append({"arguments": "{}", "context": json.dumps(context_to_json(context))})
+    return rows
+
+
+def _bodies(target: str, count: int, items: int, words: list[str]) -> list[dict]:
+    """``count`` request bodies of ``items`` items each, cycling over varied inputs."""
+    rows = _rows(target, count * items, words)
     bodies = []
     for i in range(count):
         chosen = [rows[(i * items + j) % len(rows)] for j in range(items)]
@@ -181,7 +192,8 @@ GROUP = 8  # answers per group, a GRPO step's samples of one prompt
 
 def _group(task, index: int) -> list[Trajectory]:
     """Eight episodes of ``task``: right, right with a prefix, and wrong answers."""
-    answers = [task.answer, f"Answer: {task.answer}", "not it", str(index)] * (GROUP // 4)
+    answers = _answers(task, index)
+    answers *= GROUP // len(answers)
     turn = TurnRecord(turn=0, input_tokens=10, output_tokens=5, generation_seconds=0.1,
                       orchestrator_cost_usd=1e-5, finish_reason="stop", calls=[])
     return [Trajectory(task_id=task.id, sample=sample, messages=[], tools=[], token_ids=[1],

@@ -26,8 +26,7 @@ from typing import Any
 from nemo_orch.config import RetrievalConfig, resolve_conf_path
 from nemo_orch.tools.base import (BaseTool, Tool, ToolContext, ToolError, ToolResult, ToolSpec,
                                   building_with)
-from nemo_orch.tools.retriever import (Hit, RetrievalIndex, SearchBatcher, format_hits,
-                                       load_index)
+from nemo_orch.tools.retriever import Hit, SearchBatcher, format_hits, load_index
 
 _SETTING: ContextVar[RetrievalConfig | None] = ContextVar("retrieval_setting", default=None)
 
@@ -54,21 +53,20 @@ class DocumentSearch(BaseTool):
         if self.setting.index is None and self.fallback is None:
             raise ToolError(f"{spec.name}: no local index (env.retrieval.index) and no fallback "
                             "web search: nothing could run a query")
-        self.index: RetrievalIndex | None = None
-        self._batcher: SearchBatcher | None = None
+        self._batcher: SearchBatcher | None = None  # over the index, once loaded
         self._loading = asyncio.Lock()
 
     async def start(self) -> None:
         async with self._loading:
-            if self.setting.index is not None and self.index is None:
-                self.index = await asyncio.to_thread(
+            if self.setting.index is not None and self._batcher is None:
+                self._batcher = SearchBatcher(await asyncio.to_thread(
                     load_index, resolve_conf_path(self.setting.index),
-                    self.setting.encoder.options())
-                self._batcher = SearchBatcher(self.index)
+                    self.setting.encoder.options()))
 
     async def _hits(self, query: str, allowed: frozenset[str] | None) -> list[Hit]:
         setting = self.setting
-        await self.start()
+        if self._batcher is None:  # a toolbox used without being started
+            await self.start()
         assert self._batcher is not None
         # oracle: the question's own documents, searched exactly; whitelist: the whole index's
         # best, then those listed (the reference's order: a listed document outside the depth

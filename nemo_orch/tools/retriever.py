@@ -474,8 +474,6 @@ class SearchBatcher:
     async def _drain(self, waiting: list[_Search]) -> None:
         while waiting:
             batch = waiting[:self.max_batch]
-            # Removed only once this batch is taken, so callers arriving meanwhile see a
-            # non-empty list and leave the scheduling to this drain.
             groups: dict[tuple, list[_Search]] = {}
             for request in batch:
                 groups.setdefault((request.k, request.mode, request.score_threshold),
@@ -495,6 +493,8 @@ class SearchBatcher:
                 for request, hits in zip(requests, found):
                     if not request.future.done():  # a caller may have been cancelled
                         request.future.set_result(hits)
+            # Removed only once searched, so callers arriving meanwhile see a non-empty list
+            # and leave the scheduling to this drain.
             del waiting[:len(batch)]
 
 
