@@ -19,6 +19,15 @@ TINY_LONG_MODEL = ["model.max_position_embeddings=2560", "model.num_layers=2",
                    "model.hidden_size=64", "model.ffn_hidden_size=128", "model.kv_channels=16"]
 
 
+def grpo_overrides(start: Path, out: Path, *extra: str) -> list[str]:
+    """A few-second ``nemo-orch grpo`` from the ``start`` checkpoint (run dir ``out/run``)."""
+    return [f"trainer.init_from={start}", f"run.output_dir={out}", "run.name=run",
+            "model.vocab_size=1024", "tokenizer.vocab_size=1000", *TINY_LONG_MODEL,
+            "grpo.max_steps=2", "grpo.prompts_per_step=2", "rollout.group_size=2",
+            "grpo.micro_batch_size=2", "rollout.max_turns=2", "rollout.max_new_tokens=8",
+            "reward.min_group_std=0", "trainer.num_threads=1", *extra]
+
+
 def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> list[str]:
     """A few-second SFT configuration of the default (micro) model on the offline data."""
     return [f"run.output_dir={output_dir}", f"run.name={name}", f"tokenizer.path={tokenizer_dir}",

@@ -28,7 +28,7 @@ from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, RETRIEVAL_S
                                    EncoderConfig, EnvConfig, EnvSourceConfig, RetrievalConfig,
                                    UserConfig)
 from nemo_orch.config.eval import EvalConfig, MonolithConfig
-from nemo_orch.config.grpo import CurriculumStage, GRPOConfig
+from nemo_orch.config.grpo import AsyncGRPOConfig, CurriculumStage, GRPOConfig
 from nemo_orch.config.launcher import (CONTAINER_SQSH, SECRET_MARKERS, ExpertServerConfig,
                                        LauncherConfig, RayClusterConfig, SlurmConfig)
 from nemo_orch.config.model import CHAT_FORMATS, ModelConfig, ParallelConfig, TokenizerConfig
@@ -49,7 +49,8 @@ __all__ = [
     # the sections
     "RunConfig", "ModelConfig", "ParallelConfig", "TokenizerConfig", "CHAT_FORMATS", "DataConfig",
     "AGENT_KINDS", "DEMO_ROUTERS", "GOLD_REPLAY", "MONOLITH", "NAIVE_ROUTERS", "ORCHESTRATOR",
-    "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig", "RayConfig",
+    "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig",
+    "AsyncGRPOConfig", "RayConfig",
     "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
     "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",
     "BENCHMARKS", "QA_PRESETS", "RETRIEVAL_SCOPES", "EnvSourceConfig", "EnvConfig", "UserConfig",
@@ -113,6 +114,14 @@ class Config:
                  or not any(source.user.simulated for source in self.env.source_list()),
                  "rollout.backend=ray: the Ray workers do not run tau2's LLM user yet; use "
                  "rollout.backend=local with env.user.base_url")
+        if self.grpo.async_grpo.enabled:
+            _require(not (self.rollout.colocate and self.rollout.engine in ("trtllm", "vllm")),
+                     "grpo.async_grpo generates while the policy trains: the rollout engine "
+                     "needs GPUs of its own (rollout.colocate=false, e.g. the recipe "
+                     "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8-async)")
+            _require(self.rollout.backend == "local",
+                     "grpo.async_grpo runs rollouts on the local event loop; "
+                     "rollout.backend=ray is not supported with it yet")
 
     def resolved_rollout(self, positions: int | None = None) -> RolloutConfig:
         """``rollout`` with the context budget resolved (null: ``positions``, the policy's,

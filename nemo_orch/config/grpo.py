@@ -27,6 +27,27 @@ class CurriculumStage:
 
 
 @dataclass
+class AsyncGRPOConfig:
+    """``grpo.async_grpo``: rollouts run ahead of training (NeMo-RL's async GRPO).
+
+    The rollouts of step ``s`` start once the engine holds the weights of step
+    ``s - 1 - max_trajectory_age_steps`` or later, on a background event loop, while the trainer
+    trains; the weights are refitted when each step ends, into episodes in flight (which continue
+    on them from their next turn: in-flight weight updates). A group whose oldest turn was
+    written by weights more than ``max_trajectory_age_steps`` updates older than the trainer's
+    is dropped (``async/dropped_groups``); 0 is synchronous GRPO on a background loop. Stale
+    samples need an old-policy term that knows them: ``grpo.old_logprobs=engine``, or
+    ``grpo.importance_sampling_cap`` (decoupled PPO, as NeMo-RL's)."""
+
+    enabled: bool = False
+    max_trajectory_age_steps: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.max_trajectory_age_steps >= 0,
+                 "grpo.async_grpo.max_trajectory_age_steps must be >= 0")
+
+
+@dataclass
 class GRPOConfig:
     """The RL stage of ``nemo-orch train``: GRPO on the Megatron policy.
 
@@ -38,7 +59,11 @@ class GRPOConfig:
     k3|mse, ``kl_coef``), token-mean aggregation. ``importance_sampling_cap``: weight each
     token's clipped surrogate by the truncated importance ratio min(p_trainer / p_engine, cap) of
     the old policy to the engine that sampled it (truncated IS, as NeMo-RL's and verl's
-    correction of the engine-vs-trainer mismatch; null: off, the mismatch only logged). ``kl_guard``: a step whose samples' mean KL to
+    correction of the engine-vs-trainer mismatch, and of staleness under ``async_grpo``; null:
+    off, the mismatch only logged). ``old_logprobs``: the ratio's old policy, the trainer's
+    log-probabilities before the update (``trainer``) or the behaviour policy's, as the engine
+    reported them (``engine``: standard off-policy PPO, the clip then bounds the step from the
+    policy that sampled). ``kl_guard``: a step whose samples' mean KL to
     the start policy, measured before its update, passes this skips the update and rolls back
     the one before it, whose weights sampled them (a rejected step, as a trust region; counted;
     the optimizer's moments are kept; null: off).
@@ -67,6 +92,7 @@ class GRPOConfig:
     clip_high: float = 0.28
     dual_clip: float = 3.0
     importance_sampling_cap: Optional[float] = None
+    old_logprobs: str = "trainer"
     kl_type: str = "k3"
     kl_coef: float = 0.1
     kl_guard: Optional[float] = 0.5
@@ -79,6 +105,7 @@ class GRPOConfig:
     save_interval: int = 10
     val_interval: int = 0
     val_tasks: int = 32
+    async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
@@ -89,6 +116,17 @@ class GRPOConfig:
         _require(self.dual_clip == 0 or self.dual_clip > 1, "grpo.dual_clip must be 0 or > 1")
         _require(self.importance_sampling_cap is None or self.importance_sampling_cap >= 1,
                  "grpo.importance_sampling_cap must be null or >= 1")
+        _require(self.old_logprobs in ("trainer", "engine"),
+                 f"grpo.old_logprobs must be trainer|engine, got {self.old_logprobs!r}")
+        _require(self.old_logprobs == "trainer" or self.importance_sampling_cap is None,
+                 "grpo.importance_sampling_cap weighs the trainer's old log-probabilities "
+                 "against the engine's: with grpo.old_logprobs=engine the ratio is already to "
+                 "the engine (set one of them)")
+        _require(not self.async_grpo.enabled or self.async_grpo.max_trajectory_age_steps == 0
+                 or self.old_logprobs == "engine" or self.importance_sampling_cap is not None,
+                 "grpo.async_grpo trains on samples of older weights: set "
+                 "grpo.old_logprobs=engine or grpo.importance_sampling_cap (e.g. 2.0) so the "
+                 "loss corrects for them")
         _require(self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, "
                  f"got {self.kl_type!r}")
         _require(self.kl_coef >= 0, "grpo.kl_coef must be >= 0")

@@ -156,7 +156,9 @@ class CallRecord:
 
 @dataclass
 class TurnRecord:
-    """The ledger line of one turn: what the orchestrator read and wrote, what it called."""
+    """The ledger line of one turn: what the orchestrator read and wrote, what it called, and
+    the version of the policy's weights that wrote it (None where the engine's are not
+    versioned)."""
 
     turn: int
     input_tokens: int
@@ -166,6 +168,7 @@ class TurnRecord:
     finish_reason: str
     calls: list[CallRecord] = field(default_factory=list)
     format_errors: list[str] = field(default_factory=list)
+    policy_version: int | None = None
 
     @property
     def cost_usd(self) -> float:
@@ -219,6 +222,13 @@ class Trajectory:
     @property
     def generation_seconds(self) -> float:
         return sum(turn.generation_seconds for turn in self.turns)
+
+    @property
+    def oldest_policy_version(self) -> int | None:
+        """The version of the oldest weights that wrote a turn (an episode in flight during a
+        weight update continues on the new ones); None where none is versioned."""
+        versions = [turn.policy_version for turn in self.turns if turn.policy_version is not None]
+        return min(versions, default=None)
 
     def calls(self) -> list[tuple[str, dict[str, Any]]]:
         """Every well-formed tool call of the episode, in order (what a domain task is scored
@@ -528,7 +538,7 @@ class Episode:
         cost = (pricing.per_input_token * context_tokens
                 + pricing.per_output_token * len(generation.token_ids))
         return TurnRecord(turn, context_tokens, len(generation.token_ids), seconds, cost,
-                          generation.finish_reason)
+                          generation.finish_reason, policy_version=generation.policy_version)
 
     def _add_generation(self, history: _History, generation: Generation) -> str:
         """Append the sampled tokens (closing the turn with a template eos if the engine hit

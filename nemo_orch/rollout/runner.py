@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams, prompt_seeds
@@ -41,14 +42,27 @@ class GenerationBatcher:
     depend on what it was batched with (an unseeded request gets a random seed). The engine runs
     in a worker thread (or natively async via ``agenerate``) so tools and other episodes keep
     running meanwhile.
+
+    :meth:`update_weights` swaps the engine's weights between two engine calls, while episodes
+    are in flight (they continue on the new weights from their next turn); each generation is
+    stamped with the ``version`` of the weights that wrote it (None until the first update).
     """
 
     def __init__(self, engine: Engine, max_batch_size: int = 64) -> None:
         self.engine, self.max_batch_size = engine, max_batch_size
+        self.version: int | None = None
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
+        self._engine_lock = asyncio.Lock()  # one engine call or weight update at a time
         self.stats = BatchStats()
+
+    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """The engine's weights become ``state`` (version ``version``) once its current call,
+        if any, has returned."""
+        async with self._engine_lock:
+            await asyncio.to_thread(self.engine.update_weights, state)
+            self.version = version
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if self._worker is None or self._worker.done():
@@ -102,7 +116,10 @@ class GenerationBatcher:
         means)."""
         prompts = [prompt for prompt, _, _ in batch]
         try:
-            generations = await self._call_engine(prompts, params, [seed for _, seed, _ in batch])
+            async with self._engine_lock:
+                generations = [replace(generation, policy_version=self.version) for generation
+                               in await self._call_engine(prompts, params,
+                                                          [seed for _, seed, _ in batch])]
         except Exception as error:
             if len(batch) > 1:
                 raise

@@ -9,6 +9,12 @@ logs their mismatch with the engine's), the frozen reference's, and runs ``updat
 passes over ``mini_batches`` optimizer steps; then the new weights are synced into the engine and,
 every ``save_interval`` steps, checkpointed. A resumed run continues from its last checkpoint;
 tasks and sampling seeds depend on the step only.
+
+With ``grpo.async_grpo.enabled`` the rollouts of the next steps run ahead on the rollout loop's
+thread while the trainer trains (at most ``max_trajectory_age_steps`` updates behind); the
+refit reaches episodes in flight, every turn records the weights' version, groups too old for
+the trainer are dropped, and a killed run resumes from its checkpoint with nothing in flight
+(``trained.jsonl`` lists each step's samples).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import logging
 import math
 import random
 import statistics
+import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,7 +66,7 @@ from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
-from nemo_orch.train.metrics import MetricsLogger, logged_steps
+from nemo_orch.train.metrics import MetricsLogger, TrainedLog, logged_steps
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel, load_start_weights
 
 if TYPE_CHECKING:  # Ray loads only for rollout.backend=ray
@@ -81,6 +89,12 @@ class Group:
     breakdowns: list[RewardBreakdown]
     source: str = ""  # the environment it came from (env.*)
 
+    def age(self, version: int) -> int:
+        """How many updates the oldest weights that wrote a turn of it are behind ``version``
+        (0 where the engine's weights are not versioned)."""
+        versions = [v for t in self.trajectories if (v := t.oldest_policy_version) is not None]
+        return version - min(versions) if versions else 0
+
 
 @dataclass
 class Sample:
@@ -92,6 +106,7 @@ class Sample:
     engine_logprobs: list[float]
     advantage: float
     advantage_mask: list[int]
+    sample_id: str = ""  # <task id>/<sample>, and /<turn> with grpo.sample_mode=turn
 
 
 @dataclass
@@ -134,7 +149,9 @@ class StepBatch:
     policy made itself, the episodes whose first choice was forced, the tasks left out because
     their prompt does not fit the context, the episodes a failing user endpoint ended (left
     out of their groups), and the validation metrics (empty between ``grpo.val_interval``
-    steps)."""
+    steps). Rolled out ahead (asynchronous GRPO): the groups dropped as too old for the
+    trainer, the trained groups' ages, and how long the rollouts waited for fresh enough
+    weights and the trainer for the batch."""
 
     kept: list[Group]
     generated: list[Group]
@@ -144,12 +161,21 @@ class StepBatch:
     skipped_context: int
     user_errors: int
     validation: dict[str, float] = field(default_factory=dict)
+    dropped_stale: list[Group] = field(default_factory=list)
+    ages: Counter = field(default_factory=Counter)
+    rollout_idle_seconds: float | None = None
+    trainer_idle_seconds: float | None = None
 
     def metrics(self) -> dict[str, float]:
+        ahead = {} if self.trainer_idle_seconds is None else {
+            "async/dropped_groups": len(self.dropped_stale),
+            "async/rollout_idle_s": self.rollout_idle_seconds,
+            "async/trainer_idle_s": self.trainer_idle_seconds,
+            **{f"async/age_{age}": count for age, count in sorted(self.ages.items())}}
         return {**rollout_metrics(self.generated, self.stats),
                 "explore/forced_episodes": self.forced_episodes,
                 "sampling/skipped_context": self.skipped_context,
-                "sampling/user_errors": self.user_errors, **self.validation,
+                "sampling/user_errors": self.user_errors, **self.validation, **ahead,
                 **{f"choices/{key}": count for key, count in self.choices.items()}}
 
 
@@ -169,14 +195,18 @@ class Rollouts:
     actors run the episodes and their scoring; ``engine`` is then None and the toolboxes only
     name the tools), the environments (``mixture``, each source with its toolbox in
     ``toolboxes``), the reward, the tasks of each step and the choices directed exploration
-    forces. A context manager: entering starts the tools (or the pool) on an event loop of its
-    own, leaving writes the sources' notes and closes them and the loop. Each :meth:`step`
-    returns a :class:`StepBatch`; ``previous_choices`` are the choices the policy made in the
-    step before the first one (a resumed run's, from its log)."""
+    forces. A context manager: entering starts an event loop on a thread of its own and the
+    tools (or the pool) on it, leaving writes the sources' notes and closes them and the loop.
+
+    Synchronous GRPO asks for each step's :class:`StepBatch` with :meth:`step`; asynchronous
+    GRPO starts :meth:`run_ahead`, which rolls the steps out on the loop while the trainer
+    trains, and takes each with :meth:`take`. ``previous_choices`` are the choices the policy
+    made in the step before the first one (a resumed run's, from its log); ``version`` is the
+    number of updates behind the engine's weights, which stamps every turn it writes."""
 
     def __init__(self, config: Config, engine: Any, tokenizer: Any, mixture: Mixture,
                  toolboxes: list[Any], pool: "RayRolloutPool | None" = None,
-                 previous_choices: Counter | None = None) -> None:
+                 previous_choices: Counter | None = None, version: int = 0) -> None:
         self.config, self.engine, self.tokenizer, self.pool = config, engine, tokenizer, pool
         self.mixture, self.toolboxes = mixture, dict(zip(
             (environment.name for environment in mixture.environments), toolboxes))
@@ -185,12 +215,20 @@ class Rollouts:
         self.previous_choices = previous_choices or Counter()
         # A colocated GPU engine gives the GPUs back while the policy trains (RolloutConfig).
         self.colocated = config.rollout.colocate and isinstance(engine, Sleepable)
-        # Closing the runner also cancels what a failed step left running (e.g. the scoring
-        # requests of a batch whose first one failed for good).
-        self.runner = asyncio.Runner()
+        # One batcher for the run: its engine calls and weight updates take turns.
+        self.batcher = None if pool is not None else GenerationBatcher(
+            engine, self.settings.max_batch_size)
+        if self.batcher is not None:
+            self.batcher.version = version
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="rollouts",
+                                        daemon=True)
+        self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
+        self._ready: asyncio.Queue = asyncio.Queue()  # run_ahead's batches (or its error)
 
     def __enter__(self) -> "Rollouts":
-        self.runner.run(self._each("start"))
+        self._thread.start()
+        self._call(self._each("start"))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -198,30 +236,90 @@ class Rollouts:
             {environment.name: environment.notes for environment in self.mixture.environments},
             indent=1, default=str) + "\n")
         try:
-            self.runner.run(self._each("close"))
+            self._call(self._each("close"))
         finally:
-            self.runner.close()
+            # Also cancels what is still running: batches rolled out ahead, the scoring
+            # requests of a batch whose first one failed for good.
+            self._call(_cancel_others())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
+
+    def _call(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the rollout loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     async def _each(self, method: str) -> None:
         """``start`` or ``close`` the pool, else every toolbox (on Ray the tools run in the
-        workers' executors)."""
+        workers' executors) and, when closing, the batcher."""
         if self.pool is not None:
             await getattr(self.pool, method)()
-        else:
-            await asyncio.gather(*(getattr(toolbox, method)()
-                                   for toolbox in self.toolboxes.values()))
+            return
+        await asyncio.gather(*(getattr(toolbox, method)()
+                               for toolbox in self.toolboxes.values()))
+        if method == "close":
+            await self.batcher.close()
+
+    @property
+    def version(self) -> int | None:
+        """The update count behind the engine's weights (None on Ray's workers)."""
+        return None if self.batcher is None else self.batcher.version
 
     def step(self, step: int, tools: list[str] | None) -> StepBatch:
         """Roll out, score and filter ``step``'s batch offering ``tools`` (None: all), and
         validate every ``grpo.val_interval`` steps. A reward server gone past its retries stops
         the run with an :class:`HTTPError` saying where it resumes."""
         try:
-            batch = self.runner.run(self.batch(step, tools))
-            interval = self.config.grpo.val_interval
-            if interval and step % interval == 0:
-                batch.validation = self.runner.run(self.validate())
+            return self._call(self._step(step, tools))
         except HTTPError as error:
             raise HTTPError(_stopped(self.config, step, error), error.status) from None
+
+    async def _step(self, step: int, tools: list[str] | None) -> StepBatch:
+        batch = await self.batch(step, tools)
+        interval = self.config.grpo.val_interval
+        if interval and step % interval == 0:
+            batch.validation = await self.validate()
+        return batch
+
+    def run_ahead(self, first_step: int, last_step: int,
+                  tools: Callable[[], list[str] | None]) -> None:
+        """Roll out steps ``first_step``..``last_step`` on the loop, one after another, each
+        once the engine's weights are at most ``max_trajectory_age_steps`` updates older than
+        those that will train on it (``tools()``: what its tasks offer, read as it starts)."""
+        max_age = self.config.grpo.async_grpo.max_trajectory_age_steps
+
+        async def produce() -> None:
+            for step in range(first_step, last_step + 1):
+                waited = time.perf_counter()
+                async with self._refitted:
+                    await self._refitted.wait_for(lambda: self.version >= step - 1 - max_age)
+                idle = time.perf_counter() - waited
+                try:
+                    batch = await self._step(step, tools())
+                except Exception as error:  # the trainer raises it when it takes this step
+                    await self._ready.put(error)
+                    return
+                batch.rollout_idle_seconds = idle
+                await self._ready.put(batch)
+
+        asyncio.run_coroutine_threadsafe(produce(), self.loop)
+
+    def take(self, step: int) -> StepBatch:
+        """The batch :meth:`run_ahead` rolled out for ``step``, without the groups written by
+        weights more than ``max_trajectory_age_steps`` updates older than the trainer's (which
+        are those of step ``step - 1``); the trainer's wait is its ``trainer_idle_seconds``."""
+        waited = time.perf_counter()
+        batch = self._call(self._ready.get())
+        if isinstance(batch, HTTPError):
+            raise HTTPError(_stopped(self.config, step, batch), batch.status) from None
+        if isinstance(batch, Exception):
+            raise batch
+        batch.trainer_idle_seconds = time.perf_counter() - waited
+        max_age = self.config.grpo.async_grpo.max_trajectory_age_steps
+        ages = [group.age(step - 1) for group in batch.kept]
+        batch.dropped_stale = [g for g, age in zip(batch.kept, ages) if age > max_age]
+        batch.kept = [g for g, age in zip(batch.kept, ages) if age <= max_age]
+        batch.ages = Counter(age for age in ages if age <= max_age)
         return batch
 
     def sleep(self) -> None:
@@ -229,11 +327,21 @@ class Rollouts:
         if self.colocated:
             self.engine.sleep()
 
-    def refit(self, hf: dict[str, torch.Tensor]) -> None:
-        """The policy's new weights into the engine (or the pool's), woken up first."""
+    def refit(self, hf: dict[str, torch.Tensor], version: int) -> None:
+        """The policy's new weights (after ``version`` updates) into the engine, woken up
+        first, between two of its calls (episodes in flight continue on them), or into the
+        pool's."""
         if self.colocated:
             self.engine.wake_up()
-        (self.engine if self.pool is None else self.pool).update_weights(hf)
+        if self.pool is not None:
+            self.pool.update_weights(hf)
+        else:
+            self._call(self._refit(hf, version))
+
+    async def _refit(self, hf: dict[str, torch.Tensor], version: int) -> None:
+        await self.batcher.update_weights(hf, version)
+        async with self._refitted:
+            self._refitted.notify_all()
 
     def fits(self, task: Task, source: str) -> bool:
         """Whether the task's first prompt leaves the policy room to write a turn."""
@@ -309,20 +417,17 @@ class Rollouts:
         size = self.settings.group_size
         if self.pool is not None:
             return await self.pool.run(draws[0].tasks, size, seed=seed, forced_choices=forced)
-        batcher = GenerationBatcher(self.engine, self.settings.max_batch_size)
         runs, start = [], 0
         for drawn in draws:
             mine = {(task - start, sample): choice for (task, sample), choice in forced.items()
                     if start <= task < start + len(drawn.tasks)}
             runs.append(run_rollouts(drawn.tasks, size, self.engine,
                                      self.toolboxes[drawn.environment.name], self.tokenizer,
-                                     self.settings, seed=seed + start * size, batcher=batcher,
-                                     forced_choices=mine, users=drawn.environment.users()))
+                                     self.settings, seed=seed + start * size,
+                                     batcher=self.batcher, forced_choices=mine,
+                                     users=drawn.environment.users()))
             start += len(drawn.tasks)
-        try:
-            return [t for trajectories in await asyncio.gather(*runs) for t in trajectories]
-        finally:
-            await batcher.close()
+        return [t for trajectories in await asyncio.gather(*runs) for t in trajectories]
 
     async def groups(self, step: int, round_index: int, count: int,
                      tools: list[str] | None = None,
@@ -382,7 +487,7 @@ class Rollouts:
             trajectories = await run_rollouts(tasks, 1, self.engine,
                                               self.toolboxes[environment.name], self.tokenizer,
                                               settings, seed=self.config.run.seed,
-                                              users=environment.users())
+                                              batcher=self.batcher, users=environment.users())
             scored = await asyncio.gather(*(environment.score(task, trajectory) for
                                             task, trajectory in zip(tasks, trajectories)))
             prefix = f"val/{environment.name}"
@@ -420,18 +525,27 @@ def build_rollouts(config: Config, tokenizer: Any, hf: dict[str, torch.Tensor],
                    logged: list[dict[str, Any]]) -> Rollouts:
     """Rank 0's :class:`Rollouts` for ``config``: its engine (or Ray pool) started from the
     policy's ``hf`` weights, its environments and their toolboxes, and the choices of the last
-    ``logged`` step (a resumed run's), checked: every source has tasks that fit the context, and
-    the curriculum names offered tools."""
+    ``logged`` step (a resumed run's, whose weights have had ``len(logged)`` updates), checked:
+    every source has tasks that fit the context, and the curriculum names offered tools."""
     pool = _ray_pool(config, hf, tokenizer) if config.rollout.backend == "ray" else None
     engine = build_rollout_engine(config, hf, tokenizer) if pool is None else None
     mixture = build_mixture(config)
     toolboxes = [environment.toolbox() for environment in mixture.environments]
     previous = Counter({key.removeprefix("choices/"): count for key, count in
                         (logged[-1] if logged else {}).items() if key.startswith("choices/")})
-    rollouts = Rollouts(config, engine, tokenizer, mixture, toolboxes, pool, previous)
+    rollouts = Rollouts(config, engine, tokenizer, mixture, toolboxes, pool, previous,
+                        version=len(logged))
     rollouts.check_sources()
     curriculum.check_tools(config.grpo.curriculum, list(toolboxes[0].tools))
     return rollouts
+
+
+async def _cancel_others() -> None:
+    """Cancel every task of the running loop but this one, and wait for them to end."""
+    others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 def _choice_key(choice: Choice) -> str:
@@ -453,13 +567,15 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
                                    trajectory.logprobs)
             driven = (trajectory.decision_mask if config.grpo.advantage_tokens == "decisions"
                       else mask)
+            sample_id = f"{trajectory.task_id}/{trajectory.sample}"
             if config.grpo.sample_mode == "trajectory":
-                samples.append(Sample(ids, mask, logprobs, advantage, driven))
+                samples.append(Sample(ids, mask, logprobs, advantage, driven, sample_id))
                 continue
-            for start, end in _turn_spans(mask):
+            for turn, (start, end) in enumerate(_turn_spans(mask)):
                 turn_mask = [1 if start <= i < end else 0 for i in range(end)]
                 samples.append(Sample(ids[:end], turn_mask, logprobs[:end], advantage,
-                                      [a * b for a, b in zip(turn_mask, driven)]))
+                                      [a * b for a, b in zip(turn_mask, driven)],
+                                      f"{sample_id}/{turn}"))
     return samples
 
 
@@ -687,17 +803,26 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     loss_fn = grpo_token_loss(grpo)
     rewards, saved = [], resumed.path if resumed is not None else None
     before_update = None  # the weights before the last update (with grpo.kl_guard)
+    ahead = grpo.async_grpo.enabled
+    trained_log = TrainedLog(config.run.dir, start_step, enabled=distributed.is_writer())
     with rollouts or contextlib.nullcontext(), contextlib.closing(metrics):
+        if rollouts is not None and ahead:
+            rollouts.run_ahead(start_step + 1, grpo.max_steps,
+                               lambda: curriculum.stage_tools(grpo.curriculum, history))
         for step in range(start_step + 1, grpo.max_steps + 1):
             faults.maybe_kill("step", step)
             started = time.perf_counter()
             shared = [None]
             if rollouts is not None:
-                batch = rollouts.step(step, curriculum.stage_tools(grpo.curriculum, history))
+                batch = (rollouts.take(step) if ahead else
+                         rollouts.step(step, curriculum.stage_tools(grpo.curriculum, history)))
                 shared = [(samples_of(batch.kept, config), {
                     **batch.metrics(),
                     "curriculum/stage": curriculum.stage_index(grpo.curriculum, history)})]
-                rollouts.sleep()
+                trained_log.add(step, [sample.sample_id for sample in shared[0][0]],
+                                [group.task.id for group in batch.dropped_stale])
+                if not ahead:
+                    rollouts.sleep()
             if dist.get_world_size() > 1:
                 dist.broadcast_object_list(shared, src=0)
             samples, step_metrics = shared[0]
@@ -711,15 +836,16 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
                 before_update = start
             train_seconds = time.perf_counter() - train_started
 
-            hf = weights.gather_hf_weights(policy.module, config.model)
-            if rollouts is not None:
-                rollouts.refit(hf)
             step_metrics.update(trained)
             step_metrics.update({"time/rollout_s": rollout_seconds,
                                  "time/train_s": train_seconds,
                                  "samples": len(samples)})
-            metrics.log(step, step_metrics)
+            # Before the refit: rollouts run ahead read the curriculum's stage from it.
             history.append(step_metrics.get("reward", math.nan))
+            hf = weights.gather_hf_weights(policy.module, config.model)
+            if rollouts is not None:
+                rollouts.refit(hf, version=step)
+            metrics.log(step, step_metrics)
             if "reward" in step_metrics:
                 rewards.append(step_metrics["reward"])
             if step % grpo.save_interval == 0 or step == grpo.max_steps:
@@ -771,7 +897,10 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
     grpo, dp = config.grpo, config.parallel.dp
     if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
-    on_policy_once = grpo.updates_per_step == 1 and grpo.mini_batches == 1
+    # The trainer's old logprobs, unless the engine's are the old ones or, with one update per
+    # batch, this pass's own detached values are (see grpo_loss): that saves a forward pass.
+    trainer_old = grpo.old_logprobs == "trainer" and not (
+        grpo.updates_per_step == 1 and grpo.mini_batches == 1)
     guarded = grpo.kl_guard is not None
     kl_sums = torch.zeros(2, dtype=torch.float64)  # the guard's KL sum and token count
     minis = []
@@ -781,13 +910,13 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
         mine = mine[:len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
         batches = micro_batches(mine, grpo.micro_batch_size, pad_id,
                                 one_length=config.parallel.pp > 1)
-        # With one update per batch the policy is still the sampling one: the loss uses its own
-        # detached logprobs as the old ones (see grpo_loss), saving a forward pass.
         none = [None] * len(batches)
-        olds = none if on_policy_once and not guarded else policy.forward_logprobs(batches)
+        olds = policy.forward_logprobs(batches) if trainer_old or guarded else none
         refs = reference.forward_logprobs(batches) if grpo.kl_coef > 0 or guarded else none
         for batch, old, ref in zip(batches, olds, refs):  # None off the last pipeline stage
-            if old is not None and not on_policy_once:
+            if grpo.old_logprobs == "engine":
+                batch["old_logprobs"] = batch["engine_logprobs"]
+            elif old is not None and trainer_old:
                 batch["old_logprobs"] = old
             if ref is not None:
                 batch["ref_logprobs"] = ref

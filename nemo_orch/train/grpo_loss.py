@@ -5,16 +5,17 @@ Micro-batches carry, besides ``tokens``/``labels``/``loss_mask``/``position_ids`
 aligned with ``labels``:
 
 * ``advantages``: the trajectory's advantage on each of its policy tokens;
-* ``old_logprobs``: the policy's log-probabilities before this batch's updates, the ratio's
-  denominator (recomputed by the trainer with :meth:`Policy.forward_logprobs`). Left out when
-  each batch gets exactly one update: they equal this forward pass's own values, which serve
-  detached, and the extra pass is saved;
+* ``old_logprobs``: the ratio's denominator: the policy's log-probabilities before this batch's
+  updates (recomputed by the trainer with :meth:`Policy.forward_logprobs`; left out when each
+  batch gets exactly one update: they equal this forward pass's own values, which serve
+  detached, and the extra pass is saved), or with ``old_logprobs=engine`` the engine's, those of
+  the policy that sampled (stale ones under asynchronous GRPO);
 * ``ref_logprobs``: the reference model's (may be left out when ``kl_coef`` is 0);
 * ``engine_logprobs`` (optional): what the rollout engine reported, to log its mismatch with the
-  trainer (``engine_logprob_abs_diff``), which grows with precision or kernel differences, and,
-  with ``importance_sampling_cap``, to correct for it: each token's surrogate is weighted by
-  min(exp(old - engine), cap), the truncated importance ratio of the old policy to the policy
-  that sampled the token (``is_weight_mean``, ``is_truncated_frac``).
+  trainer (``engine_logprob_abs_diff``), which grows with precision or kernel differences and
+  with staleness, and, with ``importance_sampling_cap``, to correct for it: each token's
+  surrogate is weighted by min(exp(old - engine), cap), the truncated importance ratio of the
+  old policy to the policy that sampled the token (``is_weight_mean``, ``is_truncated_frac``).
 
 Clipping is asymmetric (``clip_low``, ``clip_high``: DAPO's clip-higher) with the dual clip of
 Ye et al. 2020 for negative advantages (``dual_clip`` > 1; 0 turns it off), as in verl's
@@ -94,8 +95,10 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
             per_token["ratio_mean"] = ratio
             per_token.update({key: flag.float() for key, flag in active.items()})
             if "engine_logprobs" in batch:
+                # Against the trainer's: this pass's where the old ones are the engine's.
+                trainer = logprobs if config.old_logprobs == "engine" else old_logprobs
                 per_token["engine_logprob_abs_diff"] = (batch["engine_logprobs"]
-                                                        - old_logprobs).abs()
+                                                        - trainer).abs()
             sums = {key: (value.detach() * mask).sum() for key, value in per_token.items()}
             maxima = {"ratio_max": ratio.masked_fill(mask == 0, 0.0).max()}
         return TokenLoss((loss * mask).sum(), mask.sum().to(torch.int), sums, maxima)

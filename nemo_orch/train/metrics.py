@@ -14,6 +14,35 @@ from tqdm import tqdm
 
 
 METRICS_FILE = "metrics.jsonl"
+TRAINED_FILE = "trained.jsonl"
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Drop the records past ``step`` of a per-step JSONL file (what a resumed run redoes)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class TrainedLog:
+    """``trained.jsonl``: per RL step, the ids of the samples trained on and of the groups
+    dropped as too old for the trainer (asynchronous GRPO). A resumed run first drops the steps
+    past its checkpoint, as the metrics do, so the file shows what the final weights learned
+    from: each sample once."""
+
+    def __init__(self, run_dir: Path, start_step: int, *, enabled: bool) -> None:
+        self.path, self.enabled = run_dir / TRAINED_FILE, enabled
+        if enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            truncate_after(self.path, start_step)
+
+    def add(self, step: int, samples: list[str], dropped_groups: list[str]) -> None:
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, "samples": samples,
+                                    "dropped_groups": dropped_groups}) + "\n")
 
 
 class MetricsLogger:
@@ -41,7 +70,7 @@ class MetricsLogger:
             # First, so a missing package fails before anything else is opened.
             self._wandb = _start_wandb(run_dir, project=wandb_project, mode=wandb_mode,
                                        name=run_name, config=config)
-        self._truncate_after(start_step)
+        truncate_after(self.path, start_step)
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
@@ -56,13 +85,6 @@ class MetricsLogger:
         return cls(run.dir, enabled=enabled, start_step=start_step, max_steps=max_steps,
                    wandb_project=run.wandb_project, wandb_mode=run.wandb_mode, run_name=run.name,
                    config=dataclasses.asdict(config))
-
-    def _truncate_after(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step; ``tokens`` (processed, padding included) also yields tokens/s since

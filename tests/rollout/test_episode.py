@@ -282,3 +282,40 @@ def test_an_episode_past_its_budget_after_a_turn_ends_there(tiny_tokenizer):
     assert unbounded.termination == "answer" and len(unbounded.turns) == 4
     assert "Budget" not in unbounded.messages[0]["content"]
     assert_tokens_match_template(over, tiny_tokenizer)
+
+
+def test_a_weight_update_reaches_the_episodes_in_flight(tiny_tokenizer):
+    """Asynchronous GRPO's in-flight refit: the batcher swaps the weights between two engine
+    calls; episodes waiting on a tool continue on the new weights, and each turn records the
+    version that wrote it."""
+
+    class Reloadable(ScriptedEngine):
+        loads: list[dict] = []
+
+        def update_weights(self, state):
+            self.loads.append(dict(state))
+
+    engine = Reloadable(tiny_tokenizer, echo_then_answer)
+    toolbox = Toolbox([DelayedEcho(echo_spec("echo"), default_delay_s=0.5)])
+
+    async def scenario():
+        batcher = GenerationBatcher(engine)
+        batcher.version = 3
+        episodes = asyncio.create_task(run_rollouts(
+            [Task("a", "echo: 1"), Task("b", "echo: 2")], 2, engine, toolbox, tiny_tokenizer,
+            settings(), batcher=batcher))
+        await asyncio.sleep(0.2)  # the first turns are written; the calls are running
+        await batcher.update_weights({"w": 1}, version=4)
+        trajectories = await episodes
+        await batcher.close()
+        return trajectories
+
+    trajectories = asyncio.run(scenario())
+    assert engine.loads == [{"w": 1}]
+    assert all(t.termination == "answer" for t in trajectories)
+    assert [[turn.policy_version for turn in t.turns] for t in trajectories] == [[3, 4]] * 4
+    assert {t.oldest_policy_version for t in trajectories} == {3}
+    assert trajectories[0].to_json()["ledger"][1]["policy_version"] == 4
+    # Without a batcher's versions (a plain engine call) turns are not versioned.
+    (plain,), _ = rollout(tiny_tokenizer, [Task("c", "echo: 3")])
+    assert plain.oldest_policy_version is None

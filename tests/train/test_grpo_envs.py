@@ -11,20 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import TINY_LONG_MODEL, read_metrics, run_cli, run_cli_here
+from cli_helpers import grpo_overrides, read_metrics, run_cli, run_cli_here
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.serve.http_server import serve_json
 
 QA_SAMPLE = "env/samples/generalthought_sample.jsonl"  # shipped under conf/
-
-
-def grpo_overrides(start: Path, out: Path, *extra: str) -> list[str]:
-    return [f"trainer.init_from={start}", f"run.output_dir={out}", "run.name=run",
-            "model.vocab_size=1024", "tokenizer.vocab_size=1000", *TINY_LONG_MODEL,
-            "grpo.max_steps=2", "grpo.prompts_per_step=2", "rollout.group_size=2",
-            "grpo.micro_batch_size=2", "rollout.max_turns=2", "rollout.max_new_tokens=8",
-            "reward.min_group_std=0", "trainer.num_threads=1", *extra]
 
 
 def test_grpo_on_toolscale_scores_the_database(start_checkpoint, toolscale_dir, tmp_path):

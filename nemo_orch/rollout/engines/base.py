@@ -51,7 +51,9 @@ class SamplingParams:
 @dataclass(frozen=True)
 class Generation:
     """One continuation: its tokens, the sampling logprob of each, and why it ended
-    (``stop``: a stop token or string; ``length``: ``max_new_tokens``)."""
+    (``stop``: a stop token or string; ``length``: ``max_new_tokens``). ``policy_version``: the
+    version of the weights that wrote it, where a
+    :class:`~nemo_orch.rollout.runner.GenerationBatcher` tracks them (asynchronous GRPO)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -59,6 +61,7 @@ class Generation:
     text: str = ""
     prompt_tokens: int = 0
     extra: dict = field(default_factory=dict)
+    policy_version: int | None = None
 
 
 @runtime_checkable
