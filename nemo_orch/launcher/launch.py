@@ -87,10 +87,12 @@ def job_arguments(config: Config, overrides: list[str], experiment_id: str) -> l
 
 def torchrun_script(config: Config, job_args: list[str]) -> str:
     """The training component's script, run on each of its nodes: torchrun with a c10d
-    rendezvous on the first training node (``$NEMO_ORCH_RDZV_HOST``, from the batch script)."""
+    rendezvous on the first training node (``$NEMO_ORCH_RDZV_HOST``, from the batch script), a
+    rank per GPU (but those of a rollout engine with GPUs of its own)."""
     launcher = config.launcher
     torchrun = ["exec", "torchrun", f"--nnodes={launcher.nodes}",
-                f"--nproc-per-node={launcher.gpus_per_node}", "--rdzv-backend=c10d",
+                f"--nproc-per-node={config.parallel.world_size // launcher.nodes}",
+                "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=${{{RDZV_HOST}}}:{launcher.rdzv_port}",
                 "--rdzv-id=$SLURM_JOB_ID", "-m", "nemo_orch.launcher.job"]
     return " ".join(torchrun) + " " + shlex.join(job_args)

@@ -23,7 +23,9 @@ the GPUs (``rollout.colocate``), the engine's weights and KV cache:
   ``layers x 2 x kv_heads/engine_tp x head_dim x bytes`` per token. TensorRT-LLM takes
   ``gpu_memory_utilization`` of the memory free after everything resident (it never sleeps, so
   activations must fit in the rest); vLLM takes that share of the whole GPU and sleeps while the
-  policy trains (its memory and the activations are never there at once);
+  policy trains (its memory and the activations are never there at once). Not colocated
+  (``rollout.colocate=false``, as asynchronous GRPO needs), the engine's GPUs hold only it
+  (:func:`engine_estimate`);
 - runtime: CUDA context, NCCL buffers and allocator fragmentation, a flat allowance.
 """
 
@@ -193,12 +195,14 @@ def training_estimate(model: ModelConfig, parallel: ParallelConfig, seq_length: 
                                      num_microbatches))
 
 
-def with_colocated_engine(estimate: MemoryEstimate, config: Config,
-                          gpu_bytes: float) -> MemoryEstimate:
-    """``estimate`` plus the rollout engine when it shares the training GPUs (else unchanged)."""
+def separate_engine(config: Config) -> bool:
+    """Whether the GPU rollout engine has GPUs of its own (``rollout.colocate=false``)."""
+    return config.rollout.engine in ("trtllm", "vllm") and not config.rollout.colocate
+
+
+def _with_engine(estimate: MemoryEstimate, config: Config, gpu_bytes: float) -> MemoryEstimate:
+    """``estimate`` plus the engine's weight shard and the KV cache it takes of what is left."""
     rollout = config.rollout
-    if not rollout.colocate or rollout.engine not in ("trtllm", "vllm"):
-        return estimate
     engine_weights = (config.model.num_parameters() * DTYPE_BYTES[rollout.engine_dtype]
                       // rollout.engine_tp)
     if rollout.engine == "trtllm":
@@ -209,7 +213,23 @@ def with_colocated_engine(estimate: MemoryEstimate, config: Config,
     per_token = kv_bytes_per_token(config.model, rollout.engine_tp, rollout.engine_dtype)
     return dataclasses.replace(estimate, engine_weights=engine_weights, kv_cache=kv_cache,
                                kv_tokens=int(kv_cache // per_token),
-                               engine_asleep_in_training=rollout.engine == "vllm")
+                               engine_asleep_in_training=rollout.engine == "vllm"
+                               and not separate_engine(config))
+
+
+def with_colocated_engine(estimate: MemoryEstimate, config: Config,
+                          gpu_bytes: float) -> MemoryEstimate:
+    """``estimate`` plus the rollout engine when it shares the training GPUs (else unchanged)."""
+    if not config.rollout.colocate or config.rollout.engine not in ("trtllm", "vllm"):
+        return estimate
+    return _with_engine(estimate, config, gpu_bytes)
+
+
+def engine_estimate(config: Config, gpu_bytes: float) -> MemoryEstimate:
+    """One of the ``rollout.engine_tp`` GPUs of an engine that has GPUs of its own: its weight
+    shard and KV cache, nothing of training."""
+    return _with_engine(MemoryEstimate(weights=0, gradients=0, optimizer=0, activations=0.0),
+                        config, gpu_bytes)
 
 
 def sft_estimate(config: Config) -> MemoryEstimate:

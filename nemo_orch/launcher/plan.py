@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nemo_orch.config import Config
-from nemo_orch.launcher.memory import GIB, MemoryEstimate, grpo_estimate, sft_estimate
+from nemo_orch.launcher.memory import (GIB, MemoryEstimate, engine_estimate, grpo_estimate,
+                                       separate_engine, sft_estimate)
 
 # Transformer Engine's FP8 GEMMs need each dimension of a weight shard to be a multiple of this.
 FP8_ALIGNMENT = 16
@@ -23,9 +24,17 @@ def layout_problems(config: Config) -> list[str]:
     rollout, grpo = config.rollout, config.grpo
     problems = []
     gpus = launcher.nodes * launcher.gpus_per_node
-    if launcher.gpus_per_node and parallel.world_size != gpus:
-        problems.append(f"parallel: tp x pp x dp = {parallel.world_size} ranks, but the launcher "
-                        f"gives {launcher.nodes} nodes x {launcher.gpus_per_node} GPUs = {gpus}")
+    # An engine with GPUs of its own takes rollout.engine_tp of the (single) node's GPUs.
+    engine_gpus = rollout.engine_tp if separate_engine(config) else 0
+    if launcher.gpus_per_node and parallel.world_size + engine_gpus != gpus:
+        engine = f" + rollout.engine_tp = {engine_gpus} engine GPUs" if engine_gpus else ""
+        problems.append(f"parallel: tp x pp x dp = {parallel.world_size} ranks{engine}, but the "
+                        f"launcher gives {launcher.nodes} nodes x {launcher.gpus_per_node} GPUs "
+                        f"= {gpus}")
+    if engine_gpus and launcher.nodes > 1:
+        problems.append("rollout.colocate=false: the engine runs on the first node's last "
+                        f"rollout.engine_tp GPUs beside the training ranks, so launcher.nodes must "
+                        f"be 1 (got {launcher.nodes})")
     for name in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
         if getattr(model, name) % parallel.tp:
             problems.append(f"model.{name} ({getattr(model, name)}) is not divisible by "
@@ -82,22 +91,29 @@ def _fp8_problems(config: Config) -> list[str]:
 
 @dataclass(frozen=True)
 class Plan:
+    """Per-GPU memory of the training GPUs in each stage and, when the rollout engine has GPUs
+    of its own, of one of those (``engine``)."""
+
     sft: MemoryEstimate
     grpo: MemoryEstimate
     gpu_bytes: float
     min_kv_tokens: int
+    engine: MemoryEstimate | None = None
 
     def fits(self) -> bool:
-        """Both stages within the GPU, and the KV cache (if any) holds one whole context."""
-        kv_ok = self.grpo.engine_weights == 0 or self.grpo.kv_tokens >= self.min_kv_tokens
-        return max(self.sft.total, self.grpo.total) <= self.gpu_bytes and kv_ok
+        """Every GPU within its memory, and the KV cache (if any) holds one whole context."""
+        engine = self.engine or self.grpo
+        kv_ok = engine.engine_weights == 0 or engine.kv_tokens >= self.min_kv_tokens
+        totals = [self.sft.total, self.grpo.total, self.engine.total if self.engine else 0]
+        return max(totals) <= self.gpu_bytes and kv_ok
 
 
 def plan(config: Config) -> Plan:
     gpu_bytes = config.launcher.gpu_memory_gib * GIB
     return Plan(sft=sft_estimate(config), grpo=grpo_estimate(config, gpu_bytes),
                 gpu_bytes=gpu_bytes,
-                min_kv_tokens=config.resolved_rollout().max_context_tokens)
+                min_kv_tokens=config.resolved_rollout().max_context_tokens,
+                engine=engine_estimate(config, gpu_bytes) if separate_engine(config) else None)
 
 
 def _gib(value: float) -> str:
@@ -115,9 +131,10 @@ def report(config: Config, result: Plan) -> list[str]:
     recompute = model.recompute_granularity or "no"
     context = config.resolved_rollout().max_context_tokens
     engine = "none on these GPUs"
-    if grpo.engine_weights:
+    if grpo.engine_weights or result.engine:
         engine = (f"{rollout.engine} TP{rollout.engine_tp} {rollout.engine_dtype}, "
-                  f"gpu_memory_utilization {rollout.gpu_memory_utilization}")
+                  f"gpu_memory_utilization {rollout.gpu_memory_utilization}"
+                  + (f", on {rollout.engine_tp} GPUs of its own" if result.engine else ""))
     lines = [
         f"plan: {config.run.name}: {model.preset} ({params} parameters, "
         f"{model.params_dtype}, {fp8}), {launcher.nodes} node(s) x {launcher.gpus_per_node} "
@@ -145,9 +162,13 @@ def report(config: Config, result: Plan) -> list[str]:
         lines.append(f"  {label:46} {_gib(getattr(result.sft, name))} {_gib(getattr(grpo, name))}")
     peak = "peak (vLLM sleeps while training)" if grpo.engine_asleep_in_training else "total"
     lines.append(f"  {peak:46} {_gib(result.sft.total)} {_gib(grpo.total)}")
-    if grpo.engine_weights:
-        lines.append(f"  KV cache: {grpo.kv_tokens:,} tokens = "
-                     f"{grpo.kv_tokens / context:.1f} contexts of {context} tokens "
+    if result.engine:
+        lines.append(f"  {'engine GPU: weights + KV cache + runtime':46} {'':8} "
+                     f"{_gib(result.engine.total)}")
+    with_kv = result.engine or grpo
+    if with_kv.engine_weights:
+        lines.append(f"  KV cache: {with_kv.kv_tokens:,} tokens = "
+                     f"{with_kv.kv_tokens / context:.1f} contexts of {context} tokens "
                      f"(needs >= 1)")
     verdict = "fits" if result.fits() else "does not fit"
     lines.append(f"  {verdict} on a {launcher.gpu_memory_gib:g} GiB GPU (launcher.gpu_memory_gib)")

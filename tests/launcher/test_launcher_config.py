@@ -8,10 +8,11 @@ from nemo_orch.config import ConfigError
 
 TWO_NODES = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8"
 ONE_NODE = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8"
+ONE_NODE_ASYNC = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async"
 
 
 def test_recipes_are_the_files_of_conf_recipes():
-    assert config_lib.recipes() == [ONE_NODE, TWO_NODES]
+    assert config_lib.recipes() == [ONE_NODE, ONE_NODE_ASYNC, TWO_NODES]
 
 
 def test_a_recipe_composes_over_the_defaults():
@@ -51,7 +52,7 @@ def test_command_line_overrides_win_over_the_recipe():
 
 def test_an_unknown_recipe_lists_the_available_ones():
     with pytest.raises(ConfigError, match=f"unknown recipe 'nope'; available: {ONE_NODE}, "
-                                          f"{TWO_NODES}"):
+                                          f"{ONE_NODE_ASYNC}, {TWO_NODES}"):
         config_lib.load(["recipe=nope"])
 
 

@@ -6,6 +6,7 @@ from cli_helpers import run_cli
 from nemo_orch import cli
 from nemo_orch import config as config_lib
 from nemo_orch.launcher import plan
+from nemo_orch.launcher.launch import torchrun_script
 
 RECIPES = ["orchestrator-qwen3-8b-2n8g-tp4pp1-fp8", "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8"]
 
@@ -77,3 +78,32 @@ def test_plan_errors_exit_2_with_every_problem():
     result = run_cli("plan", f"recipe={RECIPES[0]}", "parallel.dp=2", expect=2)
     assert result.stderr.startswith("nemo-orch plan: error: parallel: tp x pp x dp = 8 ranks")
     assert "Traceback" not in result.stderr
+
+
+ASYNC_RECIPE = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async"
+
+
+def test_the_async_recipe_gives_the_engine_gpus_of_its_own(capsys):
+    assert cli.main(["plan", f"recipe={ASYNC_RECIPE}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "on 4 GPUs of its own" in lines[2]
+    config = config_lib.load([f"recipe={ASYNC_RECIPE}"])
+    assert config.grpo.async_grpo.enabled and not config.rollout.colocate
+    estimate = plan.plan(config)
+    # The training GPUs hold no engine; the engine's GPUs hold its shard and KV cache only.
+    assert estimate.grpo.engine_weights == 0 and estimate.grpo.kv_cache == 0
+    assert estimate.engine.resident == 0 and estimate.engine.activations == 0
+    assert estimate.engine.engine_weights == config.model.num_parameters() * 2 // 4
+    assert estimate.engine.kv_tokens >= 32768 and estimate.fits()
+    row = next(line for line in lines if line.startswith("  engine GPU:"))
+    assert float(row.split()[-1]) == pytest.approx(estimate.engine.total / 2**30, abs=0.01)
+    # Training takes the node's other GPUs: a rank per GPU but the engine's.
+    assert "--nproc-per-node=4 " in torchrun_script(config, ["grpo"])
+    # Its layout is checked with the engine's GPUs counted, on one node.
+    assert plan.layout_problems(config_lib.load([f"recipe={ASYNC_RECIPE}", "parallel.dp=2"])
+                                ) == ["parallel: tp x pp x dp = 8 ranks + rollout.engine_tp = 4 "
+                                      "engine GPUs, but the launcher gives 1 nodes x 8 GPUs = 8"]
+    assert plan.layout_problems(config_lib.load([f"recipe={ASYNC_RECIPE}", "launcher.nodes=2",
+                                                 "launcher.gpus_per_node=4"]))[-1].startswith(
+        "rollout.colocate=false: the engine runs on the first node's last rollout.engine_tp "
+        "GPUs beside the training ranks, so launcher.nodes must be 1 (got 2)")
