@@ -26,6 +26,10 @@ class ToolsConfig:
     # Base URLs of expert models by alias (an LLM tool's `models` key), over the declarations'
     # `base_url`: how a launch hands the servers it started to the job (tools.endpoints.math=URL).
     endpoints: dict[str, str] = field(default_factory=dict)
+    # SIMULATED latency: every call of a tool first waits this long (seconds), as a remote
+    # expert's 10-100 s would, so the offline world can measure what waiting on tools costs
+    # (benchmarks/grpo_step.py). 0: off.
+    simulated_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("declarations", "domains"):
@@ -34,6 +38,7 @@ class ToolsConfig:
                          f"tools.{key}[{index}]: no such file or directory: {path}")
         _require(self.cache_entries >= 0 and self.cache_mb >= 0,
                  "tools.cache_entries and tools.cache_mb must be >= 0")
+        _require(self.simulated_latency_s >= 0, "tools.simulated_latency_s must be >= 0")
         for model, prices in self.prices.items():
             _require(len(prices) == 2 and all(price >= 0 for price in prices),
                      f"tools.prices.{model} must be [input, output] USD per million tokens, "

@@ -227,19 +227,20 @@ class Toolbox:
     a slow or dead tool only delays the calls made to it. ``parts`` are what composite tools
     call inside: started and closed with the toolbox, not offered and not callable by name.
     With ``show_prices``, the schemas offered list the prices of the models a tool chooses
-    among (:class:`~nemo_orch.tools.base.PricedModels`).
+    among (:class:`~nemo_orch.tools.base.PricedModels`). ``simulated_latency_s``: every call
+    that runs waits this long first (``tools.simulated_latency_s``).
     """
 
     def __init__(self, tools: Sequence[Tool], cache_entries: int = 4096,
                  cache_bytes: int = 64 << 20, parts: Sequence[Tool] = (),
-                 show_prices: bool = True) -> None:
+                 show_prices: bool = True, simulated_latency_s: float = 0.0) -> None:
         self.tools: dict[str, Tool] = {}
         for tool in tools:
             if tool.spec.name in self.tools:
                 raise ToolError(f"two tools are named {tool.spec.name!r}")
             self.tools[tool.spec.name] = tool
         self.parts = list(parts)
-        self.show_prices = show_prices
+        self.show_prices, self.simulated_latency_s = show_prices, simulated_latency_s
         self.cache = ResultCache(cache_entries, cache_bytes)
         self._limits: dict[str, asyncio.Semaphore] = {}
 
@@ -261,7 +262,8 @@ class Toolbox:
         if unknown:
             raise ToolError(f"unknown tools {unknown}; declared: {sorted(self.tools)}")
         subset = Toolbox([self.tools[n] for n in names], parts=self.parts,
-                         show_prices=self.show_prices)
+                         show_prices=self.show_prices,
+                         simulated_latency_s=self.simulated_latency_s)
         subset.cache, subset._limits = self.cache, self._limits
         return subset
 
@@ -313,6 +315,8 @@ class Toolbox:
         spec = tool.spec
         async with self._limit(spec.name):
             start = time.perf_counter()
+            if self.simulated_latency_s:
+                await asyncio.sleep(self.simulated_latency_s)
             try:
                 result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
             except asyncio.TimeoutError:

@@ -845,6 +845,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             hf = weights.gather_hf_weights(policy.module, config.model)
             if rollouts is not None:
                 rollouts.refit(hf, version=step)
+            step_metrics["time/step_s"] = time.perf_counter() - started
             metrics.log(step, step_metrics)
             if "reward" in step_metrics:
                 rewards.append(step_metrics["reward"])

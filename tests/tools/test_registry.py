@@ -145,6 +145,30 @@ def test_per_tool_concurrency_bound_and_independence():
     assert fast_done < 0.25                # the other tool did not wait behind them
 
 
+def test_simulated_latency_delays_every_call_that_runs():
+    toolbox = Toolbox([DelayedEcho(echo_spec())], simulated_latency_s=0.3)
+
+    async def scenario():
+        started = time.perf_counter()
+        results = await asyncio.gather(*(toolbox.subset(["echo"]).call("echo", {"text": str(i)})
+                                         for i in range(3)))
+        return results, time.perf_counter() - started
+
+    results, seconds = asyncio.run(scenario())
+    assert [result.output for result in results] == ["0", "1", "2"]
+    assert all(result.latency_s >= 0.3 for result in results)  # the ledger shows the wait
+    assert seconds >= 0.3  # the calls waited side by side, not one after another
+    # tools.simulated_latency_s reaches the main job's toolbox; a negative one is refused.
+    from nemo_orch import config as config_lib
+    from nemo_orch.config import ConfigError
+    from nemo_orch.rollout.builders import build_toolbox
+
+    assert build_toolbox(config_lib.load(["tools.simulated_latency_s=0.5"]).tools
+                         ).simulated_latency_s == 0.5
+    with pytest.raises(ConfigError, match="tools.simulated_latency_s must be >= 0"):
+        config_lib.load(["tools.simulated_latency_s=-1"])
+
+
 def test_subset_shares_instances_and_rejects_unknown():
     echo = DelayedEcho(echo_spec())
     toolbox = Toolbox([echo, DelayedEcho(echo_spec("other"))])
