@@ -2,16 +2,18 @@
 
 What it measures: wall-clock seconds for ``print(1)``, ``--calls`` times each, sequentially:
 
-* **warm pool**: ``PythonSandbox.call`` with a pre-started pool (``--pool-size``) and whatever
-  isolation this host allows (listed under the table). Each call takes a waiting worker; its
-  replacement starts in the background while the next call is timed, as in real use.
+* **warm pool**: ``PythonSandbox.call`` with a pool of ``--pool-size`` workers forked ahead
+  from the pool's zygote, and whatever isolation this host allows (listed under the table).
+  Each call takes a waiting worker; its replacement is forked in the background (namespaces,
+  private root, cgroups) while the next call is timed, as in real use.
 * **fresh subprocess**: ``asyncio.create_subprocess_exec(python, "-c", code)`` per call with a
   timeout and captured output, no isolation: what a minimal reference implementation does.
 
 How to read the table: p50/p99 are over the timed calls (after ``--warmup`` untimed ones); the
 last column is fresh / warm, so above 1 means the warm pool is faster. The warm pool hides the
-interpreter start-up but pays for the isolation and the handoff over pipes; on a 2-core machine
-the background refill competes with the timed call for CPU, so the pool's p99 includes that.
+interpreter start-up and the isolation's set-up but pays for the handoff over pipes and the
+kill of the call's process tree; on a 2-core machine the background refill competes with the
+timed call for CPU, so the back-to-back p99 includes that.
 
 Run: ``python benchmarks/sandbox.py [--calls 50 --warmup 3 --pool-size 2]``.
 """

@@ -30,8 +30,14 @@ probed once at start (``PythonSandbox.isolation`` says which are in force):
   timeout that kills the process group, a fresh working directory, an environment without the
   parent's variables, and ``no-new-privs`` so setuid binaries cannot regain privileges.
 
-Workers are pre-spawned (``pool_size``) up to the point where they wait for code on stdin, which
-takes the interpreter start-up (~50-150 ms) off the call path.
+Every call's process is forked from a zygote, one per pool, that has the interpreter and the
+standard modules calls commonly import loaded; the fork then takes what must be its own: a
+session, its cgroups, fresh network, mount and PID namespaces (it forks again to be the PID
+namespace's first process, so the kernel kills everything it spawns when it ends), its private
+root with an empty ``/tmp``, its uid, limits, working directory and an empty environment. A
+child whose zygote dies dies with it; a zygote that exits or answers unexpectedly is replaced.
+Workers are forked ahead (``pool_size``) up to the point where they wait for code on stdin, so
+a call costs handing over the code, running it and the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -84,104 +91,192 @@ _GROUP_PREFIX = "nemo_orch_sandbox."
 V2 = "v2"
 _V2_CONTROLLERS = ("pids", "memory")
 
-# Runs as the worker's main program: enters its cgroups, applies the limits, drops privileges,
-# says it is ready, then reads the code from stdin and executes it as ``__main__``. User code is
-# compiled as "<sandbox>" and registered with linecache so tracebacks show its source lines.
-_BOOTSTRAP = r'''
-import ctypes, json, linecache, os, resource, signal, sys, traceback, types
-cfg = json.loads(sys.argv[1])
-for path in cfg["cgroup_procs"]:
-    with open(path, "w") as f:
-        f.write("0")
+# The zygote: one per pool, started with the interpreter, this program and the modules calls
+# commonly import loaded. For each request on its control socket (a JSON config and the pipe
+# ends of a call's stdin, stdout and exit status) it forks a child and answers with its pid. The
+# child makes itself a session of its own, enters its cgroups and fresh namespaces (network,
+# mount, PID) and forks the call's process (the new PID namespace's first), whose exit status it
+# writes to the status pipe. The call's process mounts what it may see (the private root),
+# applies the limits, drops to its uid, says it is ready, then reads the code from stdin and
+# executes it as ``__main__``. User code is compiled as "<sandbox>" and registered with
+# linecache so tracebacks show its source lines.
+_ZYGOTE = r'''
+import atexit, ctypes, gc, json, linecache, os, resource, signal, socket, sys, traceback, types
+import collections, datetime, decimal, fractions, functools, itertools, math, random, re
+import statistics, string, time
+ZYGOTE = json.loads(sys.argv[1])  # {"namespaces": bool, "control": fd}
 libc = ctypes.CDLL(None, use_errno=True)
-def mount(source, target, fstype, flags, data):
-    if libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(), flags,
-                  data and data.encode()):
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+def check(failed, what):
+    if failed:
         errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno), target)
-for hidden, exposed in cfg["mounts"]:
-    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in exposed]
-    mount("tmpfs", hidden, "tmpfs", 2 | 4, "mode=0755,size=1m")  # MS_NOSUID | MS_NODEV
-    for p, fd in zip(exposed, fds):
-        os.makedirs(p, 0o755, exist_ok=True)
-        mount(f"/proc/self/fd/{fd}", p, None, 4096 | 16384, None)  # MS_BIND | MS_REC
-        os.close(fd)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1, 2, 4, 32, 4096, 16384, 1 << 18)
-root = cfg["root"]
-if root is not None:
-    # A tmpfs holding only what the call may see, entered with pivot_root: the host's tree is
-    # detached. Binds are made read-only; /tmp, /var/tmp and /dev/shm are fresh and empty.
-    new = root["path"]
-    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
-    # Scratch first: the worker's directory, even the interpreter (a checkout in /tmp), may
-    # live under /tmp, and their links and binds go inside it.
-    for directory in root["scratch"]:
-        os.makedirs(new + directory, 0o755, exist_ok=True)
-        mount("tmpfs", new + directory, "tmpfs", MS_NOSUID | MS_NODEV,
-              f"mode=1777,size={root['scratch_bytes']}")
-    for link, destination in root["links"]:
-        os.makedirs(os.path.dirname(new + link), 0o755, exist_ok=True)
-        os.symlink(destination, new + link)
-    for source, target, writable in root["binds"]:
-        inside = new + target
-        if os.path.isdir(source):
-            os.makedirs(inside, 0o755, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(inside), 0o755, exist_ok=True)
-            open(inside, "a").close()
-        mount(source, inside, None, MS_BIND | MS_REC, None)
-        if not writable:
-            mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
-    for directory in root["covers"]:
-        mount("tmpfs", new + directory, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
-    os.makedirs(new + "/proc", 0o555, exist_ok=True)
-    mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV, None)
-    os.chdir(new)
-    if libc.syscall(root["pivot_root"], b".", b"."):
-        raise OSError(ctypes.get_errno(), "pivot_root")
-    if libc.umount2(b".", 2):  # MNT_DETACH: the old root, under the new one, goes away
-        raise OSError(ctypes.get_errno(), "umount the host's root")
-    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755")
-    os.chdir(root["workdir"])
-for name, (soft, hard) in cfg["rlimits"].items():
-    limit = getattr(resource, name)
-    current = resource.getrlimit(limit)[1]
-    if current != resource.RLIM_INFINITY:
-        hard = min(hard, current)
-    resource.setrlimit(limit, (min(soft, hard), hard))
-if cfg["uid"] is not None:
-    os.setgroups([])
-    os.setgid(cfg["uid"])
-    os.setuid(cfg["uid"])
-if cfg["no_new_privs"] and libc.prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS
-    raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-def cpu_exceeded(signum, frame):
-    os.write(2, b"\nCPU time limit exceeded\n")
-    os._exit(cfg["cpu_exit"])
-signal.signal(signal.SIGXCPU, cpu_exceeded)
-os.umask(0o077)
-sys.stdout.buffer.write(b"ready\n")
-sys.stdout.flush()
-source = sys.stdin.buffer.read().decode("utf-8", "replace")
-devnull = os.open(os.devnull, os.O_RDONLY)
-os.dup2(devnull, 0)
-os.close(devnull)
-linecache.cache["<sandbox>"] = (len(source), None, source.splitlines(True), "<sandbox>")
-main = types.ModuleType("__main__")
-sys.modules["__main__"] = main
-sys.argv = [""]
-sys.path.insert(0, "")
-try:
-    exec(compile(source, "<sandbox>", "exec"), main.__dict__)
-except SystemExit:
-    raise
-except BaseException as exc:
+        raise OSError(errno, os.strerror(errno), what)
+def mount(source, target, fstype, flags, data):
+    check(libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
+                     flags, data and data.encode()), target)
+def enter(cfg):
+    # In the call's own namespaces: what it may see, its limits, its uid.
+    for hidden, exposed in cfg["mounts"]:
+        fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in exposed]
+        mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+        for p, fd in zip(exposed, fds):
+            os.makedirs(p, 0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC, None)
+            os.close(fd)
+    root = cfg["root"]
+    if root is not None:
+        # A tmpfs holding only what the call may see, entered with pivot_root: the host's tree
+        # is detached. Binds are made read-only; /tmp, /var/tmp and /dev/shm are fresh and empty.
+        new = root["path"]
+        mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
+        # Scratch first: the worker's directory, even the interpreter (a checkout in /tmp), may
+        # live under /tmp, and their links and binds go inside it.
+        for directory in root["scratch"]:
+            os.makedirs(new + directory, 0o755, exist_ok=True)
+            mount("tmpfs", new + directory, "tmpfs", MS_NOSUID | MS_NODEV,
+                  f"mode=1777,size={root['scratch_bytes']}")
+        for link, destination in root["links"]:
+            os.makedirs(os.path.dirname(new + link), 0o755, exist_ok=True)
+            os.symlink(destination, new + link)
+        for source, target, writable in root["binds"]:
+            inside = new + target
+            if os.path.isdir(source):
+                os.makedirs(inside, 0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(inside), 0o755, exist_ok=True)
+                open(inside, "a").close()
+            mount(source, inside, None, MS_BIND | MS_REC, None)
+            if not writable:
+                mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
+        for directory in root["covers"]:
+            mount("tmpfs", new + directory, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+        os.makedirs(new + "/proc", 0o555, exist_ok=True)
+        mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV, None)
+        os.chdir(new)
+        check(libc.syscall(root["pivot_root"], b".", b"."), "pivot_root")
+        check(libc.umount2(b".", 2), "umount the host's root")  # MNT_DETACH
+        mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755")
+    os.chdir(cfg["workdir"])
+    for name, (soft, hard) in cfg["rlimits"].items():
+        limit = getattr(resource, name)
+        current = resource.getrlimit(limit)[1]
+        if current != resource.RLIM_INFINITY:
+            hard = min(hard, current)
+        resource.setrlimit(limit, (min(soft, hard), hard))
+    if cfg["uid"] is not None:
+        os.setgroups([])
+        os.setgid(cfg["uid"])
+        os.setuid(cfg["uid"])
+    check(cfg["no_new_privs"] and libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    def cpu_exceeded(signum, frame):
+        os.write(2, b"\nCPU time limit exceeded\n")
+        os._exit(cfg["cpu_exit"])
+    signal.signal(signal.SIGXCPU, cpu_exceeded)
+    os.umask(0o077)
+    os.environ.clear()
+    os.environ.update(cfg["env"])
+def become(cfg, stdin, stdout, status):
+    # The forked child: its own session, cgroups and namespaces. The call runs in a child of
+    # it (the new PID namespace's first process), which it waits for; it writes that child's
+    # exit status to the sandbox's status pipe, which the call's code never holds.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.dup2(stdin, 0)
+    os.dup2(stdout, 1)
+    os.dup2(stdout, 2)
+    os.dup2(status, 3)
+    os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+    os.setsid()
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    for path in cfg["cgroup_procs"]:
+        with open(path, "w") as f:
+            f.write("0")
+    if ZYGOTE["namespaces"]:
+        check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET), "unshare")
+    pid = os.fork()
+    if pid:
+        for fd in (0, 1, 2):
+            os.close(fd)
+        os.write(3, b"%d" % os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        os._exit(0)
+    os.close(3)
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    if ZYGOTE["namespaces"]:
+        mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        if cfg["root"] is None:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+def execute():
+    # Compile and run a line once before the call: the pages that takes (copied from the
+    # zygote's on first write) are this process's before its code arrives.
+    exec(compile("str(sum(range(3))).encode()", "<warm-up>", "exec"), {})
+    sys.stdout.buffer.write(b"ready\n")
     sys.stdout.flush()
-    traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-    sys.exit(1)
+    source = sys.stdin.buffer.read().decode("utf-8", "replace")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    linecache.cache["<sandbox>"] = (len(source), None, source.splitlines(True), "<sandbox>")
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    sys.argv = [""]
+    sys.path.insert(0, "")
+    try:
+        exec(compile(source, "<sandbox>", "exec"), main.__dict__)
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException as exc:
+        sys.stdout.flush()
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        code = 1
+    # What the interpreter's exit does that a program can see (its threads joined, its atexit
+    # functions run, its output flushed), without tearing down the zygote's modules.
+    try:
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code or 0)
+def serve():
+    control = socket.socket(fileno=ZYGOTE["control"])
+    # What is loaded now stays out of the children's garbage collections, which would otherwise
+    # touch (and so copy) every page of it.
+    gc.freeze()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children are reaped by the kernel
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
+        if not message:
+            return  # the sandbox closed the socket
+        cfg = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                become(cfg, *fds)
+                enter(cfg)
+            except BaseException:
+                traceback.print_exc()
+                sys.stdout.flush()
+                os._exit(1)
+            execute()  # never returns: the call's process exits
+        for fd in fds:
+            os.close(fd)
+        control.send(json.dumps({"id": cfg["id"], "pid": pid}).encode())
+serve()
 '''
+# The zygote's environment, and each call's with its HOME and TMPDIR: nothing of this process's
+# (tokens, keys) is inherited.
+_ZYGOTE_ENVIRONMENT = {
+    "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+    # One BLAS/OpenMP thread: each extra thread reserves address space that counts against
+    # RLIMIT_AS, and one call should not take every core.
+    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True)
@@ -238,23 +333,31 @@ class PrivateRoot:
 
 @dataclass(frozen=True)
 class _Plan:
-    """How workers are started: what ``unshare`` creates, which uid they drop to, which
-    directories are re-exposed in the mount namespace (or the private root they see instead),
-    and the cgroup parents used."""
+    """How workers are made: whether each gets fresh network, mount and PID namespaces
+    (``namespaces``; on a host where this process is not root the zygote runs in a user
+    namespace of its own, root there), which uid they drop to, which directories are
+    re-exposed in the mount namespace (or the private root they see instead), and the cgroup
+    parents used."""
 
-    unshare: tuple[str, ...] = ()
+    namespaces: bool = False
     uid_base: int | None = None
     mounts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cgroups: tuple[tuple[str, Path], ...] = ()
     root: PrivateRoot | None = None
 
     @property
+    def zygote_prefix(self) -> tuple[str, ...]:
+        """What the zygote is started under: a user namespace where this process is not root
+        (creating the others needs root in the namespace that owns them)."""
+        if self.namespaces and os.geteuid() != 0:
+            return ("unshare", "--user", "--map-root-user", "--")
+        return ()
+
+    @property
     def isolation(self) -> tuple[str, ...]:
         names = []
-        if "--net" in self.unshare:
-            names.append("netns")
-        if "--pid" in self.unshare:
-            names.append("pidns")
+        if self.namespaces:
+            names += ["netns", "pidns"]
         if self.root is not None:
             names.append("private-root")
         if self.mounts:
@@ -268,11 +371,141 @@ class _Plan:
 
 
 @dataclass
+class _Child:
+    """A call's process, forked by the zygote: the host pid of its session, the pipes to its
+    stdin and from its stdout and stderr, and its exit status (``exited``: as
+    ``asyncio.subprocess.Process.returncode``, negative for a signal), which its session's
+    first process writes to a pipe of its own (a killed session writes none: SIGKILL)."""
+
+    pid: int
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    exited: asyncio.Task
+
+    @property
+    def returncode(self) -> int | None:
+        return self.exited.result() if self.exited.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self.exited)
+
+
+async def _exit_status(status: asyncio.StreamReader) -> int:
+    text = await status.read()
+    return int(text) if text.lstrip(b"-").isdigit() else -signal.SIGKILL
+
+
+class _Zygote:
+    """The process a pool's calls are forked from (``_ZYGOTE``): the interpreter and the
+    common standard modules loaded once, so a call's process costs a fork and its namespaces
+    and mounts, not an interpreter start. Requests and answers travel over a Unix socket (a
+    request carries the call's pipe ends); a call's end does not involve it. Anything
+    unexpected from it (it exits, a request fails or gets no answer in time, an answer that
+    does not parse) marks it ``failed`` and kills it, and the sandbox starts another; the
+    children it forked die with it (``PR_SET_PDEATHSIG``)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, control: socket.socket) -> None:
+        self.proc, self.control = proc, control
+        self.failed: str | None = None
+        self._ids = itertools.count()
+        self._forks: dict[int, asyncio.Future] = {}
+        self._listener = asyncio.create_task(self._listen())
+
+    @classmethod
+    async def start(cls, plan: _Plan) -> "_Zygote":
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *plan.zygote_prefix, sys.executable, "-I", "-u", "-c", _ZYGOTE,
+                json.dumps({"namespaces": plan.namespaces, "control": theirs.fileno()}),
+                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                env=_ZYGOTE_ENVIRONMENT, start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return cls(proc, ours)
+
+    async def fork(self, config: dict) -> _Child:
+        """A child for ``config`` (what :func:`enter` applies), its stdin and stdout piped
+        here."""
+        if self.failed is not None:
+            raise _SpawnError(f"the zygote failed: {self.failed}")
+        loop = asyncio.get_running_loop()
+        request = next(self._ids)
+        # Their ends: the call's stdin, its stdout and stderr, its session's exit status.
+        ours, theirs = zip(*[(read, write) if index else (write, read) for index, (read, write)
+                             in enumerate(os.pipe() for _ in range(3))])
+        answer = self._forks[request] = loop.create_future()
+        try:
+            socket.send_fds(self.control, [json.dumps({**config, "id": request}).encode()],
+                            list(theirs))
+            pid = await asyncio.wait_for(answer, _SPAWN_TIMEOUT_S)
+        except BaseException as error:
+            for fd in ours:
+                os.close(fd)
+            self._forks.pop(request, None)
+            self._fail(f"fork request: {error!r}")
+            raise _SpawnError(f"the zygote did not fork: {error!r}") from None
+        finally:
+            self._forks.pop(request, None)
+            for fd in theirs:
+                os.close(fd)
+        stdin, stdout, status = ours
+        readers = [asyncio.StreamReader(limit=1 << 20) for _ in range(2)]
+        for reader, fd in zip(readers, (stdout, status)):
+            await loop.connect_read_pipe(lambda reader=reader: asyncio.StreamReaderProtocol(
+                reader), os.fdopen(fd, "rb", 0))
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                            os.fdopen(stdin, "wb", 0))
+        return _Child(pid, asyncio.StreamWriter(transport, protocol, None, loop), readers[0],
+                      asyncio.create_task(_exit_status(readers[1])))
+
+    async def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while message := await loop.sock_recv(self.control, 4096):
+                answer = json.loads(message)
+                self._forks[answer["id"]].set_result(answer["pid"])
+            self._fail("it exited")
+        except (OSError, ValueError, KeyError, asyncio.InvalidStateError) as error:
+            self._fail(f"{type(error).__name__}: {error}")
+
+    def _fail(self, reason: str) -> None:
+        """Mark it failed and kill it (its children die with it)."""
+        if self.failed is None:
+            self.failed = reason
+            logger.warning("python_sandbox: replacing the zygote (%s)", reason)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        for future in self._forks.values():
+            if not future.done():
+                future.set_exception(_SpawnError(reason))
+
+    async def close(self) -> None:
+        """Stop it (its idle children die with it) and wait for it to exit."""
+        self.control.close()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        await self.proc.wait()
+        self._listener.cancel()
+        await asyncio.gather(self._listener, return_exceptions=True)
+
+
+@dataclass
 class _Worker:
-    proc: asyncio.subprocess.Process
+    proc: _Child
     workdir: Path
     cgroups: list[Path]
     uid: int | None
+    zygote: _Zygote
+
+    @property
+    def alive(self) -> bool:
+        """Neither it nor its zygote (which it dies with) has ended, as far as is known."""
+        return self.proc.returncode is None and self.zygote.failed is None
 
 
 @dataclass
@@ -332,7 +565,8 @@ class PythonSandbox(BaseTool):
         self.uid_base = uid_base
         self.allowed_packages = tuple(allowed_packages)
         self._plan: _Plan | None = None
-        self._plan_lock = asyncio.Lock()
+        self._zygote: _Zygote | None = None
+        self._plan_lock, self._zygote_lock = asyncio.Lock(), asyncio.Lock()
         self._idle: collections.deque[_Worker] = collections.deque()
         self._spawning = 0
         self._tasks: set[asyncio.Task] = set()
@@ -361,6 +595,8 @@ class PythonSandbox(BaseTool):
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         while self._idle:
             await self._destroy(self._idle.popleft())
+        if self._zygote is not None:
+            await self._zygote.close()
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         started = time.perf_counter()
@@ -391,7 +627,7 @@ class PythonSandbox(BaseTool):
         while self._idle:
             worker = self._idle.popleft()
             self._refill()
-            if worker.proc.returncode is None:
+            if worker.alive:
                 return worker
             self._background(self._destroy(worker))
         self._refill()
@@ -422,18 +658,24 @@ class PythonSandbox(BaseTool):
 
     # ------------------------------------------------------------------------ one worker
 
-    async def _spawn(self, plan: _Plan) -> _Worker:
+    async def _zygote_for(self, plan: _Plan) -> _Zygote:
+        """The pool's zygote, started (again, if the last one failed) for ``plan``."""
+        async with self._zygote_lock:  # spawns run side by side: one replacement
+            if self._zygote is None or self._zygote.failed is not None:
+                failed, self._zygote = self._zygote, await _Zygote.start(plan)
+                if failed is not None:
+                    self._background(failed.close())
+            return self._zygote
+
+    async def _spawn(self, plan: _Plan, zygote: _Zygote | None = None) -> _Worker:
         seq = next(_RUN_NUMBERS)
         uid = None if plan.uid_base is None else plan.uid_base + seq % _UID_COUNT
         workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
         worker = None
         try:
-            argv = [*plan.unshare, sys.executable, "-I", "-u", "-c", _BOOTSTRAP,
-                    json.dumps(self._bootstrap_config(plan, workdir, cgroups, uid))]
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                cwd=workdir, env=self._environment(workdir), start_new_session=True)
-            worker = _Worker(proc, workdir, cgroups, uid)
+            zygote = zygote or await self._zygote_for(plan)
+            proc = await zygote.fork(self._call_config(plan, workdir, cgroups, uid))
+            worker = _Worker(proc, workdir, cgroups, uid, zygote)
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
             except asyncio.TimeoutError:
@@ -469,8 +711,9 @@ class PythonSandbox(BaseTool):
             raise
         return workdir, cgroups
 
-    def _bootstrap_config(self, plan: _Plan, workdir: Path, cgroups: list[Path],
-                          uid: int | None) -> dict:
+    def _call_config(self, plan: _Plan, workdir: Path, cgroups: list[Path],
+                     uid: int | None) -> dict:
+        """What the zygote's child applies (``enter`` in ``_ZYGOTE``)."""
         limits = self.limits
         memory = limits.memory_mb << 20
         nproc = limits.max_processes
@@ -478,7 +721,7 @@ class PythonSandbox(BaseTool):
             # RLIMIT_NPROC counts all processes of the (shared) uid: allow what already runs.
             nproc += _count_processes(os.getuid())
         root = None if plan.root is None else {
-            "path": str(_mount_point(workdir)), "workdir": str(workdir),
+            "path": str(_mount_point(workdir)),
             "binds": [*plan.root.binds, (str(workdir), str(workdir), True)],
             "links": plan.root.links, "covers": plan.root.covers,
             "scratch": plan.root.scratch, "scratch_bytes": limits.max_file_mb << 20,
@@ -495,16 +738,10 @@ class PythonSandbox(BaseTool):
             "uid": uid,
             "no_new_privs": True,
             "cpu_exit": _CPU_EXIT,
+            "workdir": str(workdir),
+            # A fresh environment: nothing of the parent's (tokens, keys) is inherited.
+            "env": {**_ZYGOTE_ENVIRONMENT, "HOME": str(workdir), "TMPDIR": str(workdir)},
         }
-
-    @staticmethod
-    def _environment(workdir: Path) -> dict[str, str]:
-        """A fresh environment: nothing of the parent's (tokens, keys) is inherited."""
-        return {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-                "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
-                # One BLAS/OpenMP thread: each extra thread reserves address space that counts
-                # against RLIMIT_AS, and one call should not take every core.
-                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
     async def _run(self, worker: _Worker, code: str) -> tuple[str, str | None]:
         proc = worker.proc
@@ -549,6 +786,7 @@ class PythonSandbox(BaseTool):
 
     async def _destroy(self, worker: _Worker) -> None:
         await asyncio.to_thread(_kill_tree, worker)
+        worker.proc.stdin.close()
         await worker.proc.wait()
         await asyncio.to_thread(_remove, worker.workdir, worker.cgroups)
 
@@ -570,12 +808,8 @@ class PythonSandbox(BaseTool):
             logger.warning("python_sandbox: no writable cgroup (a delegated v2 subtree or the v1 "
                            "pids and memory controllers): per-process limits only")
         root = os.geteuid() == 0
-        namespaces = (("unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--net",
-                       "--") if root else
-                      ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
-                       "--mount-proc", "--net", "--"))
-        if shutil.which("unshare") is None:
-            namespaces = ()
+        # Where this process is not root, the zygote needs `unshare` for its user namespace.
+        namespaces = root or shutil.which("unshare") is not None
         mounts = _hidden_prefixes() if namespaces else ()
         private = (_private_root(self.allowed_packages)
                    if namespaces and platform.machine() in _PIVOT_ROOT else None)
@@ -583,8 +817,8 @@ class PythonSandbox(BaseTool):
         candidates = [_Plan(namespaces, uid_base, (), cgroups, private)] if private else []
         if root:
             candidates += [_Plan(namespaces, self.uid_base, mounts, cgroups),
-                           _Plan((), self.uid_base, (), cgroups)]
-        candidates += [_Plan(namespaces, None, (), cgroups), _Plan((), None, (), cgroups)]
+                           _Plan(False, self.uid_base, (), cgroups)]
+        candidates += [_Plan(namespaces, None, (), cgroups), _Plan(False, None, (), cgroups)]
         if self.isolation_mode == "strict":
             candidates = candidates[:1]
         failures = []
@@ -601,16 +835,27 @@ class PythonSandbox(BaseTool):
         raise ToolError("python_sandbox: no usable isolation; " + "; ".join(failures))
 
     async def _probe(self, plan: _Plan) -> str | None:
+        """Why ``plan`` cannot run the canary (None: it can, and its zygote becomes the
+        pool's)."""
         canary = "import datetime, json\nopen('probe', 'w').write('ok')\nprint('ok')\n"
         try:
-            worker = await self._spawn(plan)
+            zygote = await _Zygote.start(plan)
+        except OSError as exc:
+            return str(exc)
+        try:
+            worker = await self._spawn(plan, zygote)
         except (_SpawnError, OSError) as exc:
+            await zygote.close()
             return str(exc)
         try:
             output, error = await self._run(worker, canary)
         finally:
             await self._destroy(worker)
-        return None if error is None and output == "ok\n" else f"{error}: {output[-500:]}"
+        if error is None and output == "ok\n" and zygote.failed is None:
+            self._zygote = zygote
+            return None
+        await zygote.close()
+        return f"{error}: {output[-500:]}"
 
 
 async def _read_some(stream: asyncio.StreamReader) -> bytes:

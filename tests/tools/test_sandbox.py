@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_orch.tools import sandbox as sandbox_module
 from nemo_orch.tools.base import ToolContext, ToolError, ToolResult
 from nemo_orch.tools.sandbox import (V2, PythonSandbox, SandboxLimits, _cgroup_v1_dir,
                                      _cgroup_v2_dir, _delegated_v2, _oom_kills,
@@ -342,3 +344,60 @@ def test_an_interpreter_living_under_tmp_runs_in_the_private_root(tmp_path):
     if "private-root" not in isolation:
         pytest.skip("no private root here (no mount namespace)")
     assert (output, error) == ("7\n\n", None)
+
+
+def test_each_forked_call_starts_clean_and_exits_as_a_program_does():
+    """Calls are forked from one zygote: what a call changes in the modules it was forked with,
+    in its /tmp or its PID namespace never reaches the next; its exit behaves as an
+    interpreter's (threads joined, atexit run, sys.exit codes and messages)."""
+    (tamper, clean, pids, threads, exit_code, exit_message), isolation = run([
+        "import json, math\nmath.pi = 3\njson.dumps = None\nopen('/tmp/left', 'w').write('x')\n"
+        "import os\nprint(os.getpid())",
+        "import json, math, os\nprint(math.pi, json.dumps([1]), os.path.exists('/tmp/left'))",
+        "import os\nprint(os.getpid())",
+        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+        "print('main done')",
+        "import sys\nsys.exit(3)",
+        "import sys\nsys.exit('giving up')"])
+    assert clean.error is None and clean.output == "3.141592653589793 [1] False\n"
+    if "pidns" in isolation:
+        assert tamper.output == pids.output == "1\n"  # each call is its namespace's first
+    assert threads.output == "main done\nthread done\natexit ran\n"
+    assert exit_code.error == "exit status 3"
+    assert exit_message.error == "exit status 1" and exit_message.output == "giving up\n"
+
+
+def test_a_zygote_in_doubt_is_replaced(monkeypatch):
+    """The zygote killed, or stopped so that a fork request gets no answer: the children it
+    forked die with it and the next calls run on a new one."""
+    monkeypatch.setattr(sandbox_module, "_SPAWN_TIMEOUT_S", 1.0)
+
+    async def main() -> list[ToolResult]:
+        sandbox = PythonSandbox(default_spec(), pool_size=2, timeout_s=2.0)
+        await sandbox.start()
+        results = []
+        try:
+            for how in (signal.SIGKILL, signal.SIGSTOP):
+                while len(sandbox._idle) < sandbox.pool_size or sandbox._tasks:
+                    await asyncio.sleep(0.01)  # the pool is full again
+                zygote = sandbox._zygote
+                zygote.proc.send_signal(how)
+                if how == signal.SIGSTOP:  # a worker forked before still runs a call...
+                    results.append(await sandbox.call({"code": "print('after')"}, CTX))
+                idle = list(sandbox._idle)
+                # ...while the refill's request goes unanswered (or the zygote is gone)
+                await asyncio.wait_for(zygote.proc.wait(), 5)
+                await asyncio.sleep(0.1)
+                assert zygote.failed is not None
+                # The workers it forked died with it.
+                assert [await asyncio.wait_for(w.proc.wait(), 5) for w in idle] == [-9] * len(
+                    idle)
+                results += [await sandbox.call({"code": "print('after')"}, CTX)
+                            for _ in range(3)]
+                assert sandbox._zygote is not zygote and sandbox._zygote.failed is None
+        finally:
+            await sandbox.close()
+        return results
+
+    assert [(r.error, r.output) for r in asyncio.run(main())] == [(None, "after\n")] * 7
