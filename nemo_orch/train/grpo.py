@@ -224,7 +224,7 @@ class Rollouts:
         self._thread = threading.Thread(target=self.loop.run_forever, name="rollouts",
                                         daemon=True)
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
-        self._ready: asyncio.Queue = asyncio.Queue()  # run_ahead's batches (or its error)
+        self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
 
     def __enter__(self) -> "Rollouts":
         self._thread.start()
@@ -283,37 +283,41 @@ class Rollouts:
 
     def run_ahead(self, first_step: int, last_step: int,
                   tools: Callable[[], list[str] | None]) -> None:
-        """Roll out steps ``first_step``..``last_step`` on the loop, one after another, each
-        once the engine's weights are at most ``max_trajectory_age_steps`` updates older than
-        those that will train on it (``tools()``: what its tasks offer, read as it starts)."""
+        """Roll out steps ``first_step``..``last_step`` on the loop, each as soon as the
+        engine's weights are at most ``max_trajectory_age_steps`` updates older than those
+        that will train on it (so up to ``max_trajectory_age_steps + 1`` steps' episodes are in
+        flight at once; ``tools()``: what its tasks offer, read as it starts)."""
         max_age = self.config.grpo.async_grpo.max_trajectory_age_steps
 
-        async def produce() -> None:
-            for step in range(first_step, last_step + 1):
-                waited = time.perf_counter()
-                async with self._refitted:
-                    await self._refitted.wait_for(lambda: self.version >= step - 1 - max_age)
-                idle = time.perf_counter() - waited
-                try:
-                    batch = await self._step(step, tools())
-                except Exception as error:  # the trainer raises it when it takes this step
-                    await self._ready.put(error)
-                    return
-                batch.rollout_idle_seconds = idle
-                await self._ready.put(batch)
+        async def produce(step: int) -> StepBatch:
+            waited = time.perf_counter()
+            async with self._refitted:
+                await self._refitted.wait_for(lambda: self.version >= step - 1 - max_age)
+            idle = time.perf_counter() - waited
+            batch = await self._step(step, tools())
+            batch.rollout_idle_seconds = idle
+            return batch
 
-        asyncio.run_coroutine_threadsafe(produce(), self.loop)
+        async def start() -> None:
+            for step in range(first_step, last_step + 1):
+                self._ahead[step] = asyncio.create_task(produce(step))
+
+        self._call(start())
 
     def take(self, step: int) -> StepBatch:
         """The batch :meth:`run_ahead` rolled out for ``step``, without the groups written by
         weights more than ``max_trajectory_age_steps`` updates older than the trainer's (which
         are those of step ``step - 1``); the trainer's wait is its ``trainer_idle_seconds``."""
         waited = time.perf_counter()
-        batch = self._call(self._ready.get())
-        if isinstance(batch, HTTPError):
-            raise HTTPError(_stopped(self.config, step, batch), batch.status) from None
-        if isinstance(batch, Exception):
-            raise batch
+        rollout = self._ahead.pop(step)
+
+        async def finished() -> StepBatch:
+            return await rollout
+
+        try:
+            batch = self._call(finished())
+        except HTTPError as error:
+            raise HTTPError(_stopped(self.config, step, error), error.status) from None
         batch.trainer_idle_seconds = time.perf_counter() - waited
         max_age = self.config.grpo.async_grpo.max_trajectory_age_steps
         ages = [group.age(step - 1) for group in batch.kept]

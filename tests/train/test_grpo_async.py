@@ -4,6 +4,7 @@ with nothing in flight and no sample trained twice; settings it cannot run with 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from collections import Counter
@@ -116,8 +117,14 @@ def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_pa
     config.run.dir.mkdir(parents=True)  # where leaving writes the sources' notes
     with Rollouts(config, None, tiny_tokenizer, build_mixture(config),
                   [Toolbox([DelayedEcho(echo_spec("echo"))])]) as rollouts:
-        rollouts._call(rollouts._ready.put(StepBatch(groups, groups, SamplingStats(), Counter(),
-                                                     0, 0, 0, rollout_idle_seconds=0.0)))
+        async def rolled_out() -> StepBatch:
+            return StepBatch(groups, groups, SamplingStats(), Counter(), 0, 0, 0,
+                             rollout_idle_seconds=0.0)
+
+        async def ahead() -> None:  # as run_ahead leaves step 4's rollout
+            rollouts._ahead[4] = asyncio.create_task(rolled_out())
+
+        rollouts._call(ahead())
         batch = rollouts.take(4)  # trained by the weights of step 3
     assert batch.kept == [fresh, one_behind, unversioned] and batch.dropped_stale == [stale]
     assert batch.ages == Counter({0: 2, 1: 1})
