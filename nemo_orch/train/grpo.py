@@ -190,6 +190,26 @@ class _Round:
     user_errors: int
 
 
+class _IdleClock:
+    """Seconds during which nothing was busy (``busy(+1)`` / ``busy(-1)`` bracket the work),
+    handed out since the last :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.running, self.since, self.idle = 0, time.perf_counter(), 0.0
+
+    def busy(self, change: int) -> None:
+        now = time.perf_counter()
+        if self.running == 0:
+            self.idle += now - self.since
+        self.running += change
+        self.since = now
+
+    def take(self) -> float:
+        self.busy(0)
+        idle, self.idle = self.idle, 0.0
+        return idle
+
+
 class Rollouts:
     """Rank 0's side of GRPO: the engine (or, with ``rollout.backend=ray``, the ``pool`` whose
     actors run the episodes and their scoring; ``engine`` is then None and the toolboxes only
@@ -225,6 +245,7 @@ class Rollouts:
                                         daemon=True)
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
+        self._idle = _IdleClock()  # when no step of run_ahead's is rolling out
 
     def __enter__(self) -> "Rollouts":
         self._thread.start()
@@ -290,13 +311,13 @@ class Rollouts:
         max_age = self.config.grpo.async_grpo.max_trajectory_age_steps
 
         async def produce(step: int) -> StepBatch:
-            waited = time.perf_counter()
             async with self._refitted:
                 await self._refitted.wait_for(lambda: self.version >= step - 1 - max_age)
-            idle = time.perf_counter() - waited
-            batch = await self._step(step, tools())
-            batch.rollout_idle_seconds = idle
-            return batch
+            self._idle.busy(+1)
+            try:
+                return await self._step(step, tools())
+            finally:
+                self._idle.busy(-1)
 
         async def start() -> None:
             for step in range(first_step, last_step + 1):
@@ -312,7 +333,9 @@ class Rollouts:
         rollout = self._ahead.pop(step)
 
         async def finished() -> StepBatch:
-            return await rollout
+            batch = await rollout
+            batch.rollout_idle_seconds = self._idle.take()
+            return batch
 
         try:
             batch = self._call(finished())
