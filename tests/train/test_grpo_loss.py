@@ -230,3 +230,16 @@ def test_truncated_importance_sampling_by_hand():
                                atol=1e-5, rtol=0)
     with pytest.raises(config_lib.ConfigError, match="importance_sampling_cap"):
         grpo(importance_sampling_cap=0.5)
+
+
+def test_with_the_engine_as_the_old_policy_the_ratio_is_to_the_engine():
+    """``grpo.old_logprobs=engine`` (what ``_update`` hands the loss as the old ones): ratios
+    e^(logp - engine) = 1, e^0.7, e^-0.5, e^1.4, e^0.4; the mismatch is measured against this
+    pass's logprobs."""
+    token_losses, batch = hand_batch()
+    batch["old_logprobs"] = batch["engine_logprobs"]
+    result = grpo_token_loss(grpo(kl_coef=0.0, old_logprobs="engine"))(token_losses, batch)
+    # -1 * 1, clipped high -2 * 1.28, clipped low 1 * 0.8, dual clip 0.5 * 3, 1 * e^0.4
+    assert float(result.loss_sum) == pytest.approx(-1.0 - 2.56 + 0.8 + 1.5 + 1.491825, abs=1e-5)
+    sums = {key: float(value) for key, value in result.metric_sums.items()}
+    assert sums["engine_logprob_abs_diff"] == pytest.approx(0.0 + 0.7 + 0.5 + 1.4 + 0.4, abs=1e-5)
