@@ -31,6 +31,18 @@ def follow_plan(prompt: str) -> str:
     return f"<answer>{plan['answer']}</answer>"
 
 
+def reloadable_plan_engine(tokenizer_dir: str, weights: Any = None) -> tuple[Any, Any]:
+    """:func:`plan_engine`'s engine, taking refits (its replies do not depend on weights)."""
+    from nemo_orch.rollout.engines.scripted import ScriptedEngine
+
+    class Reloadable(ScriptedEngine):
+        def update_weights(self, state: Any) -> None:
+            self.weights = dict(state)
+
+    engine, tokenizer = plan_engine(tokenizer_dir)
+    return Reloadable(tokenizer, engine.reply), tokenizer
+
+
 def plan_engine(tokenizer_dir: str, weights: Any = None) -> tuple[Any, Any]:
     """A scripted engine following plans (a question without one is answered ``42``) and the
     tokenizer in ``tokenizer_dir``: what a Ray rollout worker builds (an ``EngineFactory``)."""

@@ -119,9 +119,6 @@ class Config:
                      "grpo.async_grpo generates while the policy trains: the rollout engine "
                      "needs GPUs of its own (rollout.colocate=false, e.g. the recipe "
                      "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async)")
-            _require(self.rollout.backend == "local",
-                     "grpo.async_grpo runs rollouts on the local event loop; "
-                     "rollout.backend=ray is not supported with it yet")
 
     def resolved_rollout(self, positions: int | None = None) -> RolloutConfig:
         """``rollout`` with the context budget resolved (null: ``positions``, the policy's,

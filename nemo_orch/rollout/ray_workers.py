@@ -122,7 +122,9 @@ def connect(settings: RayConfig) -> bool:
 class RolloutWorker:
     """An engine and the episode loop. The engine is built by :meth:`start`, so a bad policy or
     config reaches the driver as its own error (see :meth:`RayRolloutPool._start_unit`) rather
-    than as a dead actor."""
+    than as a dead actor. One batcher serves every run: a refit (:meth:`update_weights`) waits
+    for its engine call to return and reaches the episodes in flight, whose turns record the
+    weights' version."""
 
     def __init__(self, settings: RolloutConfig, num_threads: int) -> None:
         torch.set_num_threads(num_threads)  # the worker's CPUs, not the machine's
@@ -130,23 +132,22 @@ class RolloutWorker:
         self.lost: list[str] = []
 
     def start(self, make_engine: EngineFactory, weights: Mapping[str, torch.Tensor] | None,
-              executor: ActorHandle, specs: list[ToolSpec]) -> None:
+              executor: ActorHandle, specs: list[ToolSpec], version: int | None = None) -> None:
         self.toolbox = executor_toolbox(executor, specs, self.lost)
         self.engine, self.tokenizer = make_engine(weights)
+        self.batcher = GenerationBatcher(self.engine, self.settings.max_batch_size)
+        self.batcher.version = version
 
     async def run(self, jobs: list[EpisodeJob]) -> list[Trajectory]:
-        batcher = GenerationBatcher(self.engine, self.settings.max_batch_size)
-        try:
-            trajectories = await run_episodes(jobs, batcher, self.toolbox, self.tokenizer,
-                                              self.settings)
-        finally:
-            await batcher.close()
+        trajectories = await run_episodes(jobs, self.batcher, self.toolbox, self.tokenizer,
+                                          self.settings)
         if self.lost:
             raise ToolExecutorLost(self.lost[0])
         return trajectories
 
-    def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        self.engine.update_weights(weights)
+    async def update_weights(self, weights: Mapping[str, torch.Tensor],
+                             version: int | None = None) -> None:
+        await self.batcher.update_weights(weights, version)
 
 
 @ray.remote(num_cpus=0)
@@ -197,15 +198,18 @@ class RayRolloutPool:
     """``rollout.ray.num_workers`` units (a rollout worker and its tool executor) and, given
     ``make_scorer``, ``num_scorers`` scorer actors (:attr:`scorer`). ``async with`` starts them
     (and Ray, see :func:`connect`) and stops them. ``weights``: the policy's HF-named tensors, put
-    in the object store once and handed to every worker's ``make_engine``."""
+    in the object store once and handed to every worker's ``make_engine``; ``version``: the
+    update count behind them (which stamps the turns written with them; None: unversioned)."""
 
     def __init__(self, settings: RolloutConfig, make_engine: EngineFactory,
                  make_toolbox: Callable[[], Toolbox],
                  make_scorer: Callable[[], AnswerScorer] | None = None,
-                 weights: Mapping[str, torch.Tensor] | None = None) -> None:
+                 weights: Mapping[str, torch.Tensor] | None = None,
+                 version: int | None = None) -> None:
         self.settings, self.ray = settings, settings.ray
         self._make_engine, self._make_toolbox = make_engine, make_toolbox
         self._make_scorer, self._initial_weights = make_scorer, weights
+        self.version = version
         self._weights: ray.ObjectRef | None = None
         self._owns_ray = False
         self.units: list[_Unit] = []
@@ -262,7 +266,7 @@ class RayRolloutPool:
         try:
             specs = await unit.executor.start.remote()
             await unit.worker.start.remote(self._make_engine, self._weights, unit.executor,
-                                           specs)
+                                           specs, self.version)
         except BaseException as error:
             await self._stop_unit(unit)
             if isinstance(error, RayTaskError) and error.cause is not None:
@@ -327,11 +331,14 @@ class RayRolloutPool:
         self.units[index] = await self._start_unit()
         self.replacements += 1
 
-    def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Refit every worker from one object-store copy of ``weights``; a worker that died
-        meanwhile is replaced by the next :meth:`run`, built from these weights."""
-        self._weights = ray.put(weights)
-        for call in [unit.worker.update_weights.remote(self._weights) for unit in self.units]:
+    def update_weights(self, weights: Mapping[str, torch.Tensor],
+                       version: int | None = None) -> None:
+        """Refit every worker from one object-store copy of ``weights`` (after ``version``
+        updates), into the episodes in flight; a worker that died meanwhile is replaced by the
+        next :meth:`run`, built from these weights."""
+        self._weights, self.version = ray.put(weights), version
+        for call in [unit.worker.update_weights.remote(self._weights, version)
+                     for unit in self.units]:
             try:
                 ray.get(call)
             except RayActorError as error:
@@ -340,9 +347,9 @@ class RayRolloutPool:
 
 def build_ray_pool(config: Config, make_engine: EngineFactory,
                    weights: Mapping[str, torch.Tensor] | None = None, *,
-                   scoring: bool = True) -> RayRolloutPool:
+                   scoring: bool = True, version: int | None = None) -> RayRolloutPool:
     """The pool of ``rollout.ray`` with the configured tools and (``scoring``) reward, not yet
     started."""
     return RayRolloutPool(config.resolved_rollout(), make_engine,
                           partial(build_toolbox, config.tools),
-                          partial(build_scorer, config) if scoring else None, weights)
+                          partial(build_scorer, config) if scoring else None, weights, version)

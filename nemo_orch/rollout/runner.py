@@ -57,7 +57,8 @@ class GenerationBatcher:
         self._engine_lock = asyncio.Lock()  # one engine call or weight update at a time
         self.stats = BatchStats()
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+    async def update_weights(self, state: Mapping[str, torch.Tensor],
+                             version: int | None) -> None:
         """The engine's weights become ``state`` (version ``version``) once its current call,
         if any, has returned."""
         async with self._engine_lock:

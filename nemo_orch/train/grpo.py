@@ -283,8 +283,8 @@ class Rollouts:
 
     @property
     def version(self) -> int | None:
-        """The update count behind the engine's weights (None on Ray's workers)."""
-        return None if self.batcher is None else self.batcher.version
+        """The update count behind the engine's (or the pool's) weights."""
+        return self.pool.version if self.batcher is None else self.batcher.version
 
     def step(self, step: int, tools: list[str] | None) -> StepBatch:
         """Roll out, score and filter ``step``'s batch offering ``tools`` (None: all), and
@@ -361,12 +361,12 @@ class Rollouts:
         if self.colocated:
             self.engine.wake_up()
         if self.pool is not None:
-            self.pool.update_weights(hf)
-        else:
-            self._call(self._refit(hf, version))
+            self.pool.update_weights(hf, version)
+        self._call(self._refit(hf, version))
 
     async def _refit(self, hf: dict[str, torch.Tensor], version: int) -> None:
-        await self.batcher.update_weights(hf, version)
+        if self.batcher is not None:
+            await self.batcher.update_weights(hf, version)
         async with self._refitted:
             self._refitted.notify_all()
 
@@ -554,7 +554,8 @@ def build_rollouts(config: Config, tokenizer: Any, hf: dict[str, torch.Tensor],
     policy's ``hf`` weights, its environments and their toolboxes, and the choices of the last
     ``logged`` step (a resumed run's, whose weights have had ``len(logged)`` updates), checked:
     every source has tasks that fit the context, and the curriculum names offered tools."""
-    pool = _ray_pool(config, hf, tokenizer) if config.rollout.backend == "ray" else None
+    pool = (_ray_pool(config, hf, tokenizer, len(logged)) if config.rollout.backend == "ray"
+            else None)
     engine = build_rollout_engine(config, hf, tokenizer) if pool is None else None
     mixture = build_mixture(config)
     toolboxes = [environment.toolbox() for environment in mixture.environments]
@@ -907,11 +908,14 @@ def _check_backend(config: Config) -> None:
                           "single environment, not a mixture")
 
 
-def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any) -> "RayRolloutPool":
-    """The Ray rollout pool (imported only then: Ray is heavy), its engines built from ``hf``."""
+def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any,
+              version: int) -> "RayRolloutPool":
+    """The Ray rollout pool (imported only then: Ray is heavy), its engines built from ``hf``
+    (after ``version`` updates)."""
     from nemo_orch.rollout import ray_workers
 
-    return ray_workers.build_ray_pool(config, ray_workers.weights_engine(config, tokenizer), hf)
+    return ray_workers.build_ray_pool(config, ray_workers.weights_engine(config, tokenizer), hf,
+                                      version=version)
 
 
 def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: list[Sample],

@@ -20,9 +20,10 @@ from typing import Any
 import psutil
 import pytest
 import ray
+import torch
 from cli_helpers import run_cli_here
 from fixture_tools import seed_and_slow_toolbox
-from scripted_plans import plan_engine, with_plan
+from scripted_plans import plan_engine, reloadable_plan_engine, with_plan
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import RayConfig
@@ -229,3 +230,25 @@ def test_grpo_rollouts_and_rewards_on_the_pool_equal_local_ones(pool, config, ti
             for group in on_ray] == [[(b.reward, {**b.components, "seconds": 0})
                                       for b in group.breakdowns] for group in local]
     assert all(t.answer == "42" for group in on_ray for t in group.trajectories)
+
+
+def test_a_refit_reaches_the_workers_episodes_in_flight(ray_session, config, tiny_tokenizer_dir,
+                                                        marks):
+    """Asynchronous GRPO on Ray: a refit while episodes wait on a tool reaches them from their
+    next turn, and every turn records the version of the weights that wrote it."""
+    pool = RayRolloutPool(config.resolved_rollout(),
+                          partial(reloadable_plan_engine, str(tiny_tokenizer_dir)),
+                          partial(seed_and_slow_toolbox, str(marks)), version=3)
+
+    async def main() -> list[Trajectory]:
+        async with pool:
+            episodes = asyncio.ensure_future(pool.run(
+                [planned(f"refit{i}", "slow", "x", "done") for i in range(2)], 2))
+            await asyncio.sleep(0.5)  # the first turns are written; the 1 s tool is running
+            await asyncio.to_thread(pool.update_weights, {"w": torch.zeros(1)}, 4)
+            return await episodes
+
+    trajectories = asyncio.run(main())
+    assert all(t.answer == "done" for t in trajectories)
+    assert [[turn.policy_version for turn in t.turns] for t in trajectories] == [[3, 4]] * 4
+    assert pool.version == 4

@@ -94,6 +94,20 @@ def test_async_grpo_runs_ahead_and_a_killed_run_trains_no_sample_twice(start_che
                for m in metrics)
 
 
+def test_async_grpo_runs_ahead_on_ray_workers(start_checkpoint, tmp_path):
+    run_cli("grpo", *grpo_overrides(
+        start_checkpoint, tmp_path, *_tasks(tmp_path), "rollout.backend=ray",
+        "rollout.ray.num_workers=1", "rollout.ray.num_cpus_per_worker=0.5",
+        "rollout.ray.object_store_mb=128", "grpo.async_grpo.enabled=true",
+        "grpo.importance_sampling_cap=2.0"))
+    metrics = read_metrics(_stage(tmp_path))
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert {key for m in metrics for key in m if key.startswith("async/age_")} <= {
+        "async/age_0", "async/age_1"}
+    # The workers' turns are versioned: step 2's began on the starting weights.
+    assert metrics[1]["async/age_1"] >= 1
+
+
 def _group(task_id: str, *versions: int | None) -> Group:
     """A group of one episode whose turns were written by weights of ``versions``."""
     turns = [TurnRecord(index, 2, 2, 0.0, 0.0, "stop", policy_version=version)
@@ -138,8 +152,6 @@ def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_pa
     (["grpo.async_grpo.enabled=true"], "grpo.old_logprobs=engine or grpo.importance_sampling"),
     (["grpo.async_grpo.enabled=true", "grpo.old_logprobs=engine", "rollout=vllm"],
      "rollout engine needs GPUs of its own (rollout.colocate=false"),
-    (["grpo.async_grpo.enabled=true", "grpo.old_logprobs=engine", "rollout.backend=ray"],
-     "rollout.backend=ray is not supported with it"),
     (["grpo.old_logprobs=engine", "grpo.importance_sampling_cap=2"],
      "with grpo.old_logprobs=engine the ratio is already to the engine"),
     (["grpo.old_logprobs=behaviour"], "grpo.old_logprobs must be trainer|engine"),
