@@ -104,7 +104,7 @@ _ZYGOTE = r'''
 import atexit, ctypes, gc, json, linecache, os, resource, signal, socket, sys, traceback, types
 import collections, datetime, decimal, fractions, functools, itertools, math, random, re
 import statistics, string, time
-ZYGOTE = json.loads(sys.argv[1])  # {"namespaces": bool, "control": fd}
+ZYGOTE = json.loads(sys.argv[1])  # {"namespaces": bool, "control": fd, "parent": pid}
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
@@ -246,6 +246,10 @@ def execute():
         os._exit(code or 0)
 def serve():
     control = socket.socket(fileno=ZYGOTE["control"])
+    # It dies with the sandbox's process, however that ends (and its children with it).
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    if os.getppid() != ZYGOTE["parent"]:
+        return
     # What is loaded now stays out of the children's garbage collections, which would otherwise
     # touch (and so copy) every page of it.
     gc.freeze()
@@ -417,7 +421,8 @@ class _Zygote:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *plan.zygote_prefix, sys.executable, "-I", "-u", "-c", _ZYGOTE,
-                json.dumps({"namespaces": plan.namespaces, "control": theirs.fileno()}),
+                json.dumps({"namespaces": plan.namespaces, "control": theirs.fileno(),
+                            "parent": os.getpid()}),
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 env=_ZYGOTE_ENVIRONMENT, start_new_session=True)
         except BaseException:

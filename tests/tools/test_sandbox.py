@@ -10,7 +10,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -401,3 +403,24 @@ def test_a_zygote_in_doubt_is_replaced(monkeypatch):
         return results
 
     assert [(r.error, r.output) for r in asyncio.run(main())] == [(None, "after\n")] * 7
+
+
+def test_the_zygote_and_its_workers_die_with_the_process_that_owns_them():
+    """A trainer killed outright (SIGKILL: no close) leaves no zygote or worker behind."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import asyncio, os\n"
+         "from nemo_orch.tools.sandbox import PythonSandbox, default_spec\n"
+         "async def main():\n"
+         "    sandbox = PythonSandbox(default_spec(), pool_size=2)\n"
+         "    await sandbox.start()\n"
+         "    print(sandbox._zygote.proc.pid, *[w.proc.pid for w in sandbox._idle], flush=True)\n"
+         "    await asyncio.sleep(60)\n"
+         "asyncio.run(main())\n"], stdout=subprocess.PIPE, text=True)
+    pids = [int(pid) for pid in owner.stdout.readline().split()]
+    assert len(pids) == 3 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
