@@ -1,12 +1,12 @@
 """The ``python_sandbox`` tool: model-written Python in a contained, throwaway process.
 
-Each call runs in its own interpreter process that is discarded afterwards, so hostile code can
+Each call runs in its own process, forked for it and discarded afterwards, so hostile code can
 never poison the next call. The process is contained by the strongest mechanisms the host allows,
 probed once at start (``PythonSandbox.isolation`` says which are in force):
 
-* ``netns`` / ``pidns``: private network (no route out, not even 127.0.0.1) and PID namespaces
-  (``unshare``); when the worker dies the kernel kills everything it spawned, and no host process
-  is visible.
+* ``netns`` / ``pidns``: private network (no route out, not even 127.0.0.1) and PID namespaces,
+  fresh for each call; when the call's process ends the kernel kills everything it spawned, and
+  no host process is visible.
 * ``uid``: the code runs as an unprivileged uid of its own (``uid_base + n``), so it cannot write
   root's files, read other processes' environments or signal other sandboxes, and
   ``RLIMIT_NPROC`` binds (it does not bind root).
