@@ -44,7 +44,7 @@ from nemo_orch.rollout.engines.base import Engine
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
-from nemo_orch.serve.loop_thread import LoopThread
+from nemo_orch.loop_thread import LoopThread
 from nemo_orch.serve.metrics import ServeMetrics
 from nemo_orch.serve.openai_server import OpenAIService, request_field
 from nemo_orch.tools.registry import Toolbox

@@ -40,7 +40,7 @@ import numpy as np
 
 from nemo_orch.clients.kserve import ERROR_OUTPUT
 from nemo_orch.config import ConfigError, ServeConfig
-from nemo_orch.serve.loop_thread import LoopThread
+from nemo_orch.loop_thread import LoopThread
 from nemo_orch.serve.metrics import ServeMetrics
 
 log = logging.getLogger(__name__)

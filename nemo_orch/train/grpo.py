@@ -27,7 +27,6 @@ import logging
 import math
 import random
 import statistics
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from nemo_orch.distributed import ParallelContext
 from nemo_orch.envs import Environment, Mixture, build_mixture
 from nemo_orch.envs.mixture import Draw
 from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
+from nemo_orch.loop_thread import LoopThread
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
                                          load_hf_checkpoint_config, model_config_from_hf)
@@ -240,15 +240,13 @@ class Rollouts:
             engine, self.settings.max_batch_size)
         if self.batcher is not None:
             self.batcher.version = version
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="rollouts",
-                                        daemon=True)
+        self._loop: LoopThread | None = None  # started on entering
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
         self._idle = _IdleClock()  # when no step of run_ahead's is rolling out
 
     def __enter__(self) -> "Rollouts":
-        self._thread.start()
+        self._loop = LoopThread("rollouts")
         self._call(self._each("start"))
         return self
 
@@ -262,13 +260,11 @@ class Rollouts:
             # Also cancels what is still running: batches rolled out ahead, the scoring
             # requests of a batch whose first one failed for good.
             self._call(_cancel_others())
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join()
-            self.loop.close()
+            self._loop.stop()
 
     def _call(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the rollout loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        return self._loop.run(coroutine)
 
     async def _each(self, method: str) -> None:
         """``start`` or ``close`` the pool, else every toolbox (on Ray the tools run in the

@@ -1,6 +1,7 @@
-"""An asyncio event loop in a background thread, for servers whose requests arrive on threads of
-their own (PyTriton's, ``http.server``'s) while the work is async and shares started resources (a
-toolbox, a scorer and its clients): every request runs on this one loop."""
+"""An asyncio event loop in a background thread, for callers on other threads whose work is
+async and shares started resources (a toolbox, a scorer and its clients): servers whose requests
+arrive on threads of their own (PyTriton's, ``http.server``'s), and GRPO's rollouts, which run
+ahead on it while the trainer trains. Every call runs on this one loop."""
 
 from __future__ import annotations
 
