@@ -33,9 +33,10 @@ class AsyncGRPOConfig:
     The rollouts of step ``s`` start once the engine holds the weights of step
     ``s - 1 - max_trajectory_age_steps`` or later, on a background event loop (or the Ray pool's
     workers), while the trainer trains; the weights are refitted when each step ends, into
-    episodes in flight (which continue on them from their next turn: in-flight weight updates). A group whose oldest turn was
-    written by weights more than ``max_trajectory_age_steps`` updates older than the trainer's
-    is dropped (``async/dropped_groups``); 0 is synchronous GRPO on a background loop. Stale
+    episodes in flight (which continue on them from their next turn: in-flight weight
+    updates). A group whose oldest turn was written by weights more than
+    ``max_trajectory_age_steps`` updates older than the trainer's is dropped
+    (``async/dropped_groups``); 0 is synchronous GRPO on a background loop. Stale
     samples need an old-policy term that knows them: ``grpo.old_logprobs=engine``, or
     ``grpo.importance_sampling_cap`` (decoupled PPO, as NeMo-RL's)."""
 
