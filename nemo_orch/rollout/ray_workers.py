@@ -135,8 +135,7 @@ class RolloutWorker:
               executor: ActorHandle, specs: list[ToolSpec], version: int | None = None) -> None:
         self.toolbox = executor_toolbox(executor, specs, self.lost)
         self.engine, self.tokenizer = make_engine(weights)
-        self.batcher = GenerationBatcher(self.engine, self.settings.max_batch_size)
-        self.batcher.version = version
+        self.batcher = GenerationBatcher(self.engine, self.settings.max_batch_size, version)
 
     async def run(self, jobs: list[EpisodeJob]) -> list[Trajectory]:
         trajectories = await run_episodes(jobs, self.batcher, self.toolbox, self.tokenizer,

@@ -45,12 +45,12 @@ class GenerationBatcher:
 
     :meth:`update_weights` swaps the engine's weights between two engine calls, while episodes
     are in flight (they continue on the new weights from their next turn); each generation is
-    stamped with the ``version`` of the weights that wrote it (None until the first update).
+    stamped with the ``version`` of the weights that wrote it (None: not versioned).
     """
 
-    def __init__(self, engine: Engine, max_batch_size: int = 64) -> None:
-        self.engine, self.max_batch_size = engine, max_batch_size
-        self.version: int | None = None
+    def __init__(self, engine: Engine, max_batch_size: int = 64,
+                 version: int | None = None) -> None:
+        self.engine, self.max_batch_size, self.version = engine, max_batch_size, version
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None

@@ -451,11 +451,12 @@ class _Zygote:
         except BaseException as error:
             for fd in ours:
                 os.close(fd)
-            self._forks.pop(request, None)
+            self._forks.pop(request)  # before _fail: nobody awaits it any more
             self._fail(f"fork request: {error!r}")
             raise _SpawnError(f"the zygote did not fork: {error!r}") from None
+        else:
+            self._forks.pop(request)
         finally:
-            self._forks.pop(request, None)
             for fd in theirs:
                 os.close(fd)
         stdin, stdout, status = ours

@@ -150,8 +150,8 @@ class StepBatch:
     their prompt does not fit the context, the episodes a failing user endpoint ended (left
     out of their groups), and the validation metrics (empty between ``grpo.val_interval``
     steps). Rolled out ahead (asynchronous GRPO): the groups dropped as too old for the
-    trainer, the trained groups' ages, and how long the rollouts waited for fresh enough
-    weights and the trainer for the batch."""
+    trainer, the trained groups' ages, how long no step was rolling out since the last batch
+    was taken, and how long the trainer waited for this one."""
 
     kept: list[Group]
     generated: list[Group]
@@ -237,9 +237,7 @@ class Rollouts:
         self.colocated = config.rollout.colocate and isinstance(engine, Sleepable)
         # One batcher for the run: its engine calls and weight updates take turns.
         self.batcher = None if pool is not None else GenerationBatcher(
-            engine, self.settings.max_batch_size)
-        if self.batcher is not None:
-            self.batcher.version = version
+            engine, self.settings.max_batch_size, version)
         self._loop: LoopThread | None = None  # started on entering
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
@@ -845,8 +843,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
                     "curriculum/stage": curriculum.stage_index(grpo.curriculum, history)})]
                 trained_log.add(step, [sample.sample_id for sample in shared[0][0]],
                                 [group.task.id for group in batch.dropped_stale])
-                if not ahead:
-                    rollouts.sleep()
+                rollouts.sleep()
             if dist.get_world_size() > 1:
                 dist.broadcast_object_list(shared, src=0)
             samples, step_metrics = shared[0]

@@ -299,8 +299,7 @@ def test_a_weight_update_reaches_the_episodes_in_flight(tiny_tokenizer):
     toolbox = Toolbox([DelayedEcho(echo_spec("echo"), default_delay_s=0.5)])
 
     async def scenario():
-        batcher = GenerationBatcher(engine)
-        batcher.version = 3
+        batcher = GenerationBatcher(engine, version=3)
         episodes = asyncio.create_task(run_rollouts(
             [Task("a", "echo: 1"), Task("b", "echo: 2")], 2, engine, toolbox, tiny_tokenizer,
             settings(), batcher=batcher))
