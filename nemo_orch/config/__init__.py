@@ -28,7 +28,7 @@ from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, RETRIEVAL_S
                                    EncoderConfig, EnvConfig, EnvSourceConfig, RetrievalConfig,
                                    UserConfig)
 from nemo_orch.config.eval import EvalConfig, MonolithConfig
-from nemo_orch.config.grpo import AsyncGRPOConfig, CurriculumStage, GRPOConfig
+from nemo_orch.config.grpo import AsyncGRPOConfig, CurriculumStage, GRPOConfig, PPOConfig
 from nemo_orch.config.launcher import (CONTAINER_SQSH, SECRET_MARKERS, ExpertServerConfig,
                                        LauncherConfig, RayClusterConfig, SlurmConfig)
 from nemo_orch.config.model import CHAT_FORMATS, ModelConfig, ParallelConfig, TokenizerConfig
@@ -50,7 +50,7 @@ __all__ = [
     "RunConfig", "ModelConfig", "ParallelConfig", "TokenizerConfig", "CHAT_FORMATS", "DataConfig",
     "AGENT_KINDS", "DEMO_ROUTERS", "GOLD_REPLAY", "MONOLITH", "NAIVE_ROUTERS", "ORCHESTRATOR",
     "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig",
-    "AsyncGRPOConfig", "RayConfig",
+    "AsyncGRPOConfig", "PPOConfig", "RayConfig",
     "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
     "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",
     "BENCHMARKS", "QA_PRESETS", "RETRIEVAL_SCOPES", "EnvSourceConfig", "EnvConfig", "UserConfig",

@@ -49,6 +49,45 @@ class AsyncGRPOConfig:
 
 
 @dataclass
+class PPOConfig:
+    """``grpo.ppo``: PPO's critic and advantages (``grpo.algo=ppo``; verl's and NeMo-Aligner's
+    PPO with a critic).
+
+    The critic is a model of its own: the policy's Qwen3 trunk with a scalar value head in place
+    of the vocabulary projection, the same TP/PP layout, its own optimizer (``critic_optim``)
+    and checkpoints (``<run>/critic/``). It starts from ``critic_init_from`` (a critic
+    checkpoint) or, when null, from the policy's starting trunk with a zero head. Advantages are
+    GAE (``gamma``, ``lam``) over the tokens the policy wrote, the trajectory's reward on its last
+    policy token; observation tokens are skipped (the next policy token's value bootstraps
+    across them), not zeroed. The KL to the reference (``grpo.kl_coef``, ``grpo.kl_type``) is a
+    per-token penalty in the reward (``use_kl_in_reward``, as verl's) or a term of the policy
+    loss (as GRPO's). ``whiten_advantages``: zero mean, unit variance over the global batch's
+    policy tokens; ``whiten_values``: the critic predicts returns normalized by their running
+    mean and variance (kept with its checkpoints), de-normalized for GAE. The value loss is
+    clipped to ``value_clip`` around the values before the update (null: unclipped).
+    ``critic_warmup_steps``: the first steps train the critic only."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    use_kl_in_reward: bool = False
+    whiten_advantages: bool = True
+    whiten_values: bool = True
+    value_clip: Optional[float] = 0.2
+    critic_optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
+        lr=1e-3, min_lr=1e-3, warmup_steps=0))
+    critic_init_from: Optional[str] = None
+    critic_warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _require(0 < self.gamma <= 1 and 0 <= self.lam <= 1,
+                 "grpo.ppo.gamma must be in (0, 1] and grpo.ppo.lam in [0, 1]")
+        _require(self.value_clip is None or self.value_clip > 0,
+                 "grpo.ppo.value_clip must be null or > 0")
+        _require(self.critic_warmup_steps >= 0, "grpo.ppo.critic_warmup_steps must be >= 0")
+        self.critic_optim.check("grpo.ppo.critic_optim")
+
+
+@dataclass
 class GRPOConfig:
     """The RL stage of ``nemo-orch train``: GRPO on the Megatron policy.
 
@@ -79,8 +118,15 @@ class GRPOConfig:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
     Every ``val_interval`` steps (0: never) the policy runs greedily on ``val_tasks`` tasks of
     each source's validation split (``val/<source>/...`` metrics).
+
+    ``algo``: ``grpo`` (group-relative advantages) or ``ppo`` (a critic and GAE). Only PPO has
+    ``ppo``; only GRPO has ``dynamic_sampling`` (a group whose rewards are all alike has no
+    signal for a group baseline; a critic learns from it) and ``async_grpo``;
+    ``conf/grpo/ppo.yaml`` sets them for PPO. Both share the rollouts, the clipped policy loss,
+    the KL to the start policy and its guard.
     """
 
+    algo: str = "grpo"
     max_steps: int = 40
     prompts_per_step: int = 8
     updates_per_step: int = 1
@@ -107,8 +153,22 @@ class GRPOConfig:
     val_interval: int = 0
     val_tasks: int = 32
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
+    ppo: Optional[PPOConfig] = None
 
     def __post_init__(self) -> None:
+        _require(self.algo in ("grpo", "ppo"), f"grpo.algo must be grpo|ppo, got {self.algo!r}")
+        if self.algo == "ppo":
+            _require(self.ppo is not None, "grpo.algo=ppo needs grpo.ppo (the critic and GAE "
+                     "settings): choose grpo=ppo")
+            for name, value in (("dynamic_sampling", self.dynamic_sampling),
+                                ("async_grpo.enabled", self.async_grpo.enabled)):
+                _require(not value, f"grpo.{name}=true is GRPO's (refilling groups whose rewards "
+                         "are all alike; rollouts run ahead): set it false with grpo.algo=ppo")
+            _require(self.sample_mode == "trajectory", "grpo.sample_mode=turn is GRPO's: PPO's "
+                     "GAE runs over whole trajectories")
+        else:
+            _require(self.ppo is None, "grpo.ppo is PPO's (a critic and GAE): set grpo.algo=ppo "
+                     "(grpo=ppo) or leave grpo.ppo null")
         for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
                      "micro_batch_size", "max_sampling_rounds", "save_interval"):
             _require(getattr(self, name) >= 1, f"grpo.{name} must be >= 1")

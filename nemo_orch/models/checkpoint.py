@@ -172,14 +172,15 @@ def _restore_adam_steps(optimizer) -> None:
                     adam.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
-def _with_own_extra_state(state: dict, module) -> dict:
-    """``state`` completed with the module's own ``_extra_state`` entries it lacks.
+def _with_own_entries(state: dict, module, skip: str | None) -> dict:
+    """``state`` completed with the module's own ``_extra_state`` entries it lacks, and its own
+    entries under ``skip``.
 
-    Those are Transformer Engine's FP8 scaling metadata of modules whose checkpoint came from the
-    local spec, which has none to give; a strict ``load_state_dict`` would reject their absence.
-    """
-    own = {name: value for name, value in module.state_dict().items()
-           if name.endswith(EXTRA_STATE) and name not in state}
+    The former are Transformer Engine's FP8 scaling metadata of modules whose checkpoint came
+    from the local spec, which has none to give; a strict ``load_state_dict`` would reject their
+    absence. The latter were not asked for (e.g. a critic's head, started from a policy)."""
+    own = {name: value for name, value in module.state_dict().items() if name not in state and (
+        name.endswith(EXTRA_STATE) or (skip is not None and name.startswith(skip)))}
     return {**state, **own}
 
 
@@ -195,8 +196,10 @@ def _reading(checkpoint: Checkpoint) -> Iterator[None]:
 
 
 @torch.no_grad()
-def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None:
-    """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout."""
+def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None, *,
+         skip: str | None = None) -> None:
+    """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout; the
+    model's state under ``skip`` (a name prefix) is not read and keeps its values."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
@@ -204,6 +207,9 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
         raise CheckpointError(f"{checkpoint.path}: holds model weights only, no optimizer state; "
                               f"start from it with trainer.init_from instead of resuming")
     model_state = module.sharded_state_dict(metadata=_SHARDING)
+    if skip is not None:
+        model_state = {key: value for key, value in model_state.items()
+                       if not key.startswith(skip)}
     request = {"model": model_state}
     if optimizer is not None:
         _materialize_optimizer_state(optimizer)
@@ -217,7 +223,7 @@ def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None) -> None
     if missing:
         raise CheckpointError(f"{checkpoint.path}: the checkpoint has no {missing[:5]} "
                               f"({len(missing)} missing); was it written for another model?")
-    module.load_state_dict(_with_own_extra_state(loaded["model"], module))
+    module.load_state_dict(_with_own_entries(loaded["model"], module, skip))
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
         _restore_adam_steps(optimizer)

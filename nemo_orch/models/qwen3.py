@@ -1,4 +1,4 @@
-"""The Qwen3 policy as a Megatron-Core ``GPTModel``.
+"""The Qwen3 policy as a Megatron-Core ``GPTModel``, and PPO's critic on the same trunk.
 
 Local layer spec on CPU (its core attention fused by PyTorch:
 :mod:`nemo_orch.models.sdpa_attention`), Transformer Engine spec (and FP8) on GPU. Dropout is
@@ -8,6 +8,7 @@ process.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import torch
@@ -165,4 +166,48 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, pre_process: bo
                 module.to(DTYPES[model.params_dtype])
     if torch.cuda.is_available():
         gpt.cuda(torch.cuda.current_device())
+    return gpt
+
+
+class ValueHead(torch.nn.Module):
+    """The critic's output layer in place of the vocabulary projection: one value per position
+    (``[s, b]``, which ``GPTModel`` returns as ``[b, s]``), replicated over TP ranks. With
+    sequence parallelism the trunk's output is gathered first; its gradient is split back, not
+    reduced, as every TP rank computes the same loss on the whole sequence.
+
+    It keeps the running mean and variance of the returns it is trained on (``grpo.ppo.
+    whiten_values``) as buffers, so they are saved and resharded with its checkpoints."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, sequence_parallel: bool) -> None:
+        super().__init__()
+        # Named as the vocabulary projection's (Megatron's state dict expects an
+        # output_layer.weight); zero: every value starts at the returns' mean, in any layout.
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+        self.sequence_parallel = sequence_parallel
+        self.register_buffer("return_count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("return_mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("return_var", torch.ones((), dtype=torch.float64))
+
+    def forward(self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None,
+                runtime_gather_output: bool | None = None) -> tuple[torch.Tensor, None]:
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden_states = gather_from_sequence_parallel_region(
+                hidden_states, tensor_parallel_output_grad=False)
+        return F.linear(hidden_states, self.weight, self.bias).squeeze(-1).float(), None
+
+
+def build_critic(model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool,
+                 post_process: bool):
+    """One pipeline stage of PPO's critic: the policy's trunk (embeddings untied: the critic
+    has no vocabulary projection to tie them to) with a :class:`ValueHead` on the last stage."""
+    gpt = build_model(dataclasses.replace(model, share_embeddings_and_output_weights=False),
+                      parallel, pre_process=pre_process, post_process=post_process)
+    if post_process:
+        gpt.output_layer = ValueHead(model.hidden_size, DTYPES[model.params_dtype],
+                                     parallel.sequence_parallel)
+        if torch.cuda.is_available():
+            gpt.output_layer.cuda(torch.cuda.current_device())
     return gpt

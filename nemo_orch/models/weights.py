@@ -28,9 +28,14 @@ def parameter_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
             if not name.endswith("_extra_state")}
 
 
-def load_parameters(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy a full local state into the module; every parameter must be covered exactly."""
+def load_parameters(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
+                    skip: str | None = None) -> None:
+    """Copy a full local state into the module; every parameter must be covered exactly, but
+    those named under ``skip`` (a prefix), which keep their values and take nothing."""
     own = parameter_state(module)
+    if skip is not None:
+        own = {name: tensor for name, tensor in own.items() if not name.startswith(skip)}
+        state = {name: tensor for name, tensor in state.items() if not name.startswith(skip)}
     missing, unexpected = own.keys() - state.keys(), state.keys() - own.keys()
     if missing or unexpected:
         raise KeyError(f"state does not match the model: missing {sorted(missing)[:5]}, "
@@ -44,9 +49,10 @@ def load_parameters(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) 
 
 
 def load_hf_weights(module: torch.nn.Module, hf: Mapping[str, torch.Tensor],
-                    model: ModelConfig) -> None:
-    """Load full HF-named weights into this rank's shard of the policy."""
-    load_parameters(module, hf_to_megatron(hf, model, rank_layout()))
+                    model: ModelConfig, skip: str | None = None) -> None:
+    """Load full HF-named weights into this rank's shard of the policy (those of the module's
+    state under ``skip``, a name prefix, excepted: see :func:`load_parameters`)."""
+    load_parameters(module, hf_to_megatron(hf, model, rank_layout()), skip)
 
 
 def gather_hf_weights(module: torch.nn.Module, model: ModelConfig) -> dict[str, torch.Tensor] | None:

@@ -46,12 +46,15 @@ def trajectory_drop_reason(breakdown: RewardBreakdown, config: RewardConfig) -> 
     return None
 
 
-def group_drop_reason(breakdowns: Sequence[RewardBreakdown], config: RewardConfig) -> str | None:
+def group_drop_reason(breakdowns: Sequence[RewardBreakdown], config: RewardConfig,
+                      group_baseline: bool = True) -> str | None:
     """Why this group does not train: ``empty`` (no trajectory left after the per-trajectory
-    filters) or ``low_std`` (reward spread below ``min_group_std``: no signal); None keeps it."""
+    filters) or, where the group is the baseline (GRPO; not PPO, whose critic learns from any
+    reward), ``low_std`` (reward spread below ``min_group_std``: no signal); None keeps it."""
     if all(trajectory_drop_reason(b, config) for b in breakdowns):
         return "empty"
-    if statistics.pstdev([b.reward for b in breakdowns]) < config.min_group_std:
+    if group_baseline and statistics.pstdev([b.reward for b in breakdowns]) < (
+            config.min_group_std):
         return "low_std"
     return None
 

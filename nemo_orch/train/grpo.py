@@ -15,6 +15,10 @@ thread while the trainer trains (at most ``max_trajectory_age_steps`` updates be
 refit reaches episodes in flight, every turn records the weights' version, groups too old for
 the trainer are dropped, and a killed run resumes from its checkpoint with nothing in flight
 (``trained.jsonl`` lists each step's samples).
+
+With ``grpo.algo=ppo`` (``grpo=ppo``) the advantages come from a critic instead of the group:
+GAE over the policy's tokens, the critic trained beside the policy on the same micro-batches and
+checkpointed with it (:mod:`nemo_orch.train.ppo`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from nemo_orch import config as config_lib
 from nemo_orch import distributed, faults
@@ -50,8 +53,6 @@ from nemo_orch.envs.mixture import Draw
 from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.models import checkpoint, weights
-from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
-                                         load_hf_checkpoint_config, model_config_from_hf)
 from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.reward.advantages import (SamplingStats, fill_batch, group_advantages,
                                          group_drop_reason, trajectory_drop_reason)
@@ -64,10 +65,11 @@ from nemo_orch.rollout.episode import Trajectory, prompt_length
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.seeding import derive_seed
-from nemo_orch.train import curriculum
+from nemo_orch.train import curriculum, ppo
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
 from nemo_orch.train.metrics import MetricsLogger, TrainedLog, logged_steps
-from nemo_orch.train.policy import Batch, Policy, ReferenceModel, load_start_weights
+from nemo_orch.train.policy import (Batch, Critic, Policy, ReferenceModel, load_start_weights,
+                                    start_architecture)
 
 if TYPE_CHECKING:  # Ray loads only for rollout.backend=ray
     from nemo_orch.rollout.ray_workers import RayRolloutPool
@@ -99,7 +101,8 @@ class Group:
 @dataclass
 class Sample:
     """One training sequence: token ids, which of them the loss covers, the engine's logprobs,
-    the advantage and the tokens it applies to (``advantage_mask``, within ``loss_mask``)."""
+    the group advantage (GRPO's) and the tokens an advantage applies to (``advantage_mask``,
+    within ``loss_mask``), and the trajectory's reward (PPO's GAE starts from it)."""
 
     token_ids: list[int]
     loss_mask: list[int]
@@ -107,6 +110,7 @@ class Sample:
     advantage: float
     advantage_mask: list[int]
     sample_id: str = ""  # <task id>/<sample>, and /<turn> with grpo.sample_mode=turn
+    reward: float = 0.0
 
 
 @dataclass
@@ -533,7 +537,8 @@ class Rollouts:
 
         kept, stats = await fill_batch(
             more, grpo.prompts_per_step, grpo.max_sampling_rounds if grpo.dynamic_sampling else 1,
-            lambda group: group_drop_reason(group.breakdowns, self.config.reward))
+            lambda group: group_drop_reason(group.breakdowns, self.config.reward,
+                                            group_baseline=grpo.algo == "grpo"))
         choices = sum((r.choices for r in rounds), Counter())
         self.previous_choices = choices
         return StepBatch(kept, [group for r in rounds for group in r.groups], stats, choices,
@@ -591,13 +596,14 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
                       else mask)
             sample_id = f"{trajectory.task_id}/{trajectory.sample}"
             if config.grpo.sample_mode == "trajectory":
-                samples.append(Sample(ids, mask, logprobs, advantage, driven, sample_id))
+                samples.append(Sample(ids, mask, logprobs, advantage, driven, sample_id,
+                                      breakdown.reward))
                 continue
             for turn, (start, end) in enumerate(_turn_spans(mask)):
                 turn_mask = [1 if start <= i < end else 0 for i in range(end)]
                 samples.append(Sample(ids[:end], turn_mask, logprobs[:end], advantage,
                                       [a * b for a, b in zip(turn_mask, driven)],
-                                      f"{sample_id}/{turn}"))
+                                      f"{sample_id}/{turn}", breakdown.reward))
     return samples
 
 
@@ -633,16 +639,26 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int,
                                 dtype=dtype)
 
         mask = column([s.loss_mask[1:] for s in chunk], 0, torch.float)
+        advantage_mask = column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
         batches.append({
             "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
             "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
             "loss_mask": mask,
             "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
-            "advantages": column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
-            * torch.tensor([[s.advantage] for s in chunk]),
+            "advantage_mask": advantage_mask,
+            "advantages": advantage_mask * torch.tensor([[s.advantage] for s in chunk]),
+            "rewards": _on_last_token(mask, [s.reward for s in chunk]),
             "position_ids": torch.arange(length).repeat(len(chunk), 1),
         })
     return batches
+
+
+def _on_last_token(mask: torch.Tensor, rewards: list[float]) -> torch.Tensor:
+    """[b, s]: each row's reward on its last loss token, 0 elsewhere."""
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
+    placed = torch.zeros_like(mask)
+    placed[torch.arange(len(rewards)), last] = torch.tensor(rewards, dtype=mask.dtype)
+    return placed * mask
 
 
 def _even_split(samples: list[Sample], parts: int, rng: random.Random) -> list[list[Sample]]:
@@ -758,16 +774,7 @@ def start_model(config: Config) -> Config:
     section a nemo-orch checkpoint saved): the weights decide the shape, so ``model.*`` need not
     repeat it; the fields taken are logged."""
     init_from, tokenizer_dir = start_point(config)
-    if (init_from / HF_CONFIG).is_file():
-        source = model_config_from_hf(load_hf_checkpoint_config(init_from), config.model)
-        architecture = {name: getattr(source, name) for name in ARCHITECTURE_FIELDS}
-    else:
-        saved = checkpoint.open_checkpoint(init_from).config_path
-        try:
-            model = OmegaConf.load(saved)["model"]
-            architecture = {name: model[name] for name in ARCHITECTURE_FIELDS}
-        except Exception as error:  # a YAML or key error of any kind
-            raise ConfigError(f"{saved}: no readable model section ({error})") from None
+    architecture = start_architecture(init_from, config.model)
     changed = [f"{name} {getattr(config.model, name)} -> {value}"
                for name, value in architecture.items() if getattr(config.model, name) != value]
     if changed:
@@ -813,6 +820,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     reference = ReferenceModel(config, context)
     # The reference is the stage's starting point (the SFT policy), also on resume.
     load_start_weights(reference.module, config.model, Path(config.trainer.init_from))
+    critic = (ppo.start_critic(config, context, resumed.step if resumed is not None else None)
+              if grpo.algo == "ppo" else None)
     hf = weights.gather_hf_weights(policy.module, config.model)
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
@@ -822,7 +831,9 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     rollouts = build_rollouts(config, tokenizer, hf, logged) if distributed.is_writer() else None
     metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
                                       start_step=start_step, max_steps=grpo.max_steps)
-    loss_fn = grpo_token_loss(grpo)
+    # PPO with the KL in the reward: none in the policy loss.
+    loss_fn = grpo_token_loss(dataclasses.replace(grpo, kl_coef=0.0) if grpo.ppo is not None
+                              and grpo.ppo.use_kl_in_reward else grpo)
     rewards, saved = [], resumed.path if resumed is not None else None
     before_update = None  # the weights before the last update (with grpo.kl_guard)
     ahead = grpo.async_grpo.enabled
@@ -852,7 +863,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             train_started = time.perf_counter()
             start = policy.copy_weights() if grpo.kl_guard is not None else None
             trained = _update(policy, reference, loss_fn, samples, config, step,
-                              context.dp_rank, tokenizer.pad_token_id, rollback=before_update)
+                              context.dp_rank, tokenizer.pad_token_id, rollback=before_update,
+                              critic=critic)
             if "skipped_update" not in trained:  # what the guard rolls back to
                 before_update = start
             train_seconds = time.perf_counter() - train_started
@@ -871,6 +883,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             if "reward" in step_metrics:
                 rewards.append(step_metrics["reward"])
             if step % grpo.save_interval == 0 or step == grpo.max_steps:
+                if critic is not None:
+                    ppo.save_critic(config, step, critic)
                 saved = checkpoint.save(config, step, policy.module, policy.optimizer,
                                         policy.scheduler, tokenizer_dir=config.tokenizer_dir)
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
@@ -913,15 +927,22 @@ def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any,
 
 def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: list[Sample],
             config: Config, step: int, dp_rank: int, pad_id: int,
-            rollback: list[torch.Tensor] | None = None) -> dict[str, float]:
+            rollback: list[torch.Tensor] | None = None,
+            critic: Critic | None = None) -> dict[str, float]:
     """``updates_per_step`` passes of ``mini_batches`` optimizer steps over this DP rank's share
     of the samples, with old and reference logprobs computed before the first update; none with
     ``grpo.kl_guard`` passed by the samples' mean KL to the reference before it
     (``kl_guard/skipped``), and then the policy goes back to the ``rollback`` weights (those
-    before the update that produced the samples' policy; ``kl_guard/rolled_back``)."""
+    before the update that produced the samples' policy; ``kl_guard/rolled_back``).
+
+    With PPO's ``critic``: its values before the update give GAE advantages and value targets
+    (:func:`ppo.attach_advantages`), and each optimizer step of the policy is followed by one of
+    the critic on the same micro-batches (only the critic's in the first
+    ``grpo.ppo.critic_warmup_steps`` steps)."""
     grpo, dp = config.grpo, config.parallel.dp
     if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
+    kl_in_reward = critic is not None and grpo.ppo.use_kl_in_reward
     # The trainer's old logprobs, unless the engine's are the old ones or, with one update per
     # batch, this pass's own detached values are (see grpo_loss): that saves a forward pass.
     trainer_old = grpo.old_logprobs == "trainer" and not (
@@ -936,15 +957,22 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
         batches = micro_batches(mine, grpo.micro_batch_size, pad_id,
                                 one_length=config.parallel.pp > 1)
         none = [None] * len(batches)
-        olds = policy.forward_logprobs(batches) if trainer_old or guarded else none
+        olds = (policy.forward_logprobs(batches) if trainer_old or guarded or kl_in_reward
+                else none)
         refs = reference.forward_logprobs(batches) if grpo.kl_coef > 0 or guarded else none
-        for batch, old, ref in zip(batches, olds, refs):  # None off the last pipeline stage
+        values = critic.forward_values(batches) if critic is not None else none
+        for batch, old, ref, value in zip(batches, olds, refs, values):
+            # None off the last pipeline stage
             if grpo.old_logprobs == "engine":
                 batch["old_logprobs"] = batch["engine_logprobs"]
             elif old is not None and trainer_old:
                 batch["old_logprobs"] = old
-            if ref is not None:
+            if ref is not None and not kl_in_reward:
                 batch["ref_logprobs"] = ref
+            if value is not None:
+                batch["values"] = value
+            if kl_in_reward and ref is not None:
+                batch["reward_kl"] = kl_penalty(old, ref, grpo.kl_type)
             if guarded and old is not None:
                 mask = batch["loss_mask"]
                 kl_sums += torch.stack([(kl_penalty(old, ref, grpo.kl_type) * mask).sum(),
@@ -963,15 +991,26 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
                 guard["kl_guard/rolled_back"] = 1.0
             return {**guard, "kl_guard/skipped": 1.0, "skipped_update": 1.0}
     totals: dict[str, list[float]] = defaultdict(list)
+    if critic is not None:
+        for key, value in ppo.attach_advantages(minis, critic, grpo.ppo, grpo.kl_coef).items():
+            totals[key].append(value)
+    trains_policy = critic is None or step > grpo.ppo.critic_warmup_steps
+    value_loss = ppo.value_loss(grpo.ppo) if critic is not None else None
     tokens = 0
     for _ in range(grpo.updates_per_step):
         for batches in minis:
-            result = policy.train_step(batches, loss_fn)
             tokens += sum(batch["tokens"].numel() for batch in batches) * dp
-            totals["loss"].append(result.loss)
-            totals["grad_norm"].append(result.grad_norm)
-            totals["lr"].append(result.lr)
-            for key, value in result.metrics.items():
-                totals[key].append(value)
+            if trains_policy:
+                result = policy.train_step(batches, loss_fn)
+                totals["loss"].append(result.loss)
+                totals["grad_norm"].append(result.grad_norm)
+                totals["lr"].append(result.lr)
+                for key, value in result.metrics.items():
+                    totals[key].append(value)
+            if critic is not None:
+                result = critic.train_step(batches, value_loss)
+                totals["critic/grad_norm"].append(result.grad_norm)
+                for key, value in result.metrics.items():
+                    totals[key].append(value)
     return {**{key: statistics.mean(values) for key, values in totals.items()},
             "tokens": tokens, **guard}

@@ -14,10 +14,11 @@ from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from nemo_orch.config import Config, ConfigError, ModelConfig
 from nemo_orch.distributed import ParallelContext
@@ -59,7 +60,22 @@ class StepResult:
 
 def forward_logprobs(model: torch.nn.Module,
                      micro_batches: list[Batch]) -> list[torch.Tensor | None]:
-    """Log-probabilities of the labels, [b, s] per micro-batch, from a forward-only pass.
+    """Log-probabilities of the labels, [b, s] per micro-batch, from a forward-only pass (see
+    :func:`forward_only`)."""
+    return forward_only(model, micro_batches, labels=True)
+
+
+def forward_values(model: torch.nn.Module,
+                   micro_batches: list[Batch]) -> list[torch.Tensor | None]:
+    """A critic's values, [b, s] per micro-batch (position ``i``: the value of the state before
+    label ``i``), from a forward-only pass (see :func:`forward_only`)."""
+    return forward_only(model, micro_batches, labels=False)
+
+
+def forward_only(model: torch.nn.Module, micro_batches: list[Batch],
+                 labels: bool) -> list[torch.Tensor | None]:
+    """The last stage's output per micro-batch, [b, s]: label log-probabilities (``labels``) or
+    the model's own output (a critic's values), from a forward-only pass.
 
     Runs through Megatron's pipeline schedule, so every pipeline stage must call it with the same
     micro-batches. Returns the tensors on the last stage (the same on each of its TP ranks, which is
@@ -70,11 +86,12 @@ def forward_logprobs(model: torch.nn.Module,
 
     def forward_step(data_iterator, stage):
         batch = next(data_iterator)
-        output = stage(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        output = _stage_output(stage, batch, labels)
 
-        def collect(token_losses: torch.Tensor):
-            return (token_losses.sum(), torch.zeros((), dtype=torch.int),
-                    {"logprobs": -token_losses.detach().float()})
+        def collect(result: torch.Tensor):  # per-token cross entropy, or values
+            kept = -result if labels else result
+            return (result.sum(), torch.zeros((), dtype=torch.int),
+                    {"output": kept.detach().float()})
 
         return output, collect
 
@@ -91,11 +108,22 @@ def forward_logprobs(model: torch.nn.Module,
         )
     if not parallel_state.is_pipeline_last_stage():
         return [None] * len(micro_batches)
-    return [entry["logprobs"] for entry in outputs]
+    return [entry["output"] for entry in outputs]
+
+
+def _stage_output(stage: torch.nn.Module, batch: Batch, labels: bool) -> torch.Tensor:
+    """A pipeline stage's output: on the last, per-token cross entropy of the labels (a policy)
+    or the head's output (a critic's values); before it, hidden states."""
+    if labels:
+        return stage(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return stage(batch["tokens"], batch["position_ids"], None)
 
 
 class Policy:
-    """One rank's pipeline stage of the Qwen3 policy with its optimizer."""
+    """One rank's pipeline stage of the Qwen3 policy with its optimizer (``trainer.optim``)."""
+
+    # The loss reads per-token cross entropy of the labels (a critic's: its values).
+    LABELS = True
 
     def __init__(self, config: Config, context: ParallelContext) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -106,9 +134,7 @@ class Policy:
         self.config = config
         self.context = context
         trainer = config.trainer
-        stage = qwen3.build_model(config.model, config.parallel,
-                                  pre_process=context.is_first_stage,
-                                  post_process=context.is_last_stage)
+        stage = self.build_stage(config, context)
         self.transformer_config = stage.config
         self.model = DistributedDataParallel(
             config=stage.config,
@@ -136,6 +162,12 @@ class Policy:
             lr_decay_steps=max(trainer.max_steps, optim.warmup_steps + 1),
             lr_decay_style="cosine", start_wd=optim.weight_decay, end_wd=optim.weight_decay,
             wd_incr_steps=trainer.max_steps, wd_incr_style="constant")
+
+    @staticmethod
+    def build_stage(config: Config, context: ParallelContext) -> torch.nn.Module:
+        return qwen3.build_model(config.model, config.parallel,
+                                 pre_process=context.is_first_stage,
+                                 post_process=context.is_last_stage)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -190,10 +222,10 @@ class Policy:
 
     def _forward_step(self, token_loss: TokenLossFn, data_iterator, model):
         batch = next(data_iterator)
-        output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        output = _stage_output(model, batch, self.LABELS)
 
-        def loss_func(token_losses: torch.Tensor):
-            result = token_loss(token_losses, batch)
+        def loss_func(outputs: torch.Tensor):
+            result = token_loss(outputs, batch)
             kept = result._replace(loss_sum=result.loss_sum.detach())
             return result.loss_sum, result.num_tokens, {"loss": kept}
 
@@ -228,6 +260,37 @@ class Policy:
         return sum(part["loss"] for part in everyone), num_tokens, metrics
 
 
+class Critic(Policy):
+    """One rank's pipeline stage of PPO's critic (the policy's trunk with a value head:
+    :func:`~nemo_orch.models.qwen3.build_critic`) with its optimizer (``trainer.optim`` of the
+    config it is given: ``grpo.ppo.critic_optim``). Its loss functions get values [b, s] where a
+    policy's get per-token cross entropy."""
+
+    LABELS = False
+    HEAD = "output_layer."  # the value head's state: what a policy's weights do not have
+
+    @staticmethod
+    def build_stage(config: Config, context: ParallelContext) -> torch.nn.Module:
+        return qwen3.build_critic(config.model, config.parallel,
+                                  pre_process=context.is_first_stage,
+                                  post_process=context.is_last_stage)
+
+    def load_hf_weights(self, hf: Mapping[str, torch.Tensor]) -> None:
+        """A policy's HF weights into the trunk; the head keeps its own."""
+        weights.load_hf_weights(self.module, hf, self.config.model, skip=self.HEAD)
+        self.optimizer.reload_model_params()
+
+    def forward_values(self, micro_batches: list[Batch]) -> list[torch.Tensor | None]:
+        """The current values (see :func:`forward_values`), e.g. the old values of a PPO
+        batch before its updates."""
+        return forward_values(self.model, micro_batches)
+
+    @property
+    def head(self) -> "qwen3.ValueHead | None":
+        """The value head (on the last pipeline stage; None elsewhere)."""
+        return self.module.output_layer if self.context.is_last_stage else None
+
+
 class ReferenceModel:
     """The frozen policy a GRPO loss's KL term is measured against: the same pipeline stage as
     :class:`Policy` on this rank, without optimizer or gradients."""
@@ -247,19 +310,39 @@ class ReferenceModel:
         return forward_logprobs(self.module, micro_batches)
 
 
-def load_start_weights(module: torch.nn.Module, model: ModelConfig, source: Path) -> None:
+def start_architecture(source: Path, model: ModelConfig) -> dict[str, Any]:
+    """The architecture (``ARCHITECTURE_FIELDS``) of starting weights: an HF directory's
+    ``config.json`` (read over ``model``) or the model section a nemo-orch checkpoint saved."""
+    from nemo_orch.models import checkpoint
+    from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
+                                             load_hf_checkpoint_config, model_config_from_hf)
+
+    if (source / HF_CONFIG).is_file():
+        hf = model_config_from_hf(load_hf_checkpoint_config(source), model)
+        return {name: getattr(hf, name) for name in ARCHITECTURE_FIELDS}
+    saved = checkpoint.open_checkpoint(source).config_path
+    try:
+        section = OmegaConf.load(saved)["model"]
+        return {name: section[name] for name in ARCHITECTURE_FIELDS}
+    except Exception as error:  # a YAML or key error of any kind
+        raise ConfigError(f"{saved}: no readable model section ({error})") from None
+
+
+def load_start_weights(module: torch.nn.Module, model: ModelConfig, source: Path,
+                       skip: str | None = None) -> None:
     """A stage's starting weights (``trainer.init_from``): an HF model directory, whose
-    architecture must be ``model``'s, or a nemo-orch checkpoint."""
+    architecture must be ``model``'s, or a nemo-orch checkpoint; the module's state under
+    ``skip`` (a name prefix, e.g. a critic's head) keeps its own values."""
     from nemo_orch.models import checkpoint
     from nemo_orch.models.hf_mapping import (HF_CONFIG, HFCheckpoint, architecture_mismatch,
                                              model_config_from_hf)
 
     if not (source / HF_CONFIG).is_file():
-        checkpoint.load(checkpoint.open_checkpoint(source), module)
+        checkpoint.load(checkpoint.open_checkpoint(source), module, skip=skip)
         return
     hf = HFCheckpoint(source)
     mismatch = architecture_mismatch(model, model_config_from_hf(hf.config, model))
     if mismatch:
         raise ConfigError(f"trainer.init_from={source}: architecture differs from model.* "
                           f"(config vs checkpoint: {'; '.join(mismatch)})")
-    weights.load_hf_weights(module, hf, model)
+    weights.load_hf_weights(module, hf, model, skip=skip)

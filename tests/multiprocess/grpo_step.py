@@ -14,7 +14,9 @@ log-probabilities are the policy's own plus per-token offsets (ratios from ~0.67
 unclipped, clipped low and high, dual-clipped) that are a function of the label, so they follow a
 token wherever it is cut to; the reference is a differently seeded model, so every branch of the
 loss and the KL term take part. Then ``_update`` itself runs: two mini-batches, two passes, its
-old and reference log-probabilities computed by the policy.
+old and reference log-probabilities computed by the policy; and PPO's (``ppo_update``): the same
+with a critic (values, GAE, whitening across DP ranks, the return statistics, the clipped value
+loss) and the KL in the reward.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ import sys
 import torch
 
 from nemo_orch import config as config_lib
-from nemo_orch.config import Config
+from nemo_orch.config import Config, PPOConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models.hf_mapping import SeededHFWeights
 from nemo_orch.train import grpo
 from nemo_orch.train.grpo_loss import grpo_token_loss
-from nemo_orch.train.policy import Batch, Policy, ReferenceModel
+from nemo_orch.train import ppo
+from nemo_orch.train.policy import Batch, Critic, Policy, ReferenceModel
 
 # A ~100k-parameter Qwen3 that splits in two along TP and PP; the LR moves it visibly in one step.
 OVERRIDES = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
@@ -59,7 +62,7 @@ def synthetic_samples(config: Config, count: int = NUM_SEQUENCES, seed: int = 7
         mask = [0] * (prompt + 1) + [1] * (end - prompt)
         advantage = float(torch.randn(1, generator=generator))
         samples.append(grpo.Sample(ids[:end + 1].tolist(), mask, [0.0] * (end + 1), advantage,
-                                   mask))
+                                   mask, reward=advantage + 0.5))
     return samples
 
 
@@ -111,6 +114,27 @@ def update_results(config: Config, context: ParallelContext) -> dict[str, float]
                         synthetic_samples(config, count=16), config, 1, context.dp_rank, PAD)
 
 
+def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, float]:
+    """What PPO's update reports for 16 samples in two mini-batches, two passes over them, the
+    KL in the reward, from a critic whose head is not zero (so its trunk learns from the
+    first step)."""
+    config = config_lib.replace(config, grpo=dataclasses.replace(
+        config.grpo, algo="ppo", dynamic_sampling=False, mini_batches=2, updates_per_step=2,
+        ppo=PPOConfig(gamma=0.99, lam=0.9, use_kl_in_reward=True)))
+    policy, reference = _models(config, context)
+    critic = Critic(ppo.critic_config(config), context)
+    critic.load_hf_weights(SeededHFWeights(config.model, config.run.seed + 2))
+    if critic.head is not None:
+        with torch.no_grad():
+            head = torch.Generator().manual_seed(3)
+            critic.head.weight.copy_(0.1 * torch.randn(critic.head.weight.shape,
+                                                       generator=head))
+        critic.optimizer.reload_model_params()
+    loss = grpo_token_loss(dataclasses.replace(config.grpo, kl_coef=0.0))
+    return grpo._update(policy, reference, loss, synthetic_samples(config, count=16), config, 1,
+                        context.dp_rank, PAD, critic=critic)
+
+
 def main(layouts: list[str]) -> None:
     from megatron.core import parallel_state
 
@@ -124,7 +148,8 @@ def main(layouts: list[str]) -> None:
             # The process group outlives the layouts; Megatron's groups are rebuilt for each.
             context = distributed.initialize(config.parallel, config.run.seed)
             results[layout] = {"steps": grpo_steps(config, context),
-                               "update": update_results(config, context)}
+                               "update": update_results(config, context),
+                               "ppo_update": ppo_update_results(config, context)}
             parallel_state.destroy_model_parallel()
     finally:
         distributed.shutdown()

@@ -1,5 +1,6 @@
 """Two gloo processes in TP=2, PP=2 and DP=2 layouts reproduce one process: SFT's per-step losses
-through the command line, and GRPO steps' loss, grad norm and metrics."""
+through the command line, GRPO steps' loss, grad norm and metrics, and PPO's update (policy and
+critic)."""
 
 import json
 import subprocess
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import read_metrics, run_cli, small_sft_overrides
-from multiprocess.grpo_step import (OVERRIDES, grpo_steps, rank_batches,
+from multiprocess.grpo_step import (OVERRIDES, grpo_steps, ppo_update_results, rank_batches,
                                     synthetic_samples, update_results)
 from nemo_orch import config as config_lib
 from nemo_orch.distributed import free_port
@@ -48,7 +49,8 @@ def test_grpo_steps_match_one_process(megatron_world):
     cut = rank_batches(synthetic_samples(config), config, megatron_world)
     assert len({batch["tokens"].shape[1] for batch in cut}) > 1
     expected = {"steps": grpo_steps(config, megatron_world),
-                "update": update_results(config, megatron_world)}
+                "update": update_results(config, megatron_world),
+                "ppo_update": ppo_update_results(config, megatron_world)}
     first = expected["steps"][0]
     # the batch exercises every branch of the loss, so agreement means something
     assert min(first["clip_frac_low"], first["clip_frac_high"], first["clip_frac_dual"],
@@ -58,6 +60,11 @@ def test_grpo_steps_match_one_process(megatron_world):
     update = expected["update"]
     real_tokens = sum(len(sample.token_ids) - 1 for sample in synthetic_samples(config, 16))
     assert "skipped_update" not in update and update.pop("tokens") >= 2 * real_tokens
+    # PPO's: the policy and the critic both stepped, the critic's loss and clip took part
+    ppo_update = expected["ppo_update"]
+    assert "skipped_update" not in ppo_update and ppo_update.pop("tokens") >= 2 * real_tokens
+    assert min(ppo_update["critic/value_loss"], ppo_update["critic/clip_frac"],
+               ppo_update["critic/grad_norm"], ppo_update["grad_norm"]) > 0
     # one launch for all layouts: starting two processes costs more than the steps
     launched = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
@@ -70,6 +77,7 @@ def test_grpo_steps_match_one_process(megatron_world):
         for step, want in zip(results[layout]["steps"], expected["steps"], strict=True):
             assert step.keys() == want.keys()
             assert step == pytest.approx(want, abs=1e-5), layout
-        got = results[layout]["update"]
-        assert got.pop("tokens") > 0 and got.keys() == expected["update"].keys()
-        assert got == pytest.approx(expected["update"], abs=1e-4), layout
+        for update in ("update", "ppo_update"):
+            got = results[layout][update]
+            assert got.pop("tokens") > 0 and got.keys() == expected[update].keys()
+            assert got == pytest.approx(expected[update], abs=1e-4), (layout, update)
