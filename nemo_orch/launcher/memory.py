@@ -26,7 +26,17 @@ the GPUs (``rollout.colocate``), the engine's weights and KV cache:
   policy trains (its memory and the activations are never there at once). Not colocated
   (``rollout.colocate=false``, as asynchronous GRPO needs), the engine's GPUs hold only it
   (:func:`engine_estimate`);
+- PPO's critic (``grpo.algo=ppo``; ``nemo_orch/models/qwen3.py``'s ``build_critic``): the
+  policy's trunk in the policy's layout, its own embedding table (never tied), a value head
+  ``Linear(h, 1)`` replicated over TP in place of the output layer, and its own Adam: weights,
+  gradients and optimizer states as the policy's for those parameters. Its activations are the
+  policy's trunk's with the value head's in place of the logits; the critic and the policy
+  train one after the other, so the peak counts the larger of the two (the policy's, whose
+  logits outweigh one value per token);
 - runtime: CUDA context, NCCL buffers and allocator fragmentation, a flat allowance.
+
+Not counted: the frozen reference policy of the KL term (``ReferenceModel``, a weight copy of
+the policy's stage) and transient forward-only passes (old logprobs and values).
 """
 
 from __future__ import annotations
@@ -62,18 +72,30 @@ def layer_gemm_parameters(model: ModelConfig) -> int:
     return h * (q + 2 * kv) * d + q * d * h + 3 * h * model.ffn_hidden_size
 
 
-def parameter_share(model: ModelConfig, parallel: ParallelConfig) -> ParameterShare:
+def parameter_share(model: ModelConfig, parallel: ParallelConfig, *,
+                    critic: bool = False) -> ParameterShare:
     """The largest pipeline stage's TP shard: ``num_layers / pp`` layers (GEMMs split over TP,
-    norms replicated) and the vocab-parallel embedding and output layer (the last stage keeps
-    both with PP=1, one of them plus the final norm otherwise; a tied output layer is a copy on
-    the last stage)."""
+    norms replicated) and what the first stage adds before them (the vocab-parallel embedding)
+    or the last after them (the final norm and the output layer: vocab-parallel, none of its own
+    when tied to the embedding on the same stage, a copy when tied across stages).
+
+    ``critic``: PPO's critic, whose output layer is a value head ``Linear(h, 1)`` replicated over
+    TP (:class:`nemo_orch.models.qwen3.ValueHead`) and whose embedding is its own (never tied)."""
     h, tp = model.hidden_size, parallel.tp
     layers = model.num_layers // parallel.pp
     gemm = layer_gemm_parameters(model) // tp
     norms = 2 * h + (2 * model.kv_channels if model.qk_layernorm else 0)
-    vocab = model.vocab_size * h // tp
-    vocab_tables = 2 if parallel.pp == 1 and not model.share_embeddings_and_output_weights else 1
-    total = layers * (gemm + norms) + vocab_tables * vocab + h
+    embedding = model.vocab_size * h // tp
+    if critic:
+        output_layer = h + 1
+    elif parallel.pp == 1 and model.share_embeddings_and_output_weights:
+        output_layer = 0
+    else:
+        output_layer = embedding
+    last_stage_end = h + output_layer
+    ends = (embedding + last_stage_end if parallel.pp == 1
+            else max(embedding, last_stage_end))
+    total = layers * (gemm + norms) + ends
     fp8_layers = 0
     if model.fp8 is not None:
         kept = (model.num_layers_at_start_in_bf16 + model.num_layers_at_end_in_bf16
@@ -130,24 +152,36 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_len
     return seq_length * micro_batch_size * per_token
 
 
+def output_activation_bytes(model: ModelConfig, parallel: ParallelConfig, tokens: int, *,
+                            critic: bool = False) -> float:
+    """What the last stage's output layer and loss keep for ``tokens`` at the end of the forward
+    pass: the final norm's input ``2h`` (over TP with sequence parallelism), then the policy's
+    output GEMM input ``2h`` (saved as sharded, gathered again in the backward pass) and its
+    logits, 16-bit and the loss's FP32 copy (``6v/t``); or the critic's value head input,
+    gathered whole as the head is replicated over TP (``2h``), and its one value per token,
+    16-bit and FP32 (``6``)."""
+    h = model.hidden_size
+    sequence_shards = parallel.tp if parallel.sequence_parallel else 1
+    if critic:
+        return tokens * (2 * h / sequence_shards + 2 * h + 6)
+    return tokens * (4 * h / sequence_shards + 6 * model.vocab_size / parallel.tp)
+
+
 def activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
-                     micro_batch_size: int, num_microbatches: int) -> float:
+                     micro_batch_size: int, num_microbatches: int, *,
+                     critic: bool = False) -> float:
     """The stage holding the most: 1F1B keeps ``min(pp, micro-batches)`` micro-batches of its
     ``num_layers / pp`` layers in flight on the first stage. On top of them, at the end of the
-    forward pass, the output layer and loss: the final norm's and output GEMM's inputs and the
-    logits, 16-bit and the loss's FP32 copy (``6sbv/t``); with full recompute, in the backward
-    pass, one layer's whole activations instead when that is more."""
+    forward pass, the output layer and loss (:func:`output_activation_bytes`; ``critic``: PPO's
+    value head in place of the logits); with full recompute, in the backward pass, one layer's
+    whole activations instead when that is more."""
     in_flight = min(parallel.pp, num_microbatches)
     layers = model.num_layers // parallel.pp * in_flight
-    tokens = seq_length * micro_batch_size
-    sequence_shards = parallel.tp if parallel.sequence_parallel else 1
-    output = tokens * (4 * model.hidden_size / sequence_shards
-                       + 6 * model.vocab_size / parallel.tp)
-    peak = output
+    peak = output_activation_bytes(model, parallel, seq_length * micro_batch_size, critic=critic)
     if model.recompute_granularity == "full":
         recomputed = dataclasses.replace(model, recompute_granularity=None)
-        peak = max(output, layer_activation_bytes(recomputed, parallel, seq_length,
-                                                  micro_batch_size))
+        peak = max(peak, layer_activation_bytes(recomputed, parallel, seq_length,
+                                                micro_batch_size))
     return layers * layer_activation_bytes(model, parallel, seq_length, micro_batch_size) + peak
 
 
@@ -160,7 +194,11 @@ def kv_bytes_per_token(model: ModelConfig, engine_tp: int, dtype: str) -> int:
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes on one GPU. ``engine_asleep_in_training``: the engine's memory and the activations
-    are never held at once (vLLM sleeping), so the peak counts the larger of the two."""
+    are never held at once (vLLM sleeping), so the peak counts the larger of the two.
+    ``critic``: PPO's critic on the same GPUs (its ``runtime`` is 0: the GPU's is counted here).
+    Its states stay resident beside the policy's; its activations come and go in turn with the
+    policy's (each mini-batch trains the policy, then the critic), so the peak counts the larger
+    of the two."""
 
     weights: int
     gradients: int
@@ -171,28 +209,38 @@ class MemoryEstimate:
     kv_tokens: int = 0
     engine_asleep_in_training: bool = False
     runtime: int = RUNTIME_OVERHEAD_BYTES
+    critic: MemoryEstimate | None = None
 
     @property
     def resident(self) -> int:
-        """Held for the whole run: weights, gradients, optimizer states."""
-        return self.weights + self.gradients + self.optimizer
+        """Held for the whole run: weights, gradients, optimizer states (the critic's too)."""
+        critic = self.critic.resident if self.critic else 0
+        return self.weights + self.gradients + self.optimizer + critic
+
+    @property
+    def peak_activations(self) -> float:
+        """The policy's activations or, when larger, the critic's."""
+        return max(self.activations, self.critic.activations if self.critic else 0.0)
 
     @property
     def total(self) -> float:
         engine = self.engine_weights + self.kv_cache
         if self.engine_asleep_in_training:
-            return self.resident + self.runtime + max(self.activations, engine)
-        return self.resident + self.runtime + self.activations + engine
+            return self.resident + self.runtime + max(self.peak_activations, engine)
+        return self.resident + self.runtime + self.peak_activations + engine
 
 
 def training_estimate(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
-                      micro_batch_size: int, num_microbatches: int) -> MemoryEstimate:
-    share = parameter_share(model, parallel)
+                      micro_batch_size: int, num_microbatches: int, *,
+                      critic: bool = False) -> MemoryEstimate:
+    """One model trained on these GPUs: the policy or (``critic``) PPO's critic."""
+    share = parameter_share(model, parallel, critic=critic)
     return MemoryEstimate(
         weights=weight_bytes(model, share), gradients=share.total * GRAD_BYTES,
         optimizer=optimizer_bytes(model, parallel, share),
         activations=activation_bytes(model, parallel, seq_length, micro_batch_size,
-                                     num_microbatches))
+                                     num_microbatches, critic=critic),
+        runtime=0 if critic else RUNTIME_OVERHEAD_BYTES)
 
 
 def separate_engine(config: Config) -> bool:
@@ -247,8 +295,11 @@ def grpo_microbatches(config: Config) -> int:
 
 def grpo_estimate(config: Config, gpu_bytes: float) -> MemoryEstimate:
     """The GRPO stage: whole trajectories of up to the rollout's context budget x
-    ``grpo.micro_batch_size``, with the colocated engine."""
-    rollout = config.resolved_rollout()
-    training = training_estimate(config.model, config.parallel, rollout.max_context_tokens,
-                                 config.grpo.micro_batch_size, grpo_microbatches(config))
+    ``grpo.micro_batch_size``, with the colocated engine and, with ``grpo.algo=ppo``, the critic
+    (the policy's trunk and layout, trained on the same micro-batches)."""
+    shape = (config.model, config.parallel, config.resolved_rollout().max_context_tokens,
+             config.grpo.micro_batch_size, grpo_microbatches(config))
+    training = training_estimate(*shape)
+    if config.grpo.algo == "ppo":
+        training = dataclasses.replace(training, critic=training_estimate(*shape, critic=True))
     return with_colocated_engine(training, config, gpu_bytes)

@@ -120,11 +120,19 @@ def _gib(value: float) -> str:
     return f"{value / GIB:8.2f}"
 
 
+def _row_value(estimate: MemoryEstimate, name: str) -> float:
+    """A table row's bytes: ``estimate``'s field ``name``, or with ``critic.`` its critic's
+    (0 in a stage without one)."""
+    owner, _, field = name.rpartition(".")
+    part = estimate.critic if owner == "critic" else estimate
+    return getattr(part, field) if part else 0
+
+
 def report(config: Config, result: Plan) -> list[str]:
     """The table ``nemo-orch plan`` prints."""
     model, parallel, launcher, rollout = (config.model, config.parallel, config.launcher,
                                           config.rollout)
-    grpo = result.grpo
+    grpo, algo = result.grpo, config.grpo.algo
     count = model.num_parameters()
     params = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
     fp8 = f"FP8 {model.fp8}/{model.fp8_recipe}" if model.fp8 else "no FP8"
@@ -142,26 +150,37 @@ def report(config: Config, result: Plan) -> list[str]:
         f"{' + SP' if parallel.sequence_parallel else ''}",
         "  checks: world size, TP/PP divisibility, batches, engine TP, FP8 shapes: ok",
         f"  sft: {config.data.seq_length} tokens x micro-batch {config.trainer.micro_batch_size};"
-        f" grpo: {context} tokens x micro-batch {config.grpo.micro_batch_size}; "
+        f" {algo}: {context} tokens x micro-batch {config.grpo.micro_batch_size}; "
         f"{recompute} recompute; rollout engine: {engine}",
-        f"  {'per-GPU memory (GiB)':46} {'sft':>8} {'grpo':>8}",
+        f"  {'per-GPU memory (GiB)':46} {'sft':>8} {algo:>8}",
     ]
     main = " + fp32 main" if model.params_dtype != "float32" or model.fp8_param else ""
     shards = parallel.dp if parallel.use_distributed_optimizer else 1
-    rows = [
+    # A trained model's states; PPO's critic has the same rows.
+    states = [
         ("weights" + (" (+ FP8 GEMM copies)" if model.fp8 and not model.fp8_param else ""),
          "weights"),
         ("gradients (fp32 buffers)", "gradients"),
         (f"optimizer (Adam{main}, /DP{shards})", "optimizer"),
-        ("activations (layers in flight + loss peak)", "activations"),
+    ]
+    rows = states + [("activations (layers in flight + loss peak)", "activations")]
+    if grpo.critic:
+        rows += [(f"critic {label}", f"critic.{name}") for label, name in states]
+        rows.append(("critic activations (layers + value head peak)", "critic.activations"))
+    rows += [
         ("rollout engine weights", "engine_weights"),
         ("rollout KV cache", "kv_cache"),
         ("runtime (CUDA context, NCCL, fragmentation)", "runtime"),
     ]
     for label, name in rows:
-        lines.append(f"  {label:46} {_gib(getattr(result.sft, name))} {_gib(getattr(grpo, name))}")
+        lines.append(f"  {label:46} {_gib(_row_value(result.sft, name))} "
+                     f"{_gib(_row_value(grpo, name))}")
     peak = "peak (vLLM sleeps while training)" if grpo.engine_asleep_in_training else "total"
     lines.append(f"  {peak:46} {_gib(result.sft.total)} {_gib(grpo.total)}")
+    if grpo.critic:
+        larger = "critic" if grpo.critic.activations > grpo.activations else "policy"
+        lines.append(f"  activations: the {larger}'s count (the policy and the critic train in "
+                     "turn, never at once)")
     if result.engine:
         lines.append(f"  {'engine GPU: weights + KV cache + runtime':46} {'':8} "
                      f"{_gib(result.engine.total)}")

@@ -1,5 +1,7 @@
 """Recipes (``recipe=NAME`` for every command) and the launcher's configuration checks."""
 
+import dataclasses
+
 import pytest
 
 from nemo_orch import cli
@@ -9,10 +11,11 @@ from nemo_orch.config import ConfigError
 TWO_NODES = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8"
 ONE_NODE = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8"
 ONE_NODE_ASYNC = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async"
+TWO_NODES_PPO = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8-ppo"
 
 
 def test_recipes_are_the_files_of_conf_recipes():
-    assert config_lib.recipes() == [ONE_NODE, ONE_NODE_ASYNC, TWO_NODES]
+    assert config_lib.recipes() == [ONE_NODE, ONE_NODE_ASYNC, TWO_NODES, TWO_NODES_PPO]
 
 
 def test_a_recipe_composes_over_the_defaults():
@@ -41,6 +44,21 @@ def test_the_one_node_recipe_derives_from_the_two_node_one():
     assert (one.model, one.grpo, one.rollout) == (two.model, two.grpo, two.rollout)
 
 
+def test_the_ppo_recipe_is_the_two_node_one_with_grpo_ppo():
+    ppo, two = (config_lib.load([f"recipe={name}"]) for name in (TWO_NODES_PPO, TWO_NODES))
+    grpo_ppo = config_lib.load([f"recipe={TWO_NODES}", "grpo=ppo"]).grpo
+    assert ppo.run.name == TWO_NODES_PPO
+    assert (ppo.model, ppo.parallel, ppo.rollout, ppo.launcher) == (
+        two.model, two.parallel, two.rollout, two.launcher)
+    # grpo=ppo's settings (algo, dynamic sampling, GAE) over the recipe's batches, policy lr and
+    # KL; the critic's lr is one for an 8B critic
+    critic_optim = dataclasses.replace(grpo_ppo.ppo.critic_optim, lr=1e-5, min_lr=1e-5)
+    assert ppo.grpo == dataclasses.replace(
+        grpo_ppo, ppo=dataclasses.replace(grpo_ppo.ppo, critic_optim=critic_optim))
+    assert dataclasses.replace(ppo.grpo, algo="grpo", ppo=None, dynamic_sampling=True
+                               ) == two.grpo
+
+
 def test_command_line_overrides_win_over_the_recipe():
     config = config_lib.load([f"recipe={TWO_NODES}", "grpo.optim.lr=2e-6", "rollout.engine=vllm",
                               "+tools.endpoints.math=http://node7:8001/v1"])
@@ -52,7 +70,7 @@ def test_command_line_overrides_win_over_the_recipe():
 
 def test_an_unknown_recipe_lists_the_available_ones():
     with pytest.raises(ConfigError, match=f"unknown recipe 'nope'; available: {ONE_NODE}, "
-                                          f"{ONE_NODE_ASYNC}, {TWO_NODES}"):
+                                          f"{ONE_NODE_ASYNC}, {TWO_NODES}, {TWO_NODES_PPO}"):
         config_lib.load(["recipe=nope"])
 
 

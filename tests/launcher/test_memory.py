@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from nemo_orch.config import (Config, ModelConfig, ParallelConfig, RolloutConfig,
-                              TokenizerConfig, TrainerConfig)
+from nemo_orch.config import (Config, GRPOConfig, ModelConfig, ParallelConfig, PPOConfig,
+                              RolloutConfig, TokenizerConfig, TrainerConfig)
 from nemo_orch.launcher import memory
 from nemo_orch.launcher.memory import GIB
 
@@ -44,6 +44,41 @@ def test_weights_gradients_and_optimizer_by_hand():
     no_sharding = ParallelConfig(tp=2, dp=2, use_distributed_optimizer=False)
     assert memory.optimizer_bytes(fp32, no_sharding, memory.parameter_share(fp32, no_sharding)
                                   ) == 107200 * 8  # the moments only, on every rank
+
+
+# PPO's critic: the same layers and its own embedding (16384), the final norm (64) and a value
+# head Linear(64, 1) replicated over TP (65) in place of the output layer.
+CRITIC_PARAMS_PER_GPU = 4 * LAYER_SHARD + 16384 + 64 + 65  # 90881
+
+
+def test_critic_parameter_share_by_hand():
+    assert memory.parameter_share(MODEL, TP2_DP2, critic=True) == memory.ParameterShare(
+        total=CRITIC_PARAMS_PER_GPU, fp8_gemm=0)
+    assert CRITIC_PARAMS_PER_GPU == 90881
+    # PP2: the first stage (embedding) outweighs the last (final norm + head)
+    assert memory.parameter_share(MODEL, ParallelConfig(tp=2, pp=2), critic=True).total == (
+        2 * LAYER_SHARD + 16384)
+    # TP1: the policy's count, less the output layer, plus the head
+    assert memory.parameter_share(MODEL, ParallelConfig(), critic=True).total == (
+        MODEL.num_parameters() - 512 * 64 + 65)
+    # Tied embeddings: the policy's output layer is its embedding; the critic's embedding is
+    # its own all the same
+    tied = dataclasses.replace(MODEL, share_embeddings_and_output_weights=True)
+    assert memory.parameter_share(tied, TP2_DP2).total == 4 * LAYER_SHARD + 16384 + 64
+    assert memory.parameter_share(tied, TP2_DP2, critic=True).total == CRITIC_PARAMS_PER_GPU
+
+
+def test_critic_weights_gradients_and_optimizer_by_hand():
+    critic = memory.training_estimate(MODEL, TP2_DP2, seq_length=32, micro_batch_size=2,
+                                      num_microbatches=1, critic=True)
+    assert critic.weights == 90881 * 2          # bf16, as the policy's
+    assert critic.gradients == 90881 * 4        # fp32 grad buffers
+    assert critic.optimizer == 90881 * 12 // 2  # its own Adam, distributed over DP2
+    assert critic.runtime == 0                  # the GPU's is counted once, with the policy
+    fp8 = dataclasses.replace(MODEL, transformer_impl="transformer_engine", fp8="hybrid",
+                              fp8_recipe="tensorwise", first_last_layers_bf16=True)
+    assert memory.training_estimate(fp8, TP2_DP2, 32, 2, 1, critic=True).weights == (
+        90881 * 2 + 2 * 18432)  # TE's FP8 copies of layers 2 and 3, as the policy's
 
 
 def test_fp8_weights_by_hand():
@@ -109,6 +144,20 @@ def test_activations_count_layers_in_flight_and_the_loss_peak():
                                                                          + whole_layer)
 
 
+def test_critic_activations_have_the_value_head_in_place_of_the_logits():
+    # The final norm's input 2h = 128 (64 with SP), the head's input gathered whole 2h = 128,
+    # one value per token in bf16 and fp32: 6
+    model = dataclasses.replace(MODEL, transformer_impl="transformer_engine")
+    assert memory.activation_bytes(model, TP2_DP2, 32, 2, 8, critic=True) == pytest.approx(
+        4 * FUSED + 64 * (128 + 128 + 6))
+    sp = ParallelConfig(tp=2, dp=2, sequence_parallel=True)
+    assert memory.output_activation_bytes(model, sp, 64, critic=True) == 64 * (64 + 128 + 6)
+    # Full recompute: the layers' inputs, then one whole layer, which outweighs the head
+    full = dataclasses.replace(model, recompute_granularity="full")
+    assert memory.activation_bytes(full, TP2_DP2, 32, 2, 1, critic=True) == pytest.approx(
+        4 * 64 * 128 + FUSED)
+
+
 def test_kv_cache_per_token_by_hand():
     # layers x 2 (K, V) x query groups / engine TP x channels x bytes
     assert memory.kv_bytes_per_token(MODEL, 2, "bfloat16") == 4 * 2 * 1 * 16 * 2
@@ -147,3 +196,22 @@ def test_vllm_takes_its_share_of_the_gpu_and_sleeps_while_training():
     assert memory.with_colocated_engine(training, apart, 8 * GIB) == training
     hf = dataclasses.replace(config, rollout=RolloutConfig())
     assert memory.with_colocated_engine(training, hf, 8 * GIB) == training
+
+
+def test_ppo_counts_the_critic_beside_the_policy_and_the_engine():
+    grpo = colocated("trtllm")
+    ppo = dataclasses.replace(grpo, grpo=GRPOConfig(algo="ppo", ppo=PPOConfig(),
+                                                    dynamic_sampling=False))
+    gpu = 8 * GIB
+    without, estimate = memory.grpo_estimate(grpo, gpu), memory.grpo_estimate(ppo, gpu)
+    assert without.critic is None
+    critic = estimate.critic
+    assert critic.resident == 90881 * (2 + 4 + 6)
+    assert estimate.resident == 107200 * (2 + 4 + 6) + critic.resident
+    # TensorRT-LLM's KV cache takes half of what the critic leaves
+    assert estimate.kv_cache == pytest.approx(without.kv_cache - 0.5 * critic.resident)
+    # The policy and the critic train in turn: the larger activations count, the policy's
+    assert 0 < critic.activations < estimate.activations == without.activations
+    assert estimate.peak_activations == estimate.activations
+    assert estimate.total == pytest.approx(estimate.resident + 4 * GIB + estimate.activations
+                                           + estimate.engine_weights + estimate.kv_cache)

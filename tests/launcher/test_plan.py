@@ -1,14 +1,16 @@
-"""``nemo-orch plan``: the layout checks, and both recipes planned on CPU, fitting on 80 GB."""
+"""``nemo-orch plan``: the layout checks, and the recipes planned on CPU, fitting on 80 GB."""
 
 import pytest
 
 from cli_helpers import run_cli
 from nemo_orch import cli
 from nemo_orch import config as config_lib
-from nemo_orch.launcher import plan
+from nemo_orch.launcher import memory, plan
 from nemo_orch.launcher.launch import torchrun_script
 
-RECIPES = ["orchestrator-qwen3-8b-2n8g-tp4pp1-fp8", "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8"]
+PPO_RECIPE = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8-ppo"
+RECIPES = ["orchestrator-qwen3-8b-2n8g-tp4pp1-fp8", "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8",
+           PPO_RECIPE]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -107,3 +109,54 @@ def test_the_async_recipe_gives_the_engine_gpus_of_its_own(capsys):
                                                  "launcher.gpus_per_node=4"]))[-1].startswith(
         "rollout.colocate=false: the engine runs on the first node's last rollout.engine_tp "
         "GPUs beside the training ranks, so launcher.nodes must be 1 (got 2)")
+
+
+def _rows(lines: list[str]) -> dict[str, list[float]]:
+    """The memory table's rows: label -> [sft, grpo or ppo] GiB."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("  per-GPU memory"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("  total"))
+    return {" ".join(line.split()[:-2]): [float(value) for value in line.split()[-2:]]
+            for line in lines[start + 1:end + 1]}
+
+
+def test_the_ppo_recipe_counts_the_critic_and_fits(capsys):
+    assert cli.main(["plan", f"recipe={PPO_RECIPE}"]) == 0
+    ppo_lines = capsys.readouterr().out.splitlines()
+    assert cli.main(["plan", f"recipe={RECIPES[0]}"]) == 0
+    grpo_lines = capsys.readouterr().out.splitlines()
+    config = config_lib.load([f"recipe={PPO_RECIPE}"])
+    assert config.grpo.algo == "ppo" and not config.grpo.dynamic_sampling
+    assert config.grpo.ppo.critic_optim.lr == 1e-5 and config.grpo.optim.lr == 1e-6
+    estimate = plan.plan(config).grpo
+    ppo, grpo = _rows(ppo_lines), _rows(grpo_lines)
+    assert ppo_lines[3].split()[-2:] == ["sft", "ppo"]
+    critic = {label: values for label, values in ppo.items() if label.startswith("critic")}
+    assert list(critic) == ["critic weights (+ FP8 GEMM copies)",
+                            "critic gradients (fp32 buffers)",
+                            "critic optimizer (Adam + fp32 main, /DP4)",
+                            "critic activations (layers + value head peak)"]
+    for label, name in zip(critic, ["weights", "gradients", "optimizer", "activations"]):
+        assert critic[label] == [0.0, pytest.approx(getattr(estimate.critic, name) / 2**30,
+                                                     abs=0.01)]
+    # The critic is the policy less its output layer (a 151936 x 4096 / TP4 shard), plus the
+    # head: 155,578,367 parameters fewer per GPU
+    policy_share = memory.parameter_share(config.model, config.parallel)
+    critic_share = memory.parameter_share(config.model, config.parallel, critic=True)
+    assert policy_share.total - critic_share.total == 151936 * 4096 // 4 - 4097
+    # The policy's rows are the GRPO recipe's; the engine's KV cache gives up what the critic
+    # takes; the policy's activations, the larger, count
+    for label in ("weights (+ FP8 GEMM copies)", "gradients (fp32 buffers)",
+                  "optimizer (Adam + fp32 main, /DP4)",
+                  "activations (layers in flight + loss peak)", "rollout engine weights"):
+        assert ppo[label] == grpo[label]
+    assert ppo["rollout KV cache"][1] < grpo["rollout KV cache"][1]
+    assert ("  activations: the policy's count (the policy and the critic train in turn, never "
+            "at once)") in ppo_lines
+    assert grpo["total"][1] < ppo["total"][1] < 79.6
+
+
+def test_grpo_plans_have_no_critic(capsys):
+    for recipe in RECIPES[:2] + [ASYNC_RECIPE]:
+        assert cli.main(["plan", f"recipe={recipe}"]) == 0
+        assert "critic" not in capsys.readouterr().out
+        assert plan.plan(config_lib.load([f"recipe={recipe}"])).grpo.critic is None
