@@ -48,12 +48,18 @@ def policy_row(tasks: list[Task], records: list[dict[str, Any]],
     }
 
 
-def gap_closed(report: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """The share of the SFT-to-oracle reward gap that GRPO closed."""
+def gap_closed(report: Mapping[str, Mapping[str, Any]], policy: str) -> float | None:
+    """The share of the SFT-to-oracle reward gap that ``policy`` (an RL row) closed."""
     gap = report["oracle"]["reward"] - report["sft"]["reward"]
     if gap <= 0:
         return None
-    return (report["grpo"]["reward"] - report["sft"]["reward"]) / gap
+    return (report[policy]["reward"] - report["sft"]["reward"]) / gap
+
+
+def policies(report: Mapping[str, Any]) -> list[str]:
+    """The report's rows in order: SFT, the RL policies, the oracle."""
+    return [name for name, row in report.items()
+            if isinstance(row, Mapping) and "oracle_route_share" in row]
 
 
 def domain_row(tasks: list[Task], records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,11 +87,14 @@ def by_domain(tasks: list[Task], records: list[dict[str, Any]]) -> dict[str, dic
     return rows
 
 
-def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None:
-    """``report.json``, ``report.md`` and the training-curve plots of the GRPO stage."""
-    run_dir, grpo_dir = Path(run_dir), Path(grpo_dir)
-    (run_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-    plots = plot_curves(grpo_dir / "metrics.jsonl", run_dir)
+def write_report(run_dir: Any, report: Mapping[str, Any], rl_dir: Any) -> None:
+    """``report.json``, ``report.md`` and the training-curve plots of the RL stage in
+    ``rl_dir``."""
+    run_dir, rl_dir = Path(run_dir), Path(rl_dir)
+    names = policies(report)
+    trained = [name for name in names if name not in ("sft", "oracle")]
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    plots = plot_curves(rl_dir / "metrics.jsonl", run_dir)
     lines = ["# nemo-orch train report", "",
              f"Held-out tasks: {report['eval_tasks']} (greedy decoding); oracle: expected values "
              "from the simulated experts' accuracies and prices. Pref. adherence: the expected "
@@ -95,7 +104,7 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
              "to it.", "",
              "| policy | reward | accuracy | USD/task | s/task | pref. adherence | oracle route | "
              "within budget | format errors |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name in ("sft", "grpo", "oracle"):
+    for name in names:
         row = report[name]
         seconds = "" if row["seconds_per_task"] is None else f"{row['seconds_per_task']:.2f}"
         budget = "" if row.get("within_budget") is None else f"{row['within_budget']:.3f}"
@@ -103,16 +112,18 @@ def write_report(run_dir: Any, report: Mapping[str, Any], grpo_dir: Any) -> None
                      f"{row['usd_per_task']:.6f} | {seconds} | {row['pref_adherence']:.3f} | "
                      f"{row['oracle_route_share']:.3f} | {budget} | "
                      f"{row['format_error_rate']:.3f} |")
-    if report.get("gap_closed") is not None:
-        lines += ["", f"GRPO closed {report['gap_closed']:.0%} of the SFT -> oracle reward gap."]
+    closed = [f"{name.upper()} closed {report[name]['gap_closed']:.0%}" for name in trained
+              if report[name].get("gap_closed") is not None]
+    if closed:
+        lines += ["", "; ".join(closed) + " of the SFT -> oracle reward gap."]
     lines += ["", "## Reward and route mix per (family, preference)", "",
-              "| group | tasks | reward sft / grpo / oracle | routes sft | routes grpo | "
-              "routes oracle |", "|---|---:|---|---|---|---|"]
+              f"| group | tasks | reward {' / '.join(names)} | "
+              + " | ".join(f"routes {name}" for name in names) + " |",
+              "|---|---:|---|" + "---|" * len(names)]
     for group, oracle_row in report["oracle"]["groups"].items():
         rewards = " / ".join(f"{report[name]['groups'][group]['reward']:.2f}"
-                             for name in ("sft", "grpo", "oracle"))
-        cells = [_top_routes(report[name]["tool_mix"].get(group, {}))
-                 for name in ("sft", "grpo", "oracle")]
+                             for name in names)
+        cells = [_top_routes(report[name]["tool_mix"].get(group, {})) for name in names]
         lines.append(f"| {group} | {oracle_row['tasks']} | {rewards} | " + " | ".join(cells)
                      + " |")
     if "toolscale" in report:
@@ -140,7 +151,7 @@ def _top_routes(shares: Mapping[str, float], shown: int = 3) -> str:
 
 
 def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:
-    """PNG plots of the GRPO curves: reward, accuracy and USD per task; route shares."""
+    """PNG plots of an RL stage's curves: reward, accuracy and USD per task; route shares."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,7 +169,7 @@ def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:
     for axis, key in zip(axes, ("reward", "accuracy", "usd_per_task")):
         axis.plot(steps, [r[key] for r in records])
         axis.set_title(key)
-        axis.set_xlabel("GRPO step")
+        axis.set_xlabel("step")
     figure.tight_layout()
     curves = out_dir / "curves.png"
     figure.savefig(curves, dpi=100)
@@ -168,7 +179,7 @@ def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:
     for key in routes:
         axis.plot(steps, [r.get(key, 0.0) for r in records], label=key.removeprefix("route/"))
     axis.set_title("route share of episodes")
-    axis.set_xlabel("GRPO step")
+    axis.set_xlabel("step")
     axis.legend(fontsize=7)
     figure.tight_layout()
     mix = out_dir / "routes.png"

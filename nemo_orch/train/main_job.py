@@ -5,11 +5,14 @@
    that the environment scores correct (``demonstrations.jsonl``, :mod:`nemo_orch.train.sft`);
    the offline ToolScale domains and tasks (``toolscale/``);
 2. **sft**: the policy learns the call format and a first routing (``sft/``);
-3. **grpo**: RL on fresh tasks with preference vectors (``grpo/``);
-4. **eval**: through the evaluation harness, the SFT and GRPO policies on held-out tasks
-   (greedy), next to the oracle, and the GRPO policy on the offline ToolScale domain tasks
-   written in setup (``toolscale/``), next to the gold replay (episodes in ``eval/``);
-   ``report.json``, ``report.md`` and plots; ``runs/latest`` points at the run.
+3. **grpo** (or, with ``grpo=ppo``, **ppo**): RL on fresh tasks with preference vectors
+   (``grpo/``, ``ppo/``);
+4. **eval**: through the evaluation harness, the SFT policy and every RL policy of the run
+   (``grpo/``, ``ppo/``, and ``dpo/`` where ``nemo-orch dpo`` wrote one: algorithms compared
+   from one SFT checkpoint) on held-out tasks (greedy), next to the oracle, and this run's RL
+   policy on the offline ToolScale domain tasks written in setup (``toolscale/``), next to the
+   gold replay (episodes in ``eval/``); ``report.json``, ``report.md`` and plots;
+   ``runs/latest`` points at the run.
 
 Every stage resumes: a finished stage is skipped, an interrupted one continues from its last
 checkpoint. All stages share one process group, so ``parallel.*`` layouts run the whole job.
@@ -36,6 +39,9 @@ log = logging.getLogger(__name__)
 
 TOOLSCALE = "toolscale"
 EVAL = "eval"  # <run>/eval/<environment>/episodes/<system>.jsonl
+# The run's RL policies, each in <run>/<name>/checkpoints: GRPO's and PPO's stages, DPO's
+# (nemo-orch dpo run.name=<run>/dpo trainer.init_from=<run>/sft/checkpoints).
+RL_POLICIES = ("grpo", "ppo", "dpo")
 
 
 @dataclass
@@ -43,7 +49,7 @@ class MainJobSummary:
     run_dir: Path
     seconds: dict[str, float]
     sft: sft.SFTSummary
-    grpo: grpo.GRPOSummary
+    rl: grpo.GRPOSummary  # the RL stage of grpo.algo
     report: dict[str, Any] | None
 
 
@@ -92,29 +98,41 @@ def run(config: Config) -> MainJobSummary:
         seconds["sft"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
+        algo = config.grpo.algo
         trainer = dataclasses.replace(config.trainer, init_from=str(sft_summary.checkpoint))
-        grpo_config = stage(config, "grpo", tokenizer=tokenizer_config, trainer=trainer)
-        grpo_summary = grpo.train(grpo_config, context)
-        seconds["grpo"] = time.perf_counter() - mark
+        rl_config = stage(config, algo, tokenizer=tokenizer_config, trainer=trainer)
+        rl_summary = grpo.train(rl_config, context)
+        seconds[algo] = time.perf_counter() - mark
 
         mark = time.perf_counter()
         report = _evaluate(config, context, {"sft": sft_summary.checkpoint,
-                                             "grpo": grpo_summary.checkpoint},
+                                             **_other_policies(config), algo: rl_summary.checkpoint},
                            tokenizer, toolscale_dir)
         seconds["eval"] = time.perf_counter() - mark
         if report is not None:
             report["wall_seconds"] = seconds
-            main_job_report.write_report(config.run.dir, report, grpo_config.run.dir)
+            main_job_report.write_report(config.run.dir, report, rl_config.run.dir)
             _point_latest(config.run.dir)
-    return MainJobSummary(config.run.dir, seconds, sft_summary, grpo_summary, report)
+    return MainJobSummary(config.run.dir, seconds, sft_summary, rl_summary, report)
+
+
+def _other_policies(config: Config) -> dict[str, Path]:
+    """The run's RL policies trained before (another algorithm's stage, or ``nemo-orch dpo``'s):
+    their latest checkpoints, evaluated beside this run's."""
+    found = {}
+    for name in RL_POLICIES:
+        latest = checkpoint.latest_checkpoint(config.run.dir / name / "checkpoints")
+        if name != config.grpo.algo and latest is not None:
+            found[name] = latest.path
+    return found
 
 
 def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, Path],
               tokenizer: Any, toolscale_dir: Path | None) -> dict[str, Any] | None:
-    """The SFT and GRPO policies (their final ``checkpoints``) on held-out tasks, greedy, next
-    to the oracle; the GRPO policy and the gold replay on ToolScale domain tasks. Both through
-    the harness, the policies' weights handed over in memory (rank 0's report; every rank
-    gathers)."""
+    """The SFT and RL policies (their final ``checkpoints``, SFT's first and this run's RL
+    stage's last) on held-out tasks, greedy, next to the oracle; this run's RL policy and the
+    gold replay on ToolScale domain tasks. Both through the harness, the policies' weights
+    handed over in memory (rank 0's report; every rank gathers)."""
     from nemo_orch.envs import build_environment
     from nemo_orch.eval import harness, main_job_report
     from nemo_orch.models import qwen3
@@ -146,14 +164,17 @@ def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, P
         name: main_job_report.policy_row(evaluation.tasks, evaluation.records[name], table)
         for name in policies}
     report["oracle"] = table.report(evaluation.tasks)
-    report["gap_closed"] = main_job_report.gap_closed(report)
+    for name in policies:
+        if name != "sft":
+            report[name]["gap_closed"] = main_job_report.gap_closed(report, name)
     report["eval_tasks"] = len(evaluation.tasks)
     if toolscale_dir is not None:
         source = EnvSourceConfig(kind="toolscale", path=str(toolscale_dir),
                                  limit=config.data.toolscale_eval_tasks)
         domains = build_environment(config, source)
         evaluation = harness.evaluate(
-            config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY), systems["grpo"]],
+            config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY),
+                              systems[config.grpo.algo]],
             config.run.dir / EVAL / TOOLSCALE, tokenizer)
         report["toolscale"] = {name: main_job_report.by_domain(evaluation.tasks, records)
                                for name, records in evaluation.records.items()}
@@ -169,12 +190,14 @@ def _point_latest(run_dir: Path) -> None:
 
 def summary_lines(summary: MainJobSummary) -> list[str]:
     """What ``nemo-orch train`` prints at the end."""
+    from nemo_orch.eval import main_job_report
+
     lines = [f"train: run {summary.run_dir} ("
              + ", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items()) + ")"]
     if summary.report is not None:
         lines.append(f"  {'policy':8} {'reward':>8} {'accuracy':>9} {'usd/task':>10} "
                      f"{'pref.adh':>9} {'or.route':>9} {'in.budget':>9} {'fmt.err':>8}")
-        for name in ("sft", "grpo", "oracle"):
+        for name in main_job_report.policies(summary.report):
             row = summary.report[name]
             budget = row.get("within_budget")
             lines.append(f"  {name:8} {row['reward']:8.3f} {row['accuracy']:9.3f} "
@@ -182,9 +205,11 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
                          f"{row['oracle_route_share']:9.3f} "
                          f"{'' if budget is None else format(budget, '.3f'):>9} "
                          f"{row['format_error_rate']:8.3f}")
-        closed = summary.report.get("gap_closed")
-        if closed is not None:
-            lines.append(f"  GRPO closed {closed:.0%} of the SFT -> oracle reward gap")
+        for name in main_job_report.policies(summary.report):
+            closed = summary.report[name].get("gap_closed")
+            if closed is not None:
+                lines.append(f"  {name.upper()} closed {closed:.0%} of the SFT -> oracle "
+                             "reward gap")
         for agent, domains in summary.report.get("toolscale", {}).items():
             lines.append(f"  ToolScale domain tasks, {agent}: accuracy " + ", ".join(
                 f"{domain} {row['accuracy']:.2f}" for domain, row in domains.items()))

@@ -104,7 +104,7 @@ def test_main_job_end_to_end(tmp_path):
     sft, grpo, oracle = report["sft"], report["grpo"], report["oracle"]
     assert oracle["reward"] > 0 and oracle["reward"] >= grpo["reward"] >= sft["reward"]
     assert oracle["oracle_route_share"] == 1.0 and oracle["pref_adherence"] == 1.0
-    assert report["gap_closed"] == pytest.approx(
+    assert grpo["gap_closed"] == pytest.approx(
         (grpo["reward"] - sft["reward"]) / (oracle["reward"] - sft["reward"]))
     for row in (sft, grpo, oracle):
         assert set(row["groups"]) == set(oracle["groups"]) == set(row["tool_mix"])
@@ -128,6 +128,15 @@ def test_main_job_end_to_end(tmp_path):
             in result.stdout)
     assert (run_dir / "curves.png").exists() and (run_dir / "routes.png").exists()
     assert (tmp_path / "latest").resolve() == run_dir.resolve()
+    # PPO from the same SFT checkpoint, in the same run: its own stage, then one report of all.
+    result = run_cli("train", *overrides, "grpo=ppo")
+    report = json.loads((run_dir / "report.json").read_text())
+    assert list(report)[:4] == ["sft", "grpo", "ppo", "oracle"]
+    assert set(report["wall_seconds"]) == {"setup", "sft", "ppo", "eval"}
+    assert report["sft"] == sft and report["grpo"] == grpo  # the cached episodes, scored again
+    assert (run_dir / "ppo" / "critic" / "step_2").is_dir()
+    assert set(report["toolscale"]) == {"gold-replay", "ppo"}
+    assert "| ppo |" in (run_dir / "report.md").read_text() and "PPO closed" in result.stdout
     metrics = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text()
                .splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]

@@ -183,20 +183,25 @@ def _learned(metrics: dict) -> dict:
             if not key.startswith("time/") and "per_s" not in key and "seconds" not in key}
 
 
-def test_ppo_trains_policy_and_critic_and_resumes_both_after_a_kill(start_checkpoint,
-                                                                    tmp_path):
-    args = grpo_overrides(start_checkpoint, tmp_path / "killed", *_tasks(tmp_path),
-                          "grpo.max_steps=3", "grpo.save_interval=2")
+@pytest.fixture(scope="module")
+def ppo_runs(start_checkpoint, tmp_path_factory) -> tuple[Path, Path]:
+    """Three PPO steps killed in the third and resumed from step 2's checkpoint, and the same
+    three steps straight: their stage directories."""
+    out = tmp_path_factory.mktemp("ppo")
+    args = grpo_overrides(start_checkpoint, out / "killed", *_tasks(out), "grpo.max_steps=3",
+                          "grpo.save_interval=2")
     assert run_cli("grpo", *args, env={KILL_AT: "step:3"},
                    expect=None).returncode == -signal.SIGKILL
-    stage = _stage(tmp_path / "killed")
-    assert (stage / ppo.CRITIC_DIR / "step_2").is_dir()
-    run_cli("grpo", *args)  # resumes policy and critic from step 2
-    resumed = read_metrics(stage)
-    assert [m["step"] for m in resumed] == [1, 2, 3]
-    run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path / "whole", *_tasks(tmp_path),
+    assert (_stage(out / "killed") / ppo.CRITIC_DIR / "step_2").is_dir()
+    run_cli("grpo", *args)
+    run_cli("grpo", *grpo_overrides(start_checkpoint, out / "whole", *_tasks(out),
                                     "grpo.max_steps=3", "grpo.save_interval=2"))
-    whole = read_metrics(_stage(tmp_path / "whole"))
+    return _stage(out / "killed"), _stage(out / "whole")
+
+
+def test_ppo_trains_policy_and_critic_and_resumes_both_after_a_kill(ppo_runs):
+    resumed, whole = (read_metrics(stage) for stage in ppo_runs)
+    assert [m["step"] for m in resumed] == [1, 2, 3]
     # Step 3 after the resume is step 3 of the straight run: the critic's weights, optimizer
     # and return statistics came back with the policy's.
     assert _learned(resumed[2]) == pytest.approx(_learned(whole[2]), rel=1e-5, abs=1e-7)
@@ -223,12 +228,10 @@ def test_the_command_line_refuses_a_grpo_setting_under_ppo(start_checkpoint, tmp
     assert "grpo.dynamic_sampling" in result.stderr
 
 
-def test_a_critic_checkpoint_of_another_architecture_is_refused(start_checkpoint, tmp_path):
-    args = grpo_overrides(start_checkpoint, tmp_path / "first", *_tasks(tmp_path),
-                          "grpo.max_steps=1", "grpo.save_interval=1")
-    run_cli("grpo", *args)
+def test_a_critic_checkpoint_of_another_architecture_is_refused(ppo_runs, start_checkpoint,
+                                                                tmp_path):
     critic = tmp_path / "deeper"
-    shutil.copytree(_stage(tmp_path / "first") / ppo.CRITIC_DIR / "step_1", critic)
+    shutil.copytree(ppo_runs[1] / ppo.CRITIC_DIR / "step_2", critic)
     saved = OmegaConf.load(critic / checkpoint.CONFIG_FILE)
     saved.model.num_layers += 1  # as a critic of a deeper policy would have it
     OmegaConf.save(saved, critic / checkpoint.CONFIG_FILE)
