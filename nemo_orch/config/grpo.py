@@ -68,7 +68,7 @@ class PPOConfig:
     ``critic_warmup_steps``: the first steps train the critic only."""
 
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float = 1.0
     use_kl_in_reward: bool = False
     whiten_advantages: bool = True
     whiten_values: bool = True
