@@ -108,6 +108,29 @@ def cmd_grpo(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dpo(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.train import dpo, grpo, main_job
+
+    if config.trainer.init_from is None:  # grpo.start_model's own message names grpo
+        raise config_lib.ConfigError("nemo-orch dpo needs trainer.init_from: the policy to "
+                                     "start from and compare against (a nemo-orch checkpoint "
+                                     "or an HF model directory)")
+    stage = main_job.stage(grpo.start_model(config), "dpo")
+    summary = dpo.run(stage)
+    if _is_rank_zero():
+        if summary.start_step >= summary.end_step:
+            print(f"dpo: already complete at step {summary.end_step} ({summary.run_dir})")
+            return 0
+        print(f"dpo: steps {summary.start_step + 1}-{summary.end_step} from "
+              f"{stage.trainer.init_from} on {summary.num_pairs} pairs of {summary.pairs_path} "
+              f"({summary.num_dropped} longer than the policy's context dropped)")
+        print(f"  loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}, reward accuracy "
+              f"{summary.first_accuracy:.3f} -> {summary.last_accuracy:.3f}")
+        print(f"  checkpoint {summary.checkpoint}")
+        print(f"  metrics    {summary.run_dir / 'metrics.jsonl'}")
+    return 0
+
+
 def cmd_export(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.models import convert, trtllm
 
@@ -426,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("grpo", cmd_grpo, "GRPO alone on the configured environment (env=NAME: offline, "
         "toolscale, tau2, qa, hle, frames, tasks, or a mixture such as toolscale_qa) from "
         "trainer.init_from (a checkpoint or an HF directory), into <run>/grpo-<env>/ (resumes)")
+    add("dpo", cmd_dpo, "DPO from trainer.init_from against its frozen copy, on the pairs of "
+        "dpo.pairs_path or, with none, on pairs of its own rollouts on env=NAME (the best and "
+        "worst episode of each task, dpo.min_margin apart), into <run>/dpo/ (resumes)")
     export = add("export", cmd_export, "write an HF or TensorRT-LLM checkpoint from a checkpoint,"
                  " or (trtllm-engine, on a GPU) a TensorRT-LLM checkpoint in OUT/checkpoint and "
                  "its engine, built with trtllm-build, in OUT/engine")
@@ -582,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(config_lib.to_yaml(config), end="")
             return 0
-        launched = (_launch_workers(config) if args.command in ("train", "sft", "grpo")
+        launched = (_launch_workers(config) if args.command in ("train", "sft", "grpo", "dpo")
                     else None)
         if launched is not None:
             return launched

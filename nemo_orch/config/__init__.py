@@ -6,8 +6,8 @@ unknown key, a wrong type or a missing file fails here with a :class:`ConfigErro
 code past this point reads typed fields without defaults of its own.
 
 Each section's dataclass lives in a module of its own (``run``, ``model`` with ``parallel`` and
-``tokenizer``, ``data``, ``tools``, ``reward``, ``grpo``, ``rollout``, ``trainer``, ``launcher``,
-``synth``, ``env``, ``eval``, ``serve``; shared checks in ``base``); this root holds
+``tokenizer``, ``data``, ``tools``, ``reward``, ``grpo``, ``dpo``, ``rollout``, ``trainer``,
+``launcher``, ``synth``, ``env``, ``eval``, ``serve``; shared checks in ``base``); this root holds
 :class:`Config` and composes, loads and validates it, and re-exports every section's names.
 """
 
@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nemo_orch.config.base import CONF_DIR, ConfigError, _require, _require_file, resolve_conf_path
 from nemo_orch.config.data import (AGENT_KINDS, DEMO_ROUTERS, GOLD_REPLAY, MONOLITH,
                                    NAIVE_ROUTERS, ORCHESTRATOR, ROUTERS, DataConfig)
+from nemo_orch.config.dpo import DPO_LOSSES, DPOConfig
 from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, RETRIEVAL_SCOPES,
                                    EncoderConfig, EnvConfig, EnvSourceConfig, RetrievalConfig,
                                    UserConfig)
@@ -50,7 +51,7 @@ __all__ = [
     "RunConfig", "ModelConfig", "ParallelConfig", "TokenizerConfig", "CHAT_FORMATS", "DataConfig",
     "AGENT_KINDS", "DEMO_ROUTERS", "GOLD_REPLAY", "MONOLITH", "NAIVE_ROUTERS", "ORCHESTRATOR",
     "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig",
-    "AsyncGRPOConfig", "PPOConfig", "RayConfig",
+    "AsyncGRPOConfig", "PPOConfig", "DPO_LOSSES", "DPOConfig", "RayConfig",
     "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
     "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",
     "BENCHMARKS", "QA_PRESETS", "RETRIEVAL_SCOPES", "EnvSourceConfig", "EnvConfig", "UserConfig",
@@ -82,6 +83,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -103,6 +105,8 @@ class Config:
         _require(micro_batches % self.parallel.dp == 0,
                  "trainer.global_batch_size / trainer.micro_batch_size must be divisible by "
                  "parallel.dp")
+        _require(self.dpo.global_batch_size % (self.dpo.micro_batch_size * self.parallel.dp) == 0,
+                 "dpo.global_batch_size must be a multiple of dpo.micro_batch_size x parallel.dp")
         _require(self.data.seq_length <= self.model.max_position_embeddings,
                  "data.seq_length must be <= model.max_position_embeddings")
         _require(self.tokenizer.path is not None

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 TOOLSCALE = "toolscale"
 EVAL = "eval"  # <run>/eval/<environment>/episodes/<system>.jsonl
 # The run's RL policies, each in <run>/<name>/checkpoints: GRPO's and PPO's stages, DPO's
-# (nemo-orch dpo run.name=<run>/dpo trainer.init_from=<run>/sft/checkpoints).
+# (nemo-orch dpo run.name=<run> trainer.init_from=runs/<run>/sft/checkpoints).
 RL_POLICIES = ("grpo", "ppo", "dpo")
 
 
