@@ -28,6 +28,24 @@ def grpo_overrides(start: Path, out: Path, *extra: str) -> list[str]:
             "reward.min_group_std=0", "trainer.num_threads=1", *extra]
 
 
+def sum_task_overrides(directory: Path) -> list[str]:
+    """``env=tasks`` on twelve sums written to ``directory/tasks.jsonl``, scored by the answer
+    alone: what a short ``nemo-orch grpo`` trains on."""
+    from nemo_orch.data.tasks import Task, write_tasks
+
+    path = directory / "tasks.jsonl"
+    write_tasks(path, [Task(id=f"t{i}", question=f"What is {i} + {i}?", answer=str(2 * i))
+                       for i in range(12)])
+    return ["env=tasks", f"env.path={path}", "reward.combination=linear",
+            "reward.linear_gamma=0"]
+
+
+def grpo_stage(out: Path) -> Path:
+    """The stage directory of the run ``grpo_overrides`` wrote under ``out``."""
+    (stage,) = (out / "run").glob("grpo-*")
+    return stage
+
+
 def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> list[str]:
     """A few-second SFT configuration of the default (micro) model on the offline data."""
     return [f"run.output_dir={output_dir}", f"run.name={name}", f"tokenizer.path={tokenizer_dir}",

@@ -105,9 +105,9 @@ def run(config: Config) -> MainJobSummary:
         seconds[algo] = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        report = _evaluate(config, context, {"sft": sft_summary.checkpoint,
-                                             **_other_policies(config), algo: rl_summary.checkpoint},
-                           tokenizer, toolscale_dir)
+        policies = {"sft": sft_summary.checkpoint, **_other_policies(config),
+                    algo: rl_summary.checkpoint}
+        report = _evaluate(config, context, policies, tokenizer, toolscale_dir)
         seconds["eval"] = time.perf_counter() - mark
         if report is not None:
             report["wall_seconds"] = seconds

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import grpo_overrides, read_metrics, run_cli
+from cli_helpers import (grpo_overrides, grpo_stage, read_metrics, run_cli,
+                         sum_task_overrides)
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
-from nemo_orch.data.tasks import Task, write_tasks
+from nemo_orch.data.tasks import Task
 from nemo_orch.envs import build_mixture
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.reward.advantages import SamplingStats
@@ -26,20 +27,11 @@ from nemo_orch.train.metrics import TRAINED_FILE
 
 
 def _tasks(tmp_path: Path) -> list[str]:
-    path = tmp_path / "tasks.jsonl"
-    write_tasks(path, [Task(id=f"t{i}", question=f"What is {i} + {i}?", answer=str(2 * i))
-                       for i in range(12)])
-    return ["env=tasks", f"env.path={path}", "reward.combination=linear",
-            "reward.linear_gamma=0", "grpo.max_steps=3"]
+    return [*sum_task_overrides(tmp_path), "grpo.max_steps=3"]
 
 
 def _trained(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / TRAINED_FILE).read_text().splitlines()]
-
-
-def _stage(out: Path) -> Path:
-    (stage,) = (out / "run").glob("grpo-*")
-    return stage
 
 
 def _learned(metrics: list[dict]) -> list[dict]:
@@ -54,7 +46,7 @@ def test_async_grpo_with_staleness_0_is_sync_grpo(start_checkpoint, tmp_path):
     run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path / "async", *_tasks(tmp_path),
                                     "grpo.async_grpo.enabled=true",
                                     "grpo.async_grpo.max_trajectory_age_steps=0"))
-    sync, ahead = _stage(tmp_path / "sync"), _stage(tmp_path / "async")
+    sync, ahead = grpo_stage(tmp_path / "sync"), grpo_stage(tmp_path / "async")
     assert _trained(ahead) == _trained(sync)
     sync_metrics, async_metrics = _learned(read_metrics(sync)), _learned(read_metrics(ahead))
     assert [m["step"] for m in async_metrics] == [1, 2, 3]
@@ -73,7 +65,7 @@ def test_async_grpo_runs_ahead_and_a_killed_run_trains_no_sample_twice(start_che
                           "grpo.importance_sampling_cap=2.0")
     assert run_cli("grpo", *args, env={KILL_AT: "step:4"},
                    expect=None).returncode == -signal.SIGKILL
-    stage = _stage(tmp_path)
+    stage = grpo_stage(tmp_path)
     assert [record["step"] for record in _trained(stage)] == [1, 2, 3]
     run_cli("grpo", *args)  # resumes from step 2's checkpoint: steps 3 and 4 again
     trained = _trained(stage)
@@ -100,7 +92,7 @@ def test_async_grpo_runs_ahead_on_ray_workers(start_checkpoint, tmp_path):
         "rollout.ray.num_workers=1", "rollout.ray.num_cpus_per_worker=0.5",
         "rollout.ray.object_store_mb=128", "grpo.async_grpo.enabled=true",
         "grpo.importance_sampling_cap=2.0"))
-    metrics = read_metrics(_stage(tmp_path))
+    metrics = read_metrics(grpo_stage(tmp_path))
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert {key for m in metrics for key in m if key.startswith("async/age_")} <= {
         "async/age_0", "async/age_1"}

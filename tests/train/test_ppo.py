@@ -13,9 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from cli_helpers import grpo_overrides, read_metrics, run_cli
+from cli_helpers import (grpo_overrides, grpo_stage, read_metrics, run_cli,
+                         sum_task_overrides)
 from nemo_orch import config as config_lib
-from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.models import checkpoint
 from nemo_orch.train import ppo
@@ -165,16 +165,7 @@ def _tiny_model() -> list[str]:
 
 
 def _tasks(tmp_path: Path) -> list[str]:
-    path = tmp_path / "tasks.jsonl"
-    write_tasks(path, [Task(id=f"t{i}", question=f"What is {i} + {i}?", answer=str(2 * i))
-                       for i in range(12)])
-    return ["env=tasks", f"env.path={path}", "reward.combination=linear",
-            "reward.linear_gamma=0", "grpo=ppo"]
-
-
-def _stage(out: Path) -> Path:
-    (stage,) = (out / "run").glob("grpo-*")
-    return stage
+    return [*sum_task_overrides(tmp_path), "grpo=ppo"]
 
 
 def _learned(metrics: dict) -> dict:
@@ -192,11 +183,11 @@ def ppo_runs(start_checkpoint, tmp_path_factory) -> tuple[Path, Path]:
                           "grpo.save_interval=2")
     assert run_cli("grpo", *args, env={KILL_AT: "step:3"},
                    expect=None).returncode == -signal.SIGKILL
-    assert (_stage(out / "killed") / ppo.CRITIC_DIR / "step_2").is_dir()
+    assert (grpo_stage(out / "killed") / ppo.CRITIC_DIR / "step_2").is_dir()
     run_cli("grpo", *args)
     run_cli("grpo", *grpo_overrides(start_checkpoint, out / "whole", *_tasks(out),
                                     "grpo.max_steps=3", "grpo.save_interval=2"))
-    return _stage(out / "killed"), _stage(out / "whole")
+    return grpo_stage(out / "killed"), grpo_stage(out / "whole")
 
 
 def test_ppo_trains_policy_and_critic_and_resumes_both_after_a_kill(ppo_runs):
