@@ -938,7 +938,8 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
     With PPO's ``critic``: its values before the update give GAE advantages and value targets
     (:func:`ppo.attach_advantages`), and each optimizer step of the policy is followed by one of
     the critic on the same micro-batches (only the critic's in the first
-    ``grpo.ppo.critic_warmup_steps`` steps)."""
+    ``grpo.ppo.critic_warmup_steps`` steps). A step the guard skips trains neither; its
+    rollback restores the policy only (the critic learned values, not a policy that jumped)."""
     grpo, dp = config.grpo, config.parallel.dp
     if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
