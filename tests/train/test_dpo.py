@@ -261,7 +261,7 @@ def test_pairs_from_offline_rollouts_keep_the_episodes_tokens(offline_pairs, tin
 def _run_args(policy: Path, pairs: Path, out: Path, *extra: str, steps: int = 6) -> list[str]:
     return ["dpo", f"trainer.init_from={policy}", f"dpo.pairs_path={pairs}",
             f"run.output_dir={out}", "run.name=run", f"dpo.max_steps={steps}",
-            "dpo.save_interval=3",
+            "dpo.save_interval=3", "dpo.optim.lr=5e-4", "dpo.optim.min_lr=5e-4",
             "dpo.global_batch_size=4", "dpo.micro_batch_size=2", "trainer.num_threads=1", *extra]
 
 
