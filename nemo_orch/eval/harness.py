@@ -390,6 +390,20 @@ class EvalSummary:
     seconds: float
 
 
+def _policy_identity(config: Config) -> str | None:
+    """The checkpoint ``rollout.policy`` names (or the run's latest), as the cache knows it
+    (:func:`checkpoint.identity`); None for a served policy or an HF directory, which the
+    fingerprint's ``rollout`` section names."""
+    from nemo_orch.models import checkpoint
+    from nemo_orch.models.hf_mapping import HF_CONFIG
+
+    policy = config.rollout.policy
+    if config.rollout.engine == "openai" or (policy is not None
+                                             and (Path(policy) / HF_CONFIG).is_file()):
+        return None
+    return checkpoint.identity(policy or checkpoint.checkpoints_dir(config))
+
+
 def run(config: Config, agents: list[str]) -> EvalSummary:
     """Every agent on the test tasks of ``env`` (cached per example, resumable), then the
     report."""
@@ -402,7 +416,8 @@ def run(config: Config, agents: list[str]) -> EvalSummary:
 
         engine, tokenizer = build_engine(config,
                                          max_requests=config.eval.max_requests_per_endpoint)
-    systems = [System(kind, kind, engine if kind == ORCHESTRATOR else None) for kind in agents]
+    systems = [System(kind, kind, engine, _policy_identity(config)) if kind == ORCHESTRATOR
+               else System(kind, kind) for kind in agents]
     directory = out_dir(config, benchmark.name)
     evaluation = evaluate(config, benchmark, systems, directory, tokenizer)
     (directory / "config.yaml").write_text(config_lib.to_yaml(config))

@@ -96,6 +96,14 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
                               f"({MANIFEST} unreadable: {error})") from None
 
 
+def identity(path: str | Path) -> str:
+    """What names a checkpoint's weights in an evaluation cache: the complete ``step_<N>``
+    directory ``path`` resolves to and when its manifest was written, so a run trained again
+    into the same directory is not taken for the weights cached before."""
+    opened = open_checkpoint(path)
+    return f"{opened.path.resolve()}@{(opened.path / MANIFEST).stat().st_mtime_ns}"
+
+
 def latest_checkpoint(directory: Path) -> Checkpoint | None:
     """The highest complete ``step_<N>`` under ``directory``; partial saves are ignored."""
     if not directory.is_dir():

@@ -143,10 +143,9 @@ def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, P
         module = qwen3.build_model(config.model, config.parallel,
                                    pre_process=context.is_first_stage,
                                    post_process=context.is_last_stage)
-        opened = checkpoint.open_checkpoint(source)
-        checkpoint.load(opened, module)
+        checkpoint.load(checkpoint.open_checkpoint(source), module)
         policies[name] = weights.gather_hf_weights(module, config.model)
-        sources[name] = str(opened.path)  # a cached episode is of these weights only
+        sources[name] = checkpoint.identity(source)  # a cached episode is of these weights only
     if not distributed.is_writer():
         return None
     systems = {name: harness.System(name, ORCHESTRATOR,

@@ -1,6 +1,7 @@
 """``nemo-orch export`` / ``import``: HF and TensorRT-LLM checkpoints, and bad checkpoints."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -126,6 +127,19 @@ def test_partial_checkpoints_are_never_picked(trained, tmp_path):
     shutil.copytree(trained / "step_2", partial)
     with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
         checkpoint.open_checkpoint(tmp_path / "checkpoints")
+
+
+def test_a_checkpoint_written_again_has_another_identity(trained, tmp_path):
+    """The evaluation cache names weights by checkpoint.identity: a run trained again into
+    the same step directory must not pass for the weights cached before."""
+    copied = tmp_path / "checkpoints" / "step_2"
+    shutil.copytree(trained / "step_2", copied)
+    before = checkpoint.identity(tmp_path / "checkpoints")
+    assert before == checkpoint.identity(copied) and str(copied.resolve()) in before
+    manifest = copied / checkpoint.MANIFEST
+    manifest.write_text(manifest.read_text())  # rewritten, as a save rewrites it last
+    os.utime(manifest, ns=(manifest.stat().st_atime_ns, manifest.stat().st_mtime_ns + 1))
+    assert checkpoint.identity(copied) != before
 
 
 def test_corrupt_checkpoints_fail_naming_the_path(trained, tmp_path):
