@@ -219,14 +219,14 @@ def test_the_command_line_refuses_a_grpo_setting_under_ppo(start_checkpoint, tmp
     assert "grpo.dynamic_sampling" in result.stderr
 
 
-def test_a_critic_checkpoint_of_another_architecture_is_refused(ppo_runs, start_checkpoint,
-                                                                tmp_path):
+def test_a_critic_checkpoint_of_another_architecture_is_refused(ppo_runs, megatron_world,
+                                                                start_checkpoint, tmp_path):
     critic = tmp_path / "deeper"
     shutil.copytree(ppo_runs[1] / ppo.CRITIC_DIR / "step_2", critic)
     saved = OmegaConf.load(critic / checkpoint.CONFIG_FILE)
     saved.model.num_layers += 1  # as a critic of a deeper policy would have it
     OmegaConf.save(saved, critic / checkpoint.CONFIG_FILE)
-    wider = run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path / "second",
-                                            *_tasks(tmp_path),
-                                            f"grpo.ppo.critic_init_from={critic}"), expect=2)
-    assert "grpo.ppo.critic_init_from" in wider.stderr and "num_layers" in wider.stderr
+    config = config_lib.load(["grpo=ppo", f"trainer.init_from={start_checkpoint}",
+                              f"grpo.ppo.critic_init_from={critic}", *_tiny_model()])
+    with pytest.raises(config_lib.ConfigError, match=r"grpo\.ppo\.critic_init_from=.*num_layers"):
+        ppo.start_critic(config, megatron_world, resumed_step=None)
