@@ -107,8 +107,8 @@ class GRPOConfig:
     the start policy, measured before its update, passes this skips the update and rolls back
     the one before it, whose weights sampled them (a rejected step, as a trust region; counted;
     the optimizer's moments are kept; null: off).
-    ``sample_mode``: whole trajectories, or one sample per turn. ``advantage_tokens``: the advantage drives every policy token (``all``), or
-    only the routing decisions (``decisions``: which tool, which expert, or to answer now; see
+    ``sample_mode``: whole trajectories, or one sample per turn. ``advantage_tokens``: the
+    advantage drives every policy token (``all``), or only the routing decisions (``decisions``: which tool, which expert, or to answer now; see
     ``rollout.format.decision_end``), leaving the copying of arguments and answers to what SFT
     taught, held by the KL term, so a costly route's negative advantage does not erode the
     copying that a cheap route needs. ``explore_share``: the share of each group's episodes
