@@ -972,12 +972,13 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
                 batch["ref_logprobs"] = ref
             if value is not None:
                 batch["values"] = value
-            if kl_in_reward and ref is not None:
-                batch["reward_kl"] = kl_penalty(old, ref, grpo.kl_type)
-            if guarded and old is not None:
+            kl = (kl_penalty(old, ref, grpo.kl_type) if old is not None and ref is not None
+                  and (kl_in_reward or guarded) else None)
+            if kl_in_reward and kl is not None:
+                batch["reward_kl"] = kl
+            if guarded and kl is not None:
                 mask = batch["loss_mask"]
-                kl_sums += torch.stack([(kl_penalty(old, ref, grpo.kl_type) * mask).sum(),
-                                        mask.sum()]).double()
+                kl_sums += torch.stack([(kl * mask).sum(), mask.sum()]).double()
         minis.append(batches)
     guard: dict[str, float] = {}
     if guarded:
