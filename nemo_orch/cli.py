@@ -111,11 +111,7 @@ def cmd_grpo(config: Config, args: argparse.Namespace) -> int:
 def cmd_dpo(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.train import dpo, grpo, main_job
 
-    if config.trainer.init_from is None:  # grpo.start_model's own message names grpo
-        raise config_lib.ConfigError("nemo-orch dpo needs trainer.init_from: the policy to "
-                                     "start from and compare against (a nemo-orch checkpoint "
-                                     "or an HF model directory)")
-    stage = main_job.stage(grpo.start_model(config), "dpo")
+    stage = main_job.stage(grpo.start_model(config, command="dpo"), "dpo")
     summary = dpo.run(stage)
     if _is_rank_zero():
         if summary.start_step >= summary.end_step:

@@ -767,13 +767,14 @@ def run(config: Config) -> GRPOSummary:
         return train(config, context)
 
 
-def start_model(config: Config) -> Config:
+def start_model(config: Config, command: str = "grpo") -> Config:
     """``config`` starting from its resolved starting point (:func:`start_point`: the
     checkpoint or HF directory in ``trainer.init_from``, the tokenizer in ``tokenizer.path``),
     with the architecture of those weights (an HF directory's ``config.json``, or the model
     section a nemo-orch checkpoint saved): the weights decide the shape, so ``model.*`` need not
-    repeat it; the fields taken are logged."""
-    init_from, tokenizer_dir = start_point(config)
+    repeat it; the fields taken are logged. ``command``: the ``nemo-orch`` command an error
+    names."""
+    init_from, tokenizer_dir = start_point(config, command)
     architecture = start_architecture(init_from, config.model)
     changed = [f"{name} {getattr(config.model, name)} -> {value}"
                for name, value in architecture.items() if getattr(config.model, name) != value]
@@ -786,12 +787,13 @@ def start_model(config: Config) -> Config:
                                   config.trainer, init_from=str(init_from)))
 
 
-def start_point(config: Config) -> tuple[Path, Path]:
-    """``nemo-orch grpo``'s starting weights (``trainer.init_from``) and the tokenizer their
-    token ids belong to: the checkpoint's own, the HF directory's, else ``tokenizer.path``."""
+def start_point(config: Config, command: str = "grpo") -> tuple[Path, Path]:
+    """``nemo-orch grpo``'s (or ``command``'s) starting weights (``trainer.init_from``) and the
+    tokenizer their token ids belong to: the checkpoint's own, the HF directory's, else
+    ``tokenizer.path``."""
     if config.trainer.init_from is None:
-        raise ConfigError("nemo-orch grpo needs trainer.init_from: a nemo-orch checkpoint (e.g. "
-                          "runs/tiny-sft/sft/checkpoints) or an HF model directory")
+        raise ConfigError(f"nemo-orch {command} needs trainer.init_from: a nemo-orch checkpoint "
+                          "(e.g. runs/tiny-sft/sft/checkpoints) or an HF model directory")
     source = Path(config.trainer.init_from)
     if (source / "tokenizer.json").is_file():
         return source, source
