@@ -55,9 +55,10 @@ def small_sft_overrides(tokenizer_dir: Path, output_dir: Path, name: str) -> lis
             "trainer.optim.warmup_steps=2", "trainer.num_threads=1"]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None,
-            expect: int | None = 0) -> subprocess.CompletedProcess:
-    """Run ``nemo-orch ARGS`` as users do; ``expect`` is the required exit code (None: any).
+def run_cli(*args: str, env: dict[str, str] | None = None, expect: int | None = 0,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``nemo-orch ARGS`` as users do (in ``cwd``, default this one); ``expect`` is the
+    required exit code (None: any).
 
     The command gets its own session, killed afterwards: a SIGKILLed run orphans
     megatron-core's checkpoint-writer manager process, which would otherwise linger (and hold
@@ -66,7 +67,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None,
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen([sys.executable, "-m", "nemo_orch.cli", *args], stdout=out,
                                    stderr=err, env={**os.environ, **(env or {})},
-                                   start_new_session=True)
+                                   start_new_session=True, cwd=cwd)
         try:
             returncode = process.wait(timeout=600)
         finally:

@@ -73,13 +73,20 @@ def megatron_world():
 @pytest.fixture(scope="session")
 def start_checkpoint(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two SFT steps of the tiny long-context model: a checkpoint (with its tokenizer) for
-    ``nemo-orch grpo trainer.init_from=``."""
+    ``nemo-orch grpo trainer.init_from=``.
+
+    Trained as users train, from a directory of its own with paths relative to it (its saved
+    config names ``tokenizer`` and ``runs/``): every test that uses it from elsewhere checks
+    that a checkpoint works from any working directory."""
+    import shutil
+
     from cli_helpers import TINY_LONG_MODEL, run_cli, small_sft_overrides
 
     out = tmp_path_factory.mktemp("start")
-    run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, out, "sft"), *TINY_LONG_MODEL,
-            "trainer.max_steps=2", "trainer.optim.warmup_steps=1")
-    return out / "sft" / "checkpoints" / "step_2"
+    shutil.copytree(tiny_tokenizer_dir, out / "tokenizer")
+    run_cli("sft", *small_sft_overrides(Path("tokenizer"), Path("runs"), "sft"),
+            *TINY_LONG_MODEL, "trainer.max_steps=2", "trainer.optim.warmup_steps=1", cwd=out)
+    return out / "runs" / "sft" / "checkpoints" / "step_2"
 
 
 @pytest.fixture(scope="session")

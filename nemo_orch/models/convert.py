@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from nemo_orch import config as config_lib
 from nemo_orch import distributed
@@ -34,11 +35,31 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 
 
 def checkpoint_config(ckpt: checkpoint.Checkpoint, overrides: list[str] = ()) -> Config:
-    """The config a checkpoint was trained with, as one process, with overrides applied."""
+    """The config to use a checkpoint with, from any working directory, as one process: the
+    defaults with the checkpoint's own ``model`` and ``tokenizer`` sections, the tokenizer read
+    from the copy inside the checkpoint, then ``overrides``.
+
+    The rest of the saved config records how the checkpoint was trained (data, starting weights,
+    run directory), in paths relative to the directory that trained it: none of it is needed to
+    use the weights, so none of it has to exist where they are used.
+    """
     if not ckpt.config_path.exists():
         raise checkpoint.CheckpointError(f"{ckpt.path}: missing {checkpoint.CONFIG_FILE}")
-    return config_lib.load_saved(ckpt.config_path, ["parallel.tp=1", "parallel.pp=1",
-                                                    "parallel.dp=1", *overrides])
+    try:
+        saved = OmegaConf.load(ckpt.config_path)
+        sections = {"model": saved.model, "tokenizer": saved.tokenizer}
+    except Exception as error:  # a YAML or key error of any kind
+        raise checkpoint.CheckpointError(f"{ckpt.config_path}: no readable model and tokenizer "
+                                         f"sections ({error})") from None
+    if ckpt.tokenizer_path.is_dir():
+        sections["tokenizer"].path = str(ckpt.tokenizer_path.resolve())
+    tree = OmegaConf.merge(config_lib.compose(overrides=["parallel.tp=1", "parallel.pp=1",
+                                                         "parallel.dp=1"]), sections)
+    try:
+        tree.merge_with_dotlist(list(overrides))
+    except Exception as error:  # an override of any kind
+        raise ConfigError(f"{ckpt.path}: cannot apply the overrides ({error})") from None
+    return config_lib.validate(tree)
 
 
 def _copy_tokenizer(source: Path, out: Path) -> None:
