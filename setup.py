@@ -5,7 +5,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 
-TEST_ONLY = ("pytest", "hypothesis")  # in requirements.txt for `make test`, not installed with us
+# In requirements.txt for `make test`, not installed with us.
+TEST_ONLY = ("pytest", "hypothesis", "openai")
 
 
 def requirements(name: str = "requirements.txt") -> list[str]:

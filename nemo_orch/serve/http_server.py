@@ -1,21 +1,28 @@
 """A small JSON-over-HTTP server for the project's endpoints (OpenAI-compatible generation,
 tools), on the standard library's ``ThreadingHTTPServer``: no web framework dependency.
 
-Routes map ``(method, path)`` to a function of the decoded JSON body returning a JSON-able dict.
+Routes map ``(method, path)`` to a function of the decoded JSON body returning a JSON-able dict,
+or an :class:`EventStream`: server-sent events in OpenAI's streaming format, sent with chunked
+transfer encoding so that the connection stays open for the client's next request.
 A :class:`RequestError` becomes its status with an OpenAI-style error body; any other exception
-a 500 with a generic message (details go to the log, not to the client). With ``api_key``, every
-route but ``GET /health`` requires ``Authorization: Bearer <api_key>``. With ``metrics``, every
-answered request is counted and timed by route (4xx: ``bad_request``, 5xx: ``error``).
+a 500 with a generic message (details go to the log, not to the client). Once a stream has
+started, its status is sent: an exception then becomes an error event (the ``openai`` client
+raises it as an ``APIError``) that ends the stream without ``[DONE]``, counted as a 500. With
+``api_key``, every route but ``GET /health`` requires ``Authorization: Bearer <api_key>``. With
+``metrics``, every answered request is counted and timed by route (4xx: ``bad_request``, 5xx:
+``error``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -24,7 +31,18 @@ from nemo_orch.serve.metrics import ServeMetrics
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 2**20
-Route = Callable[[dict], dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class EventStream:
+    """A route's answer sent as server-sent events: each of ``events`` as ``data: <JSON>``, then
+    ``data: [DONE]``. Whatever can refuse the request should run before the route returns one:
+    once streaming, the status (200) is sent."""
+
+    events: Iterable[dict]
+
+
+Route = Callable[[dict], dict | EventStream]
 
 
 class RequestError(Exception):
@@ -39,6 +57,13 @@ class RequestError(Exception):
 
 def _status(code: int) -> str:
     return "ok" if code < 400 else "bad_request" if code < 500 else "error"
+
+
+def _error_body(message: str, kind: str, code: int) -> dict:
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+INTERNAL_ERROR = _error_body("internal server error", "server_error", 500)
 
 
 def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
@@ -73,14 +98,15 @@ def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
                     if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                         raise RequestError("missing or wrong API key", 401,
                                            "authentication_error")
-                return self._reply(200, route(body))
+                answer = route(body)
             except RequestError as error:
-                return self._reply(error.status, {"error": {
-                    "message": str(error), "type": error.kind, "code": error.status}})
+                return self._reply(error.status, _error_body(str(error), error.kind, error.status))
             except Exception:
                 log.exception("%s %s failed", method, self.path)
-                return self._reply(500, {"error": {"message": "internal server error",
-                                                   "type": "server_error", "code": 500}})
+                return self._reply(500, INTERNAL_ERROR)
+            if isinstance(answer, EventStream):
+                return self._stream(answer)
+            return self._reply(200, answer)
 
         def _read_body(self) -> dict:
             try:
@@ -110,10 +136,43 @@ def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
                 self.end_headers()
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
-                log.debug("%s %s: the client closed the connection before the reply",
-                          self.command, self.path)
-                self.close_connection = True
+                self._client_left()
             return status
+
+        def _stream(self, stream: EventStream) -> int:
+            """Send ``stream`` as server-sent events; returns the status to count: 200, or 500
+            when producing an event failed."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            status = 200
+            try:
+                self.end_headers()
+                try:
+                    for event in stream.events:
+                        self._send_event(json.dumps(event))
+                    self._send_event("[DONE]")
+                except (BrokenPipeError, ConnectionResetError):
+                    raise  # nothing more can be sent: below
+                except Exception:
+                    log.exception("%s %s failed while streaming", self.command, self.path)
+                    self._send_event(json.dumps(INTERNAL_ERROR))
+                    status = 500
+                self.wfile.write(b"0\r\n\r\n")  # the chunked body's end
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up
+                self._client_left()
+            return status
+
+        def _send_event(self, data: str) -> None:
+            """One ``data:`` event as one HTTP chunk (written through: ``wfile`` is unbuffered)."""
+            event = f"data: {data}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+
+        def _client_left(self) -> None:
+            log.debug("%s %s: the client closed the connection before the reply ended",
+                      self.command, self.path)
+            self.close_connection = True
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
@@ -126,6 +185,14 @@ class _Server(ThreadingHTTPServer):
     # The default backlog (5) resets connections when many clients connect at once, e.g. an
     # evaluation's concurrent episodes.
     request_queue_size = 1024
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client may reset a kept-alive connection, e.g. the ``openai`` client closing a
+        # stream it stopped reading at [DONE]: not a server error, so no traceback on stderr.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("%s closed the connection", client_address)
+            return
+        super().handle_error(request, client_address)
 
 
 class ServerHandle:

@@ -17,10 +17,19 @@ read, and every reply under ``tool_choice: "none"``, is returned as generated. C
 may carry assistant ``tool_calls`` (arguments as a JSON string or object) and ``tool``
 messages; they are rendered the way the policy writes and reads them.
 
+Both generation routes stream with ``stream: true`` (server-sent events of OpenAI's chunks, then
+``data: [DONE]``; with ``stream_options: {"include_usage": true}`` a last chunk with no choices
+carries the usage). The engine generates a whole turn at once, so the stream is cut from the
+finished response: each text in pieces (a word each), each tool call as vLLM's hermes parser
+streams it (its ``id``, ``type`` and ``name`` first, then its ``arguments`` in pieces), the
+``finish_reason`` in an empty closing piece. Accumulated, a stream is the response the same
+request gets without ``stream``, and every refusal comes before it starts (a JSON error).
+
 :mod:`nemo_orch.serve.orchestrator` serves these routes plus the orchestration loop.
 
 Only the sampled tokens' logprobs exist (see :mod:`nemo_orch.rollout.engines.hf`), so requests
-for alternatives (``logprobs > 0``, ``top_logprobs > 0``) are refused, as are streaming, ``n > 1``,
+for alternatives (``logprobs > 0``, ``top_logprobs > 0``) are refused, as are logprobs in a
+stream (its pieces are not tokens), ``stream_options`` other than ``include_usage``, ``n > 1``,
 ``tool_choice`` other than ``auto``/``none`` and other features that would silently change the
 meaning of a request.
 """
@@ -29,17 +38,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import Engine, EngineError, Generation, SamplingParams
 from nemo_orch.rollout.format import TurnFormat, parse_turn, without_calls
-from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
+from nemo_orch.serve.http_server import EventStream, RequestError, ServerHandle, serve_json
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,9 @@ TOOL_CHOICES = ("auto", "none")
 NO_PARAMETERS = {"type": "object", "properties": {}}
 # Markup the parser cannot read as a call: the whole reply is content (as with vLLM).
 _UNREADABLE_CALLS = ("malformed_json", "bad_call_shape", "unclosed_tag")
+STREAM_OPTIONS = ("include_usage",)
+STREAMED_LOGPROBS = ("logprobs are not streamed by this server: a stream's pieces are cut from "
+                     "the finished text, not tokens")
 
 
 def request_field(body: dict, name: str, types: type | tuple[type, ...],
@@ -172,6 +185,75 @@ def _outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
             for index, call in enumerate(calls)]
 
 
+# ---------------------------------------------------------------------- streaming
+def _stream_options(body: dict) -> tuple[bool, bool]:
+    """Whether the request streams, and whether its stream ends with a usage chunk."""
+    stream = request_field(body, "stream", bool, False)
+    options = request_field(body, "stream_options", dict)
+    if options is None:
+        return stream, False
+    if not stream:
+        raise RequestError("'stream_options' is only allowed with 'stream': true")
+    unknown = sorted(set(options) - set(STREAM_OPTIONS))
+    if unknown:
+        raise RequestError(f"stream_options {unknown} are not supported; supported: "
+                           f"{', '.join(STREAM_OPTIONS)}")
+    return True, request_field(options, "include_usage", bool, False)
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` cut before each word that follows whitespace, the way a token stream delivers
+    it; an empty text is one empty piece, so that it is still sent."""
+    return re.split(r"(?<=\s)(?=\S)", text)
+
+
+def _message_deltas(message: dict) -> list[dict]:
+    """The deltas that build a chat ``message``: the role, the content in pieces (none when it
+    is null), then each tool call as vLLM's hermes parser streams it: its index, id, type and
+    name first, then its arguments in pieces."""
+    deltas = [{"role": "assistant"}]
+    if message["content"] is not None:
+        deltas += ({"content": piece} for piece in _pieces(message["content"]))
+    for index, call in enumerate(message.get("tool_calls", ())):
+        function = call["function"]
+        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": call["type"],
+                                       "function": {"name": function["name"]}}]})
+        deltas += ({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                   for piece in _pieces(function["arguments"]))
+    return deltas
+
+
+def _chat_pieces(choice: dict) -> list[dict]:
+    """A chat choice's part of each chunk: its message's deltas, then an empty one (OpenAI's
+    closing delta, which carries the ``finish_reason``)."""
+    return [*({"delta": delta} for delta in _message_deltas(choice["message"])), {"delta": {}}]
+
+
+def _completion_pieces(choice: dict) -> list[dict]:
+    """A completion choice's part of each chunk: its text in pieces, then an empty closing
+    piece."""
+    return [*({"text": piece} for piece in _pieces(choice["text"])), {"text": ""}]
+
+
+def _chunks(response: dict, kind: str, pieces: Callable[[dict], list[dict]],
+            include_usage: bool) -> Iterator[dict]:
+    """A finished ``response`` as the chunks of its stream (``object: kind``, the response's id,
+    created and model): a chunk per piece of each choice (``pieces(choice)``), the last one with
+    the choice's ``finish_reason``. With ``include_usage``, a final chunk of no choices carries
+    the usage and the others ``usage: null``, as OpenAI streams them."""
+    head = {"id": response["id"], "object": kind, "created": response["created"],
+            "model": response["model"]}
+    usage = {"usage": None} if include_usage else {}
+    for choice in response["choices"]:
+        parts = pieces(choice)
+        for number, part in enumerate(parts, 1):
+            finish_reason = choice["finish_reason"] if number == len(parts) else None
+            yield {**head, "choices": [{"index": choice["index"], **part, "logprobs": None,
+                                        "finish_reason": finish_reason}], **usage}
+    if include_usage:
+        yield {**head, "choices": [], "usage": response["usage"]}
+
+
 class OpenAIService:
     """Request -> engine call -> response body, independent of HTTP; ``routes`` for
     :func:`~nemo_orch.serve.http_server.serve_json`. ``engine`` is the served engine behind the
@@ -204,7 +286,7 @@ class OpenAIService:
         self.check_model(body)
         number = (int, float)
         refused = {
-            "stream": bool(body.get("stream")), "n > 1": request_field(body, "n", int, 1) != 1,
+            "n > 1": request_field(body, "n", int, 1) != 1,
             "best_of > 1": request_field(body, "best_of", int, 1) != 1,
             "echo": bool(body.get("echo")), "logit_bias": bool(body.get("logit_bias")),
             "presence_penalty": bool(request_field(body, "presence_penalty", number, 0)),
@@ -263,8 +345,9 @@ class OpenAIService:
             return [f"token_id:{t}" for t in generation.token_ids]
         return [self.tokenizer.decode([t]) for t in generation.token_ids]
 
-    def chat(self, body: dict) -> dict:
+    def chat(self, body: dict) -> dict | EventStream:
         self._check_common(body)
+        stream, include_usage = _stream_options(body)
         messages = _chat_messages(body.get("messages"))
         tools = _tools(body)
         tool_choice = request_field(body, "tool_choice", (str, dict), "auto")
@@ -275,11 +358,14 @@ class OpenAIService:
         if request_field(body, "top_logprobs", int, 0):
             raise RequestError("top_logprobs is not supported: only the sampled tokens' "
                                "logprobs are available")
+        want_logprobs = request_field(body, "logprobs", bool, False)
+        if stream and want_logprobs:
+            raise RequestError(STREAMED_LOGPROBS)
         prompt = self.tokenizer.encode(self._render(messages, tools), add_special_tokens=False)
         params, keep_stop = self._sampling(body, DEFAULT_CHAT_MAX_TOKENS)
         generation = self._generate([prompt], params)[0]
         logprobs = None
-        if request_field(body, "logprobs", bool, False):
+        if want_logprobs:
             logprobs = {"content": [
                 {"token": token, "logprob": value, "bytes": list(token.encode()),
                  "top_logprobs": []}
@@ -294,11 +380,15 @@ class OpenAIService:
                 message = {"role": "assistant", "content": without_calls(text).strip() or None,
                            "tool_calls": calls}
                 finish_reason = "tool_calls"
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                "created": int(time.time()), "model": self.model_name,
-                "choices": [{"index": 0, "finish_reason": finish_reason, "logprobs": logprobs,
-                             "message": message}],
-                "usage": self._usage(len(prompt), len(generation.token_ids))}
+        response = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                    "created": int(time.time()), "model": self.model_name,
+                    "choices": [{"index": 0, "finish_reason": finish_reason,
+                                 "logprobs": logprobs, "message": message}],
+                    "usage": self._usage(len(prompt), len(generation.token_ids))}
+        if stream:
+            return EventStream(_chunks(response, "chat.completion.chunk", _chat_pieces,
+                                       include_usage))
+        return response
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
         try:
@@ -307,12 +397,15 @@ class OpenAIService:
         except Exception as error:  # jinja errors: unknown role, malformed tool call, ...
             raise RequestError(f"cannot render the conversation: {error}") from None
 
-    def completions(self, body: dict) -> dict:
+    def completions(self, body: dict) -> dict | EventStream:
         self._check_common(body)
+        stream, include_usage = _stream_options(body)
         logprobs_n = request_field(body, "logprobs", int)
         if logprobs_n:
             raise RequestError("logprobs > 0 is not supported: only the sampled tokens' "
                                "logprobs are available (logprobs=0)")
+        if stream and logprobs_n is not None:
+            raise RequestError(STREAMED_LOGPROBS)
         prompts = self._prompts(body.get("prompt"))
         params, keep_stop = self._sampling(body, DEFAULT_COMPLETION_MAX_TOKENS)
         as_ids = request_field(body, "return_tokens_as_token_ids", bool, False)
@@ -328,10 +421,14 @@ class OpenAIService:
                             "top_logprobs": None, "text_offset": offsets}
             choices.append({"index": index, "text": self._text(generation, keep_stop),
                             "logprobs": logprobs, "finish_reason": generation.finish_reason})
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": self.model_name, "choices": choices,
-                "usage": self._usage(sum(map(len, prompts)),
-                                     sum(len(g.token_ids) for g in generations))}
+        response = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                    "created": int(time.time()), "model": self.model_name, "choices": choices,
+                    "usage": self._usage(sum(map(len, prompts)),
+                                         sum(len(g.token_ids) for g in generations))}
+        if stream:
+            return EventStream(_chunks(response, "text_completion", _completion_pieces,
+                                       include_usage))
+        return response
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         """A prompt (text or token ids) or a batch of them, as token ids."""

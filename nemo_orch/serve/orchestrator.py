@@ -1,6 +1,6 @@
 """``nemo-orch serve orchestrator``: the policy behind the OpenAI-compatible routes (function
-calling included, see :mod:`nemo_orch.serve.openai_server`) and the orchestration loop as one
-more route.
+calling and streaming included, see :mod:`nemo_orch.serve.openai_server`) and the orchestration
+loop as one more route.
 
 ``POST /v1/orchestrate`` takes a question and runs one episode of the rollouts' own loop
 (:func:`~nemo_orch.rollout.runner.run_rollouts`) with the configured tools and the server's engine,
@@ -14,6 +14,10 @@ so what it answers is what ``nemo-orch rollout`` would produce for the same task
                    "tokens": {"input", "output"}, "format_errors",
                    "calls": [{"turn", "tool", "arguments", "cost_usd", "latency_s", "cached",
                               "error", "input_tokens", "output_tokens"}]}}
+
+The episode is answered as one JSON body, not streamed: its calls run on the server and an
+OpenAI chunk stream has no place for its turns and ledger (``stream`` is an unknown field). A
+client that runs the tools itself streams each turn from ``/v1/chat/completions``.
 
 Without ``seed`` one is drawn and returned, so any answer can be replayed. A ``preference``
 reaches the policy as the training tasks state it: its instruction after the question. Every route

@@ -1,7 +1,7 @@
-"""The OpenAI-compatible server's function calling and the orchestrator server
+"""The OpenAI-compatible server's function calling and streaming, and the orchestrator server
 (``nemo-orch serve orchestrator``) on 127.0.0.1: a scripted policy, the test tokenizer in both
-chat formats and real tools, against raw HTTP, the official ``openai`` client and our own
-:class:`~nemo_orch.eval.chat_agent.ChatAgent`."""
+chat formats and real tools, against raw HTTP, the official ``openai`` client (its streams
+accumulated by its own helpers) and our own :class:`~nemo_orch.eval.chat_agent.ChatAgent`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 from fixture_tools import DelayedEcho, echo_spec
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +28,7 @@ from nemo_orch.reward.components import preference_instruction
 from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.serve.http_server import EventStream, serve_json
 from nemo_orch.serve.openai_server import start_server
 from nemo_orch.serve.orchestrator import serve_orchestrator, start_orchestrator
 from nemo_orch.tools.base import Pricing
@@ -125,10 +127,13 @@ def test_function_calling_round_trip(chat):
         assert reply.prompts[-1] == expected
 
 
+def sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+
+
 def test_official_openai_client(chat):
-    openai = pytest.importorskip("openai")
     server, _, _ = chat
-    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    client = sdk(server)
     messages = ask("weather")["messages"]
     first = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
     message = first.choices[0].message
@@ -201,6 +206,131 @@ def test_bad_shapes_are_refused(chat, change, status, error):
     assert error in response.json()["error"]["message"]
 
 
+# ---------------------------------------------------------------------- streaming
+def calls_of(message) -> list[tuple]:
+    return [(c.id, c.type, c.function.name, c.function.arguments)
+            for c in message.tool_calls or []]
+
+
+def assert_streamed_as_answered(streamed, answered) -> None:
+    """A stream accumulated by the SDK is the response to the same request without it."""
+    (stream_choice,), (choice,) = streamed.choices, answered.choices
+    assert stream_choice.finish_reason == choice.finish_reason
+    assert stream_choice.message.role == choice.message.role == "assistant"
+    assert stream_choice.message.content == choice.message.content
+    assert calls_of(stream_choice.message) == calls_of(choice.message)
+    assert streamed.usage == answered.usage
+
+
+def test_streamed_content(chat):
+    """Content in several chunks of one id, the role first, the finish_reason last, then
+    ``[DONE]``; usage only when asked for, in a last chunk of no choices."""
+    server, _, _ = chat
+    request = {"model": MODEL, "messages": ask("weather")["messages"]}  # no tools: all content
+    answered = sdk(server).chat.completions.create(**request)
+    chunks = list(sdk(server).chat.completions.create(**request, stream=True))
+    assert len(chunks) > 3 and len({chunk.id for chunk in chunks}) == 1
+    assert {chunk.object for chunk in chunks} == {"chat.completion.chunk"}
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == (
+        answered.choices[0].message.content) == REPLIES["weather"]
+    assert [chunk.choices[0].finish_reason for chunk in chunks] == [None] * (len(chunks) - 1) + [
+        "stop"]
+    assert all(chunk.usage is None for chunk in chunks)
+
+    *pieces, last = sdk(server).chat.completions.create(
+        **request, stream=True, stream_options={"include_usage": True})
+    assert len(pieces) == len(chunks) and all(piece.usage is None for piece in pieces)
+    assert (last.choices, last.usage) == ([], answered.usage)
+
+    raw = post(f"{server.url}/chat/completions", {**request, "stream": True})
+    assert raw.headers["content-type"] == "text/event-stream"
+    events = raw.text.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and len(events) == len(chunks) + 2
+    assert all(event.startswith("data: {") for event in events[:-2])
+
+
+@pytest.mark.parametrize("question", ["weather", "two", "unknown"])
+def test_streamed_tool_calls(chat, question):
+    """Tool calls stream as vLLM's hermes parser streams them, and the SDK's stream helper
+    accumulates them into the response's calls."""
+    server, _, _ = chat
+    request = {"model": MODEL, "messages": ask(question)["messages"], "tools": [WEATHER]}
+    answered = sdk(server).chat.completions.create(**request)
+    with sdk(server).chat.completions.stream(
+            **request, stream_options={"include_usage": True}) as stream:
+        deltas = [event.chunk.choices[0].delta for event in stream
+                  if event.type == "chunk" and event.chunk.choices]
+        streamed = stream.get_final_completion()
+    assert_streamed_as_answered(streamed, answered)
+    assert streamed.choices[0].finish_reason == "tool_calls"
+    call_deltas = [call for delta in deltas for call in delta.tool_calls or []]
+    for index, (call_id, _, name, arguments) in enumerate(calls_of(answered.choices[0].message)):
+        first, *rest = [call for call in call_deltas if call.index == index]
+        assert (first.id, first.type, first.function.name, first.function.arguments) == (
+            call_id, "function", name, None)
+        assert all(call.id is None and call.function.name is None for call in rest)
+        assert "".join(call.function.arguments for call in rest) == arguments
+
+
+def test_streamed_completions(chat):
+    """``/v1/completions`` streams each prompt's text as its own choice, with the usage of all
+    last."""
+    server, tokenizer, _ = chat
+    prompts = [tokenizer.apply_chat_template(ask(question)["messages"], tokenize=False,
+                                             add_generation_prompt=True)
+               for question in ("weather", "two")]
+    request = {"model": MODEL, "prompt": prompts, "max_tokens": 200}
+    answered = sdk(server).completions.create(**request)
+    *chunks, last = sdk(server).completions.create(**request, stream=True,
+                                                   stream_options={"include_usage": True})
+    for choice in answered.choices:
+        mine = [chunk.choices[0] for chunk in chunks if chunk.choices[0].index == choice.index]
+        assert len(mine) > 3 and "".join(piece.text for piece in mine) == choice.text
+        assert [piece.finish_reason for piece in mine] == [None] * (len(mine) - 1) + [
+            choice.finish_reason]
+    assert (last.choices, last.usage) == ([], answered.usage)
+    refused = post(f"{server.url}/completions", {**request, "stream": True, "logprobs": 0})
+    assert refused.status_code == 400 and "not streamed" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("change, status, error", [
+    ({"logprobs": True}, 400, "logprobs are not streamed"),
+    ({"n": 2}, 400, "not supported by this server: n > 1"),
+    ({"tool_choice": "required"}, 400, 'tool_choice "required" is not supported'),
+    ({"stream_options": {"continuous_usage_stats": True}}, 400,
+     "stream_options ['continuous_usage_stats'] are not supported"),
+    ({"stream_options": {"include_usage": "yes"}}, 400, "'include_usage' has the wrong type"),
+    ({"stream": "yes"}, 400, "'stream' has the wrong type"),
+    ({"stream": False, "stream_options": {"include_usage": True}}, 400,
+     "'stream_options' is only allowed with 'stream': true"),
+    ({"model": "gpt-5"}, 404, "does not exist"),
+])
+def test_refused_streams_are_json_errors(chat, change, status, error):
+    server, _, _ = chat
+    response = post(f"{server.url}/chat/completions", {**ask("weather"), "stream": True,
+                                                       **change})
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    assert error in response.json()["error"]["message"]
+
+
+def test_a_failing_stream_ends_with_an_error_event():
+    """Once a stream has started, a failure is an error event, which the SDK raises."""
+    def failing(_: dict) -> EventStream:
+        def events():
+            yield {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
+                   "model": MODEL, "choices": [{"index": 0, "delta": {"role": "assistant"},
+                                                "finish_reason": None}]}
+            raise RuntimeError("the engine died")
+        return EventStream(events())
+
+    with serve_json({("POST", "/v1/chat/completions"): failing}, url_path="/v1") as server:
+        stream = sdk(server).chat.completions.create(model=MODEL, messages=[], stream=True)
+        with pytest.raises(openai.APIError, match="internal server error"):
+            list(stream)
+
+
 # ---------------------------------------------------------------------- orchestrator
 PLAN = [("echo", {"text": "hi"}), ("echo", {"text": 5}), ("shout", {"text": "ok"})]
 
@@ -269,6 +399,7 @@ def test_orchestrate_options_and_bad_bodies(orchestrator):
             ({}, 400, "question must be a non-empty string"),
             ({"question": 5}, 400, "question must be a non-empty string"),
             ({"question": "q", "temperature": 0}, 400, "unknown fields ['temperature']"),
+            ({"question": "q", "stream": True}, 400, "unknown fields ['stream']"),
             ({"question": "q", "tools": ["echo", "browse"]}, 400, "unknown tools ['browse']"),
             ({"question": "q", "tools": "echo"}, 400, "tools must be a list of strings"),
             ({"question": "q", "preference": {"speed": 1}}, 400, "unknown preference feature"),
@@ -296,6 +427,21 @@ def test_chat_agent_through_the_orchestrator(orchestrator, tiny_tokenizer):
     assert trajectory.format_errors == served["ledger"]["format_errors"]
     assert ["tool_calls" in m for m in trajectory.messages if m["role"] == "assistant"] == [
         True, True, True, False]
+
+
+def test_orchestrator_streams_its_chat_route(orchestrator):
+    """The orchestrator's chat route streams the policy's next turn, its calls the client's to
+    run (the loop is ``/v1/orchestrate``'s, which answers one JSON body)."""
+    messages = [{"role": "system", "content": "Use tools."},
+                {"role": "user", "content": planned().question}]
+    request = {"model": MODEL, "messages": messages, "tools": echo_toolbox().schemas()}
+    answered = sdk(orchestrator).chat.completions.create(**request)
+    with sdk(orchestrator).chat.completions.stream(
+            **request, stream_options={"include_usage": True}) as stream:
+        streamed = stream.get_final_completion()
+    assert_streamed_as_answered(streamed, answered)
+    assert calls_of(streamed.choices[0].message) == [
+        ("call_0_0", "function", "echo", '{"text": "hi"}')]
 
 
 def test_metrics_count_every_route(orchestrator):
