@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch import config as config_lib
-from nemo_orch.config import Config
+from nemo_orch.config import Config, hub
 
 EXIT_USER_ERROR = 2
 
@@ -378,11 +378,12 @@ def cmd_synth(config: Config, args: argparse.Namespace) -> int:
 
 def _encoder_choice(args: argparse.Namespace) -> str | dict[str, Any]:
     """``--encoder`` with ``--preset`` / ``--pooling`` / prefixes (an HF encoder's settings)."""
+    encoder = hub.resolve_path(args.encoder, hub.MODEL, "--encoder")
     settings = {"preset": args.preset, "pooling": args.pooling,
                 "query_prefix": args.query_prefix, "document_prefix": args.document_prefix}
-    if args.encoder == "hashing" or all(value is None for value in settings.values()):
-        return args.encoder
-    return {"model_dir": args.encoder, **settings}
+    if encoder == "hashing" or all(value is None for value in settings.values()):
+        return encoder
+    return {"model_dir": encoder, **settings}
 
 
 def cmd_index_build(config: Config, args: argparse.Namespace) -> int:
@@ -554,8 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (build, imported):
         command.add_argument("--out", required=True, help="index directory")
         command.add_argument("--encoder", default="hashing", required=command is imported,
-                             help="'hashing' (offline default) or a local HF encoder directory: "
-                             "the encoder the index is (was) built with")
+                             help="'hashing' (offline default), a local HF encoder directory "
+                             "or a Hub id (org/name[@revision]): the encoder the index is (was) "
+                             "built with")
         command.add_argument("--preset", default=None,
                              help="an HF encoder's settings: qwen3-embedding, e5 or bge")
         command.add_argument("--pooling", default=None, choices=["mean", "last_token", "cls"],

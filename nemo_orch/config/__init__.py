@@ -3,12 +3,15 @@
 ``conf/train.yaml`` composes the groups (``model``, ``tools``, ``reward``, ``rollout``, ``data``,
 ``trainer``, ``launcher``) with Hydra; the merged tree is checked against :class:`Config`, so an
 unknown key, a wrong type or a missing file fails here with a :class:`ConfigError` naming it, and
-code past this point reads typed fields without defaults of its own.
+code past this point reads typed fields without defaults of its own. Keys that take a model,
+tokenizer or dataset also take a Hugging Face Hub id (``org/name[@revision]``), resolved here to
+the local snapshot (:mod:`nemo_orch.config.hub`).
 
 Each section's dataclass lives in a module of its own (``run``, ``model`` with ``parallel`` and
 ``tokenizer``, ``data``, ``tools``, ``reward``, ``grpo``, ``dpo``, ``rollout``, ``trainer``,
-``launcher``, ``synth``, ``env``, ``eval``, ``serve``; shared checks in ``base``); this root holds
-:class:`Config` and composes, loads and validates it, and re-exports every section's names.
+``launcher``, ``synth``, ``env``, ``eval``, ``serve``; shared checks in ``base``, Hub ids in
+``hub``); this root holds :class:`Config` and composes, loads and validates it, and re-exports
+every section's names.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, RETRIEVAL_S
                                    UserConfig)
 from nemo_orch.config.eval import EvalConfig, MonolithConfig
 from nemo_orch.config.grpo import AsyncGRPOConfig, CurriculumStage, GRPOConfig, PPOConfig
+from nemo_orch.config.hub import pin_hub_paths, resolve_hub_ids
 from nemo_orch.config.launcher import (CONTAINER_SQSH, SECRET_MARKERS, ExpertServerConfig,
                                        LauncherConfig, RayClusterConfig, SlurmConfig)
 from nemo_orch.config.model import CHAT_FORMATS, ModelConfig, ParallelConfig, TokenizerConfig
@@ -211,9 +215,12 @@ def _hydra_message(error: Exception) -> str:
 
 
 def validate(tree: DictConfig | dict) -> Config:
-    """Check a composed tree against the schema and build the typed :class:`Config`."""
+    """Check a composed tree against the schema and build the typed :class:`Config`, its Hugging
+    Face Hub ids resolved to local snapshots first (:mod:`nemo_orch.config.hub`), so the
+    sections' checks and everything downstream see local paths."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), tree)
+        resolve_hub_ids(merged)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None)
@@ -227,7 +234,11 @@ def load(overrides: list[str] | tuple[str, ...] = (), config_name: str = "train"
 
 
 def to_yaml(config: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
+    """The config as YAML, for a run to save: a Hub snapshot's path is written as the id pinned
+    to its commit (``org/name@<commit>``), which loads again on any machine."""
+    tree = OmegaConf.structured(config)
+    pin_hub_paths(tree)
+    return OmegaConf.to_yaml(tree)
 
 
 def load_saved(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -1,6 +1,8 @@
 """Row files every task source reads alike: ``.jsonl`` (one object per line), ``.json`` (an
 array of objects) or ``.parquet`` (needs ``pyarrow``), each problem naming its row: ``file:line``
-for JSONL, ``file[row N]`` (N counted from 0) for JSON and parquet."""
+for JSONL, ``file[row N]`` (N counted from 0) for JSON and parquet. A directory stands for the
+row files directly inside it, read in name order: a dataset split's shards
+(``train-00000-of-00003.parquet``, ...), as a Hugging Face dataset repository holds them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.data.jsonl import DataError, read_jsonl
+
+ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def _parquet_rows(path: Path, columns: Collection[str] | None) -> list[dict[str, Any]]:
@@ -39,32 +43,44 @@ def _json_rows(path: Path) -> list[Any]:
     return rows
 
 
+def _row_files(path: str | Path) -> list[Path]:
+    """``path`` itself, or for a directory the row files directly inside it, in name order."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    files = sorted(file for file in path.iterdir()
+                   if file.is_file() and file.suffix.lower() in ROW_SUFFIXES)
+    if not files:
+        raise DataError(f"{path}: a directory without row files ({', '.join(ROW_SUFFIXES)})")
+    return files
+
+
+def _located_rows(path: Path, columns: Collection[str] | None) -> Iterable[tuple[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return read_jsonl(path, "benchmark row")
+    if suffix == ".json":
+        return ((f"{path}[row {i}]", row) for i, row in enumerate(_json_rows(path)))
+    if suffix == ".parquet":
+        return ((f"{path}[row {i}]", row) for i, row in enumerate(_parquet_rows(path, columns)))
+    raise DataError(f"{path}: unknown benchmark file type {path.suffix!r}; expected .jsonl, "
+                    ".json or .parquet")
+
+
 def read_records(path: str | Path,
                  columns: Collection[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """``(where, row)`` for every row of a ``.jsonl``, ``.json`` or ``.parquet`` file, ``where``
-    naming the row for error messages. ``columns`` limits what parquet decodes (HLE's image
-    columns are most of its bytes); rows of the text formats keep every key. An unknown
-    suffix, an unreadable file, a row that is not an object or no rows at all is a
-    :class:`DataError`."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    located: Iterable[tuple[str, Any]]
-    if suffix == ".jsonl":
-        located = read_jsonl(path, "benchmark row")
-    elif suffix == ".json":
-        located = ((f"{path}[row {i}]", row) for i, row in enumerate(_json_rows(path)))
-    elif suffix == ".parquet":
-        located = ((f"{path}[row {i}]", row)
-                   for i, row in enumerate(_parquet_rows(path, columns)))
-    else:
-        raise DataError(f"{path}: unknown benchmark file type {path.suffix!r}; expected .jsonl, "
-                        ".json or .parquet")
+    """``(where, row)`` for every row of a ``.jsonl``, ``.json`` or ``.parquet`` file (or of a
+    directory's row files), ``where`` naming the row for error messages.
+    ``columns`` limits what parquet decodes (HLE's image columns are most of its bytes); rows of
+    the text formats keep every key. An unknown suffix, an unreadable file, a row that is not an
+    object or no rows at all is a :class:`DataError`."""
     records = []
-    for where, row in located:
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: a benchmark row must be a JSON object, not "
-                            f"{type(row).__name__}")
-        records.append((where, row))
+    for file in _row_files(path):
+        for where, row in _located_rows(file, columns):
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: a benchmark row must be a JSON object, not "
+                                f"{type(row).__name__}")
+            records.append((where, row))
     if not records:
         raise DataError(f"{path}: no benchmark rows")
     return records
