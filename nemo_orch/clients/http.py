@@ -153,6 +153,13 @@ class JSONClient:
         async with self._slots[loop]:
             return await self._request(method, path, payload)
 
+    def refusal(self, response: httpx.Response,
+                payload: Mapping[str, Any] | None) -> Exception | None:
+        """What to raise, in place of :attr:`error_type`, when the server refuses ``payload``
+        for good (None: :attr:`error_type`): a client whose requests follow a configuration
+        names it here."""
+        return None
+
     async def _request(self, method: str, path: str,
                        payload: Mapping[str, Any] | None) -> Any:
         url = f"{self.base_url}/{path.lstrip('/')}"
@@ -176,8 +183,9 @@ class JSONClient:
                 problem = f"HTTP {response.status_code}: {error_message(response)}"
                 if (response.status_code not in RETRY_STATUSES
                         and not self.retry_also(response)):
-                    raise self.error_type(self.scrub(f"{method} {url} failed with {problem}"),
-                                          response.status_code)
+                    raise self.refusal(response, payload) or self.error_type(
+                        self.scrub(f"{method} {url} failed with {problem}"),
+                        response.status_code)
             if attempt == self.max_retries:
                 raise self.error_type(self.scrub(
                     f"{method} {url} failed after {attempt + 1} attempts; last error: {problem}"),

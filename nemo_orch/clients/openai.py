@@ -9,16 +9,34 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_orch.clients.http import HTTPError, JSONClient
+import httpx
+
+from nemo_orch.clients.http import HTTPError, JSONClient, error_message
+from nemo_orch.config.base import ConfigError
+from nemo_orch.config.dialect import DEFAULT_DIALECT, DIALECT_PRESETS, Dialect, parse_dialect
+
+# How servers name a parameter they refuse: OpenAI's error ``code``s, and its message
+# ("Unsupported parameter: 'max_tokens' is not supported with this model. ...").
+_REFUSAL_CODES = frozenset({"unsupported_parameter", "unsupported_value", "invalid_value"})
+# What differs from call to call: a refusal of it is that call's, not the configuration's.
+_PER_CALL_FIELDS = frozenset({"messages", "prompt"})
+_REFUSED_NAME = re.compile(r"Unsupported (?:parameter|value): '([\w.]+)'")
 
 
 class OpenAIError(HTTPError):
     """A request that failed for good; ``status`` is the HTTP status (None: no response)."""
+
+
+class EndpointRefusal(ConfigError):
+    """An endpoint refused a parameter of the request as declared: the same request would fail
+    on every call, so this is a configuration error that stops the run, never an observation
+    (catch-all handlers of tool, user, judge and engine failures let it through)."""
 
 
 @dataclass(frozen=True)
@@ -33,17 +51,26 @@ class ChatResult:
     latency_s: float
     model: str = ""
     tool_calls: list[dict] = field(default_factory=list)
+    # Of output_tokens, those spent reasoning (``usage.completion_tokens_details``), which
+    # OpenAI counts among the completion tokens and bills at the output price.
+    reasoning_tokens: int = 0
 
 
 class OpenAIClient(JSONClient):
-    """Async client of one OpenAI-compatible server (``base_url`` ends in ``/v1``); the timeout,
-    retry and key rules are :class:`~nemo_orch.clients.http.JSONClient`'s."""
+    """Async client of one OpenAI-compatible server (``base_url`` ends in ``/v1``) asked in its
+    declared ``dialect`` (:func:`~nemo_orch.config.dialect.parse_dialect`: a preset's name, a
+    mapping or a :class:`Dialect`); ``name`` is what the configuration calls the endpoint (e.g.
+    ``env.user``), for errors. The timeout, retry and key rules are
+    :class:`~nemo_orch.clients.http.JSONClient`'s."""
 
     error_type = OpenAIError
 
-    def __init__(self, base_url: str, model: str | None = None, **options: Any) -> None:
+    def __init__(self, base_url: str, model: str | None = None, *,
+                 dialect: Dialect | str | Mapping[str, Any] = DEFAULT_DIALECT,
+                 name: str | None = None, **options: Any) -> None:
         super().__init__(base_url, **options)
-        self.model = model
+        self.model, self.name = model, name
+        self.dialect = parse_dialect(dialect, f"{name or base_url}: dialect")
 
     def __repr__(self) -> str:
         return f"OpenAIClient({self.base_url!r}, model={self.model!r})"
@@ -57,13 +84,19 @@ class OpenAIClient(JSONClient):
                    top_p: float | None = None, stop: Sequence[str] | None = None,
                    tools: Sequence[Mapping[str, Any]] | None = None, seed: int | None = None,
                    extra: Mapping[str, Any] | None = None) -> ChatResult:
-        """``POST /chat/completions``; ``extra`` adds server-specific fields to the request."""
-        payload: dict[str, Any] = {"model": self._model(model), "messages": list(messages)}
-        for key, value in (("max_tokens", max_tokens), ("temperature", temperature),
-                           ("top_p", top_p), ("stop", list(stop) if stop else None),
-                           ("tools", list(tools) if tools else None), ("seed", seed)):
-            if value is not None:
-                payload[key] = value
+        """``POST /chat/completions`` as the dialect asks it: ``max_tokens`` sent as its output
+        cap, sampling parameters only where it takes them, its ``reasoning_effort`` and
+        ``extra_body``; ``extra`` adds request-specific fields last."""
+        dialect = self.dialect
+        sampling = {"temperature": temperature, "top_p": top_p,
+                    "stop": list(stop) if stop else None}
+        payload: dict[str, Any] = {
+            "model": self._model(model), "messages": list(messages),
+            dialect.output_cap: max_tokens, "tools": list(tools) if tools else None,
+            "seed": seed, "reasoning_effort": dialect.reasoning_effort,
+            **(sampling if dialect.sampling else {})}
+        payload = {key: value for key, value in payload.items() if value is not None}
+        payload.update(dialect.extra_body)
         payload.update(extra or {})
         start = time.monotonic()
         body = await self.request("POST", "chat/completions", payload)
@@ -72,27 +105,62 @@ class OpenAIClient(JSONClient):
             choice = body["choices"][0]
             message = choice["message"]
             usage = body.get("usage") or {}
+            details = usage.get("completion_tokens_details") or {}
             return ChatResult(text=message.get("content") or "",
                               input_tokens=int(usage.get("prompt_tokens", 0)),
                               output_tokens=int(usage.get("completion_tokens", 0)),
                               finish_reason=choice.get("finish_reason") or "",
                               latency_s=latency, model=body.get("model", payload["model"]),
-                              tool_calls=list(message.get("tool_calls") or []))
-        except (KeyError, IndexError, TypeError) as error:
+                              tool_calls=list(message.get("tool_calls") or []),
+                              reasoning_tokens=int(details.get("reasoning_tokens") or 0))
+        except (KeyError, IndexError, TypeError, ValueError) as error:
             raise OpenAIError(f"{self.base_url}/chat/completions: malformed response "
-                              f"(missing {error})") from None
+                              f"({type(error).__name__}: {error})") from None
 
     async def completions(self, prompt: str | list[int], *, model: str | None = None,
                           **fields: Any) -> dict[str, Any]:
-        """``POST /completions`` with the given request fields; the raw response."""
-        return await self.request("POST", "completions",
-                                  {"model": self._model(model), "prompt": prompt, **fields})
+        """``POST /completions`` with the given request fields and the dialect's
+        ``extra_body``; the raw response. (The completions API caps replies with
+        ``max_tokens`` whatever the dialect.)"""
+        return await self.request("POST", "completions", {
+            "model": self._model(model), "prompt": prompt, **fields, **self.dialect.extra_body})
+
+    def refusal(self, response: httpx.Response,
+                payload: Mapping[str, Any] | None) -> EndpointRefusal | None:
+        """A 400 naming a parameter this request sent as configured (not the conversation):
+        the endpoint refuses how it is asked."""
+        parameter = refused_parameter(response)
+        if (response.status_code != 400 or parameter not in (payload or {})
+                or parameter in _PER_CALL_FIELDS):
+            return None
+        where = f"{self.name}: " if self.name else ""
+        return EndpointRefusal(self.scrub(
+            f"{where}the endpoint {self.base_url} (model {self.model}) refuses the request "
+            f"parameter {parameter!r} ({error_message(response)}); declare how it is asked "
+            f"with its dialect (presets: {', '.join(DIALECT_PRESETS)}; OpenAI's reasoning "
+            "models take dialect: openai-reasoning)"))
 
     def _model(self, model: str | None) -> str:
         chosen = model or self.model
         if not chosen:
             raise OpenAIError("no model name: pass model= or build the client with one")
         return chosen
+
+
+def refused_parameter(response: httpx.Response) -> str | None:
+    """The request parameter a server's error response names as refused (OpenAI's
+    ``error.param`` with an ``unsupported_*`` code, or its message), if any."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(error, dict):
+        return None
+    param, code = error.get("param"), error.get("code")
+    if isinstance(param, str) and code in _REFUSAL_CODES:
+        return param
+    named = _REFUSED_NAME.search(str(error.get("message", "")))
+    return named.group(1) if named else None
 
 
 def run_sync(coroutine: Any) -> Any:

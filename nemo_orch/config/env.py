@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from nemo_orch.config.base import _require, resolve_conf_path
+from nemo_orch.config.dialect import DEFAULT_DIALECT, parse_dialect
 
 
 ENV_KINDS = ("offline", "toolscale", "tau2", "qa", "tasks", "mixture")
@@ -46,7 +47,9 @@ class UserConfig:
     The user's tokens are priced at ``input_usd_per_million`` / ``output_usd_per_million``
     (null: ``model``'s list price where ``tools/pricing.py`` knows it, else 0) and kept apart
     from the orchestrator's and the experts' cost. ``seed`` (null: the episode's, so each trial
-    of a task has its own) is sent with every request."""
+    of a task has its own) is sent with every request. ``dialect``: how the endpoint is asked
+    (:mod:`nemo_orch.config.dialect`; ``openai-reasoning`` for gpt-5, the reference's user, which
+    takes no temperature or top_p)."""
 
     base_url: Optional[str] = None
     model: Optional[str] = None
@@ -62,6 +65,7 @@ class UserConfig:
     output_usd_per_million: Optional[float] = None
     max_steps: int = 200
     max_errors: int = 10
+    dialect: Any = DEFAULT_DIALECT
 
     @property
     def simulated(self) -> bool:
@@ -75,6 +79,7 @@ class UserConfig:
                  f"{where}.max_steps and {where}.max_errors must be >= 1")
         _require(self.timeout_s > 0 and self.max_retries >= 0 and self.max_in_flight >= 1,
                  f"{where}: need timeout_s > 0, max_retries >= 0 and max_in_flight >= 1")
+        parse_dialect(self.dialect, f"{where}.dialect")
 
 
 @dataclass

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from nemo_orch.config.base import _require
+from nemo_orch.config.dialect import parse_dialect
 
 
 @dataclass
@@ -16,7 +17,9 @@ class MonolithConfig:
     the basic search and sandbox where the benchmark offers only ToolOrchestra's composites),
     called with standard function calling. Priced at
     ``usd_per_million`` (input, output) or, when null, the price table's entry for ``model``.
-    Each request gets ``timeout_s`` (reasoning models take minutes) and ``max_retries``.
+    Each request gets ``timeout_s`` (reasoning models take minutes) and ``max_retries``, and is
+    asked in ``dialect`` (:mod:`nemo_orch.config.dialect`; the default model, gpt-5, is a
+    reasoning model: ``openai-reasoning``, which sends no temperature).
 
     With ``base_url`` null on the offline benchmark, a SIMULATED frontier model is served on
     127.0.0.1 for the evaluation (``nemo_orch/eval/simulated_chat.py``): the offline experts'
@@ -30,6 +33,7 @@ class MonolithConfig:
     tools: Optional[list[str]] = None
     max_tokens: int = 1024
     temperature: float = 0.0
+    dialect: Any = "openai-reasoning"
     timeout_s: float = 600.0
     max_retries: int = 2
     simulate: str = "math-large"
@@ -43,6 +47,7 @@ class MonolithConfig:
                  and self.timeout_s > 0 and self.max_retries >= 0,
                  "eval.monolith: max_tokens must be >= 1, timeout_s > 0, temperature, "
                  "time_scale and max_retries >= 0")
+        parse_dialect(self.dialect, "eval.monolith.dialect")
 
 
 @dataclass

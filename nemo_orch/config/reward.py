@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from nemo_orch.config.base import _require
+from nemo_orch.config.dialect import DEFAULT_DIALECT, parse_dialect
 
 # The judge templates shipped in conf/reward/judges/ (see nemo_orch.reward.judge).
 JUDGE_TEMPLATES = ("default", "reference", "hle_official")
@@ -23,7 +24,9 @@ class RewardConfig:
     0: the offline world's utility; the main job's default, ``reward=utility``). The LLM judge is used for answers
     that are neither empty, too long nor an exact match, when ``judge_base_url`` is set; each
     request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
-    after which the answer counts as a judge failure. With ``endpoint`` (a reward server's
+    after which the answer counts as a judge failure; the judge is asked in ``judge_dialect``
+    (:mod:`nemo_orch.config.dialect`; ``openai-reasoning`` for gpt-5 or o3-mini, the reference's
+    and HLE's judges), and one that refuses a parameter stops the run. With ``endpoint`` (a reward server's
     ``http://host:port``: ``nemo-orch serve reward``) answers are scored there, the answers
     scored together sent in requests of up to ``endpoint_batch_size`` (at most the server's
     ``serve.max_batch_size``), each request given ``endpoint_timeout_s`` and
@@ -44,6 +47,7 @@ class RewardConfig:
     judge_max_retries: int = 2
     judge_timeout_s: float = 60.0
     judge_template: str = "default"
+    judge_dialect: Any = DEFAULT_DIALECT
     endpoint: Optional[str] = None
     endpoint_timeout_s: float = 300.0
     endpoint_max_retries: int = 2
@@ -80,6 +84,7 @@ class RewardConfig:
         _require(self.judge_template in JUDGE_TEMPLATES,
                  f"reward.judge_template must be {'|'.join(JUDGE_TEMPLATES)}, "
                  f"got {self.judge_template!r}")
+        parse_dialect(self.judge_dialect, "reward.judge_dialect")
         _require(self.endpoint is None or self.judge_base_url is None,
                  "reward.endpoint scores on a reward server, which has its own judge: set "
                  "reward.judge_base_url there, not here")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from nemo_orch.config.base import _require, _require_file
+from nemo_orch.config.dialect import DEFAULT_DIALECT, parse_dialect
 
 
 @dataclass
@@ -39,8 +40,10 @@ class RolloutConfig:
 
     ``policy``: a checkpoint (``step_N`` or ``checkpoints/``) or an HF model directory for the
     ``hf`` engine; null takes the run's latest checkpoint. ``openai`` serves from ``base_url``
-    (key read from the environment variable ``api_key_env``). ``max_context_tokens`` null means
-    the model's ``max_position_embeddings``.
+    (key read from the environment variable ``api_key_env``), asked in its ``dialect``
+    (:mod:`nemo_orch.config.dialect`: its ``extra_body``; a policy is sampled, so its dialect
+    takes sampling parameters). ``max_context_tokens`` null means the model's
+    ``max_position_embeddings``.
 
     The GPU engines (``trtllm``, ``vllm``) run ``engine_tp``-way tensor parallel in
     ``engine_dtype``. ``colocate``: train and generate on the same GPUs -- the engine sleeps
@@ -61,6 +64,7 @@ class RolloutConfig:
     base_url: Optional[str] = None
     model_name: Optional[str] = None
     api_key_env: Optional[str] = None
+    dialect: Any = DEFAULT_DIALECT
     colocate: bool = True
     engine_tp: int = 1
     engine_dtype: str = "bfloat16"
@@ -95,6 +99,9 @@ class RolloutConfig:
                  f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}")
         _require(self.engine != "openai" or (self.base_url and self.model_name),
                  "rollout.engine=openai needs rollout.base_url and rollout.model_name")
+        _require(parse_dialect(self.dialect, "rollout.dialect").sampling,
+                 "rollout.dialect: the policy is sampled (temperature, top_p); its dialect "
+                 "must take sampling parameters")
         _require(self.colocate or self.engine in ("trtllm", "vllm"),
                  f"rollout.colocate=false only applies to the GPU engines (trtllm|vllm); "
                  f"rollout.engine={self.engine} has no GPUs to give back")

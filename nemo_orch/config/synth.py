@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from nemo_orch.config.base import _require
+from nemo_orch.config.dialect import DEFAULT_DIALECT, parse_dialect
 
 
 @dataclass
 class SynthConfig:
     """``nemo-orch synth``: the ToolScale synthesis pipeline (``envs/toolscale/synth.py``).
 
-    Each step is one chat request to ``base_url`` (OpenAI-compatible, ``model``; the key read
-    from the environment variable ``api_key_env``); a reply that does not parse or check is sent
+    Each step is one chat request to ``base_url`` (OpenAI-compatible, ``model``, asked in its
+    ``dialect``: :mod:`nemo_orch.config.dialect`; the key read from the environment variable
+    ``api_key_env``); a reply that does not parse or check is sent
     back with the error at most ``max_retries`` times. Per domain: ``records_per_table``
     records, ``num_purposes`` purposes with ``tasks_per_purpose`` tasks each, and up to
     ``evolve_rounds`` harder rewrites per task; a task with more than ``max_actions`` gold
@@ -25,6 +27,7 @@ class SynthConfig:
     base_url: Optional[str] = None
     model: Optional[str] = None
     api_key_env: Optional[str] = None
+    dialect: Any = DEFAULT_DIALECT
     out_dir: str = "runs/synth"
     num_domains: int = 1
     records_per_table: int = 10
@@ -59,3 +62,4 @@ class SynthConfig:
                  "synth.max_usd must be > 0 and needs a price (synth.*_usd_per_million)")
         _require(self.temperature >= 0 and self.timeout_s > 0,
                  "synth.temperature must be >= 0 and synth.timeout_s > 0")
+        parse_dialect(self.dialect, "synth.dialect")

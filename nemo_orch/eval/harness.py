@@ -243,7 +243,8 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
         base_url = monolith.base_url
         if base_url is None:
             base_url = stack.enter_context(_simulated_monolith(config, resources, toolbox)).url
-        client = OpenAIClient(base_url, monolith.model, api_key_env=monolith.api_key_env,
+        client = OpenAIClient(base_url, monolith.model, dialect=monolith.dialect,
+                              name="eval.monolith", api_key_env=monolith.api_key_env,
                               timeout_s=monolith.timeout_s, max_retries=monolith.max_retries,
                               max_in_flight=config.eval.max_requests_per_endpoint)
         stack.push_async_callback(client.aclose)

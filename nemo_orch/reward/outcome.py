@@ -28,7 +28,7 @@ from nemo_orch.config import RewardConfig
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, score_episode
 from nemo_orch.data.tasks import Task
-from nemo_orch.clients.openai import OpenAIClient
+from nemo_orch.clients.openai import EndpointRefusal, OpenAIClient
 from nemo_orch.reward.judge import JudgeTemplate, load_judge_template
 
 # How an outcome was decided; every one is logged as its own component.
@@ -123,6 +123,7 @@ class OutcomeScorer:
         self._domain_tasks: dict[str, DomainTask] = {}
         if client is None and config.judge_base_url is not None:
             client = OpenAIClient(config.judge_base_url, config.judge_model,
+                                  dialect=config.judge_dialect, name="reward.judge",
                                   api_key_env=config.judge_api_key_env,
                                   timeout_s=config.judge_timeout_s,
                                   max_retries=config.judge_max_retries,
@@ -200,6 +201,8 @@ class OutcomeScorer:
             reply = await self.client.chat(
                 judge.messages(task.question, task.answer, answer),
                 max_tokens=judge.max_tokens, temperature=judge.temperature, extra=extra)
+        except EndpointRefusal:
+            raise  # a judge that refuses its dialect would fail every answer alike
         except Exception as error:  # any failure of the judge is a wrong answer, never a crash
             return OutcomeResult(False, "judge_error", f"{type(error).__name__}: {error}")
         verdict, detail = judge.parse(reply.text)

@@ -116,8 +116,9 @@ def build_engine(config: Config, max_requests: int = 8
         raise ConfigError("rollout.engine=openai needs tokenizer.path (the served model's "
                           "tokenizer) to keep token-level trajectories")
     tokenizer = load_tokenizer(config.tokenizer.path)
-    client = OpenAIClient(rollout.base_url, rollout.model_name,
-                          api_key_env=rollout.api_key_env, max_in_flight=max_requests)
+    client = OpenAIClient(rollout.base_url, rollout.model_name, dialect=rollout.dialect,
+                          name="rollout (the policy)", api_key_env=rollout.api_key_env,
+                          max_in_flight=max_requests)
     return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
 
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import MARKUP_TOKENS
@@ -438,6 +439,8 @@ class Episode:
                     generation = dataclasses.replace(
                         generation, token_ids=forced + list(generation.token_ids),
                         logprobs=[0.0] * len(forced) + list(generation.logprobs))
+            except EndpointRefusal:
+                raise  # the policy's endpoint refuses what it is asked: no episode can run
             except Exception as error:  # an engine failure ends this episode, not the batch
                 turns.append(TurnRecord(turn_index, len(history.ids), 0, 0.0, 0.0,
                                         f"error: {type(error).__name__}: {error}"))

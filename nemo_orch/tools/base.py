@@ -7,6 +7,7 @@ bad call: it returns a :class:`ToolResult` with ``error`` set, which becomes the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -67,14 +68,17 @@ class Pricing:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens an expert model read and wrote on behalf of one tool call."""
+    """Tokens an expert model read and wrote on behalf of one tool call; of the output tokens,
+    ``reasoning_tokens`` were spent reasoning (priced as output, as OpenAI bills them)."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def __add__(self, other: "Usage") -> "Usage":
         return Usage(self.input_tokens + other.input_tokens,
-                     self.output_tokens + other.output_tokens)
+                     self.output_tokens + other.output_tokens,
+                     self.reasoning_tokens + other.reasoning_tokens)
 
 
 @dataclass(frozen=True)
@@ -142,8 +146,7 @@ class ToolResult:
     def to_json(self) -> dict[str, Any]:
         return {"output": self.output, "error": self.error, "cost_usd": self.cost_usd,
                 "latency_s": self.latency_s, "cached": self.cached, "answer": self.answer,
-                "usage": {"input_tokens": self.usage.input_tokens,
-                          "output_tokens": self.usage.output_tokens}}
+                "usage": dataclasses.asdict(self.usage)}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
+from nemo_orch.config.dialect import DEFAULT_DIALECT
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   building_with)
 from nemo_orch.tools.base import Usage
@@ -23,7 +24,10 @@ class ExpertEndpoint:
     holding the key (never the key itself) and, optionally, its own price (USD per million
     input / output tokens) when the table lacks the model. ``max_context_tokens`` (None: no
     budget) bounds the episode context composite tools hand this model, as ToolOrchestra gives
-    each expert its own context length (see :func:`nemo_orch.tools.composite.fit_observations`)."""
+    each expert its own context length (see :func:`nemo_orch.tools.composite.fit_observations`).
+    ``dialect`` says how the endpoint is asked (:mod:`nemo_orch.config.dialect`: e.g.
+    ``openai-reasoning`` for gpt-5, which takes ``max_tokens`` as ``max_completion_tokens`` and
+    no ``temperature``); reasoning tokens are billed with the output tokens."""
 
     base_url: str
     model: str
@@ -32,6 +36,7 @@ class ExpertEndpoint:
     max_tokens: int = 1024
     temperature: float = 0.0
     max_context_tokens: int | None = None
+    dialect: str | Mapping[str, Any] = DEFAULT_DIALECT
 
     def __post_init__(self) -> None:
         check_context_budget(self.max_context_tokens)
@@ -78,6 +83,8 @@ class LLMTool(BaseTool):
                                    if endpoint.usd_per_million else model_pricing(endpoint.model))
             # The key is read at the first request: a missing one fails that alias's calls only.
             self.clients[alias] = OpenAIClient(endpoint.base_url, endpoint.model,
+                                               dialect=endpoint.dialect,
+                                               name=f"tool {spec.name}, model {alias!r}",
                                                api_key_env=endpoint.api_key_env,
                                                timeout_s=timeout_s, max_retries=max_retries)
 
@@ -104,7 +111,7 @@ class LLMTool(BaseTool):
                                                    temperature=endpoint.temperature)
         except OpenAIError as error:
             return None, ToolResult(error=f"expert {alias!r} failed: {error}")
-        usage = Usage(reply.input_tokens, reply.output_tokens)
+        usage = Usage(reply.input_tokens, reply.output_tokens, reply.reasoning_tokens)
         cost = self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(usage,
                                                                               reply.latency_s)
         return reply.text, ToolResult(output=reply.text, usage=usage, cost_usd=cost,

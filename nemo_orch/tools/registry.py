@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
                                   ToolSpec, Usage)
 from nemo_orch.tools.schema import argument_errors
@@ -290,7 +291,8 @@ class Toolbox:
     async def call(self, name: str, arguments: dict[str, Any],
                    context: ToolContext = ToolContext()) -> ToolResult:
         """Run one call. Every failure (unknown tool, invalid arguments, timeout, exception
-        inside the tool) comes back as a result with ``error`` set."""
+        inside the tool) comes back as a result with ``error`` set, but an endpoint refusing
+        what it was declared to take (:class:`EndpointRefusal`), which stops the run."""
         tool = self.tools.get(name)
         if tool is None:
             return ToolResult(error=f"unknown tool {name!r}; available: {', '.join(self.tools)}")
@@ -324,6 +326,8 @@ class Toolbox:
                 return ToolResult(error=f"{spec.name} timed out after {spec.timeout_s:g} s",
                                   cost_usd=spec.pricing.cost(Usage(), elapsed),
                                   latency_s=elapsed)
+            except EndpointRefusal:
+                raise  # every call would fail alike: the configuration's error, not the call's
             except Exception as error:  # a broken tool must not end the episode
                 logger.exception("tool %s raised", spec.name)
                 return ToolResult(error=f"{spec.name} failed: {type(error).__name__}: {error}",

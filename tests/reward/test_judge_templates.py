@@ -70,18 +70,19 @@ def served(tiny_tokenizer):
         yield judge, server.url
 
 
-def scorer(served, template):
+def scorer(served, template, dialect="vllm"):
     _, url = served
     return OutcomeScorer(RewardConfig(judge_base_url=url, judge_model="judge",
-                                      judge_template=template, judge_max_retries=0))
+                                      judge_template=template, judge_max_retries=0,
+                                      judge_dialect=dialect))
 
 
-def judged(served, template, reply, times=1):
-    """Score ANSWER ``times`` with one scorer while the judge says ``reply``; the results and
-    the request bodies the judge received."""
+def judged(served, template, reply, times=1, dialect="vllm"):
+    """Score ANSWER ``times`` with one scorer, asking in ``dialect``, while the judge says
+    ``reply``; the results and the request bodies the judge received."""
     judge, _ = served
     judge.reply, judge.bodies = reply, []
-    chosen = scorer(served, template)
+    chosen = scorer(served, template, dialect)
     results = [asyncio.run(chosen.score(CAPITAL, ANSWER)) for _ in range(times)]
     return results, judge.bodies
 
@@ -154,7 +155,8 @@ def test_reference_request(served):
 
 
 def test_hle_official_request(served):
-    _, [body] = judged(served, "hle_official", hle())
+    """As the official code asks o3-mini: OpenAI's reasoning dialect, 4096 completion tokens."""
+    _, [body] = judged(served, "hle_official", hle(), dialect="openai-reasoning")
     [message] = body["messages"]
     assert message["role"] == "user"
     prompt = message["content"]
@@ -166,6 +168,7 @@ def test_hle_official_request(served):
                            "confidence score available.")
     assert "{" not in prompt
     assert "temperature" not in body and "max_tokens" not in body
+    assert body["max_completion_tokens"] == 4096
     assert body["response_format"] == HLE_SCHEMA
 
 

@@ -100,7 +100,7 @@ def test_server_routes_and_validation(server, client):
     for path, body, status in [
             ("chat/completions", {"messages": []}, 400),
             ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400),
-            ("chat/completions", {"messages": MESSAGES, "stream": True}, 400),
+            ("chat/completions", {"messages": MESSAGES, "stream": "yes"}, 400),
             ("chat/completions", {"messages": MESSAGES, "temperature": -1}, 400),
             ("chat/completions", {"model": "gpt-9", "messages": MESSAGES}, 404),
             ("completions", {"prompt": [1, "a"]}, 400),

@@ -22,7 +22,7 @@ import json
 import time
 from typing import Any
 
-from nemo_orch.clients.openai import ChatResult, OpenAIClient
+from nemo_orch.clients.openai import ChatResult, EndpointRefusal, OpenAIClient
 from nemo_orch.clients.http import HTTPError
 from nemo_orch.config import UserConfig
 from nemo_orch.data.tasks import Task
@@ -56,8 +56,9 @@ class Tau2Users:
         if config.base_url is None or config.model is None:
             raise ValueError("an LLM user needs env.user.base_url and env.user.model")
         self.config, self.domain = config, domain
-        self.client = OpenAIClient(config.base_url, config.model,
-                                   api_key_env=config.api_key_env, timeout_s=config.timeout_s,
+        self.client = OpenAIClient(config.base_url, config.model, dialect=config.dialect,
+                                   name="env.user", api_key_env=config.api_key_env,
+                                   timeout_s=config.timeout_s,
                                    max_retries=config.max_retries,
                                    max_in_flight=config.max_in_flight)
         self.pricing = user_pricing(config)
@@ -113,6 +114,8 @@ class Tau2User:
         while steps < steps_left:
             try:
                 result = await self._generate()
+            except EndpointRefusal:
+                raise  # the user endpoint's dialect is wrong: every episode would fail alike
             except (HTTPError, ValueError) as error:
                 return ledger(text=None, error=f"the user endpoint failed: {error}")
             steps += 1

@@ -489,8 +489,8 @@ def _save(directory: Path, domain: Domain, tasks: list[DomainTask]) -> dict[str,
 
 
 async def _synthesize(config: SynthConfig, out: Path) -> dict[str, Any]:
-    client = OpenAIClient(config.base_url, config.model, api_key_env=config.api_key_env,
-                          timeout_s=config.timeout_s)
+    client = OpenAIClient(config.base_url, config.model, dialect=config.dialect, name="synth",
+                          api_key_env=config.api_key_env, timeout_s=config.timeout_s)
     steps = _Steps(config, client, out / "cache")
     drafted, evolved = ValidationSummary(), ValidationSummary()
     written: list[dict[str, Any]] = []
