@@ -15,9 +15,11 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2")
 
+from simulated_openai import SimulatedOpenAI  # noqa: E402
 from simulated_tau2_user import MODEL, simulated_user_server  # noqa: E402
 
 from nemo_orch import config as config_lib  # noqa: E402
+from nemo_orch.clients.openai import EndpointRefusal  # noqa: E402
 from nemo_orch.config import RolloutConfig  # noqa: E402
 from nemo_orch.envs import build_environment  # noqa: E402
 from nemo_orch.envs.interfaces import final_message  # noqa: E402
@@ -171,6 +173,21 @@ def test_a_failing_or_hanging_user_endpoint_is_a_counted_user_error(tiny_tokeniz
             assert time.perf_counter() - started < 10
         assert trajectory.termination == "user_error" and not trajectory.turns
         assert not scored.outcome.correct
+
+
+def test_a_user_endpoint_that_refuses_its_dialect_stops_the_run(tiny_tokenizer):
+    """gpt-5 as the user (the reference's) refuses tau2's temperature 0: asked in vllm's dialect
+    the run stops naming it; in the reasoning dialect it is asked without one."""
+    with SimulatedOpenAI("gpt-5", reasoning=True, key=None, reply=lambda body: "Hi.") as gpt5:
+        environment = _environment("retail", gpt5.url, "env.user.max_retries=0")
+        with pytest.raises(EndpointRefusal, match="^env.user: .*'temperature'"):
+            _play(environment, _task(environment, "0"), lambda prompt: "Hello?", tiny_tokenizer)
+        environment = _environment("retail", gpt5.url, "env.user.dialect=openai-reasoning",
+                                   "env.user.max_steps=3")
+        trajectory, _ = _play(environment, _task(environment, "0"), lambda prompt: "Hello?",
+                              tiny_tokenizer)
+    assert trajectory.termination != "user_error"
+    assert "temperature" not in gpt5.requests[-1]["body"]
 
 
 def test_without_a_user_the_report_says_it_is_not_tau2_bench():
