@@ -20,8 +20,7 @@ from omegaconf import OmegaConf
 from nemo_orch import cli
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
-from nemo_orch.config.hub import DATA_SUFFIXES, HubId
-from nemo_orch.data.records import ROW_SUFFIXES
+from nemo_orch.config.hub import HubId
 from nemo_orch.envs import build_environment
 
 MODEL = "acme/tiny-qwen3"
@@ -258,7 +257,3 @@ def test_an_index_encoder_id_missing_offline_exits_2(hub, tmp_path, capsys):
 def test_what_spells_an_id(value, parsed):
     assert HubId.parse(value) == parsed
     assert parsed is None or str(parsed) == value
-
-
-def test_the_hub_fetches_the_row_files_the_readers_read():
-    assert sorted(DATA_SUFFIXES) == sorted(ROW_SUFFIXES)

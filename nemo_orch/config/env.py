@@ -279,7 +279,7 @@ class EnvSourceConfig:
                  f"{where}.preset must be null|{'|'.join(QA_PRESETS)}, got {self.preset!r}")
         _require(self.kind not in ("qa", "tasks") or self.path is not None,
                  f"{where}.path: a {self.kind} environment reads a file: set {where}.path (a "
-                 "local file; nothing is downloaded)")
+                 "local file, or a Hugging Face dataset id: org/name[@revision][:file])")
         self.user._check(f"{where}.user")
         self.retrieval._check(f"{where}.retrieval")
         _require(self.retrieval.scope != "oracle" or self.preset == "frames"

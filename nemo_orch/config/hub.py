@@ -58,7 +58,8 @@ log = logging.getLogger(__name__)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
                     "chat_template.jinja", "chat_template.json")
-# The row files nemo_orch.data.records reads (a directory of them: a split's shards).
+# The row files of datasets: what a dataset id fetches and nemo_orch.data.records reads (a
+# directory of them: a split's shards).
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 

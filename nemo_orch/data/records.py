@@ -11,9 +11,8 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from nemo_orch.config.hub import DATA_SUFFIXES
 from nemo_orch.data.jsonl import DataError, read_jsonl
-
-ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def _parquet_rows(path: Path, columns: Collection[str] | None) -> list[dict[str, Any]]:
@@ -49,9 +48,9 @@ def _row_files(path: str | Path) -> list[Path]:
     if not path.is_dir():
         return [path]
     files = sorted(file for file in path.iterdir()
-                   if file.is_file() and file.suffix.lower() in ROW_SUFFIXES)
+                   if file.is_file() and file.suffix.lower() in DATA_SUFFIXES)
     if not files:
-        raise DataError(f"{path}: a directory without row files ({', '.join(ROW_SUFFIXES)})")
+        raise DataError(f"{path}: a directory without row files ({', '.join(DATA_SUFFIXES)})")
     return files
 
 
