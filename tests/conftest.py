@@ -3,6 +3,7 @@ and ``cli_helpers`` (importable from every test directory) to run the real comma
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from nemo_orch.envs.offline.generator import generate_conversations
 from nemo_orch.models.tokenizer import load_tokenizer, render_conversation, train_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Tests never download: a Hugging Face Hub id they name must be in a cache they laid out.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 # Property-based tests draw the same examples on every run (CI never flakes on a new draw; a
 # failure reproduces) and keep no example database in the checkout.
