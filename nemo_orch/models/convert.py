@@ -9,7 +9,7 @@ TensorRT-LLM checkpoint, then ``trtllm-build`` on it.
 from __future__ import annotations
 
 import json
-import shutil
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +25,14 @@ from nemo_orch.models.hf_mapping import (DEFAULT_MAX_SHARD_SIZE, HFCheckpoint,
                                          hf_parameter_shape, load_hf_checkpoint_config,
                                          megatron_ends_to_hf, megatron_layer_to_hf,
                                          model_config_from_hf, write_hf_checkpoint)
+from nemo_orch.models.tokenizer import copy_tokenizer, load_tokenizer, special_token_ids
+
+log = logging.getLogger(__name__)
 
 EXPORT_FORMATS = ("hf", "trtllm")
 # The largest batch a built engine schedules: a GRPO step's rollouts (tasks x group size).
 DEFAULT_ENGINE_MAX_BATCH_SIZE = 256
 EXPORT_MANIFEST = "nemo_orch_export.json"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "chat_template.jinja")
 
 
 def checkpoint_config(ckpt: checkpoint.Checkpoint, overrides: list[str] = ()) -> Config:
@@ -62,10 +63,16 @@ def checkpoint_config(ckpt: checkpoint.Checkpoint, overrides: list[str] = ()) ->
     return config_lib.validate(tree)
 
 
-def _copy_tokenizer(source: Path, out: Path) -> None:
-    for name in _TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy2(source / name, out / name)
+def _export_tokenizer(ckpt: checkpoint.Checkpoint, config: Config) -> Path | None:
+    """The tokenizer that goes with a checkpoint's weights: :func:`checkpoint_config`'s
+    ``tokenizer.path`` (the checkpoint's copy, else the saved path, or an override); None, with
+    a warning, when there is none (e.g. a checkpoint imported from an HF directory without one)."""
+    if config.tokenizer.path is not None:
+        return Path(config.tokenizer.path)
+    log.warning("%s has no tokenizer and tokenizer.path is not set: the export gets no tokenizer "
+                "files and no special-token ids, so generate() will not stop at the end of a "
+                "turn; export again with tokenizer.path=<the policy's tokenizer>", ckpt.path)
+    return None
 
 
 def hf_weight_groups(ckpt: checkpoint.Checkpoint,
@@ -118,22 +125,29 @@ def export(checkpoint_path: str, fmt: str, out: str, *, tp: int = 1, dtype: str 
     ``model.safetensors`` when they fit), written as they fill: memory holds one decoder layer
     (or the embeddings and LM head) and one shard, not the model. The TensorRT-LLM checkpoint
     needs the whole model at once, to cut each tensor per rank.
+
+    Either gets the checkpoint's tokenizer (:func:`_export_tokenizer`) in the layout transformers
+    4.x and 5.x both load; the HF directory's ``config.json`` and ``generation_config.json`` get
+    its special-token ids, so ``generate()`` stops at ``<|im_end|>``.
     """
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format must be one of {'|'.join(EXPORT_FORMATS)}, got {fmt!r}")
     ckpt = checkpoint.open_checkpoint(checkpoint_path)
     config = checkpoint_config(ckpt, overrides)
     dtype = _resolve_dtype(config, dtype)
+    tokenizer_dir = _export_tokenizer(ckpt, config)
     groups = hf_weight_groups(ckpt, config.model)
     out_dir = Path(out)
     if fmt == "hf":
+        special_tokens = (special_token_ids(load_tokenizer(tokenizer_dir))
+                          if tokenizer_dir is not None else None)
         write_hf_checkpoint(out_dir, groups, config.model, dtype=qwen3.DTYPES[dtype],
-                            max_shard_size=max_shard_size)
+                            max_shard_size=max_shard_size, special_tokens=special_tokens)
     else:
         hf = {name: tensor for group in groups for name, tensor in group.items()}
         trtllm.save_trtllm_checkpoint(out_dir, hf, config.model, tp=tp, dtype=dtype)
-    if ckpt.tokenizer_path.is_dir():
-        _copy_tokenizer(ckpt.tokenizer_path, out_dir)
+    if tokenizer_dir is not None:
+        copy_tokenizer(tokenizer_dir, out_dir)
     (out_dir / EXPORT_MANIFEST).write_text(json.dumps(
         {"source": str(ckpt.path), "step": ckpt.step, "format": fmt, "dtype": dtype, "tp": tp}))
     return out_dir
@@ -181,8 +195,8 @@ def export_engine(checkpoint_path: str, out: str, *, tp: int = 1, dtype: str | N
     export(checkpoint_path, "trtllm", str(checkpoint_dir), tp=tp, dtype=dtype,
            overrides=overrides)
     seconds = trtllm.build_engine(command)
-    if ckpt.tokenizer_path.is_dir():
-        _copy_tokenizer(ckpt.tokenizer_path, engine_dir)
+    if config.tokenizer.path is not None:
+        copy_tokenizer(config.tokenizer.path, engine_dir)
     (out_dir / EXPORT_MANIFEST).write_text(json.dumps(
         {"source": str(ckpt.path), "step": ckpt.step, "format": "trtllm-engine", "dtype": dtype,
          "tp": tp, "max_batch_size": max_batch_size, "max_seq_len": max_seq_len,

@@ -14,12 +14,17 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from nemo_orch.config import ConfigError, ModelConfig
 
+if TYPE_CHECKING:  # the tokenizer module loads transformers
+    from nemo_orch.models.tokenizer import SpecialTokenIds
+
 HF_CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"
 SAFETENSORS_WEIGHTS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # huggingface_hub's sharding default; transformers 5's save_pretrained default (50GB) would
@@ -233,9 +238,16 @@ def megatron_to_hf(stages: list[list[Mapping[str, torch.Tensor]]], model: ModelC
     return hf
 
 
-def hf_config_dict(model: ModelConfig, torch_dtype: str | None = None) -> dict:
-    """``config.json`` of the equivalent ``Qwen3ForCausalLM``."""
-    return {
+def hf_config_dict(model: ModelConfig, torch_dtype: str | None = None,
+                   special_tokens: SpecialTokenIds | None = None) -> dict:
+    """``config.json`` of the equivalent ``Qwen3ForCausalLM``, with the bos and eos ids of the
+    tokenizer's ``special_tokens`` as Qwen3's own has them.
+
+    No ``pad_token_id``, as in Qwen3's: transformers makes it the embedding's ``padding_idx``,
+    whose row then never trains when the model is fine-tuned there. It is in
+    :func:`generation_config_dict`.
+    """
+    config = {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "num_hidden_layers": model.num_layers,
@@ -256,6 +268,18 @@ def hf_config_dict(model: ModelConfig, torch_dtype: str | None = None) -> dict:
         "use_cache": True,
         "torch_dtype": torch_dtype or model.params_dtype,
     }
+    if special_tokens is not None:
+        config |= {"bos_token_id": special_tokens.end_of_text,
+                   "eos_token_id": special_tokens.end_of_turn}
+    return config
+
+
+def generation_config_dict(special_tokens: SpecialTokenIds) -> dict:
+    """``generation_config.json`` as Qwen3's, without its sampling defaults: generation stops at
+    ``<|im_end|>`` (or ``<|endoftext|>``) and pads with ``<|endoftext|>``."""
+    return {"bos_token_id": special_tokens.end_of_text,
+            "eos_token_id": [special_tokens.end_of_turn, special_tokens.end_of_text],
+            "pad_token_id": special_tokens.end_of_text}
 
 
 def build_hf_model(model: ModelConfig, attn_implementation: str | None = None) -> torch.nn.Module:
@@ -411,7 +435,8 @@ class _ShardWriter:
 
 def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, torch.Tensor]],
                         model: ModelConfig, *, dtype: torch.dtype | None = None,
-                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+                        special_tokens: SpecialTokenIds | None = None) -> Path:
     """Write ``config.json`` + safetensors weights loadable by ``Qwen3ForCausalLM``, as HF's
     ``save_pretrained`` lays them out: ``model.safetensors`` when the weights fit one shard of
     ``max_shard_size``, else ``model-0000i-of-0000N.safetensors`` and
@@ -419,13 +444,18 @@ def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, tor
 
     ``groups`` are taken one at a time (a generator can read each from disk as it is asked for),
     so memory holds one group and the shard being filled, never the whole model.
+
+    With the ``special_tokens`` of the tokenizer going with the weights, ``config.json`` names
+    them and ``generation_config.json`` is written, so that ``generate()`` stops at the end of a
+    turn; without, neither has token ids.
     """
     max_bytes = parse_size(max_shard_size)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    # A previous export's weights (single file, shards, index) would be read along with these.
-    for stale in directory.glob("model*.safetensors*"):
-        stale.unlink()
+    # A previous export's weights (single file, shards, index) would be read along with these,
+    # and its generation config would name its tokenizer's ids.
+    for stale in [*directory.glob("model*.safetensors*"), directory / GENERATION_CONFIG]:
+        stale.unlink(missing_ok=True)
     shards = _ShardWriter(directory, max_bytes)
     dtype_name = None
     for group in groups:
@@ -435,11 +465,17 @@ def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, tor
             shards.add(name, tensor)
         del group  # freed, but for the shard still filling, before the next one is built
     shards.close()
-    (directory / HF_CONFIG).write_text(json.dumps(hf_config_dict(model, dtype_name), indent=2))
+    (directory / HF_CONFIG).write_text(
+        json.dumps(hf_config_dict(model, dtype_name, special_tokens), indent=2))
+    if special_tokens is not None:
+        (directory / GENERATION_CONFIG).write_text(
+            json.dumps(generation_config_dict(special_tokens), indent=2))
     return directory
 
 
 def save_hf_checkpoint(directory: str | Path, weights: Mapping[str, torch.Tensor],
-                       model: ModelConfig, dtype: torch.dtype | None = None) -> Path:
+                       model: ModelConfig, dtype: torch.dtype | None = None,
+                       special_tokens: SpecialTokenIds | None = None) -> Path:
     """:func:`write_hf_checkpoint` of one mapping of weights, at the default shard size."""
-    return write_hf_checkpoint(directory, [weights], model, dtype=dtype)
+    return write_hf_checkpoint(directory, [weights], model, dtype=dtype,
+                               special_tokens=special_tokens)

@@ -7,12 +7,18 @@ here. The template marks what the model must learn
 (each assistant message's content, tool calls and closing ``<|im_end|>``) with
 ``{% generation %}``, which is what ``apply_chat_template(..., return_assistant_tokens_mask=True)``
 turns into the loss mask.
+
+Tokenizer directories the project writes (:func:`save_tokenizer`, :func:`copy_tokenizer`) load in
+transformers 4.34 and later as well as in 5.x, as serving stacks pinned to 4.x read them.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,20 @@ MARKUP_TOKENS = (
     "</tool_response>",
 )
 SPECIAL_TOKENS = CONTROL_TOKENS + MARKUP_TOKENS
+
+_TOKENIZER_CONFIG = "tokenizer_config.json"
+# Where transformers >= 4.47 save the chat template, and then read it in preference to the
+# ``chat_template`` key of the tokenizer config.
+_CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# The files of a fast tokenizer's directory that a copy carries (those that exist).
+_TOKENIZER_FILES = ("tokenizer.json", "special_tokens_map.json")
+# transformers 5 saves a tokenizer built on a ``tokenizers`` object under its class
+# ``TokenizersBackend``, a name 4.x does not know. ``PreTrainedTokenizerFast`` is that class in
+# 4.x and an alias of it in 5.x, and both load ``tokenizer.json`` as it is.
+_V5_ONLY_TOKENIZER_CLASS, _PORTABLE_TOKENIZER_CLASS = "TokenizersBackend", "PreTrainedTokenizerFast"
+# What Qwen3's forward takes. 4.x's PreTrainedTokenizerFast also returns token_type_ids by
+# default, and ``model.generate(**tokenizer(text, return_tensors="pt"))`` then raises.
+_MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 
 # Qwen2/Qwen3's pre-tokenization split (contractions, letter runs, single digits, punctuation,
 # newlines, spaces), so a locally trained vocabulary segments text like the real one.
@@ -216,8 +236,47 @@ def train_tokenizer(
         pad_token=PAD_TOKEN,
         chat_template=CHAT_TEMPLATES[chat_format],
     )
-    tokenizer.save_pretrained(str(out_dir))
+    save_tokenizer(tokenizer, out_dir)
     return tokenizer
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> None:
+    """``save_pretrained`` in the layout transformers 4.x and 5.x both load
+    (:func:`_write_portable_config`)."""
+    tokenizer.save_pretrained(str(out_dir))
+    _write_portable_config(Path(out_dir), Path(out_dir))
+
+
+def copy_tokenizer(source: str | Path, out: str | Path) -> None:
+    """Copy the tokenizer of HF directory ``source`` into ``out``, in the layout transformers 4.x
+    and 5.x both load, whichever version saved it (a checkpoint trained before this layout
+    included)."""
+    source, out = Path(source), Path(out)
+    for name in _TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, out / name)
+    _write_portable_config(source, out)
+
+
+def _write_portable_config(source: Path, out: Path) -> None:
+    """Write ``source``'s tokenizer config to ``out`` in a form transformers 4.34+ and 5.x read
+    alike: a tokenizer class both know, the model's input names (5.x's default, not 4.x's), 5.x's
+    list of extra special tokens as the ``additional_special_tokens`` both read (4.x takes
+    ``extra_special_tokens`` for a mapping), and the chat template as the config's
+    ``chat_template`` key (the only place before 4.47) and not also as a file."""
+    config_path = source / _TOKENIZER_CONFIG
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    if config.get("tokenizer_class") == _V5_ONLY_TOKENIZER_CLASS:
+        config["tokenizer_class"] = _PORTABLE_TOKENIZER_CLASS
+    config["model_input_names"] = _MODEL_INPUT_NAMES
+    if isinstance(config.get("extra_special_tokens"), list):
+        config["additional_special_tokens"] = config.pop("extra_special_tokens")
+    if (source / _CHAT_TEMPLATE_FILE).is_file():
+        config["chat_template"] = (source / _CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    # Left beside the key, an earlier file (e.g. a previous export's) would be read instead.
+    (out / _CHAT_TEMPLATE_FILE).unlink(missing_ok=True)
+    (out / _TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
+                                        encoding="utf-8")
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -246,3 +305,20 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     tokenizer.eos_token = EOS_TOKEN
     tokenizer.pad_token = PAD_TOKEN
     return tokenizer
+
+
+@dataclass(frozen=True)
+class SpecialTokenIds:
+    """The ids generation stops, starts and pads with, in the roles Qwen3's ``config.json`` and
+    ``generation_config.json`` give them."""
+
+    end_of_turn: int  # <|im_end|>: the eos, where an assistant turn (and a generation) ends
+    end_of_text: int  # <|endoftext|>: the pad and bos id, and a second stop
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialTokenIds:
+    """The ids of ``tokenizer``'s vocabulary for :data:`EOS_TOKEN` and :data:`PAD_TOKEN`, the
+    eos and pad :func:`load_tokenizer` sets on any tokenizer (a base Qwen3 one's own eos is
+    ``<|endoftext|>``)."""
+    return SpecialTokenIds(end_of_turn=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+                           end_of_text=tokenizer.convert_tokens_to_ids(PAD_TOKEN))

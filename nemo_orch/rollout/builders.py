@@ -148,11 +148,13 @@ def build_rollout_engine(config: Config, weights: Mapping[str, "torch.Tensor"],
 
     def start(scratch: Path) -> TRTLLMEngine | VLLMEngine:
         from nemo_orch.models.hf_mapping import save_hf_checkpoint
+        from nemo_orch.models.tokenizer import save_tokenizer, special_token_ids
         from nemo_orch.rollout.engines.base import ENGINE_DTYPES
 
         save_hf_checkpoint(scratch, weights, config.model,
-                           dtype=ENGINE_DTYPES[rollout.engine_dtype])
-        tokenizer.save_pretrained(str(scratch))
+                           dtype=ENGINE_DTYPES[rollout.engine_dtype],
+                           special_tokens=special_token_ids(tokenizer))
+        save_tokenizer(tokenizer, scratch)
         return _gpu_engine(config, scratch, tokenizer, refit=True)
 
     return _in_scratch_dir(start)

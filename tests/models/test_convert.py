@@ -10,6 +10,14 @@ from safetensors.torch import load_file
 
 from cli_helpers import read_metrics, run_cli, run_cli_here, small_sft_overrides
 from nemo_orch.models import checkpoint, convert, qwen3, trtllm
+from nemo_orch.models.tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer
+
+# Tokenizer classes that AutoTokenizer resolves in transformers 4.x and 5.x alike, for a directory
+# with a tokenizer.json: 4.x's generic fast class (in 5.x an alias of TokenizersBackend) and
+# Qwen's (4.x takes Qwen2TokenizerFast, 5.x strips the "Fast"). 5.x's own TokenizersBackend is
+# not one: 4.x raises "Tokenizer class TokenizersBackend does not exist".
+TOKENIZER_CLASSES_OF_BOTH_MAJOR_VERSIONS = ("PreTrainedTokenizerFast", "Qwen2Tokenizer",
+                                            "Qwen2TokenizerFast")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +47,76 @@ def test_hf_export_loads_in_transformers_with_megatron_logits(megatron_world, tr
         theirs = Qwen3ForCausalLM.from_pretrained(hf_export).eval()(tokens).logits
     assert (ours - theirs).abs().max() < 1e-4
     assert AutoTokenizer.from_pretrained(hf_export).convert_tokens_to_ids("<tool_call>") > 0
+
+
+def test_hf_export_generate_stops_at_im_end(hf_export):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_export)
+    model = AutoModelForCausalLM.from_pretrained(hf_export).eval()
+    im_end = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    # An LM head that predicts <|im_end|> whatever the input: greedy decoding emits it first, and
+    # goes on emitting it unless the generation config says it ends the generation.
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    model.lm_head.bias = torch.nn.Parameter(torch.nn.functional.one_hot(
+        torch.tensor(im_end), model.config.vocab_size).float())
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                           add_generation_prompt=True, return_dict=True,
+                                           return_tensors="pt")
+    output = model.generate(**prompt, max_new_tokens=20, do_sample=False)
+    assert output[0, prompt["input_ids"].shape[1]:].tolist() == [im_end]
+
+
+def test_hf_export_names_the_tokenizers_special_tokens(hf_export, tiny_tokenizer_dir):
+    from transformers import GenerationConfig
+
+    tokenizer = load_tokenizer(tiny_tokenizer_dir)
+    im_end, end_of_text = tokenizer.convert_tokens_to_ids([EOS_TOKEN, PAD_TOKEN])
+    config = json.loads((hf_export / "config.json").read_text())
+    # As Qwen3's config.json: no pad_token_id (transformers would freeze its embedding row).
+    assert (config["bos_token_id"], config["eos_token_id"]) == (end_of_text, im_end)
+    assert "pad_token_id" not in config
+    generation = GenerationConfig.from_pretrained(hf_export)
+    assert generation.eos_token_id == [im_end, end_of_text]
+    assert (generation.bos_token_id, generation.pad_token_id) == (end_of_text, end_of_text)
+
+
+def test_hf_export_tokenizer_config_loads_in_both_transformers_major_versions(
+        hf_export, tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    config = json.loads((hf_export / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] in TOKENIZER_CLASSES_OF_BOTH_MAJOR_VERSIONS
+    assert tokenizer_class_from_name(config["tokenizer_class"]) is not None
+    # The template where every version reads it (a chat_template.jinja would take precedence
+    # from 4.47 on, and transformers before that do not read it).
+    assert not (hf_export / "chat_template.jinja").exists()
+    exported = AutoTokenizer.from_pretrained(hf_export)
+    assert exported.is_fast and exported.chat_template == config["chat_template"]
+    tools = [{"type": "function", "function": {
+        "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
+                                         "required": ["q"]}}}]
+    messages = [{"role": "user", "content": "Find <tool_call> docs"}]
+    assert exported.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                        return_dict=True)["input_ids"] == \
+        load_tokenizer(tiny_tokenizer_dir).apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+def test_hf_export_without_a_tokenizer_warns_and_names_no_token_ids(trained, tmp_path, caplog):
+    bare = tmp_path / "step_2"
+    shutil.copytree(trained / "step_2", bare, ignore=shutil.ignore_patterns("tokenizer"))
+    out = tmp_path / "hf"
+    convert.export(str(bare), "hf", str(out))  # the tokenizer.path the checkpoint was saved with
+    assert (out / "generation_config.json").exists()
+    # As a checkpoint imported from an HF directory without a tokenizer was saved.
+    convert.export(str(bare), "hf", str(out),
+                   overrides=["tokenizer.path=null", "tokenizer.vocab_size=1000"])
+    assert "has no tokenizer and tokenizer.path is not set" in caplog.text
+    assert "eos_token_id" not in json.loads((out / "config.json").read_text())
+    assert not (out / "generation_config.json").exists()  # the first export's, removed
 
 
 def test_hf_export_past_max_shard_size_is_sharded_as_hf_does(trained, hf_export, tmp_path):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 from jinja2.exceptions import TemplateError
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from nemo_orch.config import CHAT_FORMATS
 from nemo_orch.models.tokenizer import (
@@ -18,6 +19,7 @@ from nemo_orch.models.tokenizer import (
     MARKUP_TOKENS,
     SPECIAL_TOKENS,
     TokenizerError,
+    copy_tokenizer,
     load_tokenizer,
     render_conversation,
     train_tokenizer,
@@ -201,6 +203,39 @@ def test_save_and_load_roundtrip(
     config = tmp_path / "compact" / "chat_template.jinja"
     config.write_text(earlier)
     assert load_tokenizer(tmp_path / "compact").chat_template == earlier
+
+
+def test_copy_rewrites_a_transformers_5_layout_into_one_4x_loads(
+    tiny_tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """A tokenizer as transformers 5's save_pretrained left it in checkpoints trained before the
+    portable layout (4.57 raises on it: an unknown class, a list where it reads a mapping), copied
+    into the form transformers 4.34+ and 5.x read."""
+    PreTrainedTokenizerFast(
+        tokenizer_object=tiny_tokenizer.backend_tokenizer, eos_token="<|im_end|>",
+        pad_token="<|endoftext|>", additional_special_tokens=["<think>"],
+        chat_template=CHAT_TEMPLATE,
+    ).save_pretrained(str(tmp_path / "v5"))
+    saved = json.loads((tmp_path / "v5" / "tokenizer_config.json").read_text())
+    assert saved["tokenizer_class"] == "TokenizersBackend" and saved["extra_special_tokens"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "chat_template.jinja").write_text("{{ 'a stale template' }}")
+
+    copy_tokenizer(tmp_path / "v5", out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    # 4.x's default adds token_type_ids, which Qwen3's forward (and so generate) rejects.
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]
+    assert "extra_special_tokens" not in config
+    assert config["additional_special_tokens"] == ["<think>"]
+    assert config["chat_template"] == CHAT_TEMPLATE
+    assert not (out / "chat_template.jinja").exists()
+    copied, original = (AutoTokenizer.from_pretrained(str(d)) for d in (out, tmp_path / "v5"))
+    assert copied.chat_template == original.chat_template
+    assert copied.all_special_tokens == original.all_special_tokens
+    text = render_conversation(MESSAGES, TOOLS)
+    assert copied.encode(text) == original.encode(text)
 
 
 def test_load_overrides_template_eos_and_pad(
