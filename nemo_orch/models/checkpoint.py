@@ -140,7 +140,12 @@ def save(config: Config, step: int, module, optimizer=None, scheduler=None, *,
     if is_writer():
         (partial / CONFIG_FILE).write_text(to_yaml(config))
         if tokenizer_dir is not None:
-            shutil.copytree(tokenizer_dir, partial / TOKENIZER_DIR)
+            from nemo_orch.models.tokenizer import copy_tokenizer  # transformers: a heavy import
+
+            # Only the tokenizer's files (its directory may be a whole HF model's), in the
+            # layout transformers 4.x and 5.x both load.
+            (partial / TOKENIZER_DIR).mkdir()
+            copy_tokenizer(tokenizer_dir, partial / TOKENIZER_DIR)
         # The manifest is written last: its presence marks the directory complete.
         manifest = {"step": step, "format": "megatron-dist", "contents": sorted(state)}
         (partial / MANIFEST).write_text(json.dumps(manifest))

@@ -181,6 +181,9 @@ def test_trtllm_export_shards_reassemble_to_the_hf_export(trained, hf_export, tm
 def test_import_round_trips_and_both_init_paths_agree(hf_export, tiny_tokenizer_dir, tmp_path):
     imported = tmp_path / "imported"
     run_cli("import", "--format", "hf", "--hf-dir", str(hf_export), "--out", str(imported))
+    # The checkpoint keeps the HF directory's tokenizer, not its weights too.
+    kept = sorted(path.name for path in (imported / "step_0" / "tokenizer").iterdir())
+    assert kept == ["tokenizer.json", "tokenizer_config.json"]
     run_cli("export", "--format", "hf", "--checkpoint", str(imported / "step_0"),
             "--out", str(tmp_path / "again"))
     before = load_file(str(hf_export / "model.safetensors"))
