@@ -12,20 +12,19 @@ open model's server takes none).
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from local_http import Answer, JSONServer
 
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 REASONING_TOKENS = 320  # what every reply of a reasoning model spent thinking
 ANSWER_TOKENS = 12
 
 
-def _error(status: int, message: str, param: str | None, code: str | None,
-           kind: str = "invalid_request_error") -> tuple[int, dict]:
-    return status, {"error": {"message": message, "type": kind, "param": param, "code": code}}
+def _error(status: int, message: str, param: str | None, code: str | None) -> tuple[int, dict]:
+    return status, {"error": {"message": message, "type": "invalid_request_error",
+                              "param": param, "code": code}}
 
 
 def reasoning_refusal(body: dict[str, Any]) -> tuple[int, dict] | None:
@@ -55,36 +54,24 @@ class SimulatedOpenAI:
 
     def __init__(self, model: str, *, reasoning: bool, key: str | None,
                  reply: Callable[[dict[str, Any]], str] = lambda body: "4") -> None:
-        self.requests: list[dict[str, Any]] = []
-        simulated = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                auth = self.headers.get("Authorization")
-                simulated.requests.append({"path": self.path, "body": body, "auth": auth})
-                if key is not None and auth != f"Bearer {key}":
-                    status, payload = _error(401, "Incorrect API key provided.", None,
-                                             "invalid_api_key", "invalid_request_error")
-                elif self.path != "/v1/chat/completions":
-                    status, payload = _error(404, f"Invalid URL (POST {self.path})", None, None)
-                else:
-                    status, payload = (reasoning and reasoning_refusal(body)) or (
-                        200, simulated.completion(body, reply(body)))
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
         self.model, self.reasoning = model, reasoning
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.requests: list[dict[str, Any]] = []
+
+        def answer(path: str, headers: Mapping[str, str], body: Any) -> Answer:
+            auth = headers.get("Authorization")
+            self.requests.append({"path": path, "body": body, "auth": auth})
+            if key is not None and auth != f"Bearer {key}":
+                status, payload = _error(401, "Incorrect API key provided.", None,
+                                         "invalid_api_key")
+            elif path != "/v1/chat/completions":
+                status, payload = _error(404, f"Invalid URL (POST {path})", None, None)
+            else:
+                status, payload = (reasoning and reasoning_refusal(body)) or (
+                    200, self.completion(body, reply(body)))
+            return status, payload, {}
+
+        self._server = JSONServer(answer, url_path="/v1")
+        self.url = self._server.url
 
     def completion(self, body: dict[str, Any], text: str) -> dict[str, Any]:
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
@@ -97,12 +84,8 @@ class SimulatedOpenAI:
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": text}}]}
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
     def __enter__(self) -> "SimulatedOpenAI":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._server.stop()

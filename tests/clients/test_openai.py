@@ -2,51 +2,29 @@
 127.0.0.1 that inject faults: clear errors, bounded retries, the API key never shown."""
 
 import asyncio
-import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from local_http import JSONServer
 
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
-class Stub:
-    """A stdlib server answering from a script of (status, body) and recording each request."""
+class Stub(JSONServer):
+    """Answers from a script of (status, body), the last one for good, recording each request's
+    headers and body."""
 
     def __init__(self, script):
         self.script, self.requests = list(script), []
-        stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", 0))
-                stub.requests.append((dict(self.headers), json.loads(self.rfile.read(length))))
-                status, body = stub.script.pop(0) if len(stub.script) > 1 else stub.script[0]
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        def answer(path, headers, body):
+            self.requests.append((dict(headers), body))
+            status, reply = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+            return status, reply, {}
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(answer, url_path="/v1")
 
 
 CHAT_OK = {"model": "m", "choices": [{"message": {"role": "assistant", "content": "4"},
