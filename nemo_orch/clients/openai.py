@@ -129,7 +129,7 @@ class OpenAIClient(JSONClient):
                 payload: Mapping[str, Any] | None) -> EndpointRefusal | None:
         """A 400 naming a parameter this request sent as configured (not the conversation):
         the endpoint refuses how it is asked."""
-        parameter = refused_parameter(response)
+        parameter = _refused_parameter(response)
         if (response.status_code != 400 or parameter not in (payload or {})
                 or parameter in _PER_CALL_FIELDS):
             return None
@@ -147,9 +147,9 @@ class OpenAIClient(JSONClient):
         return chosen
 
 
-def refused_parameter(response: httpx.Response) -> str | None:
+def _refused_parameter(response: httpx.Response) -> str | None:
     """The request parameter a server's error response names as refused (OpenAI's
-    ``error.param`` with an ``unsupported_*`` code, or its message), if any."""
+    ``error.param`` with one of :data:`_REFUSAL_CODES`, or its message), if any."""
     try:
         error = response.json().get("error")
     except (ValueError, AttributeError):

@@ -31,8 +31,8 @@ OUTPUT_CAPS = ("max_tokens", "max_completion_tokens")
 # they take it, and simulated endpoints reply by it.
 SAMPLING_PARAMETERS = ("temperature", "top_p", "stop")
 # Fields every request sets itself; extra_body may not replace them.
-_REQUEST_FIELDS = frozenset({"model", "messages", "prompt", "tools", "stream", "seed", *OUTPUT_CAPS,
-                             *SAMPLING_PARAMETERS, "reasoning_effort"})
+_REQUEST_FIELDS = frozenset({"model", "messages", "prompt", "tools", "stream", "seed",
+                             "reasoning_effort", *OUTPUT_CAPS, *SAMPLING_PARAMETERS})
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ class RewardConfig:
     request gets ``judge_timeout_s`` and at most ``judge_max_retries`` retries (with backoff),
     after which the answer counts as a judge failure; the judge is asked in ``judge_dialect``
     (:mod:`nemo_orch.config.dialect`; ``openai-reasoning`` for gpt-5 or o3-mini, the reference's
-    and HLE's judges), and one that refuses a parameter stops the run. With ``endpoint`` (a reward server's
-    ``http://host:port``: ``nemo-orch serve reward``) answers are scored there, the answers
-    scored together sent in requests of up to ``endpoint_batch_size`` (at most the server's
-    ``serve.max_batch_size``), each request given ``endpoint_timeout_s`` and
+    and HLE's judges), and one that refuses a parameter stops the run. With ``endpoint`` (a
+    reward server's ``http://host:port``: ``nemo-orch serve reward``) answers are scored there,
+    the answers scored together sent in requests of up to ``endpoint_batch_size`` (at most the
+    server's ``serve.max_batch_size``), each request given ``endpoint_timeout_s`` and
     ``endpoint_max_retries``; the judge is then the server's.
     ``judge_template`` picks how the judge is asked and its reply read
     (``conf/reward/judges/NAME.yaml``): ``default`` (nemo-orch's one-word verdict), ``reference``
