@@ -10,10 +10,14 @@ import asyncio
 import json
 import re
 
+import httpx
 import openai
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from simulated_openai import ANSWER_TOKENS, REASONING_TOKENS, SimulatedOpenAI
+from strategies import json_values
 
 from cli_helpers import run_cli_here
 from nemo_orch import config as config_lib
@@ -105,6 +109,33 @@ def test_other_refusals_stay_errors_of_the_call(reasoning_model):
     with pytest.raises(OpenAIError) as raised:
         asyncio.run(client.request("POST", "embeddings", {"input": "x"}))
     assert not isinstance(raised.value, EndpointRefusal) and raised.value.status == 404
+
+
+SENT = {"model": "gpt-5", "messages": [], "max_tokens": 64, "temperature": 0.0}
+ERROR_WORDS = ["max_tokens", "temperature", "messages", "unsupported_parameter",
+               "unsupported_value", "invalid_value", "Unsupported parameter: 'max_tokens'",
+               "Unsupported value: 'messages'"]
+
+
+ERROR_FIELDS = ["error", "param", "code", "message", "type"]
+# OpenAI's error body, its fields drawn from what a refusal names and anything else.
+ERROR_BODIES = st.dictionaries(st.sampled_from(ERROR_FIELDS), json_values(
+    ERROR_FIELDS, ERROR_WORDS, allow_nan=True), max_size=5).map(lambda error: {"error": error})
+
+
+@given(status=st.sampled_from([400, 401, 404, 422]), body=st.one_of(
+    st.binary(max_size=200),
+    st.one_of(ERROR_BODIES, json_values(ERROR_FIELDS, ERROR_WORDS, allow_nan=True)).map(
+        lambda value: json.dumps(value).encode())))
+def test_any_error_body_is_read_as_a_refusal_only_when_it_names_a_sent_setting(status, body):
+    """Whatever a server answers, reading it never raises, and a refusal is a 400 naming a
+    parameter the request sent other than the conversation."""
+    client = OpenAIClient("http://127.0.0.1:9/v1", "gpt-5", name="fuzzed")
+    refusal = client.refusal(httpx.Response(status, content=body), SENT)
+    if refusal is not None:
+        assert status == 400 and isinstance(refusal, EndpointRefusal)
+        named = re.search(r"refuses the request parameter '(\w+)'", str(refusal))[1]
+        assert named in SENT and named not in ("messages", "prompt")
 
 
 def test_the_simulated_endpoint_refuses_as_openai_does_for_the_official_client(reasoning_model):
