@@ -157,7 +157,8 @@ def _refused_parameter(response: httpx.Response) -> str | None:
     if not isinstance(error, dict):
         return None
     param, code = error.get("param"), error.get("code")
-    if isinstance(param, str) and code in _REFUSAL_CODES:
+    # Any JSON may come back: a code that is a list or an object is no refusal code.
+    if isinstance(param, str) and isinstance(code, str) and code in _REFUSAL_CODES:
         return param
     named = _REFUSED_NAME.search(str(error.get("message", "")))
     return named.group(1) if named else None
