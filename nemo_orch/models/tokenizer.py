@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import weakref
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,13 @@ _PRETOKENIZE_PATTERN = (
 )
 _SPECIAL_TOKEN_RE = re.compile("|".join(re.escape(token) for token in SPECIAL_TOKENS))
 _GENERATION_MARKER = re.compile(r"{%-?\s*generation\s*-?%}")
+# A tag-like literal of a chat template's source (<|im_start|>, </tool_call>,
+# <|start_header_id|>): no whitespace, quote, backslash or Jinja brace inside, so an expression
+# such as ``a < b`` or ``'<' + x`` never reads as one.
+_TEMPLATE_TAG = re.compile(r"""<[^<>\s'"\\{}]+>""")
+# What :func:`escape_markup` puts after a control string's first character: invisible when read,
+# and no tokenizer's added token or template tag contains it (checked).
+ESCAPE_MARK = "\u200b"
 
 # Qwen3's official template restricted to non-thinking conversations, with two changes: the
 # final assistant turn gets no empty "<think>\n\n</think>\n\n" block (so every assistant turn,
@@ -322,3 +331,73 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialTokenIds:
     ``<|endoftext|>``)."""
     return SpecialTokenIds(end_of_turn=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
                            end_of_text=tokenizer.convert_tokens_to_ids(PAD_TOKEN))
+
+
+@dataclass(frozen=True)
+class _Controls:
+    """A tokenizer's control strings, the pattern :func:`escape_markup` breaks them with, and
+    what they were derived from (``key``: recomputed when that changes)."""
+
+    key: tuple[Any, ...]
+    strings: tuple[str, ...]
+    pattern: re.Pattern[str]
+
+
+# Per tokenizer object, dropped with it (an id-keyed cache would outlive it and be reused).
+_CONTROLS: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, _Controls] = (
+    weakref.WeakKeyDictionary())
+
+
+def control_strings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+    """Every string that means something to ``tokenizer``'s chat format rather than being text,
+    sorted: its special tokens, every added token (a project-trained tokenizer registers
+    ``<|im_start|>`` as added but not special; Qwen3 adds ``<|vision_pad|>`` and the like), the
+    project's :data:`SPECIAL_TOKENS` (``<think>`` included) and each tag-like literal its chat
+    template writes (``<tools>``, or another template's ``<|start_header_id|>``).
+
+    Whitespace-only and one-character added tokens (some code models add indentation runs) are
+    text, not markup, and are left out: no character can be put inside one to break it."""
+    return _controls(tokenizer).strings
+
+
+def escape_markup(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    """``text`` (a tool output, a user reply, a document, a task's prompt) with every control
+    string of ``tokenizer`` broken by an :data:`ESCAPE_MARK` after its first character, so it
+    cannot open or close a turn or a tag once rendered; the text stays readable.
+
+    One pass suffices: the mark goes into every occurrence, overlapping ones included (in
+    ``<<|im_start|>``, after the second ``<``), and the result holds none. An occurrence in it
+    without an inserted mark would be one of ``text``, which got a mark inside (every control
+    string has two characters or more); one with a mark is impossible, as no control string
+    contains the mark. Nor can one span a content and the template's literal beside it (a
+    newline, ``<|im_end|>``) unless it holds a newline, or a ``<`` past its first character,
+    as the chat formats' tags do not; ``check_template`` counts them every turn."""
+    return _controls(tokenizer).pattern.sub(lambda match: match.group() + ESCAPE_MARK, text)
+
+
+def _controls(tokenizer: PreTrainedTokenizerBase) -> _Controls:
+    template = tokenizer.chat_template
+    # A tokenizer may carry named templates (e.g. "default" and "tool_use"): all are read.
+    sources = tuple(template.values()) if isinstance(template, dict) else (template or "",)
+    key = (sources, len(tokenizer), tuple(tokenizer.all_special_tokens))
+    cached = _CONTROLS.get(tokenizer)
+    if cached is not None and cached.key == key:
+        return cached
+    candidates = {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab(), *SPECIAL_TOKENS}
+    for source in sources:
+        candidates.update(_TEMPLATE_TAG.findall(source))
+    strings = tuple(sorted(s for s in candidates if len(s) > 1 and not s.isspace()))
+    marked = [s for s in strings if ESCAPE_MARK in s]
+    if marked:
+        raise TokenizerError(f"control strings {marked} contain the escape mark "
+                             f"{ESCAPE_MARK!r}: escaping could form new ones")
+    # One alternative per first character, the rest as a lookahead: the match consumes only
+    # that character, so occurrences overlapping it are still found.
+    rests: dict[str, set[str]] = defaultdict(set)
+    for string in strings:
+        rests[string[0]].add(string[1:])
+    pattern = re.compile("|".join(
+        f"{re.escape(first)}(?={'|'.join(re.escape(rest) for rest in sorted(rests[first]))})"
+        for first in sorted(rests)))
+    cached = _CONTROLS[tokenizer] = _Controls(key, strings, pattern)
+    return cached
