@@ -3,12 +3,18 @@
 external calls (:class:`~nemo_orch.clients.http.JSONClient`: a timeout on every request, a bounded
 retry with exponential backoff on connection errors, timeouts, 429 and 5xx, other 4xx failing at
 once, the API key read from an environment variable and never shown in logs, reprs or errors).
+
+Replies are read as the OpenAI API defines them, whatever a server sends: a shape the API allows
+is parsed (content as a list of content parts, a null content beside tool calls, no usage, tool
+call arguments sent as an object, as some vLLM versions do); any other is a
+:class:`MalformedReply` naming the endpoint and what was wrong, an error of that call only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +39,15 @@ class OpenAIError(HTTPError):
     """A request that failed for good; ``status`` is the HTTP status (None: no response)."""
 
 
+class MalformedReply(OpenAIError):
+    """A reply (HTTP status below 400) that is not what the OpenAI API answers: a body that is
+    no JSON object, no choice, a null message, a tool call that is no function call, ... That
+    call failed, as one does after its retries are spent, and callers count it so. It is not
+    retried: the server did answer (and may have billed) the request, and the same request at
+    the same seed would most likely come back the same. ``status``: the HTTP status of a body
+    that is not JSON; None for one that is (its reader sees the decoded body only)."""
+
+
 class EndpointRefusal(ConfigError):
     """An endpoint refused a parameter of the request as declared: the same request would fail
     on every call, so this is a configuration error that stops the run, never an observation
@@ -41,8 +56,14 @@ class EndpointRefusal(ConfigError):
 
 @dataclass(frozen=True)
 class ChatResult:
-    """One chat completion: the assistant text, token usage as the server counted it, why it
-    ended and the wall-clock seconds of the request (retries included)."""
+    """One chat completion (the first choice): the assistant text, token usage as the server
+    counted it (0 where it sent none), why it ended and the wall-clock seconds of the request
+    (retries included). ``text`` is the content's text (its text parts joined), or the model's
+    refusal (``message.refusal`` or refusal parts) when it wrote none: a refusal is what the
+    model answered. ``tool_calls`` are normalized: each is ``{"id": str | None, "type":
+    "function", "function": {"name": str, "arguments": str}}`` (arguments sent as a JSON value
+    other than a string are serialized, so a model's non-object arguments stay that call's
+    error for the caller's own argument check; none sent is ``"{}"``)."""
 
     text: str
     input_tokens: int
@@ -50,10 +71,23 @@ class ChatResult:
     finish_reason: str
     latency_s: float
     model: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
     # Of output_tokens, those spent reasoning (``usage.completion_tokens_details``), which
     # OpenAI counts among the completion tokens and bills at the output price.
     reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One text completion (the first choice): the text, why it ended, the sampled tokens and
+    their logprobs as the server names them (empty when it sent none) and the prompt's tokens
+    as the server counted them (None: it sent no usage)."""
+
+    text: str
+    finish_reason: str
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
 
 
 class OpenAIClient(JSONClient):
@@ -100,30 +134,46 @@ class OpenAIClient(JSONClient):
         payload.update(extra or {})
         start = time.monotonic()
         body = await self.request("POST", "chat/completions", payload)
-        latency = time.monotonic() - start
-        try:
-            choice = body["choices"][0]
-            message = choice["message"]
-            usage = body.get("usage") or {}
-            details = usage.get("completion_tokens_details") or {}
-            return ChatResult(text=message.get("content") or "",
-                              input_tokens=int(usage.get("prompt_tokens", 0)),
-                              output_tokens=int(usage.get("completion_tokens", 0)),
-                              finish_reason=choice.get("finish_reason") or "",
-                              latency_s=latency, model=body.get("model", payload["model"]),
-                              tool_calls=list(message.get("tool_calls") or []),
-                              reasoning_tokens=int(details.get("reasoning_tokens") or 0))
-        except (KeyError, IndexError, TypeError, ValueError) as error:
-            raise OpenAIError(f"{self.base_url}/chat/completions: malformed response "
-                              f"({type(error).__name__}: {error})") from None
+        return self.read_chat(body, model=payload["model"], latency_s=time.monotonic() - start)
 
     async def completions(self, prompt: str | list[int], *, model: str | None = None,
-                          **fields: Any) -> dict[str, Any]:
+                          **fields: Any) -> Completion:
         """``POST /completions`` with the given request fields and the dialect's
-        ``extra_body``; the raw response. (The completions API caps replies with
-        ``max_tokens`` whatever the dialect.)"""
-        return await self.request("POST", "completions", {
-            "model": self._model(model), "prompt": prompt, **fields, **self.dialect.extra_body})
+        ``extra_body``. (The completions API caps replies with ``max_tokens`` whatever the
+        dialect.)"""
+        return self.read_completion(await self.request("POST", "completions", {
+            "model": self._model(model), "prompt": prompt, **fields,
+            **self.dialect.extra_body}))
+
+    async def request(self, method: str, path: str,
+                      payload: Mapping[str, Any] | None = None) -> Any:
+        """:meth:`JSONClient.request`; a success whose body is not JSON is a
+        :class:`MalformedReply`."""
+        try:
+            return await super().request(method, path, payload)
+        except OpenAIError as error:
+            # JSONClient fails with a status below 400 only on a success it cannot decode.
+            if error.status is None or error.status >= 400:
+                raise
+            raise self._malformed(path, f"the body (HTTP {error.status}) is not JSON",
+                                  error.status) from None
+
+    def read_chat(self, body: Any, *, model: str, latency_s: float) -> ChatResult:
+        """The :class:`ChatResult` of a ``/chat/completions`` reply's decoded ``body``
+        (``model``: the one asked for, where the reply names none); a :class:`MalformedReply`
+        where the body departs from the shapes the OpenAI API allows."""
+        try:
+            return _chat_result(body, model, latency_s)
+        except _Departure as departure:
+            raise self._malformed("chat/completions", str(departure)) from None
+
+    def read_completion(self, body: Any) -> Completion:
+        """The :class:`Completion` of a ``/completions`` reply's decoded ``body``; a
+        :class:`MalformedReply` where it departs from the shapes the OpenAI API allows."""
+        try:
+            return _completion(body)
+        except _Departure as departure:
+            raise self._malformed("completions", str(departure)) from None
 
     def refusal(self, response: httpx.Response,
                 payload: Mapping[str, Any] | None) -> EndpointRefusal | None:
@@ -139,6 +189,11 @@ class OpenAIClient(JSONClient):
             f"parameter {parameter!r} ({error_message(response)}); declare how it is asked "
             f"with its dialect (presets: {', '.join(DIALECT_PRESETS)}; OpenAI's reasoning "
             "models take dialect: openai-reasoning)"))
+
+    def _malformed(self, path: str, problem: str, status: int | None = None) -> MalformedReply:
+        where = f"{self.name}: " if self.name else ""
+        return MalformedReply(self.scrub(
+            f"{where}malformed reply from {self.base_url}/{path}: {problem}"), status)
 
     def _model(self, model: str | None) -> str:
         chosen = model or self.model
@@ -162,6 +217,167 @@ def _refused_parameter(response: httpx.Response) -> str | None:
         return param
     named = _REFUSED_NAME.search(str(error.get("message", "")))
     return named.group(1) if named else None
+
+
+class _Departure(Exception):
+    """Where a reply departs from the OpenAI API's shapes (the client raises it as a
+    :class:`MalformedReply` naming the endpoint)."""
+
+
+def _kind(value: Any) -> str:
+    """What a decoded JSON value is, as an error names it."""
+    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+             str: "a string", list: "a list", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Departure(f"{path} is {_kind(value)}, not an object")
+    return value
+
+
+def _member(parent: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+    """``parent[key]``, an object."""
+    if key not in parent:
+        raise _Departure(f"{_at(path, key)} is missing")
+    return _object(parent[key], _at(path, key))
+
+
+def _string(parent: dict[str, Any], key: str, path: str) -> str:
+    """``parent[key]``, a string; "" when absent or null."""
+    value = parent.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _Departure(f"{_at(path, key)} is {_kind(value)}, not a string")
+    return value
+
+
+def _count(parent: dict[str, Any], key: str, path: str) -> int:
+    """``parent[key]``, a token count; 0 when absent or null."""
+    value = parent.get(key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 7.0: a count all the same
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _Departure(f"{_at(path, key)} is {_kind(value)}, not a token count")
+    return value
+
+
+def _list_of(parent: dict[str, Any], key: str, path: str, kinds: tuple[type, ...],
+             what: str) -> list[Any]:
+    """``parent[key]``, a list of ``kinds`` (booleans are no numbers); [] when absent or
+    null."""
+    values = parent.get(key)
+    if values is None:
+        return []
+    if not isinstance(values, list) or not all(
+            isinstance(value, kinds) and not isinstance(value, bool) for value in values):
+        raise _Departure(f"{_at(path, key)} is not a list of {what}")
+    return values
+
+
+def _first_choice(body: Any) -> dict[str, Any]:
+    body = _object(body, "the body")
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices:
+        return _object(choices[0], "choices[0]")
+    problem = ("the body has no choices" if choices is None else "choices is empty"
+               if choices == [] else f"choices is {_kind(choices)}, not a list")
+    error = body.get("error")  # some proxies answer a failure with HTTP 200
+    if error is not None:
+        message = error.get("message", error) if isinstance(error, dict) else error
+        problem += f" (it carries an error: {str(message)[:200]})"
+    raise _Departure(problem)
+
+
+def _content(content: Any, path: str) -> tuple[str, str]:
+    """The text and the refusal of a message's content: a string, null, or a list of content
+    parts (text and refusal parts; other kinds, such as audio or a server's reasoning, are no
+    text and skipped)."""
+    if content is None or isinstance(content, str):
+        return content or "", ""
+    if not isinstance(content, list):
+        raise _Departure(f"{path} is {_kind(content)}, not a string, a list of parts or null")
+    texts, refusals = [], []
+    for index, part in enumerate(content):
+        where = f"{path}[{index}]"
+        part = _object(part, where)
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(_string(part, "text", where))
+        elif kind == "refusal":
+            refusals.append(_string(part, "refusal", where))
+        elif not isinstance(kind, str):
+            raise _Departure(f"{where}.type is {_kind(kind)}, not a string")
+    return "".join(texts), "".join(refusals)
+
+
+def _tool_calls(calls: Any, path: str) -> list[dict[str, Any]]:
+    """A message's tool calls, normalized (see :class:`ChatResult`)."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise _Departure(f"{path} is {_kind(calls)}, not a list")
+    normalized = []
+    for index, call in enumerate(calls):
+        where = f"{path}[{index}]"
+        call = _object(call, where)
+        if call.get("type") not in (None, "function"):
+            raise _Departure(f'{where}.type is not "function" (only function tools are sent)')
+        function = _member(call, "function", where)
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise _Departure(f"{where}.function has no name")
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = "{}"
+        elif not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        normalized.append({"id": _string(call, "id", where) or None, "type": "function",
+                           "function": {"name": name, "arguments": arguments}})
+    return normalized
+
+
+def _chat_result(body: Any, model: str, latency_s: float) -> ChatResult:
+    choice = _first_choice(body)
+    message = _member(choice, "message", "choices[0]")
+    text, refused = _content(message.get("content"), "choices[0].message.content")
+    refused += _string(message, "refusal", "choices[0].message")
+    usage = body.get("usage")
+    usage = {} if usage is None else _object(usage, "usage")
+    details = usage.get("completion_tokens_details")
+    details = {} if details is None else _object(details, "usage.completion_tokens_details")
+    return ChatResult(text=text or refused, input_tokens=_count(usage, "prompt_tokens", "usage"),
+                      output_tokens=_count(usage, "completion_tokens", "usage"),
+                      finish_reason=_string(choice, "finish_reason", "choices[0]"),
+                      latency_s=latency_s, model=_string(body, "model", "") or model,
+                      tool_calls=_tool_calls(message.get("tool_calls"),
+                                             "choices[0].message.tool_calls"),
+                      reasoning_tokens=_count(details, "reasoning_tokens",
+                                              "usage.completion_tokens_details"))
+
+
+def _completion(body: Any) -> Completion:
+    choice = _first_choice(body)
+    logprobs = choice.get("logprobs")
+    logprobs = {} if logprobs is None else _object(logprobs, "choices[0].logprobs")
+    tokens = _list_of(logprobs, "tokens", "choices[0].logprobs", (str,), "strings")
+    values = _list_of(logprobs, "token_logprobs", "choices[0].logprobs", (int, float),
+                      "numbers")
+    usage = body.get("usage")
+    usage = {} if usage is None else _object(usage, "usage")
+    return Completion(text=_string(choice, "text", "choices[0]"),
+                      finish_reason=_string(choice, "finish_reason", "choices[0]"),
+                      tokens=tokens, token_logprobs=[float(value) for value in values],
+                      prompt_tokens=None if usage.get("prompt_tokens") is None
+                      else _count(usage, "prompt_tokens", "usage"))
 
 
 def run_sync(coroutine: Any) -> Any:

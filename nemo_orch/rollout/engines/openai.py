@@ -13,6 +13,7 @@ they line up one-to-one with the re-encoded tokens. A request that fails for goo
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ from nemo_orch.rollout.engines.base import (EngineError, Generation, SamplingPar
                                             prompt_seeds)
 
 _TOKEN_ID_PREFIX = "token_id:"
+# A token named by id (vLLM's return_tokens_as_token_ids). At most 9 digits: no vocabulary is
+# larger, and a longer number would overflow the tokenizer's decode (a crash, not an error).
+_TOKEN_ID = re.compile(re.escape(_TOKEN_ID_PREFIX) + "[0-9]{1,9}")
 
 
 class OpenAIEngine:
@@ -88,31 +92,22 @@ class OpenAIEngine:
     async def _generate_one(self, prompt: list[int], params: SamplingParams,
                             seed: int | None) -> Generation:
         sent: str | list[int] = prompt if self.extensions else self.tokenizer.decode(prompt)
-        try:
-            body = await self.client.completions(sent, model=self.model,
-                                                 **self._request_fields(params, seed))
+        try:  # a malformed reply (MalformedReply) too
+            completion = await self.client.completions(sent, model=self.model,
+                                                       **self._request_fields(params, seed))
         except OpenAIError as error:
             raise EngineError(str(error)) from error
-        try:
-            choice = body["choices"][0]
-            text = choice.get("text") or ""
-            logprobs = choice.get("logprobs") or {}
-            tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
-            finish_reason = choice.get("finish_reason") or "length"
-        except (KeyError, IndexError, TypeError, AttributeError) as error:
-            raise EngineError(f"{self.client.base_url}/completions: malformed response "
-                              f"({error!r})") from None
-        if tokens and all(str(t).startswith(_TOKEN_ID_PREFIX) for t in tokens):
-            token_ids = [int(str(t)[len(_TOKEN_ID_PREFIX):]) for t in tokens]
+        tokens, values = completion.tokens, completion.token_logprobs
+        if tokens and all(_TOKEN_ID.fullmatch(token) for token in tokens):
+            token_ids = [int(token[len(_TOKEN_ID_PREFIX):]) for token in tokens]
         else:
-            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        values = [float(v) for v in values or []]
+            token_ids = self.tokenizer.encode(completion.text, add_special_tokens=False)
         extra: dict[str, Any] = {}
         if len(values) != len(token_ids):
             extra["server_logprobs"], values = values, []
-        usage = body.get("usage") or {}
         return Generation(token_ids=token_ids, logprobs=values,
-                          finish_reason=finish_reason,
+                          finish_reason=completion.finish_reason or "length",
                           text=self.tokenizer.decode(token_ids, skip_special_tokens=True)
-                          if self.extensions else text,
-                          prompt_tokens=int(usage.get("prompt_tokens", len(prompt))), extra=extra)
+                          if self.extensions else completion.text,
+                          prompt_tokens=len(prompt) if completion.prompt_tokens is None
+                          else completion.prompt_tokens, extra=extra)
