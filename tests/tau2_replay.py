@@ -14,8 +14,9 @@ async def gold_replay_turns(domain: Any, task: Any) -> list[adapter.Turn]:
     """The gold replay agent's episode as tau2 turns: the calls that reached the environment,
     then the closing message."""
     agent = GoldReplayAgent(tau2_gold_plan, domain.assistant_toolbox(), domain.user_toolbox())
-    trajectory = await agent.episode(task, seed=0)
+    trajectory = await agent.episode(task, 0, seed=0)
     try:
-        return adapter.recorded_turns(domain, task, episode_id(task.id), trajectory.answer)
+        return adapter.recorded_turns(domain, task, episode_id(task.id), trajectory.seed,
+                                      trajectory.answer)
     finally:
-        domain.environments.release(episode_id(task.id))
+        domain.environments.release(episode_id(task.id), trajectory.seed)

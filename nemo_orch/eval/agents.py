@@ -43,7 +43,10 @@ from nemo_orch.tools.registry import Toolbox
 
 
 class Agent(Protocol):
-    async def episode(self, task: Task, seed: int) -> Trajectory: ...
+    """Plays one episode: trial ``sample`` of ``task`` with ``seed``. Each trial is an episode
+    of its own (its id, its environment state, its transcript)."""
+
+    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory: ...
 
 
 class PolicyAgent:
@@ -57,9 +60,9 @@ class PolicyAgent:
                                                                      settings)
         self.users = users
 
-    async def episode(self, task: Task, seed: int) -> Trajectory:
-        return await Episode(task, 0, self.batcher, self.toolbox, self.tokenizer, self.settings,
-                             seed=seed, users=self.users).run()
+    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
+        return await Episode(task, sample, self.batcher, self.toolbox, self.tokenizer,
+                             self.settings, seed=seed, users=self.users).run()
 
 
 def expert_prices(toolbox: Toolbox) -> dict[str, dict[str, float]]:
@@ -117,10 +120,10 @@ class RouterAgent:
             calls.append((tool, arguments))
         return tuple(calls)
 
-    async def episode(self, task: Task, seed: int) -> Trajectory:
+    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         replies = RouterReplies(self.route(task, seed))
         policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
-        return await Episode(task, 0, policy, self.toolbox, self.tokenizer, self.settings,
+        return await Episode(task, sample, policy, self.toolbox, self.tokenizer, self.settings,
                              seed=seed).run()
 
 
@@ -147,10 +150,10 @@ class NaiveRouterAgent:
         self.toolbox, self.tokenizer = toolbox, tokenizer
         self.settings = scripted_settings(settings)
 
-    async def episode(self, task: Task, seed: int) -> Trajectory:
+    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         replies = RouterReplies(self.routes[task.id], task.answer or "")
         policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
-        return await Episode(task, 0, policy, self.toolbox, self.tokenizer, self.settings,
+        return await Episode(task, sample, policy, self.toolbox, self.tokenizer, self.settings,
                              seed=seed).run()
 
 
@@ -165,10 +168,10 @@ class GoldReplayAgent:
                  user_toolbox: Toolbox | None = None) -> None:
         self.plan, self.toolbox, self.user_toolbox = plan, toolbox, user_toolbox
 
-    async def episode(self, task: Task, seed: int) -> Trajectory:
+    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         started = time.perf_counter()
         plan = self.plan(task)
-        context = ToolContext(task_id=task.id, episode_id=episode_id(task.id), seed=seed,
+        context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample), seed=seed,
                               task=task)
         turns = []
         messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
@@ -178,7 +181,9 @@ class GoldReplayAgent:
             if toolbox is None:
                 raise ConfigError(f"task {task.id}: a gold action of the {action.requestor} "
                                   "but no toolbox for it")
-            result = await toolbox.call(action.name, action.arguments, context)
+            # One action per message, as the episode runner's turns.
+            result = await toolbox.call(action.name, action.arguments,
+                                        dataclasses.replace(context, turn=index))
             turns.append(TurnRecord(index, 0, 0, 0.0, 0.0, "stop", calls=[CallRecord(
                 action.name, action.arguments, result.cost_usd, result.latency_s, result.cached,
                 result.error, result.usage.input_tokens, result.usage.output_tokens)]))
@@ -189,5 +194,6 @@ class GoldReplayAgent:
         turns.append(TurnRecord(len(turns), 0, 0, 0.0, 0.0, "stop"))
         messages.append({"role": "assistant", "content": f"<answer>{plan.final_message}</answer>"})
         offered = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
-        return Trajectory.without_tokens(task.id, messages, offered.schemas(), turns, "answer",
+        return Trajectory.without_tokens(task.id, sample, seed, messages, offered.schemas(), turns,
+                                         "answer",
                                          plan.final_message, time.perf_counter() - started)

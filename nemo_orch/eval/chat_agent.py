@@ -123,15 +123,14 @@ class ChatAgent:
         self.client, self.toolbox, self.pricing = client, toolbox, pricing
         self.max_turns, self.max_tokens, self.temperature = max_turns, max_tokens, temperature
 
-    async def episode(self, task: Task, seed: int) -> Trajectory:
+    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         """Run ``task`` once: request, run the calls, repeat until an answer, ``max_turns`` or
         an endpoint failure. Never raises for a model, tool or endpoint failure."""
         started = time.perf_counter()
         toolbox = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
         schemas = toolbox.schemas()
         fmt = TurnFormat.for_tools(schemas)
-        # The scorers find per-episode state (a domain's database) under the sample-0 id.
-        context = ToolContext(task_id=task.id, episode_id=episode_id(task.id),
+        context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample),
                               allowed_documents=task.allowed_documents, seed=seed, task=task)
         messages: list[dict[str, Any]] = []
         if task.system:
@@ -162,7 +161,9 @@ class ChatAgent:
                 break
             observations = tuple(m["content"] for m in messages if m["role"] == "tool")
             results = await self._run_calls(
-                toolbox, dataclasses.replace(context, observations=observations), read, record)
+                toolbox, dataclasses.replace(context, observations=observations, turn=turn,
+                                             message=read.message.get("content") or None),
+                read, record)
             messages.extend({"role": "tool", "tool_call_id": call_id,
                              "content": result.observation}
                             for (call_id, _), result in zip(read.calls, results))
@@ -170,8 +171,8 @@ class ChatAgent:
             if final is not None:
                 termination, answer = "answer", final
                 break
-        return Trajectory.without_tokens(task.id, messages, schemas, turns, termination, answer,
-                                         time.perf_counter() - started)
+        return Trajectory.without_tokens(task.id, sample, seed, messages, schemas, turns,
+                                         termination, answer, time.perf_counter() - started)
 
     @staticmethod
     async def _run_calls(toolbox: Toolbox, context: ToolContext, read: _Reply,

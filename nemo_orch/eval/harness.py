@@ -13,7 +13,10 @@ rollout, reward, monolith): results of other settings are refused, never mixed i
 
 Episode ``i`` runs with seed ``eval.seed + i`` whichever examples are left, and decoding is
 greedy by default, so a run is deterministic for a seed. With ``eval.num_trials`` each task is
-an example that many times (trial ``t`` of task ``j`` is episode ``t * tasks + j``).
+an example that many times (trial ``t`` of task ``j`` is episode ``t * tasks + j``), each trial
+an episode of its own (its id ``<task>#<t>``, its environment, its transcript), so results do
+not depend on ``eval.concurrency``. An episode a failing user endpoint ended (``user_error``)
+is counted in the report and run again by a resumed evaluation.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ class EpisodeCache:
                               "or choose another eval.out_dir")
         self.records = {example_key(record["task_id"], record["trial"]): record
                         for record in kept[1:]}
+        # An episode a failing user ended says nothing of the agent: it runs again.
+        self.records = {key: record for key, record in self.records.items()
+                        if record["episode"]["termination"] != "user_error"}
         self._write_all(kept)  # without a cut line, so appends start on a fresh line
 
     def _write_all(self, records: list[dict[str, Any]]) -> None:
@@ -287,9 +293,10 @@ Handler = Callable[[int, int, Task, Trajectory, Scored, Oracle | None], None]
 
 async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, Task]],
                     concurrency: int, handle: Handler) -> None:
-    """Episode ``index`` of each ``(index, task)`` of ``todo`` (seed ``resources.seed +
-    index``), ``concurrency`` at once, scored by the environment and handed to ``handle`` with
-    its seed and the oracle of a routing agent (see :func:`_oracle`)."""
+    """Episode ``index`` of each ``(index, task)`` of ``todo`` (trial ``index // tasks`` of its
+    task, seed ``resources.seed + index``), ``concurrency`` at once, scored by the environment
+    and handed to ``handle`` with its seed and the oracle of a routing agent (see
+    :func:`_oracle`)."""
     benchmark = resources.benchmark
     slots = asyncio.Semaphore(concurrency)
     async with benchmark.toolbox() as toolbox, _agent(system, resources, toolbox) as agent:
@@ -298,7 +305,7 @@ async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, 
         async def one(index: int, task: Task) -> None:
             seed = resources.seed + index
             async with slots:
-                trajectory = await agent.episode(task, seed)
+                trajectory = await agent.episode(task, index // len(resources.tasks), seed)
                 scored = await benchmark.score(task, trajectory)
             handle(index, seed, task, trajectory, scored, oracle)
 

@@ -24,9 +24,11 @@ REPORT = "report.json"
 
 @dataclass(frozen=True)
 class EpisodeResult:
-    """One system's episode on one task. ``judge_error``: the judge failed, so ``correct`` is
-    False by the protocol; it is counted apart, never silently scored wrong. ``within_budget``:
-    whether the episode kept to its task's USD budget (None: the task has none)."""
+    """One system's episode on one task (its trial ``trial``). ``judge_error``: the judge
+    failed, so ``correct`` is False by the protocol; it is counted apart, never silently scored
+    wrong. ``user_error``: the user's endpoint failed, which ended the episode; scored 0 as
+    tau2 scores it, and counted apart too. ``within_budget``: whether the episode kept to its
+    task's USD budget (None: the task has none)."""
 
     task_id: str
     correct: bool
@@ -38,6 +40,8 @@ class EpisodeResult:
     pref_adherence: float | None = None
     judge_error: bool = False
     within_budget: bool | None = None
+    trial: int = 0
+    user_error: bool = False
 
     @classmethod
     def from_trajectory(cls, trajectory: Any, correct: bool, judge_error: bool = False,
@@ -51,7 +55,8 @@ class EpisodeResult:
         return cls(trajectory.task_id, correct, trajectory.cost_usd,
                    trajectory.tool_seconds + trajectory.generation_seconds,
                    len(trajectory.turns), trajectory.tool_counts(),
-                   sum(trajectory.format_errors.values()), pref_adherence, judge_error, within)
+                   sum(trajectory.format_errors.values()), pref_adherence, judge_error, within,
+                   trajectory.sample, trajectory.termination == "user_error")
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -123,6 +128,9 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "tool_mix": {name: count / total_calls for name, count in sorted(calls.items())},
         "format_error_rate": sum(r.format_errors for r in results) / max(turns, 1),
         "judge_errors": sum(result.judge_error for result in results),
+        "user_errors": sum(result.user_error for result in results),
+        # Which episodes a failing user ended, as ``<task>@<trial>``.
+        "user_error_episodes": [f"{r.task_id}@{r.trial}" for r in results if r.user_error],
         "pref_adherence": statistics.mean(adherence) if adherence else None,
         # The share of the episodes of tasks with a budget that kept to it (None: no budgets).
         "within_budget": statistics.mean(budgeted) if budgeted else None,
@@ -208,6 +216,14 @@ def _pass_hat_k(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
               for name, row in systems.items()]]
 
 
+def _user_errors(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The episodes a failing user endpoint ended, per system, where there were any."""
+    lines = [f"user errors, {name}: {len(row['user_error_episodes'])} "
+             f"({', '.join(row['user_error_episodes'])}); a resumed evaluation runs them again"
+             for name, row in systems.items() if row.get("user_error_episodes")]
+    return ["", *lines] if lines else []
+
+
 def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -243,7 +259,8 @@ def write_report(out_dir: str | Path, benchmark: str,
                           for name, row in summaries.items()})
     plots = _plots(summaries, front, out_dir)
     lines = [f"# {benchmark}", "", *_table(summaries, front), "",
-             "\\* on the cost-accuracy Pareto front.", *_pass_hat_k(summaries), *_notes(notes),
+             "\\* on the cost-accuracy Pareto front.", *_pass_hat_k(summaries),
+             *_user_errors(summaries), *_notes(notes),
              "",
              *[f"![{plot.stem}]({plot.name})" for plot in plots]]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")

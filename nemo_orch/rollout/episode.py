@@ -2,8 +2,11 @@
 
 An episode can have a user (tau2's customer, :class:`User`): then the conversation opens with
 the agent's greeting and the user's first message, every policy message without a tool call
-goes to the user, and the user's reply is the next observation, until either side stops (the
-agent with tau2's ``###STOP###``) or tau2's step and error limits end it.
+goes to the user, and the user's reply is the next observation, until the user stops or tau2's
+step and error limits end it, exactly as tau2's orchestrator runs its ``LLMAgent`` (whose
+messages, ``###STOP###`` included, all go to the user). Such an episode is bounded by tau2's
+limits and the policy's context alone: ``rollout.max_turns``, ``max_new_tokens`` and
+``max_observation_tokens`` (limits tau2 does not have) do not apply.
 
 The token-level history is the record: the prompt and every observation are appended as
 template tokens (loss mask 0), every sampled token as a policy token (loss mask 1, with the
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -28,10 +32,11 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
-from nemo_orch.models.tokenizer import MARKUP_TOKENS
+from nemo_orch.models.tokenizer import control_strings, escape_markup
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
-                                      call_text, decision_end, parse_turn, without_thinking)
+                                      call_text, decision_end, parse_turn, without_calls,
+                                      without_thinking)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -83,10 +88,6 @@ class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
 
 
-# How the agent ends a conversation with a user (tau2's agent stop token).
-AGENT_STOP = "###STOP###"
-
-
 @dataclass(frozen=True)
 class UserReply:
     """The user's answer to one agent message: its text (None on ``error``), whether it ends
@@ -126,13 +127,14 @@ class UserUsage:
 class User(Protocol):
     """The other party of a conversation episode, with tau2's limits (``max_steps``,
     ``max_errors``). ``greeting`` is the agent's fixed first message; :meth:`reply` answers an
-    agent message and never raises (a failure is a reply with ``error``)."""
+    agent message within the steps and errors the conversation has left, and never raises (a
+    failure is a reply with ``error``)."""
 
     greeting: str
     max_steps: int
     max_errors: int
 
-    async def reply(self, message: str, steps_left: int) -> UserReply: ...
+    async def reply(self, message: str, steps_left: int, errors_left: int) -> UserReply: ...
 
 
 # Builds an episode's user from its task and call context (the per-episode state's key).
@@ -195,22 +197,24 @@ class Trajectory:
     logprobs: list[float]
     prompt_length: int
     turns: list[TurnRecord]
-    # answer | max_turns | context_limit | engine_error | budget, and with a user: agent_stop |
-    # user_stop | user_error | max_steps | too_many_errors
+    # answer | max_turns | context_limit | engine_error | budget, and with a user: user_stop |
+    # user_error | max_steps | too_many_errors
     termination: str
     answer: str | None
     wall_seconds: float
     user: UserUsage | None = None
+    # With ``task_id`` and ``sample``, what keys the episode's state (see EpisodeStates).
+    seed: int = 0
 
     @classmethod
-    def without_tokens(cls, task_id: str, messages: list[dict[str, Any]],
+    def without_tokens(cls, task_id: str, sample: int, seed: int, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]], turns: list[TurnRecord], termination: str,
                        answer: str | None, wall_seconds: float) -> "Trajectory":
         """The episode of an agent that is not a token-level policy (a chat endpoint, a gold
         replay): the same messages and ledger, no token record."""
-        return cls(task_id, 0, messages, tools, token_ids=[], loss_mask=[], decision_mask=[],
+        return cls(task_id, sample, messages, tools, token_ids=[], loss_mask=[], decision_mask=[],
                    logprobs=[], prompt_length=0, turns=turns, termination=termination,
-                   answer=answer, wall_seconds=wall_seconds)
+                   answer=answer, wall_seconds=wall_seconds, seed=seed)
 
     @property
     def cost_usd(self) -> float:
@@ -248,7 +252,8 @@ class Trajectory:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "task_id": self.task_id, "sample": self.sample, "messages": self.messages,
+            "task_id": self.task_id, "sample": self.sample, "seed": self.seed,
+            "messages": self.messages,
             "termination": self.termination, "answer": self.answer,
             "num_tokens": len(self.token_ids), "prompt_tokens": self.prompt_length,
             "policy_tokens": sum(self.loss_mask), "cost_usd": self.cost_usd,
@@ -262,27 +267,21 @@ class Trajectory:
         }
 
 
-def escape_markup(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Defuse chat-format tokens inside tool output, so an observation cannot close its own
-    ``<tool_response>`` or open a turn; the text stays readable."""
-    for token in (*tokenizer.all_special_tokens, *MARKUP_TOKENS):
-        if token in text:
-            text = text.replace(token, token.replace("<", "<\u200b", 1))
-    return text
-
-
 class _Conversation:
     """tau2's bookkeeping of a conversation with a user: every agent message, user message and
-    batch of tool results is a step, every failed tool call (either side's) an error."""
+    batch of tool results is a step, every failed tool call (either side's) an error. As in
+    tau2's orchestrator, the limits are checked whenever a message is bound for the agent or
+    the user, and a limit reached there ends the conversation even when the user stopped on
+    that very step (too many errors over too many steps)."""
 
     def __init__(self, user: User) -> None:
         self.user, self.steps, self.errors, self.usage = user, 0, 0, UserUsage()
 
     def limit(self) -> str | None:
-        if self.steps >= self.user.max_steps:
-            return "max_steps"
         if self.errors >= self.user.max_errors:
             return "too_many_errors"
+        if self.steps >= self.user.max_steps:
+            return "max_steps"
         return None
 
     def agent_turn(self, record: "TurnRecord") -> str | None:
@@ -293,13 +292,14 @@ class _Conversation:
 
     async def tell(self, message: str) -> tuple[str | None, str | None]:
         """The user's reply to ``message`` and what ended the conversation (None: nothing)."""
-        reply = await self.user.reply(message, max(1, self.user.max_steps - self.steps))
+        reply = await self.user.reply(message, self.user.max_steps - self.steps,
+                                      self.user.max_errors - self.errors)
         self.usage.add(reply)
         self.steps += reply.steps
         self.errors += reply.errors
         if reply.error is not None:
             return None, "user_error"
-        return reply.text, "user_stop" if reply.stop else self.limit()
+        return reply.text, self.limit() or ("user_stop" if reply.stop else None)
 
 
 class _History:
@@ -367,6 +367,13 @@ class Episode:
         self.user = None if users is None else users(task, self.context)
         self.messages = initial_messages(task, tokenizer,
                                          None if self.user is None else self.user.greeting)
+        # A conversation is bounded by tau2's limits and the context alone (module docstring).
+        unbounded = self.user is not None
+        self.max_turns = None if unbounded else settings.max_turns
+        self.max_new_tokens = (settings.max_context_tokens if unbounded
+                               else settings.max_new_tokens)
+        self.max_observation_tokens = (settings.max_context_tokens if unbounded
+                                       else settings.max_observation_tokens)
 
     # ------------------------------------------------------------------ rendering
     def _render(self, generation_prompt: bool) -> str:
@@ -378,28 +385,41 @@ class Episode:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _check_agreement(self, history: _History) -> None:
-        """The kept tokens must decode to the template's rendering of the messages so far."""
+        """The kept tokens must decode to the template's rendering of the messages so far, and
+        hold each control string (:func:`control_strings`) exactly as often as the template
+        writes it: as often as in its rendering with every content but the assistant's (the
+        policy's own turns, the fixed greeting) blanked out. Equal text alone would let an
+        observation's unescaped ``<|im_start|>`` through: the rendering carries it too."""
         if not self.settings.check_template:
             return
-        if self.messages[-1]["role"] == "assistant":
-            # The turn ends at its eos; the template adds a newline only before the next turn.
-            kept = self.tokenizer.decode(history.ids, skip_special_tokens=False) + "\n"
-            rendered = self._render(generation_prompt=False)
-        else:
-            kept = self.tokenizer.decode(history.ids, skip_special_tokens=False)
-            rendered = self._render(generation_prompt=True)
+        # After an assistant turn the kept tokens end at its eos; the template adds a newline
+        # only before the next turn.
+        after_turn = self.messages[-1]["role"] == "assistant"
+        kept = self.tokenizer.decode(history.ids, skip_special_tokens=False) + "\n" * after_turn
+        rendered = self._render(generation_prompt=not after_turn)
         if kept != rendered:
             at = next((i for i, (a, b) in enumerate(zip(kept, rendered)) if a != b),
                       min(len(kept), len(rendered)))
             raise RolloutError(f"episode {self.context.episode_id}: kept tokens and the chat "
                                f"template disagree at character {at}: "
                                f"{kept[at:at + 40]!r} vs {rendered[at:at + 40]!r}")
+        blanked = [message if message["role"] == "assistant" else {**message, "content": ""}
+                   for message in self.messages]
+        written = self.tokenizer.apply_chat_template(
+            blanked, tools=self.schemas or None, tokenize=False,
+            add_generation_prompt=not after_turn)
+        for string in control_strings(self.tokenizer):
+            if (found := kept.count(string)) != (expected := written.count(string)):
+                raise RolloutError(f"episode {self.context.episode_id}: {string!r} occurs "
+                                   f"{found} times in the kept tokens but {expected} in the "
+                                   f"chat template's own rendering: markup from an observation "
+                                   f"or the task was not escaped")
 
     def _truncate_observation(self, text: str) -> str:
-        """At most ``max_observation_tokens`` of a tool's output. Only a prefix long enough to
-        hold them is tokenized: a tool that returns megabytes must not stall the event loop
-        every episode shares."""
-        limit = self.settings.max_observation_tokens
+        """At most ``max_observation_tokens`` of a tool's output (in a conversation: what the
+        context holds). Only a prefix long enough to hold them is tokenized: a tool that returns
+        megabytes must not stall the event loop every episode shares."""
+        limit = self.max_observation_tokens
         head = text[:limit * _MAX_CHARS_PER_TOKEN]
         ids = self._encode(head)
         if len(ids) <= limit and len(head) == len(text):
@@ -421,14 +441,15 @@ class Episode:
         prompt_length = len(history.ids)
         turns: list[TurnRecord] = []
         termination, answer = ended or "max_turns", None
-        for turn_index in range(settings.max_turns if ended is None else 0):
+        turn_indices = itertools.count() if self.max_turns is None else range(self.max_turns)
+        for turn_index in turn_indices if ended is None else ():
             room = settings.max_context_tokens - len(history.ids)
             if room < 2:  # nothing useful fits: at least one token and the closing eos
                 termination = "context_limit"
                 break
             forced = self.forced_ids if turn_index == 0 else []
             params = SamplingParams(
-                max_new_tokens=max(1, min(settings.max_new_tokens, room - 1) - len(forced)),
+                max_new_tokens=max(1, min(self.max_new_tokens, room - 1) - len(forced)),
                 temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                 stop_token_ids=(self.eos_id,),
                 seed=derive_seed(self.context.seed, "turn", turn_index))
@@ -467,7 +488,7 @@ class Episode:
             if parsed.answer is not None:
                 termination, answer = "answer", parsed.answer
                 break
-            results = await self._run_calls(parsed, record)
+            results = await self._run_calls(parsed, record, text)
             final = next((r.answer for r in results if r.answer is not None), None)
             if final is not None:
                 termination, answer = "answer", final
@@ -489,14 +510,13 @@ class Episode:
         return Trajectory(self.task.id, self.sample, self.messages, self.schemas, history.ids,
                           history.mask, history.decisions, history.logprobs, prompt_length,
                           turns, termination, answer, time.perf_counter() - started,
-                          None if conversation is None else conversation.usage)
+                          None if conversation is None else conversation.usage,
+                          self.context.seed)
 
     async def _talk(self, history: _History, conversation: _Conversation, record: TurnRecord,
                     message: str) -> str | None:
         """Send the turn's ``message`` to the user and append the reply as the next
         observation; what ended the conversation, if anything."""
-        if AGENT_STOP in message:
-            return "agent_stop"
         ended = conversation.agent_turn(record)
         if ended is None:
             reply, ended = await conversation.tell(message)
@@ -556,10 +576,13 @@ class Episode:
         self.messages.append({"role": "assistant", "content": text})
         return text
 
-    async def _run_calls(self, parsed: ParsedTurn, record: TurnRecord) -> list[ToolResult]:
+    async def _run_calls(self, parsed: ParsedTurn, record: TurnRecord,
+                         text: str) -> list[ToolResult]:
         valid = [call for call in parsed.calls if call.valid]
-        context = dataclasses.replace(self.context, observations=tuple(
-            message["content"] for message in self.messages if message["role"] == "tool"))
+        context = dataclasses.replace(
+            self.context, observations=tuple(
+                message["content"] for message in self.messages if message["role"] == "tool"),
+            turn=record.turn, message=without_thinking(without_calls(text)).strip() or None)
         results = await asyncio.gather(*(self.toolbox.call(call.name, call.arguments, context)
                                          for call in valid))
         by_call = iter(results)

@@ -155,7 +155,9 @@ class ToolContext:
     (None: all), and a seed for tools that sample. ``task`` is the whole task, for tools that
     act on its environment (a domain database) or, for the simulated expert only, its
     reference answer. ``observations`` are what the episode's earlier calls returned: the
-    context an expert is handed with the task, as ToolOrchestra's experts are."""
+    context an expert is handed with the task, as ToolOrchestra's experts are. ``turn`` is the
+    caller's message the call belongs to (the calls of one message share it) and ``message``
+    the text the caller wrote beside its calls, which a transcript keeps (tau2's does)."""
 
     task_id: str = ""
     episode_id: str = ""
@@ -163,6 +165,8 @@ class ToolContext:
     seed: int = 0
     task: "Task | None" = None
     observations: tuple[str, ...] = ()
+    turn: int = 0
+    message: str | None = None
 
 
 @runtime_checkable

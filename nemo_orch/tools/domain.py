@@ -3,7 +3,7 @@
 :class:`EpisodeStates` is the per-episode store, shared with the tau2-bench adapter's
 environments.
 
-Every episode (``context.episode_id``) gets a private copy of the domain's database, set up for
+Every episode (``context.episode_id`` and ``context.seed``) gets a private copy of the domain's database, set up for
 its task (the task row's ``metadata["domain_task"]``) on its first call, so the episodes of a GRPO
 group never see each other's writes. Copies are kept for the ``max_episodes`` most recent
 episodes; scoring does not need them (it replays the episode's calls, see
@@ -30,32 +30,34 @@ State = TypeVar("State")
 class EpisodeStates(Generic[State]):
     """Per-episode state (a database, an environment) made by ``make`` on the episode's first
     call and kept for the ``max_episodes`` most recently used episodes; :meth:`release` drops
-    an episode that has ended."""
+    an episode that has ended. An episode is its id and its seed: the same task and sample can
+    be in flight twice at once (overlapping steps of asynchronous GRPO), never with one seed."""
 
     def __init__(self, make: Callable[[ToolContext], State], max_episodes: int) -> None:
         if max_episodes < 1:
             raise ToolError("max_episodes must be >= 1")
         self.make, self.max_episodes = make, max_episodes
-        self._states: OrderedDict[str, State] = OrderedDict()
+        self._states: OrderedDict[tuple[str, int], State] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._states)
 
     def get(self, context: ToolContext) -> State:
-        state = self._states.get(context.episode_id)
+        key = (context.episode_id, context.seed)
+        state = self._states.get(key)
         if state is not None:
-            self._states.move_to_end(context.episode_id)
+            self._states.move_to_end(key)
             return state
         state = self.make(context)
-        self._states[context.episode_id] = state
+        self._states[key] = state
         if len(self._states) > self.max_episodes:
             evicted, _ = self._states.popitem(last=False)
             logger.warning("dropped the state of episode %r (more than %d episodes alive)",
                            evicted, self.max_episodes)
         return state
 
-    def release(self, episode_id: str) -> None:
-        self._states.pop(episode_id, None)
+    def release(self, episode_id: str, seed: int) -> None:
+        self._states.pop((episode_id, seed), None)
 
 
 def _database_maker(domain: Domain) -> Callable[[ToolContext], Database]:

@@ -24,7 +24,7 @@ QA_SAMPLE = "env/samples/generalthought_sample.jsonl"
 
 
 def answered(task: Task, answer: str) -> Trajectory:
-    return Trajectory.without_tokens(task.id, [], [], [], "answer", answer, 0.0)
+    return Trajectory.without_tokens(task.id, 0, 0, [], [], [], "answer", answer, 0.0)
 
 
 def test_train_and_validation_partition_a_file_by_task_id(tmp_path):

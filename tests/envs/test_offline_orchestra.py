@@ -242,7 +242,7 @@ def test_naive_routers_play_the_new_interface_and_every_route_is_named_back(conf
         async with build_toolbox(config.tools) as toolbox:
             agent = NaiveRouterAgent(tasks, config.data.demo_routers, 0, toolbox,
                                      tiny_tokenizer, settings)
-            episodes = [await agent.episode(task, seed=0) for task in tasks]
+            episodes = [await agent.episode(task, 0, seed=0) for task in tasks]
             return agent.routes, episodes
 
     routes, episodes = asyncio.run(run())

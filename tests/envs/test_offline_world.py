@@ -94,7 +94,7 @@ def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
             async with build_toolbox(offline_config.tools) as toolbox:
                 agent = NaiveRouterAgent(tasks, shares, 0, toolbox, tiny_tokenizer,
                                          offline_config.resolved_rollout())
-                return [await agent.episode(task, index) for index, task in enumerate(tasks)]
+                return [await agent.episode(task, 0, index) for index, task in enumerate(tasks)]
 
         return [(trajectory.messages[1]["content"].split("\n")[-1],
                  trajectory.messages[2]["content"].split('"model": "')[1].split('"')[0])

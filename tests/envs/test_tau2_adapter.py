@@ -97,7 +97,7 @@ def test_a_call_through_our_toolbox_gives_tau2s_exact_output(retail):
     tau2_message = environment.get_response(tool_call)
     assert tau2_message.error and missing.observation == tau2_message.content
     assert missing.error == "Order not found"
-    retail.environments.release("episode")
+    retail.environments.release("episode", 0)
 
 
 def test_each_episode_has_its_own_bounded_environment(retail):
@@ -118,7 +118,7 @@ def test_each_episode_has_its_own_bounded_environment(retail):
     assert '"status": "pending"' in asyncio.run(status("b"))
     asyncio.run(status("c"))
     assert len(environments) == 2
-    environments.release("c")
+    environments.release("c", 0)
     assert len(environments) == 1
     unknown = asyncio.run(details.call({"order_id": order_id}, ToolContext(episode_id="d")))
     assert "needs the task" in unknown.error
@@ -135,7 +135,7 @@ def test_a_wrong_order_id_in_a_write_action_scores_zero(retail):
     wrong_arguments = {**write.arguments, "order_id": "#W6247578"}  # another of the user's
     wrong = asyncio.run(retail.assistant_toolbox().call(write.name, wrong_arguments,
                                                         _context(task, "wrong")))
-    retail.environments.release("wrong")
+    retail.environments.release("wrong", 0)
     turns[-2] = Turn(ASSISTANT, calls=(ExecutedCall(write.name, wrong_arguments, wrong),))
     score = score_episode(task, turns)
     assert score.reward == 0.0 and not score.passed
@@ -194,7 +194,7 @@ def test_a_task_with_message_history_starts_from_it(retail):
     task = adapter.to_task(tau2_task, "retail", retail.policy, retail.assistant_toolbox().tools)
     status = asyncio.run(retail.assistant_toolbox().call(
         "get_order_details", {"order_id": "#W4776164"}, _context(task, "history")))
-    retail.environments.release("history")
+    retail.environments.release("history", 0)
     assert '"status": "cancelled"' in status.output
     messages = adapter.to_tau2_messages(tau2_task, [Turn(ASSISTANT, text="Bye.")])
     assert messages[:4] == history
@@ -261,8 +261,9 @@ def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
     scores = []
     for row, trajectory in zip(rows, trajectories):
         episode_id = f"{row.id}#0"
-        turns = adapter.recorded_turns(retail, row, episode_id, trajectory.answer)
+        turns = adapter.recorded_turns(retail, row, episode_id, trajectory.seed,
+                                       trajectory.answer)
         scores.append(score_episode(row, turns))
-        retail.environments.release(episode_id)
+        retail.environments.release(episode_id, trajectory.seed)
     assert [score.reward for score in scores] == [1.0, 1.0, 0.0]
     assert len(turns) == 1  # the idle episode reached tau2 with no call

@@ -88,7 +88,7 @@ def test_a_wrong_deposit_scores_zero_by_tau2s_evaluator(bank):
     context = ToolContext(task_id=task.id, episode_id="wrong", task=task)
     arguments = {"account_id": "A1", "amount": 5.0}
     wrong = asyncio.run(bank.assistant_toolbox().call("deposit", arguments, context))
-    bank.environments.release("wrong")
+    bank.environments.release("wrong", 0)
     assert wrong.error is None and '"balance": 105.0' in wrong.output
     turns[-2] = Turn(ASSISTANT, calls=(ExecutedCall("deposit", arguments, wrong),))
     score = score_episode(task, turns)

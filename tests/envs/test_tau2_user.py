@@ -6,6 +6,7 @@ transcript; a failing or hanging user endpoint ends the episode with a counted `
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import time
@@ -152,7 +153,7 @@ def test_tau2s_step_limit_ends_a_conversation(user_url, tiny_tokenizer):
 
 
 def _failing_user(handler):
-    return serve_json({("POST", "/chat/completions"): handler}, url_path="/v1")
+    return serve_json({("POST", "/v1/chat/completions"): handler}, url_path="/v1")
 
 
 def test_a_failing_or_hanging_user_endpoint_is_a_counted_user_error(tiny_tokenizer):
@@ -195,3 +196,154 @@ def test_without_a_user_the_report_says_it_is_not_tau2_bench():
     assert environment.users() is None
     assert environment.notes["protocol"] == SCENARIO_PROTOCOL
     assert re.search("not comparable with tau2-bench", SCENARIO_PROTOCOL)
+
+
+def _retail_agent(task):
+    """Asks who the user is, makes the task's gold calls, then closes with every fact."""
+    criteria = adapter.tau2_task_of(task).evaluation_criteria
+    calls = [(action.name, action.arguments) for action in criteria.actions]
+
+    def agent(prompt):
+        turn = _own_turns(prompt)
+        if turn == 0:
+            return "I can help with that. What is your name and zip code?"
+        if turn <= len(calls):
+            return call_text(calls[turn - 1])
+        return f"<answer>{final_message(criteria.communicate_info or [])}</answer>"
+
+    return agent, len(calls)
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+def test_each_trial_is_an_episode_of_its_own(concurrency, user_url, tiny_tokenizer, tmp_path):
+    """Three trials of a task that writes to its database, run at once or one by one: each on
+    its own environment, so every trial passes alike (pass^k does not depend on concurrency)."""
+    from nemo_orch.config import ORCHESTRATOR
+    from nemo_orch.eval.harness import System, evaluate
+
+    config = config_lib.load(["env=tau2", "env.domain=retail", "env.split=train",
+                              f"env.user.base_url={user_url}", f"env.user.model={MODEL}",
+                              "model.max_position_embeddings=32768", "rollout.check_template=false",
+                              "eval.num_trials=3", f"eval.concurrency={concurrency}"])
+    environment = build_environment(config)
+    task = _task(environment, "0")
+    environment.domain.tasks = [task]
+    agent, _ = _retail_agent(task)
+    evaluation = evaluate(config, environment,
+                          [System(ORCHESTRATOR, ORCHESTRATOR, ScriptedEngine(tiny_tokenizer, agent))],
+                          tmp_path, tiny_tokenizer)
+    records = evaluation.records[ORCHESTRATOR]
+    assert [(r["trial"], r["episode"]["termination"], r["outcome"]["correct"]) for r in records] \
+        == [(trial, "user_stop", True) for trial in range(3)]
+    assert len(environment.domain.environments) == 0  # every trial's environment released
+
+
+def _closing_steps(calls: int) -> int:
+    """tau2's steps up to the user's reply to the closing message: the user's opening, the
+    agent's question and the user's answer, two per call, the closing and the reply."""
+    return 3 + 2 * calls + 2
+
+
+@pytest.mark.parametrize("extra_steps, termination, correct", [
+    (0, "max_steps", False),  # the user stops on the step that reaches the limit: the limit wins
+    (1, "user_stop", True)])
+def test_a_limit_reached_on_the_users_stop_ends_the_episode_as_tau2s(
+        extra_steps, termination, correct, user_url, tiny_tokenizer):
+    environment = _environment("retail", None)
+    task = _task(environment, "0")
+    agent, calls = _retail_agent(task)
+    environment = _environment("retail", user_url,
+                               f"env.user.max_steps={_closing_steps(calls) + extra_steps}")
+    trajectory, scored = _play(environment, _task(environment, "0"), agent, tiny_tokenizer)
+    assert (trajectory.termination, scored.outcome.correct) == (termination, correct)
+
+
+def test_the_agents_stop_token_and_text_beside_calls_reach_the_transcript(user_url,
+                                                                          tiny_tokenizer):
+    """As tau2's LLMAgent: a message with ``###STOP###`` goes to the user like any other, and
+    text written beside a call is the message's content, which tau2's communicate check
+    reads."""
+    environment = _environment("retail", user_url)
+    task = _task(environment, "24")  # no action; the user must be told two materials
+    facts = adapter.tau2_task_of(task).evaluation_criteria.communicate_info
+    assert facts == ["polyester", "cotton"]
+
+    def beside_a_call(prompt):
+        if _own_turns(prompt) == 0:
+            return ("The materials are polyester and cotton. "
+                    + call_text(("calculate", {"expression": "1 + 1"})))
+        return f"<answer>{final_message([])} ###STOP###</answer>"
+
+    trajectory, scored = _play(environment, task, beside_a_call, tiny_tokenizer)
+    assert trajectory.termination == "user_stop" and scored.outcome.correct, scored.details
+    # The message with the stop token went to the user, who ended the conversation.
+    assert trajectory.messages[-1]["content"].endswith("###STOP###</answer>")
+
+    def silent_call(prompt):
+        if _own_turns(prompt) == 0:
+            return call_text(("calculate", {"expression": "1 + 1"}))
+        return f"<answer>{final_message([])}</answer>"
+
+    _, scored = _play(environment, task, silent_call, tiny_tokenizer)
+    assert not scored.outcome.correct
+    assert "not told to the user: 'polyester'" in scored.outcome.detail
+
+
+def test_under_tau2s_protocol_the_agent_has_tau2s_system_prompt_and_no_turn_limit(
+        user_url, tiny_tokenizer):
+    from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT
+
+    environment = _environment("retail", user_url, "env.user.max_steps=30")
+    task = _task(environment, "0")
+    policy = _environment("retail", None).domain.policy
+    assert task.system == SYSTEM_PROMPT.format(agent_instruction=AGENT_INSTRUCTION,
+                                               domain_policy=policy)
+    settings = dataclasses.replace(SETTINGS, max_turns=2, max_new_tokens=4)
+    async def run():
+        trajectory, = await run_rollouts([task], 1, ScriptedEngine(tiny_tokenizer, agent),
+                                         environment.toolbox(), tiny_tokenizer, settings,
+                                         users=environment.users())
+        return trajectory
+
+    agent, calls = _retail_agent(task)
+    trajectory = asyncio.run(run())
+    # rollout.max_turns and max_new_tokens are not tau2's: the scripted agent's long calls
+    # and all its turns ran.
+    assert trajectory.termination == "user_stop" and len(trajectory.turns) == calls + 2
+
+
+def test_user_errors_are_reported_per_trial_and_run_again_on_resume(user_url, tiny_tokenizer,
+                                                                    tmp_path):
+    """A user endpoint down for the first run: its episodes end ``user_error``, which the report
+    counts and names; the same evaluation resumed with the endpoint back runs them again."""
+    import httpx
+
+    from nemo_orch.config import ORCHESTRATOR
+    from nemo_orch.eval.harness import System, evaluate
+    from nemo_orch.eval.report import summarize
+
+    down = True
+
+    def flaky(body):
+        if down:
+            raise RequestError("the user model is down", status=503)
+        return httpx.post(f"{user_url}/chat/completions", json=body, timeout=30).json()
+
+    with _failing_user(flaky) as server:
+        config = config_lib.load([
+            "env=tau2", "env.domain=retail", "env.split=train", f"env.user.base_url={server.url}",
+            f"env.user.model={MODEL}", "env.user.max_retries=0",
+            "model.max_position_embeddings=32768", "rollout.check_template=false",
+            "eval.num_trials=2"])
+        environment = build_environment(config)
+        environment.domain.tasks = [_task(environment, "0")]
+        agent, _ = _retail_agent(environment.domain.tasks[0])
+        system = System(ORCHESTRATOR, ORCHESTRATOR, ScriptedEngine(tiny_tokenizer, agent))
+        failed = evaluate(config, environment, [system], tmp_path, tiny_tokenizer)
+        summary = summarize(failed.results(ORCHESTRATOR))
+        assert summary["user_errors"] == 2 and summary["correct"] == 0
+        assert summary["user_error_episodes"] == ["tau2-retail-0@0", "tau2-retail-0@1"]
+        down = False
+        resumed = evaluate(config, environment, [system], tmp_path, tiny_tokenizer)
+    summary = summarize(resumed.results(ORCHESTRATOR))
+    assert (summary["user_errors"], summary["correct"]) == (0, 2)

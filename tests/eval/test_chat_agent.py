@@ -59,7 +59,7 @@ def run_simulated(url: str, tasks: list[Task], seeds: list[int]):
         async with toolbox:
             agent = ChatAgent(OpenAIClient(url, SIMULATED, timeout_s=10), toolbox, PRICE,
                               max_turns=4)
-            return await asyncio.gather(*(asyncio.gather(*(agent.episode(task, seed)
+            return await asyncio.gather(*(asyncio.gather(*(agent.episode(task, 0, seed)
                                                            for task in tasks))
                                           for seed in seeds))
 
@@ -163,7 +163,7 @@ def test_markup_calls_errors_and_recovery(markup_server):
     toolbox = echo_toolbox()
     agent = ChatAgent(OpenAIClient(markup_server.url, "scripted"), toolbox,
                       Pricing.per_million_tokens(1.0, 2.0), max_turns=5)
-    trajectory = asyncio.run(agent.episode(Task("t", "Say hello.", system="Use tools."), 3))
+    trajectory = asyncio.run(agent.episode(Task("t", "Say hello.", system="Use tools."), 0, 3))
     assert trajectory.termination == "answer" and trajectory.answer == "HELLO"
     assert trajectory.format_errors == {"malformed_json": 1, "unknown_tool": 1}
     assert [turn.format_errors for turn in trajectory.turns] == [
@@ -224,7 +224,7 @@ def test_standard_tool_calls_errors_and_ending_tool(standard_server):
                       max_turns=4)
 
     async def episodes():
-        return await asyncio.gather(*(agent.episode(Task(name, name), 0)
+        return await asyncio.gather(*(agent.episode(Task(name, name), 0, 0)
                                       for name in ("calls", "plain", "empty")))
 
     calls, plain, empty = asyncio.run(episodes())
@@ -250,7 +250,7 @@ def test_max_turns(tiny_tokenizer):
     with start_server(ScriptedEngine(tiny_tokenizer, lambda _: call_markup("echo", {"text": "a"})),
                       tiny_tokenizer, "loop") as handle:
         agent = ChatAgent(OpenAIClient(handle.url, "loop"), echo_toolbox(), PRICE, max_turns=3)
-        trajectory = asyncio.run(agent.episode(Task("t", "Loop."), 0))
+        trajectory = asyncio.run(agent.episode(Task("t", "Loop."), 0, 0))
     assert trajectory.termination == "max_turns" and trajectory.answer is None
     assert len(trajectory.turns) == 3 and trajectory.tool_counts() == {"echo": 3}
 
@@ -271,7 +271,7 @@ def test_endpoint_failures_end_the_episode(monkeypatch):
             "closed": OpenAIClient("http://127.0.0.1:9/v1", "m", max_retries=0, timeout_s=2),
         }
         trajectories = {name: asyncio.run(ChatAgent(client, echo_toolbox(), PRICE,
-                                                    max_turns=2).episode(task, 0))
+                                                    max_turns=2).episode(task, 0, 0))
                         for name, client in clients.items()}
     for name, trajectory in trajectories.items():
         assert trajectory.termination == "engine_error" and trajectory.answer is None, name

@@ -418,7 +418,7 @@ def test_chat_agent_through_the_orchestrator(orchestrator, tiny_tokenizer):
     as the orchestrate route does."""
     agent = ChatAgent(OpenAIClient(orchestrator.url, MODEL), echo_toolbox(),
                       Pricing.per_million_tokens(1.0, 1.0), max_turns=5)
-    trajectory = asyncio.run(agent.episode(planned(), 0))
+    trajectory = asyncio.run(agent.episode(planned(), 0, 0))
     served = post(f"{orchestrator.url}/orchestrate",
                   {"question": planned().question, "system": "Use tools."}).json()
     assert (trajectory.termination, trajectory.answer) == ("answer", served["answer"]) == (

@@ -36,6 +36,7 @@ from nemo_orch.data.domain_tasks import DomainTask
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.records import read_records
 from nemo_orch.data.tasks import Task
+from nemo_orch.envs.clock import domain_clock
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec
 from nemo_orch.tools.domain import EpisodeStates
 from nemo_orch.tools.registry import Toolbox
@@ -64,6 +65,7 @@ def _tau2() -> SimpleNamespace:
 
         # tau2 logs its registry on import, and every tool response, at DEBUG level to stderr.
         tau2_logger.disable("tau2")
+        from tau2.agent import llm_agent
         from tau2.data_model import message, simulation, tasks
         from tau2.environment import db, environment, toolkit
         from tau2.evaluator import evaluator
@@ -76,10 +78,11 @@ def _tau2() -> SimpleNamespace:
     except ImportError as error:
         raise Tau2Error(f"tau2-bench needs the tau2 extra ({INSTALL_HINT}): {error}") from None
     return SimpleNamespace(message=message, simulation=simulation, tasks=tasks,
-                           evaluator=evaluator, registry=registry, orchestrator=orchestrator,
-                           user_simulator=user_simulator, user_base=user_base,
-                           llm_utils=llm_utils, agent_metrics=agent_metrics, db=db,
-                           environment=environment, toolkit=toolkit)
+                           llm_agent=llm_agent, evaluator=evaluator, registry=registry,
+                           orchestrator=orchestrator, user_simulator=user_simulator,
+                           user_base=user_base, llm_utils=llm_utils,
+                           agent_metrics=agent_metrics, db=db, environment=environment,
+                           toolkit=toolkit)
 
 
 def domains() -> list[str]:
@@ -109,13 +112,31 @@ def tau2_task_of(task: Task) -> Any:
 
 @dataclass
 class Tau2Episode:
-    """An episode's tau2 environment and its transcript, in order: every call that reached the
-    environment, by its requestor, and every message between agent and user (a call our
-    toolbox refused, e.g. for malformed arguments, never reached the environment and changed
-    nothing). tau2's evaluator replays the transcript."""
+    """An episode's tau2 environment and its transcript, in order: every message between agent
+    and user, and every message of calls that reached the environment, by its requestor, with
+    the text written beside them (a call our toolbox refused, e.g. for malformed arguments,
+    never reached the environment and changed nothing). tau2's evaluator replays the
+    transcript."""
 
     environment: Any
     turns: list["Turn"] = field(default_factory=list)
+    # The (requestor, turn) of the last message of calls, while its calls are still coming.
+    _open: tuple[str, int] | None = None
+
+    def say(self, role: str, text: str) -> None:
+        """A message between agent and user."""
+        self.turns.append(Turn(role, text=text))
+        self._open = None
+
+    def record_call(self, requestor: str, context: ToolContext, call: "ExecutedCall") -> None:
+        """A call that reached the environment: part of its requestor's message of that turn
+        (``context.turn``), which carries the text written beside the calls."""
+        if self._open == (requestor, context.turn):
+            last = self.turns[-1]
+            self.turns[-1] = Turn(requestor, last.text, (*last.calls, call))
+        else:
+            self.turns.append(Turn(requestor, context.message, (call,)))
+            self._open = (requestor, context.turn)
 
 
 def episode_environments(domain: str,
@@ -151,17 +172,21 @@ class Tau2Tool(BaseTool):
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         try:
-            episode = self.environments.get(context)
+            # The clock every run of the task's tools sees (a new episode's environment runs
+            # the task's initialization actions): the evaluator's replays see it too.
+            with domain_clock():
+                episode = self.environments.get(context)
         except Tau2Error as error:
             return ToolResult(error=str(error))
         tool_call = _tau2().message.ToolCall(name=self.spec.name, arguments=arguments,
                                              requestor=self.requestor)
-        response = episode.environment.get_response(tool_call)
+        with domain_clock():
+            response = episode.environment.get_response(tool_call)
         # Our observation of an error is "Error: <error>": the same text as tau2's.
         result = (ToolResult(error=response.content.removeprefix(_ERROR_PREFIX))
                   if response.error else ToolResult(output=response.content))
-        episode.turns.append(Turn(self.requestor,
-                                  calls=(ExecutedCall(self.spec.name, arguments, result),)))
+        episode.record_call(self.requestor, context,
+                            ExecutedCall(self.spec.name, arguments, result))
         return result
 
 
@@ -200,12 +225,23 @@ class Tau2Domain:
         return Toolbox(self.user_tools)
 
 
+def agent_system_prompt(policy: str) -> str:
+    """The system prompt tau2's ``LLMAgent`` runs with: its agent instructions and the domain
+    ``policy`` in its ``<instructions>`` / ``<policy>`` frame."""
+    llm_agent = _tau2().llm_agent
+    return llm_agent.SYSTEM_PROMPT.format(agent_instruction=llm_agent.AGENT_INSTRUCTION,
+                                          domain_policy=policy)
+
+
 def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODES,
-                tasks_path: str | Path | None = None) -> Tau2Domain:
+                tasks_path: str | Path | None = None,
+                llm_agent_prompt: bool = False) -> Tau2Domain:
     """A tau2 domain as our environment, with the tasks of ``split`` (a domain without splits,
     such as ``mock``, has one set of tasks, which every split names), or with the domain's rows
     of the task file ``tasks_path`` instead (one set of tasks, which every split names; see
-    :func:`read_task_file`)."""
+    :func:`read_task_file`). The tasks' system prompt is the domain policy, or with
+    ``llm_agent_prompt`` (tau2-bench's protocol) tau2's agent prompt around it
+    (:func:`agent_system_prompt`)."""
     available = splits(domain)
     if tasks_path is None and available and split not in available:
         raise Tau2Error(f"tau2 domain {domain!r} has no split {split!r}; splits: "
@@ -224,7 +260,8 @@ def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODE
         loaded = read_task_file(tasks_path, domain, {
             tool.spec.name: tool.spec.parameters["properties"]
             for tool in [*assistant_tools, *user_tools]})
-    tasks = [to_task(tau2_task, domain, policy, names) for tau2_task in loaded]
+    system = agent_system_prompt(policy) if llm_agent_prompt else policy
+    tasks = [to_task(tau2_task, domain, system, names) for tau2_task in loaded]
     return Tau2Domain(domain, split, policy, tasks, assistant_tools, user_tools, environments)
 
 
@@ -335,22 +372,21 @@ def _failures(breakdown: dict[str, Any]) -> list[str]:
     return reasons
 
 
-def recorded_turns(domain: Tau2Domain, task: Task, episode_id: str,
+def recorded_turns(domain: Tau2Domain, task: Task, episode_id: str, seed: int,
                    closing: str | None = None) -> list[Turn]:
     """An episode the episode runner played (its calls went through the domain's toolboxes,
     its messages through the user) as tau2 turns: its transcript, then ``closing`` as the
     assistant's last message (the answer of an episode without a user)."""
     episode = domain.environments.get(ToolContext(task_id=task.id, episode_id=episode_id,
-                                                  task=task))
+                                                  seed=seed, task=task))
     closed = [] if closing is None else [Turn(ASSISTANT, text=closing)]
     return [*episode.turns, *closed]
 
 
 # How tau2 names the ends of our episodes; the evaluator scores only the agent's or the user's
 # stop, everything else is 0 (ours without a tau2 name are the agent's failures).
-_TERMINATIONS = {"answer": "AGENT_STOP", "agent_stop": "AGENT_STOP", "user_stop": "USER_STOP",
-                 "max_steps": "MAX_STEPS", "too_many_errors": "TOO_MANY_ERRORS",
-                 "user_error": "USER_ERROR"}
+_TERMINATIONS = {"answer": "AGENT_STOP", "user_stop": "USER_STOP", "max_steps": "MAX_STEPS",
+                 "too_many_errors": "TOO_MANY_ERRORS", "user_error": "USER_ERROR"}
 
 
 def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer") -> Tau2Score:
@@ -363,9 +399,12 @@ def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer"
         id=f"{task.id}-episode", task_id=tau2_task.id, start_time="", end_time="", duration=0.0,
         termination_reason=reason, messages=to_tau2_messages(tau2_task, turns))
     try:
-        info = tau2.evaluator.evaluate_simulation(
-            run, tau2_task, tau2.evaluator.EvaluationType.ALL, solo_mode=False,
-            domain=task.metadata["domain"])
+        # tau2 replays the episode's calls and the gold actions on fresh environments: at the
+        # instant the episode's tools ran, so a tool that stores the time writes the same.
+        with domain_clock():
+            info = tau2.evaluator.evaluate_simulation(
+                run, tau2_task, tau2.evaluator.EvaluationType.ALL, solo_mode=False,
+                domain=task.metadata["domain"])
     except ValueError as error:
         # tau2 replays the trajectory and refuses one whose tool outputs it does not reproduce.
         return Tau2Score(0.0, failures=(f"tau2 could not replay the episode: {error}",))

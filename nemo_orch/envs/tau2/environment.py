@@ -53,8 +53,11 @@ class Tau2Environment(Environment):
         for directory in source.tau2_domains:
             external.register_domain_directory(resolve_conf_path(directory))
         self.tasks_path = None if source.path is None else resolve_conf_path(source.path)
+        # Under tau2-bench's protocol the agent runs with tau2's LLMAgent system prompt.
+        self.llm_agent_prompt = source.user.simulated
         self.domain = adapter.load_domain(source.domain, source.split,
-                                          tasks_path=self.tasks_path)
+                                          tasks_path=self.tasks_path,
+                                          llm_agent_prompt=self.llm_agent_prompt)
         self._users = None
         if source.user.simulated:
             from nemo_orch.envs.tau2.user import Tau2Users
@@ -88,7 +91,8 @@ class Tau2Environment(Environment):
                 raise ConfigError(f"tau2 domain {self.domain.name!r} has no train split to "
                                   "train on")
             else:  # only its tasks: the tools and episodes are the loaded domain's
-                self._train = adapter.load_domain(self.domain.name, TRAIN_SPLIT).tasks
+                self._train = adapter.load_domain(
+                    self.domain.name, TRAIN_SPLIT, llm_agent_prompt=self.llm_agent_prompt).tasks
         return self._train
 
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
@@ -118,9 +122,9 @@ class Tau2Environment(Environment):
         # already holds every message.
         closing = None if trajectory.user is not None else trajectory.answer or ""
         try:
-            turns = adapter.recorded_turns(self.domain, task, key, closing)
+            turns = adapter.recorded_turns(self.domain, task, key, trajectory.seed, closing)
         finally:
-            self.domain.environments.release(key)
+            self.domain.environments.release(key, trajectory.seed)
         result = adapter.score_episode(task, turns, trajectory.termination)
         return Scored(OutcomeResult(result.passed, "tau2", "; ".join(result.failures)),
                       {"tau2": result.to_json()})

@@ -18,6 +18,7 @@ which tau2's evaluator replays.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -26,7 +27,7 @@ from nemo_orch.clients.openai import ChatResult, EndpointRefusal, OpenAIClient
 from nemo_orch.clients.http import HTTPError
 from nemo_orch.config import UserConfig
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.tau2.adapter import (ASSISTANT, USER, Tau2Domain, Turn, _tau2,
+from nemo_orch.envs.tau2.adapter import (ASSISTANT, USER, Tau2Domain, _tau2,
                                          tau2_task_of)
 from nemo_orch.rollout.episode import UserReply
 from nemo_orch.tools.base import Pricing, ToolContext, ToolError, ToolResult, Usage
@@ -69,10 +70,16 @@ class Tau2Users:
         return Tau2User(self, task, context)
 
     def describe(self) -> str:
-        """The protocol line of a report."""
+        """The protocol line of a report: tau2-bench's protocol, and what still differs from
+        tau2's own runner (docs/evaluation.md, "Conformance with tau2's runner")."""
         config = self.config
         return (f"LLM user {config.model} at {config.base_url} (tau2's user simulator), "
-                f"max_steps {config.max_steps}, max_errors {config.max_errors}")
+                f"max_steps {config.max_steps}, max_errors {config.max_errors}, tau2's "
+                "LLMAgent system prompt. Differences from tau2's runner: the agent writes "
+                "through its own chat template (tau2: function calling through litellm); the "
+                "policy's context may end an episode tau2 would continue (context_limit, "
+                "scored 0); a failing user endpoint ends the episode as user_error (counted, "
+                "run again on resume), where tau2's run fails")
 
 
 class Tau2User:
@@ -90,14 +97,16 @@ class Tau2User:
         history = [message for message in (initial.message_history or [])
                    if tau2.user_base.is_valid_user_history_message(message)] if initial else []
         self.state = simulator.get_init_state(message_history=history)
-        self.transcript = users.domain.environments.get(context).turns
+        self.transcript = users.domain.environments.get(context)
+        self.call_messages = 0  # the user's messages of tool calls so far
 
-    async def reply(self, message: str, steps_left: int) -> UserReply:
+    async def reply(self, message: str, steps_left: int, errors_left: int) -> UserReply:
         """The user's answer to the agent's ``message``: the user LLM's turns until it writes
         text, running its tool calls in between (each call batch and its results count as two
-        of tau2's steps), at most ``steps_left`` steps."""
+        of tau2's steps), until then or until its results reach ``steps_left`` steps or
+        ``errors_left`` failed calls (where tau2's orchestrator checks its limits)."""
         tau2 = _tau2()
-        self.transcript.append(Turn(ASSISTANT, text=message))
+        self.transcript.say(ASSISTANT, message)
         self.state.messages.append(tau2.message.AssistantMessage(role="assistant",
                                                                  content=message))
         steps = errors = 0
@@ -111,7 +120,7 @@ class Tau2User:
                              cost_usd=self.users.pricing.cost(usage, seconds), seconds=seconds,
                              **fields)
 
-        while steps < steps_left:
+        while steps < steps_left and errors < errors_left:
             try:
                 result = await self._generate()
             except EndpointRefusal:
@@ -126,10 +135,10 @@ class Tau2User:
                 continue
             user_message = tau2.message.UserMessage(role="user", content=result.text)
             self.state.messages.append(user_message)
-            self.transcript.append(Turn(USER, text=result.text))
+            self.transcript.say(USER, result.text)
             return ledger(text=result.text,
                           stop=tau2.user_simulator.UserSimulator.is_stop(user_message))
-        return ledger(text="")  # out of steps: the episode's limit ends it
+        return ledger(text="")  # out of steps or errors: the conversation's limit ends it
 
     async def _generate(self) -> ChatResult:
         tau2, config = _tau2(), self.users.config
@@ -152,27 +161,31 @@ class Tau2User:
         """Run the user's tool calls on the episode's environment; how many failed."""
         tau2 = _tau2()
         calls, parsed = [], []
-        for index, raw in enumerate(result.tool_calls):
-            function = raw.get("function") or {}
+        for index, raw in enumerate(result.tool_calls):  # normalized by the client
+            function = raw["function"]
             try:
-                arguments = json.loads(function.get("arguments") or "{}")
+                arguments = json.loads(function["arguments"] or "{}")
                 if not isinstance(arguments, dict):
                     raise ValueError("arguments are not a JSON object")
             except ValueError as error:
                 arguments, failure = {}, f"malformed arguments: {error}"
             else:
                 failure = None
-            call = tau2.message.ToolCall(id=raw.get("id") or f"user_call_{index}",
-                                         name=str(function.get("name") or ""),
-                                         arguments=arguments, requestor="user")
+            call = tau2.message.ToolCall(id=raw["id"] or f"user_call_{index}",
+                                         name=function["name"], arguments=arguments,
+                                         requestor="user")
             calls.append(call)
             parsed.append(failure)
         self.state.messages.append(tau2.message.UserMessage(
             role="user", content=result.text or None, tool_calls=calls))
         failed = 0
+        # The calls of this message, and the text beside them, are one message of the transcript.
+        context = dataclasses.replace(self.context, turn=self.call_messages,
+                                      message=result.text or None)
+        self.call_messages += 1
         for call, failure in zip(calls, parsed):
             outcome = (None if failure is not None else
-                       await self.users.toolbox.call(call.name, call.arguments, self.context))
+                       await self.users.toolbox.call(call.name, call.arguments, context))
             if outcome is None:
                 outcome = ToolResult(error=failure)
             failed += outcome.error is not None
