@@ -90,7 +90,9 @@ def test_grpo_on_tau2_talks_with_an_llm_user(start_checkpoint, tiny_tokenizer, t
                       MODEL) as server:
         run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2",
                                         "env.domain=mock", f"env.user.base_url={server.url}",
-                                        f"env.user.model={MODEL}", "env.user.max_retries=0"))
+                                        f"env.user.model={MODEL}", "env.user.max_retries=0",
+                                        # tau2's step limit bounds a conversation (not max_turns)
+                                        "env.user.max_steps=3"))
     metrics = read_metrics(tmp_path / "run" / "grpo-tau2")
     assert [m["step"] for m in metrics] == [1, 2]
     # Each round's 4 episodes (2 prompts x 2 samples) have consecutive seeds: 2 failed.
