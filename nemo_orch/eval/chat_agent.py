@@ -47,26 +47,19 @@ class _Reply:
     format_errors: list[str]
 
 
-def _standard_call(entry: Any, call_id: str, fmt: TurnFormat) -> tuple[ToolCall, dict[str, Any]]:
-    """One standard ``tool_calls`` entry, checked like a markup call, and its canonical form to
-    send back in the assistant message (``arguments`` as a JSON string, the id set)."""
-    function = entry.get("function") if isinstance(entry, dict) else None
-    function = function if isinstance(function, dict) else {}
-    name, raw = function.get("name"), function.get("arguments", "{}")
-    echo = {"id": call_id, "type": "function",
-            "function": {"name": name if isinstance(name, str) else "",
-                         "arguments": raw if isinstance(raw, str) else json.dumps(raw)}}
-    if not isinstance(name, str):
-        return ToolCall(None, None, "a tool call must be {\"type\": \"function\", \"function\": "
-                        "{\"name\": <string>, \"arguments\": <JSON object string>}}",
-                        "bad_call_shape"), echo
-    arguments = raw
-    if isinstance(raw, str):
-        try:
-            arguments = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError as error:
-            return ToolCall(name, None, f"the arguments of {name} are not valid JSON "
-                            f"({error.msg} at character {error.pos})", "malformed_json"), echo
+def _standard_call(entry: dict[str, Any], call_id: str,
+                   fmt: TurnFormat) -> tuple[ToolCall, dict[str, Any]]:
+    """One standard ``tool_calls`` entry (as the client normalizes it: a named function call,
+    its arguments a string), checked like a markup call, and its canonical form to send back in
+    the assistant message (the id set)."""
+    function = entry["function"]
+    name, raw = function["name"], function["arguments"]
+    echo = {"id": call_id, "type": "function", "function": {"name": name, "arguments": raw}}
+    try:
+        arguments = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as error:
+        return ToolCall(name, None, f"the arguments of {name} are not valid JSON "
+                        f"({error.msg} at character {error.pos})", "malformed_json"), echo
     if not isinstance(arguments, dict):
         return ToolCall(name, None, f"the arguments of {name} must be a JSON object",
                         "bad_call_shape"), echo
@@ -87,8 +80,7 @@ def _read_reply(reply: ChatResult, fmt: TurnFormat, turn: int) -> _Reply:
     if reply.tool_calls:
         calls, echoed = [], []
         for index, entry in enumerate(reply.tool_calls):
-            given = entry.get("id") if isinstance(entry, dict) else None
-            call_id = given if isinstance(given, str) and given else f"call_{turn}_{index}"
+            call_id = entry["id"] or f"call_{turn}_{index}"
             call, echo = _standard_call(entry, call_id, fmt)
             calls.append((call_id, call))
             echoed.append(echo)
