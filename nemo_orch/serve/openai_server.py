@@ -47,6 +47,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.models.tokenizer import escape_markup
 from nemo_orch.rollout.engines.base import Engine, EngineError, Generation, SamplingParams
 from nemo_orch.rollout.format import TurnFormat, parse_turn, without_calls
 from nemo_orch.serve.http_server import EventStream, RequestError, ServerHandle, serve_json
@@ -361,6 +362,11 @@ class OpenAIService:
         want_logprobs = request_field(body, "logprobs", bool, False)
         if stream and want_logprobs:
             raise RequestError(STREAMED_LOGPROBS)
+        # What the client's system, user and tool messages hold is text, never a turn marker
+        # of the chat template (as the episode runner treats observations).
+        messages = [message if message["role"] == "assistant" or not message["content"] else
+                    {**message, "content": escape_markup(message["content"], self.tokenizer)}
+                    for message in messages]
         prompt = self.tokenizer.encode(self._render(messages, tools), add_special_tokens=False)
         params, keep_stop = self._sampling(body, DEFAULT_CHAT_MAX_TOKENS)
         generation = self._generate([prompt], params)[0]
