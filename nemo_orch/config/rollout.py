@@ -43,7 +43,10 @@ class RolloutConfig:
     (key read from the environment variable ``api_key_env``), asked in its ``dialect``
     (:mod:`nemo_orch.config.dialect`: its ``extra_body``; a policy is sampled, so its dialect
     takes sampling parameters). ``max_context_tokens`` null means the model's
-    ``max_position_embeddings``.
+    ``max_position_embeddings``. ``max_turns``, ``max_new_tokens`` and
+    ``max_observation_tokens`` bound episodes without a user; a conversation with a user
+    (tau2-bench's protocol, ``env.user``) is bounded by tau2's step and error limits and the
+    context alone, as tau2's runner bounds it.
 
     The GPU engines (``trtllm``, ``vllm``) run ``engine_tp``-way tensor parallel in
     ``engine_dtype``. ``colocate``: train and generate on the same GPUs -- the engine sleeps
