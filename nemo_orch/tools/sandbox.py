@@ -7,9 +7,21 @@ probed once at start (``PythonSandbox.isolation`` says which are in force):
 * ``netns`` / ``pidns``: private network (no route out, not even 127.0.0.1) and PID namespaces,
   fresh for each call; when the call's process ends the kernel kills everything it spawned, and
   no host process is visible.
-* ``uid``: the code runs as an unprivileged uid of its own (``uid_base + n``), so it cannot write
-  root's files, read other processes' environments or signal other sandboxes, and
-  ``RLIMIT_NPROC`` binds (it does not bind root).
+* ``ipcns`` / ``utsns`` / ``cgroupns``: SysV shared memory, message queues and semaphores and
+  POSIX message queues (its own ``/dev/mqueue``) are the call's and vanish with it; its
+  hostname is ``sandbox``; ``/proc/self/cgroup`` shows its own cgroups as the root.
+* ``tmpfs-workdir``: the working directory is a tmpfs of ``max_disk_mb`` in the call's mount
+  namespace: writes past it fail (ENOSPC) and it goes with the namespace, with nothing for the
+  host to remove.
+* ``uid``: the code runs as an unprivileged uid of its own (``uid_base + n``), which no other
+  worker on the host holds at the same time (a lock file per uid, ``flock``-ed for the
+  worker's life), so it cannot write root's files, read other processes' environments or
+  signal other sandboxes, and ``RLIMIT_NPROC`` binds (it does not bind root). ``keyrings``: it
+  joins a fresh session keyring and its uid's user keyring is emptied first.
+* ``userns``: it then enters a user namespace of its own (its uid mapped to itself, no
+  capabilities) in which no further user namespace can be made; the user and persistent
+  keyrings it sees are that namespace's and die with it. Where the host refuses one, the
+  uid's persistent keyring is shared by calls of that uid (logged as a warning).
 * ``private-root``: the code sees a root of its own (a tmpfs entered with ``pivot_root``, the
   host's tree detached): the interpreter, its standard library and ``libpython``, the system's
   shared libraries and the ``allowed_packages`` (default: none beyond the standard library),
@@ -32,10 +44,11 @@ probed once at start (``PythonSandbox.isolation`` says which are in force):
 
 Every call's process is forked from a zygote, one per pool, that has the interpreter and the
 standard modules calls commonly import loaded; the fork then takes what must be its own: a
-session, its cgroups, fresh network, mount and PID namespaces (it forks again to be the PID
-namespace's first process, so the kernel kills everything it spawns when it ends), its private
-root with an empty ``/tmp``, its uid, limits, working directory and an empty environment. A
-child whose zygote dies dies with it; a zygote that exits or answers unexpectedly is replaced.
+session, its cgroups, fresh network, mount, PID, IPC, UTS and cgroup namespaces (it forks again
+to be the PID namespace's first process, so the kernel kills everything it spawns when it ends),
+its private root with an empty ``/tmp``, its uid (and user namespace), limits, working
+directory and an empty environment. A child whose zygote dies dies with it; a zygote that exits
+or answers unexpectedly is replaced.
 Workers are forked ahead (``pool_size``) up to the point where they wait for code on stdin, so
 a call costs handing over the code, running it and the interpreter's exit.
 """
@@ -45,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import importlib.util
 import itertools
 import json
@@ -81,8 +95,12 @@ _TAIL_BYTES = 2048
 _CPU_EXIT = 128 + signal.SIGXCPU
 _SPAWN_TIMEOUT_S = 30.0
 _KILL_TIMEOUT_S = 5.0
-# Distinct uids per worker; reused round-robin, never concurrently within one process.
+# Workers' uids are uid_base + [0, _UID_COUNT), each held by one worker on the host at a time: a
+# lock file per uid under _UID_LOCKS, flock'ed for the worker's life (a killed holder's lock dies
+# with its descriptors). Each process starts its search at its own offset to meet fewer taken ones.
 _UID_COUNT = 1000
+_UID_LOCKS = "nemo-orch-sandbox-uids"
+_UID_NEXT = itertools.count(os.getpid() % _UID_COUNT)
 # Numbers runs process-wide: several sandboxes in one process name their cgroups apart.
 _RUN_NUMBERS = itertools.count()
 # Worker groups are <parent>/nemo_orch_sandbox.<sandbox pid>.<run number>; V2 stands for the
@@ -107,9 +125,12 @@ import statistics, string, time
 ZYGOTE = json.loads(sys.argv[1])  # {"namespaces": bool, "control": fd, "parent": pid}
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP, CLONE_NEWUSER = (
+    0x08000000, 0x04000000, 0x02000000, 0x10000000)
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING = 1, 7, -4
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 4, 1, 38
 def check(failed, what):
     if failed:
         errno = ctypes.get_errno()
@@ -151,6 +172,12 @@ def enter(cfg):
             mount(source, inside, None, MS_BIND | MS_REC, None)
             if not writable:
                 mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
+        if cfg["disk"] is not None:
+            os.makedirs(new + cfg["workdir"], 0o755, exist_ok=True)
+            mount("tmpfs", new + cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV, cfg["disk"])
+        # The IPC namespace's own POSIX message queues.
+        os.makedirs(new + "/dev/mqueue", 0o755, exist_ok=True)
+        mount("mqueue", new + "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         for directory in root["covers"]:
             mount("tmpfs", new + directory, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
         os.makedirs(new + "/proc", 0o555, exist_ok=True)
@@ -159,6 +186,8 @@ def enter(cfg):
         check(libc.syscall(root["pivot_root"], b".", b"."), "pivot_root")
         check(libc.umount2(b".", 2), "umount the host's root")  # MNT_DETACH
         mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755")
+    elif cfg["disk"] is not None:
+        mount("tmpfs", cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV, cfg["disk"])
     os.chdir(cfg["workdir"])
     for name, (soft, hard) in cfg["rlimits"].items():
         limit = getattr(resource, name)
@@ -170,6 +199,15 @@ def enter(cfg):
         os.setgroups([])
         os.setgid(cfg["uid"])
         os.setuid(cfg["uid"])
+        if cfg["keyctl"] is not None:
+            # A fresh session keyring, and the uid's user keyring emptied of what an earlier
+            # call (this uid is this call's alone now) added.
+            check(libc.syscall(cfg["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None) < 0,
+                  "a session keyring")
+            check(libc.syscall(cfg["keyctl"], KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING) < 0,
+                  "clear the user keyring")
+        if cfg["userns"]:
+            own_user_namespace(cfg["uid"])
     check(cfg["no_new_privs"] and libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     def cpu_exceeded(signum, frame):
         os.write(2, b"\nCPU time limit exceeded\n")
@@ -178,6 +216,22 @@ def enter(cfg):
     os.umask(0o077)
     os.environ.clear()
     os.environ.update(cfg["env"])
+def own_user_namespace(uid):
+    # A user namespace of the call's own, its uid mapped to itself: keyrings (user, persistent)
+    # are this namespace's and die with it, and no further user namespace can be made in it.
+    # /proc/self is writable by the process only while it is dumpable (setuid cleared that).
+    check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
+    check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                       ("gid_map", f"{uid} {uid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+    # The capabilities the new namespace gave are dropped, so the limit stays.
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
 def become(cfg, stdin, stdout, status):
     # The forked child: its own session, cgroups and namespaces. The call runs in a child of
     # it (the new PID namespace's first process), which it waits for; it writes that child's
@@ -194,7 +248,10 @@ def become(cfg, stdin, stdout, status):
         with open(path, "w") as f:
             f.write("0")
     if ZYGOTE["namespaces"]:
-        check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET), "unshare")
+        # The cgroup namespace after entering the cgroups: they are its root.
+        check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
+                           | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
+        check(libc.sethostname(b"sandbox", 7), "sethostname")
     pid = os.fork()
     if pid:
         for fd in (0, 1, 2):
@@ -207,6 +264,8 @@ def become(cfg, stdin, stdout, status):
         mount(None, "/", None, MS_REC | MS_PRIVATE, None)
         if cfg["root"] is None:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+            if os.path.isdir("/dev/mqueue"):
+                mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 def execute():
     # Compile and run a line once before the call: the pages that takes (copied from the
     # zygote's on first write) are this process's before its code arrives.
@@ -286,7 +345,8 @@ _ZYGOTE_ENVIRONMENT = {
 @dataclass(frozen=True)
 class SandboxLimits:
     """Per-call limits. ``cpu_seconds`` is CPU time of the main process (``RLIMIT_CPU``);
-    ``memory_mb`` bounds each process's address space and, with ``cgroup-memory``, the tree."""
+    ``memory_mb`` bounds each process's address space and, with ``cgroup-memory``, the tree;
+    ``max_disk_mb`` bounds the working directory (a tmpfs, where there is a mount namespace)."""
 
     timeout_s: float = 10.0
     cpu_seconds: int = 10
@@ -294,10 +354,11 @@ class SandboxLimits:
     max_file_mb: int = 16
     max_processes: int = 32
     max_output_bytes: int = 16384
+    max_disk_mb: int = 64
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "cpu_seconds", "memory_mb", "max_file_mb", "max_processes",
-                     "max_output_bytes"):
+                     "max_output_bytes", "max_disk_mb"):
             if getattr(self, name) <= 0:
                 raise ToolError(f"python_sandbox: {name} must be > 0")
 
@@ -337,17 +398,19 @@ class PrivateRoot:
 
 @dataclass(frozen=True)
 class _Plan:
-    """How workers are made: whether each gets fresh network, mount and PID namespaces
-    (``namespaces``; on a host where this process is not root the zygote runs in a user
-    namespace of its own, root there), which uid they drop to, which directories are
-    re-exposed in the mount namespace (or the private root they see instead), and the cgroup
-    parents used."""
+    """How workers are made: whether each gets fresh network, mount, PID, IPC, UTS and cgroup
+    namespaces and a tmpfs working directory (``namespaces``; on a host where this process is
+    not root the zygote runs in a user namespace of its own, root there), which uid they drop
+    to and whether they then enter a user namespace of their own (``userns``), which
+    directories are re-exposed in the mount namespace (or the private root they see instead),
+    and the cgroup parents used."""
 
     namespaces: bool = False
     uid_base: int | None = None
     mounts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     cgroups: tuple[tuple[str, Path], ...] = ()
     root: PrivateRoot | None = None
+    userns: bool = False
 
     @property
     def zygote_prefix(self) -> tuple[str, ...]:
@@ -361,13 +424,15 @@ class _Plan:
     def isolation(self) -> tuple[str, ...]:
         names = []
         if self.namespaces:
-            names += ["netns", "pidns"]
+            names += ["netns", "pidns", "ipcns", "utsns", "cgroupns", "tmpfs-workdir"]
         if self.root is not None:
             names.append("private-root")
         if self.mounts:
             names.append("mountns")
         if self.uid_base is not None:
-            names.append("uid")
+            names += ["uid"] + (["keyrings"] if platform.machine() in _KEYCTL else [])
+        if self.userns:
+            names.append("userns")
         for controller, _ in self.cgroups:
             names += ([f"cgroup-{name}" for name in _V2_CONTROLLERS] + ["cgroup-v2"]
                       if controller == V2 else [f"cgroup-{controller}"])
@@ -505,7 +570,7 @@ class _Worker:
     proc: _Child
     workdir: Path
     cgroups: list[Path]
-    uid: int | None
+    lease: _UidLease | None
     zygote: _Zygote
 
     @property
@@ -558,14 +623,15 @@ class PythonSandbox(BaseTool):
     def __init__(self, spec: ToolSpec, *, timeout_s: float = 10.0, cpu_seconds: int = 10,
                  memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 32,
                  max_output_bytes: int = 16384, pool_size: int = 2, isolation: str = "auto",
-                 uid_base: int = 60000, allowed_packages: Sequence[str] = ()) -> None:
+                 uid_base: int = 60000, allowed_packages: Sequence[str] = (),
+                 max_disk_mb: int = 64) -> None:
         super().__init__(spec)
         if isolation not in ISOLATION_MODES:
             raise ToolError(f"python_sandbox: isolation must be one of {ISOLATION_MODES}")
         if pool_size < 0:
             raise ToolError("python_sandbox: pool_size must be >= 0")
         self.limits = SandboxLimits(timeout_s, cpu_seconds, memory_mb, max_file_mb,
-                                    max_processes, max_output_bytes)
+                                    max_processes, max_output_bytes, max_disk_mb)
         self.pool_size = pool_size
         self.isolation_mode = isolation
         self.uid_base = uid_base
@@ -675,13 +741,20 @@ class PythonSandbox(BaseTool):
 
     async def _spawn(self, plan: _Plan, zygote: _Zygote | None = None) -> _Worker:
         seq = next(_RUN_NUMBERS)
-        uid = None if plan.uid_base is None else plan.uid_base + seq % _UID_COUNT
-        workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
+        lease = None if plan.uid_base is None else await asyncio.to_thread(_lease_uid,
+                                                                           plan.uid_base)
+        uid = None if lease is None else lease.uid
+        try:
+            workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         worker = None
         try:
             zygote = zygote or await self._zygote_for(plan)
             proc = await zygote.fork(self._call_config(plan, workdir, cgroups, uid))
-            worker = _Worker(proc, workdir, cgroups, uid, zygote)
+            worker = _Worker(proc, workdir, cgroups, lease, zygote)
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
             except asyncio.TimeoutError:
@@ -696,6 +769,8 @@ class PythonSandbox(BaseTool):
                 await self._destroy(worker)
             else:
                 await asyncio.to_thread(_remove, workdir, cgroups)
+                if lease is not None:
+                    lease.release()
             raise
 
     def _prepare(self, plan: _Plan, seq: int, uid: int | None) -> tuple[Path, list[Path]]:
@@ -726,9 +801,16 @@ class PythonSandbox(BaseTool):
         if uid is None and os.geteuid() != 0:
             # RLIMIT_NPROC counts all processes of the (shared) uid: allow what already runs.
             nproc += _count_processes(os.getuid())
+        disk = None
+        if plan.namespaces:
+            # The working directory: a tmpfs of the call's mount namespace, owned by its uid; it
+            # bounds what the call writes there and goes with the namespace.
+            disk = f"mode=0700,size={limits.max_disk_mb << 20}"
+            if uid is not None:
+                disk += f",uid={uid},gid={uid}"
         root = None if plan.root is None else {
             "path": str(_mount_point(workdir)),
-            "binds": [*plan.root.binds, (str(workdir), str(workdir), True)],
+            "binds": plan.root.binds,
             "links": plan.root.links, "covers": plan.root.covers,
             "scratch": plan.root.scratch, "scratch_bytes": limits.max_file_mb << 20,
             "pivot_root": _PIVOT_ROOT[platform.machine()]}
@@ -742,6 +824,9 @@ class PythonSandbox(BaseTool):
                         "RLIMIT_NPROC": [nproc, nproc],
                         "RLIMIT_CORE": [0, 0]},
             "uid": uid,
+            "keyctl": _KEYCTL.get(platform.machine()),
+            "userns": plan.userns,
+            "disk": disk,
             "no_new_privs": True,
             "cpu_exit": _CPU_EXIT,
             "workdir": str(workdir),
@@ -795,6 +880,8 @@ class PythonSandbox(BaseTool):
         worker.proc.stdin.close()
         await worker.proc.wait()
         await asyncio.to_thread(_remove, worker.workdir, worker.cgroups)
+        if worker.lease is not None:
+            worker.lease.release()  # its processes are gone: another worker may take the uid
 
     # ------------------------------------------------------------------------ detection
 
@@ -820,10 +907,13 @@ class PythonSandbox(BaseTool):
         private = (_private_root(self.allowed_packages)
                    if namespaces and platform.machine() in _PIVOT_ROOT else None)
         uid_base = self.uid_base if root else None
-        candidates = [_Plan(namespaces, uid_base, (), cgroups, private)] if private else []
+        # Each with a user namespace per call first (where it drops to a uid), then without.
+        candidates = [_Plan(namespaces, uid_base, (), cgroups, private, userns)
+                      for userns in (root, False)] if private else []
         if root:
-            candidates += [_Plan(namespaces, self.uid_base, mounts, cgroups),
-                           _Plan(False, self.uid_base, (), cgroups)]
+            candidates += [_Plan(namespaces, self.uid_base, mounts, cgroups, userns=userns)
+                           for userns in (namespaces, False)]
+            candidates.append(_Plan(False, self.uid_base, (), cgroups))
         candidates += [_Plan(namespaces, None, (), cgroups), _Plan(False, None, (), cgroups)]
         if self.isolation_mode == "strict":
             candidates = candidates[:1]
@@ -836,6 +926,12 @@ class PythonSandbox(BaseTool):
                         "python_sandbox: no private root (%s): sandboxed code can read every "
                         "world-readable file of this host and write to its /tmp, /var/tmp and "
                         "/dev/shm", "; ".join(failures) or "no mount namespace here")
+                if plan.uid_base is not None and not plan.userns:
+                    logger.warning(
+                        "python_sandbox: no user namespace per call (%s): calls can create "
+                        "user namespaces of their own, and the persistent keyring of a uid "
+                        "outlives a call and is seen by later calls of that uid",
+                        "; ".join(failures) or "no mount namespace here")
                 return plan
             failures.append(f"[{', '.join(plan.isolation)}]: {failure}")
         raise ToolError("python_sandbox: no usable isolation; " + "; ".join(failures))
@@ -908,7 +1004,16 @@ def _kill_group(group: Path, deadline: float) -> None:
 
 
 def _remove(workdir: Path, cgroups: list[Path]) -> None:
-    shutil.rmtree(workdir, ignore_errors=True)
+    # With namespaces the call wrote to a tmpfs of its mount namespace, gone with it: the host's
+    # directory is empty. Without, its tree (of any depth) is removed by `rm`, which neither
+    # recurses on a stack nor follows links out of it.
+    try:
+        workdir.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(workdir)], check=False,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     with contextlib.suppress(OSError):  # mounted only inside the worker's namespace
         _mount_point(workdir).rmdir()
     for group in cgroups:
@@ -1062,8 +1167,9 @@ def _delegated_v2(base: Path) -> Path | None:
         return None
 
 
-# pivot_root(2) has no libc wrapper: its system call number, by machine.
+# pivot_root(2) and keyctl(2) have no libc wrapper: their system call numbers, by machine.
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
+_KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 271, "s390x": 280}
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _LIBRARY_DIRS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32")
 
@@ -1118,6 +1224,39 @@ def _hidden_prefixes() -> tuple[tuple[str, tuple[str, ...]], ...]:
                 hidden.setdefault(str(ancestor), set()).add(str(path))
                 break
     return tuple((directory, tuple(sorted(prefixes))) for directory, prefixes in hidden.items())
+
+
+@dataclass
+class _UidLease:
+    """A uid held by one worker on this host (its lock file's ``flock``) until ``release``."""
+
+    uid: int
+    fd: int
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+def _lease_uid(uid_base: int) -> _UidLease:
+    """A uid of ``uid_base + [0, _UID_COUNT)`` no other worker on this host holds, by any
+    process (uids are only leased where this process is root)."""
+    parent = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+    locks = parent / _UID_LOCKS
+    with contextlib.suppress(FileExistsError):
+        locks.mkdir(mode=0o700)
+    info = locks.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise _SpawnError(f"{locks} is not a directory of this user's: cannot lease uids")
+    for _ in range(_UID_COUNT):
+        uid = uid_base + next(_UID_NEXT) % _UID_COUNT
+        fd = os.open(locks / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return _UidLease(uid, fd)
+    raise _SpawnError(f"all {_UID_COUNT} uids from {uid_base} are held by other workers")
 
 
 def _count_processes(uid: int) -> int:
