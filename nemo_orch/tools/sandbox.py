@@ -23,9 +23,10 @@ probed once at start (``PythonSandbox.isolation`` says which are in force):
   keyrings it sees are that namespace's and die with it. Where the host refuses one, the
   uid's persistent keyring is shared by calls of that uid (logged as a warning).
 * ``private-root``: the code sees a root of its own (a tmpfs entered with ``pivot_root``, the
-  host's tree detached): the interpreter, its standard library and ``libpython``, the system's
-  shared libraries and the ``allowed_packages`` (default: none beyond the standard library),
-  all read-only; a few device nodes; its working directory; private, empty ``/tmp``,
+  host's tree detached): the interpreter, its standard library (without site-packages) and
+  ``libpython``, the ``allowed_packages`` (default: none beyond the standard library) and
+  only the shared libraries these load (their ELF dependencies, found with ``ldd`` once per
+  process), all read-only; a few device nodes; its working directory; private, empty ``/tmp``,
   ``/var/tmp`` and ``/dev/shm``; ``/proc`` of its PID namespace. Nothing else of the host
   (datasets, checkouts, configuration, other users' temporary files) exists for it, and
   nothing it writes outside its directory outlives the call. No shell (``/bin/sh``) is there:
@@ -59,6 +60,7 @@ import asyncio
 import collections
 import contextlib
 import fcntl
+import functools
 import importlib.util
 import itertools
 import json
@@ -383,12 +385,13 @@ def default_spec() -> ToolSpec:
 @dataclass(frozen=True)
 class PrivateRoot:
     """What a worker's private root holds (``private-root``): host paths bound read-only at
-    the same place (``binds``: the interpreter, its standard library and shared libraries, the
-    allowed packages, a few device nodes, which are writable), symlinks (``links``: the host's
-    ``/lib -> usr/lib`` and the like, ``/dev/fd``), empty read-only directories over what a
-    bound tree holds beyond what is allowed (``covers``: the interpreter's own site-packages),
-    and private empty tmpfs directories (``scratch``). The worker's directory is bound
-    writable; ``/proc`` is its PID namespace's."""
+    the same place (``binds``: the interpreter, its standard library, the allowed packages,
+    each shared library these load, a few device nodes, which are writable), symlinks
+    (``links``: the host's ``/lib -> usr/lib`` and the like, ``/dev/fd``, the interpreter's
+    aliases), empty read-only directories over what a bound tree holds beyond what is allowed
+    (``covers``: the interpreter's own site-packages), and private empty tmpfs directories
+    (``scratch``). The worker's directory is bound writable; ``/proc`` is its PID
+    namespace's."""
 
     binds: tuple[tuple[str, str, bool], ...]
     links: tuple[tuple[str, str], ...]
@@ -904,8 +907,9 @@ class PythonSandbox(BaseTool):
         # Where this process is not root, the zygote needs `unshare` for its user namespace.
         namespaces = root or shutil.which("unshare") is not None
         mounts = _hidden_prefixes() if namespaces else ()
-        private = (_private_root(self.allowed_packages)
-                   if namespaces and platform.machine() in _PIVOT_ROOT else None)
+        private = None
+        if namespaces and platform.machine() in _PIVOT_ROOT:
+            private = await asyncio.to_thread(_private_root, self.allowed_packages)
         uid_base = self.uid_base if root else None
         # Each with a user namespace per call first (where it drops to a uid), then without.
         candidates = [_Plan(namespaces, uid_base, (), cgroups, private, userns)
@@ -1171,7 +1175,11 @@ def _delegated_v2(base: Path) -> Path | None:
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 _KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 271, "s390x": 280}
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-_LIBRARY_DIRS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32")
+# Directories that may be links to their /usr counterparts: the links are kept in the root.
+_LIBRARY_DIRS = ("/lib", "/lib64", "/lib32")
+# Libraries glibc opens by name at run time, not as anyone's dependency (libgcc_s: unwinding for
+# thread cancellation and exit), taken from the C library's directory.
+_RUNTIME_LIBRARIES = ("libgcc_s.so.1",)
 
 
 def _mount_point(workdir: Path) -> Path:
@@ -1179,17 +1187,22 @@ def _mount_point(workdir: Path) -> Path:
     return workdir.with_name(workdir.name + ".root")
 
 
-def _private_root(allowed_packages: Sequence[str]) -> PrivateRoot:
+@functools.cache
+def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
     """The private root of this interpreter: its executable, standard library and
-    ``libpython``, the system's shared libraries, ``allowed_packages`` from its site-packages
-    (top-level names; each one's ``<name>.libs`` of bundled libraries too) and device nodes."""
+    ``libpython``, ``allowed_packages`` from its site-packages (top-level names; each one's
+    ``<name>.libs`` of bundled libraries too), the shared libraries these load and device
+    nodes; None where those libraries cannot be found (no ``ldd``). Resolved once per
+    process: the host's libraries do not change under it."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        logger.warning("python_sandbox: no `ldd` (glibc's libc-bin) to find the shared "
+                       "libraries the interpreter loads: no private root")
+        return None
     binds: list[tuple[str, str, bool]] = []
     links: list[tuple[str, str]] = [("/dev/fd", "/proc/self/fd")]
-    for directory in _LIBRARY_DIRS:
-        if os.path.islink(directory):
-            links.append((directory, os.readlink(directory)))
-        elif os.path.isdir(directory):
-            binds.append((directory, directory, False))
+    links += [(directory, os.readlink(directory)) for directory in _LIBRARY_DIRS
+              if os.path.islink(directory)]
     executable = os.path.realpath(sys.executable)
     binds.append((executable, executable, False))
     for alias in {sys.executable, getattr(sys, "_base_executable", sys.executable)}:
@@ -1198,9 +1211,13 @@ def _private_root(allowed_packages: Sequence[str]) -> PrivateRoot:
     stdlib = sysconfig.get_path("stdlib")
     binds.append((stdlib, stdlib, False))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    binds += [(str(path), str(path), False) for path in sorted(Path(libdir).glob("libpython*"))
-              if not str(path).startswith(stdlib)]
+    libpython = [str(path) for path in sorted(Path(libdir).glob("libpython*"))
+                 if not str(path).startswith(stdlib)]
+    binds += [(path, path, False) for path in libpython]
     covers = [str(path) for path in [Path(stdlib, "site-packages")] if path.is_dir()]
+    # What the dynamic loader maps: the interpreter, libpython, the standard extension modules
+    # and every shared object an allowed package ships.
+    loaded = [executable, *libpython, *map(str, Path(stdlib, "lib-dynload").glob("*.so"))]
     for name in allowed_packages:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None and not spec.submodule_search_locations:
@@ -1208,9 +1225,50 @@ def _private_root(allowed_packages: Sequence[str]) -> PrivateRoot:
         where = (spec.submodule_search_locations[0] if spec.submodule_search_locations
                  else spec.origin)
         found = [where, f"{where}.libs", str(Path(where).with_name(f"{name}.libs"))]
-        binds += [(path, path, False) for path in dict.fromkeys(found) if os.path.exists(path)]
+        for path in dict.fromkeys(found):
+            if os.path.exists(path):
+                binds.append((path, path, False))
+                loaded += _shared_objects(Path(path))
+    bound = {target for _, target, _ in binds}
+    libraries = _shared_libraries(ldd, loaded)
+    binds += [(source, target, False) for target, source in libraries.items()
+              if not any(target == path or target.startswith(path + "/") for path in bound)]
     binds += [(device, device, True) for device in _DEVICES if os.path.exists(device)]
     return PrivateRoot(tuple(binds), tuple(links), tuple(covers))
+
+
+def _shared_objects(path: Path) -> list[str]:
+    """The shared objects at or under ``path``."""
+    candidates = path.rglob("*.so*") if path.is_dir() else [path]
+    return [str(candidate) for candidate in candidates
+            if (candidate.name.endswith(".so") or ".so." in candidate.name)
+            and candidate.is_file()]
+
+
+def _shared_libraries(ldd: str, objects: Sequence[str]) -> dict[str, str]:
+    """The libraries the dynamic loader maps for ``objects`` (their dependencies, the loader
+    itself, and those glibc opens by name at run time), as {path the loader opens: file}:
+    the path with its directory resolved (``/lib`` is a link in the private root too), the
+    file with every link resolved, so that it can be bound there. ``objects`` are the
+    interpreter's and the allowed packages' own, which this process loads anyway: ``ldd``
+    may run their loader."""
+    # It exits 1 when any one of them is not a dynamic object (e.g. a statically linked one).
+    listed = subprocess.run([ldd, *objects], capture_output=True, text=True, timeout=120,
+                            check=False, env={"LC_ALL": "C", "PATH": os.defpath}).stdout
+    paths = []
+    for line in listed.splitlines():
+        # "\tlibc.so.6 => /lib/.../libc.so.6 (0x...)", "\t/lib64/ld-linux-x86-64.so.2 (0x...)";
+        # not "\tlinux-vdso.so.1 (0x...)", "\tlibfoo.so => not found" or a file's own name.
+        if line.startswith("\t"):
+            path = line.split(" => ", 1)[-1].strip().split(" (", 1)[0]
+            if path.startswith("/"):
+                paths.append(path)
+    libc = next((path for path in paths if Path(path).name.startswith("libc.so")), None)
+    if libc is not None:
+        paths += [str(Path(libc).with_name(name)) for name in _RUNTIME_LIBRARIES
+                  if Path(libc).with_name(name).is_file()]
+    return {os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)):
+            os.path.realpath(path) for path in paths if os.path.isfile(path)}
 
 
 def _hidden_prefixes() -> tuple[tuple[str, tuple[str, ...]], ...]:

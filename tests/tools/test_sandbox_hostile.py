@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shutil
+import site
 import statistics
 import subprocess
 import sys
@@ -265,3 +266,95 @@ def test_a_tree_on_the_hosts_disk_is_removed_without_recursion(tmp_path):
     started = time.perf_counter()
     sandbox_module._remove(deep, [])
     assert not deep.exists() and time.perf_counter() - started < 10
+
+
+def test_only_what_the_interpreter_loads_is_visible(pool: Pool):
+    """Files planted beside the host's libraries, the host's site-packages and its programs
+    are not in the call's root: every file there (but /proc, /dev, the standard library and
+    the call's own directories), or what a link there names, is the interpreter or a shared
+    library it loads."""
+    if "private-root" not in pool.sandbox.isolation:
+        pytest.skip("no private root here (no mount namespace)")
+    pytest.importorskip("yaml")  # on the host, not allowed in the call
+    libc_dirs = [path.parent for path in Path("/usr/lib").glob("*/libc.so.6")]
+    planted = [Path(tempfile.mkstemp(prefix="nemo_orch_planted_", dir=directory)[1])
+               for directory in ["/usr/lib", *libc_dirs[:1]]]
+    host_sites = [path for path in [*site.getsitepackages(), "/usr/lib/python3/dist-packages",
+                                    "/usr/local/lib/python3/dist-packages"]
+                  if os.path.isdir(path)]
+    programs = [path for path in [shutil.which(name) for name in ("git", "sh", "ls", "env")]
+                if path is not None]
+    programs += [path for path in ["/usr/lib/git-core/git"] if os.path.exists(path)]
+    try:
+        for path in planted:
+            path.write_text("host data")
+            path.chmod(0o644)
+        seen = pool.json(f"""
+import sys, sysconfig
+sys.path += {host_sites!r}
+try:
+    import yaml
+    imported = True
+except ImportError:
+    imported = False
+skip = {{"/proc", "/dev", "/tmp", "/var/tmp", sysconfig.get_path("stdlib"), os.getcwd()}}
+files = []
+for top, dirs, names in os.walk("/"):
+    dirs[:] = [name for name in dirs if os.path.join(top, name) not in skip]
+    files += [os.path.realpath(os.path.join(top, name)) for name in names]  # links too
+print(json.dumps({{"planted": [os.path.exists(p) for p in {[str(p) for p in planted]!r}],
+                  "sites": [os.path.exists(p) for p in {host_sites!r}],
+                  "programs": [os.path.exists(p) for p in {programs!r}],
+                  "yaml": imported, "files": files}}))
+""")
+    finally:
+        for path in planted:
+            path.unlink()
+    assert seen["planted"] == [False] * len(planted)
+    assert seen["sites"] == [False] * len(host_sites) and not seen["yaml"]
+    assert programs and seen["programs"] == [False] * len(programs)
+    interpreter = os.path.realpath(sys.executable)
+    others = [path for path in seen["files"]
+              if path != interpreter and ".so" not in os.path.basename(path)]
+    assert not others, others
+    assert 10 < len(seen["files"]) < 200, seen["files"]
+    pool.assert_healthy()
+
+
+def test_the_standard_librarys_native_modules_load(pool: Pool):
+    """Their shared libraries (libssl, libcrypto, libffi, libsqlite3, ...) are in the root."""
+    result = pool.call("""
+import ctypes, decimal, hashlib, lzma, os, sqlite3, ssl, threading, uuid, zlib
+db = sqlite3.connect(":memory:")
+thread = threading.Thread(target=lambda: None)
+thread.start()
+thread.join()
+print(hashlib.sha256(b"x").hexdigest()[:8], ssl.OPENSSL_VERSION_NUMBER > 0,
+      db.execute("select 6 * 7").fetchone()[0], decimal.Decimal("1.10") + 1,
+      ctypes.CDLL("libc.so.6").getpid() == os.getpid(),
+      len(zlib.compress(lzma.compress(b"x"))) > 0)
+""")
+    assert result.error is None, result.output
+    assert result.output.split() == ["2d711642", "True", "42", "2.10", "True", "True"]
+    pool.assert_healthy()
+
+
+def test_an_allowed_package_brings_its_libraries():
+    """numpy's linear algebra needs its bundled OpenBLAS (numpy.libs) and libgfortran."""
+    pytest.importorskip("numpy")
+
+    async def main() -> ToolResult:
+        sandbox = PythonSandbox(default_spec(), pool_size=0, timeout_s=8.0,
+                                allowed_packages=["numpy"])
+        try:
+            return await sandbox.call({"code": (
+                "import numpy as np\n"
+                "a = np.array([[2.0, 1.0], [1.0, 3.0]])\n"
+                "print(np.linalg.solve(a, [3.0, 4.0]).round(6).tolist(), (a @ a).sum())\n")},
+                CTX)
+        finally:
+            await sandbox.close()
+
+    result = asyncio.run(main())
+    assert result.error is None, result.output
+    assert result.output == "[1.0, 1.0] 25.0\n"
