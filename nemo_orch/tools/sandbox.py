@@ -26,7 +26,8 @@ probed once at start (``PythonSandbox.isolation`` says which are in force):
   host's tree detached): the interpreter, its standard library (without site-packages) and
   ``libpython``, the ``allowed_packages`` (default: none beyond the standard library) and
   only the shared libraries these load (their ELF dependencies, found with ``ldd`` once per
-  process), all read-only; a few device nodes; its working directory; private, empty ``/tmp``,
+  process and staged once per pool by the zygote, so a call binds a directory of them, not
+  each file), all read-only; a few device nodes; its working directory; private, empty ``/tmp``,
   ``/var/tmp`` and ``/dev/shm``; ``/proc`` of its PID namespace. Nothing else of the host
   (datasets, checkouts, configuration, other users' temporary files) exists for it, and
   nothing it writes outside its directory outlives the call. No shell (``/bin/sh``) is there:
@@ -105,6 +106,9 @@ _UID_LOCKS = "nemo-orch-sandbox-uids"
 _UID_NEXT = itertools.count(os.getpid() % _UID_COUNT)
 # Numbers runs process-wide: several sandboxes in one process name their cgroups apart.
 _RUN_NUMBERS = itertools.count()
+# A zygote's staged libraries are mounted (in its own mount namespace) on
+# <temporary directory>/nemo_orch_sandbox_libs.<sandbox pid>.<random>.
+_STAGING_PREFIX = "nemo_orch_sandbox_libs."
 # Worker groups are <parent>/nemo_orch_sandbox.<sandbox pid>.<run number>; V2 stands for the
 # unified hierarchy's group, which takes both of _V2_CONTROLLERS.
 _GROUP_PREFIX = "nemo_orch_sandbox."
@@ -124,7 +128,8 @@ _ZYGOTE = r'''
 import atexit, ctypes, gc, json, linecache, os, resource, signal, socket, sys, traceback, types
 import collections, datetime, decimal, fractions, functools, itertools, math, random, re
 import statistics, string, time
-ZYGOTE = json.loads(sys.argv[1])  # {"namespaces": bool, "control": fd, "parent": pid}
+# {"namespaces": bool, "control": fd, "parent": pid, "staging": {"path", "directories"}}
+ZYGOTE = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP, CLONE_NEWUSER = (
@@ -305,12 +310,29 @@ def execute():
         sys.stderr.flush()
     finally:
         os._exit(code or 0)
+def stage(path, directories):
+    # Once per pool, in a mount namespace of the zygote's own that its children copy: a
+    # read-only tmpfs with a directory per library directory, holding binds of its libraries,
+    # so a call binds each directory (its libraries come with it) rather than each file.
+    check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for index, (_, files) in enumerate(directories):
+        os.mkdir(f"{path}/{index}", 0o755)
+        for source, name in files:
+            target = f"{path}/{index}/{name}"
+            open(target, "a").close()
+            mount(source, target, None, MS_BIND, None)
+            mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
+    mount(None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 def serve():
     control = socket.socket(fileno=ZYGOTE["control"])
     # It dies with the sandbox's process, however that ends (and its children with it).
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
     if os.getppid() != ZYGOTE["parent"]:
         return
+    if ZYGOTE["staging"] is not None:
+        stage(ZYGOTE["staging"]["path"], ZYGOTE["staging"]["directories"])
     # What is loaded now stays out of the children's garbage collections, which would otherwise
     # touch (and so copy) every page of it.
     gc.freeze()
@@ -391,11 +413,13 @@ class PrivateRoot:
     aliases), empty read-only directories over what a bound tree holds beyond what is allowed
     (``covers``: the interpreter's own site-packages), and private empty tmpfs directories
     (``scratch``). The worker's directory is bound writable; ``/proc`` is its PID
-    namespace's."""
+    namespace's. Library directories (``staged``: each with its libraries, as (file, name))
+    are read-only directories the zygote makes once, and each call binds whole."""
 
     binds: tuple[tuple[str, str, bool], ...]
     links: tuple[tuple[str, str], ...]
     covers: tuple[str, ...]
+    staged: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     scratch: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")
 
 
@@ -476,8 +500,9 @@ class _Zygote:
     does not parse) marks it ``failed`` and kills it, and the sandbox starts another; the
     children it forked die with it (``PR_SET_PDEATHSIG``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, control: socket.socket) -> None:
-        self.proc, self.control = proc, control
+    def __init__(self, proc: asyncio.subprocess.Process, control: socket.socket,
+                 staging: str | None) -> None:
+        self.proc, self.control, self.staging = proc, control, staging
         self.failed: str | None = None
         self._ids = itertools.count()
         self._forks: dict[int, asyncio.Future] = {}
@@ -485,21 +510,30 @@ class _Zygote:
 
     @classmethod
     async def start(cls, plan: _Plan) -> "_Zygote":
+        # Where the zygote mounts its staged libraries (empty in this mount namespace).
+        staging = None
+        if plan.root is not None and plan.root.staged:
+            _remove_stale_staging()
+            staging = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}.")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *plan.zygote_prefix, sys.executable, "-I", "-u", "-c", _ZYGOTE,
                 json.dumps({"namespaces": plan.namespaces, "control": theirs.fileno(),
-                            "parent": os.getpid()}),
+                            "parent": os.getpid(),
+                            "staging": staging and {"path": staging,
+                                                    "directories": plan.root.staged}}),
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                 env=_ZYGOTE_ENVIRONMENT, start_new_session=True)
         except BaseException:
             ours.close()
+            if staging is not None:
+                os.rmdir(staging)
             raise
         finally:
             theirs.close()
         ours.setblocking(False)
-        return cls(proc, ours)
+        return cls(proc, ours, staging)
 
     async def fork(self, config: dict) -> _Child:
         """A child for ``config`` (what :func:`enter` applies), its stdin and stdout piped
@@ -566,6 +600,8 @@ class _Zygote:
         await self.proc.wait()
         self._listener.cancel()
         await asyncio.gather(self._listener, return_exceptions=True)
+        if self.staging is not None:
+            os.rmdir(self.staging)
 
 
 @dataclass
@@ -756,7 +792,8 @@ class PythonSandbox(BaseTool):
         worker = None
         try:
             zygote = zygote or await self._zygote_for(plan)
-            proc = await zygote.fork(self._call_config(plan, workdir, cgroups, uid))
+            proc = await zygote.fork(self._call_config(plan, workdir, cgroups, uid,
+                                                       zygote.staging))
             worker = _Worker(proc, workdir, cgroups, lease, zygote)
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
@@ -796,8 +833,9 @@ class PythonSandbox(BaseTool):
         return workdir, cgroups
 
     def _call_config(self, plan: _Plan, workdir: Path, cgroups: list[Path],
-                     uid: int | None) -> dict:
-        """What the zygote's child applies (``enter`` in ``_ZYGOTE``)."""
+                     uid: int | None, staging: str | None) -> dict:
+        """What the zygote's child applies (``enter`` in ``_ZYGOTE``); ``staging``: where its
+        zygote staged the library directories."""
         limits = self.limits
         memory = limits.memory_mb << 20
         nproc = limits.max_processes
@@ -813,7 +851,9 @@ class PythonSandbox(BaseTool):
                 disk += f",uid={uid},gid={uid}"
         root = None if plan.root is None else {
             "path": str(_mount_point(workdir)),
-            "binds": plan.root.binds,
+            "binds": [*plan.root.binds,
+                      *[(f"{staging}/{index}", directory, False)
+                        for index, (directory, _) in enumerate(plan.root.staged)]],
             "links": plan.root.links, "covers": plan.root.covers,
             "scratch": plan.root.scratch, "scratch_bytes": limits.max_file_mb << 20,
             "pivot_root": _PIVOT_ROOT[platform.machine()]}
@@ -1101,6 +1141,15 @@ def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
     return usable
 
 
+def _remove_stale_staging() -> None:
+    """Remove the (empty) staging mount points of zygotes whose sandbox process is gone."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_STAGING_PREFIX}*"):
+        owner = path.name[len(_STAGING_PREFIX):].split(".", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            with contextlib.suppress(OSError):  # another sandbox removed it first
+                path.rmdir()
+
+
 def _stale_groups(parent: Path) -> list[Path]:
     """Worker groups under ``parent`` whose sandbox process is gone (killed before it could
     remove them)."""
@@ -1229,12 +1278,23 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
             if os.path.exists(path):
                 binds.append((path, path, False))
                 loaded += _shared_objects(Path(path))
-    bound = {target for _, target, _ in binds}
-    libraries = _shared_libraries(ldd, loaded)
-    binds += [(source, target, False) for target, source in libraries.items()
-              if not any(target == path or target.startswith(path + "/") for path in bound)]
     binds += [(device, device, True) for device in _DEVICES if os.path.exists(device)]
-    return PrivateRoot(tuple(binds), tuple(links), tuple(covers))
+    bound = {target for _, target, _ in binds}
+    directories: dict[str, list[tuple[str, str]]] = {}
+    for target, source in _shared_libraries(ldd, loaded).items():
+        if not any(target == path or target.startswith(path + "/") for path in bound):
+            directories.setdefault(os.path.dirname(target), []).append(
+                (source, os.path.basename(target)))
+    # A directory bound whole would hide what else the root holds under it (the pyenv's lib/
+    # holds the standard library): its libraries are bound one by one.
+    inside = [*bound, *covers, *(link for link, _ in links), *PrivateRoot.scratch]
+    staged = []
+    for directory, files in directories.items():
+        if any(path.startswith(directory + "/") for path in inside):
+            binds += [(source, f"{directory}/{name}", False) for source, name in files]
+        else:
+            staged.append((directory, tuple(files)))
+    return PrivateRoot(tuple(binds), tuple(links), tuple(covers), tuple(staged))
 
 
 def _shared_objects(path: Path) -> list[str]:
