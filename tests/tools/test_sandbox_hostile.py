@@ -297,6 +297,7 @@ try:
     imported = True
 except ImportError:
     imported = False
+libc = next(line.split()[-1] for line in open("/proc/self/maps") if "/libc.so" in line)
 skip = {{"/proc", "/dev", "/tmp", "/var/tmp", sysconfig.get_path("stdlib"), os.getcwd()}}
 files = []
 for top, dirs, names in os.walk("/"):
@@ -305,7 +306,9 @@ for top, dirs, names in os.walk("/"):
 print(json.dumps({{"planted": [os.path.exists(p) for p in {[str(p) for p in planted]!r}],
                   "sites": [os.path.exists(p) for p in {host_sites!r}],
                   "programs": [os.path.exists(p) for p in {programs!r}],
-                  "yaml": imported, "files": files}}))
+                  "yaml": imported, "files": files,
+                  "read_only": [bool(os.statvfs(path).f_flag & os.ST_RDONLY) for path in
+                                (libc, os.path.dirname(libc))]}}))
 """)
     finally:
         for path in planted:
@@ -318,6 +321,7 @@ print(json.dumps({{"planted": [os.path.exists(p) for p in {[str(p) for p in plan
               if path != interpreter and ".so" not in os.path.basename(path)]
     assert not others, others
     assert 10 < len(seen["files"]) < 200, seen["files"]
+    assert seen["read_only"] == [True, True]  # the libraries and their directory
     pool.assert_healthy()
 
 
