@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_orch.tools import sandbox as sandbox_module
 from nemo_orch.tools.base import ToolContext, ToolError, ToolResult
-from nemo_orch.tools.sandbox import (V2, PythonSandbox, SandboxLimits, _cgroup_v1_dir,
-                                     _cgroup_v2_dir, _delegated_v2, _oom_kills,
-                                     _write_cgroup_limits, default_spec)
+from nemo_orch.tools.sandbox import V2, PythonSandbox, SandboxLimits, default_spec, pool
+from nemo_orch.tools.sandbox.cgroups import (_cgroup_v1_dir, _cgroup_v2_dir, _delegated_v2,
+                                             _oom_kills, _write_cgroup_limits)
 
 CTX = ToolContext(task_id="t", episode_id="e")
 
@@ -373,7 +372,7 @@ def test_each_forked_call_starts_clean_and_exits_as_a_program_does():
 def test_a_zygote_in_doubt_is_replaced(monkeypatch):
     """The zygote killed, or stopped so that a fork request gets no answer: the children it
     forked die with it and the next calls run on a new one."""
-    monkeypatch.setattr(sandbox_module, "_SPAWN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(pool, "_SPAWN_TIMEOUT_S", 1.0)
 
     async def main() -> list[ToolResult]:
         sandbox = PythonSandbox(default_spec(), pool_size=2, timeout_s=2.0)

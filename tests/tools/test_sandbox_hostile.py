@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_orch.tools import sandbox as sandbox_module
 from nemo_orch.tools.base import ToolContext, ToolResult
-from nemo_orch.tools.sandbox import PythonSandbox, default_spec
+from nemo_orch.tools.sandbox import PythonSandbox, default_spec, identity
+from nemo_orch.tools.sandbox import pool as sandbox_pool
 
 CTX = ToolContext(task_id="t", episode_id="e")
 libc = ctypes.CDLL(None, use_errno=True)
@@ -152,17 +152,17 @@ def test_uids_are_never_held_by_two_workers_at_once(pool: Pool, monkeypatch):
     theirs = pool.loop.run_until_complete(second_pool())
     assert len(theirs) == 3 and not ours & theirs
     # Across processes: another process leases every uid of a small range but the one held here.
-    monkeypatch.setattr(sandbox_module, "_UID_COUNT", 4)
-    held = sandbox_module._lease_uid(90000)
+    monkeypatch.setattr(identity, "_UID_COUNT", 4)
+    held = identity._lease_uid(90000)
     try:
         script = (
-            "from nemo_orch.tools import sandbox\n"
-            "sandbox._UID_COUNT = 4\n"
+            "from nemo_orch.tools.sandbox import identity\n"
+            "identity._UID_COUNT = 4\n"
             "leases = []\n"
             "try:\n"
             "    while True:\n"
-            "        leases.append(sandbox._lease_uid(90000).uid)\n"
-            "except sandbox._SpawnError:\n"
+            "        leases.append(identity._lease_uid(90000).uid)\n"
+            "except identity._SpawnError:\n"
             "    print(sorted(leases))\n")
         other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                check=True, timeout=60)
@@ -173,7 +173,7 @@ def test_uids_are_never_held_by_two_workers_at_once(pool: Pool, monkeypatch):
 
 
 def test_a_key_added_in_one_call_is_not_found_by_the_next_of_the_same_uid(monkeypatch):
-    monkeypatch.setattr(sandbox_module, "_UID_COUNT", 1)  # every worker gets the same uid
+    monkeypatch.setattr(identity, "_UID_COUNT", 1)  # every worker gets the same uid
 
     async def main() -> list[ToolResult]:
         sandbox = PythonSandbox(default_spec(), pool_size=0, uid_base=90100)
@@ -264,7 +264,7 @@ def test_a_tree_on_the_hosts_disk_is_removed_without_recursion(tmp_path):
     os.close(os.open("bottom", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
     os.close(fd)
     started = time.perf_counter()
-    sandbox_module._remove(deep, [])
+    sandbox_pool._remove(deep, [])
     assert not deep.exists() and time.perf_counter() - started < 10
 
 

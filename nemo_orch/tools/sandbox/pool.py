@@ -1,0 +1,575 @@
+"""The pool: ``PythonSandbox``, its zygote and its single-use workers."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
+                                  Usage)
+from nemo_orch.tools.sandbox.cgroups import (_GROUP_PREFIX, _KILL_TIMEOUT_S, _kill_group,
+                                             _oom_kills, _rmdir_cgroup, _usable_cgroups,
+                                             _write_cgroup_limits)
+from nemo_orch.tools.sandbox.identity import _lease_uid, _SpawnError, _UidLease
+from nemo_orch.tools.sandbox.limits import SandboxLimits
+from nemo_orch.tools.sandbox.plan import ISOLATION_MODES, _Plan
+from nemo_orch.tools.sandbox.protocol import (_CPU_EXIT, _READY, _ZYGOTE, _ZYGOTE_ENVIRONMENT,
+                                              _call_config, _Output)
+from nemo_orch.tools.sandbox.root import (_PIVOT_ROOT, _hidden_prefixes, _mount_point,
+                                          _private_root)
+
+logger = logging.getLogger(__name__)
+
+# Comparable to hosted code interpreters: about $0.03 per CPU-hour of a small container plus
+# overhead, i.e. ~1e-5 USD/s; 1e-4 USD/s (0.36 USD/hour) deliberately prices a sandbox second
+# at roughly one call of a small LLM so the policy learns not to burn time in loops.
+SANDBOX_USD_PER_SECOND = 1e-4
+
+_SPAWN_TIMEOUT_S = 30.0
+# Numbers runs process-wide: several sandboxes in one process name their cgroups apart.
+_RUN_NUMBERS = itertools.count()
+# A zygote's staged libraries are mounted (in its own mount namespace) on
+# <temporary directory>/nemo_orch_sandbox_libs.<sandbox pid>.<random>.
+_STAGING_PREFIX = "nemo_orch_sandbox_libs."
+
+
+def default_spec() -> ToolSpec:
+    """The spec the policy sees; billed per second of sandbox time (see SANDBOX_USD_PER_SECOND)."""
+    return ToolSpec(
+        name="python_sandbox",
+        description=("Run a Python 3 program in a fresh, isolated process and return what it "
+                     "printed (stdout and stderr). No network access, no state kept between "
+                     "calls; print the values you need."),
+        parameters={"type": "object",
+                    "properties": {"code": {"type": "string",
+                                            "description": "A complete Python program."}},
+                    "required": ["code"]},
+        pricing=Pricing(per_second=SANDBOX_USD_PER_SECOND),
+        latency_hint_s=0.2,
+        timeout_s=30.0,
+    )
+
+
+@dataclass
+class _Child:
+    """A call's process, forked by the zygote: the host pid of its session, the pipes to its
+    stdin and from its stdout and stderr, and its exit status (``exited``: as
+    ``asyncio.subprocess.Process.returncode``, negative for a signal), which its session's
+    first process writes to a pipe of its own (a killed session writes none: SIGKILL)."""
+
+    pid: int
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    exited: asyncio.Task
+
+    @property
+    def returncode(self) -> int | None:
+        return self.exited.result() if self.exited.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self.exited)
+
+
+async def _exit_status(status: asyncio.StreamReader) -> int:
+    text = await status.read()
+    return int(text) if text.lstrip(b"-").isdigit() else -signal.SIGKILL
+
+
+class _Zygote:
+    """The process a pool's calls are forked from (``_ZYGOTE``): the interpreter and the
+    common standard modules loaded once, so a call's process costs a fork and its namespaces
+    and mounts, not an interpreter start. Requests and answers travel over a Unix socket (a
+    request carries the call's pipe ends); a call's end does not involve it. Anything
+    unexpected from it (it exits, a request fails or gets no answer in time, an answer that
+    does not parse) marks it ``failed`` and kills it, and the sandbox starts another; the
+    children it forked die with it (``PR_SET_PDEATHSIG``)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, control: socket.socket,
+                 staging: str | None) -> None:
+        self.proc, self.control, self.staging = proc, control, staging
+        self.failed: str | None = None
+        self._ids = itertools.count()
+        self._forks: dict[int, asyncio.Future] = {}
+        self._listener = asyncio.create_task(self._listen())
+
+    @classmethod
+    async def start(cls, plan: _Plan) -> "_Zygote":
+        # Where the zygote mounts its staged libraries (empty in this mount namespace).
+        staging = None
+        if plan.root is not None and plan.root.staged:
+            _remove_stale_staging()
+            staging = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}.")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *plan.zygote_prefix, sys.executable, "-I", "-u", "-c", _ZYGOTE,
+                json.dumps({"namespaces": plan.namespaces, "control": theirs.fileno(),
+                            "parent": os.getpid(),
+                            "staging": staging and {"path": staging,
+                                                    "directories": plan.root.staged}}),
+                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                env=_ZYGOTE_ENVIRONMENT, start_new_session=True)
+        except BaseException:
+            ours.close()
+            if staging is not None:
+                os.rmdir(staging)
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return cls(proc, ours, staging)
+
+    async def fork(self, config: dict) -> _Child:
+        """A child for ``config`` (what :func:`enter` applies), its stdin and stdout piped
+        here."""
+        if self.failed is not None:
+            raise _SpawnError(f"the zygote failed: {self.failed}")
+        loop = asyncio.get_running_loop()
+        request = next(self._ids)
+        # Their ends: the call's stdin, its stdout and stderr, its session's exit status.
+        ours, theirs = zip(*[(read, write) if index else (write, read) for index, (read, write)
+                             in enumerate(os.pipe() for _ in range(3))])
+        answer = self._forks[request] = loop.create_future()
+        try:
+            socket.send_fds(self.control, [json.dumps({**config, "id": request}).encode()],
+                            list(theirs))
+            pid = await asyncio.wait_for(answer, _SPAWN_TIMEOUT_S)
+        except BaseException as error:
+            for fd in ours:
+                os.close(fd)
+            self._forks.pop(request)  # before _fail: nobody awaits it any more
+            self._fail(f"fork request: {error!r}")
+            raise _SpawnError(f"the zygote did not fork: {error!r}") from None
+        else:
+            self._forks.pop(request)
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        stdin, stdout, status = ours
+        readers = [asyncio.StreamReader(limit=1 << 20) for _ in range(2)]
+        for reader, fd in zip(readers, (stdout, status)):
+            await loop.connect_read_pipe(lambda reader=reader: asyncio.StreamReaderProtocol(
+                reader), os.fdopen(fd, "rb", 0))
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                            os.fdopen(stdin, "wb", 0))
+        return _Child(pid, asyncio.StreamWriter(transport, protocol, None, loop), readers[0],
+                      asyncio.create_task(_exit_status(readers[1])))
+
+    async def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while message := await loop.sock_recv(self.control, 4096):
+                answer = json.loads(message)
+                self._forks[answer["id"]].set_result(answer["pid"])
+            self._fail("it exited")
+        except (OSError, ValueError, KeyError, asyncio.InvalidStateError) as error:
+            self._fail(f"{type(error).__name__}: {error}")
+
+    def _fail(self, reason: str) -> None:
+        """Mark it failed and kill it (its children die with it)."""
+        if self.failed is None:
+            self.failed = reason
+            logger.warning("python_sandbox: replacing the zygote (%s)", reason)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        for future in self._forks.values():
+            if not future.done():
+                future.set_exception(_SpawnError(reason))
+
+    async def close(self) -> None:
+        """Stop it (its idle children die with it) and wait for it to exit."""
+        self.control.close()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        await self.proc.wait()
+        self._listener.cancel()
+        await asyncio.gather(self._listener, return_exceptions=True)
+        if self.staging is not None:
+            os.rmdir(self.staging)
+
+
+@dataclass
+class _Worker:
+    proc: _Child
+    workdir: Path
+    cgroups: list[Path]
+    lease: _UidLease | None
+    zygote: _Zygote
+
+    @property
+    def alive(self) -> bool:
+        """Neither it nor its zygote (which it dies with) has ended, as far as is known."""
+        return self.proc.returncode is None and self.zygote.failed is None
+
+
+class PythonSandbox(BaseTool):
+    """Runs ``{"code": str}`` in a pre-started, single-use, contained worker process."""
+
+    def __init__(self, spec: ToolSpec, *, timeout_s: float = 10.0, cpu_seconds: int = 10,
+                 memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 32,
+                 max_output_bytes: int = 16384, pool_size: int = 2, isolation: str = "auto",
+                 uid_base: int = 60000, allowed_packages: Sequence[str] = (),
+                 max_disk_mb: int = 64) -> None:
+        super().__init__(spec)
+        if isolation not in ISOLATION_MODES:
+            raise ToolError(f"python_sandbox: isolation must be one of {ISOLATION_MODES}")
+        if pool_size < 0:
+            raise ToolError("python_sandbox: pool_size must be >= 0")
+        self.limits = SandboxLimits(timeout_s, cpu_seconds, memory_mb, max_file_mb,
+                                    max_processes, max_output_bytes, max_disk_mb)
+        self.pool_size = pool_size
+        self.isolation_mode = isolation
+        self.uid_base = uid_base
+        self.allowed_packages = tuple(allowed_packages)
+        self._plan: _Plan | None = None
+        self._zygote: _Zygote | None = None
+        self._plan_lock, self._zygote_lock = asyncio.Lock(), asyncio.Lock()
+        self._idle: collections.deque[_Worker] = collections.deque()
+        self._spawning = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+
+    @property
+    def isolation(self) -> tuple[str, ...]:
+        """The mechanisms in force (empty before ``start``/the first call)."""
+        return self._plan.isolation if self._plan else ()
+
+    @property
+    def cgroup_parents(self) -> tuple[Path, ...]:
+        """Directories in which per-worker cgroups are created (for inspection and tests)."""
+        return tuple(parent for _, parent in self._plan.cgroups) if self._plan else ()
+
+    async def start(self) -> None:
+        """Probe the isolation available and fill the worker pool."""
+        await self._ensure_plan()
+        self._refill()
+        await asyncio.gather(*list(self._tasks))
+
+    async def close(self) -> None:
+        """Kill idle workers and remove their cgroups and directories; waits for retirements."""
+        self._closed = True
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._idle:
+            await self._destroy(self._idle.popleft())
+        if self._zygote is not None:
+            await self._zygote.close()
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        started = time.perf_counter()
+        code = arguments.get("code")
+        if not isinstance(code, str):
+            return ToolResult(error="argument 'code' must be a string")
+        try:
+            worker = await self._acquire()
+        except (_SpawnError, ToolError) as exc:
+            return self._result("", f"sandbox failed to start: {exc}", started)
+        try:
+            output, error = await self._run(worker, code)
+        finally:
+            self._background(self._destroy(worker))
+        return self._result(output, error, started)
+
+    def _result(self, output: str, error: str | None, started: float) -> ToolResult:
+        seconds = time.perf_counter() - started
+        return ToolResult(output=output, error=error, latency_s=seconds,
+                          cost_usd=self.spec.pricing.cost(Usage(), seconds))
+
+    # ----------------------------------------------------------------------------- the pool
+
+    async def _acquire(self) -> _Worker:
+        if self._closed:
+            raise ToolError("the sandbox is closed")
+        await self._ensure_plan()
+        while self._idle:
+            worker = self._idle.popleft()
+            self._refill()
+            if worker.alive:
+                return worker
+            self._background(self._destroy(worker))
+        self._refill()
+        return await self._spawn(self._plan)
+
+    def _refill(self) -> None:
+        while not self._closed and len(self._idle) + self._spawning < self.pool_size:
+            self._spawning += 1
+            self._background(self._spawn_into_pool())
+
+    async def _spawn_into_pool(self) -> None:
+        try:
+            worker = await self._spawn(self._plan)
+        except _SpawnError as exc:
+            logger.warning("python_sandbox: could not pre-start a worker: %s", exc)
+            return
+        finally:
+            self._spawning -= 1
+        if self._closed:
+            await self._destroy(worker)
+        else:
+            self._idle.append(worker)
+
+    def _background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------------ one worker
+
+    async def _zygote_for(self, plan: _Plan) -> _Zygote:
+        """The pool's zygote, started (again, if the last one failed) for ``plan``."""
+        async with self._zygote_lock:  # spawns run side by side: one replacement
+            if self._zygote is None or self._zygote.failed is not None:
+                failed, self._zygote = self._zygote, await _Zygote.start(plan)
+                if failed is not None:
+                    self._background(failed.close())
+            return self._zygote
+
+    async def _spawn(self, plan: _Plan, zygote: _Zygote | None = None) -> _Worker:
+        seq = next(_RUN_NUMBERS)
+        lease = None if plan.uid_base is None else await asyncio.to_thread(_lease_uid,
+                                                                           plan.uid_base)
+        uid = None if lease is None else lease.uid
+        try:
+            workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        worker = None
+        try:
+            zygote = zygote or await self._zygote_for(plan)
+            proc = await zygote.fork(_call_config(plan, self.limits, workdir, cgroups, uid,
+                                                  zygote.staging))
+            worker = _Worker(proc, workdir, cgroups, lease, zygote)
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                line = b"(no answer within %d s)" % _SPAWN_TIMEOUT_S
+            if line != _READY:
+                rest = b"" if proc.stdout.at_eof() else await _read_some(proc.stdout)
+                raise _SpawnError((line + rest).decode("utf-8", "replace").strip()[-2000:]
+                                  or f"exit status {await proc.wait()}")
+            return worker
+        except BaseException:
+            if worker is not None:
+                await self._destroy(worker)
+            else:
+                await asyncio.to_thread(_remove, workdir, cgroups)
+                if lease is not None:
+                    lease.release()
+            raise
+
+    def _prepare(self, plan: _Plan, seq: int, uid: int | None) -> tuple[Path, list[Path]]:
+        """Create the worker's directory (owned by its uid) and cgroups (with their limits)."""
+        workdir = Path(tempfile.mkdtemp(prefix="nemo_orch_sandbox_"))
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        if plan.root is not None:
+            _mount_point(workdir).mkdir()
+        cgroups = []
+        try:
+            for controller, parent in plan.cgroups:
+                group = parent / f"{_GROUP_PREFIX}{os.getpid()}.{seq}"
+                group.mkdir()
+                cgroups.append(group)
+                _write_cgroup_limits(controller, group, self.limits)
+        except OSError:
+            _remove(workdir, cgroups)
+            raise
+        return workdir, cgroups
+
+
+    async def _run(self, worker: _Worker, code: str) -> tuple[str, str | None]:
+        proc = worker.proc
+        output = _Output(self.limits.max_output_bytes)
+        reader = asyncio.create_task(_drain(proc.stdout, output))
+        timed_out = False
+        try:
+            async with asyncio.timeout(self.limits.timeout_s):
+                try:
+                    proc.stdin.write(code.encode("utf-8", "replace"))
+                    await proc.stdin.drain()
+                    proc.stdin.close()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker died first; its exit status says why
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+        # Whatever it left running (background children) dies now, which closes the pipe.
+        oom_kills = await asyncio.to_thread(_kill_tree, worker)
+        await proc.wait()
+        try:
+            await asyncio.wait_for(reader, _KILL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass  # an escaped process still holds the pipe; the output so far is what we have
+        text = output.text()
+        return text, self._error(proc.returncode, timed_out, oom_kills, text)
+
+    def _error(self, returncode: int, timed_out: bool, oom_kills: int, text: str) -> str | None:
+        limits = self.limits
+        if timed_out:
+            return f"timed out after {float(limits.timeout_s)} s"
+        if oom_kills or (returncode == 1 and text.rstrip().rsplit("\n", 1)[-1]
+                         .startswith("MemoryError")):
+            return f"exceeded the memory limit ({limits.memory_mb} MB)"
+        if returncode in (_CPU_EXIT, -signal.SIGXCPU):
+            return f"exceeded the CPU time limit ({limits.cpu_seconds} s)"
+        if returncode < 0:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        if returncode > 0:
+            return f"exit status {returncode}"
+        return None
+
+    async def _destroy(self, worker: _Worker) -> None:
+        await asyncio.to_thread(_kill_tree, worker)
+        worker.proc.stdin.close()
+        await worker.proc.wait()
+        await asyncio.to_thread(_remove, worker.workdir, worker.cgroups)
+        if worker.lease is not None:
+            worker.lease.release()  # its processes are gone: another worker may take the uid
+
+    # ------------------------------------------------------------------------ detection
+
+    async def _ensure_plan(self) -> None:
+        async with self._plan_lock:
+            if self._plan is None:
+                self._plan = await self._detect()
+                logger.info("python_sandbox isolation: %s", ", ".join(self._plan.isolation))
+
+    async def _detect(self) -> _Plan:
+        """Try candidate plans from the strongest down with a canary program; the first that
+        runs it correctly is used. ``strict`` accepts only the strongest."""
+        if self.isolation_mode == "rlimits":
+            return _Plan()
+        cgroups = tuple(await asyncio.to_thread(_usable_cgroups, self.limits))
+        if not cgroups:
+            logger.warning("python_sandbox: no writable cgroup (a delegated v2 subtree or the v1 "
+                           "pids and memory controllers): per-process limits only")
+        root = os.geteuid() == 0
+        # Where this process is not root, the zygote needs `unshare` for its user namespace.
+        namespaces = root or shutil.which("unshare") is not None
+        mounts = _hidden_prefixes() if namespaces else ()
+        private = None
+        if namespaces and platform.machine() in _PIVOT_ROOT:
+            private = await asyncio.to_thread(_private_root, self.allowed_packages)
+        uid_base = self.uid_base if root else None
+        # Each with a user namespace per call first (where it drops to a uid), then without.
+        candidates = [_Plan(namespaces, uid_base, (), cgroups, private, userns)
+                      for userns in (root, False)] if private else []
+        if root:
+            candidates += [_Plan(namespaces, self.uid_base, mounts, cgroups, userns=userns)
+                           for userns in (namespaces, False)]
+            candidates.append(_Plan(False, self.uid_base, (), cgroups))
+        candidates += [_Plan(namespaces, None, (), cgroups), _Plan(False, None, (), cgroups)]
+        if self.isolation_mode == "strict":
+            candidates = candidates[:1]
+        failures = []
+        for plan in dict.fromkeys(candidates):
+            failure = await self._probe(plan)
+            if failure is None:
+                if plan.root is None:
+                    logger.warning(
+                        "python_sandbox: no private root (%s): sandboxed code can read every "
+                        "world-readable file of this host and write to its /tmp, /var/tmp and "
+                        "/dev/shm", "; ".join(failures) or "no mount namespace here")
+                if plan.uid_base is not None and not plan.userns:
+                    logger.warning(
+                        "python_sandbox: no user namespace per call (%s): calls can create "
+                        "user namespaces of their own, and the persistent keyring of a uid "
+                        "outlives a call and is seen by later calls of that uid",
+                        "; ".join(failures) or "no mount namespace here")
+                return plan
+            failures.append(f"[{', '.join(plan.isolation)}]: {failure}")
+        raise ToolError("python_sandbox: no usable isolation; " + "; ".join(failures))
+
+    async def _probe(self, plan: _Plan) -> str | None:
+        """Why ``plan`` cannot run the canary (None: it can, and its zygote becomes the
+        pool's)."""
+        canary = "import datetime, json\nopen('probe', 'w').write('ok')\nprint('ok')\n"
+        try:
+            zygote = await _Zygote.start(plan)
+        except OSError as exc:
+            return str(exc)
+        try:
+            worker = await self._spawn(plan, zygote)
+        except (_SpawnError, OSError) as exc:
+            await zygote.close()
+            return str(exc)
+        try:
+            output, error = await self._run(worker, canary)
+        finally:
+            await self._destroy(worker)
+        if error is None and output == "ok\n" and zygote.failed is None:
+            self._zygote = zygote
+            return None
+        await zygote.close()
+        return f"{error}: {output[-500:]}"
+
+
+async def _read_some(stream: asyncio.StreamReader) -> bytes:
+    try:
+        return await asyncio.wait_for(stream.read(8192), 1.0)
+    except asyncio.TimeoutError:
+        return b""
+
+
+async def _drain(stream: asyncio.StreamReader, output: _Output) -> None:
+    """Read everything (so the writer never blocks) but keep only what ``output`` keeps."""
+    while data := await stream.read(1 << 16):
+        output.add(data)
+
+
+def _kill_tree(worker: _Worker) -> int:
+    """SIGKILL the worker's process group and every process in its cgroups, until they are
+    empty; returns how many processes the memory controller OOM-killed."""
+    try:
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+    deadline = time.monotonic() + _KILL_TIMEOUT_S
+    for group in worker.cgroups:
+        _kill_group(group, deadline)
+    return sum(_oom_kills(group) for group in worker.cgroups)
+
+
+def _remove(workdir: Path, cgroups: list[Path]) -> None:
+    # With namespaces the call wrote to a tmpfs of its mount namespace, gone with it: the host's
+    # directory is empty. Without, its tree (of any depth) is removed by `rm`, which neither
+    # recurses on a stack nor follows links out of it.
+    try:
+        workdir.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(workdir)], check=False,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    with contextlib.suppress(OSError):  # mounted only inside the worker's namespace
+        _mount_point(workdir).rmdir()
+    for group in cgroups:
+        _rmdir_cgroup(group)
+
+
+def _remove_stale_staging() -> None:
+    """Remove the (empty) staging mount points of zygotes whose sandbox process is gone."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_STAGING_PREFIX}*"):
+        owner = path.name[len(_STAGING_PREFIX):].split(".", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            with contextlib.suppress(OSError):  # another sandbox removed it first
+                path.rmdir()
