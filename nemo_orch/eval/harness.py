@@ -102,10 +102,9 @@ class EpisodeCache:
             raise ConfigError(f"{self.path} holds results of another evaluation (other "
                               "settings, tasks or seed); set eval.resume=false to start over, "
                               "or choose another eval.out_dir")
-        self.records = {example_key(record["task_id"], record["trial"]): record
-                        for record in kept[1:]}
         # An episode a failing user ended says nothing of the agent: it runs again.
-        self.records = {key: record for key, record in self.records.items()
+        self.records = {example_key(record["task_id"], record["trial"]): record
+                        for record in kept[1:]
                         if record["episode"]["termination"] != "user_error"}
         self._write_all(kept)  # without a cut line, so appends start on a fresh line
 
@@ -312,7 +311,7 @@ async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, 
         await asyncio.gather(*(one(index, task) for index, task in todo))
 
 
-def _cache_into(cache: EpisodeCache, num_tasks: int) -> Handler:
+def _cache_into(cache: EpisodeCache) -> Handler:
     def append(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
                oracle: Oracle | None) -> None:
         result = EpisodeResult.from_trajectory(
@@ -321,7 +320,8 @@ def _cache_into(cache: EpisodeCache, num_tasks: int) -> Handler:
             pref_adherence=(None if oracle is None
                             else oracle.preference_adherence(task, trajectory)),
             budget_usd=task_budget(task))
-        cache.append(episode_record(index, index // num_tasks, seed, task, trajectory, scored,
+        # The episode's sample is its trial (see _roll_out).
+        cache.append(episode_record(index, trajectory.sample, seed, task, trajectory, scored,
                                     result))
 
     return append
@@ -362,7 +362,7 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
         todo = [(index, task) for index, key, task in examples if key not in cache.records]
         if todo:
             asyncio.run(_roll_out(system, resources, todo, config.eval.concurrency,
-                                  _cache_into(cache, len(tasks))))
+                                  _cache_into(cache)))
         records[system.name] = [cache.records[key] for _, key, _ in examples]
     return Evaluation(tasks, records)
 
