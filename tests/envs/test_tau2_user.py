@@ -71,6 +71,21 @@ def _play(environment, task, agent, tokenizer):
 
     return asyncio.run(run())
 
+def _retail_agent(task):
+    """Asks who the user is, makes the task's gold calls, then closes with every fact."""
+    criteria = adapter.tau2_task_of(task).evaluation_criteria
+    calls = [(action.name, action.arguments) for action in criteria.actions]
+
+    def agent(prompt):
+        turn = _own_turns(prompt)
+        if turn == 0:
+            return "I can help with that. What is your name and zip code?"
+        if turn <= len(calls):
+            return call_text(calls[turn - 1])
+        return f"<answer>{final_message(criteria.communicate_info or [])}</answer>"
+
+    return agent, len(calls)
+
 
 def test_a_telecom_user_acts_on_its_phone_when_the_agent_asks(user_url, tiny_tokenizer):
     """The fix needs the user's hands: the agent can only ask, the user's own tool calls
@@ -122,18 +137,7 @@ def test_a_retail_agent_asks_the_user_and_acts_on_the_answer(user_url, tiny_toke
     calls and closing message pass tau2's database and communicate checks."""
     environment = _environment("retail", user_url)
     task = _task(environment, "0")
-    criteria = adapter.tau2_task_of(task).evaluation_criteria
-    calls = [(action.name, action.arguments) for action in criteria.actions]
-    closing = final_message(criteria.communicate_info or [])
-
-    def agent(prompt):
-        turn = _own_turns(prompt)
-        if turn == 0:
-            return "I can help with that. What is your name and zip code?"
-        if turn <= len(calls):
-            return call_text(calls[turn - 1])
-        return f"<answer>{closing}</answer>"
-
+    agent, _ = _retail_agent(task)
     trajectory, scored = _play(environment, task, agent, tiny_tokenizer)
     assert trajectory.termination == "user_stop", trajectory.messages[-2:]
     assert scored.outcome.correct, scored.details
@@ -198,21 +202,6 @@ def test_without_a_user_the_report_says_it_is_not_tau2_bench():
     assert re.search("not comparable with tau2-bench", SCENARIO_PROTOCOL)
 
 
-def _retail_agent(task):
-    """Asks who the user is, makes the task's gold calls, then closes with every fact."""
-    criteria = adapter.tau2_task_of(task).evaluation_criteria
-    calls = [(action.name, action.arguments) for action in criteria.actions]
-
-    def agent(prompt):
-        turn = _own_turns(prompt)
-        if turn == 0:
-            return "I can help with that. What is your name and zip code?"
-        if turn <= len(calls):
-            return call_text(calls[turn - 1])
-        return f"<answer>{final_message(criteria.communicate_info or [])}</answer>"
-
-    return agent, len(calls)
-
 
 @pytest.mark.parametrize("concurrency", [1, 16])
 def test_each_trial_is_an_episode_of_its_own(concurrency, user_url, tiny_tokenizer, tmp_path):
@@ -229,9 +218,8 @@ def test_each_trial_is_an_episode_of_its_own(concurrency, user_url, tiny_tokeniz
     task = _task(environment, "0")
     environment.domain.tasks = [task]
     agent, _ = _retail_agent(task)
-    evaluation = evaluate(config, environment,
-                          [System(ORCHESTRATOR, ORCHESTRATOR, ScriptedEngine(tiny_tokenizer, agent))],
-                          tmp_path, tiny_tokenizer)
+    system = System(ORCHESTRATOR, ORCHESTRATOR, ScriptedEngine(tiny_tokenizer, agent))
+    evaluation = evaluate(config, environment, [system], tmp_path, tiny_tokenizer)
     records = evaluation.records[ORCHESTRATOR]
     assert [(r["trial"], r["episode"]["termination"], r["outcome"]["correct"]) for r in records] \
         == [(trial, "user_stop", True) for trial in range(3)]
