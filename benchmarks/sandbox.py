@@ -15,7 +15,7 @@ interpreter start-up and the isolation's set-up but pays for the handoff over pi
 kill of the call's process tree; on a 2-core machine the background refill competes with the
 timed call for CPU, so the back-to-back p99 includes that.
 
-Run: ``python benchmarks/sandbox.py [--calls 50 --warmup 3 --pool-size 2]``.
+Run: ``python benchmarks/sandbox.py [--calls 50 --warmup 3 --pool-size 4]``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.sandbox import PythonSandbox, default_spec
+from nemo_orch.tools.sandbox.pool import DEFAULT_POOL_SIZE
 
 CODE = "print(1)"
 
@@ -101,5 +102,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--pool-size", type=int, default=2)
+    parser.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE)
     asyncio.run(main(parser.parse_args()))

@@ -219,12 +219,19 @@ class _Worker:
         return self.proc.returncode is None and self.zygote.failed is None
 
 
+# Workers forked ahead. A fork spends 10-14 ms entering its cgroups (the kernel's migration
+# waits, under cgroup v1 here) besides its own work, so back-to-back calls on two cores drain a
+# pool of 2 and wait on a fork (p99 49-89 ms in benchmarks/sandbox.py); 4 keep up (p99 40-43 ms),
+# at ~2.6 MB of private memory each.
+DEFAULT_POOL_SIZE = 4
+
+
 class PythonSandbox(BaseTool):
     """Runs ``{"code": str}`` in a pre-started, single-use, contained worker process."""
 
     def __init__(self, spec: ToolSpec, *, timeout_s: float = 10.0, cpu_seconds: int = 10,
                  memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 32,
-                 max_output_bytes: int = 16384, pool_size: int = 2, isolation: str = "auto",
+                 max_output_bytes: int = 16384, pool_size: int = DEFAULT_POOL_SIZE, isolation: str = "auto",
                  uid_base: int = 60000, allowed_packages: Sequence[str] = (),
                  max_disk_mb: int = 64) -> None:
         super().__init__(spec)
