@@ -221,7 +221,7 @@ class _Worker:
 
 # Workers forked ahead. A fork spends 10-14 ms entering its cgroups (the kernel's migration
 # waits, under cgroup v1 here) besides its own work, so back-to-back calls on two cores drain a
-# pool of 2 and wait on a fork (p99 49-89 ms in benchmarks/sandbox.py); 4 keep up (p99 40-43 ms),
+# pool of 2 and wait on a fork (p99 40-84 ms in benchmarks/sandbox.py); 4 keep up (p99 40-45 ms),
 # at ~2.6 MB of private memory each.
 DEFAULT_POOL_SIZE = 4
 
