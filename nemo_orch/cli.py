@@ -22,6 +22,7 @@ from typing import Any
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import Config, hub
+from nemo_orch.train import preemption
 
 EXIT_USER_ERROR = 2
 
@@ -614,6 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as error:
         print(f"nemo-orch {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except preemption.StopRequested as stopped:
+        if _is_rank_zero():
+            print(f"nemo-orch {args.command}: {stopped}", file=sys.stderr)
+        return preemption.REQUEUE_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -28,7 +28,13 @@ class SlurmConfig:
     the login node and in the jobs, holding NeMo-Run's experiments (scripts, logs), the Ray
     cluster's directory and ``containers/`` (the squashfs image). Jobs run in the pyxis container
     ``container_image`` (null: ``<job_dir>/containers/`` + :data:`CONTAINER_SQSH`) with
-    ``container_mounts`` (``SRC:DST``)."""
+    ``container_mounts`` (``SRC:DST``), unless ``launcher.container`` is ``none``.
+
+    Time limits: ``stop_before_limit_s`` seconds before ``time`` runs out, SLURM sends the
+    training's processes SIGUSR1 (``--signal``); the training stops after the step it is in,
+    checkpoints and exits with :data:`nemo_orch.train.preemption.REQUEUE_EXIT_CODE`, and the
+    job requeues itself (at most ``requeues`` times, failures included) and resumes from that
+    checkpoint."""
 
     account: Optional[str] = None
     partition: Optional[str] = None
@@ -37,10 +43,14 @@ class SlurmConfig:
     job_dir: Optional[str] = None
     container_image: Optional[str] = None
     container_mounts: list[str] = field(default_factory=list)
+    stop_before_limit_s: int = 300
+    requeues: int = 3
 
     def __post_init__(self) -> None:
         _require(bool(_SLURM_TIME.match(self.time)),
                  f"launcher.slurm.time must be [D-]HH:MM:SS, got {self.time!r}")
+        _require(self.stop_before_limit_s >= 1, "launcher.slurm.stop_before_limit_s must be >= 1")
+        _require(self.requeues >= 0, "launcher.slurm.requeues must be >= 0")
         _require(self.job_dir is None or self.job_dir.startswith("/"),
                  "launcher.slurm.job_dir must be an absolute path on the shared filesystem")
         for mount in self.container_mounts:
@@ -119,7 +129,10 @@ class LauncherConfig:
     ``parallel``); ``executor`` ``local`` runs it on this machine, ``slurm`` submits it (with
     ``slurm.*``, the expert servers ``experts`` and the Ray cluster ``ray``, SLURM only).
     ``gpu_memory_gib`` is what ``nemo-orch plan`` checks the per-GPU estimate against (H100
-    80GB: 81559 MiB usable). ``env`` sets plain variables in the job; ``secret_env`` names
+    80GB: 81559 MiB usable). ``container``: ``pyxis`` runs SLURM jobs in the container image
+    (``slurm.container_image``); ``none`` runs them in the environment of the interpreter that
+    submits (a cluster without pyxis, or the local one of ``scripts/slurm_local.sh``): its
+    ``bin/`` first on ``PATH``. ``env`` sets plain variables in the job; ``secret_env`` names
     variables (API keys, tokens) passed from the submitting environment into the container by
     name, never written into a script or a command line. Services get ``startup_timeout_s`` to
     become ready; torchrun's rendezvous listens on ``rdzv_port`` of the first training node.
@@ -130,6 +143,7 @@ class LauncherConfig:
     nodes: int = 1
     gpus_per_node: int = 0
     gpu_memory_gib: float = 79.6
+    container: str = "pyxis"
     env: dict[str, str] = field(default_factory=dict)
     secret_env: list[str] = field(default_factory=list)
     rdzv_port: int = 29500
@@ -146,6 +160,8 @@ class LauncherConfig:
         _require(self.nodes >= 1 and self.gpus_per_node >= 0,
                  "launcher.nodes must be >= 1 and launcher.gpus_per_node >= 0")
         _require(self.gpu_memory_gib > 0, "launcher.gpu_memory_gib must be > 0")
+        _require(self.container in ("pyxis", "none"),
+                 f"launcher.container must be pyxis|none, got {self.container!r}")
         _require(1024 <= self.rdzv_port <= 65535, "launcher.rdzv_port must be in [1024, 65535]")
         _require(self.startup_timeout_s > 0, "launcher.startup_timeout_s must be > 0")
         for name in [*self.env, *self.secret_env]:
@@ -162,8 +178,5 @@ class LauncherConfig:
             _require(not self.experts and self.ray is None,
                      "launcher.experts and launcher.ray run on SLURM only (launcher.executor=slurm)")
         else:
-            _require(self.gpus_per_node >= 1, "launcher.executor=slurm needs "
-                     "launcher.gpus_per_node >= 1")
-            _require(self.slurm.account is not None and self.slurm.job_dir is not None,
-                     "launcher.executor=slurm needs launcher.slurm.account and "
-                     "launcher.slurm.job_dir")
+            _require(self.slurm.job_dir is not None,
+                     "launcher.executor=slurm needs launcher.slurm.job_dir")

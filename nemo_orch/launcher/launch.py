@@ -37,6 +37,7 @@ from typing import Any
 
 from nemo_orch.config import Config, ConfigError, ExpertServerConfig
 from nemo_orch.launcher import plan
+from nemo_orch.train import preemption
 
 TRAIN_TASK = "train"
 RAY_CLUSTER = "ray"
@@ -88,29 +89,40 @@ def job_arguments(config: Config, overrides: list[str], experiment_id: str) -> l
 def torchrun_script(config: Config, job_args: list[str]) -> str:
     """The training component's script, run on each of its nodes: torchrun with a c10d
     rendezvous on the first training node (``$NEMO_ORCH_RDZV_HOST``, from the batch script), a
-    rank per GPU (but those of a rollout engine with GPUs of its own)."""
+    rank per GPU (but those of a rollout engine with GPUs of its own). torchrun's agent ignores
+    the stop signal SLURM sends before the time limit (its ranks inherit that, then install
+    their own handler): the ranks stop after a step, checkpoint, and exit for a requeue."""
     launcher = config.launcher
     torchrun = ["exec", "torchrun", f"--nnodes={launcher.nodes}",
                 f"--nproc-per-node={config.parallel.world_size // launcher.nodes}",
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=${{{RDZV_HOST}}}:{launcher.rdzv_port}",
                 "--rdzv-id=$SLURM_JOB_ID", "-m", "nemo_orch.launcher.job"]
-    return " ".join(torchrun) + " " + shlex.join(job_args)
+    return (f"trap '' {preemption.STOP_SIGNAL.name.removeprefix('SIG')}\n"
+            + " ".join(torchrun) + " " + shlex.join(job_args))
 
 
 def _slurm_executor(config: Config, *, nodes: int, gpus_per_node: int, image: str,
                     tunnel_dir: str, job_name_prefix: str,
                     env: dict[str, str] | None = None) -> Any:
-    """One task per node (torchrun starts the ranks) in the pyxis container."""
+    """One task per node (torchrun starts the ranks), in the pyxis container unless
+    ``launcher.container`` is ``none``; stopped ``stop_before_limit_s`` before its time limit
+    and requeued (NeMo-Run's retries: the batch script requeues a job that exits non-zero)."""
     run = _nemo_run()
     launcher, slurm = config.launcher, config.launcher.slurm
+    container = {}
+    if launcher.container == "pyxis":
+        container = {"container_image": image, "container_mounts": list(slurm.container_mounts),
+                     "container_env": list(launcher.secret_env) or None,
+                     "srun_args": ["--no-container-mount-home"]}
+    else:  # this interpreter's environment, as for the local executor
+        env = {"PATH": f"{Path(sys.executable).parent}:$PATH", **(env or {})}
     return run.SlurmExecutor(
         account=slurm.account, partition=slurm.partition, time=slurm.time, qos=slurm.qos,
         job_name_prefix=job_name_prefix, nodes=nodes, ntasks_per_node=1,
-        gpus_per_node=gpus_per_node or None, container_image=image,
-        container_mounts=list(slurm.container_mounts),
-        container_env=list(launcher.secret_env) or None, srun_args=["--no-container-mount-home"],
-        env_vars={**launcher.env, **(env or {})},
+        gpus_per_node=gpus_per_node or None, **container,
+        signal=f"{preemption.STOP_SIGNAL.name.removeprefix('SIG')}@{slurm.stop_before_limit_s}",
+        retries=slurm.requeues, env_vars={**launcher.env, **(env or {})},
         tunnel=run.LocalTunnel(job_dir=tunnel_dir), packager=run.Packager())
 
 
@@ -139,8 +151,9 @@ def _add_slurm(config: Config, overrides: list[str], experiment: Any,
     prefix = f"{config.run.name}-"
     tunnel_dir = f"{launcher.slurm.job_dir}/experiments"
     # Batch-script variables (NeMo-Run's macros): the first training node, the experts' nodes.
+    # (NeMo-Run substitutes them as string.Template: "$$" keeps a "$" for the batch script.)
     env = {RDZV_HOST: ExecutorMacros.group_host(0) if experts
-           else f"${ExecutorMacros.HEAD_NODE_IP_VAR}"}
+           else "$$" + ExecutorMacros.HEAD_NODE_IP_VAR}
     env |= {HOST_VARIABLE.format(index): ExecutorMacros.group_host(index)
             for index in range(1, len(experts) + 1)}
     executors = [_slurm_executor(config, nodes=launcher.nodes,

@@ -67,6 +67,7 @@ from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum, ppo
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
+from nemo_orch.train import preemption
 from nemo_orch.train.metrics import MetricsLogger, TrainedLog, logged_steps
 from nemo_orch.train.policy import (Batch, Critic, Policy, ReferenceModel, load_start_weights,
                                     start_architecture)
@@ -840,7 +841,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     before_update = None  # the weights before the last update (with grpo.kl_guard)
     ahead = grpo.async_grpo.enabled
     trained_log = TrainedLog(config.run.dir, start_step, enabled=distributed.is_writer())
-    with rollouts or contextlib.nullcontext(), contextlib.closing(metrics):
+    with (rollouts or contextlib.nullcontext(), contextlib.closing(metrics),
+          preemption.on_signal() as stop):
         if rollouts is not None and ahead:
             rollouts.run_ahead(start_step + 1, grpo.max_steps,
                                lambda: curriculum.stage_tools(grpo.curriculum, history))
@@ -884,11 +886,14 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             metrics.log(step, step_metrics)
             if "reward" in step_metrics:
                 rewards.append(step_metrics["reward"])
-            if step % grpo.save_interval == 0 or step == grpo.max_steps:
+            stopping = step < grpo.max_steps and stop.agreed()
+            if step % grpo.save_interval == 0 or step == grpo.max_steps or stopping:
                 if critic is not None:
                     ppo.save_critic(config, step, critic)
                 saved = checkpoint.save(config, step, policy.module, policy.optimizer,
                                         policy.scheduler, tokenizer_dir=config.tokenizer_dir)
+            if stopping:
+                raise preemption.StopRequested(step, saved)
     return GRPOSummary(start_step, max(start_step, grpo.max_steps),
                        rewards[0] if rewards else None, rewards[-1] if rewards else None,
                        saved, config.run.dir)

@@ -7,6 +7,7 @@ directory or a checkpoint, or seeded), then the step loop with metrics and atomi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
 from nemo_orch.models.hf_mapping import SeededHFWeights
 from nemo_orch.rollout.builders import declared_schemas
+from nemo_orch.train import preemption
 from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Policy, load_start_weights
 
@@ -175,25 +177,30 @@ def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummar
                                       start_step=start_step, max_steps=trainer.max_steps)
     per_rank = trainer.global_batch_size // config.parallel.dp
     losses, saved = [], resumed.path if resumed is not None else None
-    for step in range(start_step + 1, trainer.max_steps + 1):
-        faults.maybe_kill("step", step)
-        indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
-        mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
-        samples = [dataset[i] for i in mine]
-        # One length for the step: a pipeline's micro-batches must share their shape.
-        length = padded_length((len(s["tokens"]) for s in samples), cap=config.data.seq_length)
-        micro_batches = [collate(samples[j:j + trainer.micro_batch_size], length, dataset.pad_id)
-                         for j in range(0, per_rank, trainer.micro_batch_size)]
-        result = policy.train_step(micro_batches)
-        tokens = trainer.global_batch_size * length
-        metrics.log(step, {"loss": result.loss, "grad_norm": result.grad_norm,
-                           "lr": result.lr, "loss_tokens": result.num_tokens,
-                           "tokens": tokens})
-        losses.append(result.loss)
-        if step % trainer.save_interval == 0 or step == trainer.max_steps:
-            saved = checkpoint.save(config, step, policy.module, policy.optimizer,
-                                    policy.scheduler, tokenizer_dir=config.tokenizer_dir)
-    metrics.close()
+    with preemption.on_signal() as stop, contextlib.closing(metrics):
+        for step in range(start_step + 1, trainer.max_steps + 1):
+            faults.maybe_kill("step", step)
+            indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
+            mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
+            samples = [dataset[i] for i in mine]
+            # One length for the step: a pipeline's micro-batches must share their shape.
+            length = padded_length((len(s["tokens"]) for s in samples),
+                                   cap=config.data.seq_length)
+            micro_batches = [collate(samples[j:j + trainer.micro_batch_size], length,
+                                     dataset.pad_id)
+                             for j in range(0, per_rank, trainer.micro_batch_size)]
+            result = policy.train_step(micro_batches)
+            tokens = trainer.global_batch_size * length
+            metrics.log(step, {"loss": result.loss, "grad_norm": result.grad_norm,
+                               "lr": result.lr, "loss_tokens": result.num_tokens,
+                               "tokens": tokens})
+            losses.append(result.loss)
+            stopping = step < trainer.max_steps and stop.agreed()
+            if step % trainer.save_interval == 0 or step == trainer.max_steps or stopping:
+                saved = checkpoint.save(config, step, policy.module, policy.optimizer,
+                                        policy.scheduler, tokenizer_dir=config.tokenizer_dir)
+            if stopping:
+                raise preemption.StopRequested(step, saved)
     speeds = metrics.tokens_per_s[1:]  # the first step includes warm-up
     return SFTSummary(
         start_step=start_step, end_step=max(start_step, trainer.max_steps),

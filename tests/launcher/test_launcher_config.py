@@ -87,8 +87,10 @@ def test_every_command_takes_a_recipe(capsys):
     ("+launcher.env.HF_TOKEN=hf_abc", "HF_TOKEN look like secrets: name them in "
                                      "launcher.secret_env"),
     ("launcher.secret_env=[not-a-name]", "'not-a-name' is not a variable name"),
-    ("launcher.slurm.account=null", "launcher.executor=slurm needs launcher.slurm.account"),
-    ("launcher.gpus_per_node=0", "launcher.executor=slurm needs launcher.gpus_per_node >= 1"),
+    ("launcher.slurm.job_dir=null", "launcher.executor=slurm needs launcher.slurm.job_dir"),
+    ("launcher.container=docker", "launcher.container must be pyxis|none"),
+    ("launcher.slurm.stop_before_limit_s=0", "launcher.slurm.stop_before_limit_s must be >= 1"),
+    ("launcher.slurm.requeues=-1", "launcher.slurm.requeues must be >= 0"),
     ("launcher.slurm.container_mounts=[data:/data]", "is not SRC:DST (absolute)"),
     ("launcher.experts.0.engine=sglang", "launcher.experts[math].engine must be vllm|trtllm"),
     ("launcher.experts.1.endpoint=tools.math", "must be tools.endpoints.<alias> or "
