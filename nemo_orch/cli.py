@@ -25,6 +25,7 @@ from nemo_orch.config import Config, hub
 from nemo_orch.train import preemption
 
 EXIT_USER_ERROR = 2
+TRAINING_COMMANDS = ("train", "sft", "grpo", "dpo")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -421,8 +422,14 @@ def cmd_plan(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_launch(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.launcher import launch
+    from nemo_orch.launcher import jobs, launch
 
+    if args.status:
+        print("\n".join(jobs.status_lines(jobs.latest(config))))
+        return 0
+    if args.logs:
+        print(jobs.log_text(jobs.latest(config), args.lines))
+        return 0
     return launch.launch(config, args.overrides, dryrun=args.dryrun)
 
 
@@ -536,8 +543,16 @@ def build_parser() -> argparse.ArgumentParser:
                  "cluster (launcher.ray) beside it (slurm)")
     launch.add_argument("--executor", choices=["local", "slurm"], default=None,
                         help="sets launcher.executor")
-    launch.add_argument("--dryrun", action="store_true",
-                        help="print what would run (the sbatch scripts) and submit nothing")
+    shown = launch.add_mutually_exclusive_group()
+    shown.add_argument("--dryrun", action="store_true",
+                       help="print what would run (the sbatch scripts) and submit nothing")
+    shown.add_argument("--status", action="store_true",
+                       help="the state of the last SLURM job launched for run.name (in "
+                       "launcher.slurm.job_dir; the same recipe and overrides find it): "
+                       "scontrol's fields, the experiment's directory, the log of each attempt")
+    shown.add_argument("--logs", action="store_true",
+                       help="the end of that job's logs (--lines), one per attempt")
+    launch.add_argument("--lines", type=int, default=40, help="with --logs: lines of each log")
 
     index = commands.add_parser("index", help="retrieval indexes")
     index_commands = index.add_subparsers(dest="index_command", required=True)
@@ -600,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:2] == ["eval", "compare"]:
         return eval_compare(argv[2:])
     args = build_parser().parse_args(argv)
+    if args.command in TRAINING_COMMANDS:
+        preemption.listen()  # before any thread starts: all inherit the block
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _quiet_dependencies()
     try:
@@ -607,8 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(config_lib.to_yaml(config), end="")
             return 0
-        launched = (_launch_workers(config) if args.command in ("train", "sft", "grpo", "dpo")
-                    else None)
+        launched = _launch_workers(config) if args.command in TRAINING_COMMANDS else None
         if launched is not None:
             return launched
         return args.handler(config, args)

@@ -5,6 +5,7 @@
 #   scripts/slurm_local.sh up     install (root + apt, if missing), configure, start, wait for the node
 #   scripts/slurm_local.sh down   stop the daemons this script started
 #   scripts/slurm_local.sh env    print `export SLURM_CONF=...` for the client commands
+#   scripts/slurm_local.sh status exit 0 if its daemons run
 #
 # Everything lives in $NEMO_ORCH_SLURM_DIR (default /tmp/nemo-orch-slurm): slurm.conf, state,
 # spool, logs, pid files. This host is the only node, reached on 127.0.0.1; the daemons listen
@@ -52,6 +53,8 @@ SlurmdPort=$((PORT + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job waits this long before it starts again (default 120 s).
+AuthInfo=cred_expire=10
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -131,5 +134,6 @@ case "${1:-}" in
   up) up ;;
   down) down_daemons; log "down" ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
+  status) alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" ;;
+  *) echo "usage: $0 up|down|env|status" >&2; exit 2 ;;
 esac

@@ -4,7 +4,9 @@ and ``cli_helpers`` (importable from every test directory) to run the real comma
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,25 @@ def toolscale_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("toolscale")
     write_offline(directory, 6, 0)
     return directory
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Path]:
+    """The one-node SLURM of ``scripts/slurm_local.sh`` (its ``slurm.conf``, also in
+    ``SLURM_CONF`` for the session): reused when already up (``.ci/run`` starts it), else
+    started here (installed first where this is a root machine with apt) and stopped after.
+    Skips, saying why, where SLURM is absent and cannot be installed."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "slurm_local.sh"
+    started = subprocess.run([script, "status"]).returncode != 0
+    if started:
+        up = subprocess.run([script, "up"], capture_output=True, text=True)
+        if up.returncode == 3:
+            pytest.skip(up.stderr.strip().splitlines()[-1])
+        assert up.returncode == 0, f"scripts/slurm_local.sh up failed:\n{up.stderr}"
+    conf = Path(subprocess.run([script, "env"], capture_output=True, text=True, check=True)
+                .stdout.strip().partition("=")[2])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(conf))
+        yield conf
+    if started:
+        subprocess.run([script, "down"], check=True)

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from nemo_orch.train import preemption
+
 POLL_INTERVAL_S = 5.0
 
 
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the nemo-orch command and its overrides")
     args = parser.parse_args(argv)
+    preemption.listen()
     deadline = time.monotonic() + args.timeout
     overrides = []
     try:

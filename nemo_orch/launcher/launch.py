@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.config import Config, ConfigError, ExpertServerConfig
-from nemo_orch.launcher import plan
+from nemo_orch.launcher import jobs, plan
 from nemo_orch.train import preemption
 
 TRAIN_TASK = "train"
@@ -241,5 +241,10 @@ def launch(config: Config, overrides: list[str], dryrun: bool) -> int:
     # leaving the experiment waited for a local run
     if local:
         return 0 if experiment.jobs[0].state == AppState.SUCCEEDED else 1
-    print(f"launch: submitted; files and logs in {remote_experiment_dir(config, experiment_id)}")
+    # NeMo-Run's handle of a SLURM job ends with its id
+    job = jobs.SubmittedJob(experiment.jobs[0].handle.rsplit("/", 1)[-1],
+                            Path(remote_experiment_dir(config, experiment_id)))
+    job.save()
+    print(f"launch: submitted SLURM job {job.job_id}; files and logs in {job.experiment_dir} "
+          f"(`nemo-orch launch --status|--logs` with the same overrides shows them)")
     return 0

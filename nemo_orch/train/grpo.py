@@ -841,8 +841,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     before_update = None  # the weights before the last update (with grpo.kl_guard)
     ahead = grpo.async_grpo.enabled
     trained_log = TrainedLog(config.run.dir, start_step, enabled=distributed.is_writer())
-    with (rollouts or contextlib.nullcontext(), contextlib.closing(metrics),
-          preemption.on_signal() as stop):
+    preemption.listen()
+    with rollouts or contextlib.nullcontext(), contextlib.closing(metrics):
         if rollouts is not None and ahead:
             rollouts.run_ahead(start_step + 1, grpo.max_steps,
                                lambda: curriculum.stage_tools(grpo.curriculum, history))
@@ -886,7 +886,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             metrics.log(step, step_metrics)
             if "reward" in step_metrics:
                 rewards.append(step_metrics["reward"])
-            stopping = step < grpo.max_steps and stop.agreed()
+            stopping = step < grpo.max_steps and preemption.agreed()
             if step % grpo.save_interval == 0 or step == grpo.max_steps or stopping:
                 if critic is not None:
                     ppo.save_critic(config, step, critic)

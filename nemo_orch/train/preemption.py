@@ -12,10 +12,7 @@ read after a step, so every attempt makes progress however early the signal come
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 STOP_SIGNAL = signal.SIGUSR1
@@ -33,38 +30,24 @@ class StopRequested(Exception):
         self.checkpoint = checkpoint
 
 
-class StopRequest:
-    """Whether :data:`STOP_SIGNAL` reached this process (see :func:`on_signal`)."""
-
-    def __init__(self) -> None:
-        self.signalled = False
-
-    def agreed(self) -> bool:
-        """Collective: whether any rank was signalled. Every rank calls it after each step."""
-        import torch  # here: the command line imports this module for its exit code
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self.signalled
-        flag = torch.tensor([int(self.signalled)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+def listen() -> None:
+    """From now on, keep :data:`STOP_SIGNAL` pending in this process rather than delivered
+    (idempotent), for :func:`agreed` to find. Blocked, not handled: the processes this one
+    starts (checkpoint writers, the sandbox, servers) inherit the block, and SLURM signals every
+    process of the job's step, which would kill them; and a signal that comes while the job
+    starts stays pending (its entry point calls this first thing) rather than being lost."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {STOP_SIGNAL})
 
 
-@contextlib.contextmanager
-def on_signal() -> Iterator[StopRequest]:
-    """A :class:`StopRequest` set by :data:`STOP_SIGNAL` while the block runs (off the main
-    thread, where no handler can be installed, it is never set)."""
-    request = StopRequest()
-    if threading.current_thread() is not threading.main_thread():
-        yield request
-        return
+def agreed() -> bool:
+    """Collective: whether :data:`STOP_SIGNAL` reached any rank (taking it off this one's
+    pending signals). Every rank calls it after each step, so all stop after the same one."""
+    import torch  # here: the command line imports this module for its exit code
+    import torch.distributed as dist
 
-    def note(signum: int, frame: object) -> None:
-        request.signalled = True
-
-    previous = signal.signal(STOP_SIGNAL, note)
-    try:
-        yield request
-    finally:
-        signal.signal(STOP_SIGNAL, previous)
+    signalled = signal.sigtimedwait([STOP_SIGNAL], 0) is not None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return signalled
+    flag = torch.tensor([int(signalled)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())

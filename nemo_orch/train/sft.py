@@ -177,7 +177,8 @@ def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummar
                                       start_step=start_step, max_steps=trainer.max_steps)
     per_rank = trainer.global_batch_size // config.parallel.dp
     losses, saved = [], resumed.path if resumed is not None else None
-    with preemption.on_signal() as stop, contextlib.closing(metrics):
+    preemption.listen()
+    with contextlib.closing(metrics):
         for step in range(start_step + 1, trainer.max_steps + 1):
             faults.maybe_kill("step", step)
             indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
@@ -195,7 +196,7 @@ def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummar
                                "lr": result.lr, "loss_tokens": result.num_tokens,
                                "tokens": tokens})
             losses.append(result.loss)
-            stopping = step < trainer.max_steps and stop.agreed()
+            stopping = step < trainer.max_steps and preemption.agreed()
             if step % trainer.save_interval == 0 or step == trainer.max_steps or stopping:
                 saved = checkpoint.save(config, step, policy.module, policy.optimizer,
                                         policy.scheduler, tokenizer_dir=config.tokenizer_dir)

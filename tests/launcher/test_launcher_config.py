@@ -12,10 +12,22 @@ TWO_NODES = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8"
 ONE_NODE = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8"
 ONE_NODE_ASYNC = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async"
 TWO_NODES_PPO = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8-ppo"
+MICRO_CPU_SLURM = "micro-cpu-slurm"
 
 
 def test_recipes_are_the_files_of_conf_recipes():
-    assert config_lib.recipes() == [ONE_NODE, ONE_NODE_ASYNC, TWO_NODES, TWO_NODES_PPO]
+    assert config_lib.recipes() == [MICRO_CPU_SLURM, ONE_NODE, ONE_NODE_ASYNC, TWO_NODES,
+                                    TWO_NODES_PPO]
+
+
+def test_the_cpu_slurm_recipe_runs_grpo_on_two_ranks_without_a_container():
+    config = config_lib.load([f"recipe={MICRO_CPU_SLURM}", "launcher.slurm.job_dir=/shared"])
+    launcher = config.launcher
+    assert (launcher.executor, launcher.job, launcher.container, launcher.gpus_per_node) == (
+        "slurm", "grpo", "none", 0)
+    assert (config.model.preset, config.parallel.world_size, config.rollout.engine,
+            config.env.label) == ("micro", 2, "hf", "offline")
+    assert not launcher.env and not launcher.secret_env  # nothing of a cluster's site settings
 
 
 def test_a_recipe_composes_over_the_defaults():
@@ -69,7 +81,7 @@ def test_command_line_overrides_win_over_the_recipe():
 
 
 def test_an_unknown_recipe_lists_the_available_ones():
-    with pytest.raises(ConfigError, match=f"unknown recipe 'nope'; available: {ONE_NODE}, "
+    with pytest.raises(ConfigError, match=f"unknown recipe 'nope'; available: {MICRO_CPU_SLURM}, {ONE_NODE}, "
                                           f"{ONE_NODE_ASYNC}, {TWO_NODES}, {TWO_NODES_PPO}"):
         config_lib.load(["recipe=nope"])
 

@@ -243,6 +243,9 @@ def serve():
     # touch (and so copy) every page of it.
     gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children are reaped by the kernel
+    # A SLURM job's processes all get SIGUSR1 before its time limit (the training stops on it);
+    # for the zygote and its calls it is no reason to die.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     while True:
         message, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
         if not message:
