@@ -80,6 +80,8 @@ def job_arguments(config: Config, overrides: list[str], experiment_id: str) -> l
         arguments += ["--endpoint", f"{expert.endpoint}={url}"]
         if expert.endpoint == "reward.judge_base_url":
             overrides = [*overrides, f"reward.judge_model={expert.model_name}"]
+    if launcher.job == "sft":  # a requeued job runs the same command: it continues its run
+        overrides = [*overrides, "trainer.resume=true"]
     if launcher.ray is not None:
         info = f"{remote_experiment_dir(config, experiment_id)}/{RAY_CLUSTER}/ray_cluster_info.json"
         arguments += ["--ray-info", info]

@@ -25,7 +25,7 @@ class StopRequested(Exception):
 
     def __init__(self, step: int, checkpoint: Path) -> None:
         super().__init__(f"stopped on request ({STOP_SIGNAL.name}) after step {step}; "
-                         f"checkpoint {checkpoint}: run the same command again to resume")
+                         f"checkpoint {checkpoint}")
         self.step = step
         self.checkpoint = checkpoint
 

@@ -120,7 +120,9 @@ def test_local_dryrun_prints_the_torchrun_command(tiny_tokenizer_dir, tmp_path, 
     assert cli.main(["launch", "--executor", "local", "--dryrun", *overrides]) == 0
     command = capsys.readouterr().out.strip().splitlines()[-1]
     assert command.startswith("torchrun ") and "--nnodes 1 --nproc-per-node 2" in command
-    assert command.endswith(" -m nemo_orch.launcher.job --timeout 1800 sft " + " ".join(overrides))
+    # sft continues its run when requeued
+    assert command.endswith(" -m nemo_orch.launcher.job --timeout 1800 sft "
+                            + " ".join(overrides) + " trainer.resume=true")
     assert not (tmp_path / "launched").exists()
 
 
