@@ -40,7 +40,8 @@ class SubmittedJob:
         shown = subprocess.run(["scontrol", "show", "job", "-o", self.job_id],
                                capture_output=True, text=True)
         if shown.returncode == 0 and shown.stdout.strip():
-            return _key_values(shown.stdout)
+            # A heterogeneous job has a line per component: the training is the first.
+            return _key_values(shown.stdout.splitlines()[0])
         accounted = subprocess.run(
             ["sacct", "-n", "-P", "-X", "-j", self.job_id,
              "--format=JobID,JobName,State,ExitCode,Elapsed,Timelimit,Submit,Start,End,NodeList"],

@@ -88,6 +88,12 @@ def job_arguments(config: Config, overrides: list[str], experiment_id: str) -> l
     return [*arguments, launcher.job, *overrides]
 
 
+# Every component's script starts with this: SLURM's signal before the time limit goes to all
+# of the job's processes and is no reason for torchrun's agent or a server to end (the ranks
+# block it and stop after their step).
+_IGNORE_STOP_SIGNAL = f"trap '' {preemption.STOP_SIGNAL.name.removeprefix('SIG')}\n"
+
+
 def torchrun_script(config: Config, job_args: list[str]) -> str:
     """The training component's script, run on each of its nodes: torchrun with a c10d
     rendezvous on the first training node (``$NEMO_ORCH_RDZV_HOST``, from the batch script), a
@@ -100,8 +106,7 @@ def torchrun_script(config: Config, job_args: list[str]) -> str:
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=${{{RDZV_HOST}}}:{launcher.rdzv_port}",
                 "--rdzv-id=$SLURM_JOB_ID", "-m", "nemo_orch.launcher.job"]
-    return (f"trap '' {preemption.STOP_SIGNAL.name.removeprefix('SIG')}\n"
-            + " ".join(torchrun) + " " + shlex.join(job_args))
+    return _IGNORE_STOP_SIGNAL + " ".join(torchrun) + " " + shlex.join(job_args)
 
 
 def _slurm_executor(config: Config, *, nodes: int, gpus_per_node: int, image: str,
@@ -164,7 +169,8 @@ def _add_slurm(config: Config, overrides: list[str], experiment: Any,
     script = torchrun_script(config, job_arguments(config, overrides, experiment_id))
     tasks = [run.Script(inline=script)]
     for expert in experts:
-        tasks.append(run.Script(inline="exec " + shlex.join(expert_command(expert))))
+        tasks.append(run.Script(
+            inline=_IGNORE_STOP_SIGNAL + "exec " + shlex.join(expert_command(expert))))
         executors.append(_slurm_executor(
             config, nodes=1, gpus_per_node=expert.tp, tunnel_dir=tunnel_dir,
             image=expert.container_image or launcher.slurm.image, job_name_prefix=prefix))

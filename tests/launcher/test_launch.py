@@ -88,6 +88,9 @@ def test_the_training_runs_torchrun_and_the_experts_their_servers(rendered):
     assert rendered["train/scripts/train-2.sh"].strip().endswith(
         "exec trtllm-serve Qwen/Qwen2.5-Coder-32B-Instruct --tp_size 2 --host 0.0.0.0 "
         "--port 8002")
+    # SLURM's stop signal before the time limit ends no component (the ranks handle it)
+    scripts = [rendered[f"train/scripts/train-{i}.sh"].strip().splitlines() for i in range(4)]
+    assert all(lines[1] == "trap '' USR1" for lines in scripts)
     ray = rendered["ray/ray.sub"]
     assert f"export CLUSTER_DIR={experiment_dir}/ray" in ray.splitlines()
     assert "cat <<EOF >$CLUSTER_DIR/ray_cluster_info.json" in ray
