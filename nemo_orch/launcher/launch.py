@@ -88,18 +88,20 @@ def job_arguments(config: Config, overrides: list[str], experiment_id: str) -> l
     return [*arguments, launcher.job, *overrides]
 
 
+# The signal's name as sbatch and bash write it (USR1).
+_STOP_SIGNAL = preemption.STOP_SIGNAL.name.removeprefix("SIG")
 # Every component's script starts with this: SLURM's signal before the time limit goes to all
 # of the job's processes and is no reason for torchrun's agent or a server to end (the ranks
 # block it and stop after their step).
-_IGNORE_STOP_SIGNAL = f"trap '' {preemption.STOP_SIGNAL.name.removeprefix('SIG')}\n"
+_IGNORE_STOP_SIGNAL = f"trap '' {_STOP_SIGNAL}\n"
 
 
 def torchrun_script(config: Config, job_args: list[str]) -> str:
     """The training component's script, run on each of its nodes: torchrun with a c10d
     rendezvous on the first training node (``$NEMO_ORCH_RDZV_HOST``, from the batch script), a
     rank per GPU (but those of a rollout engine with GPUs of its own). torchrun's agent ignores
-    the stop signal SLURM sends before the time limit (its ranks inherit that, then install
-    their own handler): the ranks stop after a step, checkpoint, and exit for a requeue."""
+    the stop signal SLURM sends before the time limit; the ranks block it, stop after their
+    step, checkpoint, and exit for a requeue (:mod:`nemo_orch.train.preemption`)."""
     launcher = config.launcher
     torchrun = ["exec", "torchrun", f"--nnodes={launcher.nodes}",
                 f"--nproc-per-node={config.parallel.world_size // launcher.nodes}",
@@ -128,7 +130,7 @@ def _slurm_executor(config: Config, *, nodes: int, gpus_per_node: int, image: st
         account=slurm.account, partition=slurm.partition, time=slurm.time, qos=slurm.qos,
         job_name_prefix=job_name_prefix, nodes=nodes, ntasks_per_node=1,
         gpus_per_node=gpus_per_node or None, **container,
-        signal=f"{preemption.STOP_SIGNAL.name.removeprefix('SIG')}@{slurm.stop_before_limit_s}",
+        signal=f"{_STOP_SIGNAL}@{slurm.stop_before_limit_s}",
         retries=slurm.requeues, env_vars={**launcher.env, **(env or {})},
         tunnel=run.LocalTunnel(job_dir=tunnel_dir), packager=run.Packager())
 

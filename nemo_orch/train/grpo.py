@@ -65,9 +65,8 @@ from nemo_orch.rollout.episode import Trajectory, prompt_length
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.seeding import derive_seed
-from nemo_orch.train import curriculum, ppo
+from nemo_orch.train import curriculum, ppo, preemption
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
-from nemo_orch.train import preemption
 from nemo_orch.train.metrics import MetricsLogger, TrainedLog, logged_steps
 from nemo_orch.train.policy import (Batch, Critic, Policy, ReferenceModel, load_start_weights,
                                     start_architecture)
