@@ -540,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch = add("launch", cmd_launch, "run `nemo-orch <launcher.job>` with these overrides "
                  "through NeMo-Run: under torchrun on this machine (local), or as a SLURM job "
                  "in the pyxis container with the expert servers (launcher.experts) and a Ray "
-                 "cluster (launcher.ray) beside it (slurm)")
+                 "cluster (launcher.ray) in the same job (slurm)")
     launch.add_argument("--executor", choices=["local", "slurm"], default=None,
                         help="sets launcher.executor")
     shown = launch.add_mutually_exclusive_group()

@@ -66,17 +66,22 @@ class SlurmConfig:
 
 @dataclass
 class RayClusterConfig:
-    """A Ray cluster on SLURM for the rollout workers (``nemo_run.run.ray``: a job of its own,
-    ``nodes`` x ``gpus_per_node``). The training job waits for the file the cluster writes when
-    all its nodes joined (``ray_cluster_info.json`` in its directory under
-    ``launcher.slurm.job_dir``) and gets its address as ``RAY_ADDRESS``."""
+    """A Ray cluster for the rollout workers inside the training's SLURM job: its head on the
+    training's first node (its GCS on ``port``; no GPUs of the training's), and a worker on each
+    of ``nodes`` further nodes (``gpus_per_node`` each), a component of the heterogeneous job.
+    The training's first rank waits until all of them joined; the training gets the head's
+    address as ``RAY_ADDRESS``."""
 
-    nodes: int = 1
+    nodes: int = 0
     gpus_per_node: int = 0
+    port: int = 6379
 
     def __post_init__(self) -> None:
-        _require(self.nodes >= 1 and self.gpus_per_node >= 0,
-                 "launcher.ray.nodes must be >= 1 and launcher.ray.gpus_per_node >= 0")
+        _require(self.nodes >= 0 and self.gpus_per_node >= 0,
+                 "launcher.ray.nodes and launcher.ray.gpus_per_node must be >= 0")
+        _require(1024 <= self.port <= 65535 and not 10001 <= self.port <= 19999,
+                 "launcher.ray.port must be in [1024, 65535] and outside 10001-19999 (the Ray "
+                 "client server's and workers' ports)")
 
 
 @dataclass

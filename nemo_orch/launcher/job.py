@@ -2,25 +2,24 @@
 torchrun): wait until the services it was launched with are ready, then run the ``nemo-orch``
 command with their endpoints as config overrides.
 
-Expert servers are components of the training's SLURM heterogeneous job, on fixed ports; their
-hosts come from SLURM itself (``scontrol show hostnames`` of each component's node list, in the
-batch script) as environment variables the endpoint URLs name (``${NEMO_ORCH_HOST_1}``), so
-nothing here asks the scheduler for state. A server is ready when ``/health`` answers 200 (vLLM
-and trtllm-serve both serve it). The Ray cluster is a job of its own: ready when NeMo-Run's
-``ray.sub`` has written ``ray_cluster_info.json`` (once every node joined; it removes the file
-when the cluster ends); its address goes to the command as ``RAY_ADDRESS``, which ``ray.init()``
-reads.
+Expert servers are components of the training's SLURM heterogeneous job, and the Ray head
+runs on its first training node, on fixed ports; their hosts come from SLURM itself
+(``scontrol show hostnames`` of each component's node list, in the batch script) as
+environment variables the addresses name (``${NEMO_ORCH_HOST_1}``), so nothing here asks the
+scheduler for state. A server is ready when
+``/health`` answers 200 (vLLM and trtllm-serve both serve it); the Ray cluster when all its
+nodes joined (only the first rank, which runs the rollouts, waits for that); its address goes
+to the command as ``RAY_ADDRESS``, which ``ray.init(address="auto")`` reads.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -65,13 +64,21 @@ def is_healthy(base_url: str) -> bool:
         return False
 
 
-def ray_address(info_file: Path) -> str | None:
-    """``head_ip:port`` from the Ray cluster's info file, or None while there is none."""
+def ray_nodes(address: str) -> int:
+    """How many nodes of the Ray cluster at ``address`` are alive (0 while its head is not
+    up)."""
+    host, _, port = address.rpartition(":")
     try:
-        info = json.loads(info_file.read_text())
-    except (OSError, json.JSONDecodeError):  # not written yet, or being written
-        return None
-    return f"{info['head_ip']}:{info['port']}"
+        socket.create_connection((host, int(port)), timeout=5.0).close()
+    except OSError:
+        return 0
+    import ray  # the rollouts' extra; only a launch with a Ray cluster gets here
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        return sum(node["Alive"] for node in ray.nodes())
+    finally:
+        ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoint", action="append", default=[], metavar="KEY=URL",
                         help="a server's base URL, waited for and passed as the override KEY=URL")
-    parser.add_argument("--ray-info", type=Path, default=None,
-                        help="the Ray cluster's ray_cluster_info.json, waited for")
+    parser.add_argument("--ray", default=None, metavar="HOST:PORT",
+                        help="the Ray cluster's head, waited for and passed as RAY_ADDRESS")
+    parser.add_argument("--ray-nodes", type=int, default=1,
+                        help="the nodes the Ray cluster has once all joined")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for all of it")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the nemo-orch command and its overrides")
@@ -94,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
             url = expand(url)
             wait_until(lambda url=url: is_healthy(url), f"{key} at {url}", deadline)
             overrides.append(f"++{key}={url}")  # ++: the key may be new (tools.endpoints)
-        if args.ray_info is not None:
-            wait_until(lambda: ray_address(args.ray_info) is not None,
-                       f"the Ray cluster ({args.ray_info})", deadline)
-            os.environ["RAY_ADDRESS"] = ray_address(args.ray_info)
+        if args.ray is not None:
+            address = expand(args.ray)
+            if os.environ.get("RANK", "0") == "0":
+                wait_until(lambda: ray_nodes(address) >= args.ray_nodes,
+                           f"the Ray cluster at {address} ({args.ray_nodes} nodes)", deadline)
+            os.environ["RAY_ADDRESS"] = address
     except LaunchError as error:
         print(f"job: error: {error}", file=sys.stderr)
         return 1

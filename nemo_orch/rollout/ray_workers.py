@@ -234,6 +234,8 @@ class RayRolloutPool:
             raise ConfigError(f"rollout.ray: {self.ray.num_workers} workers x "
                               f"{self.ray.num_cpus_per_worker:g} CPUs need {needed:g} CPUs; the "
                               f"Ray cluster has {available:g}")
+        log.info("rollout workers: %d on the Ray cluster at %s (%g CPUs)", self.ray.num_workers,
+                 ray.get_runtime_context().gcs_address, available)
         if self._initial_weights is not None:
             self._weights = ray.put(self._initial_weights)
         started = await asyncio.gather(*(self._start_unit()

@@ -1,7 +1,6 @@
 """The training job's entry point: it waits for its servers and the Ray cluster, then runs the
 command with their endpoints as overrides."""
 
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -46,30 +45,29 @@ def test_urls_take_hosts_from_the_environment(monkeypatch):
         job.expand("http://$NEMO_ORCH_HOST_9:8001/v1")
 
 
-def test_ray_address_appears_with_the_clusters_file(tmp_path):
-    info = tmp_path / "ray_cluster_info.json"
-    assert job.ray_address(info) is None
-    info.write_text('{"head_ip": "10.0.0.')  # being written
-    assert job.ray_address(info) is None
-    info.write_text(json.dumps({"head_ip": "10.0.0.5", "dashboard_port": "8265", "port": "6379"}))
-    assert job.ray_address(info) == "10.0.0.5:6379"
-
-
-def test_the_job_waits_then_runs_the_command_with_the_endpoints(server, tmp_path, monkeypatch,
-                                                                capsys):
+def test_the_job_waits_then_runs_the_command_with_the_endpoints(server, monkeypatch, capsys):
     monkeypatch.setenv("NEMO_ORCH_HOST_1", "127.0.0.1")
-    monkeypatch.setenv("RAY_ADDRESS", "")  # restored after the job sets it
-    info = tmp_path / "ray_cluster_info.json"
-    threading.Timer(0.3, lambda: info.write_text(json.dumps(
-        {"head_ip": "10.0.0.5", "port": "6379"}))).start()
     code = job.main(["--endpoint", f"tools.endpoints.math=http://${{NEMO_ORCH_HOST_1}}:{server}"
-                     "/v1", "--ray-info", str(info), "--timeout", "30",
-                     "sft", "--print-config", "tools=experts"])
+                     "/v1", "--timeout", "30", "sft", "--print-config", "tools=experts"])
     assert code == 0 and Health.requests == 3
     printed = capsys.readouterr()
     assert f"math: http://127.0.0.1:{server}/v1" in printed.out
     assert f"waiting for tools.endpoints.math at http://127.0.0.1:{server}/v1" in printed.err
-    assert job.os.environ["RAY_ADDRESS"] == "10.0.0.5:6379"
+
+
+def test_the_first_rank_waits_for_the_ray_cluster_the_others_join_it(monkeypatch, capsys):
+    """(A Ray cluster started inside a SLURM job, joined for real: test_slurm.py.)"""
+    monkeypatch.setenv("NEMO_ORCH_RDZV_HOST", "127.0.0.1")
+    monkeypatch.setenv("RAY_ADDRESS", "")  # restored after the job sets it
+    assert job.ray_nodes("127.0.0.1:9") == 0  # no head listens there
+    ray_args = ["--ray", "${NEMO_ORCH_RDZV_HOST}:9", "--ray-nodes", "2", "--timeout", "0.2"]
+    monkeypatch.setenv("RANK", "0")
+    assert job.main([*ray_args, "sft", "--print-config"]) == 1
+    assert "the Ray cluster at 127.0.0.1:9 (2 nodes) was not ready in time" in (
+        capsys.readouterr().err)
+    monkeypatch.setenv("RANK", "1")  # the other ranks do not wait (only the first rolls out)
+    assert job.main([*ray_args, "sft", "--print-config"]) == 0
+    assert job.os.environ["RAY_ADDRESS"] == "127.0.0.1:9"
 
 
 def test_a_server_that_never_comes_up_fails_the_job(tmp_path, capsys):

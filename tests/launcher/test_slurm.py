@@ -118,3 +118,26 @@ def test_a_job_stops_for_its_time_limit_is_requeued_cancelled_and_resumed(
     assert str(experiment / "train" / f"log-micro-cpu-slurm-train_{again}_0.out") in status
     assert cli.main(["launch", "--logs", "--lines", "200", *overrides]) == 0
     assert "grpo: env=offline, steps" in capsys.readouterr().out
+
+
+def test_grpo_rolls_out_on_a_ray_cluster_started_inside_the_job(slurm_cluster, start_checkpoint,
+                                                                 tmp_path):
+    """``rollout.backend=ray`` with ``launcher.ray``: the job's script starts the Ray head on
+    its node, the first rank waits for it, and GRPO's rollout workers run on it (1 step); the
+    head ends with the job."""
+    port = free_port()
+    overrides = recipe_overrides(start_checkpoint, tmp_path, "grpo.max_steps=1",
+                                 "rollout.backend=ray", "rollout.ray.address=auto",
+                                 "rollout.ray.num_workers=1", f"launcher.ray={{port: {port}}}")
+    launch(overrides)
+    job_id, experiment = job_of(tmp_path)
+    wait_for(lambda: job_state(job_id)["JobState"] in ENDED, "the job to end")
+    (log,) = attempt_logs(experiment, job_id)
+    assert job_state(job_id)["JobState"] == "COMPLETED", log[-3000:]
+    assert re.search(rf"rollout workers: 1 on the Ray cluster at \S+:{port} ", log)
+    assert steps(tmp_path / "runs" / "micro-cpu-slurm" / "grpo-offline") == [1]
+    token = experiment.with_name(f"{experiment.name}.ray_auth_token")  # the job's processes'
+    # only can use the cluster
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    ray_head = subprocess.run(["pgrep", "-f", "--", f"port={port}"], capture_output=True)
+    assert ray_head.returncode == 1, ray_head.stdout  # no process of the head is left
