@@ -57,6 +57,10 @@ class RolloutConfig:
     is vLLM's share of each GPU's memory (weights + KV cache) and TensorRT-LLM's share of the
     memory left free after loading the weights (its KV cache). The CPU engine ignores these.
 
+    ``refit_bucket_mb``: the trained weights reach the engine in buckets of at most this many
+    MiB of full tensors (whole decoder layers; a larger layer alone), gathered from the TP/PP
+    ranks of one data-parallel replica (:func:`nemo_orch.models.weights.hf_weight_buckets`).
+
     ``backend``: ``local`` runs every episode on this process's event loop; ``ray`` spreads them
     over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds,
     sampled tokens included (each turn's seed travels with its prompt into the engine).
@@ -73,6 +77,7 @@ class RolloutConfig:
     engine_dtype: str = "bfloat16"
     gpu_memory_utilization: float = 0.5
     sleep_level: int = 1
+    refit_bucket_mb: int = 512
     group_size: int = 8
     max_turns: int = 10
     max_new_tokens: int = 96
@@ -116,8 +121,8 @@ class RolloutConfig:
                  "rollout.gpu_memory_utilization must be in (0, 1]")
         _require(self.sleep_level in (1, 2), "rollout.sleep_level must be 1 or 2")
         _require_file(self.policy, "rollout.policy")
-        for name in ("group_size", "max_turns", "max_new_tokens", "max_observation_tokens",
-                     "max_concurrent_episodes", "max_batch_size"):
+        for name in ("refit_bucket_mb", "group_size", "max_turns", "max_new_tokens",
+                     "max_observation_tokens", "max_concurrent_episodes", "max_batch_size"):
             _require(getattr(self, name) >= 1, f"rollout.{name} must be >= 1")
         _require(self.max_context_tokens is None or self.max_context_tokens > 2,
                  "rollout.max_context_tokens must be > 2")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from nemo_orch.config import ModelConfig
-from nemo_orch.models.hf_mapping import Layout, hf_to_megatron, megatron_to_hf
+from nemo_orch.models.hf_mapping import (Layout, hf_parameter_names, hf_parameter_shape,
+                                         hf_to_megatron, megatron_ends_to_hf,
+                                         megatron_layer_to_hf)
 
 
 def rank_layout() -> Layout:
@@ -55,19 +58,132 @@ def load_hf_weights(module: torch.nn.Module, hf: Mapping[str, torch.Tensor],
     load_parameters(module, hf_to_megatron(hf, model, rank_layout()), skip)
 
 
-def gather_hf_weights(module: torch.nn.Module, model: ModelConfig) -> dict[str, torch.Tensor] | None:
-    """Full HF-named weights on global rank 0 (None elsewhere), from one data-parallel replica."""
+@dataclass(frozen=True)
+class _Unit:
+    """What the refit moves in one piece: a decoder layer (``layer``, local index ``local`` on
+    pipeline stage ``stage``) or, with ``layer`` None, the ends (embeddings on the first stage,
+    final norm and output layer on the last). ``names[stage]``: the Megatron parameters each
+    stage holds of it."""
+
+    names: dict[int, list[str]]
+    layer: int | None = None
+    local: int | None = None
+
+
+def _local_shapes(model: ModelConfig, layout: Layout) -> dict[str, torch.Size]:
+    """The shape of each parameter of the rank at ``layout`` (the mapping run on meta tensors,
+    so nothing is allocated)."""
+    meta = {name: torch.empty(hf_parameter_shape(model, name), device="meta")
+            for name in hf_parameter_names(model)}
+    return {name: tensor.shape for name, tensor in hf_to_megatron(meta, model, layout).items()}
+
+
+def _refit_plan(model: ModelConfig, tp_size: int, pp_size: int
+                ) -> tuple[list[_Unit], list[dict[str, torch.Size]]]:
+    """The units in refit order (the ends first, then the layers) and each stage's parameter
+    shapes (those of every TP rank of a stage are equal)."""
+    shapes = [_local_shapes(model, Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=stage))
+              for stage in range(pp_size)]
+    ends = {stage: [name for name in shapes[stage] if not name.startswith("decoder.layers.")]
+            for stage in {0, pp_size - 1}}
+    units = [_Unit(ends)]
+    for stage in range(pp_size):
+        layout = Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=stage)
+        for local, layer in enumerate(layout.layers(model.num_layers)):
+            prefix = f"decoder.layers.{local}."
+            units.append(_Unit({stage: [name for name in shapes[stage]
+                                        if name.startswith(prefix)]}, layer, local))
+    return units, shapes
+
+
+def _buckets(units: list[_Unit], shapes: list[dict[str, torch.Size]], tp_size: int,
+             element_size: int, bucket_bytes: int) -> list[list[_Unit]]:
+    """Consecutive units, as many as fit ``bucket_bytes`` of full (all TP ranks') tensors; a
+    unit larger than that makes a bucket of its own."""
+    buckets: list[list[_Unit]] = []
+    filled = 0
+    for unit in units:
+        size = tp_size * element_size * sum(shapes[stage][name].numel()
+                                            for stage, names in unit.names.items()
+                                            for name in names)
+        if not buckets or filled + size > bucket_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(unit)
+        filled += size
+    return buckets
+
+
+def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes: int
+                      ) -> Iterator[dict[str, torch.Tensor]]:
+    """The policy's full HF-named weights, bucket by bucket, on global rank 0 (the first rank of
+    the first data-parallel replica); every rank of the job calls it and iterates it to the end.
+
+    Only the TP/PP ranks of data-parallel replica 0 take part; the others return at once. Each
+    bucket holds whole decoder layers (or the embeddings and head) whose full tensors fit
+    ``bucket_bytes`` (a layer larger than that alone): every rank owning part of it sends its
+    shards as one flat tensor to rank 0 (point to point, no pickling), which assembles the HF
+    tensors. A bucket is not kept once the next is asked for, so the refit's extra memory is
+    one bucket and its received shards on rank 0 and one flat send elsewhere. In one process
+    the tensors are cut from the parameters themselves.
+    """
     from megatron.core import parallel_state as ps
 
+    if ps.get_data_parallel_rank() != 0:
+        return
     layout = rank_layout()
-    local = {k: v.cpu() for k, v in parameter_state(module).items()}
-    shards: list = [None] * dist.get_world_size()
-    dist.all_gather_object(shards, (ps.get_data_parallel_rank(), layout.pp_rank, layout.tp_rank,
-                                    local))
-    if dist.get_rank() != 0:
-        return None
-    stages = [[None] * layout.tp_size for _ in range(layout.pp_size)]
-    for dp_rank, pp_rank, tp_rank, state in shards:
-        if dp_rank == 0:
-            stages[pp_rank][tp_rank] = state
-    return megatron_to_hf(stages, model)
+    local = parameter_state(module)
+    group = ps.get_model_parallel_group()
+    members = dist.get_process_group_ranks(group)
+    device = next(iter(local.values())).device
+    # (global rank, stage, TP rank) of each rank of this replica: who sends what to whom
+    mine = torch.tensor([dist.get_rank(), layout.pp_rank, layout.tp_rank], device=device)
+    coordinates = [torch.empty_like(mine) for _ in members]
+    dist.all_gather(coordinates, mine, group=group)
+    owner = {(int(stage), int(tp_rank)): int(rank) for rank, stage, tp_rank in coordinates}
+    receiver = owner[(0, 0)]
+    dtype = next(iter(local.values())).dtype
+    units, shapes = _refit_plan(model, layout.tp_size, layout.pp_size)
+    for bucket in _buckets(units, shapes, layout.tp_size, dtype.itemsize, bucket_bytes):
+        names = {stage: [name for unit in bucket for name in unit.names.get(stage, [])]
+                 for stage in range(layout.pp_size)}
+        if dist.get_rank() != receiver:
+            if names[layout.pp_rank]:
+                dist.send(torch.cat([local[name].reshape(-1).to(dtype)
+                                     for name in names[layout.pp_rank]]), receiver)
+            continue
+        # states[stage][tp_rank]: the bucket's parameters of that rank
+        states: list[list[dict[str, torch.Tensor]]] = [
+            [{} for _ in range(layout.tp_size)] for _ in range(layout.pp_size)]
+        for stage, stage_names in names.items():
+            if not stage_names:
+                continue
+            sizes = [shapes[stage][name].numel() for name in stage_names]
+            for tp_rank in range(layout.tp_size):
+                if owner[(stage, tp_rank)] == receiver:
+                    states[stage][tp_rank] = {name: local[name] for name in stage_names}
+                    continue
+                flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+                dist.recv(flat, owner[(stage, tp_rank)])
+                states[stage][tp_rank] = {
+                    name: part.view(shapes[stage][name])
+                    for name, part in zip(stage_names, flat.split(sizes))}
+        hf: dict[str, torch.Tensor] = {}
+        for unit in bucket:
+            if unit.layer is None:
+                hf |= megatron_ends_to_hf(states[0], states[-1], model)
+            else:
+                stage = next(iter(unit.names))
+                hf |= megatron_layer_to_hf(states[stage], unit.local, unit.layer, model)
+        del states
+        yield hf
+
+
+def gather_hf_weights(module: torch.nn.Module, model: ModelConfig, bucket_mb: int
+                      ) -> dict[str, torch.Tensor] | None:
+    """Full HF-named weights on global rank 0 (None elsewhere), from one data-parallel replica,
+    moved in buckets of ``bucket_mb`` MiB (:func:`hf_weight_buckets`); on CPU."""
+    hf: dict[str, torch.Tensor] = {}
+    for bucket in hf_weight_buckets(module, model, bucket_mb << 20):
+        hf |= {name: tensor.cpu() for name, tensor in bucket.items()}
+    return hf if dist.get_rank() == 0 else None

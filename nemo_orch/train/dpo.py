@@ -151,7 +151,8 @@ def prepare_pairs(config: Config, tokenizer: PreTrainedTokenizerBase,
     path = config.run.dir / PAIRS
     if path.exists():
         return path
-    hf = weights.gather_hf_weights(reference.module, config.model)  # every rank takes part
+    # every rank takes part
+    hf = weights.gather_hf_weights(reference.module, config.model, config.rollout.refit_bucket_mb)
     if distributed.is_writer():
         dpo = config.dpo
         path.parent.mkdir(parents=True, exist_ok=True)  # the rollouts' notes.json goes there

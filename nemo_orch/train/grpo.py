@@ -824,7 +824,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     load_start_weights(reference.module, config.model, Path(config.trainer.init_from))
     critic = (ppo.start_critic(config, context, resumed.step if resumed is not None else None)
               if grpo.algo == "ppo" else None)
-    hf = weights.gather_hf_weights(policy.module, config.model)
+    hf = weights.gather_hf_weights(policy.module, config.model,
+                                   config.rollout.refit_bucket_mb)
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
     logged = logged_steps(config.run.dir, start_step)
@@ -878,7 +879,8 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
                                  "samples": len(samples)})
             # Before the refit: rollouts run ahead read the curriculum's stage from it.
             history.append(step_metrics.get("reward", math.nan))
-            hf = weights.gather_hf_weights(policy.module, config.model)
+            hf = weights.gather_hf_weights(policy.module, config.model,
+                                           config.rollout.refit_bucket_mb)
             if rollouts is not None:
                 rollouts.refit(hf, version=step)
             step_metrics["time/step_s"] = time.perf_counter() - started

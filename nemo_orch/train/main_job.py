@@ -144,7 +144,8 @@ def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, P
                                    pre_process=context.is_first_stage,
                                    post_process=context.is_last_stage)
         checkpoint.load(checkpoint.open_checkpoint(source), module)
-        policies[name] = weights.gather_hf_weights(module, config.model)
+        policies[name] = weights.gather_hf_weights(module, config.model,
+                                                   config.rollout.refit_bucket_mb)
         sources[name] = checkpoint.identity(source)  # a cached episode is of these weights only
     if not distributed.is_writer():
         return None

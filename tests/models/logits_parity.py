@@ -58,7 +58,8 @@ def max_logit_difference(config: Config, seed: int = 11) -> float | None:
 def roundtrip_is_exact(config: Config, seed: int = 11) -> bool | None:
     """HF -> this layout's shards -> gathered HF reproduces every tensor bit for bit (rank 0)."""
     hf_weights = SeededHFWeights(config.model, seed)
-    gathered = weights.gather_hf_weights(loaded_stage(config, hf_weights), config.model)
+    gathered = weights.gather_hf_weights(loaded_stage(config, hf_weights), config.model,
+                                         config.rollout.refit_bucket_mb)
     if gathered is None:
         return None
     return gathered.keys() == set(hf_weights) and all(

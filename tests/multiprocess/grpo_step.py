@@ -4,7 +4,8 @@ Run in-process (one rank) by the tests, or under torchrun for TP/PP/DP layouts, 
 all in one launch (a launch costs more than the steps):
 ``python -m torch.distributed.run --nproc_per_node 2 tests/multiprocess/grpo_step.py parallel.tp=2
 parallel.pp=2``; rank 0 prints JSON: per layout, per step the loss, loss tokens, grad norm and the
-loss's metrics, and what GRPO's update (``grpo._update``) reports.
+loss's metrics, what GRPO's update (``grpo._update``) reports, and whether the bucketed
+refit delivers exactly what the pickled gather did.
 
 The batch is a list of GRPO samples, a pure function of the seed, split over DP ranks and cut
 into micro-batches by GRPO's own functions (``_even_split``, ``micro_batches``: each micro-batch
@@ -88,6 +89,47 @@ def _models(config: Config, context: ParallelContext) -> tuple[Policy, Reference
     return policy, reference
 
 
+def pickled_gather(module: torch.nn.Module, config: Config) -> dict[str, torch.Tensor] | None:
+    """How the refit gathered before its buckets: every rank's whole state, pickled, onto every
+    rank; rank 0 keeps data-parallel replica 0's and maps it to HF."""
+    from megatron.core import parallel_state as ps
+
+    from nemo_orch.models import weights
+    from nemo_orch.models.hf_mapping import megatron_to_hf
+
+    layout = weights.rank_layout()
+    shards = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(shards, (
+        ps.get_data_parallel_rank(), layout.pp_rank, layout.tp_rank,
+        {name: tensor.cpu() for name, tensor in weights.parameter_state(module).items()}))
+    if torch.distributed.get_rank() != 0:
+        return None
+    stages = [[None] * layout.tp_size for _ in range(layout.pp_size)]
+    for dp_rank, pp_rank, tp_rank, state in shards:
+        if dp_rank == 0:
+            stages[pp_rank][tp_rank] = state
+    return megatron_to_hf(stages, config.model)
+
+
+def refit_results(config: Config, context: ParallelContext) -> dict | None:
+    """The bucketed refit (a bucket per layer) against the pickled gather, on rank 0."""
+    from nemo_orch.models import weights
+
+    policy, _ = _models(config, context)
+    with torch.no_grad():  # weights of no seed's: each rank's shard moves differently
+        for parameter in policy.module.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.01)
+    old = pickled_gather(policy.module, config)
+    buckets = list(weights.hf_weight_buckets(policy.module, config.model, bucket_bytes=1))
+    if old is None:
+        assert not buckets  # only rank 0 receives
+        return None
+    new = {name: tensor for bucket in buckets for name, tensor in bucket.items()}
+    return {"exact": new.keys() == old.keys() and all(torch.equal(new[name], old[name])
+                                                      for name in old),
+            "buckets": len(buckets)}
+
+
 def grpo_steps(config: Config, context: ParallelContext, steps: int = 2) -> list[dict]:
     """``steps`` GRPO updates on the synthetic batch (old and reference log-probabilities fixed
     before the first), each step's loss, tokens, grad norm and metrics."""
@@ -149,7 +191,8 @@ def main(layouts: list[str]) -> None:
             context = distributed.initialize(config.parallel, config.run.seed)
             results[layout] = {"steps": grpo_steps(config, context),
                                "update": update_results(config, context),
-                               "ppo_update": ppo_update_results(config, context)}
+                               "ppo_update": ppo_update_results(config, context),
+                               "refit": refit_results(config, context)}
             parallel_state.destroy_model_parallel()
     finally:
         distributed.shutdown()

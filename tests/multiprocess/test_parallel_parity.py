@@ -1,6 +1,6 @@
 """Two gloo processes in TP=2, PP=2 and DP=2 layouts reproduce one process: SFT's per-step losses
-through the command line, GRPO steps' loss, grad norm and metrics, and PPO's update (policy and
-critic)."""
+through the command line, GRPO steps' loss, grad norm and metrics, PPO's update (policy and
+critic), and the refit's weights."""
 
 import json
 import subprocess
@@ -77,6 +77,8 @@ def test_grpo_steps_match_one_process(megatron_world):
         for step, want in zip(results[layout]["steps"], expected["steps"], strict=True):
             assert step.keys() == want.keys()
             assert step == pytest.approx(want, abs=1e-5), layout
+        # the refit: one bucket for the embeddings and head, one per layer, exactly the weights
+        assert results[layout]["refit"] == {"exact": True, "buckets": 3}, layout
         for update in ("update", "ppo_update"):
             got = results[layout][update]
             assert got.pop("tokens") > 0 and got.keys() == expected[update].keys()

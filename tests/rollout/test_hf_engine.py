@@ -181,7 +181,7 @@ def test_refit_from_megatron_policy_gives_its_logits(megatron_world, tied):
         for parameter in module.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.01)
     engine = HFEngine(model, seed=0)
-    engine.update_weights(weights.gather_hf_weights(module, model))
+    engine.update_weights(weights.gather_hf_weights(module, model, bucket_mb=1))
     tokens = torch.randint(0, model.vocab_size, (2, 24),
                            generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
