@@ -99,6 +99,16 @@ def parallel_session(parallel: ParallelConfig, seed: int) -> Iterator[ParallelCo
         shutdown()
 
 
+def set_intra_op_threads(requested: int) -> int:
+    """Set torch's intra-op threads: ``requested``, or with 0 the CPUs this process may run on
+    shared evenly by the ranks of this machine (torchrun's ``LOCAL_WORLD_SIZE``): all of them
+    for a single process, one each when as many ranks as CPUs share them. Returns the count."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    threads = requested or max(1, len(os.sched_getaffinity(0)) // ranks_here)
+    torch.set_num_threads(threads)
+    return threads
+
+
 def is_writer() -> bool:
     """Whether this process writes shared files (global rank 0, or no process group)."""
     return not dist.is_initialized() or dist.get_rank() == 0

@@ -27,5 +27,6 @@ class TrainerConfig:
                  "trainer.global_batch_size must be a multiple of trainer.micro_batch_size")
         self.optim.check("trainer.optim")
         _require(self.save_interval >= 1, "trainer.save_interval must be >= 1")
-        _require(self.num_threads >= 0, "trainer.num_threads must be >= 0 (0: torch's choice)")
+        _require(self.num_threads >= 0,
+                 "trainer.num_threads must be >= 0 (0: this machine's CPUs over its ranks)")
         _require_file(self.init_from, "trainer.init_from")

@@ -213,17 +213,29 @@ def megatron_layer_to_hf(stage: list[Mapping[str, torch.Tensor]], local: int, la
     return hf
 
 
+def megatron_embedding_to_hf(first_stage: list[Mapping[str, torch.Tensor]]
+                             ) -> dict[str, torch.Tensor]:
+    """The full HF embeddings from the first pipeline stage's state dicts (``[tp_rank]``)."""
+    return {"model.embed_tokens.weight": torch.cat(
+        [shard["embedding.word_embeddings.weight"] for shard in first_stage])}
+
+
+def megatron_head_to_hf(last_stage: list[Mapping[str, torch.Tensor]], model: ModelConfig
+                        ) -> dict[str, torch.Tensor]:
+    """The full HF final norm and (untied) LM head from the last pipeline stage's state dicts
+    (``[tp_rank]``)."""
+    hf = {"model.norm.weight": last_stage[0]["decoder.final_layernorm.weight"].clone()}
+    if not model.share_embeddings_and_output_weights:
+        hf["lm_head.weight"] = torch.cat([shard["output_layer.weight"] for shard in last_stage])
+    return hf
+
+
 def megatron_ends_to_hf(first_stage: list[Mapping[str, torch.Tensor]],
                         last_stage: list[Mapping[str, torch.Tensor]],
                         model: ModelConfig) -> dict[str, torch.Tensor]:
     """Full HF embeddings, final norm and (untied) LM head from the first and last pipeline
     stages' state dicts (``stage[tp_rank]``)."""
-    hf = {"model.embed_tokens.weight": torch.cat(
-              [shard["embedding.word_embeddings.weight"] for shard in first_stage]),
-          "model.norm.weight": last_stage[0]["decoder.final_layernorm.weight"].clone()}
-    if not model.share_embeddings_and_output_weights:
-        hf["lm_head.weight"] = torch.cat([shard["output_layer.weight"] for shard in last_stage])
-    return hf
+    return megatron_embedding_to_hf(first_stage) | megatron_head_to_hf(last_stage, model)
 
 
 def megatron_to_hf(stages: list[list[Mapping[str, torch.Tensor]]], model: ModelConfig,

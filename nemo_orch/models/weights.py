@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from nemo_orch.config import ModelConfig
 from nemo_orch.models.hf_mapping import (Layout, hf_parameter_names, hf_parameter_shape,
-                                         hf_to_megatron, megatron_ends_to_hf,
-                                         megatron_layer_to_hf)
+                                         hf_to_megatron, megatron_embedding_to_hf,
+                                         megatron_head_to_hf, megatron_layer_to_hf)
 
 
 def rank_layout() -> Layout:
@@ -60,14 +60,24 @@ def load_hf_weights(module: torch.nn.Module, hf: Mapping[str, torch.Tensor],
 
 @dataclass(frozen=True)
 class _Unit:
-    """What the refit moves in one piece: a decoder layer (``layer``, local index ``local`` on
-    pipeline stage ``stage``) or, with ``layer`` None, the ends (embeddings on the first stage,
-    final norm and output layer on the last). ``names[stage]``: the Megatron parameters each
-    stage holds of it."""
+    """What the refit moves in one piece, held by pipeline stage ``stage`` as its parameters
+    ``names``: the embeddings (``kind`` "embedding"), the final norm and output layer ("head"),
+    or decoder layer ``layer``, local layer ``local`` of its stage ("layer")."""
 
-    names: dict[int, list[str]]
-    layer: int | None = None
-    local: int | None = None
+    kind: str
+    stage: int
+    names: list[str]
+    layer: int = -1
+    local: int = -1
+
+    def to_hf(self, stage: list[dict[str, torch.Tensor]], model: ModelConfig
+              ) -> dict[str, torch.Tensor]:
+        """Its full HF tensors from its stage's parameters (``stage[tp_rank]``)."""
+        if self.kind == "embedding":
+            return megatron_embedding_to_hf(stage)
+        if self.kind == "head":
+            return megatron_head_to_hf(stage, model)
+        return megatron_layer_to_hf(stage, self.local, self.layer, model)
 
 
 def _local_shapes(model: ModelConfig, layout: Layout) -> dict[str, torch.Size]:
@@ -80,19 +90,23 @@ def _local_shapes(model: ModelConfig, layout: Layout) -> dict[str, torch.Size]:
 
 def _refit_plan(model: ModelConfig, tp_size: int, pp_size: int
                 ) -> tuple[list[_Unit], list[dict[str, torch.Size]]]:
-    """The units in refit order (the ends first, then the layers) and each stage's parameter
-    shapes (those of every TP rank of a stage are equal)."""
+    """The units in refit order (embeddings, layers, head) and each stage's parameter shapes
+    (those of every TP rank of a stage are equal)."""
     shapes = [_local_shapes(model, Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=stage))
               for stage in range(pp_size)]
-    ends = {stage: [name for name in shapes[stage] if not name.startswith("decoder.layers.")]
-            for stage in {0, pp_size - 1}}
-    units = [_Unit(ends)]
+    last = pp_size - 1
+    units = [_Unit("embedding", 0, ["embedding.word_embeddings.weight"])]
     for stage in range(pp_size):
         layout = Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=stage)
         for local, layer in enumerate(layout.layers(model.num_layers)):
             prefix = f"decoder.layers.{local}."
-            units.append(_Unit({stage: [name for name in shapes[stage]
-                                        if name.startswith(prefix)]}, layer, local))
+            units.append(_Unit("layer", stage, [name for name in shapes[stage]
+                                                if name.startswith(prefix)], layer, local))
+    # (With tied embeddings and PP the last stage's output layer is a copy: not sent.)
+    head = ["decoder.final_layernorm.weight"]
+    if not model.share_embeddings_and_output_weights:
+        head.append("output_layer.weight")
+    units.append(_Unit("head", last, head))
     return units, shapes
 
 
@@ -103,9 +117,8 @@ def _buckets(units: list[_Unit], shapes: list[dict[str, torch.Size]], tp_size: i
     buckets: list[list[_Unit]] = []
     filled = 0
     for unit in units:
-        size = tp_size * element_size * sum(shapes[stage][name].numel()
-                                            for stage, names in unit.names.items()
-                                            for name in names)
+        size = tp_size * element_size * sum(shapes[unit.stage][name].numel()
+                                            for name in unit.names)
         if not buckets or filled + size > bucket_bytes:
             buckets.append([])
             filled = 0
@@ -120,8 +133,8 @@ def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes:
     the first data-parallel replica); every rank of the job calls it and iterates it to the end.
 
     Only the TP/PP ranks of data-parallel replica 0 take part; the others return at once. Each
-    bucket holds whole decoder layers (or the embeddings and head) whose full tensors fit
-    ``bucket_bytes`` (a layer larger than that alone): every rank owning part of it sends its
+    bucket holds whole units (the embeddings, a decoder layer, the final norm with the LM head)
+    whose full tensors fit ``bucket_bytes`` (a unit larger than that alone): every rank owning part of it sends its
     shards as one flat tensor to rank 0 (point to point, no pickling), which assembles the HF
     tensors. A bucket is not kept once the next is asked for, so the refit's extra memory is
     one bucket and its received shards on rank 0 and one flat send elsewhere. In one process
@@ -145,7 +158,7 @@ def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes:
     dtype = next(iter(local.values())).dtype
     units, shapes = _refit_plan(model, layout.tp_size, layout.pp_size)
     for bucket in _buckets(units, shapes, layout.tp_size, dtype.itemsize, bucket_bytes):
-        names = {stage: [name for unit in bucket for name in unit.names.get(stage, [])]
+        names = {stage: [name for unit in bucket if unit.stage == stage for name in unit.names]
                  for stage in range(layout.pp_size)}
         if dist.get_rank() != receiver:
             if names[layout.pp_rank]:
@@ -170,11 +183,7 @@ def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes:
                     for name, part in zip(stage_names, flat.split(sizes))}
         hf: dict[str, torch.Tensor] = {}
         for unit in bucket:
-            if unit.layer is None:
-                hf |= megatron_ends_to_hf(states[0], states[-1], model)
-            else:
-                stage = next(iter(unit.names))
-                hf |= megatron_layer_to_hf(states[stage], unit.local, unit.layer, model)
+            hf |= unit.to_hf(states[unit.stage], model)
         del states
         yield hf
 

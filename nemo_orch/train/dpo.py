@@ -277,8 +277,7 @@ def train(config: Config, context: ParallelContext, pairs: list[Pair] | None = N
     ``dpo.pairs_path`` when already read."""
     config = policy_config(config)
     dpo = config.dpo
-    if config.trainer.num_threads:
-        torch.set_num_threads(config.trainer.num_threads)
+    distributed.set_intra_op_threads(config.trainer.num_threads)
     tokenizer = load_tokenizer(config.tokenizer_dir)
     policy = Policy(config, context)
     resumed = sft.initialize_weights(policy, config)

@@ -813,8 +813,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     _check_backend(config)
     config = policy_config(config)
     grpo = config.grpo
-    if config.trainer.num_threads:
-        torch.set_num_threads(config.trainer.num_threads)
+    distributed.set_intra_op_threads(config.trainer.num_threads)
     tokenizer = load_tokenizer(config.tokenizer_dir)
     policy = Policy(config, context)
     resumed = _start(policy, config)

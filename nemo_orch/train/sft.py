@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nemo_orch import distributed, faults
 from nemo_orch.config import ORCHESTRATOR, Config, ConfigError
 from nemo_orch.data.conversations import read_conversations, write_conversations
@@ -164,8 +162,7 @@ def run(config: Config) -> SFTSummary:
 def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummary:
     """SFT inside a running parallel session (see :func:`run`), with the prepared tokenizer of
     ``config.tokenizer_dir``."""
-    if config.trainer.num_threads:
-        torch.set_num_threads(config.trainer.num_threads)
+    distributed.set_intra_op_threads(config.trainer.num_threads)
     conversations = load_conversations(config, tokenizer)
     dataset = SFTDataset(tokenizer, conversations, config.data.seq_length)
 

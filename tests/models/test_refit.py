@@ -43,8 +43,8 @@ def test_buckets_hold_whole_layers_within_the_bound_and_are_not_kept(megatron_wo
 
 def test_a_layer_larger_than_the_bound_is_a_bucket_of_its_own(megatron_world):
     buckets = list(weights.hf_weight_buckets(policy(MODEL), MODEL, bucket_bytes=1))
-    assert len(buckets) == 1 + MODEL.num_layers  # the embeddings and head, then each layer
-    assert set(buckets[0]) == {"model.embed_tokens.weight", "model.norm.weight",
-                               "lm_head.weight"}
-    assert [{name.split(".")[2] for name in bucket} for bucket in buckets[1:]] == [
+    assert len(buckets) == MODEL.num_layers + 2  # the embeddings, each layer, the head
+    assert set(buckets[0]) == {"model.embed_tokens.weight"}
+    assert [{name.split(".")[2] for name in bucket} for bucket in buckets[1:-1]] == [
         {str(layer)} for layer in range(MODEL.num_layers)]
+    assert set(buckets[-1]) == {"model.norm.weight", "lm_head.weight"}

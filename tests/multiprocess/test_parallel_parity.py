@@ -77,8 +77,8 @@ def test_grpo_steps_match_one_process(megatron_world):
         for step, want in zip(results[layout]["steps"], expected["steps"], strict=True):
             assert step.keys() == want.keys()
             assert step == pytest.approx(want, abs=1e-5), layout
-        # the refit: one bucket for the embeddings and head, one per layer, exactly the weights
-        assert results[layout]["refit"] == {"exact": True, "buckets": 3}, layout
+        # the refit: a bucket for the embeddings, each layer and the head; exactly the weights
+        assert results[layout]["refit"] == {"exact": True, "buckets": 4}, layout
         for update in ("update", "ppo_update"):
             got = results[layout][update]
             assert got.pop("tokens") > 0 and got.keys() == expected[update].keys()
