@@ -33,6 +33,11 @@ the GPUs (``rollout.colocate``), the engine's weights and KV cache:
   policy's trunk's with the value head's in place of the logits; the critic and the policy
   train one after the other, so the peak counts the larger of the two (the policy's, whose
   logits outweigh one value per token);
+- refit (GRPO, after each step, when the activations are gone): on the first rank, one
+  bucket's received shards and the full HF tensors made of them, twice the larger of
+  ``rollout.refit_bucket_mb`` and the largest unit the refit moves whole (the embeddings, the
+  LM head, one decoder layer) in ``model.params_dtype``
+  (:func:`nemo_orch.models.weights.hf_weight_buckets`);
 - runtime: CUDA context, NCCL buffers and allocator fragmentation, a flat allowance.
 
 Not counted: the frozen reference policy of the KL term (``ReferenceModel``, a weight copy of
@@ -208,6 +213,7 @@ class MemoryEstimate:
     kv_cache: float = 0.0
     kv_tokens: int = 0
     engine_asleep_in_training: bool = False
+    refit: int = 0
     runtime: int = RUNTIME_OVERHEAD_BYTES
     critic: MemoryEstimate | None = None
 
@@ -224,10 +230,12 @@ class MemoryEstimate:
 
     @property
     def total(self) -> float:
+        """The peak: training's activations or, after the step, the refit (beside the engine,
+        awake by then)."""
         engine = self.engine_weights + self.kv_cache
         if self.engine_asleep_in_training:
-            return self.resident + self.runtime + max(self.peak_activations, engine)
-        return self.resident + self.runtime + self.peak_activations + engine
+            return self.resident + self.runtime + max(self.peak_activations, engine + self.refit)
+        return self.resident + self.runtime + max(self.peak_activations, self.refit) + engine
 
 
 def training_estimate(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
@@ -280,6 +288,16 @@ def engine_estimate(config: Config, gpu_bytes: float) -> MemoryEstimate:
                         config, gpu_bytes)
 
 
+def refit_bytes(config: Config) -> int:
+    """The refit's transient bytes on the first rank (see the module docstring)."""
+    model = config.model
+    h, d = model.hidden_size, model.kv_channels
+    layer = (h * (model.num_attention_heads + 2 * model.num_query_groups) * d
+             + model.num_attention_heads * d * h + 3 * h * model.ffn_hidden_size)
+    largest = max(model.vocab_size * h, layer) * DTYPE_BYTES[model.params_dtype]
+    return 2 * max(config.rollout.refit_bucket_mb << 20, largest)
+
+
 def sft_estimate(config: Config) -> MemoryEstimate:
     """The SFT stage: ``data.seq_length`` x ``trainer.micro_batch_size``, no engine."""
     return training_estimate(config.model, config.parallel, config.data.seq_length,
@@ -299,7 +317,7 @@ def grpo_estimate(config: Config, gpu_bytes: float) -> MemoryEstimate:
     (the policy's trunk and layout, trained on the same micro-batches)."""
     shape = (config.model, config.parallel, config.resolved_rollout().max_context_tokens,
              config.grpo.micro_batch_size, grpo_microbatches(config))
-    training = training_estimate(*shape)
+    training = dataclasses.replace(training_estimate(*shape), refit=refit_bytes(config))
     if config.grpo.algo == "ppo":
         training = dataclasses.replace(training, critic=training_estimate(*shape, critic=True))
     return with_colocated_engine(training, config, gpu_bytes)

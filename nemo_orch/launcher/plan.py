@@ -170,6 +170,7 @@ def report(config: Config, result: Plan) -> list[str]:
     rows += [
         ("rollout engine weights", "engine_weights"),
         ("rollout KV cache", "kv_cache"),
+        ("refit on the first rank (after the step)", "refit"),
         ("runtime (CUDA context, NCCL, fragmentation)", "runtime"),
     ]
     for label, name in rows:

@@ -7,6 +7,7 @@ import pytest
 
 from nemo_orch.config import (Config, GRPOConfig, ModelConfig, ParallelConfig, PPOConfig,
                               RolloutConfig, TokenizerConfig, TrainerConfig)
+from nemo_orch import config as config_lib
 from nemo_orch.launcher import memory
 from nemo_orch.launcher.memory import GIB
 
@@ -213,5 +214,21 @@ def test_ppo_counts_the_critic_beside_the_policy_and_the_engine():
     # The policy and the critic train in turn: the larger activations count, the policy's
     assert 0 < critic.activations < estimate.activations == without.activations
     assert estimate.peak_activations == estimate.activations
-    assert estimate.total == pytest.approx(estimate.resident + 4 * GIB + estimate.activations
+    assert estimate.total == pytest.approx(
+        estimate.resident + 4 * GIB + max(estimate.activations, estimate.refit)
+        + estimate.engine_weights + estimate.kv_cache)
+
+
+def test_the_refit_counts_a_bucket_received_and_assembled_or_the_largest_unit():
+    """After the step, on the first rank: twice the bucket, or twice the largest unit moved
+    whole (the 8B model's embeddings: 151,936 x 4,096 bf16), in place of the activations."""
+    config = config_lib.load(["recipe=orchestrator-qwen3-8b-2n8g-tp4pp1-fp8"])
+    embeddings = 151936 * 4096 * 2
+    assert memory.refit_bytes(config) == 2 * embeddings  # above the 512 MiB bucket
+    big = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout,
+                                                                  refit_bucket_mb=8192))
+    assert memory.refit_bytes(big) == 2 * 8192 * 2**20
+    estimate = memory.grpo_estimate(big, 80 * GIB)
+    assert estimate.refit == 16 * GIB > estimate.activations
+    assert estimate.total == pytest.approx(estimate.resident + 4 * GIB + estimate.refit
                                            + estimate.engine_weights + estimate.kv_cache)
