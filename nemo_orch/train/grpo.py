@@ -878,10 +878,12 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
                                  "samples": len(samples)})
             # Before the refit: rollouts run ahead read the curriculum's stage from it.
             history.append(step_metrics.get("reward", math.nan))
+            refit_started = time.perf_counter()
             hf = weights.gather_hf_weights(policy.module, config.model,
                                            config.rollout.refit_bucket_mb)
             if rollouts is not None:
                 rollouts.refit(hf, version=step)
+            step_metrics["time/refit_s"] = time.perf_counter() - refit_started
             step_metrics["time/step_s"] = time.perf_counter() - started
             metrics.log(step, step_metrics)
             if "reward" in step_metrics:
