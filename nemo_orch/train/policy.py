@@ -60,8 +60,8 @@ class StepResult:
 
 def forward_logprobs(model: torch.nn.Module,
                      micro_batches: list[Batch]) -> list[torch.Tensor | None]:
-    """Log-probabilities of the labels, [b, s] per micro-batch, from a forward-only pass (see
-    :func:`forward_only`)."""
+    """Log-probabilities of the labels, [b, s] per micro-batch (0 where ``loss_mask`` is not
+    set), from a forward-only pass (see :func:`forward_only`)."""
     return forward_only(model, micro_batches, labels=True)
 
 
@@ -112,11 +112,51 @@ def forward_only(model: torch.nn.Module, micro_batches: list[Batch],
 
 
 def _stage_output(stage: torch.nn.Module, batch: Batch, labels: bool) -> torch.Tensor:
-    """A pipeline stage's output: on the last, per-token cross entropy of the labels (a policy)
-    or the head's output (a critic's values); before it, hidden states."""
-    if labels:
-        return stage(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    """A pipeline stage's output: on the last, per-token cross entropy of the labels (a policy;
+    see :func:`_masked_label_losses`) or the head's output (a critic's values); before it,
+    hidden states."""
+    model = stage
+    while hasattr(model, "module"):  # the DDP wrapper
+        model = model.module
+    if labels and model.post_process:
+        return _masked_label_losses(stage, model, batch)
     return stage(batch["tokens"], batch["position_ids"], None)
+
+
+def _masked_label_losses(stage: torch.nn.Module, model: torch.nn.Module,
+                         batch: Batch) -> torch.Tensor:
+    """Per-token cross entropy of the labels, [b, s], at the positions ``loss_mask`` sets and 0
+    elsewhere: the output layer and the (vocabulary-parallel) cross entropy run on those
+    positions alone, not on the prompt's, whose log-probabilities nothing reads. The values are
+    the full forward's at those positions (the same layer, position by position).
+
+    The last stage's GPTModel returns its final hidden states with ``post_process`` off for the
+    call; the rest is its own ``_postprocess``'s tail on the selected rows (gathered first from
+    the sequence-parallel region, as its inference path does; every TP rank then holds the same
+    rows, so the gather's backward keeps its own share of the gradient)."""
+    from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+    model.post_process = False
+    try:
+        hidden = stage(batch["tokens"], batch["position_ids"], None)  # [s, b, h]
+    finally:
+        model.post_process = True
+    output_layer = model.output_layer
+    sequence_parallel = output_layer.sequence_parallel
+    if sequence_parallel:
+        hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+    positions = batch["loss_mask"].transpose(0, 1) > 0  # [s, b], as the hidden states
+    weight = (model.shared_embedding_or_output_weight()
+              if model.share_embeddings_and_output_weights else None)
+    output_layer.sequence_parallel = False
+    try:
+        logits, _ = output_layer(hidden[positions].unsqueeze(1), weight=weight)  # [n, 1, v/tp]
+    finally:
+        output_layer.sequence_parallel = sequence_parallel
+    labels = batch["labels"].transpose(0, 1)[positions].unsqueeze(0)  # [1, n]
+    losses = model.compute_language_model_loss(labels, logits)[0]  # [n]
+    return torch.zeros(positions.shape, dtype=losses.dtype, device=losses.device).masked_scatter(
+        positions, losses).transpose(0, 1)
 
 
 class Policy:

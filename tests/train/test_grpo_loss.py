@@ -11,6 +11,7 @@ from nemo_orch.config import GRPOConfig
 from nemo_orch.models.hf_mapping import SeededHFWeights
 from nemo_orch.train import grpo as grpo_recipe
 from nemo_orch.train.grpo_loss import grpo_token_loss
+from nemo_orch.train import policy as policy_module
 from nemo_orch.train.policy import Policy, ReferenceModel
 
 # One row per token: which branch of the loss it takes, worked out by hand with clip_low 0.2,
@@ -243,3 +244,27 @@ def test_with_the_engine_as_the_old_policy_the_ratio_is_to_the_engine():
     assert float(result.loss_sum) == pytest.approx(-1.0 - 2.56 + 0.8 + 1.5 + 1.491825, abs=1e-5)
     sums = {key: float(value) for key, value in result.metric_sums.items()}
     assert sums["engine_logprob_abs_diff"] == pytest.approx(0.0 + 0.7 + 0.5 + 1.4 + 0.4, abs=1e-5)
+
+
+def test_logprobs_and_gradients_come_from_the_loss_positions_alone(tiny_policy):
+    """The output layer runs on the positions the loss mask sets: there, the same log-probabilities
+    and gradients as the full forward's; elsewhere (the prompt), zeros."""
+    config, policy, context = tiny_policy
+    batches = rank_batches(synthetic_samples(config), config, context)
+    model = policy.module
+    for batch, logprobs in zip(batches, policy.forward_logprobs(batches)):
+        mask = batch["loss_mask"] > 0
+        assert 0 < mask.sum() < mask.numel()  # a prompt to leave out
+        with torch.no_grad():
+            full = -model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        torch.testing.assert_close(logprobs[mask], full[mask], rtol=0, atol=1e-6)
+        assert not logprobs[~mask].any()
+    batch = batches[0]
+    gradients = []
+    for losses in (lambda: policy_module._stage_output(model, batch, labels=True),
+                   lambda: model(batch["tokens"], batch["position_ids"], None,
+                                 labels=batch["labels"])):
+        gradients.append(torch.autograd.grad((losses() * batch["loss_mask"]).sum(),
+                                             list(model.parameters())))
+    for masked, full in zip(*gradients, strict=True):
+        torch.testing.assert_close(masked, full, rtol=1e-5, atol=1e-6)
