@@ -82,13 +82,16 @@ def peak_rise(work: Callable[..., object], *args: object) -> tuple[float, int]:
 
 
 def pickled_gather(module: torch.nn.Module, config: Config, bucket_mb: int) -> dict | None:
-    """The refit before its buckets (see the module docstring)."""
+    """The refit before its buckets (see the module docstring): every rank's whole state,
+    pickled, onto every rank; rank 0 keeps data-parallel replica 0's and maps it to HF. The
+    parity test (``tests/multiprocess/grpo_step.py``) checks the buckets against it."""
     from megatron.core import parallel_state as ps
 
     layout = weights.rank_layout()
     shards: list = [None] * dist.get_world_size()
-    dist.all_gather_object(shards, (ps.get_data_parallel_rank(), layout.pp_rank, layout.tp_rank,
-                                    weights.parameter_state(module)))
+    dist.all_gather_object(shards, (
+        ps.get_data_parallel_rank(), layout.pp_rank, layout.tp_rank,
+        {name: tensor.cpu() for name, tensor in weights.parameter_state(module).items()}))
     if dist.get_rank() != 0:
         return None
     stages = [[None] * layout.tp_size for _ in range(layout.pp_size)]

@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.rollout.engines.base import Engine, Generation, SamplingParams, prompt_seeds
+from nemo_orch.rollout.engines.base import (Engine, Generation, SamplingParams, WeightUpdate,
+                                            prompt_seeds)
 from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
 from nemo_orch.rollout.episode import Episode, PolicyClient, Trajectory, UserFactory
@@ -57,12 +57,11 @@ class GenerationBatcher:
         self._engine_lock = asyncio.Lock()  # one engine call or weight update at a time
         self.stats = BatchStats()
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor],
-                             version: int | None) -> None:
-        """The engine's weights become ``state`` (version ``version``) once its current call,
-        if any, has returned."""
+    async def update_weights(self, weights: WeightUpdate, version: int | None) -> None:
+        """The engine's weights become ``weights`` (version ``version``; whole, or streamed
+        bucket by bucket) once its current call, if any, has returned."""
         async with self._engine_lock:
-            await asyncio.to_thread(self.engine.update_weights, state)
+            await asyncio.to_thread(self.engine.update_weights, weights)
             self.version = version
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

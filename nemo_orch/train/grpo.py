@@ -33,7 +33,7 @@ import random
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +60,7 @@ from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.reward.scoring import OutcomeFn, by_answer, score_groups
 from nemo_orch.rollout.builders import build_rollout_engine
-from nemo_orch.rollout.engines.base import Sleepable
+from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
 from nemo_orch.rollout.episode import Trajectory, prompt_length
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
@@ -352,19 +352,22 @@ class Rollouts:
         if self.colocated:
             self.engine.sleep()
 
-    def refit(self, hf: dict[str, torch.Tensor], version: int) -> None:
+    def refit(self, weights: WeightUpdate, version: int) -> None:
         """The policy's new weights (after ``version`` updates) into the engine, woken up
-        first, between two of its calls (episodes in flight continue on them), or into the
-        pool's."""
+        first, between two of its calls (episodes in flight continue on them), streamed bucket
+        by bucket; or into the pool's workers, which share one object-store copy of them
+        whole."""
         if self.colocated:
             self.engine.wake_up()
         if self.pool is not None:
-            self.pool.update_weights(hf, version)
-        self._call(self._refit(hf, version))
+            self.pool.update_weights(
+                {name: tensor for bucket in weights for name, tensor in bucket.items()}
+                if not isinstance(weights, Mapping) else weights, version)
+        self._call(self._refit(weights, version))
 
-    async def _refit(self, hf: dict[str, torch.Tensor], version: int) -> None:
+    async def _refit(self, weights: WeightUpdate, version: int) -> None:
         if self.batcher is not None:
-            await self.batcher.update_weights(hf, version)
+            await self.batcher.update_weights(weights, version)
         async with self._refitted:
             self._refitted.notify_all()
 
@@ -879,10 +882,13 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             # Before the refit: rollouts run ahead read the curriculum's stage from it.
             history.append(step_metrics.get("reward", math.nan))
             refit_started = time.perf_counter()
-            hf = weights.gather_hf_weights(policy.module, config.model,
-                                           config.rollout.refit_bucket_mb)
+            stream = weights.hf_weight_buckets(policy.module, config.model,
+                                               config.rollout.refit_bucket_mb << 20)
             if rollouts is not None:
-                rollouts.refit(hf, version=step)
+                rollouts.refit(stream, version=step)
+            else:
+                for _ in stream:  # the other ranks send their shards (rank 0 yields buckets)
+                    pass
             step_metrics["time/refit_s"] = time.perf_counter() - refit_started
             step_metrics["time/step_s"] = time.perf_counter() - started
             metrics.log(step, step_metrics)

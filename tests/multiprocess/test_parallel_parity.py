@@ -78,7 +78,9 @@ def test_grpo_steps_match_one_process(megatron_world):
             assert step.keys() == want.keys()
             assert step == pytest.approx(want, abs=1e-5), layout
         # the refit: a bucket for the embeddings, each layer and the head; exactly the weights
-        assert results[layout]["refit"] == {"exact": True, "buckets": 4}, layout
+        # the pickled gather delivered, in the buckets and in an engine refitted from the stream
+        assert results[layout]["refit"] == {"exact": True, "engine_exact": True,
+                                            "buckets": 4}, layout
         for update in ("update", "ppo_update"):
             got = results[layout][update]
             assert got.pop("tokens") > 0 and got.keys() == expected[update].keys()

@@ -27,9 +27,9 @@ from nemo_orch.models import trtllm as trtllm_checkpoint
 from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
 from nemo_orch.rollout import builders
 from nemo_orch.rollout.engines.base import (Engine, EngineError, Generation, SamplingParams,
-                                            Sleepable, check_hf_state, check_prompts,
-                                            finish_reason, prompt_seeds, sampled_logprobs,
-                                            weight_buckets)
+                                            Sleepable, check_prompts, checked_buckets,
+                                            finish_reason, hf_shapes, prompt_seeds,
+                                            sampled_logprobs, weight_buckets)
 from nemo_orch.rollout.engines.hf import HFEngine
 from nemo_orch.rollout.engines.trtllm import (TRTLLMEngine, model_limits, stop_string_cut,
                                               trtllm_backend, trtllm_generation,
@@ -237,13 +237,34 @@ def small_model() -> ModelConfig:
 def test_refit_state_must_cover_the_model_with_its_shapes():
     model = small_model()
     state = dict(SeededHFWeights(model, seed=0))
-    check_hf_state(state, model)
-    with pytest.raises(EngineError, match="missing \\['lm_head.weight'\\]"):
-        check_hf_state({k: v for k, v in state.items() if k != "lm_head.weight"}, model)
-    with pytest.raises(EngineError, match="unexpected \\['extra'\\]"):
-        check_hf_state({**state, "extra": torch.zeros(1)}, model)
-    with pytest.raises(EngineError, match="model.norm.weight: shape \\(3,\\)"):
-        check_hf_state({**state, "model.norm.weight": torch.ones(3)}, model)
+    shapes = hf_shapes(model)
+    assert list(checked_buckets(state, shapes)) == [state]
+    for bad, message in (({k: v for k, v in state.items() if k != "lm_head.weight"},
+                          "missing \\['lm_head.weight'\\]"),
+                         ({**state, "extra": torch.zeros(1)}, "unexpected \\['extra'\\]"),
+                         ({**state, "model.norm.weight": torch.ones(3)},
+                          "model.norm.weight: shape \\(3,\\)")):
+        with pytest.raises(EngineError, match=message):  # before any bucket is handed out
+            next(checked_buckets(bad, shapes))
+
+
+def test_a_refit_stream_is_checked_bucket_by_bucket():
+    model = small_model()
+    state = dict(SeededHFWeights(model, seed=0))
+    shapes = hf_shapes(model)
+    names = list(state)
+    buckets = [{name: state[name]} for name in names]
+    assert list(checked_buckets(iter(buckets), shapes)) == buckets
+    for bad, message, good_before in (
+            ([*buckets[:2], buckets[1]], "bucket 2.*sent before \\['" + names[1], 2),
+            ([buckets[0], {"extra": torch.zeros(1)}], "bucket 1.*unexpected \\['extra'\\]", 1),
+            ([buckets[0], {"model.norm.weight": torch.ones(3)}], "shape \\(3,\\)", 1),
+            (buckets[:-1], f"without 1 of the model's tensors: missing \\['{names[-1]}'\\]",
+             len(buckets) - 1)):
+        stream = checked_buckets(iter(bad), shapes)
+        assert [next(stream) for _ in range(good_before)] == bad[:good_before]
+        with pytest.raises(EngineError, match=message):
+            next(stream)
 
 
 def test_weight_buckets_bound_the_bytes_in_flight():

@@ -162,6 +162,18 @@ def test_update_weights_rejects_mismatches(engine):
         engine.update_weights({**state, "model.norm.weight": torch.ones(3)})
 
 
+def test_a_refit_that_stops_half_way_blocks_generation_until_a_full_one(engine, prompts):
+    before = [g.token_ids for g in engine.generate(prompts, GREEDY)]
+    state = dict(SeededHFWeights(engine.model_config, seed=5))
+    first, *rest = ({name: tensor} for name, tensor in state.items())
+    with pytest.raises(EngineError, match="without 1 of the model's tensors"):
+        engine.update_weights(iter([first, *rest[:-1]]))
+    with pytest.raises(EngineError, match="half-way"):
+        engine.generate(prompts, GREEDY)
+    engine.update_weights(SeededHFWeights(engine.model_config, seed=3))  # the fixture's
+    assert [g.token_ids for g in engine.generate(prompts, GREEDY)] == before
+
+
 def test_loads_an_hf_export(tmp_path, tiny_tokenizer, engine, prompts):
     save_hf_checkpoint(tmp_path, SeededHFWeights(engine.model_config, seed=3),
                        engine.model_config)
@@ -181,7 +193,8 @@ def test_refit_from_megatron_policy_gives_its_logits(megatron_world, tied):
         for parameter in module.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.01)
     engine = HFEngine(model, seed=0)
-    engine.update_weights(weights.gather_hf_weights(module, model, bucket_mb=1))
+    # streamed a layer at a time, as GRPO refits its engine
+    engine.update_weights(weights.hf_weight_buckets(module, model, bucket_bytes=1))
     tokens = torch.randint(0, model.vocab_size, (2, 24),
                            generator=torch.Generator().manual_seed(2))
     with torch.no_grad():

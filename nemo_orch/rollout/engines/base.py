@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 
 class EngineError(RuntimeError):
     """An engine that cannot serve a request (bad parameters, unreachable server, ...)."""
+
+
+WeightUpdate = Mapping[str, torch.Tensor] | Iterable[Mapping[str, torch.Tensor]]
+"""What :meth:`Engine.update_weights` takes: full HF-named tensors, or the same streamed as
+buckets of whole tensors (:func:`nemo_orch.models.weights.hf_weight_buckets`), which the engine
+loads one by one, so a refit holds one bucket at a time, not a second copy of the model."""
+
+PARTIAL_REFIT = ("the last refit stopped half-way (see its error), so the engine holds a mix of "
+                 "old and new weights; refit it again before generating")
 
 
 @dataclass(frozen=True)
@@ -69,13 +78,13 @@ class Engine(Protocol):
     """Batched generation. ``seeds``, when given, is each prompt's own sampling seed (see
     :func:`prompt_seeds`): a prompt sampled with its seed continues the same way in any batch,
     which makes rollouts independent of how episodes were batched or which worker ran them.
-    ``update_weights`` takes HF-named full tensors (the refit path from the Megatron policy,
-    through :mod:`nemo_orch.models.hf_mapping`)."""
+    ``update_weights`` takes HF-named full tensors or a stream of their buckets (the refit
+    path from the Megatron policy, :data:`WeightUpdate`), checked by :func:`checked_buckets`."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: Sequence[int] | None = None) -> list[Generation]: ...
 
-    def update_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
+    def update_weights(self, weights: WeightUpdate) -> None: ...
 
 
 @runtime_checkable
@@ -139,20 +148,53 @@ def served_model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
         raise EngineError(f"not an HF Qwen3 config.json: {error}") from None
 
 
-def check_hf_state(state: Mapping[str, torch.Tensor], model: ModelConfig) -> None:
-    """The refit contract of the GPU engines: full HF-named tensors covering the model exactly,
-    each of its shape. Checked before anything is sent, so a rejected state leaves the running
-    model intact (the libraries load name by name and would stop half-way)."""
-    expected = hf_parameter_names(model)
-    names = set(state.keys())
-    missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
-    if missing or unexpected:
-        raise EngineError(f"weights do not match the model: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}")
-    for name in expected:
-        shape, want = tuple(state[name].shape), hf_parameter_shape(model, name)
-        if shape != want:
-            raise EngineError(f"{name}: shape {shape} does not match the model's {want}")
+def hf_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF parameter of ``model`` (the refit's names) with its shape."""
+    return {name: hf_parameter_shape(model, name) for name in hf_parameter_names(model)}
+
+
+def _check_shapes(bucket: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]
+                  ) -> None:
+    for name, tensor in bucket.items():
+        if tuple(tensor.shape) != tuple(shapes[name]):
+            raise EngineError(f"{name}: shape {tuple(tensor.shape)} does not match the model's "
+                              f"{tuple(shapes[name])}")
+
+
+def checked_buckets(weights: WeightUpdate, shapes: Mapping[str, tuple[int, ...]]
+                    ) -> Iterator[Mapping[str, torch.Tensor]]:
+    """The refit contract of every engine: HF-named tensors covering the model (``shapes``)
+    exactly, each of its shape, yielded bucket by bucket for the engine to load.
+
+    A full state is checked whole before its one bucket is yielded, so a rejected state leaves
+    the running model intact (the libraries load name by name and would stop half-way). A
+    stream is checked bucket by bucket before each is yielded (names known and not seen
+    before, shapes) and for coverage at its end; one that fails after a bucket was loaded
+    leaves the engine partly refitted, which its ``partial_refit`` flag records (see
+    :data:`PARTIAL_REFIT`)."""
+    if isinstance(weights, Mapping):
+        missing = sorted(shapes.keys() - weights.keys())
+        unexpected = sorted(weights.keys() - shapes.keys())
+        if missing or unexpected:
+            raise EngineError(f"weights do not match the model: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+        _check_shapes(weights, shapes)
+        yield weights
+        return
+    seen: set[str] = set()
+    for index, bucket in enumerate(weights):
+        unexpected = sorted(bucket.keys() - shapes.keys())
+        repeated = sorted(bucket.keys() & seen)
+        if unexpected or repeated:
+            raise EngineError(f"weight bucket {index} does not match the model: unexpected "
+                              f"{unexpected[:5]}, sent before {repeated[:5]}")
+        _check_shapes(bucket, shapes)
+        seen |= bucket.keys()
+        yield bucket
+    missing = sorted(shapes.keys() - seen)
+    if missing:
+        raise EngineError(f"the weight stream ended without {len(missing)} of the model's "
+                          f"tensors: missing {missing[:5]}")
 
 
 def weight_buckets(state: Mapping[str, torch.Tensor], dtype: torch.dtype, max_bytes: int
@@ -200,12 +242,37 @@ def finish_reason(reason: str | None, library: str) -> str:
     raise EngineError(f"{library} ended a request with finish reason {reason!r}")
 
 
+REFIT_GROUP_BYTES = 512 << 20  # what one call into a GPU library's weight loader carries
+
+
 class LibraryEngineMixin:
-    """What the GPU library engines share: caveats logged once per engine (not per batch) and
-    the tokenizer's decoding of sampled tokens. Needs ``self.tokenizer`` and ``self._warned``."""
+    """What the GPU library engines share: caveats logged once per engine (not per batch), the
+    tokenizer's decoding of sampled tokens and the refit's checks and grouping. Needs
+    ``self.tokenizer``, ``self._warned``, ``self.model_config`` and ``self.dtype``."""
 
     tokenizer: Any
     _warned: set[str]
+    model_config: ModelConfig
+    dtype: torch.dtype
+    partial_refit = False
+
+    def _load_weights(self, weights: WeightUpdate,
+                      load: Callable[[list[tuple[str, torch.Tensor]]], None]) -> int:
+        """Hand ``weights``, checked against the served model (:func:`checked_buckets`), to the
+        library's ``load`` in groups of at most :data:`REFIT_GROUP_BYTES` in the engine's
+        dtype; the number of tensors loaded."""
+        loaded = 0
+        for bucket in checked_buckets(weights, hf_shapes(self.model_config)):
+            self.partial_refit = True
+            for group in weight_buckets(bucket, self.dtype, REFIT_GROUP_BYTES):
+                load(group)
+                loaded += len(group)
+        self.partial_refit = False
+        return loaded
+
+    def _check_refitted(self) -> None:
+        if self.partial_refit:
+            raise EngineError(PARTIAL_REFIT)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

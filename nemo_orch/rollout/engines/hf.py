@@ -21,8 +21,9 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.config import ModelConfig
 from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, build_hf_model,
                                          model_config_from_hf)
-from nemo_orch.rollout.engines.base import (EngineError, Generation, SamplingParams,
-                                            check_prompts, prompt_seeds)
+from nemo_orch.rollout.engines.base import (PARTIAL_REFIT, EngineError, Generation,
+                                            SamplingParams, WeightUpdate, check_prompts,
+                                            checked_buckets, prompt_seeds)
 
 
 def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -69,6 +70,7 @@ class HFEngine:
         if not model.qk_layernorm:
             raise EngineError("the HF engine serves Qwen3, which needs model.qk_layernorm=true")
         self.model = build_hf_model(model, attn_implementation="sdpa").to(torch.float32).eval()
+        self.partial_refit = False
         self.update_weights(weights if weights is not None else SeededHFWeights(model, seed))
 
     @classmethod
@@ -85,23 +87,18 @@ class HFEngine:
             tokenizer = load_tokenizer(directory)
         return cls(model, checkpoint, tokenizer=tokenizer)
 
-    def update_weights(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Copy full HF-named tensors into the model; the names must cover it exactly. Checked
-        before anything is copied, so a rejected state leaves the old weights intact."""
-        params = dict(self.model.named_parameters())  # a tied lm_head is listed once, as embed
-        names = set(state.keys())
-        missing, unexpected = sorted(params.keys() - names), sorted(names - params.keys())
-        if missing or unexpected:
-            raise EngineError(f"weights do not match the model: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
-        tensors = {name: state[name] for name in params}
-        for name, tensor in tensors.items():
-            if tuple(tensor.shape) != tuple(params[name].shape):
-                raise EngineError(f"{name}: shape {tuple(tensor.shape)} does not match the "
-                                  f"model's {tuple(params[name].shape)}")
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Copy HF-named tensors, whole or bucket by bucket, into the model; the names must
+        cover it exactly (:func:`checked_buckets`: a rejected full state leaves the old weights
+        intact). A tied lm_head is listed once, as the embedding."""
+        params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(tensors[name].to(param.dtype))
+            for bucket in checked_buckets(weights, {name: tuple(param.shape)
+                                                    for name, param in params.items()}):
+                self.partial_refit = True
+                for name, tensor in bucket.items():
+                    params[name].copy_(tensor)
+        self.partial_refit = False
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -111,6 +108,8 @@ class HFEngine:
         tokens do not depend on its neighbours."""
         from transformers import DynamicCache
 
+        if self.partial_refit:
+            raise EngineError(PARTIAL_REFIT)
         if not prompts:
             return []
         if params.stop_strings and self.tokenizer is None:

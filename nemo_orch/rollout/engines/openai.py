@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError, run_sync
 from nemo_orch.rollout.engines.base import (EngineError, Generation, SamplingParams,
-                                            prompt_seeds)
+                                            WeightUpdate, prompt_seeds)
 
 _TOKEN_ID_PREFIX = "token_id:"
 # A token named by id (vLLM's return_tokens_as_token_ids). At most 9 digits: no vocabulary is
@@ -49,7 +48,7 @@ class OpenAIEngine:
                  seeds: Sequence[int] | None = None) -> list[Generation]:
         return run_sync(self.agenerate(prompts, params, seeds))
 
-    def update_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+    def update_weights(self, weights: WeightUpdate) -> None:
         raise EngineError("a served model cannot be refit through the OpenAI API; reload the "
                           "server with the new checkpoint instead")
 

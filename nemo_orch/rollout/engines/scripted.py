@@ -8,12 +8,11 @@ untrained model does not. ``seconds_per_call`` stands in for the engine's batche
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams
+from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams, WeightUpdate
 
 
 class ScriptedEngine:
@@ -39,5 +38,5 @@ class ScriptedEngine:
                                           prompt_tokens=len(prompt)))
         return generations
 
-    def update_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+    def update_weights(self, weights: WeightUpdate) -> None:
         raise EngineError("a scripted engine has no weights")

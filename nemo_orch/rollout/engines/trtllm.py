@@ -47,17 +47,15 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import (ENGINE_DTYPES, EngineError, Generation,
                                             LibraryEngineMixin,
-                                            SamplingParams, check_hf_state, check_prompts,
+                                            SamplingParams, WeightUpdate, check_prompts,
                                             finish_reason, prompt_seeds, require_cuda,
-                                            sampled_logprobs, served_model_config,
-                                            weight_buckets)
+                                            sampled_logprobs, served_model_config)
 
 log = logging.getLogger(__name__)
 
 LIBRARY = "TensorRT-LLM"
 PYTORCH, TENSORRT = "pytorch", "tensorrt"
 _RLHF_EXTENSION = "tensorrt_llm.llmapi.rlhf_utils.WorkerExtension"
-_REFIT_BUCKET_BYTES = 512 << 20
 
 
 def import_trtllm() -> ModuleType:
@@ -239,6 +237,7 @@ class TRTLLMEngine(LibraryEngineMixin):
         order."""
         if not prompts:
             return []
+        self._check_refitted()
         check_prompts(prompts, self.max_seq_len, self.vocab_size)
         self._check_logprob_convention(params)
         shared = trtllm_sampling_kwargs(params, processed_logprobs=self._processed_logprobs)
@@ -252,32 +251,33 @@ class TRTLLMEngine(LibraryEngineMixin):
                                   params.stop_strings)
                 for prompt, output in zip(prompts, outputs)]
 
-    def update_weights(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Load full HF-named tensors into the running model through CUDA IPC (checked first;
-        see the module docstring); the seconds it took are in ``last_refit_seconds``."""
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Load HF-named tensors, whole or bucket by bucket, into the running model through
+        CUDA IPC (checked first; see the module docstring); the seconds it took are in
+        ``last_refit_seconds``."""
         if self.backend == TENSORRT:
             raise EngineError(self._built_engine_refit())
         if not self.refit:
             raise EngineError("this trtllm engine was started without refit=True, so it has no "
                               "weight-update workers; rebuild it with refit=True")
-        check_hf_state(state, self.model_config)
         from tensorrt_llm._torch.utils import get_device_uuid
         from torch.multiprocessing.reductions import reduce_tensor
 
-        started = time.perf_counter()
-        for bucket in weight_buckets(state, self.dtype, _REFIT_BUCKET_BYTES):
+        def load(group: list[tuple[str, torch.Tensor]]) -> None:
             # One copy per engine GPU; the tensors must stay alive until the call returns.
-            copies = {device: [(name, tensor.to(f"cuda:{device}")) for name, tensor in bucket]
+            copies = {device: [(name, tensor.to(f"cuda:{device}")) for name, tensor in group]
                       for device in range(self.tensor_parallel_size)}
             handles = {get_device_uuid(device): [(name, reduce_tensor(tensor))
                                                  for name, tensor in tensors]
                        for device, tensors in copies.items()}
             self.llm._collective_rpc("update_weights", (handles,))
-            del copies, handles
+
+        started = time.perf_counter()
+        loaded = self._load_weights(weights, load)
         self.llm._collective_rpc("update_weights", (None,))  # finalise: post-load processing
         torch.cuda.ipc_collect()
         self.last_refit_seconds = time.perf_counter() - started
-        log.info("trtllm refit: %d tensors in %.2f s", len(state), self.last_refit_seconds)
+        log.info("trtllm refit: %d tensors in %.2f s", loaded, self.last_refit_seconds)
 
     def _check_logprob_convention(self, params: SamplingParams) -> None:
         if params.temperature in (0, 1):

@@ -32,7 +32,7 @@ import importlib.util
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,16 +43,14 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.models.hf_mapping import load_hf_checkpoint_config
 from nemo_orch.rollout.engines.base import (ENGINE_DTYPES, EngineError, Generation,
                                             LibraryEngineMixin,
-                                            SamplingParams, check_hf_state, check_prompts,
+                                            SamplingParams, WeightUpdate, check_prompts,
                                             finish_reason, prompt_seeds, require_cuda,
-                                            sampled_logprobs, served_model_config,
-                                            weight_buckets)
+                                            sampled_logprobs, served_model_config)
 
 log = logging.getLogger(__name__)
 
 LIBRARY = "vLLM"
 _EXTENSION = "nemo_orch.rollout.engines.vllm.VLLMWorkerExtension"
-_REFIT_BUCKET_BYTES = 512 << 20
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -188,20 +186,19 @@ class VLLMEngine(LibraryEngineMixin):
         return [vllm_generation(output.outputs[0], len(prompt), self._decode)
                 for prompt, output in zip(prompts, outputs)]
 
-    def update_weights(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Load full HF-named tensors into the running model (checked first; see the module
-        docstring); the seconds it took are in ``last_refit_seconds``."""
+    def update_weights(self, weights: WeightUpdate) -> None:
+        """Load HF-named tensors, whole or bucket by bucket, into the running model (checked
+        first; see the module docstring); the seconds it took are in ``last_refit_seconds``."""
         if self.asleep:
             raise EngineError("the vllm engine is asleep: wake_up() before update_weights, its "
                               "weights are not on the GPU")
-        check_hf_state(state, self.model_config)
         started = time.perf_counter()
-        for bucket in weight_buckets(state, self.dtype, _REFIT_BUCKET_BYTES):
-            self.llm.collective_rpc("nemo_orch_load_weights", args=(bucket,))
+        loaded = self._load_weights(weights, lambda group: self.llm.collective_rpc(
+            "nemo_orch_load_weights", args=(group,)))
         self.llm.reset_prefix_cache()
         self.weights_discarded = False
         self.last_refit_seconds = time.perf_counter() - started
-        log.info("vllm refit: %d tensors in %.2f s", len(state), self.last_refit_seconds)
+        log.info("vllm refit: %d tensors in %.2f s", loaded, self.last_refit_seconds)
 
     def sleep(self) -> None:
         """Release the GPU memory for training (see ``sleep_level``); no-op when asleep."""
@@ -227,6 +224,7 @@ class VLLMEngine(LibraryEngineMixin):
         log.info("vllm wake-up in %.2f s", time.perf_counter() - started)
 
     def _check_usable(self) -> None:
+        self._check_refitted()
         if self.asleep:
             raise EngineError("the vllm engine is asleep: wake_up() before generating")
         if self.weights_discarded:
