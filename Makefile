@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: train test test-fast compare benchmark clean
+.PHONY: train test test-fast compare benchmark bench-trl clean
 
 $(STAMP): requirements.txt setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,5 +52,17 @@ benchmark: $(STAMP)
 	$(PY) benchmarks/sandbox.py
 	$(PY) benchmarks/toolscale_generator.py
 
+# The GRPO step against TRL's GRPOTrainer at equal work (benchmarks/vs_trl.py), TRL in a
+# virtual environment of its own (requirements-bench-trl.txt says why).
+TRL_VENV := .venv-trl
+$(TRL_VENV)/.installed-stamp: requirements-bench-trl.txt
+	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-r requirements-bench-trl.txt
+	touch $@
+
+bench-trl: $(STAMP) $(TRL_VENV)/.installed-stamp
+	$(PY) benchmarks/vs_trl.py --trl-python $(TRL_VENV)/bin/python
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(TRL_VENV) runs

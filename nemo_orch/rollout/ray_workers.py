@@ -128,14 +128,16 @@ class RolloutWorker:
 
     def __init__(self, settings: RolloutConfig, num_threads: int) -> None:
         torch.set_num_threads(num_threads)  # the worker's CPUs, not the machine's
-        self.settings = settings
+        self.settings, self.num_threads = settings, num_threads
         self.lost: list[str] = []
 
     def start(self, make_engine: EngineFactory, weights: Mapping[str, torch.Tensor] | None,
               executor: ActorHandle, specs: list[ToolSpec], version: int | None = None) -> None:
         self.toolbox = executor_toolbox(executor, specs, self.lost)
         self.engine, self.tokenizer = make_engine(weights)
-        self.batcher = GenerationBatcher(self.engine, self.settings.max_batch_size, version)
+        # torch's thread count is per thread: the engine's is set where it runs
+        self.batcher = GenerationBatcher(self.engine, self.settings.max_batch_size, version,
+                                         self.num_threads)
 
     async def run(self, jobs: list[EpisodeJob]) -> list[Trajectory]:
         trajectories = await run_episodes(jobs, self.batcher, self.toolbox, self.tokenizer,

@@ -9,9 +9,12 @@ toolbox), so a slow tool only delays the episodes that called it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import concurrent.futures
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.rollout.engines.base import (Engine, Generation, SamplingParams, WeightUpdate,
@@ -41,16 +44,21 @@ class GenerationBatcher:
     ``max_batch_size`` prompts), each prompt with its own seed, so what a request gets does not
     depend on what it was batched with (an unseeded request gets a random seed). The engine runs
     in a worker thread (or natively async via ``agenerate``) so tools and other episodes keep
-    running meanwhile.
+    running meanwhile; ``engine_threads`` sets torch's intra-op threads there (None: torch's
+    default; see ``rollout.engine_threads``).
 
     :meth:`update_weights` swaps the engine's weights between two engine calls, while episodes
     are in flight (they continue on the new weights from their next turn); each generation is
     stamped with the ``version`` of the weights that wrote it (None: not versioned).
     """
 
-    def __init__(self, engine: Engine, max_batch_size: int = 64,
-                 version: int | None = None) -> None:
+    def __init__(self, engine: Engine, max_batch_size: int = 64, version: int | None = None,
+                 engine_threads: int | None = None) -> None:
         self.engine, self.max_batch_size, self.version = engine, max_batch_size, version
+        self._engine_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="engine",
+            initializer=None if engine_threads is None else torch.set_num_threads,
+            initargs=() if engine_threads is None else (engine_threads,))
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -61,7 +69,7 @@ class GenerationBatcher:
         """The engine's weights become ``weights`` (version ``version``; whole, or streamed
         bucket by bucket) once its current call, if any, has returned."""
         async with self._engine_lock:
-            await asyncio.to_thread(self.engine.update_weights, weights)
+            await self._in_engine_thread(self.engine.update_weights, weights)
             self.version = version
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
@@ -138,7 +146,10 @@ class GenerationBatcher:
         agenerate = getattr(self.engine, "agenerate", None)
         if agenerate is not None:
             return await agenerate(prompts, params, seeds)
-        return await asyncio.to_thread(self.engine.generate, prompts, params, seeds)
+        return await self._in_engine_thread(self.engine.generate, prompts, params, seeds)
+
+    async def _in_engine_thread(self, call: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._engine_thread, call, *args)
 
 
 class DirectPolicy:
@@ -205,7 +216,8 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
     with (directed exploration); ``users``: the environment's user (tau2's customer)."""
     own_batcher = batcher is None
-    batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
+    batcher = batcher or GenerationBatcher(engine, settings.max_batch_size,
+                                           engine_threads=settings.engine_threads)
     try:
         return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices),
                                   batcher, toolbox, tokenizer, settings, users)

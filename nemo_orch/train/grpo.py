@@ -241,7 +241,7 @@ class Rollouts:
         self.colocated = config.rollout.colocate and isinstance(engine, Sleepable)
         # One batcher for the run: its engine calls and weight updates take turns.
         self.batcher = None if pool is not None else GenerationBatcher(
-            engine, self.settings.max_batch_size, version)
+            engine, self.settings.max_batch_size, version, config.rollout.engine_threads)
         self._loop: LoopThread | None = None  # started on entering
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step

@@ -10,6 +10,7 @@ import re
 import time
 
 import pytest
+import torch
 from fixture_tools import ContextRecorder, DelayedEcho, echo_spec
 
 from nemo_orch.rollout.engines.hf import HFEngine
@@ -318,3 +319,25 @@ def test_a_weight_update_reaches_the_episodes_in_flight(tiny_tokenizer):
     # Without a batcher's versions (a plain engine call) turns are not versioned.
     (plain,), _ = rollout(tiny_tokenizer, [Task("c", "echo: 3")])
     assert plain.oldest_policy_version is None
+
+
+def test_the_engine_generates_with_its_own_thread_count(tiny_tokenizer):
+    """``rollout.engine_threads``: torch's thread count is per OS thread, so the batcher sets it
+    in the thread its engine runs in, whatever the caller's."""
+
+    class Counting(ScriptedEngine):
+        threads: list[int] = []
+
+        def generate(self, prompts, params, seeds=None):
+            self.threads.append(torch.get_num_threads())
+            return super().generate(prompts, params, seeds)
+
+    engine = Counting(tiny_tokenizer, echo_then_answer)
+    toolbox = Toolbox([DelayedEcho(echo_spec("echo"))])
+    caller = torch.get_num_threads()
+    for threads in (1, 3):
+        Counting.threads = []
+        asyncio.run(run_rollouts([Task("a", "echo: 1")], 2, engine, toolbox, tiny_tokenizer,
+                                 settings(engine_threads=threads)))
+        assert Counting.threads and set(Counting.threads) == {threads}
+    assert torch.get_num_threads() == caller
