@@ -60,10 +60,12 @@ class RolloutConfig:
     ``refit_bucket_mb``: the trained weights reach the engine in buckets of at most this many
     MiB of full tensors (whole decoder layers; a larger layer alone), gathered from the TP/PP
     ranks of one data-parallel replica (:func:`nemo_orch.models.weights.hf_weight_buckets`).
-    ``engine_threads``: torch's intra-op threads in the thread where the CPU engine generates
-    beside a trainer. That thread gets an OpenMP team of its own, and two teams on the same cores
-    throttle each other: on 2 cores, GRPO of the micro policy stepped 1.4x faster with the
-    engine on 1 thread (the trainer on 2) than with both on 2 (``benchmarks/vs_trl.py``).
+    ``engine_threads``: torch's intra-op threads in the thread where GRPO's CPU engine generates
+    beside the trainer. That thread gets an OpenMP team of its own, and two teams on the same
+    cores throttle each other: on 2 cores, GRPO of the micro policy stepped 1.4x faster with the
+    engine on 1 thread (the trainer on 2) than with both on 2 (``benchmarks/vs_trl.py``). An
+    evaluation, with no trainer beside it, keeps torch's default (its large batches gain from
+    the threads: the main job's evaluation took 63 s on 1 thread, 44 s on 2).
 
     ``backend``: ``local`` runs every episode on this process's event loop; ``ray`` spreads them
     over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds,

@@ -200,8 +200,7 @@ async def _agent(system: System, resources: Resources, toolbox: Toolbox
     if kind == ORCHESTRATOR:
         from nemo_orch.rollout.runner import GenerationBatcher
 
-        batcher = GenerationBatcher(system.engine, settings.max_batch_size,
-                                    engine_threads=settings.engine_threads)
+        batcher = GenerationBatcher(system.engine, settings.max_batch_size)
         try:
             yield PolicyAgent(batcher, toolbox, _tokenizer(resources), settings,
                               benchmark.users())

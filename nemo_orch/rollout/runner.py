@@ -216,8 +216,7 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
     with (directed exploration); ``users``: the environment's user (tau2's customer)."""
     own_batcher = batcher is None
-    batcher = batcher or GenerationBatcher(engine, settings.max_batch_size,
-                                           engine_threads=settings.engine_threads)
+    batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
     try:
         return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices),
                                   batcher, toolbox, tokenizer, settings, users)

@@ -322,8 +322,8 @@ def test_a_weight_update_reaches_the_episodes_in_flight(tiny_tokenizer):
 
 
 def test_the_engine_generates_with_its_own_thread_count(tiny_tokenizer):
-    """``rollout.engine_threads``: torch's thread count is per OS thread, so the batcher sets it
-    in the thread its engine runs in, whatever the caller's."""
+    """``rollout.engine_threads`` (GRPO's batcher): torch's thread count is per OS thread, so
+    the batcher sets it in the thread its engine runs in, whatever the caller's."""
 
     class Counting(ScriptedEngine):
         threads: list[int] = []
@@ -338,6 +338,7 @@ def test_the_engine_generates_with_its_own_thread_count(tiny_tokenizer):
     for threads in (1, 3):
         Counting.threads = []
         asyncio.run(run_rollouts([Task("a", "echo: 1")], 2, engine, toolbox, tiny_tokenizer,
-                                 settings(engine_threads=threads)))
+                                 settings(), batcher=GenerationBatcher(
+                                     engine, engine_threads=threads)))
         assert Counting.threads and set(Counting.threads) == {threads}
     assert torch.get_num_threads() == caller
