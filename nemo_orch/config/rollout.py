@@ -63,9 +63,8 @@ class RolloutConfig:
     ``engine_threads``: torch's intra-op threads in the thread where GRPO's CPU engine generates
     beside the trainer. That thread gets an OpenMP team of its own, and two teams on the same
     cores throttle each other: on 2 cores, GRPO of the micro policy stepped 1.4x faster with the
-    engine on 1 thread (the trainer on 2) than with both on 2 (``benchmarks/vs_trl.py``). An
-    evaluation, with no trainer beside it, keeps torch's default (its large batches gain from
-    the threads: the main job's evaluation took 63 s on 1 thread, 44 s on 2).
+    engine on 1 thread (the trainer on 2) than with both on 2 (``benchmarks/vs_trl.py``).
+    Evaluations and other rollouts, with no trainer beside them, keep torch's default.
 
     ``backend``: ``local`` runs every episode on this process's event loop; ``ray`` spreads them
     over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds,
