@@ -434,13 +434,14 @@ def cmd_launch(config: Config, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemo-orch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="nemo-orch", description=__doc__.replace("``", ""))
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, handler: Callable[[Config, argparse.Namespace], int],
             help_text: str, group=commands, positionals: tuple[str, ...] = ()
             ) -> argparse.ArgumentParser:
-        sub = group.add_parser(name, help=help_text, description=help_text)
+        # help is %-formatted by argparse (hence 95%% in it), the description is not
+        sub = group.add_parser(name, help=help_text, description=help_text.replace("%%", "%"))
         for positional in positionals:  # before the overrides, which take the rest
             sub.add_argument(positional)
         sub.add_argument("overrides", nargs="*", help="config overrides: key=value, group=option")
@@ -521,8 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. retriever, sandbox); declarations elsewhere reach them with endpoint: URL",
         serve_commands, positionals=("name",))
     add("orchestrator", cmd_serve_orchestrator, "OpenAI-compatible /v1/chat/completions (with "
-        "function calling) for the rollout.* policy, and /v1/orchestrate: a question in, the "
-        "answer and its ledger out", serve_commands)
+        "function calling) and /v1/orchestrate (a question in, the answer and its ledger out) "
+        "for the policy of rollout.policy=CHECKPOINT|HF_DIR (null: the run's latest "
+        "checkpoint), on serve.host:serve.http_port (127.0.0.1:8000), e.g. `nemo-orch serve "
+        "orchestrator rollout.policy=runs/latest/grpo/checkpoints serve.http_port=8080`",
+        serve_commands)
 
     synthesize = add("synth", cmd_synth, "synthesize ToolScale domains and tasks with an LLM "
                      "(synth.*), or generate them offline (--offline): write <domain>/domain.json,"
@@ -610,11 +614,24 @@ def _quiet_dependencies() -> None:
     warnings.filterwarnings("ignore", message=r"Please use DTensor instead")
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line; ``key=value`` overrides may also follow the options (``tools call NAME
+    --args '{...}' key=value``), where argparse alone would stop at them."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    if len(overrides) < len(extra) or (overrides and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["eval", "compare"]:
         return eval_compare(argv[2:])
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command in TRAINING_COMMANDS:
         preemption.listen()  # before any thread starts: all inherit the block
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -117,3 +117,9 @@ def test_the_optimizer_keys_moved_and_old_configs_load_with_their_values(tmp_pat
     assert (loaded.grpo.optim.lr, loaded.grpo.optim.min_lr) == (1e-5, 1e-6)
     assert loaded.grpo.optim.warmup_steps == 0  # the rest: each stage's defaults
     assert loaded.trainer.optim.min_lr == config_lib.load().trainer.optim.min_lr
+
+
+def test_an_override_that_does_not_parse_names_its_key():
+    with pytest.raises(ConfigError, match=r"^trainer\.max_steps: cannot parse "
+                       r"'trainer\.max_steps=\[1,': .*quote values"):
+        config_lib.load(["trainer.max_steps=[1,"])

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,19 +161,28 @@ def recipes() -> list[str]:
     return sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
 
 
-def _recipe_overrides(overrides: list[str] | tuple[str, ...]) -> list[str]:
+def _recipe_overrides(overrides: list[str] | tuple[str, ...], staging: Path) -> list[str]:
     """``recipe=NAME`` selects ``conf/recipes/NAME.yaml``: a config group (Hydra's ``recipes``,
     last in ``train.yaml``'s defaults) whose files are ``@package _global_`` with their own
     ``override /group: option`` defaults, so a recipe composes over the defaults and the
-    command line's overrides still win."""
+    command line's overrides still win. ``recipe=PATH.yaml`` takes a recipe kept anywhere:
+    copied into ``staging/recipes/`` and found there through Hydra's search path."""
     selected = []
     for override in overrides:
         key, _, name = override.partition("=")
         if key not in ("recipe", "recipes"):
             selected.append(override)
             continue
+        if name.endswith((".yaml", ".yml")):
+            path = Path(name).expanduser()
+            _require(path.is_file(), f"recipe={name}: no such file")
+            (staging / "recipes").mkdir(exist_ok=True)
+            staged = f"file-{path.stem}"
+            shutil.copyfile(path, staging / "recipes" / f"{staged}.yaml")
+            selected += [f"recipes={staged}", f"hydra.searchpath=[file://{staging}]"]
+            continue
         _require(name in recipes(), f"unknown recipe {name!r}; available: "
-                 f"{', '.join(recipes()) or 'none'} (conf/recipes/)")
+                 f"{', '.join(recipes()) or 'none'} (conf/recipes/), or a path to a .yaml file")
         selected.append(f"recipes={name}")
     return selected
 
@@ -191,15 +202,22 @@ def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] =
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, OverrideParseException
 
     # The env presets start from the schema (`defaults: [schema]`), so every option can be set
     # on any of them; which ones a kind reads is checked on validation.
     ConfigStore.instance().store(group="env", name="schema", node=EnvConfig)
 
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return hydra_compose(config_name, overrides=_recipe_overrides(overrides))
+        with (tempfile.TemporaryDirectory(prefix="nemo-orch-recipe-") as staging,
+              initialize_config_dir(config_dir=str(CONF_DIR), version_base=None)):
+            return hydra_compose(config_name,
+                                 overrides=_recipe_overrides(overrides, Path(staging)))
+    except OverrideParseException as error:  # Hydra's message quotes the value, not the key
+        key = error.override.partition("=")[0]
+        reason = str(error.message).splitlines()[0]
+        raise ConfigError(f"{key}: cannot parse {error.override!r}: {reason} (quote values "
+                          "with brackets, commas or spaces)") from None
     except HydraException as error:
         raise ConfigError(_hydra_message(error)) from None
 

@@ -132,3 +132,20 @@ def test_the_container_image_defaults_to_the_job_dirs_squashfs():
     other = config_lib.load([f"recipe={TWO_NODES}",
                              "launcher.slurm.container_image='nvcr.io#nvidia/pytorch:25.09-py3'"])
     assert other.launcher.slurm.image == "nvcr.io#nvidia/pytorch:25.09-py3"
+
+
+def test_a_recipe_kept_outside_the_repository_loads_from_its_path(tmp_path):
+    """``recipe=PATH.yaml``: a user's own recipe file, with the same ``@package _global_`` and
+    ``override /group:`` defaults as the shipped ones, composes as they do."""
+    shipped = config_lib.CONF_DIR / "recipes" / f"{TWO_NODES}.yaml"
+    mine = tmp_path / "my-recipe.yaml"
+    mine.write_text(shipped.read_text().replace("prompts_per_step: 16", "prompts_per_step: 12"))
+    assert "prompts_per_step: 12" in mine.read_text()
+    config = config_lib.load([f"recipe={mine}", "parallel.dp=2"])
+    expected = config_lib.load([f"recipe={TWO_NODES}", "parallel.dp=2",
+                                "grpo.prompts_per_step=12"])
+    assert config == expected
+    with pytest.raises(ConfigError, match="recipe=.*nope.yaml: no such file"):
+        config_lib.load([f"recipe={tmp_path / 'nope.yaml'}"])
+    with pytest.raises(ConfigError, match="or a path to a .yaml file"):
+        config_lib.load(["recipe=nope"])

@@ -7,6 +7,7 @@ import json
 import pytest
 from cli_helpers import run_cli, run_cli_here
 
+from nemo_orch import cli
 from nemo_orch.data.tasks import Task, write_tasks
 
 # The basic tools, whose parts the policy calls directly (the main job's composites hide them).
@@ -118,3 +119,33 @@ def test_the_context_budget_is_the_loaded_policys(tiny_tokenizer_dir, tmp_path):
     long, short = [json.loads(line) for line in out.read_text().splitlines()]
     assert long["prompt_tokens"] > 384 and long["termination"] == "context_limit"
     assert short["termination"] != "engine_error" and short["policy_tokens"] > 0
+
+
+def test_overrides_may_follow_the_options(capsys):
+    """``tools call NAME --args JSON key=value``: the overrides after ``--args`` apply (argparse
+    alone stopped at them); anything else left over is still refused."""
+    before = json.loads(run_cli_here("tools", "call", "search", BASIC, "--args",
+                                     '{"query": "capital of Ultormark"}').stdout)
+    after = json.loads(run_cli_here("tools", "call", "search", "--args",
+                                    '{"query": "capital of Ultormark"}', BASIC).stdout)
+    assert after.pop("latency_s") >= 0 and before.pop("latency_s") >= 0
+    assert after == before and after["error"] is None
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["tools", "call", "search", "--args", "{}", "--nope"])
+    assert refused.value.code == 2
+    assert "unrecognized arguments: --nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, shown, hidden", [
+    ([], "nemo-orch: the command line", "``"),
+    (["eval"], "accuracy (95% CI)", "95%%"),
+    (["serve", "orchestrator"], "rollout.policy=CHECKPOINT|HF_DIR", None),
+    (["serve", "orchestrator"], "serve.http_port", None),
+])
+def test_help_texts_read_as_text(command, shown, hidden, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*command, "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert shown in text
+    assert hidden is None or hidden not in text
