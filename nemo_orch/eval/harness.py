@@ -98,7 +98,10 @@ class EpisodeCache:
                     raise ConfigError(f"{self.path}:{number}: not JSON; remove the file or set "
                                       "eval.resume=false") from None
                 log.warning("%s: dropping the last line, cut short by a kill", self.path)
-        if not kept or kept[0].get("fingerprint") != self.fingerprint:
+        if len(kept) < 2:  # a fingerprint alone (a start that failed): nothing to keep
+            self._write_all([{"fingerprint": self.fingerprint}])
+            return
+        if kept[0].get("fingerprint") != self.fingerprint:
             raise ConfigError(f"{self.path} holds results of another evaluation (other "
                               "settings, tasks or seed); set eval.resume=false to start over, "
                               "or choose another eval.out_dir")
@@ -190,6 +193,16 @@ def _tokenizer(resources: Resources) -> Any:
     return resources.tokenizer
 
 
+def _rule_agents_tokenizer(config: Config) -> Any:
+    """Rule agents (fixed routers, random, gold replay, the monolith) write no policy tokens, but
+    their prompts are rendered with the run's tokenizer: the run's, trained here when there is
+    none yet -- the one ``nemo-orch train`` trains and keeps, so baselines run on a fresh clone
+    and count as they will after training."""
+    from nemo_orch.train.sft import prepare_tokenizer
+
+    return prepare_tokenizer(config)
+
+
 @contextlib.asynccontextmanager
 async def _agent(system: System, resources: Resources, toolbox: Toolbox
                  ) -> AsyncIterator[Agent]:
@@ -223,15 +236,20 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
                     ) -> AsyncIterator[Agent]:
     from nemo_orch.eval.chat_agent import ChatAgent
     from nemo_orch.clients.openai import OpenAIClient
-    from nemo_orch.tools.base import Pricing
+    from nemo_orch.tools.base import Pricing, ToolError
     from nemo_orch.tools.pricing import model_pricing, price_overrides
 
     monolith = config.eval.monolith
     if monolith.usd_per_million is not None:
         pricing = Pricing.per_million_tokens(*monolith.usd_per_million)
     else:
-        with price_overrides(config.tools.prices):
-            pricing = model_pricing(monolith.model)
+        try:
+            with price_overrides(config.tools.prices):
+                pricing = model_pricing(monolith.model)
+        except ToolError:  # its remedy names a tool's option, not the monolith's
+            raise ConfigError(f"eval.monolith.model={monolith.model} has no price in the price "
+                              "table: set eval.monolith.usd_per_million=[INPUT,OUTPUT] (USD per "
+                              "million tokens), or add the model to tools.prices") from None
     async with contextlib.AsyncExitStack() as stack:
         if monolith.tools is not None:
             tools = await stack.enter_async_context(build_toolbox(dataclasses.replace(
@@ -350,6 +368,8 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
     tasks = benchmark.tasks("test", None, seed)
     if not tasks:
         raise ConfigError(f"{benchmark.name}: no tasks to evaluate")
+    if tokenizer is None and all(system.kind != ORCHESTRATOR for system in systems):
+        tokenizer = _rule_agents_tokenizer(config)
     resources = Resources(config, benchmark, tasks, seed, tokenizer)
     records = {}
     for system in systems:

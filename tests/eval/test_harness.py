@@ -332,6 +332,10 @@ def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
      "an agent is named twice"),
     (["--benchmark", "offline", "--agent", "fixed:cheapest", "eval.concurrency=0"],
      "eval.concurrency"),
+    (["--benchmark", "offline", "--agent", "monolith", "eval.monolith.model=no-such-model",
+      "data.num_offline_conversations=100"],
+     "eval.monolith.model=no-such-model has no price in the price table: set "
+     "eval.monolith.usd_per_million="),
 ])
 def test_user_errors(args, message, tmp_path):
     error = run_cli_here("eval", *args, f"run.output_dir={tmp_path}", expect=2)
@@ -371,3 +375,29 @@ def test_the_orchestrator_behind_an_endpoint_equals_the_checkpoint(tmp_path, ran
     harness.run(local, ["orchestrator"])
     assert _outcomes(tmp_path / "served", "orchestrator") == _outcomes(tmp_path / "local",
                                                                        "orchestrator")
+
+
+def test_rule_agents_run_on_a_fresh_clone_without_a_trained_tokenizer(tmp_path):
+    """Fixed routers need no trained policy: with no tokenizer yet, the run's own is trained
+    (the one ``nemo-orch train`` would train and keep), not asked for."""
+    run_cli_here("eval", "--benchmark", "offline", "--agent", "fixed:cheapest",
+                 "tools=offline_basic", f"run.output_dir={tmp_path}", "run.name=fresh",
+                 "data.num_offline_conversations=100", "eval.tasks=3",
+                 f"eval.out_dir={tmp_path / 'eval'}", "rollout.max_turns=3")
+    assert (tmp_path / "fresh" / "tokenizer" / "tokenizer.json").is_file()
+    assert len(_episodes(tmp_path / "eval", "fixed:cheapest")) == 3
+    # An orchestrator still needs a trained policy (and then its tokenizer).
+    refused = run_cli_here("eval", "--benchmark", "offline", "--agent", "orchestrator",
+                           f"run.output_dir={tmp_path}", "run.name=other", expect=2)
+    assert "holds no checkpoint: train first" in refused.stderr
+    assert not (tmp_path / "other" / "tokenizer").exists()
+
+
+def test_a_cache_holding_only_another_fingerprint_is_started_over(tmp_path):
+    """An evaluation that failed at its start left a fingerprint and no episode: its corrected
+    rerun starts over instead of being refused; one with episodes is still refused."""
+    path = tmp_path / "episodes" / "agent.jsonl"
+    harness.EpisodeCache(path, "first settings", resume=True)
+    cache = harness.EpisodeCache(path, "corrected settings", resume=True)
+    assert cache.records == {} and json.loads(path.read_text()) == {
+        "fingerprint": "corrected settings"}
