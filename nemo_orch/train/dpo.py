@@ -290,7 +290,7 @@ def train(config: Config, context: ParallelContext, pairs: list[Pair] | None = N
     dataset = PairDataset(tokenizer, read_pairs(pairs_path) if pairs is None else pairs,
                           max_length, pairs_path)
     loss_fn = dpo_token_loss(dpo)
-    metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
+    metrics = MetricsLogger.for_stage(config, "dpo", enabled=context.is_logging_rank,
                                       start_step=start_step, max_steps=dpo.max_steps)
     per_rank = dpo.global_batch_size // config.parallel.dp
     records: list[dict[str, Any]] = []

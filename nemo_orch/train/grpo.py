@@ -834,8 +834,9 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     history = [record.get("reward", math.nan) for record in logged]
     # Rank 0 rolls out; every rank trains on what it broadcasts.
     rollouts = build_rollouts(config, tokenizer, hf, logged) if distributed.is_writer() else None
-    metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
-                                      start_step=start_step, max_steps=grpo.max_steps)
+    metrics = MetricsLogger.for_stage(config, grpo.algo, enabled=context.is_logging_rank,
+                                      start_step=start_step, max_steps=grpo.max_steps,
+                                      shown=("reward", "kl", "loss"))
     # PPO with the KL in the reward: none in the policy loss.
     loss_fn = grpo_token_loss(dataclasses.replace(grpo, kl_coef=0.0) if grpo.ppo is not None
                               and grpo.ppo.use_kl_in_reward else grpo)

@@ -51,12 +51,14 @@ class MetricsLogger:
 
     With ``wandb_project`` set, every step also goes to a W&B run whose files live under
     ``run_dir/wandb`` (``wandb_mode``: ``offline``, synced later with ``wandb sync``, or
-    ``online``, with the key from ``WANDB_API_KEY``)."""
+    ``online``, with the key from ``WANDB_API_KEY``). The progress bar is named ``stage`` and
+    shows the ``shown`` metrics of the last step and its tokens/s."""
 
     def __init__(self, run_dir: Path, *, enabled: bool, start_step: int, max_steps: int,
+                 stage: str | None = None, shown: tuple[str, ...] = ("loss",),
                  wandb_project: str | None = None, wandb_mode: str = "offline",
                  run_name: str | None = None, config: dict[str, Any] | None = None) -> None:
-        self.enabled = enabled
+        self.enabled, self.shown = enabled, shown
         self.path = run_dir / METRICS_FILE
         self._writer = None
         self._bar = None
@@ -74,16 +76,18 @@ class MetricsLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
-        self._bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
+        self._bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                         desc=stage)
 
     @classmethod
-    def for_stage(cls, config: Any, *, enabled: bool, start_step: int,
-                  max_steps: int) -> "MetricsLogger":
-        """The logger of a training stage (SFT, GRPO): its run directory and ``run.*`` W&B
-        settings, with the resolved config on the W&B run."""
+    def for_stage(cls, config: Any, stage: str, *, enabled: bool, start_step: int,
+                  max_steps: int, shown: tuple[str, ...] = ("loss",)) -> "MetricsLogger":
+        """The logger of a training stage (``stage``: sft, grpo, dpo): its run directory and
+        ``run.*`` W&B settings, with the resolved config on the W&B run."""
         run = config.run
         return cls(run.dir, enabled=enabled, start_step=start_step, max_steps=max_steps,
-                   wandb_project=run.wandb_project, wandb_mode=run.wandb_mode, run_name=run.name,
+                   stage=stage, shown=shown, wandb_project=run.wandb_project,
+                   wandb_mode=run.wandb_mode, run_name=run.name,
                    config=dataclasses.asdict(config))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -103,8 +107,9 @@ class MetricsLogger:
             self._writer.add_scalar(tag, value, step)
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
-        self._bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}",
-                              tok_s=f"{metrics.get('tokens_per_s', 0):.0f}")
+        self._bar.set_postfix({**{key: f"{metrics[key]:.4f}" for key in self.shown
+                                  if key in metrics},
+                               "tok_s": f"{metrics.get('tokens_per_s', 0):.0f}"})
         self._bar.update(1)
 
     def close(self) -> None:

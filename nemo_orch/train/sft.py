@@ -170,7 +170,7 @@ def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummar
     resumed = initialize_weights(policy, config)
     start_step = resumed.step if resumed is not None else 0
     trainer = config.trainer
-    metrics = MetricsLogger.for_stage(config, enabled=context.is_logging_rank,
+    metrics = MetricsLogger.for_stage(config, "sft", enabled=context.is_logging_rank,
                                       start_step=start_step, max_steps=trainer.max_steps)
     per_rank = trainer.global_batch_size // config.parallel.dp
     losses, saved = [], resumed.path if resumed is not None else None

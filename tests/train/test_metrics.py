@@ -98,3 +98,15 @@ def test_wandb_mode_is_validated():
     assert config_lib.load().run.wandb_mode == "offline"
     with pytest.raises(ConfigError, match="run.wandb_mode"):
         config_lib.load(["run.wandb_mode=bogus"])
+
+
+def test_the_progress_bar_names_its_stage_and_shows_its_metrics(tmp_path, capsys):
+    logger = MetricsLogger(tmp_path, enabled=True, start_step=0, max_steps=2, stage="grpo",
+                           shown=("reward", "kl", "loss"))
+    logger.log(1, {"reward": 0.625, "kl": 0.0125, "loss": 0.5, "tokens": 64})
+    logger.log(2, {"reward": 0.75, "loss": 0.25, "tokens": 64})  # a metric may be missing
+    logger.close()
+    bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert any(line.startswith("grpo:") and "reward=0.6250, kl=0.0125, loss=0.5000, tok_s="
+               in line for line in bar)
+    assert "grpo: 100%" in bar[-1] and "reward=0.7500, loss=0.2500" in bar[-1]
