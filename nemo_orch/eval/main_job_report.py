@@ -1,5 +1,5 @@
 """The main job's report: its SFT and GRPO policies on the offline world's held-out tasks next
-to the oracle, and the GRPO policy on ToolScale domain tasks next to the gold replay, both
+to the oracle, and the gold replay of the ToolScale domain tasks (a check of their tools), both
 evaluated through the harness (:func:`nemo_orch.eval.harness.evaluate`).
 
 For each policy: ``reward`` (the absolute preference utility of

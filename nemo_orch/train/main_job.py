@@ -9,9 +9,10 @@
    (``grpo/``, ``ppo/``);
 4. **eval**: through the evaluation harness, the SFT policy and every RL policy of the run
    (``grpo/``, ``ppo/``, and ``dpo/`` where ``nemo-orch dpo`` wrote one: algorithms compared
-   from one SFT checkpoint) on held-out tasks (greedy), next to the oracle, and this run's RL
-   policy on the offline ToolScale domain tasks written in setup (``toolscale/``), next to the
-   gold replay (episodes in ``eval/``); ``report.json``, ``report.md`` and plots;
+   from one SFT checkpoint) on held-out tasks (greedy), next to the oracle, and the gold replay
+   of the offline ToolScale domain tasks written in setup (``toolscale/``), a check of their
+   tools, whose tasks the policy never trained on (episodes in ``eval/``); ``report.json``,
+   ``report.md`` and plots;
    ``runs/latest`` points at the run.
 
 Every stage resumes: a finished stage is skipped, an interrupted one continues from its last
@@ -130,9 +131,10 @@ def _other_policies(config: Config) -> dict[str, Path]:
 def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, Path],
               tokenizer: Any, toolscale_dir: Path | None) -> dict[str, Any] | None:
     """The SFT and RL policies (their final ``checkpoints``, SFT's first and this run's RL
-    stage's last) on held-out tasks, greedy, next to the oracle; this run's RL policy and the
-    gold replay on ToolScale domain tasks. Both through the harness, the policies' weights
-    handed over in memory (rank 0's report; every rank gathers)."""
+    stage's last) on held-out tasks, greedy, next to the oracle, through the harness, the
+    policies' weights handed over in memory (rank 0's report; every rank gathers); and the gold
+    replay of the ToolScale domain tasks (a check of their tools: the policies never trained on
+    those domains, and a row of their zeros would say nothing)."""
     from nemo_orch.envs import build_environment
     from nemo_orch.eval import harness, main_job_report
     from nemo_orch.models import qwen3
@@ -172,10 +174,8 @@ def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, P
         source = EnvSourceConfig(kind="toolscale", path=str(toolscale_dir),
                                  limit=config.data.toolscale_eval_tasks)
         domains = build_environment(config, source)
-        evaluation = harness.evaluate(
-            config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY),
-                              systems[config.grpo.algo]],
-            config.run.dir / EVAL / TOOLSCALE, tokenizer)
+        evaluation = harness.evaluate(config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY)],
+                                      config.run.dir / EVAL / TOOLSCALE, tokenizer)
         report["toolscale"] = {name: main_job_report.by_domain(evaluation.tasks, records)
                                for name, records in evaluation.records.items()}
     return report
