@@ -309,11 +309,13 @@ Handler = Callable[[int, int, Task, Trajectory, Scored, Oracle | None], None]
 
 
 async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, Task]],
-                    concurrency: int, handle: Handler) -> None:
+                    concurrency: int, handle: Handler, stage: str) -> None:
     """Episode ``index`` of each ``(index, task)`` of ``todo`` (trial ``index // tasks`` of its
     task, seed ``resources.seed + index``), ``concurrency`` at once, scored by the environment
     and handed to ``handle`` with its seed and the oracle of a routing agent (see
-    :func:`_oracle`)."""
+    :func:`_oracle`); a progress bar named ``stage`` counts them."""
+    from tqdm import tqdm
+
     benchmark = resources.benchmark
     slots = asyncio.Semaphore(concurrency)
     async with benchmark.toolbox() as toolbox, _agent(system, resources, toolbox) as agent:
@@ -325,8 +327,11 @@ async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, 
                 trajectory = await agent.episode(task, index // len(resources.tasks), seed)
                 scored = await benchmark.score(task, trajectory)
             handle(index, seed, task, trajectory, scored, oracle)
+            progress.update(1)
 
-        await asyncio.gather(*(one(index, task) for index, task in todo))
+        with tqdm(total=len(todo), desc=f"{stage}: {system.name}", unit="episode",
+                  dynamic_ncols=True) as progress:
+            await asyncio.gather(*(one(index, task) for index, task in todo))
 
 
 def _cache_into(cache: EpisodeCache) -> Handler:
@@ -382,7 +387,7 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
         todo = [(index, task) for index, key, task in examples if key not in cache.records]
         if todo:
             asyncio.run(_roll_out(system, resources, todo, config.eval.concurrency,
-                                  _cache_into(cache)))
+                                  _cache_into(cache), f"eval {benchmark.name}"))
         records[system.name] = [cache.records[key] for _, key, _ in examples]
     return Evaluation(tasks, records)
 
@@ -406,7 +411,7 @@ def successful_episodes(config: Config, benchmark: Environment, system: System, 
             correct[index] = trajectory
 
     asyncio.run(_roll_out(system, resources, list(enumerate(tasks)),
-                          config.rollout.max_concurrent_episodes, keep))
+                          config.rollout.max_concurrent_episodes, keep, "demonstrations"))
     return [correct[index] for index in sorted(correct)]
 
 

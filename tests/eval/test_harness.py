@@ -380,11 +380,13 @@ def test_the_orchestrator_behind_an_endpoint_equals_the_checkpoint(tmp_path, ran
 def test_rule_agents_run_on_a_fresh_clone_without_a_trained_tokenizer(tmp_path):
     """Fixed routers need no trained policy: with no tokenizer yet, the run's own is trained
     (the one ``nemo-orch train`` would train and keep), not asked for."""
-    run_cli_here("eval", "--benchmark", "offline", "--agent", "fixed:cheapest",
-                 "tools=offline_basic", f"run.output_dir={tmp_path}", "run.name=fresh",
-                 "data.num_offline_conversations=100", "eval.tasks=3",
-                 f"eval.out_dir={tmp_path / 'eval'}", "rollout.max_turns=3")
+    result = run_cli_here("eval", "--benchmark", "offline", "--agent", "fixed:cheapest",
+                          "tools=offline_basic", f"run.output_dir={tmp_path}", "run.name=fresh",
+                          "data.num_offline_conversations=100", "eval.tasks=3",
+                          f"eval.out_dir={tmp_path / 'eval'}", "rollout.max_turns=3")
     assert (tmp_path / "fresh" / "tokenizer" / "tokenizer.json").is_file()
+    # the evaluation's progress, by stage and agent
+    assert "eval offline: fixed:cheapest: 100%" in result.stderr and "3/3" in result.stderr
     assert len(_episodes(tmp_path / "eval", "fixed:cheapest")) == 3
     # An orchestrator still needs a trained policy (and then its tokenizer).
     refused = run_cli_here("eval", "--benchmark", "offline", "--agent", "orchestrator",
