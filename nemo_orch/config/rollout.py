@@ -127,8 +127,9 @@ class RolloutConfig:
                  "rollout.gpu_memory_utilization must be in (0, 1]")
         _require(self.sleep_level in (1, 2), "rollout.sleep_level must be 1 or 2")
         _require_file(self.policy, "rollout.policy")
-        for name in ("refit_bucket_mb", "engine_threads", "group_size", "max_turns", "max_new_tokens",
-                     "max_observation_tokens", "max_concurrent_episodes", "max_batch_size"):
+        for name in ("refit_bucket_mb", "engine_threads", "group_size", "max_turns",
+                     "max_new_tokens", "max_observation_tokens", "max_concurrent_episodes",
+                     "max_batch_size"):
             _require(getattr(self, name) >= 1, f"rollout.{name} must be >= 1")
         _require(self.max_context_tokens is None or self.max_context_tokens > 2,
                  "rollout.max_context_tokens must be > 2")

@@ -1,17 +1,16 @@
 """DPO recipe (``nemo-orch dpo``): preference pairs against the frozen starting policy.
 
-Read top to bottom. The pairs: a pair file (``dpo.pairs_path``, :mod:`nemo_orch.data.pairs`),
-or the starting policy's own rollouts on ``env``: GRPO's :class:`~nemo_orch.train.grpo.Rollouts`
-rolls out ``dpo.tasks`` training tasks ``rollout.group_size`` times each and scores them with
-the configured reward, and each task whose best and worst episodes' rewards differ by
-``dpo.min_margin`` or more gives one pair (:func:`group_pair`), written once to
-``<run>/dpo/pairs.jsonl`` with the episodes' token-level history. Then the policy and the
-reference (both from ``trainer.init_from``; the policy from the stage's last checkpoint on
-resume), and the step loop: each step reads ``dpo.global_batch_size`` pairs from seeded epochs
-(a pure function of the step, so a resumed run sees the same pairs), computes the reference's
-sequence log-probabilities, takes one optimizer step on the DPO loss
-(:mod:`nemo_orch.train.dpo_loss`), logs and checkpoints.
-"""
+Read top to bottom. The pairs: a pair file (``dpo.pairs_path``, :mod:`nemo_orch.data.pairs`), or
+the starting policy's own rollouts on ``env``: GRPO's
+:class:`~nemo_orch.train.grpo_rollouts.Rollouts` rolls out ``dpo.tasks`` training tasks
+``rollout.group_size`` times each and scores them with the configured reward, and each task whose
+best and worst episodes' rewards differ by ``dpo.min_margin`` or more gives one pair
+(:func:`group_pair`), written once to ``<run>/dpo/pairs.jsonl`` with the episodes' token-level
+history. Then the policy and the reference (both from ``trainer.init_from``; the policy from the
+stage's last checkpoint on resume), and the step loop: each step reads ``dpo.global_batch_size``
+pairs from seeded epochs (a pure function of the step, so a resumed run sees the same pairs),
+computes the reference's sequence log-probabilities, takes one optimizer step on the DPO loss
+(:mod:`nemo_orch.train.dpo_loss`), logs and checkpoints."""
 
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.rollout.episode import RolloutError, Trajectory
 from nemo_orch.train import sft
 from nemo_orch.train.dpo_loss import dpo_token_loss, sequence_logprobs
-from nemo_orch.train.grpo import Group, Rollouts, build_rollouts
+from nemo_orch.train.grpo_rollouts import Group, Rollouts, build_rollouts
 from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel, load_start_weights
 

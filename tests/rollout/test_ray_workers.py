@@ -36,7 +36,7 @@ from nemo_orch.reward.builders import build_scorer
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.ray_workers import RayRolloutPool
 from nemo_orch.rollout.runner import run_rollouts
-from nemo_orch.train.grpo import Rollouts
+from nemo_orch.train.grpo_rollouts import Rollouts
 
 HALF_CPU = "rollout.ray.num_cpus_per_worker=0.5"
 TIMING = ("wall_seconds", "generation_seconds", "tool_seconds", "ledger", "logprobs")

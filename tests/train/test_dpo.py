@@ -24,7 +24,7 @@ from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.train import dpo
 from nemo_orch.train.dpo_loss import dpo_token_loss
-from nemo_orch.train.grpo import Group
+from nemo_orch.train.grpo_rollouts import Group
 
 # ----------------------------------------------------------------------------- the loss
 
@@ -206,7 +206,7 @@ def offline_pairs(tiny_tokenizer, tmp_path_factory) -> list[Pair]:
     from nemo_orch.envs import build_mixture
     from nemo_orch.rollout.engines.scripted import ScriptedEngine
     from nemo_orch.rollout.format import call_text
-    from nemo_orch.train.grpo import Rollouts
+    from nemo_orch.train.grpo_rollouts import Rollouts
 
     config = config_lib.load([
         "tools=offline_basic", "rollout.group_size=4", "dpo.tasks=16", "dpo.min_margin=0.5",

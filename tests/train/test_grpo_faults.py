@@ -33,7 +33,7 @@ from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_mixture
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.format import call_text
-from nemo_orch.train.grpo import Rollouts
+from nemo_orch.train.grpo_rollouts import Rollouts
 
 TESTS = Path(__file__).resolve().parents[1]
 # Each task's question names the call it wants (the scripted policy and the fine-tuned one make
