@@ -15,6 +15,7 @@ over the simulated experts' known accuracies and prices.
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,9 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.envs.offline.oracle import (OracleTable, group_means, oracle_route_share,
                                            route_shares)
 from nemo_orch.eval.report import EpisodeResult, summarize
+
+SMOOTHING = 5  # steps in each plotted curve's running mean
+SHOWN_ROUTES = 3  # routes plotted per group: its most taken over the run
 
 
 def policy_row(tasks: list[Task], records: list[dict[str, Any]],
@@ -151,7 +155,9 @@ def _top_routes(shares: Mapping[str, float], shown: int = 3) -> str:
 
 
 def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:
-    """PNG plots of an RL stage's curves: reward, accuracy and USD per task; route shares."""
+    """PNG plots of an RL stage's curves (``curves.png``: reward, accuracy, USD per task and the
+    reward under each preference; ``routes.png``: each (family, preference) group's top routes),
+    every curve smoothed over :data:`SMOOTHING` steps (a group has a few episodes a step)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,25 +170,94 @@ def plot_curves(metrics_path: Any, out_dir: Any) -> list[Any]:
     records = [r for r in records if "reward" in r]
     if not records:
         return []
+    paths = []
+    for name, figure in (("curves.png", curves_figure(records)),
+                         ("routes.png", routes_figure(records))):
+        paths.append(out_dir / name)
+        figure.savefig(paths[-1], dpi=100, bbox_inches="tight")  # labels and legends kept
+        plt.close(figure)
+    return paths
+
+
+def _smoothed(values: list[float | None]) -> list[float]:
+    """The running mean over :data:`SMOOTHING` steps of the steps that have a value (a group
+    is not drawn every step); NaN where none has."""
+    means = []
+    for i in range(len(values)):
+        window = [v for v in values[max(0, i - SMOOTHING + 1):i + 1] if v is not None]
+        means.append(statistics.fmean(window) if window else float("nan"))
+    return means
+
+
+def _groups(records: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """``family/preference`` -> its reward key and route keys (``route name -> metric key``)."""
+    groups: dict[str, dict[str, str]] = {}
+    for key in sorted({k for r in records for k in r if k.startswith("group/")}):
+        family, preference, kind, *route = key.removeprefix("group/").split("/", 3)
+        entry = groups.setdefault(f"{family}/{preference}", {})
+        if kind == "reward":
+            entry[""] = key
+        elif kind == "route" and route:
+            entry[route[0]] = key
+    return groups
+
+
+def curves_figure(records: list[dict[str, Any]]) -> Any:
+    """Reward, accuracy and USD per task over the steps, and the reward under each preference
+    (the mean over the families asked with it)."""
+    import matplotlib.pyplot as plt
+
     steps = [r["step"] for r in records]
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    figure, axes = plt.subplots(1, 4, figsize=(17, 3.5))
     for axis, key in zip(axes, ("reward", "accuracy", "usd_per_task")):
-        axis.plot(steps, [r[key] for r in records])
+        axis.plot(steps, _smoothed([r[key] for r in records]))
         axis.set_title(key)
+    by_preference: dict[str, list[str]] = {}
+    for group, keys in _groups(records).items():
+        if "" in keys:
+            by_preference.setdefault(group.split("/")[1], []).append(keys[""])
+    axis = axes[3]
+    for preference, keys in sorted(by_preference.items()):
+        values = [statistics.fmean(r[k] for k in keys if k in r) if any(k in r for k in keys)
+                  else None for r in records]
+        axis.plot(steps, _smoothed(values), label=preference)
+    axis.set_title("reward by preference")
+    if by_preference:
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    for axis in axes:
         axis.set_xlabel("step")
+    return figure
+
+
+def routes_figure(records: list[dict[str, Any]]) -> Any:
+    """One panel per (family, preference) group: the share of its episodes on each of its
+    :data:`SHOWN_ROUTES` most taken routes, the legend beside the panel."""
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    groups = {group: keys for group, keys in _groups(records).items()
+              if "" in keys and len(keys) > 1}
+    columns = 3
+    rows = max(1, -(-len(groups) // columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(6.2 * columns, 2.3 * rows),
+                                squeeze=False)
+    for axis, (group, keys) in zip(axes.flat, groups.items()):
+        # a step that drew the group and none of a route's episodes gives that route 0
+        shares = {route: [r.get(key, 0.0) if keys[""] in r else None for r in records]
+                  for route, key in keys.items() if route}
+        top = sorted(shares, key=lambda route: -sum(v or 0.0 for v in shares[route]))[
+            :SHOWN_ROUTES]
+        for route in top:
+            axis.plot(steps, _smoothed(shares[route]), label=route)
+        axis.set_title(group, fontsize=9)
+        axis.set_ylim(0, 1)
+        axis.set_xlim(steps[0], steps[-1])
+        axis.set_xlabel("step", fontsize=8)
+        axis.tick_params(labelsize=7)
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    for axis in list(axes.flat)[len(groups):]:
+        axis.axis("off")
+    figure.suptitle("share of each group's episodes on its most taken routes "
+                    f"(running mean of {SMOOTHING} steps)")
     figure.tight_layout()
-    curves = out_dir / "curves.png"
-    figure.savefig(curves, dpi=100)
-    plt.close(figure)
-    routes = sorted({k for r in records for k in r if k.startswith("route/")})
-    figure, axis = plt.subplots(figsize=(6.5, 3.5))
-    for key in routes:
-        axis.plot(steps, [r.get(key, 0.0) for r in records], label=key.removeprefix("route/"))
-    axis.set_title("route share of episodes")
-    axis.set_xlabel("step")
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    mix = out_dir / "routes.png"
-    figure.savefig(mix, dpi=100)
-    plt.close(figure)
-    return [curves, mix]
+    return figure
