@@ -193,16 +193,6 @@ def _tokenizer(resources: Resources) -> Any:
     return resources.tokenizer
 
 
-def _rule_agents_tokenizer(config: Config) -> Any:
-    """Rule agents (fixed routers, random, gold replay, the monolith) write no policy tokens, but
-    their prompts are rendered with the run's tokenizer: the run's, trained here when there is
-    none yet -- the one ``nemo-orch train`` trains and keeps, so baselines run on a fresh clone
-    and count as they will after training."""
-    from nemo_orch.train.sft import prepare_tokenizer
-
-    return prepare_tokenizer(config)
-
-
 @contextlib.asynccontextmanager
 async def _agent(system: System, resources: Resources, toolbox: Toolbox
                  ) -> AsyncIterator[Agent]:
@@ -374,7 +364,12 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
     if not tasks:
         raise ConfigError(f"{benchmark.name}: no tasks to evaluate")
     if tokenizer is None and all(system.kind != ORCHESTRATOR for system in systems):
-        tokenizer = _rule_agents_tokenizer(config)
+        # Rule agents write no policy tokens, but their prompts are rendered with the run's
+        # tokenizer: trained here when there is none yet, the one `nemo-orch train` trains and
+        # keeps, so baselines run on a fresh clone and count as they will after training.
+        from nemo_orch.train.sft import prepare_tokenizer
+
+        tokenizer = prepare_tokenizer(config)
     resources = Resources(config, benchmark, tasks, seed, tokenizer)
     records = {}
     for system in systems:

@@ -55,10 +55,11 @@ class GenerationBatcher:
     def __init__(self, engine: Engine, max_batch_size: int = 64, version: int | None = None,
                  engine_threads: int | None = None) -> None:
         self.engine, self.max_batch_size, self.version = engine, max_batch_size, version
-        self._engine_thread = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="engine",
-            initializer=None if engine_threads is None else torch.set_num_threads,
-            initargs=() if engine_threads is None else (engine_threads,))
+        # None: the loop's default executor
+        self._engine_thread = None if engine_threads is None else (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine",
+                                                  initializer=torch.set_num_threads,
+                                                  initargs=(engine_threads,)))
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None

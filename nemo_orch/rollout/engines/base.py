@@ -245,7 +245,30 @@ def finish_reason(reason: str | None, library: str) -> str:
 REFIT_GROUP_BYTES = 512 << 20  # what one call into a GPU library's weight loader carries
 
 
-class LibraryEngineMixin:
+class RefitGuard:
+    """An engine's refit through :func:`checked_buckets`, and the refusal to generate on the
+    mixed weights a stream that stopped half-way leaves (:data:`PARTIAL_REFIT`) until a full
+    refit succeeds."""
+
+    partial_refit = False
+
+    def _refit(self, weights: WeightUpdate, shapes: Mapping[str, tuple[int, ...]],
+               load: Callable[[Mapping[str, torch.Tensor]], None]) -> int:
+        """Each checked bucket of ``weights`` into ``load``; the number of tensors loaded."""
+        loaded = 0
+        for bucket in checked_buckets(weights, shapes):
+            self.partial_refit = True
+            load(bucket)
+            loaded += len(bucket)
+        self.partial_refit = False
+        return loaded
+
+    def _check_refitted(self) -> None:
+        if self.partial_refit:
+            raise EngineError(PARTIAL_REFIT)
+
+
+class LibraryEngineMixin(RefitGuard):
     """What the GPU library engines share: caveats logged once per engine (not per batch), the
     tokenizer's decoding of sampled tokens and the refit's checks and grouping. Needs
     ``self.tokenizer``, ``self._warned``, ``self.model_config`` and ``self.dtype``."""
@@ -254,25 +277,17 @@ class LibraryEngineMixin:
     _warned: set[str]
     model_config: ModelConfig
     dtype: torch.dtype
-    partial_refit = False
 
     def _load_weights(self, weights: WeightUpdate,
                       load: Callable[[list[tuple[str, torch.Tensor]]], None]) -> int:
-        """Hand ``weights``, checked against the served model (:func:`checked_buckets`), to the
-        library's ``load`` in groups of at most :data:`REFIT_GROUP_BYTES` in the engine's
-        dtype; the number of tensors loaded."""
-        loaded = 0
-        for bucket in checked_buckets(weights, hf_shapes(self.model_config)):
-            self.partial_refit = True
+        """Hand ``weights``, checked against the served model, to the library's ``load`` in
+        groups of at most :data:`REFIT_GROUP_BYTES` in the engine's dtype; the number of
+        tensors loaded."""
+        def load_bucket(bucket: Mapping[str, torch.Tensor]) -> None:
             for group in weight_buckets(bucket, self.dtype, REFIT_GROUP_BYTES):
                 load(group)
-                loaded += len(group)
-        self.partial_refit = False
-        return loaded
 
-    def _check_refitted(self) -> None:
-        if self.partial_refit:
-            raise EngineError(PARTIAL_REFIT)
+        return self._refit(weights, hf_shapes(self.model_config), load_bucket)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

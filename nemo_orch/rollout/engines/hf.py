@@ -21,9 +21,9 @@ from transformers import PreTrainedTokenizerBase
 from nemo_orch.config import ModelConfig
 from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, build_hf_model,
                                          model_config_from_hf)
-from nemo_orch.rollout.engines.base import (PARTIAL_REFIT, EngineError, Generation,
+from nemo_orch.rollout.engines.base import (EngineError, Generation, RefitGuard,
                                             SamplingParams, WeightUpdate, check_prompts,
-                                            checked_buckets, prompt_seeds)
+                                            prompt_seeds)
 
 
 def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -55,7 +55,7 @@ class _Row:
     stop: str | int | None = None
 
 
-class HFEngine:
+class HFEngine(RefitGuard):
     """Batched generation with transformers on CPU (float32), refit from HF-named weights.
 
     ``weights``: full HF-named tensors; without them the model starts from
@@ -70,7 +70,6 @@ class HFEngine:
         if not model.qk_layernorm:
             raise EngineError("the HF engine serves Qwen3, which needs model.qk_layernorm=true")
         self.model = build_hf_model(model, attn_implementation="sdpa").to(torch.float32).eval()
-        self.partial_refit = False
         self.update_weights(weights if weights is not None else SeededHFWeights(model, seed))
 
     @classmethod
@@ -92,13 +91,14 @@ class HFEngine:
         cover it exactly (:func:`checked_buckets`: a rejected full state leaves the old weights
         intact). A tied lm_head is listed once, as the embedding."""
         params = dict(self.model.named_parameters())
+
+        def copy(bucket: Mapping[str, torch.Tensor]) -> None:
+            for name, tensor in bucket.items():
+                params[name].copy_(tensor)
+
         with torch.no_grad():
-            for bucket in checked_buckets(weights, {name: tuple(param.shape)
-                                                    for name, param in params.items()}):
-                self.partial_refit = True
-                for name, tensor in bucket.items():
-                    params[name].copy_(tensor)
-        self.partial_refit = False
+            self._refit(weights, {name: tuple(param.shape) for name, param in params.items()},
+                        copy)
 
     @torch.inference_mode()  # ~5% faster than no_grad at batch 32 (no version counters)
     def generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -108,8 +108,7 @@ class HFEngine:
         tokens do not depend on its neighbours."""
         from transformers import DynamicCache
 
-        if self.partial_refit:
-            raise EngineError(PARTIAL_REFIT)
+        self._check_refitted()
         if not prompts:
             return []
         if params.stop_strings and self.tokenizer is None:
