@@ -7,7 +7,7 @@ from nemo_orch.config import ModelConfig, ParallelConfig
 from nemo_orch.models import qwen3, weights
 from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
 from nemo_orch.rollout.engines.base import Engine, EngineError, SamplingParams
-from nemo_orch.rollout.engines.hf import HFEngine
+from nemo_orch.rollout.engines.hf import HFEngine, sample_rows
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 
@@ -97,6 +97,18 @@ def test_a_prompt_with_its_own_seed_samples_alike_in_any_batch(engine, prompts):
     assert [g.token_ids for g in again] == [g.token_ids for g in batched]
     with pytest.raises(EngineError, match="2 seeds for 3 prompts"):
         engine.generate(prompts, params, seeds=[1, 2])
+
+
+def test_rows_sample_their_distribution_and_never_a_filtered_token():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
+    generators = [torch.Generator().manual_seed(seed) for seed in range(4000)]
+    tokens = sample_rows(probs.expand(len(generators), -1), generators)
+    shares = torch.bincount(tokens, minlength=5) / len(generators)
+    assert shares.tolist() == pytest.approx(probs.tolist(), abs=0.025)  # ~3.4 sigma at p=0.6
+    assert shares[1] == shares[4] == 0
+    # A row's token depends on its own generator only.
+    again = sample_rows(probs[None], [torch.Generator().manual_seed(17)])
+    assert int(again[0]) == int(tokens[17])
 
 
 def test_top_k_one_is_greedy(engine, prompts):

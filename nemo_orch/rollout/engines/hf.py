@@ -42,6 +42,20 @@ def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return scaled
 
 
+def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs`` ``[b, v]`` by inverse transform sampling, row ``b`` with one
+    uniform from ``generators[b]`` (so a row's token does not depend on its neighbours). One
+    batched search instead of a ``torch.multinomial`` call per row, which took a quarter of a
+    CPU rollout's time at batch 32."""
+    uniforms = torch.cat([torch.rand(1, generator=generator, dtype=torch.float64)
+                          for generator in generators])
+    cdf = probs.to(torch.float64).cumsum(-1)
+    # The first token whose cumulative mass exceeds the target: never one of zero probability
+    # (the cdf does not rise there), and the target stays below the total as uniforms are < 1.
+    targets = (uniforms * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, targets, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
+
+
 @dataclass
 class _Row:
     """Generation state of one prompt."""
@@ -168,8 +182,7 @@ class HFEngine(RefitGuard):
         scaled = logits / params.temperature
         logprobs = torch.log_softmax(scaled, -1)
         probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), -1)
-        tokens = torch.stack([torch.multinomial(probs[b], 1, generator=row.generator)[0]
-                              for b, row in enumerate(rows)])
+        tokens = sample_rows(probs, [row.generator for row in rows])
         return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
     def _check_finished(self, row: _Row, params: SamplingParams) -> None:
