@@ -99,11 +99,14 @@ class RolloutConfig:
     # The orchestrator's own price (USD per million tokens), counted in every trajectory's cost.
     input_usd_per_million: float = 0.2
     output_usd_per_million: float = 0.2
+    # The orchestrator's modeled speed: its turns' seconds under tools.timing=modeled.
+    tokens_per_second: float = 100.0
     check_template: bool = True
     backend: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
+        _require(self.tokens_per_second > 0, "rollout.tokens_per_second must be > 0")
         _require(self.backend in ("local", "ray"),
                  f"rollout.backend must be local|ray, got {self.backend!r}")
         _require(self.backend == "local" or self.engine in ("hf", "openai"),

@@ -30,6 +30,12 @@ class ToolsConfig:
     # expert's 10-100 s would, so the offline world can measure what waiting on tools costs
     # (benchmarks/grpo_step.py). 0: off.
     simulated_latency_s: float = 0.0
+    # How a call's seconds are billed and counted in the reward: `measured` wall-clock time (what
+    # a deployment whose reward counts latency wants), or `modeled`: each tool's model of its
+    # time (a simulated expert's tokens over its speed, any other tool's latency_hint_s) and the
+    # policy's turns at rollout.tokens_per_second, so rewards and costs do not depend on the
+    # machine's load and a seed gives the same run (the main job's setting).
+    timing: str = "measured"
 
     def __post_init__(self) -> None:
         for key in ("declarations", "domains"):
@@ -39,6 +45,8 @@ class ToolsConfig:
         _require(self.cache_entries >= 0 and self.cache_mb >= 0,
                  "tools.cache_entries and tools.cache_mb must be >= 0")
         _require(self.simulated_latency_s >= 0, "tools.simulated_latency_s must be >= 0")
+        _require(self.timing in ("measured", "modeled"),
+                 f"tools.timing must be measured|modeled, got {self.timing!r}")
         for model, prices in self.prices.items():
             _require(len(prices) == 2 and all(price >= 0 for price in prices),
                      f"tools.prices.{model} must be [input, output] USD per million tokens, "

@@ -263,6 +263,11 @@ class ModelTensors:
         self._layer_keys = [key for key in self._tensors if key.startswith(LAYERS_PREFIX)]
         self.num_layers = self._tensors[self._layer_keys[0]].size[0] if self._layer_keys else 0
 
+    @property
+    def names(self) -> list[str]:
+        """The checkpoint keys of the model's weights (not the optimizer's state)."""
+        return [key for key in self._tensors if not key.startswith("optimizer.")]
+
     def layer(self, index: int) -> dict[str, torch.Tensor]:
         """Decoder layer ``index``'s weights, named as in a one-rank model's state dict
         (``decoder.layers.<index>.<name>``)."""

@@ -48,7 +48,8 @@ def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) 
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
     return Toolbox([*offered, *domain], cache_entries=tools.cache_entries,
                    cache_bytes=tools.cache_mb << 20, parts=parts, show_prices=tools.show_prices,
-                   simulated_latency_s=tools.simulated_latency_s)
+                   simulated_latency_s=tools.simulated_latency_s,
+                   modeled_time=tools.timing == "modeled")
 
 
 def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:

@@ -468,7 +468,7 @@ class Episode:
                 termination = "engine_error"
                 break
             record = self._turn_record(turn_index, len(history.ids), generation,
-                                       time.perf_counter() - generation_start)
+                                       self._turn_seconds(generation, generation_start))
             turns.append(record)
             turn_start = len(history.ids)
             text = self._add_generation(history, generation)
@@ -554,6 +554,13 @@ class Episode:
             if len(self.tokenizer.decode(turn_ids[:count], skip_special_tokens=False)) >= end:
                 return count
         return len(turn_ids)
+
+    def _turn_seconds(self, generation: Generation, started: float) -> float:
+        """The turn's generation time: measured since ``started``, or under modeled time
+        (``tools.timing=modeled``) its tokens at ``rollout.tokens_per_second``."""
+        if self.toolbox.modeled_time:
+            return len(generation.token_ids) / self.settings.tokens_per_second
+        return time.perf_counter() - started
 
     def _turn_record(self, turn: int, context_tokens: int, generation: Generation,
                      seconds: float) -> TurnRecord:

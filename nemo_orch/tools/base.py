@@ -157,7 +157,9 @@ class ToolContext:
     reference answer. ``observations`` are what the episode's earlier calls returned: the
     context an expert is handed with the task, as ToolOrchestra's experts are. ``turn`` is the
     caller's message the call belongs to (the calls of one message share it) and ``message``
-    the text the caller wrote beside its calls, which a transcript keeps (tau2's does)."""
+    the text the caller wrote beside its calls, which a transcript keeps (tau2's does).
+    ``modeled_time``: bill the call by the tool's model of its time, not the clock (the toolbox
+    sets it under ``tools.timing=modeled``; see :func:`billed_seconds`)."""
 
     task_id: str = ""
     episode_id: str = ""
@@ -167,6 +169,14 @@ class ToolContext:
     observations: tuple[str, ...] = ()
     turn: int = 0
     message: str | None = None
+    modeled_time: bool = False
+
+
+def billed_seconds(spec: ToolSpec, measured_s: float, context: ToolContext) -> float:
+    """A call's seconds as its cost and the reward count them: the ``measured_s`` of wall-clock
+    time, or under modeled time the tool's declared ``latency_hint_s``, which does not depend on
+    the machine's load (a simulated expert models its own: its tokens over its speed)."""
+    return spec.latency_hint_s if context.modeled_time else measured_s
 
 
 @runtime_checkable

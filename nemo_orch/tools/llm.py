@@ -12,8 +12,7 @@ from typing import Any
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 from nemo_orch.config.dialect import DEFAULT_DIALECT
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  building_with)
-from nemo_orch.tools.base import Usage
+                                  Usage, billed_seconds, building_with)
 from nemo_orch.tools.composite import check_context_budget
 from nemo_orch.tools.pricing import model_pricing
 
@@ -98,8 +97,10 @@ class LLMTool(BaseTool):
         endpoint = self.endpoints.get(alias)
         return None if endpoint is None else endpoint.max_context_tokens
 
-    async def ask(self, alias: str, question: str) -> tuple[str | None, ToolResult]:
-        """The expert's reply text (None on failure) and the priced result of the request."""
+    async def ask(self, alias: str, question: str,
+                  context: ToolContext = ToolContext()) -> tuple[str | None, ToolResult]:
+        """The expert's reply text (None on failure) and the priced result of the request,
+        timed as ``context`` says (:func:`billed_seconds`)."""
         endpoint = self.endpoints.get(alias)
         if endpoint is None:
             return None, ToolResult(error=f"unknown model {alias!r}; choose one of "
@@ -112,11 +113,11 @@ class LLMTool(BaseTool):
         except OpenAIError as error:
             return None, ToolResult(error=f"expert {alias!r} failed: {error}")
         usage = Usage(reply.input_tokens, reply.output_tokens, reply.reasoning_tokens)
-        cost = self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(usage,
-                                                                              reply.latency_s)
+        seconds = billed_seconds(self.spec, reply.latency_s, context)
+        cost = self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(usage, seconds)
         return reply.text, ToolResult(output=reply.text, usage=usage, cost_usd=cost,
-                                      latency_s=reply.latency_s)
+                                      latency_s=seconds)
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        _, result = await self.ask(arguments["model"], arguments["question"])
+        _, result = await self.ask(arguments["model"], arguments["question"], context)
         return result

@@ -42,7 +42,7 @@ import yaml
 
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
-                                  ToolSpec, Usage)
+                                  ToolSpec, Usage, billed_seconds)
 from nemo_orch.tools.schema import argument_errors
 
 logger = logging.getLogger(__name__)
@@ -229,12 +229,15 @@ class Toolbox:
     call inside: started and closed with the toolbox, not offered and not callable by name.
     With ``show_prices``, the schemas offered list the prices of the models a tool chooses
     among (:class:`~nemo_orch.tools.base.PricedModels`). ``simulated_latency_s``: every call
-    that runs waits this long first (``tools.simulated_latency_s``).
+    that runs waits this long first (``tools.simulated_latency_s``). ``modeled_time``: calls are
+    billed by each tool's model of its time, not the clock (``tools.timing=modeled``;
+    :func:`~nemo_orch.tools.base.billed_seconds`).
     """
 
     def __init__(self, tools: Sequence[Tool], cache_entries: int = 4096,
                  cache_bytes: int = 64 << 20, parts: Sequence[Tool] = (),
-                 show_prices: bool = True, simulated_latency_s: float = 0.0) -> None:
+                 show_prices: bool = True, simulated_latency_s: float = 0.0,
+                 modeled_time: bool = False) -> None:
         self.tools: dict[str, Tool] = {}
         for tool in tools:
             if tool.spec.name in self.tools:
@@ -242,6 +245,7 @@ class Toolbox:
             self.tools[tool.spec.name] = tool
         self.parts = list(parts)
         self.show_prices, self.simulated_latency_s = show_prices, simulated_latency_s
+        self.modeled_time = modeled_time
         self.cache = ResultCache(cache_entries, cache_bytes)
         self._limits: dict[str, asyncio.Semaphore] = {}
 
@@ -264,7 +268,8 @@ class Toolbox:
             raise ToolError(f"unknown tools {unknown}; declared: {sorted(self.tools)}")
         subset = Toolbox([self.tools[n] for n in names], parts=self.parts,
                          show_prices=self.show_prices,
-                         simulated_latency_s=self.simulated_latency_s)
+                         simulated_latency_s=self.simulated_latency_s,
+                         modeled_time=self.modeled_time)
         subset.cache, subset._limits = self.cache, self._limits
         return subset
 
@@ -296,6 +301,8 @@ class Toolbox:
         tool = self.tools.get(name)
         if tool is None:
             return ToolResult(error=f"unknown tool {name!r}; available: {', '.join(self.tools)}")
+        if self.modeled_time:
+            context = dataclasses.replace(context, modeled_time=True)
         problems = argument_errors(tool.spec.parameters, arguments)
         if problems:
             return ToolResult(error=f"invalid arguments for {name}: {'; '.join(problems)}")
@@ -322,7 +329,7 @@ class Toolbox:
             try:
                 result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
             except asyncio.TimeoutError:
-                elapsed = time.perf_counter() - start
+                elapsed = billed_seconds(spec, time.perf_counter() - start, context)
                 return ToolResult(error=f"{spec.name} timed out after {spec.timeout_s:g} s",
                                   cost_usd=spec.pricing.cost(Usage(), elapsed),
                                   latency_s=elapsed)
@@ -331,12 +338,14 @@ class Toolbox:
             except Exception as error:  # a broken tool must not end the episode
                 logger.exception("tool %s raised", spec.name)
                 return ToolResult(error=f"{spec.name} failed: {type(error).__name__}: {error}",
-                                  latency_s=time.perf_counter() - start)
+                                  latency_s=billed_seconds(spec, time.perf_counter() - start,
+                                                           context))
         if not isinstance(result, ToolResult):
             return ToolResult(error=f"{spec.name} returned {type(result).__name__}, not a "
                               "ToolResult")
         if result.latency_s == 0.0:
-            result = dataclasses.replace(result, latency_s=time.perf_counter() - start)
+            result = dataclasses.replace(result, latency_s=billed_seconds(
+                spec, time.perf_counter() - start, context))
         return result
 
 

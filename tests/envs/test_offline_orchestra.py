@@ -5,6 +5,7 @@ a hand computation and against played episodes; the margins the world is built t
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 from collections import Counter, defaultdict
 
@@ -15,9 +16,12 @@ from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.oracle import route_of
 from nemo_orch.envs.offline.values import best
 from nemo_orch.envs.offline.world import ORCHESTRA, make_tasks
+from nemo_orch.config import RolloutConfig
 from nemo_orch.eval.agents import NaiveRouterAgent
 from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import initial_messages
+from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.simulated_expert import holds
 
@@ -162,6 +166,37 @@ def test_answerers_read_the_evidence_and_are_distracted_by_the_rest(config):
     assert rates["passage"] == pytest.approx(0.76, abs=0.08)
     assert rates["distracted"] == pytest.approx(0.76 * 0.5, abs=0.1)
     assert rates["nothing"] < 0.1
+
+
+def test_episodes_are_the_same_one_at_a_time_and_eight_at_once(config, tiny_tokenizer):
+    """The offline world times and bills every call by the tools' models (tools.timing=modeled),
+    not the clock: episodes through the real retriever and sandbox come out the same whatever
+    ran beside them, cost and seconds included."""
+    route = [("search", "search-2"), ("enhance_reasoning", "reasoner-3"), ("answer", "answer-4")]
+
+    def reply(prompt: str) -> str:
+        tool, model = route[prompt.count("<tool_response>")]
+        call = {"name": tool, "arguments": {"model": model}}
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    async def rollouts(concurrency: int):
+        async with build_toolbox(config.tools) as toolbox:
+            return await run_rollouts(
+                of("lookup_compute")[:4], 2, ScriptedEngine(tiny_tokenizer, reply), toolbox,
+                tiny_tokenizer, RolloutConfig(max_context_tokens=8192, max_turns=3,
+                                              max_concurrent_episodes=concurrency,
+                                              max_batch_size=concurrency), seed=5)
+
+    def comparable(trajectory) -> dict:
+        return {key: value for key, value in trajectory.to_json().items()
+                if key != "wall_seconds"}
+
+    alone, together = asyncio.run(rollouts(1)), asyncio.run(rollouts(8))
+    assert [comparable(t) for t in alone] == [comparable(t) for t in together]
+    calls = [call for trajectory in alone for turn in trajectory.turns for call in turn.calls]
+    assert len(calls) == 3 * len(alone) and all(call.error is None for call in calls)
+    assert {call.tool for call in calls} == {"search", "enhance_reasoning", "answer"}
+    assert all(trajectory.termination == "answer" for trajectory in alone)
 
 
 def test_the_oracle_enumerates_multi_step_routes_and_matches_a_hand_computation(writers):

@@ -104,6 +104,17 @@ def test_tool_call_then_answer(tiny_tokenizer):
     assert json.loads(json.dumps(record))["termination"] == "answer"
 
 
+def test_modeled_time_times_turns_by_their_tokens_and_calls_by_their_tools(tiny_tokenizer):
+    toolbox = Toolbox([DelayedEcho(echo_spec("slow", latency_hint_s=0.5), default_delay_s=0.2)],
+                      modeled_time=True)
+    (trajectory,), _ = rollout(tiny_tokenizer, [Task("t1", "slow: 42", system=SYSTEM)],
+                               toolbox=toolbox, tokens_per_second=50.0)
+    assert [turn.generation_seconds for turn in trajectory.turns] == [
+        turn.output_tokens / 50.0 for turn in trajectory.turns]
+    assert trajectory.tool_seconds == 0.5
+    assert trajectory.wall_seconds >= 0.2  # the clock still says how long it took
+
+
 def test_tools_are_handed_earlier_observations_and_may_end_the_episode(tiny_tokenizer):
     """Each call gets what the episode's earlier calls returned (an expert's context); a tool
     that answers ends the episode with its answer, with no turn after it."""

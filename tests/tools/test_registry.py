@@ -169,6 +169,31 @@ def test_simulated_latency_delays_every_call_that_runs():
         config_lib.load(["tools.simulated_latency_s=-1"])
 
 
+def test_modeled_time_takes_each_calls_seconds_from_the_tool_not_the_clock():
+    spec = echo_spec(latency_hint_s=0.25, timeout_s=0.2)
+    modeled = Toolbox([DelayedEcho(spec)], modeled_time=True).subset(["echo"])
+
+    async def scenario(toolbox):
+        return await asyncio.gather(toolbox.call("echo", {"text": "a", "delay_s": 0.05}),
+                                    toolbox.call("echo", {"text": "raise"}),
+                                    toolbox.call("echo", {"text": "b", "delay_s": 1.0}))
+
+    done, raised, timed_out = asyncio.run(scenario(modeled))
+    assert done.output == "a" and "asked to fail" in raised.error and "timed out" in timed_out.error
+    assert [r.latency_s for r in (done, raised, timed_out)] == [0.25] * 3
+    measured = asyncio.run(scenario(Toolbox([DelayedEcho(spec)])))
+    assert 0.05 <= measured[0].latency_s < 0.25 and measured[2].latency_s >= 0.2
+    # The offline worlds' tools are modeled (tools.timing), a deployment's measured.
+    from nemo_orch import config as config_lib
+    from nemo_orch.config import ConfigError
+    from nemo_orch.rollout.builders import build_toolbox
+
+    assert build_toolbox(config_lib.load([]).tools).modeled_time
+    assert not build_toolbox(config_lib.load(["tools=experts"]).tools).modeled_time
+    with pytest.raises(ConfigError, match="tools.timing must be measured|modeled"):
+        config_lib.load(["tools.timing=clock"])
+
+
 def test_subset_shares_instances_and_rejects_unknown():
     echo = DelayedEcho(echo_spec())
     toolbox = Toolbox([echo, DelayedEcho(echo_spec("other"))])

@@ -4,6 +4,7 @@ host is unaffected, and the next call still works."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_orch.tools.base import ToolContext, ToolError, ToolResult
+from nemo_orch.tools.base import ToolContext, ToolError, ToolResult, Usage
 from nemo_orch.tools.sandbox import V2, PythonSandbox, SandboxLimits, default_spec, pool
 from nemo_orch.tools.sandbox.cgroups import (_cgroup_v1_dir, _cgroup_v2_dir, _delegated_v2,
                                              _oom_kills, _write_cgroup_limits)
@@ -25,7 +26,8 @@ from nemo_orch.tools.sandbox.cgroups import (_cgroup_v1_dir, _cgroup_v2_dir, _de
 CTX = ToolContext(task_id="t", episode_id="e")
 
 
-def run(codes: list[str], concurrent: bool = False, **options) -> tuple[list[ToolResult], tuple]:
+def run(codes: list[str], concurrent: bool = False, context: ToolContext = CTX,
+        **options) -> tuple[list[ToolResult], tuple]:
     """Start a sandbox, run ``codes`` (then ``print(1)`` to show the next call works), close it."""
     options = {"timeout_s": 2.0, "memory_mb": 256, **options}
 
@@ -33,7 +35,7 @@ def run(codes: list[str], concurrent: bool = False, **options) -> tuple[list[Too
         sandbox = PythonSandbox(default_spec(), **options)
         await sandbox.start()
         try:
-            calls = [sandbox.call({"code": code}, CTX) for code in codes]
+            calls = [sandbox.call({"code": code}, context) for code in codes]
             if concurrent:
                 results = list(await asyncio.gather(*calls))
             else:
@@ -69,6 +71,16 @@ def test_print_and_accounting():
     assert result.latency_s > 0
     assert result.cost_usd == pytest.approx(default_spec().pricing.per_second * result.latency_s)
     assert "rlimits" in isolation
+
+
+def test_modeled_time_bills_the_declared_latency_not_the_clock():
+    spec = default_spec()
+    modeled = dataclasses.replace(CTX, modeled_time=True)
+    results, _ = run(["print(1)", "import time; time.sleep(0.3); print(2)"], context=modeled)
+    for result in results:
+        assert result.error is None
+        assert result.latency_s == spec.latency_hint_s
+        assert result.cost_usd == spec.pricing.cost(Usage(), spec.latency_hint_s)
 
 
 def test_syntax_error_and_exception_show_their_message():
