@@ -39,6 +39,7 @@ class DataConfig:
     demo_agent: str = NAIVE_ROUTERS
     num_offline_conversations: int = 2000
     num_copy_conversations: int = 0
+    # SFT's sequence length: longer conversations are dropped and counted, not truncated.
     seq_length: int = 640
     demo_routers: dict[str, float] = field(default_factory=lambda: {
         "strongest": 0.1, "instructed": 0.5, "family": 0.25, "random": 0.15})

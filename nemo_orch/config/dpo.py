@@ -31,6 +31,7 @@ class DPOConfig:
     pairs_path: Optional[str] = None
     tasks: int = 256
     min_margin: float = 0.1
+    # DPO's optimizer steps.
     max_steps: int = 50
     micro_batch_size: int = 4
     global_batch_size: int = 16
@@ -38,6 +39,7 @@ class DPOConfig:
     # clip; on the main job 5e-4 broke the call format (docs/dpo.md).
     optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=2e-5, min_lr=2e-5, warmup_steps=0))
+    # Save a checkpoint every this many steps (and at the last).
     save_interval: int = 25
 
     def __post_init__(self) -> None:

@@ -52,10 +52,14 @@ class UserConfig:
     takes no temperature or top_p)."""
 
     base_url: Optional[str] = None
+    # The user's model name at base_url.
     model: Optional[str] = None
     api_key_env: Optional[str] = None
-    temperature: float = 0.0  # tau2's DEFAULT_LLM_ARGS_USER
+    # Sampling temperature of the user's replies (tau2's DEFAULT_LLM_ARGS_USER).
+    temperature: float = 0.0
+    # Nucleus sampling of the user's replies (null: not sent).
     top_p: Optional[float] = None
+    # Most tokens of each user reply (null: not sent).
     max_tokens: Optional[int] = None
     seed: Optional[int] = None
     timeout_s: float = 120.0
@@ -95,6 +99,7 @@ class EncoderConfig:
     pooling: Optional[str] = None
     query_prefix: Optional[str] = None
     document_prefix: Optional[str] = None
+    # Most tokens of a text the encoder reads.
     max_length: int = 512
 
     def options(self) -> str | dict[str, object]:

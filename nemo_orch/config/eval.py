@@ -31,7 +31,9 @@ class MonolithConfig:
     usd_per_million: Optional[list[float]] = None
     drop_tools: list[str] = field(default_factory=lambda: ["call_expert"])
     tools: Optional[list[str]] = None
+    # Most tokens of each reply.
     max_tokens: int = 1024
+    # Sampling temperature (not sent in the openai-reasoning dialect).
     temperature: float = 0.0
     dialect: Any = "openai-reasoning"
     timeout_s: float = 600.0

@@ -15,6 +15,7 @@ class CurriculumStage:
     step ``until_step`` is done or until a step's mean reward reaches ``until_reward``
     (whichever comes first; neither: to the end, which only the last stage may do)."""
 
+    # The names of the tools every task offers in this stage (null: all declared).
     tools: Optional[list[str]] = None
     until_step: Optional[int] = None
     until_reward: Optional[float] = None
@@ -40,6 +41,7 @@ class AsyncGRPOConfig:
     samples need an old-policy term that knows them: ``grpo.old_logprobs=engine``, or
     ``grpo.importance_sampling_cap`` (decoupled PPO, as NeMo-RL's)."""
 
+    # Run the rollouts ahead of training.
     enabled: bool = False
     max_trajectory_age_steps: int = 1
 
@@ -127,10 +129,12 @@ class GRPOConfig:
     """
 
     algo: str = "grpo"
+    # GRPO steps (rollouts, then updates).
     max_steps: int = 40
     prompts_per_step: int = 8
     updates_per_step: int = 1
     mini_batches: int = 1
+    # Samples per forward/backward pass.
     micro_batch_size: int = 8
     # A constant learning rate; weight decay, betas and clipping as SFT's.
     optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
@@ -149,10 +153,12 @@ class GRPOConfig:
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2
+    # Save a checkpoint every this many steps (and at the last).
     save_interval: int = 10
     val_interval: int = 0
     val_tasks: int = 32
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
+    # PPO's critic and GAE (grpo.algo=ppo, which conf/grpo/ppo.yaml sets); null for GRPO.
     ppo: Optional[PPOConfig] = None
 
     def __post_init__(self) -> None:

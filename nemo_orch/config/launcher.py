@@ -96,6 +96,7 @@ class ExpertServerConfig:
     ``container_image``: null runs it in the launcher's image (which has trtllm-serve, not vLLM:
     see ``containers/README.md``)."""
 
+    # The server's name (lowercase letters, digits, dashes): its SLURM component.
     name: str = MISSING
     engine: str = "vllm"
     model: str = MISSING
@@ -144,6 +145,7 @@ class LauncherConfig:
     """
 
     executor: str = "local"
+    # The command the job runs: `train`, `sft` or `grpo`.
     job: str = "train"
     nodes: int = 1
     gpus_per_node: int = 0

@@ -31,21 +31,38 @@ class ModelConfig:
     ``model=qwen3-0.6b model.fp8=hybrid model.fp8_recipe=tensorwise``.
     """
 
+    # The preset's name (conf/model/<preset>.yaml), as `nemo-orch plan` reports it.
     preset: str = "micro"
+    # Transformer layers (HF num_hidden_layers).
     num_layers: int = 4
+    # Width of the residual stream.
     hidden_size: int = 128
+    # Query heads per layer.
     num_attention_heads: int = 4
+    # Key/value heads (grouped-query attention; HF num_key_value_heads).
     num_query_groups: int = 2
+    # Width of one attention head (HF head_dim).
     kv_channels: int = 32
+    # Width of the SwiGLU MLP (HF intermediate_size).
     ffn_hidden_size: int = 512
+    # Rows of the embedding and output layers; at least the tokenizer's vocabulary.
     vocab_size: int = 2048
+    # The longest sequence the model takes (RoPE positions).
     max_position_embeddings: int = 1024
+    # RoPE's base (HF rope_theta).
     rotary_base: float = 1_000_000.0
+    # RMSNorm's epsilon (HF rms_norm_eps).
     layernorm_epsilon: float = 1e-6
+    # RMSNorm on each head's queries and keys (Qwen3's QK-norm).
     qk_layernorm: bool = True
+    # Tie the output layer to the input embedding (HF tie_word_embeddings).
     share_embeddings_and_output_weights: bool = False
+    # Standard deviation of the random initial weights (HF initializer_range).
     init_method_std: float = 0.02
+    # The parameters' dtype: float32, bfloat16 or float16.
     params_dtype: str = "float32"
+    # Megatron's layer spec: `local` (plain PyTorch, the CPU path) or `transformer_engine` (GPU,
+    # FP8).
     transformer_impl: str = "local"
     fp8: Optional[str] = None
     fp8_recipe: str = "delayed"
@@ -57,6 +74,8 @@ class ModelConfig:
     first_last_layers_bf16: bool = False
     num_layers_at_start_in_bf16: int = 1
     num_layers_at_end_in_bf16: int = 1
+    # Activation recomputation: null (none), `selective` (attention) or `full` (every layer's, one
+    # at a time).
     recompute_granularity: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -128,10 +147,16 @@ class ModelConfig:
 class ParallelConfig:
     """Megatron parallel sizes; world size must equal tp * pp * dp."""
 
+    # Tensor-parallel size.
     tp: int = 1
+    # Pipeline-parallel size; divides model.num_layers.
     pp: int = 1
+    # Data-parallel size.
     dp: int = 1
+    # Shard the activations outside attention and MLP along the sequence over the TP ranks
+    # (Transformer Engine only).
     sequence_parallel: bool = False
+    # Shard the optimizer's state (and FP32 main weights) over the data-parallel ranks.
     use_distributed_optimizer: bool = True
 
     def __post_init__(self) -> None:
@@ -155,7 +180,9 @@ class TokenizerConfig:
     schemas: sequences a third as long for a model trained from scratch)."""
 
     path: Optional[str] = None
+    # Size of the BPE vocabulary trained for the run (path null).
     vocab_size: int = 2000
+    # A pair merges into a BPE token only if it occurs at least this often (path null).
     min_frequency: int = 2
     chat_format: str = "compact"
 

@@ -18,8 +18,11 @@ class OptimizerConfig:
     lr: float = 2e-3
     min_lr: float = 2e-4
     warmup_steps: int = 10
+    # Adam's decoupled weight decay.
     weight_decay: float = 0.01
+    # Adam's first-moment decay.
     adam_beta1: float = 0.9
+    # Adam's second-moment decay.
     adam_beta2: float = 0.95
     grad_clip: float = 1.0
 

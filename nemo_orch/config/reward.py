@@ -38,11 +38,16 @@ class RewardConfig:
     """
 
     combination: str = "preference"
+    # A numeric answer matches the reference within this relative tolerance (math.isclose's).
     numeric_rel_tol: float = 1e-6
+    # A numeric answer matches the reference within this absolute tolerance (math.isclose's).
     numeric_abs_tol: float = 1e-9
+    # An answer longer than this many words is wrong, unread.
     max_answer_words: int = 500
     judge_base_url: Optional[str] = None
+    # The judge's model name at judge_base_url.
     judge_model: Optional[str] = None
+    # The environment variable holding the judge's API key (null: none sent).
     judge_api_key_env: Optional[str] = None
     judge_max_retries: int = 2
     judge_timeout_s: float = 60.0
@@ -57,17 +62,29 @@ class RewardConfig:
         "outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2})
     # linear: alpha * outcome - beta * usd/usd_reference - gamma * s/seconds_reference + delta * pref
     linear_alpha: float = 0.6
+    # linear: the cost coefficient (USD over usd_reference).
     linear_beta: float = 0.25
+    # linear: the latency coefficient (seconds over seconds_reference).
     linear_gamma: float = 0.1
+    # linear: the preference coefficient.
     linear_delta: float = 0.05
     usd_reference: float = 0.01
+    # Seconds that count as one unit of latency in the linear combination.
     seconds_reference: float = 10.0
     # advantages and filters
+
+    # A trajectory's baseline is the mean reward of the rest of its group (else the group's).
     leave_one_out: bool = False
+    # Advantages are clipped to [-advantage_clip, advantage_clip].
     advantage_clip: float = 3.0
+    # Added to a group's reward std before dividing by it.
     advantage_eps: float = 1e-6
+    # Trajectories with a format error get no loss.
     drop_format_errors: bool = False
+    # Trajectories that never answered get no loss.
     drop_unanswered: bool = False
+    # A group whose rewards spread less than this trains nothing (no signal for GRPO's group
+    # baseline).
     min_group_std: float = 1e-6
 
     def __post_init__(self) -> None:

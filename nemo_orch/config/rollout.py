@@ -71,9 +71,11 @@ class RolloutConfig:
     sampled tokens included (each turn's seed travels with its prompt into the engine).
     """
 
+    # The policy's engine: `hf` (CPU), `trtllm`, `vllm` (GPU) or `openai` (served).
     engine: str = "hf"
     policy: Optional[str] = None
     base_url: Optional[str] = None
+    # The served model's name at base_url (engine openai).
     model_name: Optional[str] = None
     api_key_env: Optional[str] = None
     dialect: Any = DEFAULT_DIALECT
@@ -84,23 +86,36 @@ class RolloutConfig:
     sleep_level: int = 1
     refit_bucket_mb: int = 512
     engine_threads: int = 1
+    # Episodes per task: a GRPO group.
     group_size: int = 8
     max_turns: int = 10
     max_new_tokens: int = 96
     max_context_tokens: Optional[int] = None
     max_observation_tokens: int = 512
+    # Sampling temperature (0: greedy).
     temperature: float = 1.0
+    # Nucleus sampling's probability mass (1: off).
     top_p: float = 1.0
+    # Sample from the k most likely tokens only (0: off).
     top_k: int = 0
+    # How the policy answers: a final <answer>...</answer> (`tag`) or a call of the answer tool
+    # (`tool`).
     answer_format: str = "tag"
+    # Several tool calls in one turn: all run (`parallel`), or the first only, the rest a format
+    # error (`first`).
     multiple_calls: str = "parallel"
+    # Episodes in flight at once (each with its tool calls and user).
     max_concurrent_episodes: int = 64
+    # Most prompts the engine generates for in one batch.
     max_batch_size: int = 64
     # The orchestrator's own price (USD per million tokens), counted in every trajectory's cost.
     input_usd_per_million: float = 0.2
+    # The orchestrator's price of its output tokens (USD per million).
     output_usd_per_million: float = 0.2
     # The orchestrator's modeled speed: its turns' seconds under tools.timing=modeled.
     tokens_per_second: float = 100.0
+    # Check each turn that the kept tokens decode to the chat template's rendering (never
+    # re-tokenized).
     check_template: bool = True
     backend: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)

@@ -19,7 +19,9 @@ class RunConfig:
     (never in the config).
     """
 
+    # The run's name: its outputs go to output_dir/name.
     name: str = "tiny-sft"
+    # Seeds data, initialization, sampling and tools: a seed gives the same run.
     seed: int = 1234
     output_dir: str = "runs"
     wandb_project: Optional[str] = None

@@ -25,6 +25,7 @@ class ServeConfig:
     waits at most ``shutdown_timeout_s`` for requests in flight. ``api_key_env`` names the
     variable holding the key the orchestrator's clients must send (null: none)."""
 
+    # The address the servers listen on.
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001

@@ -29,6 +29,7 @@ class SynthConfig:
     api_key_env: Optional[str] = None
     dialect: Any = DEFAULT_DIALECT
     out_dir: str = "runs/synth"
+    # Domains synthesized.
     num_domains: int = 1
     records_per_table: int = 10
     num_purposes: int = 5
@@ -38,10 +39,15 @@ class SynthConfig:
     max_retries: int = 2
     max_llm_calls: Optional[int] = None
     max_usd: Optional[float] = None
+    # The synthesis model's price of input tokens (USD per million), for max_usd.
     input_usd_per_million: float = 0.0
+    # The synthesis model's price of output tokens (USD per million).
     output_usd_per_million: float = 0.0
+    # Sampling temperature of every request.
     temperature: float = 0.7
+    # Most tokens a reply may have.
     max_tokens: int = 8192
+    # Seconds each request may take.
     timeout_s: float = 300.0
     concurrency: int = 4
 

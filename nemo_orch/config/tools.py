@@ -13,9 +13,13 @@ class ToolsConfig:
     files (``Domain.save``: their tools act on each episode's database, and their tasks are
     scored on it) and the cache of deterministic tools' results."""
 
+    # Tool declaration files or directories (relative to conf/): the tools the policy is offered.
     declarations: list[str] = field(default_factory=lambda: ["tools/orchestra"])
+    # Domain files (Domain.save): tools acting on each episode's database, tasks scored on it.
     domains: list[str] = field(default_factory=list)
+    # Most results the deterministic tools' cache keeps (0: no cache).
     cache_entries: int = 4096
+    # Most MiB of results the cache keeps.
     cache_mb: int = 64
     # USD per million (input, output) tokens of models, over the built-in list prices
     # (nemo_orch/tools/pricing.py): how a price table is swapped at evaluation time.
