@@ -15,10 +15,13 @@ $(STAMP): requirements.txt setup.py pyproject.toml
 	touch $(STAMP)
 
 # The tests also run the tau2-bench adapter against the real benchmark, real PyTriton servers,
-# NeMo-Run and Ray: the tau2, serve and launch extras, resolved together with the pins.
-$(TEST_STAMP): $(STAMP) requirements-tau2.txt requirements-serve.txt requirements-launch.txt
+# NeMo-Run and Ray, and build the documentation site: the tau2, serve and launch extras and the
+# docs tools, resolved together with the pins.
+$(TEST_STAMP): $(STAMP) requirements-tau2.txt requirements-serve.txt requirements-launch.txt \
+		requirements-docs.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt \
-		-r requirements-tau2.txt -r requirements-serve.txt -r requirements-launch.txt
+		-r requirements-tau2.txt -r requirements-serve.txt -r requirements-launch.txt \
+		-r requirements-docs.txt
 	touch $(TEST_STAMP)
 
 train: $(STAMP)
