@@ -8,8 +8,8 @@ keys, when the file is stale or a key has no meaning.
 A key's meaning is stated once, in the code, and read from there:
 
 1. the ``#`` comment directly above the field, or beside it, in the dataclass's source; else
-2. the sentence of the class docstring that begins with the field's name in double backticks
-   (````name````), else the first sentence that mentions it so.
+2. the sentence of the class docstring that begins with the field's name as a literal (in double
+   backticks, alone or starting one: ``name=false``), else the first sentence that mentions it so.
 
 A field with neither is an error: add a comment above it.
 """
@@ -45,8 +45,9 @@ or in a recipe; `nemo-orch <command> --print-config` prints the resolved tree. A
 once, when the config is loaded (`nemo_orch/config/`): an unknown key or a wrong type fails there,
 naming it.
 
-This page is generated from the config dataclasses (`{REGENERATE}`); each meaning is the comment
-or docstring sentence that states it in `nemo_orch/config/`, which is where to change it.
+This page is generated from the config dataclasses by `{REGENERATE}`. Each
+meaning is the comment or docstring sentence that states it in `nemo_orch/config/`, which is
+where to change it.
 """
 
 
@@ -136,8 +137,8 @@ def _render_default(value: Any) -> str:
 
 def _type_name(annotation: Any) -> str:
     # Under `from __future__ import annotations` the type is the source's spelling: keep it.
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    return f"`{text or annotation}`"
+    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    return f"`{text}`"
 
 
 def field_meanings(cls: type) -> dict[str, str]:
@@ -258,11 +259,8 @@ def render(sections: list[Section]) -> str:
     return "".join(parts)
 
 
-def _row_keys(text: str) -> dict[str, str]:
-    """The key rows of a rendered reference, by key."""
-    rows = re.findall(r"^\| `([^`]+)` \|.*$", text, flags=re.MULTILINE)
-    lines = re.findall(r"^\| `[^`]+` \|.*$", text, flags=re.MULTILINE)
-    return dict(zip(rows, lines))
+def _rows_by_key(text: str) -> dict[str, str]:
+    return {row[1]: row[0] for row in re.finditer(r"^\| `([^`]+)` \|.*$", text, re.MULTILINE)}
 
 
 def problems(sections: list[Section], written: str) -> list[str]:
@@ -272,9 +270,9 @@ def problems(sections: list[Section], written: str) -> list[str]:
              for path in undocumented(sections)]
     expected = render(sections)
     if written != expected:
-        new, old = _row_keys(expected), _row_keys(written)
+        new, old = _rows_by_key(expected), _rows_by_key(written)
         stale = sorted(key for key in new.keys() | old.keys() if new.get(key) != old.get(key))
-        found.append(f"{REFERENCE.relative_to(ROOT)} is stale ("
+        found.append(f"{REFERENCE} is stale ("
                      + (", ".join(stale) if stale else "outside the key rows")
                      + f"): run {REGENERATE}")
     return found
@@ -286,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="write nothing; exit 1 if the reference is stale or a key lacks a "
                              "meaning")
     arguments = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # run as a script, only scripts/ is on the path
     from nemo_orch.config import Config
 
     sections = describe(Config)

@@ -84,3 +84,16 @@ def test_a_stale_reference_fails_the_check_naming_the_key(edit: str) -> None:
     stale = current.replace(row, row.replace("`0`", "`5`") if edit == "change" else "")
     (problem,) = config_reference.problems(sections, stale)
     assert "stale" in problem and "rollout.top_k" in problem
+
+
+def test_the_command_writes_the_reference_and_checks_it(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    reference = tmp_path / "configuration.md"
+    monkeypatch.setattr(config_reference, "REFERENCE", reference)
+    assert config_reference.main([]) == 0
+    assert config_reference.main(["--check"]) == 0
+    reference.write_text(reference.read_text().replace("| `run.seed` | `int` | `1234` |",
+                                                       "| `run.seed` | `int` | `7` |"))
+    assert config_reference.main(["--check"]) == 1
+    assert "is stale (run.seed)" in capsys.readouterr().err
