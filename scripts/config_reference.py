@@ -84,18 +84,17 @@ def _walk(cls: type, instance: Any, path: str, summary: str, sections: list[Sect
         key = f"{path}.{item.name}" if path else item.name
         value = _field_value(item, instance)
         nested = _dataclass_in(hints[item.name])
-        meaning = meanings.get(item.name, "")
-        if nested is None:
-            section.keys.append(Key(key, _type_name(item.type), _render_default(value), meaning))
-            continue
-        # A section's line: the comment on its field, else what its own class says first.
-        nested_summary = _markdown(_comment(cls, item.name) or _first_sentence(nested))
-        if value is not None and not isinstance(value, list):
-            _walk(nested, value, key, nested_summary, sections)
-            continue
-        section.keys.append(Key(key, _type_name(item.type), _render_default(value), meaning))
-        suffix = "[]" if isinstance(value, list) else ""
-        _walk(nested, _default_instance(nested), f"{key}{suffix}", nested_summary, sections)
+        # A dataclass that is there by default is a section alone; a list of them, or one that
+        # is null by default, is also a key.
+        holds_section = nested is not None and value is not None and not isinstance(value, list)
+        if not holds_section:
+            section.keys.append(Key(key, _type_name(item.type), _render_default(value),
+                                    meanings.get(item.name, "")))
+        if nested is not None:
+            # Its line: the comment on its field, else what its own class says first.
+            summary = _markdown(_comment(cls, item.name) or _first_sentence(nested))
+            _walk(nested, value if holds_section else _default_instance(nested),
+                  f"{key}[]" if isinstance(value, list) else key, summary, sections)
 
 
 def _dataclass_in(hint: Any) -> type | None:
@@ -155,7 +154,8 @@ def field_meanings(cls: type) -> dict[str, str]:
 
 def _declaring_class(cls: type, name: str) -> type:
     """The class whose body declares the field (an inherited field's is a base class)."""
-    return next(owner for owner in cls.__mro__ if name in owner.__dict__.get("__annotations__", {}))
+    return next(owner for owner in cls.__mro__
+                if name in owner.__dict__.get("__annotations__", {}))
 
 
 @cache
