@@ -154,8 +154,7 @@ def field_meanings(cls: type) -> dict[str, str]:
 
 def _declaring_class(cls: type, name: str) -> type:
     """The class whose body declares the field (an inherited field's is a base class)."""
-    return next(owner for owner in cls.__mro__
-                if name in owner.__dict__.get("__annotations__", {}))
+    return next(owner for owner in cls.__mro__ if name in inspect.get_annotations(owner))
 
 
 @cache
