@@ -74,6 +74,20 @@ def remote_experiment_dir(config: Config, experiment_id: str) -> str:
     return f"{config.launcher.slurm.job_dir}/experiments/{config.run.name}/{experiment_id}"
 
 
+def absolute_paths(overrides: list[str], here: Path) -> list[str]:
+    """``overrides`` as the job must see them: it starts in the experiment's ``code/``
+    directory, not ``here``, so a value naming a file or directory that exists relative to
+    ``here`` (``trainer.init_from=runs/latest/sft/checkpoints``) becomes its absolute path, a
+    link (``runs/latest``) resolved as it is now, when the job is submitted."""
+    def absolute(override: str) -> str:
+        key, equals, value = override.partition("=")
+        if equals and value and not os.path.isabs(value) and (here / value).exists():
+            return f"{key}={(here / value).resolve()}"
+        return override
+
+    return [absolute(override) for override in overrides]
+
+
 def job_arguments(config: Config, overrides: list[str]) -> list[str]:
     """What ``nemo_orch.launcher.job`` gets: each expert's endpoint (its host: heterogeneous
     component ``i``, from 1), the Ray cluster's head (on the first training node) and its nodes
@@ -259,6 +273,7 @@ def launch(config: Config, overrides: list[str], dryrun: bool) -> int:
     if missing and not dryrun:
         raise ConfigError(f"launcher.secret_env: {', '.join(missing)} not set in this "
                           "environment (the job takes them from it)")
+    overrides = absolute_paths(overrides, Path.cwd())
     experiment_id = f"{config.run.name}_{time.time_ns()}"  # NeMo-Run's form: title_id
     experiment_dir = Path(remote_experiment_dir(config, experiment_id))
     with contextlib.ExitStack() as stack:

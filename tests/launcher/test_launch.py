@@ -111,6 +111,22 @@ def test_the_ray_head_runs_beside_the_training_and_its_workers_join_it(rendered)
         assert line in script.splitlines()
 
 
+def test_paths_relative_to_the_launch_reach_the_job_absolute(tmp_path):
+    """The job starts in the experiment's code/ directory, not where it was launched: a relative
+    path that exists there reaches it absolute (runs/latest resolved at submission), the rest
+    as given."""
+    (tmp_path / "runs" / "e2e" / "sft" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "latest").symlink_to("e2e")
+    result = run_cli("launch", "--executor", "slurm", "--dryrun", "recipe=micro-cpu-slurm",
+                     f"launcher.slurm.job_dir={tmp_path / 'jobs'}",
+                     "trainer.init_from=runs/latest/sft/checkpoints", cwd=tmp_path)
+    (torchrun,) = [line for line in result.stdout.splitlines()
+                   if line.startswith("exec torchrun ")]
+    assert (f" grpo recipe=micro-cpu-slurm launcher.slurm.job_dir={tmp_path / 'jobs'} "
+            f"trainer.init_from={tmp_path.resolve() / 'runs/e2e/sft/checkpoints'}"
+            ) in torchrun
+
+
 def test_a_layout_that_does_not_match_the_allocation_is_not_launched(capsys):
     assert cli.main(["launch", "--executor", "slurm", "--dryrun", f"recipe={RECIPE}",
                      "parallel.dp=2"]) == 2
