@@ -18,6 +18,17 @@ from pathlib import Path
 TINY_LONG_MODEL = ["model.max_position_embeddings=2560", "model.num_layers=2",
                    "model.hidden_size=64", "model.ffn_hidden_size=128", "model.kv_channels=16"]
 
+# The main job (`nemo-orch train`) in seconds: a few steps of each stage on a handful of tasks.
+TINY_MAIN_JOB = ["run.name=e2e", "data.num_offline_conversations=24",
+                 "data.num_copy_conversations=24", "tokenizer.vocab_size=1000",
+                 "model.vocab_size=1024", "trainer.max_steps=2", "trainer.global_batch_size=4",
+                 "trainer.micro_batch_size=2", "trainer.num_threads=1", "grpo.max_steps=2",
+                 "grpo.prompts_per_step=2", "rollout.group_size=2", "grpo.mini_batches=1",
+                 "grpo.micro_batch_size=2", "eval.tasks=4", "rollout.max_turns=2",
+                 "rollout.max_new_tokens=8", "data.toolscale_tasks_per_domain=6",
+                 "data.toolscale_eval_tasks=2",
+                 "reward.min_group_std=0"]  # a random policy's groups all score 0: keep them
+
 
 def grpo_overrides(start: Path, out: Path, *extra: str) -> list[str]:
     """A few-second ``nemo-orch grpo`` from the ``start`` checkpoint (run dir ``out/run``)."""

@@ -95,6 +95,17 @@ def start_checkpoint(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="session")
+def tiny_main_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """``nemo-orch train`` with a few steps of each stage (``TINY_MAIN_JOB``), run as a newcomer
+    runs ``make train``: from a directory of its own, whose ``runs/latest`` is the run. Its
+    directory and the completed process."""
+    from cli_helpers import TINY_MAIN_JOB, run_cli
+
+    directory = tmp_path_factory.mktemp("main_job")
+    return directory, run_cli("train", *TINY_MAIN_JOB, cwd=directory)
+
+
+@pytest.fixture(scope="session")
 def toolscale_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The offline ToolScale domains (shop, clinic, mobile), 6 tasks each."""
     from nemo_orch.envs.toolscale.generator import write_offline

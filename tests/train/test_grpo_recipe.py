@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from cli_helpers import run_cli
+from cli_helpers import TINY_MAIN_JOB, run_cli
 from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
@@ -81,19 +81,9 @@ def test_micro_batches_group_by_length_and_pad_each_unless_pipelined():
     assert [batch["tokens"].shape for batch in piped] == [(2, 48), (2, 48)]
 
 
-def test_main_job_end_to_end(tmp_path):
-    overrides = [f"run.output_dir={tmp_path}", "run.name=e2e",
-                 "data.num_offline_conversations=24",
-                 "data.num_copy_conversations=24",
-                 "tokenizer.vocab_size=1000", "model.vocab_size=1024", "trainer.max_steps=2",
-                 "trainer.global_batch_size=4", "trainer.micro_batch_size=2",
-                 "trainer.num_threads=1", "grpo.max_steps=2", "grpo.prompts_per_step=2",
-                 "rollout.group_size=2", "grpo.mini_batches=1", "grpo.micro_batch_size=2",
-                 "eval.tasks=4", "rollout.max_turns=2", "rollout.max_new_tokens=8",
-                 "data.toolscale_tasks_per_domain=6", "data.toolscale_eval_tasks=2",
-                 "reward.min_group_std=0"]  # a random policy's groups all score 0: keep them
-    result = run_cli("train", *overrides)
-    run_dir = tmp_path / "e2e"
+def test_main_job_end_to_end(tiny_main_job):
+    directory, result = tiny_main_job
+    run_dir = directory / "runs" / "e2e"
     report = json.loads((run_dir / "report.json").read_text())
     for policy in ("sft", "grpo", "oracle"):
         assert set(report[policy]) >= {"reward", "accuracy", "usd_per_task", "seconds_per_task",
@@ -128,9 +118,9 @@ def test_main_job_end_to_end(tmp_path):
     assert ("ToolScale domain tasks, gold-replay: accuracy clinic 1.00, mobile 1.00, shop 1.00"
             in result.stdout)
     assert (run_dir / "curves.png").exists() and (run_dir / "routes.png").exists()
-    assert (tmp_path / "latest").resolve() == run_dir.resolve()
+    assert (directory / "runs" / "latest").resolve() == run_dir.resolve()
     # PPO from the same SFT checkpoint, in the same run: its own stage, then one report of all.
-    result = run_cli("train", *overrides, "grpo=ppo")
+    result = run_cli("train", *TINY_MAIN_JOB, "grpo=ppo", cwd=directory)
     report = json.loads((run_dir / "report.json").read_text())
     assert list(report)[:4] == ["sft", "grpo", "ppo", "oracle"]
     assert set(report["wall_seconds"]) == {"setup", "sft", "ppo", "eval"}
@@ -143,7 +133,7 @@ def test_main_job_end_to_end(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2]
     assert all({"reward", "accuracy", "time/rollout_s", "kl"} <= m.keys() for m in metrics)
     assert "  grpo " in result.stdout and "  oracle " in result.stdout
-    again = run_cli("train", *overrides)  # every stage is complete: nothing is redone
+    again = run_cli("train", *TINY_MAIN_JOB, cwd=directory)  # all complete: nothing is redone
     assert "  grpo " in again.stdout
     rerun = [json.loads(line) for line in (run_dir / "grpo" / "metrics.jsonl").read_text()
              .splitlines()]
