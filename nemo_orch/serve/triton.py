@@ -207,6 +207,18 @@ class _Batcher:
                 self.metrics.observe(self.model.name, "ok", seconds)
 
 
+def _repository(directory: Path, models: Sequence[TextModel]) -> Path:
+    """A model repository naming the served models, so that its index (``POST
+    /v2/repository/index``, tritonclient's ``get_model_repository_index``) lists them. PyTriton
+    loads each model with a config and files of its own, which take precedence over what is
+    here; without this the index would list PyTriton's workspace (``tritonserver``)."""
+    for model in models:
+        (directory / model.name / "1").mkdir(parents=True)
+        (directory / model.name / "config.pbtxt").write_text(
+            f'name: "{model.name}"\nbackend: "python"\n')
+    return directory
+
+
 class TritonServer:
     """Running Triton models (see :func:`serve_models`); ``close`` stops Triton, releases the
     resources, stops the models' loop and the metrics export, and removes PyTriton's
@@ -243,7 +255,8 @@ class TritonServer:
                 http_address=config.host, http_port=config.http_port,
                 grpc_address=config.host, grpc_port=config.grpc_port,
                 allow_metrics=False, exit_timeout_secs=config.shutdown_timeout_s,
-                log_file=self.workspace / "tritonserver.log")
+                log_file=self.workspace / "tritonserver.log",
+                model_repository=_repository(self.workspace / "models", self.models))
             # PyTriton makes its workspace itself; the short name keeps its socket paths short.
             self._triton = Triton(config=triton_config, workspace=self.workspace / "t")
             for model in self.models:

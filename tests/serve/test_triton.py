@@ -128,6 +128,21 @@ def test_reward_model_over_plain_http_and_the_client_library(server):
     assert result["method"].reshape(-1).tolist() == [b"exact", b"no_match"]
 
 
+def test_the_repository_index_lists_the_served_models(server):
+    """What a client that discovers models reads: tritonclient's repository index, over HTTP
+    and gRPC, lists every served model, ready (not PyTriton's workspace)."""
+    import tritonclient.grpc as grpc_client
+    import tritonclient.http as http_client
+
+    served = {"reward", *TOOLS}
+    http_index = http_client.InferenceServerClient(server.url.removeprefix("http://")
+                                                   ).get_model_repository_index()
+    assert {(m["name"], m["state"]) for m in http_index} == {(n, "READY") for n in served}
+    grpc_index = grpc_client.InferenceServerClient(server.grpc_url.removeprefix("grpc://")
+                                                   ).get_model_repository_index(as_json=True)
+    assert {m["name"] for m in grpc_index["models"]} == served
+
+
 def _binary_request(value: bytes) -> tuple[bytes, dict[str, str]]:
     """A KServe v2 request whose every input is ``value``, sent with the binary extension."""
     blob = struct.pack("<I", len(value)) + value
