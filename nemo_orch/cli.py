@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch import config as config_lib
-from nemo_orch.config import Config, hub
+from nemo_orch.config import ORCHESTRATOR, Config, hub
 from nemo_orch.train import preemption
 
 EXIT_USER_ERROR = 2
@@ -332,7 +332,15 @@ def cmd_serve_orchestrator(config: Config, args: argparse.Namespace) -> int:
 def cmd_eval(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.eval import harness
 
-    summary = harness.run(config, args.agent)
+    tokenizer = None
+    if ORCHESTRATOR not in args.agent:
+        # Rule agents write no policy tokens, but their prompts are rendered with the run's
+        # tokenizer: trained here when there is none yet, the one `nemo-orch train` trains and
+        # keeps, so baselines run on a fresh clone and count as they will after training.
+        from nemo_orch.train.sft import prepare_tokenizer
+
+        tokenizer = prepare_tokenizer(config)
+    summary = harness.run(config, args.agent, tokenizer)
     print(f"eval: {summary.benchmark}, {len(summary.systems)} systems in "
           f"{summary.seconds:.1f} s -> {summary.report.parent}")
     print(f"  {'system':16} {'tasks':>6} {'accuracy':>9} {'95% CI':>13} {'usd/task':>10} "

@@ -363,13 +363,6 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
     tasks = benchmark.tasks("test", None, seed)
     if not tasks:
         raise ConfigError(f"{benchmark.name}: no tasks to evaluate")
-    if tokenizer is None and all(system.kind != ORCHESTRATOR for system in systems):
-        # Rule agents write no policy tokens, but their prompts are rendered with the run's
-        # tokenizer: trained here when there is none yet, the one `nemo-orch train` trains and
-        # keeps, so baselines run on a fresh clone and count as they will after training.
-        from nemo_orch.train.sft import prepare_tokenizer
-
-        tokenizer = prepare_tokenizer(config)
     resources = Resources(config, benchmark, tasks, seed, tokenizer)
     records = {}
     for system in systems:
@@ -432,13 +425,14 @@ def _policy_identity(config: Config) -> str | None:
     return checkpoint.identity(policy or checkpoint.checkpoints_dir(config))
 
 
-def run(config: Config, agents: list[str]) -> EvalSummary:
+def run(config: Config, agents: list[str], tokenizer: Any = None) -> EvalSummary:
     """Every agent on the test tasks of ``env`` (cached per example, resumable), then the
-    report."""
+    report. ``tokenizer`` renders the rule agents' prompts (None: the run's, or the served
+    policy's when an orchestrator is evaluated)."""
     started = time.perf_counter()
     benchmark = build_environment(config)
     check_agents(agents, benchmark)
-    engine = tokenizer = None
+    engine = None
     if ORCHESTRATOR in agents:
         from nemo_orch.rollout.builders import build_engine
 
