@@ -44,7 +44,7 @@ from nemo_orch.config.rollout import RayConfig, RolloutConfig
 from nemo_orch.config.run import RunConfig
 from nemo_orch.config.serve import SERVE_KINDS, ServeConfig
 from nemo_orch.config.synth import SynthConfig
-from nemo_orch.config.tools import ToolsConfig
+from nemo_orch.config.tools import McpServerConfig, ToolsConfig
 from nemo_orch.config.trainer import TrainerConfig
 
 __all__ = [
@@ -56,7 +56,7 @@ __all__ = [
     # the sections
     "RunConfig", "ModelConfig", "ParallelConfig", "TokenizerConfig", "CHAT_FORMATS", "DataConfig",
     "AGENT_KINDS", "DEMO_ROUTERS", "GOLD_REPLAY", "MONOLITH", "NAIVE_ROUTERS", "ORCHESTRATOR",
-    "ROUTERS", "ToolsConfig", "RewardConfig", "CurriculumStage", "GRPOConfig",
+    "ROUTERS", "ToolsConfig", "McpServerConfig", "RewardConfig", "CurriculumStage", "GRPOConfig",
     "AsyncGRPOConfig", "PPOConfig", "DPO_LOSSES", "DPOConfig", "RayConfig",
     "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
     "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",

@@ -3,8 +3,54 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from nemo_orch.config.base import _require, resolve_conf_path
+
+
+@dataclass
+class McpServerConfig:
+    """An MCP server whose tools join the toolbox (``tools.mcp``): reached over ``stdio`` (the
+    toolbox starts ``command`` with ``args``) or streamable HTTP (``url``). Its tools are named
+    ``<name>_<tool>`` and offered with their own descriptions and input schemas."""
+
+    # Prefix of its tools' names (an identifier).
+    name: str = ""
+    # stdio: the server's command (it is started with the toolbox, and stopped with it).
+    command: Optional[str] = None
+    # stdio: the command's arguments.
+    args: list[str] = field(default_factory=list)
+    # stdio: names of environment variables the server gets (their values are never logged).
+    env: list[str] = field(default_factory=list)
+    # Streamable HTTP: the server's endpoint (e.g. http://127.0.0.1:8000/mcp).
+    url: Optional[str] = None
+    # Streamable HTTP: header name -> the environment variable holding its value (a secret).
+    headers: dict[str, str] = field(default_factory=dict)
+    # The tools taken (null: all it lists), less those in deny.
+    allow: Optional[list[str]] = None
+    # Tools not taken.
+    deny: list[str] = field(default_factory=list)
+    # USD per call of each tool, by the server's tool name; per_call_usd for the others.
+    prices: dict[str, float] = field(default_factory=dict)
+    # USD per call of a tool without a price of its own.
+    per_call_usd: float = 0.0
+    # A call's modeled seconds (tools.timing=modeled), by tool name; latency_hint_s otherwise.
+    latencies: dict[str, float] = field(default_factory=dict)
+    # The modeled seconds of a tool without a latency of its own.
+    latency_hint_s: float = 1.0
+    # Seconds a call may take, and connecting the server too.
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _require(self.name.isidentifier(), f"tools.mcp: name must be an identifier, got "
+                 f"{self.name!r}")
+        _require((self.command is None) != (self.url is None),
+                 f"tools.mcp.{self.name}: give command (stdio) or url (streamable HTTP), one")
+        _require(self.url is None or self.url.startswith(("http://", "https://")),
+                 f"tools.mcp.{self.name}.url must be an http(s) URL, got {self.url!r}")
+        _require(self.timeout_s > 0 and self.latency_hint_s >= 0 and self.per_call_usd >= 0
+                 and all(v >= 0 for v in [*self.prices.values(), *self.latencies.values()]),
+                 f"tools.mcp.{self.name}: timeout_s must be > 0, prices and latencies >= 0")
 
 
 @dataclass
@@ -40,6 +86,8 @@ class ToolsConfig:
     # policy's turns at rollout.tokens_per_second, so rewards and costs do not depend on the
     # machine's load and a seed gives the same run (the main job's setting).
     timing: str = "measured"
+    # MCP servers whose tools join the declared ones (see McpServerConfig).
+    mcp: list[McpServerConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for key in ("declarations", "domains"):

@@ -1,0 +1,223 @@
+"""MCP servers as tool sources (``tools.mcp``): each server's tools join the toolbox as tools of
+their own, through the official ``mcp`` SDK.
+
+A server is listed when the toolbox is built (``tools/list``, on a connection of its own), so
+its tools are declared like any other: named ``<server>_<tool>``, described by their own
+descriptions and input schemas, priced per call (``prices``, ``per_call_usd``). When the
+toolbox starts, the server is connected once for all its tools (a stdio server is started
+then, and stopped with the toolbox); a call is ``tools/call`` within ``timeout_s``. Text
+content becomes the observation (structured content as JSON when there is no text); an
+``isError`` result, a timeout and a failed transport come back as error observations. A call
+whose connection is gone reconnects once, with the toolbox's bounds on concurrency and time.
+
+The connection lives in a task of its own: the SDK's transports are AnyIO context managers,
+which must be entered and left by the same task, while calls come from every episode's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+from nemo_orch.config import McpServerConfig
+from nemo_orch.loop_thread import LoopThread
+from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
+                                  Usage, billed_seconds)
+
+
+class McpServer:
+    """One MCP server: its connection (:meth:`connect` / :meth:`close`, shared by its tools) and
+    its requests."""
+
+    def __init__(self, config: McpServerConfig) -> None:
+        self.config = config
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: Any = None
+        self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    def _on_this_loop(self) -> None:
+        """A connection belongs to the event loop that made it: a toolbox started again on
+        another loop (a test, a new evaluation) connects anew."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._session, self._stop, self._task = loop, None, None, None
+            self._lock = asyncio.Lock()
+
+    def _transport(self) -> Any:
+        """The SDK's transport for the server, its secrets read from the environment here."""
+        if self.config.command is not None:
+            from mcp import StdioServerParameters
+            from mcp.client.stdio import stdio_client
+
+            return stdio_client(StdioServerParameters(
+                command=self.config.command, args=list(self.config.args),
+                env={name: os.environ[name] for name in self.config.env if name in os.environ}))
+        from mcp.client.streamable_http import streamablehttp_client
+
+        missing = [variable for variable in self.config.headers.values()
+                   if variable not in os.environ]
+        if missing:
+            raise ToolError(f"tools.mcp.{self.config.name}: the environment has no "
+                            f"{', '.join(missing)} (its headers' values)")
+        headers = {header: os.environ[variable]
+                   for header, variable in self.config.headers.items()}
+        return streamablehttp_client(self.config.url, headers=headers,
+                                     timeout=self.config.timeout_s)
+
+    async def _serve(self, ready: asyncio.Future) -> None:
+        from mcp import ClientSession
+
+        try:
+            async with self._transport() as (read, write, *_), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                self._session = session
+                ready.set_result(None)
+                await self._stop.wait()
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits to connect
+            if not ready.done():
+                ready.set_exception(error if isinstance(error, Exception) else ToolError(
+                    f"tools.mcp.{self.config.name}: the connection was cancelled"))
+        finally:
+            self._session = None
+
+    async def connect(self) -> None:
+        """Connect (a stdio server: start it), once; raises :class:`ToolError` on failure."""
+        self._on_this_loop()
+        async with self._lock:
+            if self._session is not None:
+                return
+            await self._disconnect()
+            self._stop = asyncio.Event()
+            ready = asyncio.get_running_loop().create_future()
+            self._task = asyncio.create_task(self._serve(ready))
+            try:
+                await asyncio.wait_for(ready, self.config.timeout_s)
+            except Exception as error:
+                await self._disconnect()
+                raise ToolError(f"tools.mcp.{self.config.name}: cannot connect: "
+                                f"{type(error).__name__}: {error}") from None
+
+    async def _disconnect(self) -> None:
+        if self._task is not None:
+            self._stop.set()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, self.config.timeout_s)
+            self._task = None
+
+    async def close(self) -> None:
+        self._on_this_loop()
+        async with self._lock:
+            await self._disconnect()
+
+    async def list_tools(self) -> list[Any]:
+        await self.connect()
+        return list((await self._session.list_tools()).tools)
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
+        """``tools/call``. A connection found closed before the request went out (a server that
+        died since) is made again, once; one that closes during the call fails the call, and
+        the next call reconnects (the request may have run: it is not repeated)."""
+        import anyio
+        from mcp.shared.exceptions import McpError
+        from mcp.types import CONNECTION_CLOSED
+
+        for attempt in (0, 1):
+            await self.connect()
+            session = self._session
+            try:
+                return await session.call_tool(
+                    tool, arguments, read_timeout_seconds=timedelta(seconds=self.config.timeout_s))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await self._drop(session)
+                if attempt:
+                    raise
+            except McpError as error:
+                if error.error.code == CONNECTION_CLOSED:
+                    await self._drop(session)
+                raise
+        raise AssertionError("unreachable")
+
+    async def _drop(self, session: Any) -> None:
+        """Close the connection ``session`` belongs to, unless another replaced it."""
+        async with self._lock:
+            if self._session is session:
+                await self._disconnect()
+
+
+class McpTool(BaseTool):
+    """One tool of an :class:`McpServer`, as the policy is offered it."""
+
+    def __init__(self, spec: ToolSpec, server: McpServer, remote_name: str) -> None:
+        super().__init__(spec)
+        self.server, self.remote_name = server, remote_name
+
+    async def start(self) -> None:
+        await self.server.connect()
+
+    async def close(self) -> None:
+        await self.server.close()
+
+    async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        started = asyncio.get_running_loop().time()
+        try:
+            result = await self.server.call(self.remote_name, arguments)
+        except Exception as error:  # a failed transport or server: this call's error
+            return self._result("", f"{self.spec.name} failed: {type(error).__name__}: {error}",
+                                started, context)
+        text = "\n".join(item.text for item in result.content if getattr(item, "type", "") ==
+                         "text")
+        if not text and result.structuredContent is not None:
+            text = json.dumps(result.structuredContent, ensure_ascii=False)
+        if result.isError:
+            return self._result("", text or f"{self.spec.name} reported an error", started,
+                                context)
+        return self._result(text, None, started, context)
+
+    def _result(self, output: str, error: str | None, started: float,
+                context: ToolContext) -> ToolResult:
+        seconds = billed_seconds(self.spec, asyncio.get_running_loop().time() - started, context)
+        return ToolResult(output=output, error=error, latency_s=seconds,
+                          cost_usd=self.spec.pricing.cost(Usage(), seconds))
+
+
+def _identifier(name: str) -> str:
+    """An MCP tool's name as part of an identifier (``get-weather``: ``get_weather``)."""
+    return re.sub(r"\W", "_", name)
+
+
+def mcp_tools(config: McpServerConfig) -> list[McpTool]:
+    """The tools ``config``'s server lists, as the toolbox's (allowed and not denied), from a
+    connection of their own made here; raises :class:`ToolError` when the server cannot be
+    reached or lists none of the allowed tools."""
+    async def listed() -> list[Any]:
+        server = McpServer(config)
+        try:
+            return await server.list_tools()
+        finally:
+            await server.close()
+
+    loop = LoopThread(f"mcp-{config.name}")
+    try:
+        remote = loop.run(listed())
+    finally:
+        loop.stop()
+    taken = [tool for tool in remote if (config.allow is None or tool.name in config.allow)
+             and tool.name not in config.deny]
+    if not taken:
+        raise ToolError(f"tools.mcp.{config.name}: no tool taken of the {len(remote)} it lists "
+                        f"({', '.join(tool.name for tool in remote)})")
+    server = McpServer(config)
+    return [McpTool(ToolSpec(
+        name=f"{config.name}_{_identifier(tool.name)}", description=tool.description or tool.name,
+        parameters={"type": "object", **(tool.inputSchema or {})},
+        pricing=Pricing(per_call=config.prices.get(tool.name, config.per_call_usd)),
+        latency_hint_s=config.latencies.get(tool.name, config.latency_hint_s),
+        timeout_s=config.timeout_s), server, tool.name) for tool in taken]

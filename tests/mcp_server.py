@@ -1,0 +1,53 @@
+"""A real MCP server written with the SDK (FastMCP), for the tests: ``python tests/mcp_server.py
+stdio`` or ``... http PORT``. Its tools add, fail (an error result), sleep (for timeouts),
+whoami (the bearer token the HTTP client sent) and die (exits the process: a crashed server)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mcp.server.fastmcp import Context, FastMCP
+
+server = FastMCP("fixture", host="127.0.0.1", port=int(sys.argv[2]) if len(sys.argv) > 2 else 0,
+                 log_level="WARNING")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Always fails, saying why."""
+    raise ValueError(reason)
+
+
+@server.tool()
+async def sleep(seconds: float) -> str:
+    """Wait, then say so."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return "slept"
+
+
+@server.tool()
+def whoami(ctx: Context) -> str:
+    """The bearer token of the request (HTTP), or this server's FIXTURE_SECRET (stdio)."""
+    request = ctx.request_context.request
+    if request is None:
+        return os.environ.get("FIXTURE_SECRET", "no secret")
+    return request.headers.get("authorization", "no header")
+
+
+@server.tool()
+def die() -> str:
+    """Ends the server's process."""
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    server.run(transport="stdio" if sys.argv[1] == "stdio" else "streamable-http")

@@ -1,0 +1,132 @@
+"""MCP servers as tool sources (``tools.mcp``), against real servers written with the SDK
+(``tests/mcp_server.py``, FastMCP) over stdio (a subprocess the toolbox starts) and streamable
+HTTP on 127.0.0.1: listing, calling, an error result, a timeout, a crashed server restarted, a
+secret header from the environment, and GRPO on tasks that are offered an MCP tool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import free_ports, grpo_overrides, grpo_stage, read_metrics, run_cli
+from nemo_orch import config as config_lib
+from nemo_orch.config import ConfigError, McpServerConfig
+from nemo_orch.data.tasks import Task, write_tasks
+from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.tools.base import ToolContext, ToolError
+from nemo_orch.tools.mcp import mcp_tools
+from nemo_orch.tools.registry import Toolbox
+
+SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
+SECRET = "s3cret-do-not-log"
+
+
+def stdio(**fields) -> McpServerConfig:
+    return McpServerConfig(**{"name": "fx", "command": sys.executable,
+                              "args": [SERVER, "stdio"], **fields})
+
+
+def calls(toolbox: Toolbox, *requests: tuple[str, dict]) -> list:
+    async def run():
+        async with toolbox:
+            return [await toolbox.call(name, arguments) for name, arguments in requests]
+
+    return asyncio.run(run())
+
+
+def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
+    monkeypatch.setenv("FIXTURE_SECRET", SECRET)
+    tools = mcp_tools(stdio(deny=["die"], prices={"add": 0.01}, latencies={"add": 0.2},
+                            env=["FIXTURE_SECRET"], timeout_s=2.0))
+    specs = {tool.spec.name: tool.spec for tool in tools}
+    assert sorted(specs) == ["fx_add", "fx_fail", "fx_sleep", "fx_whoami"]
+    add = specs["fx_add"]
+    assert add.description == "Add two integers."
+    assert add.parameters["properties"].keys() == {"a", "b"} and add.parameters["required"] == [
+        "a", "b"]
+    assert (add.pricing.per_call, add.latency_hint_s, add.timeout_s) == (0.01, 0.2, 2.0)
+    assert specs["fx_fail"].pricing.per_call == 0.0
+
+    added, failed, slept, secret, invalid = calls(
+        Toolbox(tools), ("fx_add", {"a": 2, "b": 3}), ("fx_fail", {"reason": "no such row"}),
+        ("fx_sleep", {"seconds": 30}), ("fx_whoami", {}), ("fx_add", {"a": "x"}))
+    assert (added.output, added.error, added.cost_usd) == ("5", None, 0.01)
+    assert failed.error.endswith("no such row") and failed.output == ""
+    assert "timed out" in slept.error.lower() and slept.latency_s < 10
+    assert secret.output == SECRET  # the server got the variable named, by name
+    assert invalid.error.startswith("invalid arguments for fx_add")  # checked before the call
+    # Modeled time bills the configured latency.
+    modeled = Toolbox(tools, modeled_time=True)
+    (timed,) = calls(modeled, ("fx_add", {"a": 1, "b": 1}))
+    assert timed.latency_s == 0.2
+
+
+def test_a_crashed_server_is_started_again_by_the_next_call():
+    tools = mcp_tools(stdio(allow=["add", "die"]))
+    died, after = calls(Toolbox(tools), ("fx_die", {}), ("fx_add", {"a": 1, "b": 1}))
+    assert "Connection closed" in died.error
+    assert (after.output, after.error) == ("2", None)
+
+
+def test_listing_errors_name_the_server():
+    with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 5 it lists"):
+        mcp_tools(stdio(allow=["nothing"]))
+    with pytest.raises(ToolError, match="tools.mcp.gone: cannot connect"):
+        mcp_tools(stdio(name="gone", args=["-c", "import sys; sys.exit(3)"], timeout_s=5.0))
+    with pytest.raises(ConfigError, match="tools.mcp.fx: give command .stdio. or url"):
+        config_lib.load(["tools.mcp=[{name: fx}]"])
+
+
+@pytest.fixture(scope="module")
+def http_server():
+    (port,) = free_ports(1)
+    process = subprocess.Popen([sys.executable, SERVER, "http", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}/mcp"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_a_streamable_http_server_gets_its_secret_header_from_the_environment(
+        http_server, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("FIXTURE_TOKEN", f"Bearer {SECRET}")
+    config = config_lib.load([f"tools.mcp=[{{name: web, url: '{http_server}', "
+                              "headers: {Authorization: FIXTURE_TOKEN}, allow: [add, whoami]}]"])
+    toolbox = build_toolbox(config.tools)
+    assert {"web_add", "web_whoami"} <= toolbox.tools.keys()
+    (added,) = calls(toolbox, ("web_add", {"a": 4, "b": 5}))
+    assert added.output == "9"
+    # Sent with every request, shown nowhere: not in the config, the schemas or any log line.
+    assert SECRET not in str(toolbox.schemas()) + str(config) + caplog.text
+    (token,) = calls(toolbox, ("web_whoami", {}))  # the server echoes what it got
+    assert token.output == f"Bearer {SECRET}"
+    monkeypatch.delenv("FIXTURE_TOKEN")
+    with pytest.raises(ToolError, match="the environment has no FIXTURE_TOKEN"):
+        build_toolbox(config.tools)
+
+
+def test_grpo_trains_on_tasks_offered_an_mcp_tool(start_checkpoint, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, [Task(id=f"t{i}", question=f"What is {i} + {i}? Use fx_add.",
+                             answer=str(2 * i), tools=("fx_add",)) for i in range(8)])
+    run_cli("grpo", *grpo_overrides(
+        start_checkpoint, tmp_path, "env=tasks", f"env.path={tasks}", "reward.combination=linear",
+        "reward.linear_gamma=0",
+        f"tools.mcp=[{{name: fx, command: '{sys.executable}', args: ['{SERVER}', stdio]}}]"))
+    metrics = read_metrics(grpo_stage(tmp_path))
+    assert [m["step"] for m in metrics] == [1, 2] and all("reward" in m for m in metrics)
