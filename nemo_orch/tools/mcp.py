@@ -81,10 +81,14 @@ class McpServer:
                 self._session = session
                 ready.set_result(None)
                 await self._stop.wait()
-        except BaseException as error:  # noqa: BLE001 - handed to whoever waits to connect
+        except asyncio.CancelledError:
             if not ready.done():
-                ready.set_exception(error if isinstance(error, Exception) else ToolError(
-                    f"tools.mcp.{self.config.name}: the connection was cancelled"))
+                ready.set_exception(ToolError(f"tools.mcp.{self.config.name}: the connection "
+                                              "was cancelled"))
+            raise
+        except Exception as error:  # whoever waits to connect is told; later, the next call is
+            if not ready.done():
+                ready.set_exception(error)
         finally:
             self._session = None
 
