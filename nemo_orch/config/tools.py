@@ -80,12 +80,12 @@ class ToolsConfig:
     # expert's 10-100 s would, so the offline world can measure what waiting on tools costs
     # (benchmarks/grpo_step.py). 0: off.
     simulated_latency_s: float = 0.0
-    # How a call's seconds are billed and counted in the reward: `measured` wall-clock time (what
-    # a deployment whose reward counts latency wants), or `modeled`: each tool's model of its
-    # time (a simulated expert's tokens over its speed, any other tool's latency_hint_s) and the
-    # policy's turns at rollout.tokens_per_second, so rewards and costs do not depend on the
-    # machine's load and a seed gives the same run (the main job's setting).
-    timing: str = "measured"
+    # How a call's seconds are billed and counted in the reward: `modeled`, each tool's model of
+    # its time (a simulated expert's tokens over its speed, any other tool's latency_hint_s) and
+    # the policy's turns at rollout.tokens_per_second, so rewards and costs do not depend on the
+    # machine's load and a seed gives the same run (the offline worlds'); or `measured`
+    # wall-clock time (tools=experts and reference: a deployment whose reward counts latency).
+    timing: str = "modeled"
     # MCP servers whose tools join the declared ones (see McpServerConfig).
     mcp: list[McpServerConfig] = field(default_factory=list)
 
