@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # A tiny Qwen3 with enough positions for the environments' longest prompts (ToolScale's domain
@@ -137,3 +138,21 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+# SLURM's own view of a job (scontrol), for the tests that launch on the local slurmctld.
+ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+def job_state(job_id: str) -> dict[str, str]:
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                           text=True, check=True).stdout
+    return dict(item.partition("=")[::2] for item in shown.split() if "=" in item)
+
+
+def wait_for(predicate, what: str, timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1.0)

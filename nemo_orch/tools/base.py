@@ -8,6 +8,7 @@ bad call: it returns a :class:`ToolResult` with ``error`` set, which becomes the
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -177,6 +178,20 @@ def billed_seconds(spec: ToolSpec, measured_s: float, context: ToolContext) -> f
     time, or under modeled time the tool's declared ``latency_hint_s``, which does not depend on
     the machine's load (a simulated expert models its own: its tokens over its speed)."""
     return spec.latency_hint_s if context.modeled_time else measured_s
+
+
+def seconds_since(spec: ToolSpec, started: float, context: ToolContext) -> float:
+    """The :func:`billed_seconds` of a call that started at ``started`` (``time.perf_counter``)."""
+    return billed_seconds(spec, time.perf_counter() - started, context)
+
+
+def billed_result(spec: ToolSpec, started: float, context: ToolContext, output: str = "",
+                  error: str | None = None) -> ToolResult:
+    """The result of a call that started at ``started``, billed for its seconds
+    (:func:`seconds_since`) at ``spec.pricing``."""
+    seconds = seconds_since(spec, started, context)
+    return ToolResult(output=output, error=error, latency_s=seconds,
+                      cost_usd=spec.pricing.cost(Usage(), seconds))
 
 
 @runtime_checkable

@@ -21,13 +21,14 @@ import contextlib
 import json
 import os
 import re
+import time
 from datetime import timedelta
 from typing import Any
 
 from nemo_orch.config import McpServerConfig
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  Usage, billed_seconds)
+                                  billed_result)
 
 
 class McpServer:
@@ -170,26 +171,20 @@ class McpTool(BaseTool):
         await self.server.close()
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        started = asyncio.get_running_loop().time()
+        started = time.perf_counter()
         try:
             result = await self.server.call(self.remote_name, arguments)
         except Exception as error:  # a failed transport or server: this call's error
-            return self._result("", f"{self.spec.name} failed: {type(error).__name__}: {error}",
-                                started, context)
+            return billed_result(self.spec, started, context,
+                                 error=f"{self.spec.name} failed: {type(error).__name__}: {error}")
         text = "\n".join(item.text for item in result.content if getattr(item, "type", "") ==
                          "text")
         if not text and result.structuredContent is not None:
             text = json.dumps(result.structuredContent, ensure_ascii=False)
         if result.isError:
-            return self._result("", text or f"{self.spec.name} reported an error", started,
-                                context)
-        return self._result(text, None, started, context)
-
-    def _result(self, output: str, error: str | None, started: float,
-                context: ToolContext) -> ToolResult:
-        seconds = billed_seconds(self.spec, asyncio.get_running_loop().time() - started, context)
-        return ToolResult(output=output, error=error, latency_s=seconds,
-                          cost_usd=self.spec.pricing.cost(Usage(), seconds))
+            return billed_result(self.spec, started, context,
+                                 error=text or f"{self.spec.name} reported an error")
+        return billed_result(self.spec, started, context, text)
 
 
 def _identifier(name: str) -> str:

@@ -42,7 +42,7 @@ import yaml
 
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
-                                  ToolSpec, Usage, billed_seconds)
+                                  ToolSpec, billed_result, seconds_since)
 from nemo_orch.tools.schema import argument_errors
 
 logger = logging.getLogger(__name__)
@@ -329,23 +329,19 @@ class Toolbox:
             try:
                 result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
             except asyncio.TimeoutError:
-                elapsed = billed_seconds(spec, time.perf_counter() - start, context)
-                return ToolResult(error=f"{spec.name} timed out after {spec.timeout_s:g} s",
-                                  cost_usd=spec.pricing.cost(Usage(), elapsed),
-                                  latency_s=elapsed)
+                return billed_result(spec, start, context,
+                                     error=f"{spec.name} timed out after {spec.timeout_s:g} s")
             except EndpointRefusal:
                 raise  # every call would fail alike: the configuration's error, not the call's
             except Exception as error:  # a broken tool must not end the episode
                 logger.exception("tool %s raised", spec.name)
                 return ToolResult(error=f"{spec.name} failed: {type(error).__name__}: {error}",
-                                  latency_s=billed_seconds(spec, time.perf_counter() - start,
-                                                           context))
+                                  latency_s=seconds_since(spec, start, context))
         if not isinstance(result, ToolResult):
             return ToolResult(error=f"{spec.name} returned {type(result).__name__}, not a "
                               "ToolResult")
         if result.latency_s == 0.0:
-            result = dataclasses.replace(result, latency_s=billed_seconds(
-                spec, time.perf_counter() - start, context))
+            result = dataclasses.replace(result, latency_s=seconds_since(spec, start, context))
         return result
 
 

@@ -42,8 +42,8 @@ import faiss
 import numpy as np
 
 from nemo_orch.data.jsonl import read_jsonl
-from nemo_orch.tools.base import (BaseTool, ToolContext, ToolResult, ToolSpec, Usage,
-                                  billed_seconds)
+from nemo_orch.tools.base import (BaseTool, ToolContext, ToolResult, ToolSpec, billed_result,
+                                  seconds_since)
 from nemo_orch.tools.encoders import Encoder, RetrievalError, make_encoder, tokenize
 from nemo_orch.tools.schema import argument_errors
 
@@ -580,10 +580,8 @@ class Retriever(BaseTool):
                            or not 1 <= top_k <= self.max_top_k):
             errors.append(f"argument 'top_k' must be an integer in [1, {self.max_top_k}]")
         if errors:
-            return ToolResult(error="; ".join(errors), latency_s=billed_seconds(
-                self.spec, time.perf_counter() - start, context))
+            return ToolResult(error="; ".join(errors),
+                              latency_s=seconds_since(self.spec, start, context))
         hits = await self.batcher.search(query, top_k, context.allowed_documents, self.mode)
-        output = format_hits(hits, self.max_chars_per_doc)
-        latency = billed_seconds(self.spec, time.perf_counter() - start, context)
-        return ToolResult(output=output, latency_s=latency,
-                          cost_usd=self.spec.pricing.cost(Usage(), latency))
+        return billed_result(self.spec, start, context,
+                             format_hits(hits, self.max_chars_per_doc))

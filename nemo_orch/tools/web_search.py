@@ -21,7 +21,7 @@ from typing import Any
 
 from nemo_orch.clients.http import RETRY_STATUSES, HTTPError, JSONClient
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  Usage, billed_seconds)
+                                  billed_result, seconds_since)
 from nemo_orch.tools.schema import argument_errors
 
 logger = logging.getLogger(__name__)
@@ -129,21 +129,17 @@ class WebSearch(BaseTool):
                            or max_results < 1):
             errors.append("argument 'max_results' must be a positive integer")
         if errors:
-            return ToolResult(error="; ".join(errors), latency_s=self._seconds(start, context))
+            return ToolResult(error="; ".join(errors), latency_s=seconds_since(self.spec, start, context))
         if not os.environ.get(self.api_key_env, "").strip():
             return ToolResult(error=f"web search is not configured: set the environment "
                                     f"variable {self.api_key_env} to a Tavily API key",
-                              latency_s=self._seconds(start, context))
+                              latency_s=seconds_since(self.spec, start, context))
         body = {"query": query.strip(), "max_results": max_results,
                 "search_depth": self.search_depth}
         try:
             payload = await self._search(body)
         except ToolError as error:
             logger.warning("web_search failed: %s", error)
-            return ToolResult(error=str(error), latency_s=self._seconds(start, context))
-        latency = self._seconds(start, context)
-        return ToolResult(output=self.client.scrub(self._format(payload, max_results)),
-                          latency_s=latency, cost_usd=self.spec.pricing.cost(Usage(), latency))
-
-    def _seconds(self, start: float, context: ToolContext) -> float:
-        return billed_seconds(self.spec, time.perf_counter() - start, context)
+            return ToolResult(error=str(error), latency_s=seconds_since(self.spec, start, context))
+        return billed_result(self.spec, start, context,
+                             self.client.scrub(self._format(payload, max_results)))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import TINY_MAIN_JOB, free_ports, run_cli
+from cli_helpers import ENDED, TINY_MAIN_JOB, free_ports, job_state, run_cli, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # What makes the walkthrough's commands small here, by subcommand: the tiny run's shapes, four
@@ -125,15 +125,5 @@ def test_the_walkthrough_launches_on_slurm(slurm_cluster, tiny_main_job):
     submitted = run(launch, directory).stdout
     job = re.search(r"launch: submitted SLURM job (\d+)", submitted)
     assert job, submitted
-    deadline = time.monotonic() + 300
-    while (state := _job_state(job.group(1))) not in ("COMPLETED", "FAILED", "CANCELLED",
-                                                       "TIMEOUT"):
-        assert time.monotonic() < deadline, f"job {job.group(1)} still {state}"
-        time.sleep(2)
-    assert state == "COMPLETED"
-
-
-def _job_state(job_id: str) -> str:
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                           text=True, check=True).stdout
-    return re.search(r"JobState=(\S+)", shown).group(1)
+    wait_for(lambda: job_state(job.group(1))["JobState"] in ENDED, "the job to end", 300)
+    assert job_state(job.group(1))["JobState"] == "COMPLETED"

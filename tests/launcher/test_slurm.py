@@ -8,20 +8,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli
+from cli_helpers import ENDED, job_state, run_cli, wait_for
 
 from nemo_orch import cli
 from nemo_orch.distributed import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
-         "BOOT_FAIL", "DEADLINE", "PREEMPTED")
-
 
 def recipe_overrides(start: Path, tmp_path: Path, *extra: str) -> list[str]:
     """The micro-cpu-slurm recipe from ``start``, its jobs and runs in ``tmp_path``."""
@@ -41,19 +36,6 @@ def job_of(tmp_path: Path) -> tuple[str, Path]:
     (record,) = sorted((tmp_path / "jobs").glob("experiments/*/*/nemo_orch_job.json"),
                        key=lambda path: path.stat().st_mtime)[-1:]
     return json.loads(record.read_text())["job_id"], record.parent
-
-
-def job_state(job_id: str) -> dict[str, str]:
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                           text=True, check=True).stdout
-    return dict(item.partition("=")[::2] for item in shown.split() if "=" in item)
-
-
-def wait_for(predicate, what: str, timeout_s: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(1.0)
 
 
 def steps(stage: Path) -> list[int]:

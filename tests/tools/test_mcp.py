@@ -20,7 +20,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, McpServerConfig
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.rollout.builders import build_toolbox
-from nemo_orch.tools.base import ToolContext, ToolError
+from nemo_orch.tools.base import ToolError
 from nemo_orch.tools.mcp import mcp_tools
 from nemo_orch.tools.registry import Toolbox
 

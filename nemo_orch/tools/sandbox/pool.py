@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  Usage, billed_seconds)
+                                  billed_result)
 from nemo_orch.tools.sandbox.cgroups import (_GROUP_PREFIX, _KILL_TIMEOUT_S, _kill_group,
                                              _oom_kills, _rmdir_cgroup, _usable_cgroups,
                                              _write_cgroup_limits)
@@ -287,18 +287,13 @@ class PythonSandbox(BaseTool):
         try:
             worker = await self._acquire()
         except (_SpawnError, ToolError) as exc:
-            return self._result("", f"sandbox failed to start: {exc}", started, context)
+            return billed_result(self.spec, started, context,
+                                 error=f"sandbox failed to start: {exc}")
         try:
             output, error = await self._run(worker, code)
         finally:
             self._background(self._destroy(worker))
-        return self._result(output, error, started, context)
-
-    def _result(self, output: str, error: str | None, started: float,
-                context: ToolContext) -> ToolResult:
-        seconds = billed_seconds(self.spec, time.perf_counter() - started, context)
-        return ToolResult(output=output, error=error, latency_s=seconds,
-                          cost_usd=self.spec.pricing.cost(Usage(), seconds))
+        return billed_result(self.spec, started, context, output, error)
 
     # ----------------------------------------------------------------------------- the pool
 
