@@ -1,6 +1,7 @@
 """A real MCP server written with the SDK (FastMCP), for the tests: ``python tests/mcp_server.py
 stdio`` or ``... http PORT``. Its tools add, fail (an error result), sleep (for timeouts),
-whoami (the bearer token the HTTP client sent) and die (exits the process: a crashed server)."""
+whoami (the bearer token the HTTP client sent), die (exits the process: a crashed server) and
+reshape (adds the tool triple, removes sleep, and says the tool list changed)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,26 @@ def whoami(ctx: Context) -> str:
 def die() -> str:
     """Ends the server's process."""
     os._exit(1)
+
+
+def triple(n: int) -> int:
+    """Three times an integer (offered once reshape ran)."""
+    return 3 * n
+
+
+@server.tool()
+async def reshape(ctx: Context) -> str:
+    """Adds the tool triple and removes sleep."""
+    from mcp.types import ServerNotification, ToolListChangedNotification
+
+    if "sleep" in {tool.name for tool in await server.list_tools()}:
+        server.add_tool(triple)
+        server.remove_tool("sleep")
+    # On the request's own stream: a streamable HTTP client reads it before the result (as a
+    # stdio one does anyway), not at some time on its standalone stream.
+    await ctx.session.send_notification(ServerNotification(ToolListChangedNotification()),
+                                        related_request_id=ctx.request_context.request_id)
+    return "reshaped"
 
 
 if __name__ == "__main__":

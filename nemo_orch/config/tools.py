@@ -40,6 +40,9 @@ class McpServerConfig:
     latency_hint_s: float = 1.0
     # Seconds a call may take, and connecting the server too.
     timeout_s: float = 60.0
+    # Times a lost connection (a server that died) is made again, counted over the toolbox's
+    # life; past them every call of the server's tools is an error observation.
+    restarts: int = 3
 
     def __post_init__(self) -> None:
         _require(self.name.isidentifier(), f"tools.mcp: name must be an identifier, got "
@@ -51,6 +54,7 @@ class McpServerConfig:
         _require(self.timeout_s > 0 and self.latency_hint_s >= 0 and self.per_call_usd >= 0
                  and all(v >= 0 for v in [*self.prices.values(), *self.latencies.values()]),
                  f"tools.mcp.{self.name}: timeout_s must be > 0, prices and latencies >= 0")
+        _require(self.restarts >= 0, f"tools.mcp.{self.name}.restarts must be >= 0")
 
 
 @dataclass

@@ -35,9 +35,9 @@ GPU_ENGINES = ("trtllm", "vllm")
 
 
 def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) -> Toolbox:
-    """The declared tools, priced with ``tools.prices`` over the list prices, the tools of the
-    MCP servers of ``tools.mcp`` (listed now) and the domains' tools, not yet started (``async
-    with toolbox`` warms them up and connects the MCP servers). ``retrieval``: the setting
+    """The declared tools, priced with ``tools.prices`` over the list prices, the domains' tools
+    and the tools of the MCP servers of ``tools.mcp`` (listed now: the toolbox's sources), not
+    yet started (``async with toolbox`` warms them up and connects the MCP servers). ``retrieval``: the setting
     ``search``'s document retrieval runs under (an environment's ``env.retrieval``; None: the
     defaults, web search only)."""
     from nemo_orch.tools.document_search import retrieval_setting
@@ -47,14 +47,15 @@ def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) 
         offered, parts = offered_and_parts(load_declarations([resolve_conf_path(p)
                                                               for p in tools.declarations]))
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
+    sources = []
     if tools.mcp:
-        from nemo_orch.tools.mcp import mcp_tools  # the mcp SDK loads only where configured
+        from nemo_orch.tools.mcp import mcp_source  # the mcp SDK loads only where configured
 
-        offered += [tool for server in tools.mcp for tool in mcp_tools(server)]
+        sources = [mcp_source(server) for server in tools.mcp]
     return Toolbox([*offered, *domain], cache_entries=tools.cache_entries,
                    cache_bytes=tools.cache_mb << 20, parts=parts, show_prices=tools.show_prices,
                    simulated_latency_s=tools.simulated_latency_s,
-                   modeled_time=tools.timing == "modeled")
+                   modeled_time=tools.timing == "modeled", sources=sources)
 
 
 def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:

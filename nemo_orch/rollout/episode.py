@@ -205,6 +205,8 @@ class Trajectory:
     user: UserUsage | None = None
     # With ``task_id`` and ``sample``, what keys the episode's state (see EpisodeStates).
     seed: int = 0
+    # The offered tools that came from a tool source (an MCP server), by the source's name.
+    tool_sources: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def without_tokens(cls, task_id: str, sample: int, seed: int, messages: list[dict[str, Any]],
@@ -259,7 +261,7 @@ class Trajectory:
             "policy_tokens": sum(self.loss_mask), "cost_usd": self.cost_usd,
             "tool_seconds": self.tool_seconds, "generation_seconds": self.generation_seconds,
             "wall_seconds": self.wall_seconds, "format_errors": self.format_errors,
-            "tool_counts": self.tool_counts(),
+            "tool_counts": self.tool_counts(), "tool_sources": self.tool_sources,
             "user": None if self.user is None else asdict(self.user),
             "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
             "token_ids": self.token_ids, "loss_mask": self.loss_mask,
@@ -355,7 +357,9 @@ class Episode:
         self.orchestrator_pricing = Pricing.per_million_tokens(settings.input_usd_per_million,
                                                                settings.output_usd_per_million)
         self.tokenizer = tokenizer
-        self.toolbox = toolbox if task.tools is None else toolbox.subset(task.tools)
+        # The tools on offer now, for the whole episode (a tool source may change its list
+        # meanwhile: see Toolbox.refresh).
+        self.toolbox = toolbox.subset(toolbox.tools if task.tools is None else task.tools)
         self.schemas = self.toolbox.schemas()
         self.format = TurnFormat.for_tools(self.schemas, answer_format=settings.answer_format,
                                            multiple_calls=settings.multiple_calls)
@@ -511,7 +515,7 @@ class Episode:
                           history.mask, history.decisions, history.logprobs, prompt_length,
                           turns, termination, answer, time.perf_counter() - started,
                           None if conversation is None else conversation.usage,
-                          self.context.seed)
+                          self.context.seed, self.toolbox.source_of)
 
     async def _talk(self, history: _History, conversation: _Conversation, record: TurnRecord,
                     message: str) -> str | None:

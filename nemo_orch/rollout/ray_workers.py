@@ -132,14 +132,25 @@ class RolloutWorker:
         self.lost: list[str] = []
 
     def start(self, make_engine: EngineFactory, weights: Mapping[str, torch.Tensor] | None,
-              executor: ActorHandle, specs: list[ToolSpec], version: int | None = None) -> None:
-        self.toolbox = executor_toolbox(executor, specs, self.lost)
+              executor: ActorHandle, offered: tuple[list[ToolSpec], dict[str, str]],
+              version: int | None = None) -> None:
+        self.executor, self.offered = executor, offered
+        self.toolbox = executor_toolbox(executor, offered, self.lost)
         self.engine, self.tokenizer = make_engine(weights)
         # torch's thread count is per thread: the engine's is set where it runs
         self.batcher = GenerationBatcher(self.engine, self.settings.max_batch_size, version,
                                          self.num_threads)
 
     async def run(self, jobs: list[EpisodeJob]) -> list[Trajectory]:
+        # A chunk is offered the tools on offer when it starts (an MCP server may have
+        # changed its list since the last one).
+        try:
+            offered = await self.executor.offered.remote()
+        except RayActorError as error:
+            raise ToolExecutorLost(f"{type(error).__name__}: {error}") from error
+        if offered != self.offered:
+            self.offered = offered
+            self.toolbox = executor_toolbox(self.executor, offered, self.lost)
         trajectories = await run_episodes(jobs, self.batcher, self.toolbox, self.tokenizer,
                                           self.settings)
         if self.lost:
@@ -267,9 +278,9 @@ class RayRolloutPool:
                          self.settings, max(1, int(self.ray.num_cpus_per_worker))),
                      ToolExecutor.remote(self._make_toolbox))
         try:
-            specs = await unit.executor.start.remote()
+            offered = await unit.executor.start.remote()
             await unit.worker.start.remote(self._make_engine, self._weights, unit.executor,
-                                           specs, self.version)
+                                           offered, self.version)
         except BaseException as error:
             await self._stop_unit(unit)
             if isinstance(error, RayTaskError) and error.cause is not None:

@@ -194,7 +194,10 @@ async def run_episodes(jobs: Sequence[EpisodeJob], policy: PolicyClient, toolbox
                        tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
                        users: UserFactory | None = None) -> list[Trajectory]:
     """Run ``jobs``, at most ``settings.max_concurrent_episodes`` at once (each with its user,
-    where ``users`` makes one); trajectories come back in the jobs' order."""
+    where ``users`` makes one); trajectories come back in the jobs' order. The toolbox's
+    sources are listed again first where they changed, once: every episode of a rollout (every
+    sample of a GRPO group) is offered the same tools."""
+    await toolbox.refresh()
     slots = asyncio.Semaphore(settings.max_concurrent_episodes)
 
     async def one(job: EpisodeJob) -> Trajectory:

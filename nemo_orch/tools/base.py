@@ -106,12 +106,14 @@ class ToolSpec:
             raise ToolError(f"tool {self.name!r}: max_concurrency must be >= 1, timeout_s > 0 "
                             "and latency_hint_s >= 0")
 
-    def schema(self, prices: Mapping[str, Pricing] | None = None) -> dict[str, Any]:
+    def schema(self, prices: Mapping[str, Pricing] | None = None,
+               call_fee: bool = False) -> dict[str, Any]:
         """The OpenAI function-calling form, as listed to the policy. With ``prices`` (by model
         alias), the choices of a ``model``-like argument show theirs, as ToolOrchestra's tool
         descriptions do: ``prices`` ([input, output] USD per million tokens by alias) beside the
         argument's ``enum`` (which the compact chat format lists too), their unit in the
-        description."""
+        description. With ``call_fee``, the description ends with the tool's fee per call, if
+        it has one (a web search's, an MCP tool's)."""
         description, parameters = self.description, self.parameters
         priced = {name: [alias for alias in schema.get("enum", []) if alias in prices]
                   for name, schema in parameters.get("properties", {}).items()} if prices else {}
@@ -123,6 +125,8 @@ class ToolSpec:
                     alias: prices[alias].usd_per_million_tokens for alias in aliases}}
                 description += f" The {name} prices: USD per million input/output tokens."
             parameters = {**parameters, "properties": properties}
+        if call_fee and self.pricing.per_call:
+            description += f" Each call costs USD {self.pricing.per_call:g}."
         return {"type": "function", "function": {"name": self.name, "description": description,
                                                  "parameters": parameters}}
 
@@ -205,6 +209,20 @@ class Tool(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class ToolSource(Protocol):
+    """Tools whose list may change while the toolbox runs (an MCP server's): ``tools`` as last
+    listed, ``changed`` once the source said its list changed, until :meth:`relist` lists it
+    again."""
+
+    name: str
+    tools: list[Tool]
+
+    @property
+    def changed(self) -> bool: ...
+
+    async def relist(self) -> None: ...
 
 
 @runtime_checkable

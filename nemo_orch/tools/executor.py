@@ -31,9 +31,15 @@ class ToolExecutor:
     def __init__(self, make_toolbox: Callable[[], Toolbox]) -> None:
         self.toolbox = make_toolbox()
 
-    async def start(self) -> list[ToolSpec]:
+    async def start(self) -> tuple[list[ToolSpec], dict[str, str]]:
         await self.toolbox.start()
-        return list(self.toolbox.specs.values())
+        return await self.offered()
+
+    async def offered(self) -> tuple[list[ToolSpec], dict[str, str]]:
+        """The tools on offer now (the sources that changed listed again) and the source of
+        those that came from one."""
+        await self.toolbox.refresh()
+        return list(self.toolbox.specs.values()), dict(self.toolbox.source_of)
 
     async def call(self, name: str, arguments: dict[str, Any],
                    context: ToolContext) -> ToolResult:
@@ -62,6 +68,10 @@ class ExecutorTool(BaseTool):
             return ToolResult(error=f"{self.spec.name}: the tool executor died")
 
 
-def executor_toolbox(executor: ActorHandle, specs: list[ToolSpec], lost: list[str]) -> Toolbox:
-    """A toolbox of :class:`ExecutorTool` for ``specs`` (what ``executor.start`` returned)."""
-    return Toolbox([ExecutorTool(spec, executor, lost) for spec in specs], cache_entries=0)
+def executor_toolbox(executor: ActorHandle, offered: tuple[list[ToolSpec], dict[str, str]],
+                     lost: list[str]) -> Toolbox:
+    """A toolbox of :class:`ExecutorTool` for what ``executor.offered`` returned."""
+    specs, source_of = offered
+    toolbox = Toolbox([ExecutorTool(spec, executor, lost) for spec in specs], cache_entries=0)
+    toolbox.source_of = dict(source_of)
+    return toolbox

@@ -8,7 +8,13 @@ toolbox starts, the server is connected once for all its tools (a stdio server i
 then, and stopped with the toolbox); a call is ``tools/call`` within ``timeout_s``. Text
 content becomes the observation (structured content as JSON when there is no text); an
 ``isError`` result, a timeout and a failed transport come back as error observations. A call
-whose connection is gone reconnects once, with the toolbox's bounds on concurrency and time.
+whose connection is gone reconnects once, with the toolbox's bounds on concurrency and time;
+a server connects again after a lost connection at most ``restarts`` times in all, then each
+call of its tools is one error observation saying so.
+
+A server that sends ``notifications/tools/list_changed`` is marked changed; the toolbox lists
+it again at its next :meth:`~nemo_orch.tools.registry.Toolbox.refresh` (between episodes),
+so its new tools are offered, and its dropped ones not, from the next episode on.
 
 The connection lives in a task of its own: the SDK's transports are AnyIO context managers,
 which must be entered and left by the same task, while calls come from every episode's.
@@ -42,6 +48,11 @@ class McpServer:
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+        # Set by the server's list_changed notification, cleared by listing it again.
+        self.tools_changed = False
+        # A connection ended other than by close(): the next connect is a restart.
+        self._lost = False
+        self.restarts = 0
 
     def _on_this_loop(self) -> None:
         """A connection belongs to the event loop that made it: a toolbox started again on
@@ -72,16 +83,27 @@ class McpServer:
         return streamablehttp_client(self.config.url, headers=headers,
                                      timeout=self.config.timeout_s)
 
+    async def _on_message(self, message: Any) -> None:
+        """The session's messages from the server: a changed tool list is noted (listing it
+        here would wait on the very loop that reads the reply)."""
+        from mcp.types import ServerNotification, ToolListChangedNotification
+
+        if isinstance(message, ServerNotification) and isinstance(
+                message.root, ToolListChangedNotification):
+            self.tools_changed = True
+
     async def _serve(self, ready: asyncio.Future) -> None:
         from mcp import ClientSession
 
+        stop, connected = self._stop, False
         try:
             async with self._transport() as (read, write, *_), \
-                    ClientSession(read, write) as session:
+                    ClientSession(read, write, message_handler=self._on_message) as session:
                 await session.initialize()
                 self._session = session
                 ready.set_result(None)
-                await self._stop.wait()
+                connected = True
+                await stop.wait()
         except asyncio.CancelledError:
             if not ready.done():
                 ready.set_exception(ToolError(f"tools.mcp.{self.config.name}: the connection "
@@ -92,14 +114,23 @@ class McpServer:
                 ready.set_exception(error)
         finally:
             self._session = None
+            if connected and not stop.is_set():
+                self._lost = True
 
     async def connect(self) -> None:
-        """Connect (a stdio server: start it), once; raises :class:`ToolError` on failure."""
+        """Connect (a stdio server: start it), once; raises :class:`ToolError` on failure, and
+        when the connection was lost more often than ``restarts``."""
         self._on_this_loop()
         async with self._lock:
             if self._session is not None:
                 return
             await self._disconnect()
+            if self._lost:
+                if self.restarts == self.config.restarts:
+                    raise ToolError(f"tools.mcp.{self.config.name}: the server's connection was "
+                                    f"lost {self.restarts + 1} times; not restarted again "
+                                    f"(restarts={self.config.restarts})")
+                self.restarts += 1
             self._stop = asyncio.Event()
             ready = asyncio.get_running_loop().create_future()
             self._task = asyncio.create_task(self._serve(ready))
@@ -109,6 +140,7 @@ class McpServer:
                 await self._disconnect()
                 raise ToolError(f"tools.mcp.{self.config.name}: cannot connect: "
                                 f"{type(error).__name__}: {error}") from None
+            self._lost = False
 
     async def _disconnect(self) -> None:
         if self._task is not None:
@@ -123,7 +155,9 @@ class McpServer:
             await self._disconnect()
 
     async def list_tools(self) -> list[Any]:
+        """``tools/list``; a list_changed notification from now on marks it changed again."""
         await self.connect()
+        self.tools_changed = False
         return list((await self._session.list_tools()).tools)
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
@@ -151,9 +185,11 @@ class McpServer:
         raise AssertionError("unreachable")
 
     async def _drop(self, session: Any) -> None:
-        """Close the connection ``session`` belongs to, unless another replaced it."""
+        """Close the connection ``session`` belongs to, found lost, unless another replaced
+        it."""
         async with self._lock:
             if self._session is session:
+                self._lost = True
                 await self._disconnect()
 
 
@@ -187,12 +223,53 @@ class McpTool(BaseTool):
         return billed_result(self.spec, started, context, text)
 
 
-def _identifier(name: str) -> str:
-    """An MCP tool's name as part of an identifier (``get-weather``: ``get_weather``)."""
-    return re.sub(r"\W", "_", name)
+def tool_name(server: str, tool: str) -> str:
+    """The toolbox's name of the tool ``tool`` of the server named ``server`` (``get-weather``
+    of ``wx``: ``wx_get_weather``)."""
+    return server + "_" + re.sub(r"\W", "_", tool)
 
 
-def mcp_tools(config: McpServerConfig) -> list[McpTool]:
+def _taken(config: McpServerConfig, listed: list[Any]) -> list[Any]:
+    """The listed tools the configuration takes: allowed and not denied."""
+    return [tool for tool in listed if (config.allow is None or tool.name in config.allow)
+            and tool.name not in config.deny]
+
+
+class McpToolSource:
+    """A server's tools as the toolbox offers them (a
+    :class:`~nemo_orch.tools.base.ToolSource`): listed by :func:`mcp_source`, again by
+    :meth:`relist` once the server said they changed."""
+
+    def __init__(self, config: McpServerConfig, listed: list[Any]) -> None:
+        self.name, self.config, self.server = config.name, config, McpServer(config)
+        self.tools = self._tools(listed)
+
+    def _tools(self, listed: list[Any]) -> list[McpTool]:
+        config = self.config
+        return [McpTool(ToolSpec(
+            name=tool_name(config.name, tool.name),
+            description=tool.description or tool.name,
+            parameters={"type": "object", **(tool.inputSchema or {})},
+            pricing=Pricing(per_call=config.prices.get(tool.name, config.per_call_usd)),
+            latency_hint_s=config.latencies.get(tool.name, config.latency_hint_s),
+            timeout_s=config.timeout_s), self.server, tool.name)
+            for tool in _taken(config, listed)]
+
+    @property
+    def changed(self) -> bool:
+        return self.server.tools_changed
+
+    async def relist(self) -> None:
+        self.tools = self._tools(await self.server.list_tools())
+
+    async def start(self) -> None:
+        await self.server.connect()
+
+    async def close(self) -> None:
+        await self.server.close()
+
+
+def mcp_source(config: McpServerConfig) -> McpToolSource:
     """The tools ``config``'s server lists, as the toolbox's (allowed and not denied), from a
     connection of their own made here; raises :class:`ToolError` when the server cannot be
     reached or lists none of the allowed tools."""
@@ -208,15 +285,7 @@ def mcp_tools(config: McpServerConfig) -> list[McpTool]:
         remote = loop.run(listed())
     finally:
         loop.stop()
-    taken = [tool for tool in remote if (config.allow is None or tool.name in config.allow)
-             and tool.name not in config.deny]
-    if not taken:
+    if not _taken(config, remote):
         raise ToolError(f"tools.mcp.{config.name}: no tool taken of the {len(remote)} it lists "
                         f"({', '.join(tool.name for tool in remote)})")
-    server = McpServer(config)
-    return [McpTool(ToolSpec(
-        name=f"{config.name}_{_identifier(tool.name)}", description=tool.description or tool.name,
-        parameters={"type": "object", **(tool.inputSchema or {})},
-        pricing=Pricing(per_call=config.prices.get(tool.name, config.per_call_usd)),
-        latency_hint_s=config.latencies.get(tool.name, config.latency_hint_s),
-        timeout_s=config.timeout_s), server, tool.name) for tool in taken]
+    return McpToolSource(config, remote)

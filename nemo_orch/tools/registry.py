@@ -42,7 +42,7 @@ import yaml
 
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
-                                  ToolSpec, billed_result, seconds_since)
+                                  ToolSource, ToolSpec, billed_result, seconds_since)
 from nemo_orch.tools.schema import argument_errors
 
 logger = logging.getLogger(__name__)
@@ -232,22 +232,54 @@ class Toolbox:
     that runs waits this long first (``tools.simulated_latency_s``). ``modeled_time``: calls are
     billed by each tool's model of its time, not the clock (``tools.timing=modeled``;
     :func:`~nemo_orch.tools.base.billed_seconds`).
+
+    ``sources`` (MCP servers) offer tools after ``tools``; started and closed with the toolbox,
+    they may change their lists meanwhile. :meth:`refresh` takes such changes in, and only it:
+    the tools on offer change between episodes, never during one (an episode keeps the
+    :meth:`subset` it started with).
     """
 
     def __init__(self, tools: Sequence[Tool], cache_entries: int = 4096,
                  cache_bytes: int = 64 << 20, parts: Sequence[Tool] = (),
                  show_prices: bool = True, simulated_latency_s: float = 0.0,
-                 modeled_time: bool = False) -> None:
-        self.tools: dict[str, Tool] = {}
-        for tool in tools:
-            if tool.spec.name in self.tools:
-                raise ToolError(f"two tools are named {tool.spec.name!r}")
-            self.tools[tool.spec.name] = tool
+                 modeled_time: bool = False, sources: Sequence[ToolSource] = ()) -> None:
+        self.fixed, self.sources = list(tools), list(sources)
+        # The source each tool a source offers came from, by tool name.
+        self.source_of: dict[str, str] = {}
+        self.tools = self._offered()
         self.parts = list(parts)
         self.show_prices, self.simulated_latency_s = show_prices, simulated_latency_s
         self.modeled_time = modeled_time
         self.cache = ResultCache(cache_entries, cache_bytes)
         self._limits: dict[str, asyncio.Semaphore] = {}
+
+    def _offered(self) -> dict[str, Tool]:
+        offered: dict[str, Tool] = {}
+        for tool in [*self.fixed, *(tool for source in self.sources for tool in source.tools)]:
+            if tool.spec.name in offered:
+                raise ToolError(f"two tools are named {tool.spec.name!r}")
+            offered[tool.spec.name] = tool
+        self.source_of = {tool.spec.name: source.name for source in self.sources
+                          for tool in source.tools}
+        return offered
+
+    async def refresh(self) -> None:
+        """List again the sources that said their tools changed: tools they list now are
+        offered, tools they dropped are not. A source that cannot be listed keeps its last list
+        (and is tried again by the next refresh); a new name that clashes with another tool's
+        keeps every list as it was. Either is a warning, never an error of a call."""
+        changed = [source for source in self.sources if source.changed]
+        for source in changed:
+            try:
+                await source.relist()
+            except Exception as error:  # the old list stays on offer
+                logger.warning("tool source %s: its tools changed but cannot be listed again: "
+                               "%s: %s", source.name, type(error).__name__, error)
+        if changed:
+            try:
+                self.tools = self._offered()
+            except ToolError as error:
+                logger.warning("tool sources listed again, but not taken: %s", error)
 
     @property
     def specs(self) -> dict[str, ToolSpec]:
@@ -257,11 +289,13 @@ class Toolbox:
         """OpenAI function schemas, in declaration order (or the order of ``names``)."""
         chosen = [self.tools[name] for name in (self.tools if names is None else names)]
         return [tool.spec.schema(tool.pricing if self.show_prices
-                                 and isinstance(tool, PricedModels) else None)
+                                 and isinstance(tool, PricedModels) else None,
+                                 call_fee=self.show_prices)
                 for tool in chosen]
 
     def subset(self, names: Iterable[str]) -> "Toolbox":
-        """A toolbox over some of these tools that shares their instances and the cache."""
+        """A toolbox over some of these tools that shares their instances and the cache: the
+        tools on offer now, whatever a later :meth:`refresh` changes."""
         names = list(names)
         unknown = [n for n in names if n not in self.tools]
         if unknown:
@@ -271,14 +305,19 @@ class Toolbox:
                          simulated_latency_s=self.simulated_latency_s,
                          modeled_time=self.modeled_time)
         subset.cache, subset._limits = self.cache, self._limits
+        subset.source_of = {name: self.source_of[name] for name in names
+                            if name in self.source_of}
         return subset
 
     async def start(self) -> None:
-        """Warm up pooled tools (sandbox workers, indexes) before the first episode."""
-        await asyncio.gather(*(tool.start() for tool in [*self.tools.values(), *self.parts]))
+        """Warm up pooled tools (sandbox workers, indexes) and connect the sources before the
+        first episode."""
+        await asyncio.gather(*(tool.start() for tool in [*self.fixed, *self.parts,
+                                                         *self.sources]))
 
     async def close(self) -> None:
-        await asyncio.gather(*(tool.close() for tool in [*self.tools.values(), *self.parts]),
+        await asyncio.gather(*(tool.close() for tool in [*self.fixed, *self.parts,
+                                                         *self.sources]),
                              return_exceptions=True)
 
     async def __aenter__(self) -> "Toolbox":

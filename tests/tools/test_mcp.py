@@ -1,7 +1,8 @@
 """MCP servers as tool sources (``tools.mcp``), against real servers written with the SDK
 (``tests/mcp_server.py``, FastMCP) over stdio (a subprocess the toolbox starts) and streamable
-HTTP on 127.0.0.1: listing, calling, an error result, a timeout, a crashed server restarted, a
-secret header from the environment, and GRPO on tasks that are offered an MCP tool."""
+HTTP on 127.0.0.1: listing, calling, an error result, a timeout, a crashed server restarted up to
+its bound, a changed tool list taken in between episodes, a secret header from the environment,
+and GRPO on tasks that are offered an MCP tool."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from nemo_orch.config import ConfigError, McpServerConfig
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.tools.base import ToolError
-from nemo_orch.tools.mcp import mcp_tools
+from nemo_orch.tools.mcp import mcp_source
 from nemo_orch.tools.registry import Toolbox
 
 SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
@@ -31,6 +32,10 @@ SECRET = "s3cret-do-not-log"
 def stdio(**fields) -> McpServerConfig:
     return McpServerConfig(**{"name": "fx", "command": sys.executable,
                               "args": [SERVER, "stdio"], **fields})
+
+
+def toolbox_of(config: McpServerConfig, **options) -> Toolbox:
+    return Toolbox([], sources=[mcp_source(config)], **options)
 
 
 def calls(toolbox: Toolbox, *requests: tuple[str, dict]) -> list:
@@ -43,9 +48,10 @@ def calls(toolbox: Toolbox, *requests: tuple[str, dict]) -> list:
 
 def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
     monkeypatch.setenv("FIXTURE_SECRET", SECRET)
-    tools = mcp_tools(stdio(deny=["die"], prices={"add": 0.01}, latencies={"add": 0.2},
-                            env=["FIXTURE_SECRET"], timeout_s=2.0))
-    specs = {tool.spec.name: tool.spec for tool in tools}
+    config = stdio(deny=["die", "reshape"], prices={"add": 0.01}, latencies={"add": 0.2},
+                   env=["FIXTURE_SECRET"], timeout_s=2.0)
+    toolbox = toolbox_of(config)
+    specs = toolbox.specs
     assert sorted(specs) == ["fx_add", "fx_fail", "fx_sleep", "fx_whoami"]
     add = specs["fx_add"]
     assert add.description == "Add two integers."
@@ -55,7 +61,7 @@ def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
     assert specs["fx_fail"].pricing.per_call == 0.0
 
     added, failed, slept, secret, invalid = calls(
-        Toolbox(tools), ("fx_add", {"a": 2, "b": 3}), ("fx_fail", {"reason": "no such row"}),
+        toolbox, ("fx_add", {"a": 2, "b": 3}), ("fx_fail", {"reason": "no such row"}),
         ("fx_sleep", {"seconds": 30}), ("fx_whoami", {}), ("fx_add", {"a": "x"}))
     assert (added.output, added.error, added.cost_usd) == ("5", None, 0.01)
     assert failed.error.endswith("no such row") and failed.output == ""
@@ -63,23 +69,32 @@ def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
     assert secret.output == SECRET  # the server got the variable named, by name
     assert invalid.error.startswith("invalid arguments for fx_add")  # checked before the call
     # Modeled time bills the configured latency.
-    modeled = Toolbox(tools, modeled_time=True)
+    modeled = toolbox_of(config, modeled_time=True)
     (timed,) = calls(modeled, ("fx_add", {"a": 1, "b": 1}))
     assert timed.latency_s == 0.2
 
 
-def test_a_crashed_server_is_started_again_by_the_next_call():
-    tools = mcp_tools(stdio(allow=["add", "die"]))
-    died, after = calls(Toolbox(tools), ("fx_die", {}), ("fx_add", {"a": 1, "b": 1}))
-    assert "Connection closed" in died.error
-    assert (after.output, after.error) == ("2", None)
+def test_a_crashed_server_is_restarted_up_to_its_bound_then_a_clear_error():
+    toolbox = toolbox_of(stdio(allow=["add", "die"], restarts=2))
+    died, after, died_again, again, last_death, refused, still_refused = calls(
+        toolbox, ("fx_die", {}), ("fx_add", {"a": 1, "b": 1}), ("fx_die", {}),
+        ("fx_add", {"a": 2, "b": 2}), ("fx_die", {}), ("fx_add", {"a": 3, "b": 3}),
+        ("fx_add", {"a": 4, "b": 4}))
+    assert all("Connection closed" in result.error for result in (died, died_again, last_death))
+    assert (after.output, again.output) == ("2", "4")  # restarts 1 and 2, counted across calls
+    bound = ("tools.mcp.fx: the server's connection was lost 3 times; not restarted again "
+             "(restarts=2)")
+    assert refused.error.endswith(bound) and still_refused.error.endswith(bound)
+    assert refused.output == "" and "\n" not in refused.error
 
 
 def test_listing_errors_name_the_server():
-    with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 5 it lists"):
-        mcp_tools(stdio(allow=["nothing"]))
+    with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 6 it lists"):
+        mcp_source(stdio(allow=["nothing"]))
     with pytest.raises(ToolError, match="tools.mcp.gone: cannot connect"):
-        mcp_tools(stdio(name="gone", args=["-c", "import sys; sys.exit(3)"], timeout_s=5.0))
+        mcp_source(stdio(name="gone", args=["-c", "import sys; sys.exit(3)"], timeout_s=5.0))
+    with pytest.raises(ConfigError, match="tools.mcp.fx.restarts must be >= 0"):
+        stdio(restarts=-1)
     with pytest.raises(ConfigError, match="tools.mcp.fx: give command .stdio. or url"):
         config_lib.load(["tools.mcp=[{name: fx}]"])
 
@@ -99,6 +114,39 @@ def http_server():
     yield f"http://127.0.0.1:{port}/mcp"
     process.terminate()
     process.wait(timeout=10)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_changed_tool_list_is_taken_in_between_episodes(transport, request):
+    """reshape adds triple, drops sleep and sends list_changed: an episode under way keeps the
+    tools it started with; the toolbox offers the new list from its next refresh on."""
+    config = (stdio(allow=["add", "reshape", "sleep", "triple"], prices={"triple": 0.02})
+              if transport == "stdio" else McpServerConfig(
+                  name="fx", url=request.getfixturevalue("http_server"),
+                  allow=["add", "reshape", "sleep", "triple"], prices={"triple": 0.02}))
+    toolbox = toolbox_of(config)
+
+    async def run():
+        async with toolbox:
+            under_way = toolbox.subset(toolbox.tools)  # what an episode holds
+            reshaped = await under_way.call("fx_reshape", {})
+            before = list(toolbox.tools)  # noted, not yet taken in
+            await toolbox.refresh()
+            after = list(toolbox.tools)
+            tripled = await toolbox.call("fx_triple", {"n": 4})
+            return reshaped, before, after, tripled, list(under_way.tools), toolbox.schemas()
+
+    reshaped, before, after, tripled, under_way, schemas = asyncio.run(run())
+    assert reshaped.output == "reshaped"
+    assert before == under_way == ["fx_add", "fx_sleep", "fx_reshape"]  # the server's order
+    assert after == ["fx_add", "fx_reshape", "fx_triple"]
+    assert (tripled.output, tripled.cost_usd) == ("12", 0.02)
+    assert toolbox.source_of == dict.fromkeys(after, "fx")
+    # Offered as a declared tool is: its own description, its price per call.
+    (triple,) = [schema["function"] for schema in schemas
+                 if schema["function"]["name"] == "fx_triple"]
+    assert triple["description"] == ("Three times an integer (offered once reshape ran). Each "
+                                     "call costs USD 0.02.")
 
 
 def test_a_streamable_http_server_gets_its_secret_header_from_the_environment(

@@ -106,7 +106,7 @@ class Tau2Environment(Environment):
         from nemo_orch.rollout.builders import build_toolbox
 
         declared = build_toolbox(self.tools_config)
-        return Toolbox([*self.domain.assistant_tools, *declared.tools.values()])
+        return Toolbox([*self.domain.assistant_tools, *declared.fixed], sources=declared.sources)
 
     def user_toolbox(self) -> Toolbox:
         return self.domain.user_toolbox()
