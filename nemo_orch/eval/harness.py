@@ -53,6 +53,8 @@ from nemo_orch.tools.registry import Toolbox
 log = logging.getLogger(__name__)
 
 EPISODES = "episodes"
+# The report's note on the tools from MCP servers the policy did not train with.
+UNTRAINED_MCP_TOOLS = "MCP tools the policy did not train with (calls by system)"
 _TOKEN_FIELDS = ("token_ids", "loss_mask", "decision_mask", "logprobs")
 
 
@@ -314,6 +316,7 @@ async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, 
         async def one(index: int, task: Task) -> None:
             seed = resources.seed + index
             async with slots:
+                await toolbox.refresh()  # an MCP server's changed tools, from this episode on
                 trajectory = await agent.episode(task, index // len(resources.tasks), seed)
                 scored = await benchmark.score(task, trajectory)
             handle(index, seed, task, trajectory, scored, oracle)
@@ -425,9 +428,52 @@ def _policy_identity(config: Config) -> str | None:
     return checkpoint.identity(policy or checkpoint.checkpoints_dir(config))
 
 
+def _trained_with(config: Config, agents: list[str]) -> Callable[[str, str], bool]:
+    """Whether the policy evaluated trained with a tool of an MCP server (its name, the
+    server's): whether the configuration its checkpoint saved lists the server and takes that
+    tool (``allow``, ``deny``). A served policy or an HF directory keeps no configuration, and
+    rule agents train with nothing: for them, no MCP tool was trained with."""
+    from omegaconf import OmegaConf
+
+    from nemo_orch.models import checkpoint
+    from nemo_orch.tools.mcp import tool_name
+
+    if ORCHESTRATOR not in agents or _policy_identity(config) is None:
+        return lambda tool, server: False
+    saved = OmegaConf.load(checkpoint.open_checkpoint(
+        config.rollout.policy or checkpoint.checkpoints_dir(config)).config_path)
+    # A checkpoint saved before tools.mcp existed trained with no MCP server.
+    servers = {entry.name: entry for entry in OmegaConf.select(saved, "tools.mcp", default=[])}
+
+    def trained(tool: str, server: str) -> bool:
+        entry = servers.get(server)
+        return entry is not None and (
+            entry.allow is None or tool in {tool_name(server, name) for name in entry.allow}
+        ) and tool not in {tool_name(server, name) for name in entry.deny}
+
+    return trained
+
+
+def untrained_mcp_tools(evaluation: Evaluation, trained: Callable[[str, str], bool]
+                        ) -> list[dict[str, Any]]:
+    """The tools offered that came from MCP servers and were not ``trained`` with, each with
+    its server and its (successful) calls by system, in name order."""
+    rows: dict[str, dict[str, Any]] = {}
+    for system, records in evaluation.records.items():
+        for record in records:
+            # A record cached before tool sources were recorded names none.
+            for tool, server in record["episode"].get("tool_sources", {}).items():
+                if not trained(tool, server):
+                    row = rows.setdefault(tool, {"tool": tool, "server": server,
+                                                 **{name: 0 for name in evaluation.records}})
+                    row[system] += record["result"]["tool_calls"].get(tool, 0)
+    return [rows[tool] for tool in sorted(rows)]
+
+
 def run(config: Config, agents: list[str], tokenizer: Any = None) -> EvalSummary:
     """Every agent on the test tasks of ``env`` (cached per example, resumable), then the
-    report. ``tokenizer`` renders the rule agents' prompts (None: the run's, or the served
+    report, which notes the MCP tools the policy did not train with
+    (:func:`untrained_mcp_tools`). ``tokenizer`` renders the rule agents' prompts (None: the run's, or the served
     policy's when an orchestrator is evaluated)."""
     started = time.perf_counter()
     benchmark = build_environment(config)
@@ -443,8 +489,9 @@ def run(config: Config, agents: list[str], tokenizer: Any = None) -> EvalSummary
     directory = out_dir(config, benchmark.name)
     evaluation = evaluate(config, benchmark, systems, directory, tokenizer)
     (directory / "config.yaml").write_text(config_lib.to_yaml(config))
-    path = report_lib.write_report(directory, benchmark.name,
-                                   {kind: evaluation.results(kind) for kind in agents},
-                                   notes=benchmark.notes)
+    untrained = untrained_mcp_tools(evaluation, _trained_with(config, agents))
+    path = report_lib.write_report(
+        directory, benchmark.name, {kind: evaluation.results(kind) for kind in agents},
+        notes={**benchmark.notes, UNTRAINED_MCP_TOOLS: untrained})
     summaries = json.loads(path.read_text())["systems"]
     return EvalSummary(benchmark.name, path, summaries, time.perf_counter() - started)

@@ -1,6 +1,6 @@
 """``nemo-orch eval``: every agent kind on the offline benchmark, the judge protocol against
-local servers that fail, resume after a kill, the report files, comparing runs, and swapping
-the tool set and price table at evaluation time."""
+local servers that fail, resume after a kill, the report files, comparing runs, swapping
+the tool set and price table at evaluation time, and MCP tools the policy never trained with."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from cli_helpers import run_cli_here
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
+from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.eval import harness
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.http_server import RequestError, serve_json
@@ -403,3 +404,67 @@ def test_a_cache_holding_only_another_fingerprint_is_started_over(tmp_path):
     cache = harness.EpisodeCache(path, "corrected settings", resume=True)
     assert cache.records == {} and json.loads(path.read_text()) == {
         "fingerprint": "corrected settings"}
+
+
+def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
+        tmp_path, tiny_tokenizer_dir, tiny_tokenizer):
+    """``nemo-orch eval`` of a served (scripted) orchestrator with only an MCP server's tools:
+    each is rendered into the prompt as a declared tool is (its description, its price per
+    call); the tool the first episode's call adds (reshape: list_changed) is offered from the
+    next episode on and called there; the report names the MCP tools the policy did not train
+    with, with their calls. A checkpoint trained with the server's add leaves add out."""
+    server = Path(__file__).resolve().parents[1] / "mcp_server.py"
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, [Task(id="reshape", question="Reshape the tools.", answer="reshaped"),
+                        Task(id="triple", question="What is three times 4?", answer="12")])
+    prompts: list[str] = []
+
+    def policy(prompt: str) -> str:
+        last = prompt.rsplit("<|im_start|>", 2)[-2]  # the question, or the last observation
+        if "<tool_response>" in last:
+            return f"<answer>{last.split('<tool_response>')[1].split('</tool_response>')[0]}" \
+                   "</answer>"
+        prompts.append(prompt)
+        call = ({"name": "fx_reshape", "arguments": {}} if "Reshape" in last
+                else {"name": "fx_triple", "arguments": {"n": 4}})
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    with start_server(ScriptedEngine(tiny_tokenizer, policy), tiny_tokenizer,
+                      "orchestrator") as served:
+        config = config_lib.load([
+            "env=tasks", f"env.path={tasks}", "tools.declarations=[]",
+            f"tools.mcp=[{{name: fx, command: '{sys.executable}', args: ['{server}', stdio], "
+            "allow: [add, reshape, triple], prices: {triple: 0.02}, per_call_usd: 0.001}]",
+            f"run.output_dir={tmp_path}", f"tokenizer.path={tiny_tokenizer_dir}",
+            f"eval.out_dir={tmp_path / 'eval'}", "eval.concurrency=1", "rollout.engine=openai",
+            f"rollout.base_url={served.url}", "rollout.model_name=orchestrator",
+            "rollout.max_turns=3", "rollout.max_new_tokens=100"])
+        summary = harness.run(config, ["orchestrator"])
+
+    first, second = prompts
+    assert '"description": "Add two integers. Each call costs USD 0.001."' in first
+    assert "fx_triple" not in first
+    assert ('"description": "Three times an integer (offered once reshape ran). Each call '
+            'costs USD 0.02."') in second
+    episodes = _episodes(tmp_path / "eval", "orchestrator")
+    assert [record["episode"]["answer"] for record in episodes] == ["reshaped", "12"]
+    report = json.loads(summary.report.read_text())
+    assert report["systems"]["orchestrator"]["accuracy"] == 1.0
+    assert report["notes"][harness.UNTRAINED_MCP_TOOLS] == [
+        {"tool": "fx_add", "server": "fx", "orchestrator": 0},
+        {"tool": "fx_reshape", "server": "fx", "orchestrator": 1},
+        {"tool": "fx_triple", "server": "fx", "orchestrator": 1}]
+    markdown = (tmp_path / "eval" / "report.md").read_text()
+    assert f"{harness.UNTRAINED_MCP_TOOLS}:" in markdown
+    assert "| fx_triple | fx | 1 |" in markdown
+
+    # A policy whose checkpoint trained with the server's add: add is not reported.
+    checkpoint = tmp_path / "trained" / "step_1"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "nemo_orch.json").write_text('{"step": 1}')
+    (checkpoint / "config.yaml").write_text("tools: {mcp: [{name: fx, allow: [add], deny: []}]}")
+    trained = config_lib.load([f"rollout.policy={checkpoint}"])
+    evaluation = harness.Evaluation([], {"orchestrator": episodes})
+    assert [row["tool"] for row in harness.untrained_mcp_tools(
+        evaluation, harness._trained_with(trained, ["orchestrator"]))] == ["fx_reshape",
+                                                                          "fx_triple"]
