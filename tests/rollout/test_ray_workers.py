@@ -1,6 +1,7 @@
 """Rollouts on Ray (``rollout.backend=ray``): the trajectories of the local backend for the same
 seeds, scoring through scorer actors, a killed worker or tool executor replaced with its episodes
-run again, ``nemo-orch rollout`` and GRPO's rollouts on the pool.
+run again, ``nemo-orch rollout`` and GRPO's rollouts on the pool, an MCP server's tools (and a
+changed list of them) on a worker.
 
 One Ray for the module, started as the pool starts one (127.0.0.1 only, object store capped),
 with this machine's 2 CPUs; the pools' workers take half a CPU each so two pools fit.
@@ -13,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout import ray_workers
 from nemo_orch.reward.builders import build_scorer
+from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.ray_workers import RayRolloutPool
 from nemo_orch.rollout.runner import run_rollouts
@@ -252,3 +255,37 @@ def test_a_refit_reaches_the_workers_episodes_in_flight(ray_session, config, tin
     assert all(t.answer == "done" for t in trajectories)
     assert [[turn.policy_version for turn in t.turns] for t in trajectories] == [[3, 4]] * 4
     assert pool.version == 4
+
+
+def test_mcp_tools_on_a_worker_and_a_changed_list_from_the_next_rollout(ray_session, config,
+                                                                         tiny_tokenizer_dir):
+    """The tool executor builds its toolbox from the config, an MCP server's tools included
+    (a stdio server it starts itself); the tool a rollout's call adds (reshape: list_changed)
+    is offered to the worker's next rollout, and the episodes record where it came from."""
+    server = Path(__file__).resolve().parents[1] / "mcp_server.py"
+    tools = config_lib.load([
+        "tools.declarations=[]", f"tools.mcp=[{{name: fx, command: '{sys.executable}', "
+        f"args: ['{server}', stdio], allow: [add, reshape, sleep, triple]}}]"]).tools
+    settings = config.resolved_rollout()
+    pool = RayRolloutPool(dataclasses.replace(settings, ray=dataclasses.replace(
+        settings.ray, num_workers=1)), partial(plan_engine, str(tiny_tokenizer_dir)),
+        partial(build_toolbox, tools))
+
+    async def main() -> tuple[Trajectory, Trajectory]:
+        async with pool:
+            (reshaped,) = await pool.run([with_plan(Task("r", "Reshape."), [("fx_reshape", {})],
+                                                    "done")], 1)
+            (tripled,) = await pool.run([with_plan(Task("t", "Triple 4."),
+                                                   [("fx_triple", {"n": 4})], "done")], 1)
+            return reshaped, tripled
+
+    reshaped, tripled = asyncio.run(main())
+
+    def offered(trajectory: Trajectory) -> list[str]:
+        return [schema["function"]["name"] for schema in trajectory.tools]
+
+    assert offered(reshaped) == ["fx_add", "fx_sleep", "fx_reshape"]
+    assert reshaped.messages[-2]["content"] == "reshaped"
+    assert offered(tripled) == ["fx_add", "fx_reshape", "fx_triple"]
+    assert tripled.messages[-2]["content"] == "12"
+    assert tripled.tool_sources == dict.fromkeys(offered(tripled), "fx")
