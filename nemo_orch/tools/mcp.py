@@ -127,9 +127,9 @@ class McpServer:
             await self._disconnect()
             if self._lost:
                 if self.restarts == self.config.restarts:
-                    raise ToolError(f"tools.mcp.{self.config.name}: the server's connection was "
-                                    f"lost {self.restarts + 1} times; not restarted again "
-                                    f"(restarts={self.config.restarts})")
+                    raise ToolError(f"tools.mcp.{self.config.name}: the server's connection is "
+                                    f"lost and its restarts are used up (restarts="
+                                    f"{self.config.restarts}); not restarted again")
                 self.restarts += 1
             self._stop = asyncio.Event()
             ready = asyncio.get_running_loop().create_future()

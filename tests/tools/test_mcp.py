@@ -82,8 +82,8 @@ def test_a_crashed_server_is_restarted_up_to_its_bound_then_a_clear_error():
         ("fx_add", {"a": 4, "b": 4}))
     assert all("Connection closed" in result.error for result in (died, died_again, last_death))
     assert (after.output, again.output) == ("2", "4")  # restarts 1 and 2, counted across calls
-    bound = ("tools.mcp.fx: the server's connection was lost 3 times; not restarted again "
-             "(restarts=2)")
+    bound = ("tools.mcp.fx: the server's connection is lost and its restarts are used up "
+             "(restarts=2); not restarted again")
     assert refused.error.endswith(bound) and still_refused.error.endswith(bound)
     assert refused.output == "" and "\n" not in refused.error
 
