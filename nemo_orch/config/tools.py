@@ -40,6 +40,9 @@ class McpServerConfig:
     latency_hint_s: float = 1.0
     # Seconds a call may take, and connecting the server too.
     timeout_s: float = 60.0
+    # The server is an orchestrator (`nemo-orch serve mcp`): each call is billed its episode's
+    # ledger.cost_usd on top of the per-call price, and the episode is kept with the caller's.
+    orchestrator: bool = False
 
     def __post_init__(self) -> None:
         _require(self.name.isidentifier(), f"tools.mcp: name must be an identifier, got "
