@@ -149,6 +149,31 @@ def test_serve_mcp_over_stdio_runs_a_tiny_policy(random_policy_dir, tmp_path):
     assert solved.content[0].text == orchestration_text(body)
 
 
+def test_start_mcp_http_from_config(random_policy_dir, tmp_path, monkeypatch):
+    """The ``serve mcp serve.mcp_transport=http`` path: the policy and tools from the config,
+    the key from the variable it names."""
+    from nemo_orch.serve.mcp import start_mcp_http
+
+    config = config_lib.load([
+        f"run.output_dir={tmp_path}", f"rollout.policy={random_policy_dir}", "run.name=tiny",
+        "rollout.max_turns=1", "rollout.max_new_tokens=4", "tools=offline_basic",
+        "serve.mcp_transport=http", "serve.http_port=0", "serve.metrics_port=null",
+        f"serve.api_key_env={KEY_VARIABLE}"])
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    with pytest.raises(ConfigError, match=f"{KEY_VARIABLE} is not set"):
+        start_mcp_http(config)
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+
+    async def solve(session):
+        return await session.call_tool("solve", {"question": "What is 2 + 3?"})
+
+    with start_mcp_http(config) as server:
+        assert server.metrics_port is None and server.url.endswith("/mcp")
+        solved = sdk_session(server.url, {"Authorization": f"Bearer {KEY}"}, solve)
+    assert not solved.isError and solved.structuredContent["model"] == "tiny"
+    assert solved.structuredContent["turns"] == 1
+
+
 def top_reply(prompt: str) -> str:
     """The coordinator's scripted policy: its own echo, then the specialist (``sub_solve``),
     then the specialist's answer, read from the last observation."""
