@@ -40,7 +40,7 @@ SOLVE_PARAMETERS: dict[str, Any] = {
 }
 
 
-def _number(value: Any) -> bool:
+def _non_negative_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value >= 0)
 
@@ -59,13 +59,12 @@ def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContex
                              observation: str | None = None) -> ToolResult:
     """The result of a call a sub-orchestrator answered with ``body`` (an orchestration: the
     ``/v1/orchestrate`` answer) and ``observation`` (what the caller's policy reads; None:
-    :func:`orchestration_text`): billed at
-    ``spec.pricing`` for its seconds (a per-call fee, by default none) plus the episode's
-    ``ledger.cost_usd``; its usage the episode's tokens (the sub-orchestrator's and its calls');
-    its ``trajectory`` the episode. A body without a ledger is an error observation: what the
+    :func:`orchestration_text`): billed at ``spec.pricing`` for its seconds (a per-call fee, by
+    default none) plus the episode's ``ledger.cost_usd``; its usage the episode's tokens (the
+    sub-orchestrator's and its calls'); its ``trajectory`` the episode. A body without a ledger is an error observation: what the
     call cost is unknown, and a caller must not get its answer for free."""
     ledger = body.get("ledger") if isinstance(body, dict) else None
-    if not (isinstance(ledger, dict) and _number(ledger.get("cost_usd"))
+    if not (isinstance(ledger, dict) and _non_negative_number(ledger.get("cost_usd"))
             and isinstance(ledger.get("calls"), list) and isinstance(body.get("messages"), list)):
         return billed_result(spec, started, context, error=(
             f"{spec.name}: the orchestrator's result carries no ledger (an object with "
@@ -77,7 +76,7 @@ def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContex
 
     def spent(kind: str) -> int:
         counts = [tokens.get(kind), *(call.get(f"{kind}_tokens") for call in calls)]
-        return sum(int(count) for count in counts if _number(count))
+        return sum(int(count) for count in counts if _non_negative_number(count))
 
     trajectory = {key: body.get(key) for key in ("id", "model", "seed", "answer",
                                                   "finish_reason", "turns", "messages", "ledger")}
