@@ -329,6 +329,17 @@ def cmd_serve_orchestrator(config: Config, args: argparse.Namespace) -> int:
         "stops"))
 
 
+def cmd_serve_mcp(config: Config, args: argparse.Namespace) -> int:
+    from nemo_orch.serve import mcp
+
+    if config.serve.mcp_transport == "stdio":  # stdout is the protocol's: no banner
+        mcp.run_mcp_stdio(config)
+        return 0
+    return _serve_until_stopped(lambda: mcp.start_mcp_http(config), lambda server: (
+        f"mcp: serving {config.run.name} as the MCP tool solve at {server.url} (streamable "
+        f"HTTP{_metrics_address(server)}); SIGTERM or Ctrl-C stops"))
+
+
 def cmd_eval(config: Config, args: argparse.Namespace) -> int:
     from nemo_orch.eval import harness
 
@@ -521,7 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(toolscale, tau2)")
 
     serve = commands.add_parser("serve", help="serve the reward, tools or the orchestrator "
-                                "(serve.*: host, ports, batching, metrics)")
+                                "(OpenAI-compatible or MCP) (serve.*: host, ports, batching, "
+                                "metrics)")
     serve_commands = serve.add_subparsers(dest="serve_command", required=True)
     add("reward", cmd_serve_reward, "PyTriton: outcome scoring and the judge (reward.*) as the "
         "Triton model 'reward'; training, rollout and eval use it with reward.endpoint=URL",
@@ -535,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint), on serve.host:serve.http_port (127.0.0.1:8000), e.g. `nemo-orch serve "
         "orchestrator rollout.policy=runs/latest/grpo/checkpoints serve.http_port=8080`",
         serve_commands)
+    add("mcp", cmd_serve_mcp, "the orchestrator of rollout.policy=CHECKPOINT|HF_DIR as an MCP "
+        "server with one tool, solve(question, preference?), answering with the answer, its "
+        "cost and calls (the loop of /v1/orchestrate), over serve.mcp_transport=stdio (the "
+        "client starts the process) or http (streamable HTTP at /mcp on serve.http_port), e.g. "
+        "`nemo-orch serve mcp rollout.policy=runs/latest/grpo/checkpoints "
+        "serve.mcp_transport=http`", serve_commands)
 
     synthesize = add("synth", cmd_synth, "synthesize ToolScale domains and tasks with an LLM "
                      "(synth.*), or generate them offline (--offline): write <domain>/domain.json,"

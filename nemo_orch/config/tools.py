@@ -43,6 +43,9 @@ class McpServerConfig:
     # Times a lost connection (a server that died) is made again, counted over the toolbox's
     # life; past them every call of the server's tools is an error observation.
     restarts: int = 3
+    # The server is an orchestrator (`nemo-orch serve mcp`): each call is billed its episode's
+    # ledger.cost_usd on top of the per-call price, and the episode is kept with the caller's.
+    orchestrator: bool = False
 
     def __post_init__(self) -> None:
         _require(self.name.isidentifier(), f"tools.mcp: name must be an identifier, got "

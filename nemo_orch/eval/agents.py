@@ -184,9 +184,8 @@ class GoldReplayAgent:
             # One action per message, as the episode runner's turns.
             result = await toolbox.call(action.name, action.arguments,
                                         dataclasses.replace(context, turn=index))
-            turns.append(TurnRecord(index, 0, 0, 0.0, 0.0, "stop", calls=[CallRecord(
-                action.name, action.arguments, result.cost_usd, result.latency_s, result.cached,
-                result.error, result.usage.input_tokens, result.usage.output_tokens)]))
+            turns.append(TurnRecord(index, 0, 0, 0.0, 0.0, "stop", calls=[
+                CallRecord.of(action.name, action.arguments, result)]))
             if action.requestor == "assistant":
                 messages += [{"role": "assistant",
                               "content": call_text((action.name, action.arguments))},

@@ -181,8 +181,6 @@ class ChatAgent:
                 outcomes.append(ToolResult(error=call.error))
                 continue
             result = next(results)
-            record.calls.append(CallRecord(
-                call.name, call.arguments, result.cost_usd, result.latency_s, result.cached,
-                result.error, result.usage.input_tokens, result.usage.output_tokens))
+            record.calls.append(CallRecord.of(call.name, call.arguments, result))
             outcomes.append(result)
         return outcomes

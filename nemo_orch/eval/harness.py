@@ -473,8 +473,8 @@ def untrained_mcp_tools(evaluation: Evaluation, trained: Callable[[str, str], bo
 def run(config: Config, agents: list[str], tokenizer: Any = None) -> EvalSummary:
     """Every agent on the test tasks of ``env`` (cached per example, resumable), then the
     report, which notes the MCP tools the policy did not train with
-    (:func:`untrained_mcp_tools`). ``tokenizer`` renders the rule agents' prompts (None: the run's, or the served
-    policy's when an orchestrator is evaluated)."""
+    (:func:`untrained_mcp_tools`). ``tokenizer`` renders the rule agents' prompts (None: the
+    run's, or the served policy's when an orchestrator is evaluated)."""
     started = time.perf_counter()
     benchmark = build_environment(config)
     check_agents(agents, benchmark)

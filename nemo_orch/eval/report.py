@@ -249,8 +249,9 @@ def write_report(out_dir: str | Path, benchmark: str,
                  systems: Mapping[str, Sequence[EpisodeResult]],
                  notes: Mapping[str, Any] | None = None) -> Path:
     """``report.json`` (the summaries, every episode and the ``notes``: what the benchmark
-    left out and why, the MCP tools the policy did not train with), ``report.md``, ``pareto.png`` and ``tool_mix.png`` for the systems
-    evaluated on ``benchmark``; returns the JSON's path."""
+    left out and why, the MCP tools the policy did not train with), ``report.md``,
+    ``pareto.png`` and ``tool_mix.png`` for the systems evaluated on ``benchmark``; returns the
+    JSON's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     notes = dict(notes or {})

@@ -37,9 +37,9 @@ GPU_ENGINES = ("trtllm", "vllm")
 def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) -> Toolbox:
     """The declared tools, priced with ``tools.prices`` over the list prices, the domains' tools
     and the tools of the MCP servers of ``tools.mcp`` (listed now: the toolbox's sources), not
-    yet started (``async with toolbox`` warms them up and connects the MCP servers). ``retrieval``: the setting
-    ``search``'s document retrieval runs under (an environment's ``env.retrieval``; None: the
-    defaults, web search only)."""
+    yet started (``async with toolbox`` warms them up and connects the MCP servers).
+    ``retrieval``: the setting ``search``'s document retrieval runs under (an environment's
+    ``env.retrieval``; None: the defaults, web search only)."""
     from nemo_orch.tools.document_search import retrieval_setting
 
     with price_overrides(tools.prices), endpoint_overrides(tools.endpoints), \

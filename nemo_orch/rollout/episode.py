@@ -147,6 +147,9 @@ class PolicyClient(Protocol):
 
 @dataclass
 class CallRecord:
+    """The ledger line of one call; ``trajectory`` is the episode a sub-orchestrator ran for
+    it (:attr:`ToolResult.trajectory`), saved with the caller's trajectory."""
+
     tool: str | None
     arguments: dict[str, Any] | None
     cost_usd: float = 0.0
@@ -155,6 +158,14 @@ class CallRecord:
     error: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    trajectory: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, tool: str, arguments: dict[str, Any], result: ToolResult) -> "CallRecord":
+        """The record of a call that ran and produced ``result``."""
+        return cls(tool, arguments, result.cost_usd, result.latency_s, result.cached,
+                   result.error, result.usage.input_tokens, result.usage.output_tokens,
+                   result.trajectory)
 
 
 @dataclass
@@ -601,10 +612,7 @@ class Episode:
             if not call.valid:
                 record.calls.append(CallRecord(call.name, call.arguments, error=call.error))
                 continue
-            result = next(by_call)
-            record.calls.append(CallRecord(
-                call.name, call.arguments, result.cost_usd, result.latency_s, result.cached,
-                result.error, result.usage.input_tokens, result.usage.output_tokens))
+            record.calls.append(CallRecord.of(call.name, call.arguments, next(by_call)))
         return list(results)
 
     def _observation(self, text: str) -> str:

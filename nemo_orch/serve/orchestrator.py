@@ -13,7 +13,11 @@ so what it answers is what ``nemo-orch rollout`` would produce for the same task
         "ledger": {"cost_usd", "orchestrator_cost_usd", "latency_s", "generation_s", "tool_s",
                    "tokens": {"input", "output"}, "format_errors",
                    "calls": [{"turn", "tool", "arguments", "cost_usd", "latency_s", "cached",
-                              "error", "input_tokens", "output_tokens"}]}}
+                              "error", "input_tokens", "output_tokens", "trajectory"}]}}
+
+A call's ``trajectory`` is null but for a call another orchestrator answered (see
+:mod:`nemo_orch.tools.orchestrator`): then it is that orchestrator's answer of this same shape
+(its messages and ledger), whose cost is in the call's ``cost_usd``.
 
 The episode is answered as one JSON body, not streamed: its calls run on the server and an
 OpenAI chunk stream has no place for its turns and ledger (``stream`` is an unknown field). A
@@ -77,13 +81,14 @@ def _ledger(trajectory: Trajectory) -> dict:
         "calls": [{"turn": turn.turn, "tool": call.tool, "arguments": call.arguments,
                    "cost_usd": call.cost_usd, "latency_s": call.seconds, "cached": call.cached,
                    "error": call.error, "input_tokens": call.input_tokens,
-                   "output_tokens": call.output_tokens}
+                   "output_tokens": call.output_tokens, "trajectory": call.trajectory}
                   for turn in turns for call in turn.calls],
     }
 
 
-class _Orchestration:
-    """``POST /v1/orchestrate``: one episode per request through the rollouts' own runner, on
+class Orchestration:
+    """``POST /v1/orchestrate`` (and ``nemo-orch serve mcp``'s ``solve``,
+    :mod:`nemo_orch.serve.mcp`): one episode per request through the rollouts' own runner, on
     one event loop in a background thread that owns the started toolbox, so its concurrency
     bounds, timeouts and cache hold across all requests."""
 
@@ -180,7 +185,7 @@ class OrchestratorServer:
     ``metrics_port`` is where ``/metrics`` is exported (None: not exported). Closing stops the
     HTTP server, waits for the episodes in flight, closes the tools and stops the metrics."""
 
-    def __init__(self, http: ServerHandle, orchestration: _Orchestration,
+    def __init__(self, http: ServerHandle, orchestration: Orchestration,
                  metrics_port: int | None, shutdown_timeout_s: float) -> None:
         self.http, self._orchestration = http, orchestration
         self.host, self.port, self.url = http.host, http.port, http.url
@@ -208,7 +213,7 @@ def serve_orchestrator(engine: Engine, tokenizer: PreTrainedTokenizerBase, toolb
     timed in metrics exported on ``serve.metrics_port`` (null: not exported; 0: a free port).
     With ``api_key``, clients must send it as a bearer token."""
     service = OpenAIService(engine, tokenizer, model_name)
-    orchestration = _Orchestration(service, toolbox, settings)
+    orchestration = Orchestration(service, toolbox, settings)
     metrics = ServeMetrics("orchestrator")
     http = None
     try:
@@ -226,7 +231,7 @@ def serve_orchestrator(engine: Engine, tokenizer: PreTrainedTokenizerBase, toolb
     return OrchestratorServer(http, orchestration, metrics_port, serve.shutdown_timeout_s)
 
 
-def _api_key(variable: str | None) -> str | None:
+def api_key_of(variable: str | None) -> str | None:
     """The key named by ``serve.api_key_env`` (None: no key); never logged."""
     if variable is None:
         return None
@@ -237,12 +242,19 @@ def _api_key(variable: str | None) -> str | None:
     return key
 
 
-def start_orchestrator(config: Config) -> OrchestratorServer:
-    """``nemo-orch serve orchestrator``: the policy's engine and tokenizer as ``nemo-orch
+def served_policy(config: Config) -> tuple[Engine, PreTrainedTokenizerBase, Toolbox,
+                                           RolloutConfig]:
+    """What an orchestrator server serves: the policy's engine and tokenizer as ``nemo-orch
     rollout`` builds them (``rollout.*``: a checkpoint, an HF directory, an OpenAI endpoint or
-    a GPU engine), the configured tools, served as ``run.name`` under ``serve.*``."""
-    api_key = _api_key(config.serve.api_key_env)  # before the (slow) engine
+    a GPU engine), the configured tools (not started) and the episodes' settings."""
     engine, tokenizer = builders.build_engine(config)
-    return serve_orchestrator(engine, tokenizer, builders.build_toolbox(config.tools),
-                              builders.rollout_settings(config, engine), config.serve,
-                              config.run.name, api_key=api_key)
+    return (engine, tokenizer, builders.build_toolbox(config.tools),
+            builders.rollout_settings(config, engine))
+
+
+def start_orchestrator(config: Config) -> OrchestratorServer:
+    """``nemo-orch serve orchestrator``: the :func:`served_policy` of ``config``, served as
+    ``run.name`` under ``serve.*``."""
+    api_key = api_key_of(config.serve.api_key_env)  # before the (slow) engine
+    return serve_orchestrator(*served_policy(config), config.serve, config.run.name,
+                              api_key=api_key)

@@ -134,7 +134,10 @@ class ToolSpec:
 @dataclass(frozen=True)
 class ToolResult:
     """What one call produced. ``output`` is the observation text; ``error`` (when set) replaces
-    it as the observation. ``answer`` is set by tools that end the episode with a final answer."""
+    it as the observation. ``answer`` is set by tools that end the episode with a final answer.
+    ``trajectory``: the episode another orchestrator ran to answer the call (its ``messages``
+    and ``ledger``, see :mod:`nemo_orch.tools.orchestrator`), kept with the caller's for
+    inspection; its cost is already in ``cost_usd``."""
 
     output: str = ""
     error: str | None = None
@@ -143,6 +146,7 @@ class ToolResult:
     latency_s: float = 0.0
     cached: bool = False
     answer: str | None = None
+    trajectory: dict[str, Any] | None = None
 
     @property
     def observation(self) -> str:
@@ -151,7 +155,7 @@ class ToolResult:
     def to_json(self) -> dict[str, Any]:
         return {"output": self.output, "error": self.error, "cost_usd": self.cost_usd,
                 "latency_s": self.latency_s, "cached": self.cached, "answer": self.answer,
-                "usage": dataclasses.asdict(self.usage)}
+                "usage": dataclasses.asdict(self.usage), "trajectory": self.trajectory}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,14 @@ A server that sends ``notifications/tools/list_changed`` is marked changed; the 
 it again at its next :meth:`~nemo_orch.tools.registry.Toolbox.refresh` (between episodes),
 so its new tools are offered, and its dropped ones not, from the next episode on.
 
+A server declared ``orchestrator: true`` is another orchestrator (``nemo-orch serve mcp``):
+its results' structured content is an orchestration, whose ledger is billed to the call and
+whose episode is kept with it (:func:`~nemo_orch.tools.orchestrator.sub_orchestration_result`).
+Declared, not detected: what a result is billed is the operator's decision about a server
+they run, never a claim any server can make by returning a ``ledger`` key; and a declared
+orchestrator whose result lacks a ledger is an error rather than a call silently billed at
+nothing.
+
 The connection lives in a task of its own: the SDK's transports are AnyIO context managers,
 which must be entered and left by the same task, while calls come from every episode's.
 """
@@ -35,6 +43,7 @@ from nemo_orch.config import McpServerConfig
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   billed_result)
+from nemo_orch.tools.orchestrator import sub_orchestration_result
 
 
 class McpServer:
@@ -220,6 +229,9 @@ class McpTool(BaseTool):
         if result.isError:
             return billed_result(self.spec, started, context,
                                  error=text or f"{self.spec.name} reported an error")
+        if self.server.config.orchestrator:
+            return sub_orchestration_result(self.spec, started, context,
+                                            result.structuredContent, text)
         return billed_result(self.spec, started, context, text)
 
 

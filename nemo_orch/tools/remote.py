@@ -48,7 +48,8 @@ def result_from_json(record: dict[str, Any]) -> ToolResult:
                                   int(usage.get("output_tokens", 0))),
                       cost_usd=float(record.get("cost_usd", 0.0)),
                       latency_s=float(record.get("latency_s", 0.0)),
-                      cached=bool(record.get("cached", False)), answer=record.get("answer"))
+                      cached=bool(record.get("cached", False)), answer=record.get("answer"),
+                      trajectory=record.get("trajectory"))
 
 
 class RemoteTool(BaseTool):

@@ -141,6 +141,7 @@ def test_overrides_may_follow_the_options(capsys):
     (["eval"], "accuracy (95% CI)", "95%%"),
     (["serve", "orchestrator"], "rollout.policy=CHECKPOINT|HF_DIR", None),
     (["serve", "orchestrator"], "serve.http_port", None),
+    (["serve", "mcp"], "serve.mcp_transport=stdio", None),
 ])
 def test_help_texts_read_as_text(command, shown, hidden, capsys):
     with pytest.raises(SystemExit) as exited:

@@ -88,6 +88,16 @@ def test_a_crashed_server_is_restarted_up_to_its_bound_then_a_clear_error():
     assert refused.output == "" and "\n" not in refused.error
 
 
+def test_a_declared_orchestrator_must_send_its_ledger():
+    """A server declared ``orchestrator: true`` whose result carries no ledger: the call is an
+    error (its cost unknown), not an answer billed at nothing."""
+    (added,) = calls(toolbox_of(stdio(allow=["add"], orchestrator=True, per_call_usd=0.5)),
+                     ("fx_add", {"a": 1, "b": 1}))
+    assert added.error == ("fx_add: the orchestrator's result carries no ledger (an object with "
+                           "messages and ledger.cost_usd and ledger.calls)")
+    assert (added.output, added.cost_usd, added.trajectory) == ("", 0.5, None)
+
+
 def test_listing_errors_name_the_server():
     with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 6 it lists"):
         mcp_source(stdio(allow=["nothing"]))
