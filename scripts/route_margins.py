@@ -27,11 +27,6 @@ from nemo_orch.rollout.builders import build_toolbox
 PER_TURN_USD, COST_WEIGHT = 5e-5, 0.01
 
 
-def repeats_a_call(route: str) -> bool:
-    calls = route.split(">")
-    return len(set(calls)) < len(calls)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2000)
@@ -43,7 +38,7 @@ def main() -> None:
     for task in tasks:
         ranked = sorted(orchestra.route_values(task, writers, PER_TURN_USD, COST_WEIGHT),
                         key=lambda value: -value.utility)
-        rival = next(value for value in ranked[1:] if not repeats_a_call(value.route))
+        rival = next(value for value in ranked[1:] if not orchestra.repeats_a_call(value.route))
         groups[task.metadata["family"], task.metadata["preference_name"]].append(
             (ranked[0], rival))
     print("| group | share of tasks | oracle route | best other route | margin | episodes of "

@@ -52,18 +52,18 @@ Route = tuple[tuple[str, dict[str, Any]], ...]
 PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
     "accuracy": {"accuracy": 1.0},
     "cost": {"accuracy": 1.0, "cost": 1.0},
-    "neutral": {"accuracy": 1.0, "cost": 0.2},
+    "neutral": {"accuracy": 1.0, "cost": 0.35},
     "no_code": {"accuracy": 1.0, f"tool:{REASON}": -1.0},
     "no_search": {"accuracy": 1.0, f"tool:{SEARCH}": -1.0},
     "budget": {"accuracy": 1.0},
 }
-BUDGET_USD = 0.02
+BUDGET_USD = 0.027
 # The preferences a family's tasks get: in every family at least two have different best
 # routes (tests/envs/test_offline_orchestra.py checks it, and the margins).
 FAMILY_PREFERENCES: dict[str, tuple[str, ...]] = {
     "arithmetic": ("accuracy", "cost", "no_code", "no_search"),
     "lookup": ("accuracy", "cost", "neutral"),
-    "lookup_compute": ("accuracy", "cost", "neutral", "budget"),
+    "lookup_compute": ("accuracy", "cost", "budget"),
     "math": ("accuracy", "cost", "no_code", "budget"),
     "word": ("accuracy", "cost", "no_search"),
 }
@@ -198,6 +198,14 @@ def routes(writers: Writers) -> dict[str, Route]:
 def route_name(calls: Iterable[tuple[str, Mapping[str, Any]]]) -> str:
     """An episode's route: the aliases of its calls, in order."""
     return ">".join(str(arguments.get("model")) for _, arguments in calls)
+
+
+def repeats_a_call(route: str) -> bool:
+    """Whether a route (by name) asks one model twice: never better than the route without the
+    repeat, which sees the same observations (a model asked again repeats its choice) for one
+    turn less."""
+    calls = route.split(">")
+    return len(set(calls)) < len(calls)
 
 
 def shape(route: Route) -> frozenset[str]:
