@@ -177,9 +177,9 @@ def _print_json(value: object) -> None:
 
 
 def cmd_tools_list(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.rollout.builders import declared_schemas
+    from nemo_orch.rollout.builders import offered_schemas
 
-    _print_json(declared_schemas(config.tools))
+    _print_json(offered_schemas(config.tools))
     return 0
 
 
@@ -218,10 +218,10 @@ def _stdin_text() -> str:
 
 
 def cmd_tools_parse(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.rollout.builders import declared_schemas
+    from nemo_orch.rollout.builders import offered_schemas
     from nemo_orch.rollout.format import TurnFormat, parse_turn
 
-    fmt = TurnFormat.for_tools(declared_schemas(config.tools),
+    fmt = TurnFormat.for_tools(offered_schemas(config.tools),
                                answer_format=config.rollout.answer_format,
                                multiple_calls=config.rollout.multiple_calls)
     turn = parse_turn(_stdin_text(), fmt)
@@ -629,9 +629,10 @@ def _config_for(args: argparse.Namespace) -> Config:
 
 
 def _quiet_dependencies() -> None:
-    """Keep megatron-core's start-up chatter (missing Apex/TE, per-parameter listings) out of
-    the user's terminal; real warnings from our own code still show."""
-    for noisy in ("megatron", "faiss", "bm25s", "httpx", "pytriton"):
+    """Keep megatron-core's start-up chatter (missing Apex/TE, per-parameter listings) and the MCP
+    client's reconnection notices out of the user's terminal; real warnings from our own code
+    still show."""
+    for noisy in ("megatron", "faiss", "bm25s", "httpx", "pytriton", "mcp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module=r"megatron\.")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")

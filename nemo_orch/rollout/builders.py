@@ -65,12 +65,12 @@ def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:
     return [declaration.spec for declaration in declarations if not declaration.part]
 
 
-def declared_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:
-    """The OpenAI schemas of the declared tools offered to the policy, as an episode lists them
-    (with their models' prices where ``tools.show_prices``): the tools are built, not
-    started."""
+def offered_schemas(tools: ToolsConfig) -> list[dict[str, Any]]:
+    """The OpenAI schemas of the tools offered to every task, as an episode lists them (with
+    prices where ``tools.show_prices``): the declared tools, then the MCP servers' (listed now;
+    a domain's tools are offered to its own tasks only). The tools are built, not started."""
     toolbox = build_toolbox(tools)
-    return toolbox.schemas([spec.name for spec in declared_specs(tools)])
+    return toolbox.schemas([*(spec.name for spec in declared_specs(tools)), *toolbox.source_of])
 
 
 def _policy_dir(config: Config, scratch: Path) -> Path:

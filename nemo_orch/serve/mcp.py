@@ -47,7 +47,7 @@ from nemo_orch.serve.http_server import RequestError
 from nemo_orch.serve.metrics import ServeMetrics
 from nemo_orch.serve.openai_server import OpenAIService
 from nemo_orch.serve.orchestrator import Orchestration, api_key_of, served_policy
-from nemo_orch.tools.orchestrator import SOLVE_PARAMETERS, orchestration_text
+from nemo_orch.tools.orchestrator import SEED_META, SOLVE_PARAMETERS, orchestration_text
 from nemo_orch.tools.registry import Toolbox
 
 SOLVE = "solve"
@@ -95,8 +95,13 @@ def mcp_server(orchestration: Orchestration, metrics: ServeMetrics | None = None
             raise ValueError(f"unknown tool {tool!r}; this server offers {SOLVE}")
         started, status = time.perf_counter(), "error"
         try:
+            # A calling orchestrator sends the episode's seed beside the arguments, so its own
+            # episode replays whole; without one the orchestration draws one.
+            meta = server.request_context.meta
+            seed = getattr(meta, SEED_META, None) if meta is not None else None
+            request = arguments if seed is None else {**arguments, "seed": seed}
             # Episodes run on the orchestration's own loop; this one only waits for them.
-            body = await asyncio.to_thread(orchestration.orchestrate, arguments)
+            body = await asyncio.to_thread(orchestration.orchestrate, request)
             status = "ok"
         except RequestError as error:
             status = "bad_request" if error.status < 500 else "error"

@@ -43,7 +43,15 @@ from nemo_orch.config import McpServerConfig
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   billed_result)
-from nemo_orch.tools.orchestrator import sub_orchestration_result
+from nemo_orch.tools.orchestrator import SEED_META, sub_orchestration_result, sub_seed
+
+
+def failure(error: BaseException) -> str:
+    """What went wrong, in one line: the SDK's AnyIO task groups wrap the cause in exception
+    groups, whose own message ("unhandled errors in a TaskGroup") names none."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(dict.fromkeys(failure(inner) for inner in error.exceptions))
+    return f"{type(error).__name__}: {error}".replace("\n", " ")
 
 
 class McpServer:
@@ -148,7 +156,7 @@ class McpServer:
             except Exception as error:
                 await self._disconnect()
                 raise ToolError(f"tools.mcp.{self.config.name}: cannot connect: "
-                                f"{type(error).__name__}: {error}") from None
+                                f"{failure(error)}") from None
             self._lost = False
 
     async def _disconnect(self) -> None:
@@ -169,8 +177,9 @@ class McpServer:
         self.tools_changed = False
         return list((await self._session.list_tools()).tools)
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
-        """``tools/call``. A connection found closed before the request went out (a server that
+    async def call(self, tool: str, arguments: dict[str, Any],
+                   meta: dict[str, Any] | None = None) -> Any:
+        """``tools/call`` (``meta``: the request's ``_meta``). A connection found closed before the request went out (a server that
         died since) is made again, once; one that closes during the call fails the call, and
         the next call reconnects (the request may have run: it is not repeated)."""
         import anyio
@@ -182,7 +191,8 @@ class McpServer:
             session = self._session
             try:
                 return await session.call_tool(
-                    tool, arguments, read_timeout_seconds=timedelta(seconds=self.config.timeout_s))
+                    tool, arguments, read_timeout_seconds=timedelta(seconds=self.config.timeout_s),
+                    meta=meta)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 await self._drop(session)
                 if attempt:
@@ -218,10 +228,13 @@ class McpTool(BaseTool):
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         started = time.perf_counter()
         try:
-            result = await self.server.call(self.remote_name, arguments)
+            # A sub-orchestrator's episode gets its seed from the caller's call.
+            meta = ({SEED_META: sub_seed(context, self.spec.name, arguments)}
+                    if self.server.config.orchestrator else None)
+            result = await self.server.call(self.remote_name, arguments, meta)
         except Exception as error:  # a failed transport or server: this call's error
             return billed_result(self.spec, started, context,
-                                 error=f"{self.spec.name} failed: {type(error).__name__}: {error}")
+                                 error=f"{self.spec.name} failed: {failure(error)}")
         text = "\n".join(item.text for item in result.content if getattr(item, "type", "") ==
                          "text")
         if not text and result.structuredContent is not None:

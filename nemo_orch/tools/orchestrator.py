@@ -86,6 +86,19 @@ def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContex
                                trajectory=trajectory)
 
 
+# Where an MCP call carries the sub-orchestrator's seed: the request's ``_meta`` (the policy's
+# arguments stay the tool's own), which ``nemo-orch serve mcp`` reads.
+SEED_META = "nemo_orch/seed"
+
+
+def sub_seed(context: ToolContext, tool: str, arguments: dict[str, Any]) -> int:
+    """The seed of the sub-orchestrator's episode for this call, derived from the caller's: a
+    caller's episode replays whole. Below 2**31, as ``/v1/orchestrate`` takes it."""
+    from nemo_orch.seeding import derive_seed
+
+    return derive_seed(context.seed, "orchestrate", context.turn, tool, arguments) % 2**31
+
+
 class OrchestratorTool(BaseTool):
     """Another orchestrator behind its ``/v1/orchestrate`` route (``nemo-orch serve
     orchestrator``), declared with ``class: nemo_orch.tools.orchestrator.OrchestratorTool`` and
@@ -110,13 +123,9 @@ class OrchestratorTool(BaseTool):
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         from nemo_orch.clients.http import HTTPError
-        from nemo_orch.seeding import derive_seed
 
         started = time.perf_counter()
-        # /v1/orchestrate takes seeds below 2**31.
-        seed = derive_seed(context.seed, "orchestrate", context.turn, self.spec.name,
-                           arguments) % 2**31
-        request = {**arguments, "seed": seed}
+        request = {**arguments, "seed": sub_seed(context, self.spec.name, arguments)}
         if self.model is not None:
             request["model"] = self.model
         try:

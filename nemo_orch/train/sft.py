@@ -22,7 +22,7 @@ from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
 from nemo_orch.models.hf_mapping import SeededHFWeights
-from nemo_orch.rollout.builders import declared_schemas
+from nemo_orch.rollout.builders import offered_schemas
 from nemo_orch.train import preemption
 from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Policy, load_start_weights
@@ -52,7 +52,7 @@ def tokenizer_corpus(config: Config) -> list[dict]:
     data = config.data
     if data.sft_path is not None:
         return read_conversations(data.sft_path)
-    schemas = declared_schemas(config.tools)
+    schemas = offered_schemas(config.tools)
     return [{**conversation, "tools": schemas} for conversation in
             offline.generate_conversations(data.num_offline_conversations, config.run.seed)]
 

@@ -231,6 +231,11 @@ def test_a_coordinator_is_billed_its_specialists_ledger(route, request, tiny_tok
     top = coordinate(tiny_tokenizer, specialist)
 
     assert (top.termination, top.answer) == ("answer", "HI")
+    # The specialist's seed derives from the coordinator's call: the whole episode replays.
+    (_, first), (_, second) = ([call for turn in episode.turns for call in turn.calls]
+                               for episode in (top, coordinate(tiny_tokenizer, specialist)))
+    assert (first.trajectory["seed"], first.trajectory["messages"]) == (
+        second.trajectory["seed"], second.trajectory["messages"])
     own, delegated = [call for turn in top.turns for call in turn.calls]
     sub = delegated.trajectory  # the specialist's episode, kept with the call
     sub_orchestrator_usd = sub["ledger"]["orchestrator_cost_usd"]

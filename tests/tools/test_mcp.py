@@ -20,7 +20,7 @@ from cli_helpers import free_ports, grpo_overrides, grpo_stage, read_metrics, ru
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, McpServerConfig
 from nemo_orch.data.tasks import Task, write_tasks
-from nemo_orch.rollout.builders import build_toolbox
+from nemo_orch.rollout.builders import build_toolbox, offered_schemas
 from nemo_orch.tools.base import ToolError
 from nemo_orch.tools.mcp import mcp_source
 from nemo_orch.tools.registry import Toolbox
@@ -98,10 +98,21 @@ def test_a_declared_orchestrator_must_send_its_ledger():
     assert (added.output, added.cost_usd, added.trajectory) == ("", 0.5, None)
 
 
+def test_the_tools_offered_list_the_servers_after_the_declared():
+    """``nemo-orch tools list`` (and the SFT data's tool list): the MCP servers' tools too."""
+    tools = config_lib.load(["tools.mcp=[]"]).tools
+    tools.mcp = [stdio(allow=["add", "fail"], prices={"add": 0.25})]
+    offered = {schema["function"]["name"]: schema["function"] for schema in offered_schemas(tools)}
+    assert list(offered) == ["answer", "enhance_reasoning", "search", "fx_add", "fx_fail"]
+    assert offered["fx_add"]["description"].endswith("Each call costs USD 0.25.")
+
+
 def test_listing_errors_name_the_server():
     with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 6 it lists"):
         mcp_source(stdio(allow=["nothing"]))
-    with pytest.raises(ToolError, match="tools.mcp.gone: cannot connect"):
+    # The cause, not the SDK's task group that wraps it:
+    with pytest.raises(ToolError, match="^tools.mcp.gone: cannot connect: McpError: Connection "
+                                        "closed$"):
         mcp_source(stdio(name="gone", args=["-c", "import sys; sys.exit(3)"], timeout_s=5.0))
     with pytest.raises(ConfigError, match="tools.mcp.fx.restarts must be >= 0"):
         stdio(restarts=-1)

@@ -208,10 +208,10 @@ def test_offered_tools_show_their_models_prices_from_the_price_table():
     ``tools.show_prices=false`` only the aliases."""
     from nemo_orch import config as config_lib
     from nemo_orch.models.tokenizer import render_conversation
-    from nemo_orch.rollout.builders import declared_schemas
+    from nemo_orch.rollout.builders import offered_schemas
 
     def answer_schema(*overrides):
-        schemas = declared_schemas(config_lib.load(list(overrides)).tools)
+        schemas = offered_schemas(config_lib.load(list(overrides)).tools)
         return next(s["function"] for s in schemas if s["function"]["name"] == "answer")
 
     listed = answer_schema()

@@ -179,10 +179,10 @@ def fault_policy(tiny_tokenizer_dir: Path, tiny_tokenizer,
     from nemo_orch.config import ModelConfig, ToolsConfig
     from nemo_orch.data.sft import tokenize_conversation
     from nemo_orch.models.hf_mapping import build_hf_model, save_hf_checkpoint
-    from nemo_orch.rollout.builders import declared_schemas
+    from nemo_orch.rollout.builders import offered_schemas
 
     directory = tmp_path_factory.mktemp("fault-policy")
-    schemas = declared_schemas(ToolsConfig(declarations=_declarations(directory,
+    schemas = offered_schemas(ToolsConfig(declarations=_declarations(directory,
                                                                       "http://127.0.0.1:9/v1")))
     rows = [tokenize_conversation(tiny_tokenizer, {"messages": [
         {"role": "user", "content": f"{kind} please"},
