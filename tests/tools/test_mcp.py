@@ -199,3 +199,27 @@ def test_grpo_trains_on_tasks_offered_an_mcp_tool(start_checkpoint, tmp_path):
         f"tools.mcp=[{{name: fx, command: '{sys.executable}', args: ['{SERVER}', stdio]}}]"))
     metrics = read_metrics(grpo_stage(tmp_path))
     assert [m["step"] for m in metrics] == [1, 2] and all("reward" in m for m in metrics)
+
+
+def test_serve_orchestrator_calls_an_mcp_tool(tiny_tokenizer):
+    """``/v1/orchestrate`` over a toolbox whose tool comes from an MCP server: the episode's
+    call reaches the server and is billed in the ledger at the configured price."""
+    import httpx
+    from scripted_plans import follow_plan, with_plan
+
+    from nemo_orch.config import RolloutConfig, ServeConfig
+    from nemo_orch.rollout.engines.scripted import ScriptedEngine
+    from nemo_orch.serve.orchestrator import serve_orchestrator
+
+    question = with_plan(Task("q", "Add two and three."), [("fx_add", {"a": 2, "b": 3})],
+                         "5").question
+    with serve_orchestrator(ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer,
+                            toolbox_of(stdio(allow=["add"], prices={"add": 0.25})),
+                            RolloutConfig(max_context_tokens=2048, max_turns=4),
+                            ServeConfig(http_port=0, metrics_port=None), "policy") as server:
+        body = httpx.post(f"{server.url}/orchestrate", json={"question": question},
+                          timeout=60).json()
+    assert (body["answer"], body["finish_reason"]) == ("5", "answer")
+    (call,) = body["ledger"]["calls"]
+    assert (call["tool"], call["error"], call["cost_usd"]) == ("fx_add", None, 0.25)
+    assert body["messages"][-2] == {"role": "tool", "content": "5"}
