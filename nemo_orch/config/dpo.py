@@ -35,7 +35,7 @@ class DPOConfig:
     max_steps: int = 50
     micro_batch_size: int = 4
     global_batch_size: int = 16
-    # A constant learning rate 25x below GRPO's: the loss moves every policy token, with no
+    # A constant learning rate 12.5x below GRPO's: the loss moves every policy token, with no
     # clip; on the main job 5e-4 broke the call format (docs/dpo.md).
     optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
         lr=2e-5, min_lr=2e-5, warmup_steps=0))

@@ -138,7 +138,7 @@ class GRPOConfig:
     micro_batch_size: int = 8
     # A constant learning rate; weight decay, betas and clipping as SFT's.
     optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
-        lr=5e-4, min_lr=5e-4, warmup_steps=0))
+        lr=2.5e-4, min_lr=2.5e-4, warmup_steps=0))
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 3.0
