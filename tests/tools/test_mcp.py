@@ -223,3 +223,20 @@ def test_serve_orchestrator_calls_an_mcp_tool(tiny_tokenizer):
     (call,) = body["ledger"]["calls"]
     assert (call["tool"], call["error"], call["cost_usd"]) == ("fx_add", None, 0.25)
     assert body["messages"][-2] == {"role": "tool", "content": "5"}
+
+
+def test_sft_demonstrations_are_offered_the_mcp_tools(tiny_tokenizer):
+    """SFT data generation: the naive routers' demonstrations are episodes through the toolbox,
+    offered the MCP server's tools beside the world's, their schemas kept with each
+    conversation."""
+    from nemo_orch.train import sft
+
+    config = config_lib.load(["model.max_position_embeddings=4096",
+                              "data.num_offline_conversations=4"])
+    config.tools.mcp = [stdio(allow=["add"], prices={"add": 0.25})]
+    conversations = sft.demonstrations(config, tiny_tokenizer)
+    assert len(conversations) == 4
+    for conversation in conversations:
+        offered = {tool["function"]["name"]: tool["function"] for tool in conversation["tools"]}
+        assert set(offered) == {"search", "enhance_reasoning", "answer", "fx_add"}
+        assert offered["fx_add"]["description"].endswith("Each call costs USD 0.25.")
