@@ -51,7 +51,7 @@ def test_the_reference_covers_every_section_and_key() -> None:
     keys = {key.path: key for section in sections.values() for key in section.keys}
     assert keys["grpo.kl_coef"].default == "`0.1`"
     # A nested section keeps the defaults of its own instance: GRPO's optimizer is not SFT's.
-    assert keys["grpo.optim.lr"].default == "`0.0005`"
+    assert keys["grpo.optim.lr"].default == "`0.00025`"
     assert keys["trainer.optim.lr"].default == "`0.002`"
     assert keys["launcher.experts[].name"].default == "required"
     assert "trainer.optim" not in keys  # a section, not a key
