@@ -27,6 +27,19 @@ REWARD_MODEL = "reward"
 REWARD_INPUTS = ("problem", "prediction", "reference", "metadata")
 REWARD_OUTPUTS: dict[str, type] = {"score": np.float32, "correct": np.bool_, "method": bytes,
                                    "detail": bytes}
+# What a client reads in the served model's configuration (its ``parameters``).
+REWARD_DESCRIPTIONS = {
+    "model": "Outcome scoring: is the prediction a right answer to the problem?",
+    "problem": "UTF-8: the question",
+    "prediction": "UTF-8: the final answer (empty: none)",
+    "reference": "UTF-8: the reference answer (empty: none)",
+    "metadata": "JSON object: id (string, required), metadata (object, the task's), "
+                "has_reference (bool), calls ([[tool, arguments], ...], the episode's calls)",
+    "score": "1.0 when right, else 0.0",
+    "correct": "true when right",
+    "method": "how it was decided: exact, numeric, judge, judge_error, database, ...",
+    "detail": "why",
+}
 
 
 def reward_item(task: Task, answer: str | None,

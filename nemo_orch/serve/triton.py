@@ -30,7 +30,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +67,9 @@ class TextModel:
     ``parse`` turns one item (input name -> text) into what ``run`` takes, raising
     :class:`BadRequest` for unusable content; ``run`` answers a batch of parsed items, in order,
     each as a dict with a value for every output. ``outputs`` maps output names to numpy dtypes
-    (``bytes`` for text). ``run`` runs on the server's event loop.
+    (``bytes`` for text). ``run`` runs on the server's event loop. ``descriptions``: one line
+    for every input and output (and optionally ``model``), which clients read in the served
+    configuration's ``parameters`` (see :func:`_parameters`).
     """
 
     name: str
@@ -75,10 +77,30 @@ class TextModel:
     outputs: dict[str, type]
     parse: Callable[[dict[str, str]], Any]
     run: Callable[[list[Any]], Awaitable[list[dict[str, Any]]]]
+    descriptions: Mapping[str, str]
 
     def __post_init__(self) -> None:
         if ERROR_OUTPUT in self.outputs or ERROR_OUTPUT in self.inputs:
             raise ValueError(f"{self.name}: '{ERROR_OUTPUT}' is reserved")
+        tensors = {*self.inputs, *self.outputs}
+        if missing := sorted(tensors - set(self.descriptions)):
+            raise ValueError(f"{self.name}: no description of {', '.join(missing)}")
+        if unknown := sorted(set(self.descriptions) - tensors - {"model"}):
+            raise ValueError(f"{self.name}: descriptions of unknown tensors {', '.join(unknown)}")
+
+
+ERROR_DESCRIPTION = "empty, or why this request was refused (it was merged with good ones)"
+
+
+def _parameters(model: TextModel) -> dict[str, str]:
+    """The model's descriptions as Triton configuration parameters: ``description`` (the
+    model's), ``input.<name>`` and ``output.<name>``; Triton's inputs and outputs have no field
+    of their own for it."""
+    described = {"description": model.descriptions["model"]} if "model" in model.descriptions \
+        else {}
+    described |= {f"input.{name}": model.descriptions[name] for name in model.inputs}
+    described |= {f"output.{name}": model.descriptions[name] for name in model.outputs}
+    return described | {f"output.{ERROR_OUTPUT}": ERROR_DESCRIPTION}
 
 
 def _quiet_client_teardown() -> None:
@@ -219,6 +241,19 @@ def _repository(directory: Path, models: Sequence[TextModel]) -> Path:
     return directory
 
 
+def _describe(triton: Any, model: TextModel) -> None:
+    """Put the model's descriptions into the configuration PyTriton generates for it. PyTriton
+    0.5.0 (pinned, PLATFORM.md) has no setting for configuration parameters; it writes its
+    cached config's ``backend_parameters`` as ``parameters``, so they are added there before
+    ``run`` loads the model (``tests/serve/test_triton.py`` reads them back from Triton)."""
+    bound = next(m for m in triton._model_manager.models if m.model_name == model.name)
+    config = bound._get_triton_model_config()
+    clash = set(config.backend_parameters) & set(_parameters(model))
+    if clash:
+        raise RuntimeError(f"{model.name}: PyTriton already sets {', '.join(sorted(clash))}")
+    config.backend_parameters.update(_parameters(model))
+
+
 class TritonServer:
     """Running Triton models (see :func:`serve_models`); ``close`` stops Triton, releases the
     resources, stops the models' loop and the metrics export, and removes PyTriton's
@@ -271,6 +306,7 @@ class TritonServer:
                                        batcher=DynamicBatcher(
                                            max_queue_delay_microseconds=config.max_queue_delay_us)),
                     strict=True)
+                _describe(self._triton, model)
             self._triton.run()
             self.metrics_port = (None if config.metrics_port is None
                                  else self.metrics.serve(config.host, config.metrics_port))

@@ -21,10 +21,11 @@ from typing import Any
 from nemo_orch.config import Config, ConfigError
 from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.remote import (
-    REWARD_INPUTS, REWARD_MODEL, REWARD_OUTPUTS, parse_reward_item)
+    REWARD_DESCRIPTIONS, REWARD_INPUTS, REWARD_MODEL, REWARD_OUTPUTS, parse_reward_item)
 from nemo_orch.serve.triton import BadRequest, TextModel
 from nemo_orch.tools.registry import Toolbox
-from nemo_orch.tools.remote import TOOL_INPUTS, TOOL_OUTPUT, context_from_json
+from nemo_orch.tools.remote import (
+    TOOL_DESCRIPTIONS, TOOL_INPUTS, TOOL_OUTPUT, context_from_json)
 
 
 def reward_model(config: Config) -> TextModel:
@@ -48,7 +49,7 @@ def reward_model(config: Config) -> TextModel:
         return [{"score": float(result.correct), "correct": result.correct,
                  "method": result.method, "detail": result.detail} for result in results]
 
-    return TextModel(REWARD_MODEL, REWARD_INPUTS, REWARD_OUTPUTS, parse, run)
+    return TextModel(REWARD_MODEL, REWARD_INPUTS, REWARD_OUTPUTS, parse, run, REWARD_DESCRIPTIONS)
 
 
 def _json_object(item: dict[str, str], name: str) -> dict[str, Any]:
@@ -79,7 +80,9 @@ def tool_model(toolbox: Toolbox, name: str) -> TextModel:
         return [{TOOL_OUTPUT: json.dumps(result.to_json(), ensure_ascii=False)}
                 for result in results]
 
-    return TextModel(name, TOOL_INPUTS, {TOOL_OUTPUT: bytes}, parse, run)
+    description = {"model": " ".join(toolbox.specs[name].description.split())}
+    return TextModel(name, TOOL_INPUTS, {TOOL_OUTPUT: bytes}, parse, run,
+                     TOOL_DESCRIPTIONS | description)
 
 
 def tool_models(config: Config, names: Sequence[str]

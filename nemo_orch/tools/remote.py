@@ -19,6 +19,14 @@ from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Us
 
 TOOL_INPUTS = ("arguments", "context")
 TOOL_OUTPUT = "result"
+# What a client reads in a served tool's configuration (its ``parameters``).
+TOOL_DESCRIPTIONS = {
+    "arguments": "JSON object: the call's arguments, as the tool's schema describes them",
+    "context": "JSON object: the call's task and episode ids, document whitelist, seed, "
+               "earlier observations and task (context_to_json)",
+    TOOL_OUTPUT: "JSON object: the ToolResult (output, error, cost_usd, latency_s, cached, "
+                 "answer, usage, trajectory); a tool's own failure is a result with error",
+}
 
 
 def context_to_json(context: ToolContext) -> dict[str, Any]:

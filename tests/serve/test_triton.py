@@ -143,6 +143,40 @@ def test_the_repository_index_lists_the_served_models(server):
     assert {m["name"] for m in grpc_index["models"]} == served
 
 
+def test_the_served_configuration_describes_inputs_and_outputs(server):
+    """What a client reads to learn the protocol: each model's configuration (tritonclient,
+    HTTP and gRPC) describes the model, every input and output in its parameters."""
+    import tritonclient.grpc as grpc_client
+    import tritonclient.http as http_client
+
+    http = http_client.InferenceServerClient(server.url.removeprefix("http://"))
+    grpc = grpc_client.InferenceServerClient(server.grpc_url.removeprefix("grpc://"))
+    for name in ("reward", "search"):
+        config = http.get_model_config(name)
+        described = {key: value["string_value"] for key, value in config["parameters"].items()}
+        tensors = [f"input.{t['name']}" for t in config["input"]] + [
+            f"output.{t['name']}" for t in config["output"]]
+        assert set(tensors) <= set(described) and all(described[key] for key in tensors)
+        assert described["description"]
+        grpc_config = grpc.get_model_config(name, as_json=True)["config"]
+        assert {key: value["string_value"] for key, value in grpc_config["parameters"].items()
+                } == described
+    reward = http.get_model_config("reward")["parameters"]
+    assert "id (string, required)" in reward["input.metadata"]["string_value"]
+    assert "search" in http.get_model_config("search")["parameters"]["description"][
+        "string_value"].lower()
+
+
+def test_a_model_must_describe_every_input_and_output():
+    from nemo_orch.serve.triton import TextModel
+
+    with pytest.raises(ValueError, match="no description of answer"):
+        TextModel("m", ("question",), {"answer": bytes}, dict, None, {"question": "text"})
+    with pytest.raises(ValueError, match="unknown tensors typo"):
+        TextModel("m", ("question",), {"answer": bytes}, dict, None,
+                  {"question": "text", "answer": "text", "typo": "text"})
+
+
 def _binary_request(value: bytes) -> tuple[bytes, dict[str, str]]:
     """A KServe v2 request whose every input is ``value``, sent with the binary extension."""
     blob = struct.pack("<I", len(value)) + value
