@@ -218,6 +218,9 @@ class Trajectory:
     seed: int = 0
     # The offered tools that came from a tool source (an MCP server), by the source's name.
     tool_sources: dict[str, str] = field(default_factory=dict)
+    # The policy tokens right after the prompt that exploration forced (GRPO's
+    # ``explore_share``): trained on, but not the policy's draws.
+    forced_tokens: int = 0
 
     @classmethod
     def without_tokens(cls, task_id: str, sample: int, seed: int, messages: list[dict[str, Any]],
@@ -277,6 +280,7 @@ class Trajectory:
             "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
             "token_ids": self.token_ids, "loss_mask": self.loss_mask,
             "decision_mask": self.decision_mask, "logprobs": self.logprobs,
+            "forced_tokens": self.forced_tokens,
         }
 
 
@@ -526,7 +530,8 @@ class Episode:
                           history.mask, history.decisions, history.logprobs, prompt_length,
                           turns, termination, answer, time.perf_counter() - started,
                           None if conversation is None else conversation.usage,
-                          self.context.seed, self.toolbox.source_of)
+                          self.context.seed, self.toolbox.source_of,
+                          len(self.forced_ids) if any(history.mask) else 0)
 
     async def _talk(self, history: _History, conversation: _Conversation, record: TurnRecord,
                     message: str) -> str | None:

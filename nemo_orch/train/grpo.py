@@ -61,7 +61,10 @@ log = logging.getLogger(__name__)
 class Sample:
     """One training sequence: token ids, which of them the loss covers, the engine's logprobs,
     the group advantage (GRPO's) and the tokens an advantage applies to (``advantage_mask``,
-    within ``loss_mask``), and the trajectory's reward (PPO's GAE starts from it)."""
+    within ``loss_mask``), and the trajectory's reward (PPO's GAE starts from it).
+    ``sampled_mask``: the loss tokens the policy drew itself (None: all), those the KL to the
+    reference is estimated on: its estimators hold for the policy's own draws, and on a token
+    exploration forced, one the policy had learned to avoid, k3 grows as exp(ref - logp)."""
 
     token_ids: list[int]
     loss_mask: list[int]
@@ -70,6 +73,7 @@ class Sample:
     advantage_mask: list[int]
     sample_id: str = ""  # <task id>/<sample>, and /<turn> with grpo.sample_mode=turn
     reward: float = 0.0
+    sampled_mask: list[int] | None = None
 
 
 @dataclass
@@ -109,16 +113,20 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
                                    trajectory.logprobs)
             driven = (trajectory.decision_mask if config.grpo.advantage_tokens == "decisions"
                       else mask)
+            forced = range(trajectory.prompt_length,
+                           trajectory.prompt_length + trajectory.forced_tokens)
+            sampled = [0 if i in forced else flag for i, flag in enumerate(mask)]
             sample_id = f"{trajectory.task_id}/{trajectory.sample}"
             if config.grpo.sample_mode == "trajectory":
                 samples.append(Sample(ids, mask, logprobs, advantage, driven, sample_id,
-                                      breakdown.reward))
+                                      breakdown.reward, sampled))
                 continue
             for turn, (start, end) in enumerate(_turn_spans(mask)):
                 turn_mask = [1 if start <= i < end else 0 for i in range(end)]
                 samples.append(Sample(ids[:end], turn_mask, logprobs[:end], advantage,
                                       [a * b for a, b in zip(turn_mask, driven)],
-                                      f"{sample_id}/{turn}", breakdown.reward))
+                                      f"{sample_id}/{turn}", breakdown.reward,
+                                      [a * b for a, b in zip(turn_mask, sampled)]))
     return samples
 
 
@@ -159,6 +167,8 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int,
             "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
             "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
             "loss_mask": mask,
+            "kl_mask": column([(s.loss_mask if s.sampled_mask is None else s.sampled_mask)[1:]
+                               for s in chunk], 0, torch.float),
             "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
             "advantage_mask": advantage_mask,
             "advantages": advantage_mask * torch.tensor([[s.advantage] for s in chunk]),
@@ -408,13 +418,12 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
                 batch["ref_logprobs"] = ref
             if value is not None:
                 batch["values"] = value
-            kl = (kl_penalty(old, ref, grpo.kl_type) if old is not None and ref is not None
-                  and (kl_in_reward or guarded) else None)
+            kl = (kl_penalty(old, ref, grpo.kl_type) * batch["kl_mask"] if old is not None
+                  and ref is not None and (kl_in_reward or guarded) else None)
             if kl_in_reward and kl is not None:
                 batch["reward_kl"] = kl
             if guarded and kl is not None:
-                mask = batch["loss_mask"]
-                kl_sums += torch.stack([(kl * mask).sum(), mask.sum()]).double()
+                kl_sums += torch.stack([kl.sum(), batch["kl_mask"].sum()]).double()
         minis.append(batches)
     guard: dict[str, float] = {}
     if guarded:

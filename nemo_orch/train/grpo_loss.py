@@ -11,6 +11,8 @@ aligned with ``labels``:
   detached, and the extra pass is saved), or with ``old_logprobs=engine`` the engine's, those of
   the policy that sampled (stale ones under asynchronous GRPO);
 * ``ref_logprobs``: the reference model's (may be left out when ``kl_coef`` is 0);
+* ``kl_mask`` (optional; default ``loss_mask``): the tokens the KL term covers, the policy's own
+  draws (not those exploration forced: see :class:`~nemo_orch.train.grpo.Sample`);
 * ``engine_logprobs`` (optional): what the rollout engine reported, to log its mismatch with the
   trainer (``engine_logprob_abs_diff``), which grows with precision or kernel differences and
   with staleness, and, with ``importance_sampling_cap``, to correct for it: each token's
@@ -88,7 +90,8 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
         loss = surrogate
         per_token["policy_loss"] = surrogate
         if config.kl_coef > 0 or "ref_logprobs" in batch:
-            kl = kl_penalty(logprobs, batch["ref_logprobs"], config.kl_type)
+            kl = kl_penalty(logprobs, batch["ref_logprobs"], config.kl_type) * batch.get(
+                "kl_mask", mask)
             loss = loss + config.kl_coef * kl
             per_token.update(kl=kl, kl_loss=config.kl_coef * kl)
         with torch.no_grad():

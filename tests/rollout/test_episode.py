@@ -154,6 +154,7 @@ def test_forced_choice_starts_the_first_turn(tiny_tokenizer):
     assert trajectory.token_ids[start:start + len(forced)] == forced
     assert trajectory.logprobs[start:start + len(forced)] == [0.0] * len(forced)
     assert trajectory.decision_mask[start:start + len(forced)] == [1] * len(forced)
+    assert trajectory.forced_tokens == len(forced)
 
 
 def test_format_errors_become_observations(tiny_tokenizer):

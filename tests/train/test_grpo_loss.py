@@ -65,6 +65,18 @@ def test_loss_and_metrics_by_hand(kl_type, kl_sum):
     assert float(result.metric_maxima["ratio_max"]) == pytest.approx(4.055200, abs=1e-5)
 
 
+def test_the_kl_term_covers_only_the_policys_own_draws():
+    """A token exploration forced (``kl_mask`` 0) keeps its surrogate but adds no KL: here the
+    k3 of the third token (0.148721), one the policy made less likely than the reference."""
+    token_losses, batch = hand_batch(requires_grad=True)
+    batch["kl_mask"] = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    result = grpo_token_loss(grpo())(token_losses, batch)
+    assert float(result.metric_sums["kl"]) == pytest.approx(K3_SUM - 0.148721, abs=1e-5)
+    assert float(result.metric_sums["policy_loss"]) == pytest.approx(SURROGATE_SUM, abs=1e-5)
+    result.loss_sum.backward()
+    assert float(token_losses.grad[0, 2]) == 0.0  # clipped low, and no KL gradient
+
+
 def test_without_dual_clip_the_negative_advantage_loss_follows_the_ratio():
     result = grpo_token_loss(grpo(dual_clip=0.0, kl_coef=0.0))(*hand_batch())
     assert float(result.metric_sums["policy_loss"]) == pytest.approx(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import Counter
@@ -53,6 +54,21 @@ def test_samples_carry_group_advantages_and_turns():
     dropping = config_lib.load(["reward.drop_format_errors=true"])
     group.breakdowns[1] = breakdown(0.0, format_errors=1.0)
     assert len(samples_of([group], dropping)) == 1
+
+
+def test_forced_exploration_tokens_are_trained_but_kept_out_of_the_kl():
+    ids, mask, logprobs = [1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, -1, -2, 0]
+    forced = dataclasses.replace(trajectory(ids, mask, logprobs), forced_tokens=2)
+    group = Group(Task("t", "q"), [forced, trajectory(ids, mask, logprobs)],
+                  [breakdown(1.0), breakdown(0.0)])
+    samples = samples_of([group], config_lib.load(["grpo.advantage_tokens=all"]))
+    assert samples[0].sampled_mask == [0, 0, 0, 0, 1, 1, 0]
+    assert samples[0].advantage_mask == mask  # the forced choice still learns from its outcome
+    assert samples[1].sampled_mask == mask
+    per_turn = samples_of([group], config_lib.load(["grpo.sample_mode=turn"]))
+    assert per_turn[0].sampled_mask == [0, 0, 0, 0, 1, 1]
+    batch = next(b for b in micro_batches(samples, 2, pad_id=0))
+    assert batch["kl_mask"][:, :6].tolist() == [[0, 0, 0, 1, 1, 0], [0, 1, 1, 1, 1, 0]]
 
 
 def test_micro_batches_align_labels_and_pad():
