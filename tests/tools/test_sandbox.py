@@ -417,7 +417,8 @@ def test_a_zygote_in_doubt_is_replaced(monkeypatch):
 
 
 def test_the_zygote_and_its_workers_die_with_the_process_that_owns_them():
-    """A trainer killed outright (SIGKILL: no close) leaves no zygote or worker behind."""
+    """A trainer killed outright (SIGKILL: no close) leaves no zygote or worker behind, and the
+    next sandbox to start removes the directories its workers had."""
     owner = subprocess.Popen(
         [sys.executable, "-c", "import asyncio, os\n"
          "from nemo_orch.tools.sandbox import PythonSandbox, default_spec\n"
@@ -425,13 +426,20 @@ def test_the_zygote_and_its_workers_die_with_the_process_that_owns_them():
          "    sandbox = PythonSandbox(default_spec(), pool_size=2)\n"
          "    await sandbox.start()\n"
          "    print(sandbox._zygote.proc.pid, *[w.proc.pid for w in sandbox._idle], flush=True)\n"
+         "    print(*[w.workdir for w in sandbox._idle], flush=True)\n"
          "    await asyncio.sleep(60)\n"
          "asyncio.run(main())\n"], stdout=subprocess.PIPE, text=True)
     pids = [int(pid) for pid in owner.stdout.readline().split()]
+    workdirs = [Path(path) for path in owner.stdout.readline().split()]
     assert len(pids) == 3 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert len(workdirs) == 2 and all(path.exists() for path in workdirs)
     owner.kill()
     owner.wait()
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert any(path.exists() for path in workdirs)  # no close ran: the next start cleans up
+    assert run(["print(2)"])[0][0].output == "2\n"
+    left = [p for w in workdirs for p in (w, w.with_name(w.name + ".root")) if p.exists()]
+    assert left == []

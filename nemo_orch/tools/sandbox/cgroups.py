@@ -100,7 +100,7 @@ def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
                    if (parent := _cgroup_v1_dir(controller, memberships, mounts)) is not None])
     usable = []
     for controller, parent in candidates:
-        for stale in _stale_groups(parent):
+        for stale in _orphans(parent, _GROUP_PREFIX):
             _kill_group(stale, time.monotonic() + _KILL_TIMEOUT_S)
             _rmdir_cgroup(stale)
         probe = parent / f"{_GROUP_PREFIX}{os.getpid()}.probe"
@@ -115,15 +115,15 @@ def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
     return usable
 
 
-def _stale_groups(parent: Path) -> list[Path]:
-    """Worker groups under ``parent`` whose sandbox process is gone (killed before it could
-    remove them)."""
-    stale = []
-    for group in parent.glob(f"{_GROUP_PREFIX}*"):
-        owner = group.name[len(_GROUP_PREFIX):].split(".", 1)[0]
+def _orphans(parent: Path, prefix: str) -> list[Path]:
+    """The entries ``<prefix><sandbox pid>.<...>`` under ``parent`` whose sandbox process is
+    gone (killed before it could remove them: worker cgroups, directories, mount points)."""
+    orphans = []
+    for path in parent.glob(f"{prefix}*"):
+        owner = path.name[len(prefix):].split(".", 1)[0]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-            stale.append(group)
-    return stale
+            orphans.append(path)
+    return orphans
 
 
 def _cgroup_v1_dir(controller: str, memberships: str, mounts: str) -> Path | None:

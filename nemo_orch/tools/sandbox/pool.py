@@ -25,8 +25,8 @@ from typing import Any
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   billed_result)
 from nemo_orch.tools.sandbox.cgroups import (_GROUP_PREFIX, _KILL_TIMEOUT_S, _kill_group,
-                                             _oom_kills, _rmdir_cgroup, _usable_cgroups,
-                                             _write_cgroup_limits)
+                                             _oom_kills, _orphans, _rmdir_cgroup,
+                                             _usable_cgroups, _write_cgroup_limits)
 from nemo_orch.tools.sandbox.identity import _lease_uid, _SpawnError, _UidLease
 from nemo_orch.tools.sandbox.limits import SandboxLimits
 from nemo_orch.tools.sandbox.plan import ISOLATION_MODES, _Plan
@@ -48,6 +48,9 @@ _RUN_NUMBERS = itertools.count()
 # A zygote's staged libraries are mounted (in its own mount namespace) on
 # <temporary directory>/nemo_orch_sandbox_libs.<sandbox pid>.<random>.
 _STAGING_PREFIX = "nemo_orch_sandbox_libs."
+# A worker's directory: <temporary directory>/nemo_orch_sandbox_work.<sandbox pid>.<random>,
+# its private root's mount point beside it (root.py).
+_WORKDIR_PREFIX = "nemo_orch_sandbox_work."
 
 
 def default_spec() -> ToolSpec:
@@ -114,7 +117,6 @@ class _Zygote:
         # Where the zygote mounts its staged libraries (empty in this mount namespace).
         staging = None
         if plan.root is not None and plan.root.staged:
-            _remove_stale_staging()
             staging = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}.")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -381,7 +383,7 @@ class PythonSandbox(BaseTool):
 
     def _prepare(self, plan: _Plan, seq: int, uid: int | None) -> tuple[Path, list[Path]]:
         """Create the worker's directory (owned by its uid) and cgroups (with their limits)."""
-        workdir = Path(tempfile.mkdtemp(prefix="nemo_orch_sandbox_"))
+        workdir = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}."))
         if uid is not None:
             os.chown(workdir, uid, uid)
         if plan.root is not None:
@@ -453,6 +455,7 @@ class PythonSandbox(BaseTool):
     async def _ensure_plan(self) -> None:
         async with self._plan_lock:
             if self._plan is None:
+                await asyncio.to_thread(_remove_orphans)
                 self._plan = await self._detect()
                 logger.info("python_sandbox isolation: %s", ", ".join(self._plan.isolation))
 
@@ -569,10 +572,14 @@ def _remove(workdir: Path, cgroups: list[Path]) -> None:
         _rmdir_cgroup(group)
 
 
-def _remove_stale_staging() -> None:
-    """Remove the (empty) staging mount points of zygotes whose sandbox process is gone."""
-    for path in Path(tempfile.gettempdir()).glob(f"{_STAGING_PREFIX}*"):
-        owner = path.name[len(_STAGING_PREFIX):].split(".", 1)[0]
-        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-            with contextlib.suppress(OSError):  # another sandbox removed it first
+def _remove_orphans() -> None:
+    """Remove what sandboxes killed outright (SIGKILL: no ``close``) left in the temporary
+    directory: their zygotes' staging mount points and their workers' directories and mount
+    points (empty, or with what a call wrote where there was no tmpfs)."""
+    temporary = Path(tempfile.gettempdir())
+    for path in _orphans(temporary, _STAGING_PREFIX) + _orphans(temporary, _WORKDIR_PREFIX):
+        with contextlib.suppress(OSError):  # another sandbox removed it first
+            if path.name.startswith(_STAGING_PREFIX) or path.suffix == ".root":
                 path.rmdir()
+            else:
+                _remove(path, [])
