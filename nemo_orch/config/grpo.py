@@ -116,7 +116,11 @@ class GRPOConfig:
     copying that a cheap route needs. ``explore_share``: the share of each group's episodes
     whose first turn is forced to start with the routing choice (a tool, or a tool with one
     value of its choice argument) the policy itself chose least in the previous step (directed
-    exploration: choices it has stopped making keep being tried, and scored). ``curriculum``:
+    exploration: choices it has stopped making keep being tried, and scored).
+    ``explore_models``: the chance that any other turn whose call has a choice argument (an
+    expert model) is written again from a call of the same tool with another value, drawn
+    uniformly (exploration of the model at every call, not only the first). Forced tokens are
+    trained on with their episode's advantage but kept out of the KL term. ``curriculum``:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
     Every ``val_interval`` steps (0: never) the policy runs greedily on ``val_tasks`` tasks of
     each source's validation split (``val/<source>/...`` metrics).
@@ -150,6 +154,7 @@ class GRPOConfig:
     sample_mode: str = "trajectory"
     advantage_tokens: str = "decisions"
     explore_share: float = 0.0
+    explore_models: float = 0.0
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2
@@ -203,6 +208,7 @@ class GRPOConfig:
         _require(self.advantage_tokens in ("all", "decisions"),
                  f"grpo.advantage_tokens must be all|decisions, got {self.advantage_tokens!r}")
         _require(0 <= self.explore_share < 1, "grpo.explore_share must be in [0, 1)")
+        _require(0 <= self.explore_models < 1, "grpo.explore_models must be in [0, 1)")
         for index, stage in enumerate(self.curriculum):
             ends = stage.until_step is not None or stage.until_reward is not None
             last = index == len(self.curriculum) - 1

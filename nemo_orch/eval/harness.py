@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 EPISODES = "episodes"
 # The report's note on the tools from MCP servers the policy did not train with.
 UNTRAINED_MCP_TOOLS = "MCP tools the policy did not train with (calls by system)"
-_TOKEN_FIELDS = ("token_ids", "loss_mask", "decision_mask", "logprobs")
+_TOKEN_FIELDS = ("token_ids", "loss_mask", "decision_mask", "logprobs", "forced_mask")
 
 
 def out_dir(config: Config, benchmark: str) -> Path:

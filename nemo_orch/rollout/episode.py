@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import random
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -35,8 +36,8 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import control_strings, escape_markup
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
-                                      call_text, decision_end, parse_turn, without_calls,
-                                      without_thinking)
+                                      call_text, choice_of, decision_end, parse_turn,
+                                      without_calls, without_thinking)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -218,9 +219,9 @@ class Trajectory:
     seed: int = 0
     # The offered tools that came from a tool source (an MCP server), by the source's name.
     tool_sources: dict[str, str] = field(default_factory=dict)
-    # The policy tokens right after the prompt that exploration forced (GRPO's
-    # ``explore_share``): trained on, but not the policy's draws.
-    forced_tokens: int = 0
+    # Per token, 1 where exploration forced it (GRPO's ``explore_share`` and
+    # ``explore_models``): a policy token trained on, but not the policy's draw. Empty: none.
+    forced_mask: list[int] = field(default_factory=list)
 
     @classmethod
     def without_tokens(cls, task_id: str, sample: int, seed: int, messages: list[dict[str, Any]],
@@ -280,7 +281,7 @@ class Trajectory:
             "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
             "token_ids": self.token_ids, "loss_mask": self.loss_mask,
             "decision_mask": self.decision_mask, "logprobs": self.logprobs,
-            "forced_tokens": self.forced_tokens,
+            "forced_mask": self.forced_mask,
         }
 
 
@@ -321,27 +322,32 @@ class _Conversation:
 
 class _History:
     """Token ids with, per token, the loss mask, whether it is part of a routing decision (see
-    :func:`~nemo_orch.rollout.format.decision_end`) and the sampling logprob (0 off-policy)."""
+    :func:`~nemo_orch.rollout.format.decision_end`), the sampling logprob (0 off-policy) and
+    whether exploration forced it."""
 
     def __init__(self, prompt_ids: list[int]) -> None:
         self.ids = list(prompt_ids)
         self.mask = [0] * len(prompt_ids)
         self.decisions = [0] * len(prompt_ids)
         self.logprobs = [0.0] * len(prompt_ids)
+        self.forced = [0] * len(prompt_ids)
 
-    def add_policy(self, ids: list[int], logprobs: list[float]) -> None:
+    def add_policy(self, ids: list[int], logprobs: list[float], forced: int = 0) -> None:
+        """The policy's tokens, the first ``forced`` of them written by exploration."""
         if len(ids) != len(logprobs):
             raise RolloutError(f"engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
         self.ids += ids
         self.mask += [1] * len(ids)
         self.decisions += [0] * len(ids)
         self.logprobs += logprobs
+        self.forced += [1] * forced + [0] * (len(ids) - forced)
 
     def add_template(self, ids: list[int]) -> None:
         self.ids += ids
         self.mask += [0] * len(ids)
         self.decisions += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.forced += [0] * len(ids)
 
     def mark_decision(self, start: int, count: int) -> None:
         self.decisions[start:start + count] = [1] * count
@@ -356,15 +362,17 @@ class Episode:
     with it, the worker that ran it or the order they finished in.
 
     ``forced_choice`` (directed exploration) makes the first turn start with the decision
-    tokens of a call of that choice; the policy writes the rest (its arguments). Forced tokens
-    are policy tokens with logprob 0: they were not sampled.
+    tokens of a call of that choice; the policy writes the rest (its arguments). With chance
+    ``explore_models`` a later turn whose first call has a choice argument (an expert model) is
+    written again from a call of the same tool with another value of it, drawn uniformly.
+    Forced tokens are policy tokens with logprob 0, marked in ``forced_mask``: not sampled.
 
     ``users`` (tau2's customer) makes it a conversation: see the module docstring."""
 
     def __init__(self, task: Task, sample: int, policy: PolicyClient, toolbox: Toolbox,
                  tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
                  seed: int = 0, forced_choice: Choice | None = None,
-                 users: UserFactory | None = None) -> None:
+                 explore_models: float = 0.0, users: UserFactory | None = None) -> None:
         if settings.max_context_tokens is None:
             raise RolloutError("rollout.max_context_tokens must be resolved (see "
                                "Config.resolved_rollout)")
@@ -383,6 +391,7 @@ class Episode:
                                    task=task)
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.forced_ids = [] if forced_choice is None else self._decision_prefix(forced_choice)
+        self.explore_models = explore_models
         self.user = None if users is None else users(task, self.context)
         self.messages = initial_messages(task, tokenizer,
                                          None if self.user is None else self.user.greeting)
@@ -468,17 +477,16 @@ class Episode:
                 break
             forced = self.forced_ids if turn_index == 0 else []
             params = SamplingParams(
-                max_new_tokens=max(1, min(self.max_new_tokens, room - 1) - len(forced)),
+                max_new_tokens=max(1, min(self.max_new_tokens, room - 1)),
                 temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                 stop_token_ids=(self.eos_id,),
                 seed=derive_seed(self.context.seed, "turn", turn_index))
             generation_start = time.perf_counter()
             try:
-                generation = await self.policy.generate(history.ids + forced, params)
-                if forced:
-                    generation = dataclasses.replace(
-                        generation, token_ids=forced + list(generation.token_ids),
-                        logprobs=[0.0] * len(forced) + list(generation.logprobs))
+                generation = await self._generate(history, forced, params)
+                if not forced and (redrawn := self._redrawn_choice(generation, turn_index)):
+                    forced = self._decision_prefix(redrawn)
+                    generation = await self._generate(history, forced, params)
             except EndpointRefusal:
                 raise  # the policy's endpoint refuses what it is asked: no episode can run
             except Exception as error:  # an engine failure ends this episode, not the batch
@@ -490,7 +498,7 @@ class Episode:
                                        self._turn_seconds(generation, generation_start))
             turns.append(record)
             turn_start = len(history.ids)
-            text = self._add_generation(history, generation)
+            text = self._add_generation(history, generation, len(forced))
             parsed = parse_turn(text, self.format)
             record.format_errors = list(parsed.format_errors)
             history.mark_decision(turn_start, self._decision_tokens(
@@ -530,8 +538,7 @@ class Episode:
                           history.mask, history.decisions, history.logprobs, prompt_length,
                           turns, termination, answer, time.perf_counter() - started,
                           None if conversation is None else conversation.usage,
-                          self.context.seed, self.toolbox.source_of,
-                          len(self.forced_ids) if any(history.mask) else 0)
+                          self.context.seed, self.toolbox.source_of, history.forced)
 
     async def _talk(self, history: _History, conversation: _Conversation, record: TurnRecord,
                     message: str) -> str | None:
@@ -590,11 +597,45 @@ class Episode:
         return TurnRecord(turn, context_tokens, len(generation.token_ids), seconds, cost,
                           generation.finish_reason, policy_version=generation.policy_version)
 
-    def _add_generation(self, history: _History, generation: Generation) -> str:
-        """Append the sampled tokens (closing the turn with a template eos if the engine hit
-        its length limit) and the assistant message; returns the turn's text."""
+    async def _generate(self, history: _History, forced: list[int],
+                        params: SamplingParams) -> Generation:
+        """The turn's tokens: ``forced`` (logprob 0), then what the policy samples after them."""
+        params = dataclasses.replace(params,
+                                     max_new_tokens=max(1, params.max_new_tokens - len(forced)))
+        generation = await self.policy.generate(history.ids + forced, params)
+        if not forced:
+            return generation
+        return dataclasses.replace(generation, token_ids=forced + list(generation.token_ids),
+                                   logprobs=[0.0] * len(forced) + list(generation.logprobs))
+
+    def _redrawn_choice(self, generation: Generation, turn_index: int) -> Choice | None:
+        """With chance ``explore_models``, the turn's first call with another value of its
+        choice argument (None: the turn stands). One draw per (episode seed, turn)."""
+        if not self.explore_models:
+            return None
+        rng = random.Random(derive_seed(self.context.seed, "explore_models", turn_index))
+        if rng.random() >= self.explore_models:
+            return None
         ids = list(generation.token_ids)
-        history.add_policy(ids, list(generation.logprobs))
+        text = self.tokenizer.decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids,
+                                     skip_special_tokens=False)
+        call = next((call for call in parse_turn(text, self.format).calls if call.valid), None)
+        if call is None:
+            return None
+        name, chosen = choice_of(call.name, call.arguments, self.format)
+        if not chosen:
+            return None
+        (key, value), = chosen.items()
+        others = [v for v in self.format.schemas[name]["properties"][key]["enum"] if v != value]
+        return (name, {key: rng.choice(others)}) if others else None
+
+    def _add_generation(self, history: _History, generation: Generation,
+                        forced: int = 0) -> str:
+        """Append the turn's tokens, the first ``forced`` of them exploration's (closing the
+        turn with a template eos if the engine hit its length limit) and the assistant
+        message; returns the turn's text."""
+        ids = list(generation.token_ids)
+        history.add_policy(ids, list(generation.logprobs), forced)
         if ids and ids[-1] == self.eos_id:
             ids = ids[:-1]
         else:

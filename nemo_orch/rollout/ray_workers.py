@@ -297,12 +297,12 @@ class RayRolloutPool:
         ray.kill(unit.executor)
 
     async def run(self, tasks: Sequence[Task], samples_per_task: int, *, seed: int = 0,
-                  forced_choices: Mapping[tuple[int, int], Choice] | None = None
-                  ) -> list[Trajectory]:
+                  forced_choices: Mapping[tuple[int, int], Choice] | None = None,
+                  explore_models: float = 0.0) -> list[Trajectory]:
         """What :func:`~nemo_orch.rollout.runner.run_rollouts` returns for the same arguments,
         with the episodes spread over the workers. A dead unit is replaced and its chunk run
         again, at most ``rollout.ray.max_replacements`` times in this call."""
-        jobs = episode_jobs(tasks, samples_per_task, seed, forced_choices)
+        jobs = episode_jobs(tasks, samples_per_task, seed, forced_choices, explore_models)
         queue = deque(_chunks(jobs, samples_per_task, len(self.units)))
         idle = deque(range(len(self.units)))
         running: dict[asyncio.Future, tuple[int, list[EpisodeJob]]] = {}

@@ -166,19 +166,21 @@ class DirectPolicy:
 
 @dataclass(frozen=True)
 class EpisodeJob:
-    """One episode of a rollout: its place in (task, sample) order, its seed and the choice its
-    first turn is forced to start with (None: the policy's own)."""
+    """One episode of a rollout: its place in (task, sample) order, its seed, the choice its
+    first turn is forced to start with (None: the policy's own) and the chance that a later
+    call's choice (its model) is redrawn (see :class:`~nemo_orch.rollout.episode.Episode`)."""
 
     index: int
     task: Task
     sample: int
     seed: int
     forced_choice: Choice | None = None
+    explore_models: float = 0.0
 
 
 def episode_jobs(tasks: Sequence[Task], samples_per_task: int, seed: int = 0,
-                 forced_choices: Mapping[tuple[int, int], Choice] | None = None
-                 ) -> list[EpisodeJob]:
+                 forced_choices: Mapping[tuple[int, int], Choice] | None = None,
+                 explore_models: float = 0.0) -> list[EpisodeJob]:
     """Every task ``samples_per_task`` times, in (task, sample) order; episode ``i`` gets seed
     ``seed + i`` whoever runs it (a Ray worker gets the same seeds as this process), and its
     turns sample with seeds derived from it (:class:`~nemo_orch.rollout.episode.Episode`)."""
@@ -186,7 +188,7 @@ def episode_jobs(tasks: Sequence[Task], samples_per_task: int, seed: int = 0,
     pairs = [(task_index, sample) for task_index in range(len(tasks))
              for sample in range(samples_per_task)]
     return [EpisodeJob(index, tasks[task_index], sample, seed + index,
-                       forced_choices.get((task_index, sample)))
+                       forced_choices.get((task_index, sample)), explore_models)
             for index, (task_index, sample) in enumerate(pairs)]
 
 
@@ -203,7 +205,8 @@ async def run_episodes(jobs: Sequence[EpisodeJob], policy: PolicyClient, toolbox
     async def one(job: EpisodeJob) -> Trajectory:
         async with slots:
             episode = Episode(job.task, job.sample, policy, toolbox, tokenizer, settings,
-                              seed=job.seed, forced_choice=job.forced_choice, users=users)
+                              seed=job.seed, forced_choice=job.forced_choice,
+                              explore_models=job.explore_models, users=users)
             return await episode.run()
 
     return list(await asyncio.gather(*(one(job) for job in jobs)))
@@ -214,15 +217,18 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
                        settings: RolloutConfig, *, seed: int = 0,
                        batcher: GenerationBatcher | None = None,
                        forced_choices: Mapping[tuple[int, int], Choice] | None = None,
+                       explore_models: float = 0.0,
                        users: UserFactory | None = None) -> list[Trajectory]:
     """Run every task ``samples_per_task`` times (a GRPO group each), at most
     ``settings.max_concurrent_episodes`` at once; trajectories come back in (task, sample)
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
-    with (directed exploration); ``users``: the environment's user (tau2's customer)."""
+    with and ``explore_models`` the chance a later call's model is redrawn (directed
+    exploration); ``users``: the environment's user (tau2's customer)."""
     own_batcher = batcher is None
     batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
     try:
-        return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices),
+        return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices,
+                                               explore_models),
                                   batcher, toolbox, tokenizer, settings, users)
     finally:
         if own_batcher:

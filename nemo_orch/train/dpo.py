@@ -79,7 +79,8 @@ def rollout_config(config: Config) -> Config:
     choices: no refill of groups without spread (a task gives a pair or it does not), no
     validation, no forced exploration."""
     grpo = dataclasses.replace(config.grpo, prompts_per_step=config.dpo.tasks,
-                               dynamic_sampling=False, val_interval=0, explore_share=0.0)
+                               dynamic_sampling=False, val_interval=0, explore_share=0.0,
+                               explore_models=0.0)
     return dataclasses.replace(config, grpo=grpo)
 
 

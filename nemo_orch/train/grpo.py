@@ -113,9 +113,8 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
                                    trajectory.logprobs)
             driven = (trajectory.decision_mask if config.grpo.advantage_tokens == "decisions"
                       else mask)
-            forced = range(trajectory.prompt_length,
-                           trajectory.prompt_length + trajectory.forced_tokens)
-            sampled = [0 if i in forced else flag for i, flag in enumerate(mask)]
+            sampled = [flag * (1 - forced) for flag, forced
+                       in zip(mask, trajectory.forced_mask or [0] * len(mask))]
             sample_id = f"{trajectory.task_id}/{trajectory.sample}"
             if config.grpo.sample_mode == "trajectory":
                 samples.append(Sample(ids, mask, logprobs, advantage, driven, sample_id,

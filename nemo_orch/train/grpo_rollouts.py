@@ -374,7 +374,8 @@ class Rollouts:
         step as one call would (episode ``i`` gets seed ``seed + i``)."""
         size = self.settings.group_size
         if self.pool is not None:
-            return await self.pool.run(draws[0].tasks, size, seed=seed, forced_choices=forced)
+            return await self.pool.run(draws[0].tasks, size, seed=seed, forced_choices=forced,
+                                       explore_models=self.config.grpo.explore_models)
         runs, start = [], 0
         for drawn in draws:
             mine = {(task - start, sample): choice for (task, sample), choice in forced.items()
@@ -383,6 +384,7 @@ class Rollouts:
                                      self.toolboxes[drawn.environment.name], self.tokenizer,
                                      self.settings, seed=seed + start * size,
                                      batcher=self.batcher, forced_choices=mine,
+                                     explore_models=self.config.grpo.explore_models,
                                      users=drawn.environment.users()))
             start += len(drawn.tasks)
         return [t for trajectories in await asyncio.gather(*runs) for t in trajectories]

@@ -17,8 +17,9 @@ from nemo_orch.rollout.engines.hf import HFEngine
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
+from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
-from nemo_orch.tools.base import Pricing
+from nemo_orch.tools.base import Pricing, ToolSpec
 from nemo_orch.tools.registry import Toolbox
 
 SYSTEM = "Use tools. Finish with <answer>...</answer>."
@@ -154,7 +155,46 @@ def test_forced_choice_starts_the_first_turn(tiny_tokenizer):
     assert trajectory.token_ids[start:start + len(forced)] == forced
     assert trajectory.logprobs[start:start + len(forced)] == [0.0] * len(forced)
     assert trajectory.decision_mask[start:start + len(forced)] == [1] * len(forced)
-    assert trajectory.forced_tokens == len(forced)
+    assert trajectory.forced_mask == [0] * start + [1] * len(forced) + [0] * (
+        len(trajectory.token_ids) - start - len(forced))
+
+
+ASK = ToolSpec("ask", "Ask a model.", {  # as ToolOrchestra's tools: the model alone
+    "type": "object", "required": ["model"],
+    "properties": {"model": {"type": "string", "enum": ["a", "b", "c"]}}})
+
+
+def test_explore_models_rewrites_a_call_from_another_model(tiny_tokenizer):
+    """Exploration of the model at a call: the turn is written again from a call of the same
+    tool with another model (forced tokens, logprob 0, in ``forced_mask``); the policy writes
+    the rest. One draw per episode seed and turn: the same seed explores the same way."""
+    def ask_a(prompt: str) -> str:
+        if "<tool_response>" in prompt:
+            return "<answer>done</answer>"
+        if prompt.endswith(('"model": "b"}}\n', '"model": "c"}}\n')):
+            return "</tool_call>"
+        return call("ask", model="a")
+
+    def run(explore_models: float, seed: int) -> Trajectory:
+        engine = ScriptedEngine(tiny_tokenizer, ask_a)
+        return asyncio.run(run_rollouts(
+            [Task("t", "go", system=SYSTEM)], 1, engine, Toolbox([DelayedEcho(ASK)]),
+            tiny_tokenizer, settings(), seed=seed, explore_models=explore_models))[0]
+
+    plain = run(0.0, seed=3)
+    assert plain.turns[0].calls[0].arguments["model"] == "a" and not any(plain.forced_mask)
+    explored = run(0.9, seed=3)
+    (redrawn,) = explored.turns[0].calls
+    assert redrawn.tool == "ask" and redrawn.arguments["model"] in ("b", "c")
+    assert explored.termination == "answer"
+    forced = [i for i, flag in enumerate(explored.forced_mask) if flag]
+    assert forced == list(range(explored.prompt_length, explored.prompt_length + len(forced)))
+    assert tiny_tokenizer.decode([explored.token_ids[i] for i in forced]).startswith(
+        '<tool_call>\n{"name": "ask"')
+    assert all(explored.logprobs[i] == 0.0 for i in forced)
+    assert_tokens_match_template(explored, tiny_tokenizer)
+    again = run(0.9, seed=3)
+    assert again.token_ids == explored.token_ids and again.forced_mask == explored.forced_mask
 
 
 def test_format_errors_become_observations(tiny_tokenizer):

@@ -58,7 +58,8 @@ def test_samples_carry_group_advantages_and_turns():
 
 def test_forced_exploration_tokens_are_trained_but_kept_out_of_the_kl():
     ids, mask, logprobs = [1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 0, -1, -2, 0]
-    forced = dataclasses.replace(trajectory(ids, mask, logprobs), forced_tokens=2)
+    forced = dataclasses.replace(trajectory(ids, mask, logprobs),
+                                 forced_mask=[0, 0, 1, 1, 0, 0, 0])
     group = Group(Task("t", "q"), [forced, trajectory(ids, mask, logprobs)],
                   [breakdown(1.0), breakdown(0.0)])
     samples = samples_of([group], config_lib.load(["grpo.advantage_tokens=all"]))
