@@ -363,8 +363,8 @@ class Episode:
 
     ``forced_choice`` (directed exploration) makes the first turn start with the decision
     tokens of a call of that choice; the policy writes the rest (its arguments). With chance
-    ``explore_models`` a later turn whose first call has a choice argument (an expert model) is
-    written again from a call of the same tool with another value of it, drawn uniformly.
+    ``explore_models`` any other turn whose first call has a choice argument (an expert model)
+    is written again from a call of the same tool with another value of it, drawn uniformly.
     Forced tokens are policy tokens with logprob 0, marked in ``forced_mask``: not sampled.
 
     ``users`` (tau2's customer) makes it a conversation: see the module docstring."""

@@ -167,7 +167,7 @@ class DirectPolicy:
 @dataclass(frozen=True)
 class EpisodeJob:
     """One episode of a rollout: its place in (task, sample) order, its seed, the choice its
-    first turn is forced to start with (None: the policy's own) and the chance that a later
+    first turn is forced to start with (None: the policy's own) and the chance that another
     call's choice (its model) is redrawn (see :class:`~nemo_orch.rollout.episode.Episode`)."""
 
     index: int
@@ -222,7 +222,7 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
     """Run every task ``samples_per_task`` times (a GRPO group each), at most
     ``settings.max_concurrent_episodes`` at once; trajectories come back in (task, sample)
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
-    with and ``explore_models`` the chance a later call's model is redrawn (directed
+    with and ``explore_models`` the chance any other call's model is redrawn (directed
     exploration); ``users``: the environment's user (tau2's customer)."""
     own_batcher = batcher is None
     batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
