@@ -176,7 +176,7 @@ def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
         "type": "object", "required": ["model"],
         "properties": {"model": {"type": "string", "enum": ["small", "large"]}}})
     toolbox = Toolbox([DelayedEcho(echo_spec("echo")), DelayedEcho(ask)])
-    config = config_lib.load(["grpo.explore_share=0.25"])  # 2 of each group of 8
+    config = config_lib.load(["grpo.explore_share=0.25", "rollout.group_size=8"])  # 2 of each 8
     mixture = build_mixture(config)
     rollouts = Rollouts(config, None, tiny_tokenizer, mixture, [toolbox])
     forced = rollouts.forced_choices(2, Counter({"echo": 5, "ask:large": 1}))
