@@ -25,7 +25,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
@@ -36,7 +36,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import control_strings, escape_markup
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
-                                      call_text, choice_of, decision_end, parse_turn,
+                                      call_text, choice_of, choices, decision_end, parse_turn,
                                       without_calls, without_thinking)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
@@ -616,18 +616,20 @@ class Episode:
         rng = random.Random(derive_seed(self.context.seed, "explore_models", turn_index))
         if rng.random() >= self.explore_models:
             return None
-        ids = list(generation.token_ids)
-        text = self.tokenizer.decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids,
-                                     skip_special_tokens=False)
+        text = self._turn_text(generation.token_ids)
         call = next((call for call in parse_turn(text, self.format).calls if call.valid), None)
         if call is None:
             return None
         name, chosen = choice_of(call.name, call.arguments, self.format)
-        if not chosen:
-            return None
-        (key, value), = chosen.items()
-        others = [v for v in self.format.schemas[name]["properties"][key]["enum"] if v != value]
-        return (name, {key: rng.choice(others)}) if others else None
+        others = [(tool, arguments) for tool, arguments in choices(self.format)
+                  if tool == name and arguments != chosen]
+        return rng.choice(others) if chosen and others else None
+
+    def _turn_text(self, ids: Sequence[int]) -> str:
+        """What a turn's tokens say, its closing eos left out."""
+        ids = list(ids)
+        return self.tokenizer.decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids,
+                                     skip_special_tokens=False)
 
     def _add_generation(self, history: _History, generation: Generation,
                         forced: int = 0) -> str:
@@ -636,11 +638,9 @@ class Episode:
         message; returns the turn's text."""
         ids = list(generation.token_ids)
         history.add_policy(ids, list(generation.logprobs), forced)
-        if ids and ids[-1] == self.eos_id:
-            ids = ids[:-1]
-        else:
+        if not ids or ids[-1] != self.eos_id:
             history.add_template([self.eos_id])
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self._turn_text(ids)
         self.messages.append({"role": "assistant", "content": text})
         return text
 
