@@ -248,10 +248,10 @@ def _describe(triton: Any, model: TextModel) -> None:
     ``run`` loads the model (``tests/serve/test_triton.py`` reads them back from Triton)."""
     bound = next(m for m in triton._model_manager.models if m.model_name == model.name)
     config = bound._get_triton_model_config()
-    clash = set(config.backend_parameters) & set(_parameters(model))
-    if clash:
+    described = _parameters(model)
+    if clash := set(config.backend_parameters) & set(described):
         raise RuntimeError(f"{model.name}: PyTriton already sets {', '.join(sorted(clash))}")
-    config.backend_parameters.update(_parameters(model))
+    config.backend_parameters.update(described)
 
 
 class TritonServer:

@@ -577,9 +577,12 @@ def _remove_orphans() -> None:
     directory: their zygotes' staging mount points and their workers' directories and mount
     points (empty, or with what a call wrote where there was no tmpfs)."""
     temporary = Path(tempfile.gettempdir())
-    for path in _orphans(temporary, _STAGING_PREFIX) + _orphans(temporary, _WORKDIR_PREFIX):
-        with contextlib.suppress(OSError):  # another sandbox removed it first
-            if path.name.startswith(_STAGING_PREFIX) or path.suffix == ".root":
-                path.rmdir()
-            else:
-                _remove(path, [])
+    empty = _orphans(temporary, _STAGING_PREFIX)
+    for path in _orphans(temporary, _WORKDIR_PREFIX):
+        if path.suffix == ".root":  # a mount point whose directory is gone already
+            empty.append(path)
+        else:
+            _remove(path, [])  # the directory and its mount point
+    for path in empty:
+        with contextlib.suppress(OSError):  # removed first, by the above or another sandbox
+            path.rmdir()
