@@ -68,6 +68,11 @@ def test_cli_reports_unknown_key_without_traceback():
     assert "Traceback" not in result.stderr
 
 
+def test_an_unknown_key_inside_a_dict_value_is_named():
+    with pytest.raises(ConfigError, match=r"Unknown config key 'data\.demo_routers\.no_such'"):
+        config_lib.load(["data.demo_routers={strongest: 1, no_such: 0}"])
+
+
 def test_saved_config_reloads(tmp_path):
     cfg = config_lib.load(["run.name=abc"])
     path = tmp_path / "config.yaml"

@@ -228,7 +228,10 @@ def _hydra_message(error: Exception) -> str:
     kept = [line for line in lines if not line.startswith(
         ("Config search path", "\tprovider", "See https://", "To append to your config"))]
     if kept and kept[0].startswith("Could not override"):
-        kept[0] = kept[0].replace("Could not override", "Unknown config key")
+        # A dict value with a key the config lacks fails on that key, deeper than the override's.
+        unknown = getattr(error.__cause__, "full_key", None)
+        kept[0] = (f"Unknown config key '{unknown}'." if unknown
+                   else kept[0].replace("Could not override", "Unknown config key"))
     return "\n".join(kept)
 
 
