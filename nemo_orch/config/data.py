@@ -10,7 +10,7 @@ from nemo_orch.config.base import _require, _require_file
 
 
 # The naive routers that play the main job's demonstrations (envs.offline.world.naive_routes).
-DEMO_ROUTERS = ("strongest", "instructed", "family", "random")
+DEMO_ROUTERS = ("strongest", "instructed", "tiered", "family", "random")
 # The systems an evaluation runs and SFT collects demonstrations from (eval/agents.py).
 ORCHESTRATOR, MONOLITH, GOLD_REPLAY = "orchestrator", "monolith", "gold-replay"
 NAIVE_ROUTERS = "naive-routers"
@@ -42,7 +42,7 @@ class DataConfig:
     # SFT's sequence length: longer conversations are dropped and counted, not truncated.
     seq_length: int = 640
     demo_routers: dict[str, float] = field(default_factory=lambda: {
-        "strongest": 0.1, "instructed": 0.5, "family": 0.25, "random": 0.15})
+        "strongest": 0.1, "instructed": 0.5, "tiered": 0.0, "family": 0.25, "random": 0.15})
     toolscale_tasks_per_domain: int = 200
     toolscale_eval_tasks: int = 20
 

@@ -307,10 +307,8 @@ def test_the_instructed_rule_reads_the_instruction_and_nothing_else(writers):
     """The one naive router that reads the preference: the tool an instruction forbids is
     dropped, a cost instruction takes the cheapest model of the strongest's line (not the math
     specialist), any other the strongest; the strongest router ignores the instruction."""
-    instructed = orchestra.naive_routes(TASKS, writers, {"strongest": 0, "instructed": 1,
-                                                         "family": 0, "random": 0}, seed=0)
-    strongest = orchestra.naive_routes(TASKS, writers, {"strongest": 1, "instructed": 0,
-                                                        "family": 0, "random": 0}, seed=0)
+    instructed = orchestra.naive_routes(TASKS, writers, _only("instructed"), seed=0)
+    strongest = orchestra.naive_routes(TASKS, writers, _only("strongest"), seed=0)
     cheapest = {orchestra.SEARCH: "search-3", orchestra.REASON: "reasoner-3",
                 orchestra.ANSWER: "answer-4"}
     dearest = {orchestra.SEARCH: "search-1", orchestra.REASON: "reasoner-1",
@@ -328,3 +326,27 @@ def test_the_instructed_rule_reads_the_instruction_and_nothing_else(writers):
             assert arguments["model"] == expected, (task.id, preference)
         seen.add(preference)
     assert seen == set(orchestra.PREFERENCE_VECTORS)
+
+
+def test_the_tiered_router_takes_one_tier_of_the_strongests_line_for_the_whole_route(writers):
+    """Each route is the family's tools at one tier (the strongest, the next, ...) of each
+    tool's line of models, a tool with fewer tiers at its cheapest; every tier is drawn, so the
+    demonstrations hold the middle tiers together (``search-2>answer-2``)."""
+    lines = {orchestra.SEARCH: ["search-1", "search-2", "search-3"],
+             orchestra.REASON: ["reasoner-1", "reasoner-2", "reasoner-3"],
+             orchestra.ANSWER: ["answer-1", "answer-2", "answer-3", "answer-4"]}
+    tiered = orchestra.naive_routes(TASKS, writers, _only("tiered"), seed=0)
+    tiers = Counter()
+    for task in TASKS:
+        route = tiered[task.id]
+        assert [tool for tool, _ in route] == list(orchestra.FAMILY_SHAPES[task.metadata["family"]])
+        answer_tier = lines[orchestra.ANSWER].index(route[-1][1]["model"])
+        for tool, arguments in route:
+            assert arguments["model"] == lines[tool][min(answer_tier, len(lines[tool]) - 1)]
+        tiers[answer_tier] += 1
+    assert set(tiers) == {0, 1, 2, 3}
+    assert tiers[1] > len(TASKS) / 8
+
+
+def _only(router: str) -> dict[str, float]:
+    return {name: float(name == router) for name in config_lib.DEMO_ROUTERS}

@@ -116,6 +116,14 @@ def test_naive_routes_are_drawn_in_task_order_with_the_seed(offline_config):
     assert drawn == naive_routes(tasks, expert.models, expert.pricing, shares, seed=1)
     assert drawn != naive_routes(tasks, expert.models, expert.pricing, shares, seed=2)
     assert all(drawn[task.id] in routes(task, expert.models).values() for task in tasks)
+    tiered = naive_routes(tasks, expert.models, expert.pricing,
+                          {name: float(name == "tiered") for name in shares}, seed=1)
+    experts_drawn = set()
+    for task in tasks:  # one expert at a tier drawn at random, every tier drawn
+        options = routes(task, expert.models)
+        experts_drawn |= {alias for alias in expert.models
+                          if options[f"expert:{alias}"] == tiered[task.id]}
+    assert experts_drawn == set(expert.models)
 
 
 def test_experts_handed_the_retrieved_evidence_answer_lookups(offline_config):

@@ -288,12 +288,12 @@ def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
     return values
 
 
-def _cheapest_of_the_strongests_line(writers: Writers, tool: str) -> str:
-    """The cheapest alias of the strongest model's line (a line: the alias less its tier, so
-    ``answer-4`` for ``answer``, not the math specialist ``answer-math-2``)."""
-    *_, strongest = ranked = writers.by_price(tool)
-    line = strongest.rsplit("-", 1)[0]
-    return next(alias for alias in ranked if alias.rsplit("-", 1)[0] == line)
+def _strongests_line(writers: Writers, tool: str) -> list[str]:
+    """The aliases of the strongest model's line, the most expensive first (a line: the alias
+    less its tier, so ``answer-1`` ... ``answer-4`` for ``answer``, not the math specialists)."""
+    ranked = writers.by_price(tool)[::-1]
+    line = ranked[0].rsplit("-", 1)[0]
+    return [alias for alias in ranked if alias.rsplit("-", 1)[0] == line]
 
 
 def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str, float],
@@ -303,9 +303,11 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
     expensive model of each; ``instructed``, a keyword rule over the user's instruction that
     drops the tool an instruction forbids and takes the cheapest model of the strongest's line
     (``answer-4``, not a math specialist) when the instruction asks for low cost, the strongest
-    otherwise; ``family``, the family's tools with models drawn at random; ``random``, any
-    route. None knows the accuracies, and only the instructed rule reads the preference: what
-    is best is left to RL. By task id."""
+    otherwise; ``tiered``, the family's tools all at one price tier of the strongest's line
+    drawn for the route (the strongest, the next, ...; a tool with fewer tiers its cheapest);
+    ``family``, the family's tools with models drawn at random; ``random``, any route. None
+    knows the accuracies, and only the instructed rule reads the preference: what is best is
+    left to RL. By task id."""
     rng = random.Random(seed)
     every = routes(writers)
     names = sorted(every)
@@ -318,6 +320,10 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
             continue
         if router == "family":
             aliases = [rng.choice(writers.aliases(tool)) for tool in tools]
+        elif router == "tiered":
+            lines = [_strongests_line(writers, tool) for tool in tools]
+            tier = rng.randrange(max(len(line) for line in lines))
+            aliases = [line[min(tier, len(line) - 1)] for line in lines]
         else:
             stated = next((name for name, phrases in PREFERENCE_PHRASES.items()
                            if task.metadata["instruction"] in phrases), None)
@@ -326,7 +332,7 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
                              PREFERENCE_VECTORS.get(stated, {}).items() if weight < 0}
                 tools = tuple(tool for tool in tools if tool not in forbidden)
             cheap = router == "instructed" and stated == "cost"
-            aliases = [_cheapest_of_the_strongests_line(writers, tool) if cheap
+            aliases = [_strongests_line(writers, tool)[-1] if cheap
                        else writers.by_price(tool)[-1] for tool in tools]
         chosen[task.id] = tuple((tool, {"model": alias}) for tool, alias in zip(tools, aliases))
     return chosen

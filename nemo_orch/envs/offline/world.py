@@ -201,7 +201,8 @@ def naive_routes(tasks: list[Task], experts: Mapping[str, Any], pricing: Mapping
     """The route each task's naive router takes, the router drawn with ``router_shares`` (over
     :data:`~nemo_orch.config.DEMO_ROUTERS`): the strongest (most expensive) expert for the
     task's difficulty; ``instructed``, a keyword rule that takes the cheapest expert when the
-    instruction asks to keep the cost low and the strongest otherwise; the family's exact tools
+    instruction asks to keep the cost low and the strongest otherwise; ``tiered``, an expert
+    drawn at random (this world's experts are one line of tiers); the family's exact tools
     (where it has them, else a random route); or a uniformly random route. Only the instructed
     rule reads the preference, and it knows neither the experts' accuracies nor the other
     preferences: what is best is left to RL. One generator seeded with ``seed`` draws for the
@@ -215,6 +216,8 @@ def naive_routes(tasks: list[Task], experts: Mapping[str, Any], pricing: Mapping
             chosen[task.id] = options[f"expert:{cheapest_expert(experts, pricing)}"]
         elif router in ("strongest", "instructed"):
             chosen[task.id] = options[f"expert:{strongest_expert(task, experts, pricing)}"]
+        elif router == "tiered":  # this world's experts are one line: a tier is an expert
+            chosen[task.id] = options[f"expert:{rng.choice(sorted(experts))}"]
         elif router == "family" and "tools" in options:
             chosen[task.id] = options["tools"]
         else:
