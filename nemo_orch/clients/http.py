@@ -33,14 +33,15 @@ class HTTPError(RuntimeError):
 
 
 # The exception line of a Python traceback: ``package.module.SomeError: message``.
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|BadRequest): (?!Traceback)(.+)$",
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): (?!Traceback)(.+)$",
                              re.MULTILINE)
 
 
 def error_message(response: httpx.Response) -> str:
     """The server's error message (``{"error": {"message"}}``, ``{"detail"}`` or raw text),
-    shortened. A message carrying a server-side Python traceback (Triton's Python backend
-    sends one) is cut to the innermost exception's message."""
+    shortened. A message carrying a server-side Python traceback (what Triton answers for a
+    Python-backend model that raises; nemo-orch's servers send one line) is cut to the innermost
+    exception's message."""
     try:
         body = response.json()
         error = body.get("error", body.get("detail", body)) if isinstance(body, dict) else body

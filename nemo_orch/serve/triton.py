@@ -10,10 +10,12 @@ Bad input never takes the server down and never fails another client's request:
 - wrong input names, dtypes or shapes, and more than ``max_batch_size`` items, are refused by
   Triton itself with a 400;
 - a request whose content is bad (invalid UTF-8, an item over ``max_item_bytes``, a field the
-  model cannot parse) is refused with a 400 whose message ends with ``BadRequest: <why>``
-  (PyTriton 0.5.0 prefixes a traceback). When Triton merged it with good requests, a 400 would
-  fail those too (PyTriton answers a batch as a whole), so there it is answered with its
-  ``error`` output set instead: every model has a text output ``error``, empty on success.
+  model cannot parse) is refused with a 400 whose message is the reason, one line (gRPC:
+  INVALID_ARGUMENT); a model that fails answers ``<ExceptionType>: <message>`` (gRPC:
+  INTERNAL), its traceback logged here (see :func:`_answer_errors_in_one_line`). When Triton
+  merged a bad request with good ones, a 400 would fail those too (PyTriton answers a batch as
+  a whole), so there it is answered with its ``error`` output set instead: every model has a
+  text output ``error``, empty on success.
   :class:`~nemo_orch.clients.kserve.KServeClient` raises on both.
 
 The bundled Triton server's Python helper would load the system's libpython instead of the
@@ -241,17 +243,58 @@ def _repository(directory: Path, models: Sequence[TextModel]) -> Path:
     return directory
 
 
-def _describe(triton: Any, model: TextModel) -> None:
+def _describe(bound: Any, model: TextModel) -> None:
     """Put the model's descriptions into the configuration PyTriton generates for it. PyTriton
     0.5.0 (pinned, PLATFORM.md) has no setting for configuration parameters; it writes its
     cached config's ``backend_parameters`` as ``parameters``, so they are added there before
     ``run`` loads the model (``tests/serve/test_triton.py`` reads them back from Triton)."""
-    bound = next(m for m in triton._model_manager.models if m.model_name == model.name)
     config = bound._get_triton_model_config()
     described = _parameters(model)
     if clash := set(config.backend_parameters) & set(described):
         raise RuntimeError(f"{model.name}: PyTriton already sets {', '.join(sorted(clash))}")
     config.backend_parameters.update(described)
+
+
+# PyTriton 0.5.0's proxy model (pytriton/proxy/model.py, the file PyTriton loads into Triton for
+# every model) raises the inference function's error, and Triton answers it with the tracebacks
+# of both processes, server paths included. Here the proxy answers each request with an error
+# response of one line instead, as PyTriton's own decoupled path does: a bad request's reason
+# (gRPC status INVALID_ARGUMENT), else the failure's last line (INTERNAL); Triton's HTTP server
+# answers both with 400. The traceback stays in the server's log (`_Batcher`).
+_PROXY_RAISES = """\
+                    triton_responses_or_error = pb_utils.TritonModelException(  # pytype: disable=module-attr
+                        responses_payload.decode("utf-8")
+                    )
+"""
+_PROXY_ANSWERS = """\
+                    triton_responses_or_error = _one_line_errors(
+                        triton_requests, responses_payload.decode("utf-8")
+                    )
+"""
+_ONE_LINE_ERRORS = f"""
+
+def _one_line_errors(triton_requests, formatted):  # added by nemo-orch (nemo_orch/serve/triton.py)
+    raised = formatted.strip().splitlines()[-1]  # the traceback's last line: "type: message"
+    refused = "{BadRequest.__module__}.{BadRequest.__qualname__}: "
+    if raised.startswith(refused):
+        message, code = raised[len(refused):], pb_utils.TritonError.INVALID_ARG
+    else:
+        message, code = raised, pb_utils.TritonError.INTERNAL
+    return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+            for _ in triton_requests]
+"""
+
+
+def _answer_errors_in_one_line(bound: Any) -> None:
+    """Load ``bound`` (a PyTriton model) with the proxy above."""
+    files = bound.get_proxy_model_files()
+    key = next(name for name in files if name.endswith("/model.py"))
+    proxy = files[key].decode()
+    if proxy.count(_PROXY_RAISES) != 1:
+        raise RuntimeError("PyTriton's proxy model is not 0.5.0's (pinned, PLATFORM.md): "
+                           "nemo_orch/serve/triton.py cannot answer its errors in one line")
+    files[key] = (proxy.replace(_PROXY_RAISES, _PROXY_ANSWERS) + _ONE_LINE_ERRORS).encode()
+    bound.get_proxy_model_files = lambda: files
 
 
 class TritonServer:
@@ -306,7 +349,10 @@ class TritonServer:
                                        batcher=DynamicBatcher(
                                            max_queue_delay_microseconds=config.max_queue_delay_us)),
                     strict=True)
-                _describe(self._triton, model)
+                bound = next(m for m in self._triton._model_manager.models
+                             if m.model_name == model.name)
+                _describe(bound, model)
+                _answer_errors_in_one_line(bound)
             self._triton.run()
             self.metrics_port = (None if config.metrics_port is None
                                  else self.metrics.serve(config.host, config.metrics_port))

@@ -206,11 +206,59 @@ BAD_REQUESTS = {
 
 
 @pytest.mark.parametrize("name", list(BAD_REQUESTS))
-def test_malformed_requests_get_a_400_and_the_server_stays_up(server, name):
+def test_malformed_requests_get_a_400_of_one_line_and_the_server_stays_up(server, name):
     inputs, message = BAD_REQUESTS[name]
     answer = _infer(server, "reward", inputs)
-    assert answer.status_code == 400 and message in answer.json()["error"], answer.text
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and message in error, answer.text
+    assert "\n" not in error and "Traceback" not in error and ".py" not in error, error
     assert _infer(server, "reward", _text_inputs([GOOD])).status_code == 200
+
+
+def test_bad_metadata_is_answered_with_its_reason_alone(server):
+    answer = _infer(server, "reward", _text_inputs([{**GOOD, "metadata": "{}"}]))
+    assert (answer.status_code, answer.json()) == (
+        400, {"error": "metadata must be a JSON object with a string 'id'"})
+
+
+def test_refusals_and_failures_are_told_apart_in_one_line(make_serve_config):
+    """A request the model refuses and a model that fails: one line each, with the gRPC status
+    a client branches on (Triton 2.4x's HTTP server answers every inference error with 400).
+    The failure's traceback goes to the server's log, not to the client; the model serves on."""
+    import tritonclient.grpc as grpc_client
+
+    from nemo_orch.serve.triton import BadRequest, TextModel
+
+    def parse(row: dict[str, str]) -> str:
+        if row["text"] == "bad":
+            raise BadRequest("bad text")
+        return row["text"]
+
+    async def run(items: list[str]) -> list[dict]:
+        if "fail" in items:
+            raise RuntimeError("the model broke")
+        return [{"upper": item.upper()} for item in items]
+
+    model = TextModel("fragile", ("text",), {"upper": bytes}, parse, run,
+                      {"text": "any text", "upper": "the text in capitals"})
+    with serve_models([model], make_serve_config()) as running:
+        client = grpc_client.InferenceServerClient(running.grpc_url.removeprefix("grpc://"))
+        answers = {}
+        for text in ("bad", "fail"):
+            http = _infer(running, "fragile", _text_inputs([{"text": text}]))
+            tensor = grpc_client.InferInput("text", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+            with pytest.raises(grpc_client.InferenceServerException) as grpc:
+                client.infer("fragile", [tensor])
+            answers[text] = (http.status_code, http.json()["error"], grpc.value.status(),
+                             grpc.value.message())
+        assert answers == {
+            "bad": (400, "bad text", "StatusCode.INVALID_ARGUMENT", "bad text"),
+            "fail": (400, "RuntimeError: the model broke", "StatusCode.INTERNAL",
+                     "RuntimeError: the model broke")}
+        served = _infer(running, "fragile", _text_inputs([{"text": "ok"}]))
+        assert served.status_code == 200
+        assert {o["name"]: o["data"] for o in served.json()["outputs"]}["upper"] == ["OK"]
 
 
 def test_undecodable_bodies_get_a_400(server):
