@@ -68,9 +68,9 @@ def tool_model(toolbox: Toolbox, name: str) -> TextModel:
     """The tool ``name`` of ``toolbox`` as a Triton model."""
 
     def parse(item: dict[str, str]) -> tuple:
-        context = _json_object(item, "context")
+        arguments, context = _json_object(item, "arguments"), _json_object(item, "context")
         try:
-            return _json_object(item, "arguments"), context_from_json(context)
+            return arguments, context_from_json(context)
         except (TypeError, ValueError) as error:
             raise BadRequest(f"'context' is malformed: {error}") from None
 

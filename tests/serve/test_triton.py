@@ -395,10 +395,13 @@ def test_the_items_of_a_batch_search_together(served):
 
 def test_tool_model_refuses_malformed_arguments(server):
     answer = _infer(server, "python_sandbox", _text_inputs([{"arguments": "[]", "context": "{}"}]))
-    assert answer.status_code == 400 and "'arguments' must be a JSON object" in answer.text
+    assert (answer.status_code, answer.json()) == (
+        400, {"error": "'arguments' must be a JSON object"})
     answer = _infer(server, "python_sandbox", _text_inputs(
         [{"arguments": '{"code": "print(1)"}', "context": '{"seed": "x"}'}]))
-    assert answer.status_code == 400 and "'context' is malformed" in answer.text
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error.startswith("'context' is malformed"), error
+    assert "\n" not in error and "Traceback" not in error
 
 
 def _outcomes(out: Path, agent: str) -> list[tuple]:
