@@ -106,6 +106,12 @@ def set_intra_op_threads(requested: int) -> int:
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = requested or max(1, len(os.sched_getaffinity(0)) // ranks_here)
     torch.set_num_threads(threads)
+    # torch keeps one count for the process, and each OpenMP worker of this thread's pool takes
+    # it once, at its first reduction. A thread that later sets its own (the CPU engine's, one)
+    # would give it to workers that start after that, and MKL rounds their blocks of a kernel
+    # differently from the others' (a resumed GRPO parted from the uninterrupted one in the 9th
+    # digit). A reduction split over every thread makes each take this count now.
+    torch.zeros(threads * 4096, 128).sum(-1)
     return threads
 
 
