@@ -110,8 +110,9 @@ def set_intra_op_threads(requested: int) -> int:
     # it once, at its first reduction. A thread that later sets its own (the CPU engine's, one)
     # would give it to workers that start after that, and MKL rounds their blocks of a kernel
     # differently from the others' (a resumed GRPO parted from the uninterrupted one in the 9th
-    # digit). A reduction split over every thread makes each take this count now.
-    torch.zeros(threads * 4096, 128).sum(-1)
+    # digit). A reduction split over every thread makes each take this count now: ATen splits
+    # one only in chunks of at least 32,768 elements, so each thread gets 65,536 (256 KB).
+    torch.zeros(threads * 512, 128).sum(-1)
     return threads
 
 
