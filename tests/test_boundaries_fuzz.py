@@ -6,7 +6,8 @@ is a result or the boundary's own error naming where, never another exception.
   not run;
 * task files, conversation files and domain task files: a :class:`DataError` naming file and
   line, or the records;
-* the reward server's inputs: a ``BadRequest`` for an unusable item; a parsed one is scored.
+* the reward server's inputs: a ``BadRequest`` for an unusable item; a parsed one is scored;
+* a tool server's inputs (arguments and context): a ``BadRequest``, or parsed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from strategies import json_values
 
@@ -26,7 +27,7 @@ from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import read_tasks
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.serve.triton import BadRequest
-from nemo_orch.tools.base import ToolResult
+from nemo_orch.tools.base import ToolContext, ToolResult
 from nemo_orch.tools.schema import argument_errors
 
 KEYS = ["id", "question", "answer", "system", "tools", "metadata", "allowed_documents",
@@ -102,3 +103,29 @@ def test_reward_server_items_are_refused_or_scored(reward, item):
         return
     (answer,) = asyncio.run(reward.run([parsed]))
     assert set(answer) >= {"score", "correct", "method", "detail"}
+
+
+@pytest.fixture(scope="module")
+def served_tool(toolbox):
+    from nemo_orch.serve.triton_models import tool_model
+
+    return tool_model(toolbox, "search")
+
+
+CONTEXT_KEYS = ["task_id", "episode_id", "seed", "allowed_documents", "observations", "task"]
+tool_fields = st.fixed_dictionaries({
+    "arguments": st.one_of(st.text(max_size=20), records.map(json.dumps)),
+    "context": st.one_of(st.text(max_size=20), records.map(json.dumps),
+                         st.dictionaries(st.sampled_from(CONTEXT_KEYS), values,
+                                         max_size=4).map(json.dumps))})
+
+
+@FUZZ
+@given(item=tool_fields)
+@example(item={"arguments": "{}", "context": '{"seed": Infinity}'})
+def test_tool_server_items_are_refused_or_parsed(served_tool, item):
+    try:
+        arguments, context = served_tool.parse(item)
+    except BadRequest:
+        return
+    assert isinstance(arguments, dict) and isinstance(context, ToolContext)

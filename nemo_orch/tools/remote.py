@@ -41,9 +41,13 @@ def context_from_json(record: dict[str, Any]) -> ToolContext:
     """The context :func:`context_to_json` wrote; ``ValueError``/``TypeError`` if malformed."""
     documents = record.get("allowed_documents")
     task = record.get("task")
+    try:
+        seed = int(record.get("seed", 0))
+    except OverflowError:  # JSON's Infinity
+        raise ValueError(f"seed {record['seed']!r} is not an integer") from None
     return ToolContext(task_id=str(record.get("task_id", "")),
                        episode_id=str(record.get("episode_id", "")),
-                       seed=int(record.get("seed", 0)),
+                       seed=seed,
                        allowed_documents=None if documents is None else frozenset(documents),
                        observations=tuple(map(str, record.get("observations", ()))),
                        task=None if task is None else task_from_json(task, "context.task"))
