@@ -14,7 +14,8 @@ Answer = tuple[int, Any, Mapping[str, str]] | None
 
 
 class JSONServer:
-    """Answers every POST with ``answer(path, headers, body)`` (the body decoded from JSON);
+    """Answers every POST with ``answer(path, headers, body)`` (the body decoded from JSON; the
+    reply JSON unless its headers name another ``Content-Type``);
     ``url`` is ``http://127.0.0.1:PORT`` plus ``url_path``. A context manager, or ``stop()``."""
 
     def __init__(self, answer: Callable[[str, Mapping[str, str], Any], Answer],
@@ -30,7 +31,8 @@ class JSONServer:
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Type", "application/json")
+                if "Content-Type" not in headers:  # e.g. text/event-stream for a stream
+                    self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -1,7 +1,9 @@
-"""JSON over HTTP with the project's rules for external calls: a timeout on every request, a
-bounded retry with exponential backoff (and jitter) on connection errors, timeouts, 408, 429 and
-5xx, an immediate clear error on other 4xx, and an API key read from the environment that never
-appears in logs, reprs or errors.
+"""JSON over HTTP with the project's rules for external calls: a timeout on every request (and
+a bound of its own on connecting), a bounded retry with exponential backoff (and jitter) on
+connection errors, timeouts, 408, 429 and 5xx, an immediate clear error on other 4xx, a circuit
+breaker and a retry budget per endpoint (:mod:`nemo_orch.clients.breaker`), and an API key read
+from the environment that never appears in logs, reprs or errors. Every failure has its
+:class:`~nemo_orch.call_kinds.CallKind` (:attr:`HTTPError.kind`).
 
 Used by every client the project has: OpenAI-compatible servers, Tavily web search and remote
 tool endpoints.
@@ -19,9 +21,16 @@ from typing import Any
 
 import httpx
 
+from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients.breaker import EndpointGuard, GuardSettings
+from nemo_orch.clients.sse import event_data
+
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Refusals of what a request carried (its parameters, its size, its content): the same endpoint
+# takes other requests. Any other 4xx (401, 403, 404, ...) refuses every request alike.
+REFUSAL_STATUSES = frozenset({400, 413, 422})
 
 
 class HTTPError(RuntimeError):
@@ -30,6 +39,14 @@ class HTTPError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def kind(self) -> CallKind:
+        """``refused`` for a request refused for what it carried (:data:`REFUSAL_STATUSES`);
+        ``infra_error`` for the rest: no answer, a timeout, 5xx or 429 after the retries, an
+        open circuit, an endpoint that refuses every request (401, 403, 404), a reply that is
+        not what the protocol answers."""
+        return CallKind.REFUSED if self.status in REFUSAL_STATUSES else CallKind.INFRA_ERROR
 
 
 # The exception line of a Python traceback: ``package.module.SomeError: message``.
@@ -62,27 +79,34 @@ class JSONClient:
     ``Authorization: Bearer``; it is read at the first request, so an unset variable is an error
     of that request (naming the variable), not of construction. Usable from several event loops
     in turn (each gets its own connection pool), so sync callers may use ``asyncio.run``.
-    ``error_type`` is the exception raised (a subclass of :class:`HTTPError` or any class taking
-    ``(message, status)``). ``max_in_flight`` bounds the requests sent at once (per event loop;
-    the others wait their turn): how an evaluation keeps a bound per endpoint. ``retry_also``
-    names more refusals to retry (e.g. a server up but still loading what it serves).
+    ``error_type`` is the exception raised (a subclass of :class:`HTTPError`).
+    ``max_in_flight`` bounds the requests sent at once (per event loop; the others wait their
+    turn): how an evaluation keeps a bound per endpoint. ``retry_also`` names more refusals to
+    retry (e.g. a server up but still loading what it serves).
+    ``connect_timeout_s`` bounds connecting, apart from ``timeout_s`` (a slow model's long
+    replies need not make an unreachable host slow to fail); ``guard`` is the endpoint's
+    circuit breaker and retry budget (:mod:`nemo_orch.clients.breaker`).
     """
 
-    error_type: type[Exception] = HTTPError
+    error_type: type[HTTPError] = HTTPError
     retry_also: Callable[[httpx.Response], bool] = staticmethod(lambda response: False)
 
     def __init__(self, base_url: str, *, api_key_env: str | None = None, timeout_s: float = 60.0,
                  max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
-                 seed: int | None = None, max_in_flight: int | None = None) -> None:
-        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0 or max_backoff_s < backoff_s:
-            raise ValueError("need max_retries >= 0, timeout_s > 0 and "
+                 seed: int | None = None, max_in_flight: int | None = None,
+                 connect_timeout_s: float = 10.0,
+                 guard: GuardSettings = GuardSettings()) -> None:
+        if (max_retries < 0 or timeout_s <= 0 or connect_timeout_s <= 0 or backoff_s < 0
+                or max_backoff_s < backoff_s):
+            raise ValueError("need max_retries >= 0, timeout_s > 0, connect_timeout_s > 0 and "
                              "0 <= backoff_s <= max_backoff_s")
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError("max_in_flight must be None or >= 1")
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
-        self.timeout_s = timeout_s
+        self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_retries = max_retries
+        self.guard = EndpointGuard(guard)
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self._rng = random.Random(seed)
         self._api_key: str | None = None
@@ -111,8 +135,10 @@ class JSONClient:
         if loop not in self._clients:
             key = self._key()
             headers = {"Authorization": f"Bearer {key}"} if key else {}
+            timeout = httpx.Timeout(self.timeout_s,
+                                    connect=min(self.connect_timeout_s, self.timeout_s))
             self._clients[loop] = httpx.AsyncClient(base_url=self.base_url, headers=headers,
-                                                    timeout=self.timeout_s)
+                                                    timeout=timeout)
         return self._clients[loop]
 
     async def aclose(self) -> None:
@@ -143,7 +169,9 @@ class JSONClient:
 
     async def request(self, method: str, path: str,
                       payload: Mapping[str, Any] | None = None) -> Any:
-        """One JSON request under the retry policy; the decoded JSON body on success."""
+        """One JSON request under the retry policy; the decoded JSON body on success (a reply
+        streamed as server-sent events: its events' data, an
+        :class:`~nemo_orch.clients.sse.EventStream`)."""
         if self.max_in_flight is None:
             return await self._request(method, path, payload)
         loop = asyncio.get_running_loop()
@@ -163,19 +191,44 @@ class JSONClient:
 
     async def _request(self, method: str, path: str,
                        payload: Mapping[str, Any] | None) -> Any:
+        """One request under the endpoint's guard: refused at once while its circuit is open;
+        its end (an answer, a failure for good, neither) reported to the guard."""
         url = f"{self.base_url}/{path.lstrip('/')}"
+        closed = self.guard.admit()
+        if closed is not None:
+            raise self.error_type(self.scrub(f"{method} {url} not sent: {closed}"), None)
+        try:
+            body = await self._attempts(method, path, url, payload)
+        except HTTPError as error:
+            if error.status is None or error.status in RETRY_STATUSES:
+                self.guard.failed(str(error)[:300])
+            else:  # the server answered, if with a refusal or a body that is not JSON
+                self.guard.answered()
+            raise
+        except BaseException:
+            self.guard.abandoned()
+            raise
+        self.guard.answered()
+        return body
+
+    async def _attempts(self, method: str, path: str, url: str,
+                        payload: Mapping[str, Any] | None) -> Any:
         client = self._client()
         for attempt in range(self.max_retries + 1):
             response = None
             try:
                 async with asyncio.timeout(self.timeout_s):
                     response = await client.request(method, path.lstrip("/"), json=payload)
-            except (TimeoutError, httpx.TimeoutException):
-                problem = f"timed out after {self.timeout_s:g} s"
+            except (TimeoutError, httpx.TimeoutException) as error:
+                problem = (f"no connection within {self.connect_timeout_s:g} s"
+                           if isinstance(error, httpx.ConnectTimeout)
+                           else f"timed out after {self.timeout_s:g} s")
             except httpx.TransportError as error:  # connect errors, dropped connections
                 problem = f"{type(error).__name__}: {error}"
             else:
                 if response.status_code < 400:
+                    if response.headers.get("content-type", "").startswith("text/event-stream"):
+                        return event_data(response.text)
                     try:
                         return response.json()
                     except ValueError:
@@ -187,10 +240,17 @@ class JSONClient:
                     raise self.refusal(response, payload) or self.error_type(
                         self.scrub(f"{method} {url} failed with {problem}"),
                         response.status_code)
+            status = response.status_code if response is not None else None
+            attempts = f"{attempt + 1} attempt{'s' * bool(attempt)}"
             if attempt == self.max_retries:
                 raise self.error_type(self.scrub(
-                    f"{method} {url} failed after {attempt + 1} attempts; last error: {problem}"),
-                    response.status_code if response is not None else None)
+                    f"{method} {url} failed after {attempts}; last error: {problem}"), status)
+            if self.guard.is_open or not self.guard.may_retry():
+                why = ("its circuit opened meanwhile" if self.guard.is_open
+                       else "the endpoint's retry budget is spent")
+                raise self.error_type(self.scrub(
+                    f"{method} {url} failed after {attempts}, not retried: {why}; "
+                    f"last error: {problem}"), status)
             delay = self._delay(attempt, response)
             log.warning("%s %s: %s; retry %d/%d in %.2f s", method, url, self.scrub(problem),
                         attempt + 1, self.max_retries, delay)

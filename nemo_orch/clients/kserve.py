@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from nemo_orch.clients.breaker import GuardSettings
 from nemo_orch.clients.http import HTTPError, JSONClient, error_message
 
 # Every model of the project's Triton servers answers this output too: empty, or why the
@@ -38,14 +39,17 @@ def _loading(response: httpx.Response) -> bool:
 
 
 class KServeClient:
-    """Rows in, rows out, for one model at ``base_url`` (``http://host:port``)."""
+    """Rows in, rows out, for one model at ``base_url`` (``http://host:port``), under the
+    endpoint's ``guard`` (:mod:`nemo_orch.clients.breaker`)."""
 
     def __init__(self, base_url: str, model: str, *, timeout_s: float = 60.0,
                  max_retries: int = 2, max_in_flight: int | None = None,
-                 api_key_env: str | None = None) -> None:
+                 api_key_env: str | None = None,
+                 guard: GuardSettings = GuardSettings()) -> None:
         self.model = model
         self.client = JSONClient(base_url, timeout_s=timeout_s, max_retries=max_retries,
-                                 max_in_flight=max_in_flight, api_key_env=api_key_env)
+                                 max_in_flight=max_in_flight, api_key_env=api_key_env,
+                                 guard=guard)
         self.client.error_type = KServeError
         self.client.retry_also = _loading
 

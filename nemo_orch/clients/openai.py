@@ -8,6 +8,9 @@ Replies are read as the OpenAI API defines them, whatever a server sends: a shap
 is parsed (content as a list of content parts, a null content beside tool calls, no usage, tool
 call arguments sent as an object, as some vLLM versions do); any other is a
 :class:`MalformedReply` naming the endpoint and what was wrong, an error of that call only.
+A reply streamed as server-sent events (asked for with the dialect's ``stream``, or sent so by
+a server or proxy that only streams) is gathered chunk by chunk into the reply it stands for:
+content and tool-call deltas joined, the last finish reason, the usage of the final chunk.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import httpx
 
 from nemo_orch.clients.http import HTTPError, JSONClient, error_message
+from nemo_orch.clients.sse import EventStream
 from nemo_orch.config.base import ConfigError
 from nemo_orch.config.dialect import DEFAULT_DIALECT, DIALECT_PRESETS, Dialect, parse_dialect
 
@@ -131,6 +135,7 @@ class OpenAIClient(JSONClient):
             **(sampling if dialect.sampling else {})}
         payload = {key: value for key, value in payload.items() if value is not None}
         payload.update(dialect.extra_body)
+        payload.update(self._streaming())
         payload.update(extra or {})
         start = time.monotonic()
         body = await self.request("POST", "chat/completions", payload)
@@ -139,11 +144,17 @@ class OpenAIClient(JSONClient):
     async def completions(self, prompt: str | list[int], *, model: str | None = None,
                           **fields: Any) -> Completion:
         """``POST /completions`` with the given request fields and the dialect's
-        ``extra_body``. (The completions API caps replies with ``max_tokens`` whatever the
-        dialect.)"""
+        ``extra_body`` (and ``stream``). (The completions API caps replies with ``max_tokens``
+        whatever the dialect.)"""
         return self.read_completion(await self.request("POST", "completions", {
             "model": self._model(model), "prompt": prompt, **fields,
-            **self.dialect.extra_body}))
+            **self.dialect.extra_body, **self._streaming()}))
+
+    def _streaming(self) -> dict[str, Any]:
+        """The request fields of a dialect that streams: the reply as server-sent events, the
+        usage in its last chunk."""
+        return ({"stream": True, "stream_options": {"include_usage": True}}
+                if self.dialect.stream else {})
 
     async def request(self, method: str, path: str,
                       payload: Mapping[str, Any] | None = None) -> Any:
@@ -160,17 +171,23 @@ class OpenAIClient(JSONClient):
 
     def read_chat(self, body: Any, *, model: str, latency_s: float) -> ChatResult:
         """The :class:`ChatResult` of a ``/chat/completions`` reply's decoded ``body``
-        (``model``: the one asked for, where the reply names none); a :class:`MalformedReply`
+        (``model``: the one asked for, where the reply names none; a streamed reply's
+        :class:`~nemo_orch.clients.sse.EventStream`, gathered); a :class:`MalformedReply`
         where the body departs from the shapes the OpenAI API allows."""
         try:
+            if isinstance(body, EventStream):
+                body = _gathered_chat(_chunks(body))
             return _chat_result(body, model, latency_s)
         except _Departure as departure:
             raise self._malformed("chat/completions", str(departure)) from None
 
     def read_completion(self, body: Any) -> Completion:
-        """The :class:`Completion` of a ``/completions`` reply's decoded ``body``; a
-        :class:`MalformedReply` where it departs from the shapes the OpenAI API allows."""
+        """The :class:`Completion` of a ``/completions`` reply's decoded ``body`` (a streamed
+        reply's events, gathered); a :class:`MalformedReply` where it departs from the shapes
+        the OpenAI API allows."""
         try:
+            if isinstance(body, EventStream):
+                body = _gathered_completion(_chunks(body))
             return _completion(body)
         except _Departure as departure:
             raise self._malformed("completions", str(departure)) from None
@@ -180,15 +197,17 @@ class OpenAIClient(JSONClient):
         """A 400 naming a parameter this request sent as configured (not the conversation):
         the endpoint refuses how it is asked."""
         parameter = _refused_parameter(response)
-        if (response.status_code != 400 or parameter not in (payload or {})
-                or parameter in _PER_CALL_FIELDS):
+        # A model that only streams refuses ``stream`` unsent (or false) on every call alike.
+        if (response.status_code != 400 or parameter in _PER_CALL_FIELDS
+                or (parameter not in (payload or {}) and parameter != "stream")):
             return None
         where = f"{self.name}: " if self.name else ""
         return EndpointRefusal(self.scrub(
             f"{where}the endpoint {self.base_url} (model {self.model}) refuses the request "
             f"parameter {parameter!r} ({error_message(response)}); declare how it is asked "
             f"with its dialect (presets: {', '.join(DIALECT_PRESETS)}; OpenAI's reasoning "
-            "models take dialect: openai-reasoning)"))
+            "models take dialect: openai-reasoning; a model that only streams, "
+            "dialect: {stream: true})"))
 
     def _malformed(self, path: str, problem: str, status: int | None = None) -> MalformedReply:
         where = f"{self.name}: " if self.name else ""
@@ -378,6 +397,120 @@ def _completion(body: Any) -> Completion:
                       tokens=tokens, token_logprobs=[float(value) for value in values],
                       prompt_tokens=None if usage.get("prompt_tokens") is None
                       else _count(usage, "prompt_tokens", "usage"))
+
+
+def _chunks(events: EventStream) -> list[dict[str, Any]]:
+    """A stream's chunks: each event's data a JSON object; one carrying an ``error`` (how
+    OpenAI-compatible servers report a failure mid-stream) is the reply's departure."""
+    if not events:
+        raise _Departure("the event stream carries no chunk")
+    chunks = []
+    for index, data in enumerate(events):
+        try:
+            chunk = json.loads(data)
+        except (ValueError, RecursionError):
+            raise _Departure(f"event {index} of the stream is not JSON: {data[:100]!r}") from None
+        chunk = _object(chunk, f"event {index} of the stream")
+        if chunk.get("error") is not None:
+            error = chunk["error"]
+            message = error.get("message", error) if isinstance(error, dict) else error
+            raise _Departure(f"the stream carries an error at event {index}: "
+                             f"{str(message)[:200]}")
+        chunks.append(chunk)
+    return chunks
+
+
+def _streamed_choice(chunk: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A chunk's first choice (None: a chunk of no choices, as the usage's last one)."""
+    choices = chunk.get("choices")
+    if choices is None or choices == []:
+        return None
+    if not isinstance(choices, list):
+        raise _Departure(f"{where}.choices is {_kind(choices)}, not a list")
+    return _object(choices[0], f"{where}.choices[0]")
+
+
+def _joined(parent: dict[str, Any], key: str, where: str, into: list[str]) -> None:
+    """Add ``parent[key]`` (a string, or null) to ``into``."""
+    into.append(_string(parent, key, where))
+
+
+def _gathered_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``/chat/completions`` reply a stream of chunks stands for (its first choice)."""
+    content: list[str] = []
+    refusal: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish, usage, model = None, None, None
+    for index, chunk in enumerate(chunks):
+        where = f"chunk {index}"
+        model = model or chunk.get("model")
+        usage = chunk.get("usage") or usage
+        choice = _streamed_choice(chunk, where)
+        if choice is None:
+            continue
+        finish = choice.get("finish_reason") or finish
+        # A proxy that wraps a whole reply in one event sends its message, not a delta.
+        delta = choice.get("delta", choice.get("message"))
+        delta = {} if delta is None else _object(delta, f"{where}.choices[0].delta")
+        part, refused = _content(delta.get("content"), f"{where}.choices[0].delta.content")
+        content.append(part)
+        refusal.append(refused)
+        _joined(delta, "refusal", f"{where}.choices[0].delta", refusal)
+        streamed = delta.get("tool_calls")
+        if streamed is None:
+            continue
+        if not isinstance(streamed, list):
+            raise _Departure(f"{where}.choices[0].delta.tool_calls is {_kind(streamed)}, "
+                             "not a list")
+        for position, piece in enumerate(streamed):
+            piece_at = f"{where}.choices[0].delta.tool_calls[{position}]"
+            piece = _object(piece, piece_at)
+            slot = piece.get("index", position)
+            if not isinstance(slot, int) or isinstance(slot, bool):
+                raise _Departure(f"{piece_at}.index is {_kind(slot)}, not an integer")
+            call = calls.setdefault(slot, {"id": None, "type": "function",
+                                           "function": {"name": "", "arguments": ""}})
+            call["id"] = piece.get("id") or call["id"]
+            call["type"] = piece.get("type") or call["type"]
+            function = piece.get("function")
+            function = {} if function is None else _object(function, f"{piece_at}.function")
+            name = _string(function, "name", f"{piece_at}.function")
+            arguments = function.get("arguments")
+            if arguments is not None and not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False)  # an object, at once
+            call["function"]["name"] += name
+            call["function"]["arguments"] += arguments or ""
+    message = {"role": "assistant", "content": "".join(content) or None,
+               "refusal": "".join(refusal) or None,
+               "tool_calls": [calls[slot] for slot in sorted(calls)] or None}
+    return {"model": model, "usage": usage,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+
+
+def _gathered_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``/completions`` reply a stream of chunks stands for (its first choice)."""
+    text: list[str] = []
+    tokens: list[Any] = []
+    values: list[Any] = []
+    finish, usage = None, None
+    for index, chunk in enumerate(chunks):
+        where = f"chunk {index}"
+        usage = chunk.get("usage") or usage
+        choice = _streamed_choice(chunk, where)
+        if choice is None:
+            continue
+        finish = choice.get("finish_reason") or finish
+        _joined(choice, "text", f"{where}.choices[0]", text)
+        logprobs = choice.get("logprobs")
+        logprobs = {} if logprobs is None else _object(logprobs, f"{where}.choices[0].logprobs")
+        tokens += _list_of(logprobs, "tokens", f"{where}.choices[0].logprobs", (str,),
+                           "strings")
+        values += _list_of(logprobs, "token_logprobs", f"{where}.choices[0].logprobs",
+                           (int, float), "numbers")
+    return {"usage": usage, "choices": [{"index": 0, "text": "".join(text),
+                                         "finish_reason": finish,
+                                         "logprobs": {"tokens": tokens,
+                                                      "token_logprobs": values}}]}
 
 
 def run_sync(coroutine: Any) -> Any:

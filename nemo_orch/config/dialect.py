@@ -11,6 +11,7 @@ ToolScale synthesizer) declares its dialect, as a preset's name or a mapping of
     dialect: openai-reasoning
     dialect: {preset: openai-reasoning, reasoning_effort: high}
     dialect: {preset: vllm, extra_body: {chat_template_kwargs: {enable_thinking: false}}}
+    dialect: {preset: vllm, stream: true}     # a model or proxy that only streams
 
 An endpoint that still refuses a parameter stops the run with the parameter and the endpoint
 named (:class:`nemo_orch.clients.openai.EndpointRefusal`), rather than turning every call into
@@ -31,7 +32,8 @@ OUTPUT_CAPS = ("max_tokens", "max_completion_tokens")
 # they take it, and simulated endpoints reply by it.
 SAMPLING_PARAMETERS = ("temperature", "top_p", "stop")
 # Fields every request sets itself; extra_body may not replace them.
-_REQUEST_FIELDS = frozenset({"model", "messages", "prompt", "tools", "stream", "seed",
+_REQUEST_FIELDS = frozenset({"model", "messages", "prompt", "tools", "stream",
+                             "stream_options", "seed",
                              "reasoning_effort", *OUTPUT_CAPS, *SAMPLING_PARAMETERS})
 
 
@@ -40,19 +42,23 @@ class Dialect:
     """``output_cap``: the request field that caps the reply's tokens; ``sampling``: whether
     sampling parameters (:data:`SAMPLING_PARAMETERS`) may be sent (when not, they are left out
     whatever the caller asks); ``reasoning_effort``: sent as is (null: the server's default);
-    ``extra_body``: more fields merged into every request."""
+    ``extra_body``: more fields merged into every request; ``stream``: ask for the reply as
+    server-sent events (``stream: true``, with the usage in the last chunk), for models and
+    proxies that only stream. A streamed reply is read whole either way, asked for or not."""
 
     output_cap: str = "max_tokens"
     sampling: bool = True
     reasoning_effort: str | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    stream: bool = False
 
     def __post_init__(self) -> None:
         if self.output_cap not in OUTPUT_CAPS:
             raise ConfigError(f"output_cap must be one of {'|'.join(OUTPUT_CAPS)}, got "
                               f"{self.output_cap!r}")
-        if not isinstance(self.sampling, bool):
-            raise ConfigError(f"sampling must be true or false, got {self.sampling!r}")
+        if not isinstance(self.sampling, bool) or not isinstance(self.stream, bool):
+            raise ConfigError(f"sampling and stream must be true or false, got "
+                              f"{self.sampling!r} and {self.stream!r}")
         if self.reasoning_effort is not None and not (
                 isinstance(self.reasoning_effort, str) and self.reasoning_effort):
             raise ConfigError(f"reasoning_effort must be a name (e.g. low, medium, high), got "
@@ -62,7 +68,8 @@ class Dialect:
         taken = sorted(_REQUEST_FIELDS & set(self.extra_body))
         if taken:
             raise ConfigError(f"extra_body may not set {', '.join(taken)}: the request sets them "
-                              "(the cap is output_cap, sampling parameters follow sampling)")
+                              "(the cap is output_cap, sampling parameters follow sampling, "
+                              "streaming is stream)")
 
 
 DIALECT_PRESETS: dict[str, Dialect] = {

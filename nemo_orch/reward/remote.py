@@ -78,16 +78,20 @@ class RemoteOutcomeScorer:
     server. The ``score`` calls made together (a ``score_groups`` call gathers a whole batch of
     groups; concurrent callers add theirs) go in requests of up to ``batch_size`` answers: the
     server's per-request cost (milliseconds in PyTriton's proxy) is paid per request, not per
-    answer. ``batch_size`` must not exceed the server's ``serve.max_batch_size``."""
+    answer. ``batch_size`` must not exceed the server's ``serve.max_batch_size``. No circuit
+    breaker or retry budget cuts its requests short: a run cannot train without rewards, so
+    they wait out a restarting server within their retries."""
 
     def __init__(self, endpoint: str, *, timeout_s: float, max_retries: int,
                  max_in_flight: int | None = None, batch_size: int = 64) -> None:
+        from nemo_orch.clients.breaker import UNGUARDED
         from nemo_orch.clients.kserve import KServeClient
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.client = KServeClient(endpoint, REWARD_MODEL, timeout_s=timeout_s,
-                                   max_retries=max_retries, max_in_flight=max_in_flight)
+                                   max_retries=max_retries, max_in_flight=max_in_flight,
+                                   guard=UNGUARDED)
         self.batch_size = batch_size
         # Answers waiting for the next request, per event loop (futures belong to one loop).
         self._waiting: weakref.WeakKeyDictionary[
