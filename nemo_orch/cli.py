@@ -29,6 +29,7 @@ TRAINING_COMMANDS = ("train", "sft", "grpo", "dpo")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from nemo_orch.call_kinds import InfrastructureError
     from nemo_orch.data.conversations import DataError
     from nemo_orch.clients.http import HTTPError
     from nemo_orch.models.checkpoint import CheckpointError
@@ -37,7 +38,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from nemo_orch.tools.base import ToolError
 
     return (config_lib.ConfigError, CheckpointError, DataError, TokenizerError, ToolError,
-            EngineError, HTTPError, FileNotFoundError)
+            EngineError, HTTPError, InfrastructureError, FileNotFoundError)
 
 
 def _launch_workers(config: Config) -> int | None:
@@ -355,12 +356,23 @@ def cmd_eval(config: Config, args: argparse.Namespace) -> int:
     print(f"eval: {summary.benchmark}, {len(summary.systems)} systems in "
           f"{summary.seconds:.1f} s -> {summary.report.parent}")
     print(f"  {'system':16} {'tasks':>6} {'accuracy':>9} {'95% CI':>13} {'usd/task':>10} "
-          f"{'s/task':>7} {'calls':>6} {'judge.err':>9}")
+          f"{'s/task':>7} {'calls':>6} {'failed':>6} {'infra':>5} {'judge.err':>9}")
+
+    def figure(value: float | None, width: int, digits: int) -> str:
+        return f"{'n/a':>{width}}" if value is None else f"{value:{width}.{digits}f}"
+
     for name, row in summary.systems.items():
         low, high = row["accuracy_ci95"]
-        print(f"  {name:16} {row['tasks']:6d} {row['accuracy']:9.3f} {low:6.3f}-{high:<6.3f} "
-              f"{row['usd_per_task']:10.6f} {row['seconds_per_task']:7.2f} "
-              f"{row['calls_per_task']:6.2f} {row['judge_errors']:9d}")
+        print(f"  {name:16} {row['tasks']:6d} {figure(row['accuracy'], 9, 3)} "
+              f"{low:6.3f}-{high:<6.3f} {figure(row['usd_per_task'], 10, 6)} "
+              f"{figure(row['seconds_per_task'], 7, 2)} {figure(row['calls_per_task'], 6, 2)} "
+              f"{row['failed_calls_per_task']:6.2f} {row['infra_decided']:5d} "
+              f"{row['judge_errors']:9d}")
+    decided = sum(row["infra_decided"] for row in summary.systems.values())
+    if decided:
+        print(f"  {decided} episodes decided by infrastructure failures, left out of accuracy "
+              f"and listed in {summary.report.parent / 'report.md'}; run the same command "
+              "again to run them again")
     return 0
 
 

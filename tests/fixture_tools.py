@@ -130,5 +130,4 @@ class ExpertOnTheQuestion(BaseTool):
         await self.expert.close()
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        _, result = await self.expert.ask(arguments["model"], context.task.question)
-        return result
+        return await self.expert.ask(arguments["model"], context.task.question)

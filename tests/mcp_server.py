@@ -1,14 +1,18 @@
 """A real MCP server written with the SDK (FastMCP), for the tests: ``python tests/mcp_server.py
 stdio`` or ``... http PORT``. Its tools add, fail (an error result), sleep (for timeouts),
-whoami (the bearer token the HTTP client sent), die (exits the process: a crashed server) and
-reshape (adds the tool triple, removes sleep, and says the tool list changed)."""
+whoami (the bearer token the HTTP client sent), die (exits the process: a crashed server),
+reshape (adds the tool triple, removes sleep, and says the tool list changed), picture (an
+image and no text) and captioned (a caption and an image). ``FIXTURE_START_DELAY`` seconds
+pass before it serves (a slow start)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
+import time
 
-from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp import Context, FastMCP, Image
 
 server = FastMCP("fixture", host="127.0.0.1", port=int(sys.argv[2]) if len(sys.argv) > 2 else 0,
                  log_level="WARNING")
@@ -70,5 +74,23 @@ async def reshape(ctx: Context) -> str:
     return "reshaped"
 
 
+# A 1x1 PNG (70 bytes).
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx"
+                       "0gAAAABJRU5ErkJggg==")
+
+
+@server.tool()
+def picture() -> Image:
+    """A picture, no text."""
+    return Image(data=PNG, format="png")
+
+
+@server.tool()
+def captioned() -> list:
+    """A caption and a picture."""
+    return ["a red dot", Image(data=PNG, format="png")]
+
+
 if __name__ == "__main__":
+    time.sleep(float(os.environ.get("FIXTURE_START_DELAY", "0")))
     server.run(transport="stdio" if sys.argv[1] == "stdio" else "streamable-http")

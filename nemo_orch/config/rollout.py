@@ -118,6 +118,11 @@ class RolloutConfig:
     # Check each turn that the kept tokens decode to the chat template's rendering (never
     # re-tokenized).
     check_template: bool = True
+    # The most of a training step's episodes that failures outside the policy may decide (an
+    # infra_error call, a failing user or policy endpoint, a judge that could not score): such
+    # episodes are masked out of their groups and the loss; past this share the step stops,
+    # naming the failing endpoints, rather than train on what is left (nemo_orch/call_kinds.py).
+    max_infra_error_rate: float = 0.2
     backend: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -160,3 +165,5 @@ class RolloutConfig:
                  f"rollout.multiple_calls must be first|parallel, got {self.multiple_calls!r}")
         _require(self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
                  "rollout prices must be >= 0")
+        _require(0 <= self.max_infra_error_rate <= 1,
+                 "rollout.max_infra_error_rate must be in [0, 1]")

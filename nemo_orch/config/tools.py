@@ -38,11 +38,17 @@ class McpServerConfig:
     latencies: dict[str, float] = field(default_factory=dict)
     # The modeled seconds of a tool without a latency of its own.
     latency_hint_s: float = 1.0
-    # Seconds a call may take, and connecting the server too.
+    # Seconds a call may take.
     timeout_s: float = 60.0
-    # Times a lost connection (a server that died) is made again, counted over the toolbox's
-    # life; past them every call of the server's tools is an error observation.
+    # Seconds connecting may take (a stdio server's start, the HTTP handshake), apart from a
+    # call's timeout_s.
+    connect_timeout_s: float = 30.0
+    # Times in a row a failed or lost connection is made again; past them the server is left
+    # alone for cooldown_s (its tools' calls fail at once, as infra_error), then tried again. A
+    # call the server answers resets the count.
     restarts: int = 3
+    # Seconds a server whose restarts in a row are used up is left alone.
+    cooldown_s: float = 30.0
     # The server is an orchestrator (`nemo-orch serve mcp`): each call is billed its episode's
     # ledger.cost_usd on top of the per-call price, and the episode is kept with the caller's.
     orchestrator: bool = False
@@ -54,10 +60,13 @@ class McpServerConfig:
                  f"tools.mcp.{self.name}: give command (stdio) or url (streamable HTTP), one")
         _require(self.url is None or self.url.startswith(("http://", "https://")),
                  f"tools.mcp.{self.name}.url must be an http(s) URL, got {self.url!r}")
-        _require(self.timeout_s > 0 and self.latency_hint_s >= 0 and self.per_call_usd >= 0
+        _require(self.timeout_s > 0 and self.connect_timeout_s > 0 and self.latency_hint_s >= 0
+                 and self.per_call_usd >= 0
                  and all(v >= 0 for v in [*self.prices.values(), *self.latencies.values()]),
-                 f"tools.mcp.{self.name}: timeout_s must be > 0, prices and latencies >= 0")
-        _require(self.restarts >= 0, f"tools.mcp.{self.name}.restarts must be >= 0")
+                 f"tools.mcp.{self.name}: timeout_s and connect_timeout_s must be > 0, prices "
+                 "and latencies >= 0")
+        _require(self.restarts >= 0 and self.cooldown_s >= 0,
+                 f"tools.mcp.{self.name}.restarts and cooldown_s must be >= 0")
 
 
 @dataclass

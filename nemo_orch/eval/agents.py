@@ -6,11 +6,14 @@ token and call, so all systems are scored and reported the same way.
   or any OpenAI-compatible endpoint) through the episode runner, as in training.
 * ``fixed:cheapest``, ``fixed:strongest``, ``random``: hand every task to one model of the
   expert tool: its cheapest, its most expensive (the "always the frontier model" baseline), or
-  one drawn per task; then answer with the expert's reply. Routers are rules, not models: their
-  own turns cost nothing.
+  one drawn per task; then answer with the expert's reply. On ToolOrchestra's interface they
+  call the tools of the task's family (an offline task's), or ``answer`` alone for a task of
+  no family (a QA file's). Routers are rules, not models: their own turns cost nothing.
 * ``monolith``: one chat model with the basic tools (:class:`~nemo_orch.eval.chat_agent.ChatAgent`).
 * ``gold-replay``: the task's gold actions, each by its requestor, then every fact the user must
-  be told. It checks tools and scorer, not a model: every task should pass.
+  be told. It checks tools and scorer, not a model: every task should pass. An action that
+  fails (any call kind but ``ok``) makes its episode ``gold_error``: counted and listed by the
+  report, left out of accuracy, never a demonstration.
 * ``naive-routers``: the offline world's naive routers in the shares of ``data.demo_routers``
   (:func:`~nemo_orch.envs.offline.world.naive_routes`), each task's route carried out through
   the real tools; their correct episodes are the main job's SFT demonstrations.
@@ -68,12 +71,10 @@ class PolicyAgent:
 def expert_prices(toolbox: Toolbox) -> dict[str, dict[str, float]]:
     """The models a fixed router chooses from, by tool, each by its output-token price (USD per
     token, which ranks them): on ToolOrchestra's interface, the aliases of ``search``,
-    ``enhance_reasoning`` and ``answer``; else the expert tool's."""
-    if orchestra.offers(toolbox.tools):
-        writers = orchestra.Writers.of(toolbox)
-        pricing = {tool: writers.experts[tool].pricing for tool in writers.experts}
-    else:
-        pricing = {EXPERT_TOOL: getattr(toolbox.tools.get(EXPERT_TOOL), "pricing", None)}
+    ``enhance_reasoning`` and ``answer`` (simulated experts or served ones alike); else the
+    expert tool's."""
+    tools = (orchestra.TOOLS if orchestra.offers(toolbox.tools) else (EXPERT_TOOL,))
+    pricing = {tool: getattr(toolbox.tools.get(tool), "pricing", None) for tool in tools}
     if not all(pricing.values()):
         raise ConfigError(f"the fixed routers hand tasks to the models of the tool "
                           f"{EXPERT_TOOL!r} or of the answer tool, which these tools lack "
@@ -110,7 +111,8 @@ class RouterAgent:
 
     def route(self, task: Task, seed: int) -> tuple[tuple[str, dict[str, Any]], ...]:
         tools = ((EXPERT_TOOL,) if EXPERT_TOOL in self.prices
-                 else orchestra.FAMILY_SHAPES[task.metadata["family"]])
+                 else orchestra.FAMILY_SHAPES.get(task.metadata.get("family"),
+                                                  (orchestra.ANSWER,)))
         calls = []
         for tool in tools:
             arguments: dict[str, Any] = {"model": choose_expert(self.kind, self.prices[tool],
@@ -162,7 +164,9 @@ class GoldReplayAgent:
     user-side tools), one turn each, then the closing message. Its messages are the
     conversation an assistant would have had (each of its calls as the policy writes one, the
     tool's output, then the closing message as the answer), so its correct episodes can be SFT
-    demonstrations; the user's own actions are not the assistant's to write, and stay out."""
+    demonstrations; the user's own actions are not the assistant's to write, and stay out.
+    Every action runs; one that fails ends the episode as ``gold_error`` (the gold plan and
+    the tools disagree: nothing to score or to learn from)."""
 
     def __init__(self, plan: Callable[[Task], GoldPlan], toolbox: Toolbox,
                  user_toolbox: Toolbox | None = None) -> None:
@@ -193,6 +197,7 @@ class GoldReplayAgent:
         turns.append(TurnRecord(len(turns), 0, 0, 0.0, 0.0, "stop"))
         messages.append({"role": "assistant", "content": f"<answer>{plan.final_message}</answer>"})
         offered = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
+        failed = any(call.error is not None for turn in turns for call in turn.calls)
         return Trajectory.without_tokens(task.id, sample, seed, messages, offered.schemas(), turns,
-                                         "answer",
+                                         "gold_error" if failed else "answer",
                                          plan.final_message, time.perf_counter() - started)

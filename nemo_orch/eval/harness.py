@@ -15,8 +15,10 @@ Episode ``i`` runs with seed ``eval.seed + i`` whichever examples are left, and 
 greedy by default, so a run is deterministic for a seed. With ``eval.num_trials`` each task is
 an example that many times (trial ``t`` of task ``j`` is episode ``t * tasks + j``), each trial
 an episode of its own (its id ``<task>#<t>``, its environment, its transcript), so results do
-not depend on ``eval.concurrency``. An episode a failing user endpoint ended (``user_error``)
-is counted in the report and run again by a resumed evaluation.
+not depend on ``eval.concurrency``. An episode a failure outside the system decided (an
+``infra_error`` call, a failing user or policy endpoint, a judge that could not score it, a
+gold action that failed: :mod:`nemo_orch.call_kinds`) is listed in the report, left out of its
+accuracy, and run again by a resumed evaluation.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from nemo_orch.envs.interfaces import Oracle
 from nemo_orch.envs.offline import OfflineEnvironment
 from nemo_orch.envs.offline import orchestra
 from nemo_orch.eval.report import EpisodeResult
+from nemo_orch.reward.scoring import infra_failure
 from nemo_orch.rollout.builders import build_toolbox, rollout_settings
 from nemo_orch.rollout.episode import Trajectory, task_budget
 from nemo_orch.tools.registry import Toolbox
@@ -107,10 +110,10 @@ class EpisodeCache:
             raise ConfigError(f"{self.path} holds results of another evaluation (other "
                               "settings, tasks or seed); set eval.resume=false to start over, "
                               "or choose another eval.out_dir")
-        # An episode a failing user ended says nothing of the agent: it runs again.
+        # An episode a failure outside the agent decided says nothing of it: it runs again.
         self.records = {example_key(record["task_id"], record["trial"]): record
                         for record in kept[1:]
-                        if record["episode"]["termination"] != "user_error"}
+                        if not EpisodeResult(**record["result"]).decided_by_infrastructure}
         self._write_all(kept)  # without a cut line, so appends start on a fresh line
 
     def _write_all(self, records: list[dict[str, Any]]) -> None:
@@ -332,7 +335,7 @@ def _cache_into(cache: EpisodeCache) -> Handler:
                oracle: Oracle | None) -> None:
         result = EpisodeResult.from_trajectory(
             trajectory, scored.outcome.correct,
-            judge_error=scored.outcome.method == "judge_error",
+            infra_failure=infra_failure(trajectory, scored.outcome),
             pref_adherence=(None if oracle is None
                             else oracle.preference_adherence(task, trajectory)),
             budget_usd=task_budget(task))
@@ -386,7 +389,8 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
 def successful_episodes(config: Config, benchmark: Environment, system: System, count: int,
                         tokenizer: Any = None) -> list[Trajectory]:
     """The episodes of ``system`` on ``count`` tasks of the environment's train split that the
-    environment scores correct, in task order (the reference's positive samples for SFT).
+    environment scores correct, in task order (the reference's positive samples for SFT); never
+    one a failure outside the system decided (a gold action that failed, an endpoint down).
     Tasks are drawn with ``run.seed``, episode ``i`` runs with seed ``run.seed + i``,
     ``rollout.max_concurrent_episodes`` at once."""
     check_agents([system.kind], benchmark)
@@ -398,7 +402,7 @@ def successful_episodes(config: Config, benchmark: Environment, system: System, 
 
     def keep(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
              oracle: Oracle | None) -> None:
-        if scored.outcome.correct:
+        if scored.outcome.correct and infra_failure(trajectory, scored.outcome) is None:
             correct[index] = trajectory
 
     asyncio.run(_roll_out(system, resources, list(enumerate(tasks)),

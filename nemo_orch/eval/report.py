@@ -1,6 +1,14 @@
 """What every evaluation reports, for every system the same way: accuracy with a 95% interval,
-mean and p90 USD and seconds per task, the tool-call mix, format errors per turn, judge failures
-and, where tasks carry preference vectors, preference adherence.
+mean and p90 USD and seconds per task, the tool-call mix, format errors per turn, every call
+counted by tool and kind (:mod:`nemo_orch.call_kinds`: ``tool_error``, ``infra_error``,
+``truncated``, ...), judge failures and, where tasks carry preference vectors, preference
+adherence.
+
+An episode a failure outside the system decided (an ``infra_error`` call, a failing user or
+policy endpoint, a judge that could not score it, a gold action that failed) says nothing of the
+system: it is listed with its cause and counted (``infra_decided``) beside the accuracy, which,
+with every other per-episode figure, is over the other episodes (``scored``); a resumed
+evaluation runs it again.
 
 The reference reports accuracy only (its price table is never used). Here one
 :class:`EpisodeResult` per task and system is reduced by :func:`summarize`; :func:`write_report`
@@ -19,16 +27,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_orch.call_kinds import KINDS, CallKind, InfraFailure
+
 REPORT = "report.json"
 
 
 @dataclass(frozen=True)
 class EpisodeResult:
-    """One system's episode on one task (its trial ``trial``). ``judge_error``: the judge
-    failed, so ``correct`` is False by the protocol; it is counted apart, never silently scored
-    wrong. ``user_error``: the user's endpoint failed, which ended the episode; scored 0 as
-    tau2 scores it, and counted apart too. ``within_budget``: whether the episode kept to its
-    task's USD budget (None: the task has none)."""
+    """One system's episode on one task (its trial ``trial``). ``infra_failure``: the failure
+    outside the system that decided it (an :class:`~nemo_orch.call_kinds.InfraFailure` as a
+    mapping; None: none did), which leaves it out of accuracy; ``judge_error`` and
+    ``user_error`` name two such failures (the judge's, the user endpoint's). ``call_kinds``:
+    its calls by tool and kind. ``within_budget``: whether the episode kept to its task's USD
+    budget (None: the task has none)."""
 
     task_id: str
     correct: bool
@@ -42,21 +53,35 @@ class EpisodeResult:
     within_budget: bool | None = None
     trial: int = 0
     user_error: bool = False
+    infra_failure: dict[str, str] | None = None
+    call_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
-    def from_trajectory(cls, trajectory: Any, correct: bool, judge_error: bool = False,
+    def from_trajectory(cls, trajectory: Any, correct: bool,
+                        infra_failure: InfraFailure | None = None,
                         pref_adherence: float | None = None,
                         budget_usd: float | None = None) -> "EpisodeResult":
-        """From a :class:`~nemo_orch.rollout.episode.Trajectory`: its ledger's USD (orchestrator
-        and tools), its tool and generation seconds, calls and format errors, and whether it
-        kept to ``budget_usd`` (not ended for it, nor over it)."""
+        """From a :class:`~nemo_orch.rollout.episode.Trajectory` and the failure outside the
+        system that decided it (see :func:`nemo_orch.reward.scoring.infra_failure`): its
+        ledger's USD (orchestrator and tools), its tool and generation seconds, calls by kind
+        and format errors, and whether it kept to ``budget_usd`` (not ended for it, nor over
+        it)."""
         within = None if budget_usd is None else (trajectory.termination != "budget"
                                                   and trajectory.cost_usd <= budget_usd)
+        reason = None if infra_failure is None else infra_failure.reason
         return cls(trajectory.task_id, correct, trajectory.cost_usd,
                    trajectory.tool_seconds + trajectory.generation_seconds,
                    len(trajectory.turns), trajectory.tool_counts(),
-                   sum(trajectory.format_errors.values()), pref_adherence, judge_error, within,
-                   trajectory.sample, trajectory.termination == "user_error")
+                   sum(trajectory.format_errors.values()), pref_adherence,
+                   reason == "judge_error", within, trajectory.sample, reason == "user_error",
+                   None if infra_failure is None else asdict(infra_failure),
+                   trajectory.call_kinds())
+
+    @property
+    def decided_by_infrastructure(self) -> bool:
+        """Whether a failure outside the system decided it (a result cached before such
+        failures were recorded knows only the user's)."""
+        return self.infra_failure is not None or self.user_error
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -91,10 +116,16 @@ def pass_hat_k(trials: int, successes: int, k: int) -> float:
 
 
 def pass_hat_ks(results: Sequence[EpisodeResult]) -> dict[str, float]:
-    """pass^k for k = 1..trials, averaged over tasks (each task run ``trials`` times)."""
+    """pass^k for k = 1..trials, averaged over tasks (each task run ``trials`` times) all of
+    whose trials were scored (none decided by infrastructure); {} when no task was."""
     by_task: dict[str, list[bool]] = {}
     for result in results:
         by_task.setdefault(result.task_id, []).append(result.correct)
+    for result in results:
+        if result.decided_by_infrastructure:
+            by_task.pop(result.task_id, None)
+    if not by_task:
+        return {}
     trials = {len(outcomes) for outcomes in by_task.values()}
     if len(trials) != 1:
         raise ValueError(f"pass^k needs as many trials of every task, got {sorted(trials)}")
@@ -104,42 +135,79 @@ def pass_hat_ks(results: Sequence[EpisodeResult]) -> dict[str, float]:
             for k in range(1, count + 1)}
 
 
+def call_kind_counts(results: Sequence[EpisodeResult]) -> tuple[dict[str, int],
+                                                                 dict[str, dict[str, int]]]:
+    """The calls of ``results`` by kind (every kind, in :data:`~nemo_orch.call_kinds.KINDS`
+    order) and by tool and kind (the kinds each tool had)."""
+    by_tool: dict[str, Counter[str]] = {}
+    for result in results:
+        for tool, kinds in result.call_kinds.items():
+            by_tool.setdefault(tool, Counter()).update(kinds)
+    totals = sum(by_tool.values(), Counter())
+    return ({str(kind): totals[kind] for kind in KINDS},
+            {tool: {str(kind): kinds[kind] for kind in KINDS if kinds[kind]}
+             for tool, kinds in sorted(by_tool.items())})
+
+
 def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     """A system's numbers over its episodes (one per task, or per trial of each task:
-    ``tasks`` counts the episodes, ``pass_hat_k`` the tasks' pass^k)."""
+    ``tasks`` counts the episodes, ``pass_hat_k`` the tasks' pass^k). The episodes decided by
+    infrastructure are counted and listed (``infra_decided``, ``infra_decided_episodes``) and
+    their calls counted by kind; every other figure is over the rest (``scored``; with none,
+    accuracy and the means are None)."""
     if not results:
         raise ValueError("no episodes to summarize")
-    correct = sum(result.correct for result in results)
-    usd = [result.usd for result in results]
-    seconds = [result.seconds for result in results]
+    scored = [r for r in results if not r.decided_by_infrastructure]
+    decided = [r for r in results if r.decided_by_infrastructure]
+    correct = sum(result.correct for result in scored)
+    usd = [result.usd for result in scored]
+    seconds = [result.seconds for result in scored]
     calls: Counter[str] = Counter()
-    for result in results:
+    for result in scored:
         calls.update(result.tool_calls)
-    total_calls, turns = sum(calls.values()), sum(result.turns for result in results)
-    adherence = [r.pref_adherence for r in results if r.pref_adherence is not None]
-    budgeted = [r.within_budget for r in results if r.within_budget is not None]
-    low, high = wilson_interval(correct, len(results))
+    total_calls, turns = sum(calls.values()), sum(result.turns for result in scored)
+    adherence = [r.pref_adherence for r in scored if r.pref_adherence is not None]
+    budgeted = [r.within_budget for r in scored if r.within_budget is not None]
+    low, high = wilson_interval(correct, len(scored))
+    kinds, by_tool = call_kind_counts(results)
+
+    def mean(values: list[float]) -> float | None:
+        return statistics.mean(values) if values else None
+
     return {
-        "tasks": len(results), "correct": correct, "accuracy": correct / len(results),
+        "tasks": len(results), "scored": len(scored), "correct": correct,
+        "accuracy": correct / len(scored) if scored else None,
         "accuracy_ci95": [low, high],
-        "usd_per_task": statistics.mean(usd), "usd_p90": percentile(usd, 90),
-        "seconds_per_task": statistics.mean(seconds), "seconds_p90": percentile(seconds, 90),
-        "calls_per_task": total_calls / len(results),
+        "usd_per_task": mean(usd), "usd_p90": percentile(usd, 90) if usd else None,
+        "seconds_per_task": mean(seconds),
+        "seconds_p90": percentile(seconds, 90) if seconds else None,
+        "calls_per_task": total_calls / len(scored) if scored else None,
         "tool_mix": {name: count / total_calls for name, count in sorted(calls.items())},
-        "format_error_rate": sum(r.format_errors for r in results) / max(turns, 1),
+        "format_error_rate": sum(r.format_errors for r in scored) / max(turns, 1),
+        # Every call, of every episode, by kind and by tool and kind.
+        "call_kinds": kinds, "calls_by_tool": by_tool,
+        "failed_calls_per_task": (sum(kinds.values()) - kinds[CallKind.OK]) / len(results),
+        "infra_decided": len(decided),
+        # Which episodes a failure outside the system decided, as ``<task>@<trial>``, and how.
+        "infra_decided_episodes": [
+            {"episode": f"{r.task_id}@{r.trial}",
+             **(r.infra_failure or {"reason": "user_error", "endpoint": "the user",
+                                    "detail": ""})} for r in decided],
         "judge_errors": sum(result.judge_error for result in results),
         "user_errors": sum(result.user_error for result in results),
         # Which episodes a failing user ended, as ``<task>@<trial>``.
         "user_error_episodes": [f"{r.task_id}@{r.trial}" for r in results if r.user_error],
-        "pref_adherence": statistics.mean(adherence) if adherence else None,
+        "pref_adherence": mean(adherence),
         # The share of the episodes of tasks with a budget that kept to it (None: no budgets).
-        "within_budget": statistics.mean(budgeted) if budgeted else None,
+        "within_budget": mean(budgeted),
         "pass_hat_k": pass_hat_ks(results),
     }
 
 
-def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
-    """The systems no other beats on both cost (lower) and accuracy (higher), cheapest first."""
+def pareto_front(points: Mapping[str, tuple[float | None, float | None]]) -> list[str]:
+    """The systems no other beats on both cost (lower) and accuracy (higher), cheapest first
+    (a system with no scored episode, its point None, is on no front)."""
+    points = {name: point for name, point in points.items() if None not in point}
     front = [name for name, (usd, accuracy) in points.items()
              if not any(other_usd <= usd and other_accuracy >= accuracy
                         and (other_usd, other_accuracy) != (usd, accuracy)
@@ -147,20 +215,42 @@ def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
     return sorted(front, key=lambda name: points[name][0])
 
 
+def _figure(value: float | None, digits: int) -> str:
+    """A figure of the table; ``n/a`` where no episode was scored."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
 def _table(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str]) -> list[str]:
-    lines = ["| system | tasks | accuracy (95% CI) | USD/task | USD p90 | s/task | s p90 | "
-             "calls/task | format errors/turn | judge errors | pref. adherence |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| system | tasks | accuracy (95% CI) | decided by infra. | USD/task | USD p90 | "
+             "s/task | s p90 | calls/task | failed calls/task | format errors/turn | "
+             "judge errors | pref. adherence |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in systems.items():
         low, high = row["accuracy_ci95"]
         adherence = "" if row["pref_adherence"] is None else f"{row['pref_adherence']:.3f}"
         marker = " *" if name in front else ""
+        # Rows of reports written before failures were counted lack their columns.
         lines.append(
-            f"| {name}{marker} | {row['tasks']} | {row['accuracy']:.3f} ({low:.3f}-{high:.3f})"
-            f" | {row['usd_per_task']:.6f} | {row['usd_p90']:.6f} | {row['seconds_per_task']:.2f}"
-            f" | {row['seconds_p90']:.2f} | {row['calls_per_task']:.2f} | "
+            f"| {name}{marker} | {row['tasks']} | {_figure(row['accuracy'], 3)} "
+            f"({low:.3f}-{high:.3f}) | {row.get('infra_decided', 0)} | "
+            f"{_figure(row['usd_per_task'], 6)} | {_figure(row['usd_p90'], 6)} | "
+            f"{_figure(row['seconds_per_task'], 2)} | {_figure(row['seconds_p90'], 2)} | "
+            f"{_figure(row['calls_per_task'], 2)} | "
+            f"{_figure(row.get('failed_calls_per_task', 0.0), 2)} | "
             f"{row['format_error_rate']:.3f} | {row['judge_errors']} | {adherence} |")
     return lines
+
+
+def _calls_by_kind(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each system's calls by tool and kind, where any call did not end ``ok``."""
+    if not any(count for row in systems.values() for kind, count in row["call_kinds"].items()
+               if kind != CallKind.OK):
+        return []
+    return ["", "Calls by tool and kind:", "",
+            "| system | tool | " + " | ".join(KINDS) + " |", "|---|---|" + "---:|" * len(KINDS),
+            *[f"| {name} | {tool} | " + " | ".join(str(kinds.get(kind, 0)) for kind in KINDS)
+              + " |" for name, row in systems.items()
+              for tool, kinds in row["calls_by_tool"].items()]]
 
 
 def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
@@ -172,6 +262,8 @@ def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
 
     figure, axes = plt.subplots(figsize=(6, 4.5))
     for name, row in systems.items():
+        if row["accuracy"] is None:  # no episode scored: no point
+            continue
         low, high = row["accuracy_ci95"]
         axes.errorbar(row["usd_per_task"], row["accuracy"],
                       yerr=[[max(0.0, row["accuracy"] - low)], [max(0.0, high - row["accuracy"])]],
@@ -206,7 +298,7 @@ def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
 
 def _pass_hat_k(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """pass^k per system, where tasks ran more than once."""
-    if all(len(row["pass_hat_k"]) == 1 for row in systems.values()):
+    if all(len(row["pass_hat_k"]) <= 1 for row in systems.values()):
         return []
     ks = max((row["pass_hat_k"] for row in systems.values()), key=len)
     return ["", "| system | " + " | ".join(f"pass^{k}" for k in ks) + " |",
@@ -216,12 +308,17 @@ def _pass_hat_k(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
               for name, row in systems.items()]]
 
 
-def _user_errors(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The episodes a failing user endpoint ended, per system, where there were any."""
-    lines = [f"user errors, {name}: {len(row['user_error_episodes'])} "
-             f"({', '.join(row['user_error_episodes'])}); a resumed evaluation runs them again"
-             for name, row in systems.items() if row.get("user_error_episodes")]
-    return ["", *lines] if lines else []
+def _infra_decided(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The episodes a failure outside the system decided, per system, where there were any."""
+    lines = []
+    for name, row in systems.items():
+        decided = row.get("infra_decided_episodes", [])
+        if decided:
+            lines += ["", f"Decided by infrastructure, {name}: {len(decided)} episodes, left "
+                      "out of its accuracy; a resumed evaluation runs them again.", "",
+                      *[f"- {item['episode']}: {item['reason']} at {item['endpoint']}: "
+                        f"{_cell(item['detail'])[:300]}" for item in decided]]
+    return lines
 
 
 def _cell(value: Any) -> str:
@@ -261,7 +358,7 @@ def write_report(out_dir: str | Path, benchmark: str,
     plots = _plots(summaries, front, out_dir)
     lines = [f"# {benchmark}", "", *_table(summaries, front), "",
              "\\* on the cost-accuracy Pareto front.", *_pass_hat_k(summaries),
-             *_user_errors(summaries), *_notes(notes),
+             *_calls_by_kind(summaries), *_infra_decided(summaries), *_notes(notes),
              "",
              *[f"![{plot.stem}]({plot.name})" for plot in plots]]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")

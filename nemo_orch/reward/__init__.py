@@ -16,12 +16,12 @@ from nemo_orch.reward.components import (
     Features, extract_features, preference_instruction, preference_match, task_preference)
 from nemo_orch.reward.outcome import (
     OUTCOME_METHODS, OutcomeResult, OutcomeScorer, exact_match, normalize_answer, numeric_match)
-from nemo_orch.reward.scoring import by_answer, score_groups
+from nemo_orch.reward.scoring import ScoredGroup, by_answer, infra_failure, score_groups
 
 __all__ = [
     "OUTCOME_METHODS", "Features", "OutcomeResult", "OutcomeScorer", "RewardBreakdown",
-    "SamplingStats", "by_answer", "exact_match", "extract_features",
-    "fill_batch", "group_advantages", "group_drop_reason", "normalize_answer",
+    "SamplingStats", "ScoredGroup", "by_answer", "exact_match", "extract_features",
+    "fill_batch", "group_advantages", "group_drop_reason", "infra_failure", "normalize_answer",
     "numeric_match", "preference_instruction", "preference_match", "score_group", "score_groups",
     "task_preference", "trajectory_drop_reason",
 ]

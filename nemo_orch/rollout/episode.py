@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.call_kinds import CallKind, InfraFailure, kind_of
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
@@ -109,16 +110,19 @@ class UserReply:
 @dataclass
 class UserUsage:
     """The user's side of an episode's ledger, kept apart from the orchestrator's and the
-    experts' cost (the reward's cost term never sees it)."""
+    experts' cost (the reward's cost term never sees it), and the failure of its endpoint
+    that ended the episode, if one did."""
 
     messages: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
     seconds: float = 0.0
+    error: str | None = None
 
     def add(self, reply: UserReply) -> None:
         self.messages += reply.error is None
+        self.error = reply.error or self.error
         self.input_tokens += reply.input_tokens
         self.output_tokens += reply.output_tokens
         self.cost_usd += reply.cost_usd
@@ -148,8 +152,11 @@ class PolicyClient(Protocol):
 
 @dataclass
 class CallRecord:
-    """The ledger line of one call; ``trajectory`` is the episode a sub-orchestrator ran for
-    it (:attr:`ToolResult.trajectory`), saved with the caller's trajectory."""
+    """The ledger line of one call: its cost, seconds and tokens by kind (``reasoning_tokens``
+    of the ``output_tokens``), its error and :class:`~nemo_orch.call_kinds.CallKind` (left out:
+    derived from ``error``, as :class:`ToolResult` derives it; a call the parser refused is the
+    policy's ``tool_error``); ``trajectory`` is the episode a sub-orchestrator ran for it
+    (:attr:`ToolResult.trajectory`), saved with the caller's trajectory."""
 
     tool: str | None
     arguments: dict[str, Any] | None
@@ -160,13 +167,26 @@ class CallRecord:
     input_tokens: int = 0
     output_tokens: int = 0
     trajectory: dict[str, Any] | None = None
+    reasoning_tokens: int = 0
+    kind: CallKind | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = kind_of(self.kind, self.error)
 
     @classmethod
     def of(cls, tool: str, arguments: dict[str, Any], result: ToolResult) -> "CallRecord":
         """The record of a call that ran and produced ``result``."""
         return cls(tool, arguments, result.cost_usd, result.latency_s, result.cached,
                    result.error, result.usage.input_tokens, result.usage.output_tokens,
-                   result.trajectory)
+                   result.trajectory, result.usage.reasoning_tokens, result.kind)
+
+    @property
+    def endpoint(self) -> str:
+        """What was called, as a failure names it: the tool, and the model it chose
+        (``answer(model=answer-1)``)."""
+        model = (self.arguments or {}).get("model")
+        tool = self.tool or "(unreadable call)"
+        return f"{tool}(model={model})" if isinstance(model, str) else tool
 
 
 @dataclass
@@ -210,7 +230,7 @@ class Trajectory:
     prompt_length: int
     turns: list[TurnRecord]
     # answer | max_turns | context_limit | engine_error | budget, and with a user: user_stop |
-    # user_error | max_steps | too_many_errors
+    # user_error | max_steps | too_many_errors; a gold replay whose action failed: gold_error
     termination: str
     answer: str | None
     wall_seconds: float
@@ -264,8 +284,40 @@ class Trajectory:
         return {kind: counts[kind] for kind in FORMAT_ERRORS if counts[kind]}
 
     def tool_counts(self) -> dict[str, int]:
+        """The calls that succeeded (kind ``ok``), by tool."""
         return dict(Counter(call.tool for turn in self.turns for call in turn.calls
                             if call.tool is not None and call.error is None))
+
+    def call_kinds(self) -> dict[str, dict[str, int]]:
+        """Every call, by tool (``?`` where the policy wrote no readable name) and
+        :class:`~nemo_orch.call_kinds.CallKind`."""
+        counts: dict[str, Counter] = {}
+        for turn in self.turns:
+            for call in turn.calls:
+                counts.setdefault(call.tool or "?", Counter())[call.kind] += 1
+        return {tool: {str(kind): count for kind, count in kinds.items()}
+                for tool, kinds in counts.items()}
+
+    def infra_failure(self) -> InfraFailure | None:
+        """The failure outside the policy that decided this episode (None: none did): the
+        policy's engine or the user's endpoint that ended it, a gold action that failed, or
+        the first call that failed as ``infra_error``. Any such call decides the episode,
+        whatever came after it: masking only the episodes that then went wrong would favour
+        the flaky endpoints (their failures hidden, their luck kept)."""
+        if self.termination == "engine_error":
+            return InfraFailure("engine_error", "the policy",
+                                self.turns[-1].finish_reason if self.turns else "")
+        if self.termination == "user_error":
+            return InfraFailure("user_error", "the user",
+                                (self.user.error if self.user is not None else None) or "")
+        failed = [call for turn in self.turns for call in turn.calls
+                  if call.kind != CallKind.OK]
+        if self.termination == "gold_error":
+            call = failed[0]
+            return InfraFailure("gold_error", call.endpoint, f"{call.kind}: {call.error}")
+        infra = next((call for call in failed if call.kind == CallKind.INFRA_ERROR), None)
+        return None if infra is None else InfraFailure("infra_error", infra.endpoint,
+                                                       infra.error or "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -276,7 +328,8 @@ class Trajectory:
             "policy_tokens": sum(self.loss_mask), "cost_usd": self.cost_usd,
             "tool_seconds": self.tool_seconds, "generation_seconds": self.generation_seconds,
             "wall_seconds": self.wall_seconds, "format_errors": self.format_errors,
-            "tool_counts": self.tool_counts(), "tool_sources": self.tool_sources,
+            "tool_counts": self.tool_counts(), "call_kinds": self.call_kinds(),
+            "tool_sources": self.tool_sources,
             "user": None if self.user is None else asdict(self.user),
             "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
             "token_ids": self.token_ids, "loss_mask": self.loss_mask,

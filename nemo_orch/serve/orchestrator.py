@@ -11,9 +11,18 @@ so what it answers is what ``nemo-orch rollout`` would produce for the same task
     -> {"id", "object": "orchestration", "created", "model", "seed", "answer",
         "finish_reason": answer | max_turns | context_limit | engine_error, "turns", "messages",
         "ledger": {"cost_usd", "orchestrator_cost_usd", "latency_s", "generation_s", "tool_s",
-                   "tokens": {"input", "output"}, "format_errors",
+                   "tokens": {"input", "output"}, "format_errors", "call_kinds",
                    "calls": [{"turn", "tool", "arguments", "cost_usd", "latency_s", "cached",
-                              "error", "input_tokens", "output_tokens", "trajectory"}]}}
+                              "error", "kind", "input_tokens", "output_tokens",
+                              "reasoning_tokens", "trajectory"}]}}
+
+Each call has its kind (:mod:`nemo_orch.call_kinds`: ``ok``, ``truncated``, ``refused``,
+``tool_error``, ``infra_error``, ``empty``) and its tokens by kind (``reasoning_tokens`` of the
+``output_tokens``); ``call_kinds`` counts them by tool. An episode that a failure outside the
+policy decided and that ended without an answer is not answered as one: an endpoint down (an
+expert's ``infra_error``, the policy's engine) gets 503, an endpoint that refuses what it is
+asked (its dialect) 502, each naming the endpoint and the reason; the server's log has the
+episode.
 
 A call's ``trajectory`` is null but for a call another orchestrator answered (see
 :mod:`nemo_orch.tools.orchestrator`): then it is that orchestrator's answer of this same shape
@@ -35,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -43,6 +53,7 @@ import uuid
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.config import Config, ConfigError, RolloutConfig, ServeConfig
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task, task_from_json
@@ -68,7 +79,8 @@ MAX_SEED = 2**31 - 1
 def _ledger(trajectory: Trajectory) -> dict:
     """An episode's bill: the total (the orchestrator's tokens at its price plus every call's
     cost), wall-clock seconds, the orchestrator's tokens summed over turns (each turn reads the
-    whole context) and every call with its own cost, seconds, tokens and error."""
+    whole context), the calls by tool and kind, and every call with its own cost, seconds,
+    tokens by kind, error and kind."""
     turns = trajectory.turns
     return {
         "cost_usd": trajectory.cost_usd,
@@ -77,11 +89,12 @@ def _ledger(trajectory: Trajectory) -> dict:
         "generation_s": trajectory.generation_seconds, "tool_s": trajectory.tool_seconds,
         "tokens": {"input": sum(turn.input_tokens for turn in turns),
                    "output": sum(turn.output_tokens for turn in turns)},
-        "format_errors": trajectory.format_errors,
+        "format_errors": trajectory.format_errors, "call_kinds": trajectory.call_kinds(),
         "calls": [{"turn": turn.turn, "tool": call.tool, "arguments": call.arguments,
                    "cost_usd": call.cost_usd, "latency_s": call.seconds, "cached": call.cached,
-                   "error": call.error, "input_tokens": call.input_tokens,
-                   "output_tokens": call.output_tokens, "trajectory": call.trajectory}
+                   "error": call.error, "kind": call.kind, "input_tokens": call.input_tokens,
+                   "output_tokens": call.output_tokens,
+                   "reasoning_tokens": call.reasoning_tokens, "trajectory": call.trajectory}
                   for turn in turns for call in turn.calls],
     }
 
@@ -114,8 +127,15 @@ class Orchestration:
         except concurrent.futures.CancelledError:
             raise RequestError("the server stopped before the episode ended", 503,
                                "server_error") from None
-        if trajectory.termination == "engine_error":
-            log.warning("orchestrate %s: %s", task.id, trajectory.turns[-1].finish_reason)
+        except EndpointRefusal as error:
+            raise RequestError(f"an endpoint refuses what it is asked: {error}", 502,
+                               "upstream_error") from None
+        failure = trajectory.infra_failure()
+        if failure is not None and trajectory.answer is None:
+            log.warning("orchestrate %s: no answer, %s; the episode: %s", task.id, failure,
+                        json.dumps(trajectory.messages, ensure_ascii=False)[:4000])
+            raise RequestError(f"no answer: the episode was decided by a failure outside the "
+                               f"policy, {failure}", 503, "upstream_unavailable")
         return {"id": task.id, "object": "orchestration", "created": int(time.time()),
                 "model": self.service.model_name, "seed": seed, "answer": trajectory.answer,
                 "finish_reason": trajectory.termination, "turns": len(trajectory.turns),

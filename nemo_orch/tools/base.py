@@ -2,7 +2,8 @@
 
 A spec is what the policy sees (an OpenAI function schema, exactly what Qwen3 chat templates take)
 plus what the runner needs to price, bound and cache calls. An implementation never raises for a
-bad call: it returns a :class:`ToolResult` with ``error`` set, which becomes the observation.
+bad call: it returns a :class:`ToolResult` with ``error`` set and its
+:class:`~nemo_orch.call_kinds.CallKind`, which becomes the observation.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from nemo_orch.call_kinds import OBSERVATION_PREFIX, CallKind, kind_of
 
 if TYPE_CHECKING:
     from nemo_orch.data.tasks import Task
@@ -133,11 +136,14 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What one call produced. ``output`` is the observation text; ``error`` (when set) replaces
-    it as the observation. ``answer`` is set by tools that end the episode with a final answer.
-    ``trajectory``: the episode another orchestrator ran to answer the call (its ``messages``
-    and ``ledger``, see :mod:`nemo_orch.tools.orchestrator`), kept with the caller's for
-    inspection; its cost is already in ``cost_usd``."""
+    """What one call produced. ``output`` is the observation text; ``error`` (when set) says
+    what failed, and ``kind`` how (:class:`~nemo_orch.call_kinds.CallKind`; left out: ``ok``
+    without an error, ``tool_error`` with one); the observation then introduces the error by
+    its kind, and a ``truncated`` call's ``output`` is what came back before the cut. ``answer``
+    is set by tools that end the episode with a final answer. ``trajectory``: the episode
+    another orchestrator ran to answer the call (its ``messages`` and ``ledger``, see
+    :mod:`nemo_orch.tools.orchestrator`), kept with the caller's for inspection; its cost is
+    already in ``cost_usd``."""
 
     output: str = ""
     error: str | None = None
@@ -147,15 +153,25 @@ class ToolResult:
     cached: bool = False
     answer: str | None = None
     trajectory: dict[str, Any] | None = None
+    kind: CallKind | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", kind_of(self.kind, self.error))
 
     @property
     def observation(self) -> str:
-        return f"Error: {self.error}" if self.error is not None else self.output
+        if self.error is None:
+            return self.output
+        text = f"{OBSERVATION_PREFIX[self.kind]}: {self.error}"
+        if self.kind == CallKind.TRUNCATED and self.output:
+            text += f"\nWhat came back before the cut:\n{self.output}"
+        return text
 
     def to_json(self) -> dict[str, Any]:
-        return {"output": self.output, "error": self.error, "cost_usd": self.cost_usd,
-                "latency_s": self.latency_s, "cached": self.cached, "answer": self.answer,
-                "usage": dataclasses.asdict(self.usage), "trajectory": self.trajectory}
+        return {"output": self.output, "error": self.error, "kind": self.kind,
+                "cost_usd": self.cost_usd, "latency_s": self.latency_s, "cached": self.cached,
+                "answer": self.answer, "usage": dataclasses.asdict(self.usage),
+                "trajectory": self.trajectory}
 
 
 @dataclass(frozen=True)
@@ -194,12 +210,12 @@ def seconds_since(spec: ToolSpec, started: float, context: ToolContext) -> float
 
 
 def billed_result(spec: ToolSpec, started: float, context: ToolContext, output: str = "",
-                  error: str | None = None) -> ToolResult:
+                  error: str | None = None, kind: CallKind | None = None) -> ToolResult:
     """The result of a call that started at ``started``, billed for its seconds
     (:func:`seconds_since`) at ``spec.pricing``."""
     seconds = seconds_since(spec, started, context)
     return ToolResult(output=output, error=error, latency_s=seconds,
-                      cost_usd=spec.pricing.cost(Usage(), seconds))
+                      cost_usd=spec.pricing.cost(Usage(), seconds), kind=kind)
 
 
 @runtime_checkable

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.tools.base import (BaseTool, PricedModels, Pricing, Tool, ToolContext, ToolError,
                                   ToolResult, ToolSpec)
 
@@ -43,8 +44,9 @@ def extract_final_answer(text: str) -> str:
 
 
 def _combine(expert: ToolResult, executed: ToolResult, output: str) -> ToolResult:
-    return ToolResult(output=output, error=executed.error, usage=expert.usage,
-                      cost_usd=expert.cost_usd + executed.cost_usd,
+    """The expert's writing run by the executor: billed for both, ending as the run did."""
+    return ToolResult(output=output, error=executed.error, kind=executed.kind,
+                      usage=expert.usage, cost_usd=expert.cost_usd + executed.cost_usd,
                       latency_s=expert.latency_s + executed.latency_s)
 
 
@@ -154,7 +156,8 @@ class _ExpertThenTool(_Composite):
             return written
         value = self.extract(written.output)
         if not value:
-            return _combine(written, ToolResult(error=f"the expert wrote no {self.argument}"), "")
+            return _combine(written, ToolResult(error=f"the expert wrote no {self.argument}",
+                                                kind=CallKind.EMPTY), "")
         ran = await self.executor.call({self.argument: value}, context)
         return _combine(written, ran, f"{self.argument.capitalize()}:\n{value}\n"
                         f"Result:\n{ran.observation}")

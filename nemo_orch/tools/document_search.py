@@ -93,7 +93,7 @@ class DocumentSearch(BaseTool):
         # Too few documents passed: the web's results follow those that did.
         web = await self.fallback.call({"query": query}, context)
         if not hits:
-            return ToolResult(output=web.output, error=web.error, usage=web.usage,
+            return ToolResult(output=web.output, error=web.error, kind=web.kind, usage=web.usage,
                               cost_usd=web.cost_usd, latency_s=time.perf_counter() - start)
         return ToolResult(output=f"{format_hits(hits, setting.max_chars_per_doc)}\n"
                           f"Web search:\n{web.observation}", usage=web.usage,

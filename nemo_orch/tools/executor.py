@@ -16,6 +16,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec
 from nemo_orch.tools.registry import Toolbox
 
@@ -65,7 +66,8 @@ class ExecutorTool(BaseTool):
             return await self.executor.call.remote(self.spec.name, arguments, context)
         except RayActorError as error:
             self.lost.append(f"{type(error).__name__}: {error}")
-            return ToolResult(error=f"{self.spec.name}: the tool executor died")
+            return ToolResult(error=f"{self.spec.name}: the tool executor died",
+                              kind=CallKind.INFRA_ERROR)
 
 
 def executor_toolbox(executor: ActorHandle, offered: tuple[list[ToolSpec], dict[str, str]],

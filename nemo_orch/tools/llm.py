@@ -9,7 +9,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_orch.clients.openai import OpenAIClient, OpenAIError
+from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients.breaker import GuardSettings
+from nemo_orch.clients.openai import ChatResult, OpenAIClient, OpenAIError
 from nemo_orch.config.dialect import DEFAULT_DIALECT
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   Usage, billed_seconds, building_with)
@@ -56,15 +58,26 @@ class LLMTool(BaseTool):
 
     Options: ``models`` maps alias -> :class:`ExpertEndpoint` fields; ``system_prompt`` frames
     every request; ``timeout_s`` / ``max_retries`` apply per request (retries back off
-    exponentially).
+    exponentially); ``guard`` sets each endpoint's circuit breaker and retry budget
+    (:class:`~nemo_orch.clients.breaker.GuardSettings` fields: ``failures``, ``cooldown_s``,
+    ``retry_ratio``, ``retry_reserve``).
+
+    A reply the endpoint cut (``finish_reason`` ``length``, as a reasoning model's that spent
+    its cap thinking; or ``content_filter``) is ``truncated``, with what came back; a reply with
+    no text is ``empty``; both billed as the endpoint counted them. A request that failed is
+    ``refused`` or ``infra_error`` (:attr:`~nemo_orch.clients.http.HTTPError.kind`).
     """
 
     def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
                  system_prompt: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 2) -> None:
+                 max_retries: int = 2, guard: dict[str, Any] | None = None) -> None:
         super().__init__(spec)
         if not models:
             raise ToolError(f"{spec.name}: no expert models configured")
+        try:
+            settings = GuardSettings(**(guard or {}))
+        except (TypeError, ValueError) as error:
+            raise ToolError(f"{spec.name}: guard: {error}") from None
         self.system_prompt = system_prompt
         self.endpoints: dict[str, ExpertEndpoint] = {}
         self.pricing: dict[str, Pricing] = {}
@@ -85,7 +98,8 @@ class LLMTool(BaseTool):
                                                dialect=endpoint.dialect,
                                                name=f"tool {spec.name}, model {alias!r}",
                                                api_key_env=endpoint.api_key_env,
-                                               timeout_s=timeout_s, max_retries=max_retries)
+                                               timeout_s=timeout_s, max_retries=max_retries,
+                                               guard=settings)
 
     async def close(self) -> None:
         for client in self.clients.values():
@@ -98,26 +112,44 @@ class LLMTool(BaseTool):
         return None if endpoint is None else endpoint.max_context_tokens
 
     async def ask(self, alias: str, question: str,
-                  context: ToolContext = ToolContext()) -> tuple[str | None, ToolResult]:
-        """The expert's reply text (None on failure) and the priced result of the request,
-        timed as ``context`` says (:func:`billed_seconds`)."""
+                  context: ToolContext = ToolContext()) -> ToolResult:
+        """The expert's reply to ``question``, priced, timed as ``context`` says
+        (:func:`billed_seconds`) and of its kind (see the class docstring)."""
         endpoint = self.endpoints.get(alias)
         if endpoint is None:
-            return None, ToolResult(error=f"unknown model {alias!r}; choose one of "
-                                    f"{sorted(self.endpoints)}")
+            return ToolResult(error=f"unknown model {alias!r}; choose one of "
+                              f"{sorted(self.endpoints)}")
         messages = ([{"role": "system", "content": self.system_prompt}]
                     if self.system_prompt else []) + [{"role": "user", "content": question}]
         try:
             reply = await self.clients[alias].chat(messages, max_tokens=endpoint.max_tokens,
                                                    temperature=endpoint.temperature)
         except OpenAIError as error:
-            return None, ToolResult(error=f"expert {alias!r} failed: {error}")
+            return ToolResult(error=f"expert {alias!r} failed: {error}", kind=error.kind)
         usage = Usage(reply.input_tokens, reply.output_tokens, reply.reasoning_tokens)
         seconds = billed_seconds(self.spec, reply.latency_s, context)
         cost = self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(usage, seconds)
-        return reply.text, ToolResult(output=reply.text, usage=usage, cost_usd=cost,
-                                      latency_s=seconds)
+        error, kind = _unusable(alias, reply, endpoint.max_tokens)
+        return ToolResult(output=reply.text, error=error, kind=kind, usage=usage, cost_usd=cost,
+                          latency_s=seconds)
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        _, result = await self.ask(arguments["model"], arguments["question"], context)
-        return result
+        return await self.ask(arguments["model"], arguments["question"], context)
+
+
+# The finish reasons of a reply the endpoint cut short.
+_CUT = {"length": "hit its output cap", "content_filter": "was stopped by a content filter"}
+
+
+def _unusable(alias: str, reply: ChatResult,
+              max_tokens: int) -> tuple[str | None, CallKind | None]:
+    """Why a reply that came back is no usable answer, and its kind (None, None: it is)."""
+    spent = (f" ({reply.output_tokens} output tokens, {reply.reasoning_tokens} of them "
+             f"reasoning; max_tokens={max_tokens})")
+    if reply.finish_reason in _CUT:
+        return (f"expert {alias!r} {_CUT[reply.finish_reason]}"
+                f"{spent if reply.finish_reason == 'length' else ''}"
+                + ("" if reply.text else " before writing any answer"), CallKind.TRUNCATED)
+    if not reply.text.strip():
+        return f"expert {alias!r} replied with no text{spent}", CallKind.EMPTY
+    return None, None

@@ -5,12 +5,16 @@ A server is listed when the toolbox is built (``tools/list``, on a connection of
 its tools are declared like any other: named ``<server>_<tool>``, described by their own
 descriptions and input schemas, priced per call (``prices``, ``per_call_usd``). When the
 toolbox starts, the server is connected once for all its tools (a stdio server is started
-then, and stopped with the toolbox); a call is ``tools/call`` within ``timeout_s``. Text
-content becomes the observation (structured content as JSON when there is no text); an
-``isError`` result, a timeout and a failed transport come back as error observations. A call
-whose connection is gone reconnects once, with the toolbox's bounds on concurrency and time;
-a server connects again after a lost connection at most ``restarts`` times in all, then each
-call of its tools is one error observation saying so.
+then, and stopped with the toolbox), within ``connect_timeout_s``; a call is ``tools/call``
+within ``timeout_s``. Text content becomes the observation (structured content as JSON when
+there is no text); content that is not text (an image, audio, a resource without text) is
+described by its type and size, and a result with nothing else is ``empty``
+(:mod:`nemo_orch.call_kinds`). An ``isError`` result is the tool's ``tool_error``; a timeout and
+a failed transport are ``infra_error``. A call whose connection is gone reconnects once, with
+the toolbox's bounds on concurrency and time. Failed or lost connections in a row beyond
+``restarts`` open the server's circuit (:mod:`nemo_orch.clients.breaker`): for ``cooldown_s``
+its tools' calls fail at once, then it is connected again; a server that came back is used
+again, whatever happened before.
 
 A server that sends ``notifications/tools/list_changed`` is marked changed; the toolbox lists
 it again at its next :meth:`~nemo_orch.tools.registry.Toolbox.refresh` (between episodes),
@@ -31,6 +35,8 @@ which must be entered and left by the same task, while calls come from every epi
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import os
@@ -39,6 +45,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients.breaker import EndpointGuard, GuardSettings
 from nemo_orch.config import McpServerConfig
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
@@ -51,7 +59,8 @@ def failure(error: BaseException) -> str:
     groups, whose own message ("unhandled errors in a TaskGroup") names none."""
     if isinstance(error, BaseExceptionGroup):
         return "; ".join(dict.fromkeys(failure(inner) for inner in error.exceptions))
-    return f"{type(error).__name__}: {error}".replace("\n", " ")
+    message = str(error).replace("\n", " ")
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 class McpServer:
@@ -69,7 +78,12 @@ class McpServer:
         self.tools_changed = False
         # A connection ended other than by close(): the next connect is a restart.
         self._lost = False
-        self.restarts = 0
+        self.restarts = 0  # connections made again, in all
+        # Failed or lost connections in a row: the first opens the circuit, and each restart
+        # adds one more before it does.
+        self.guard = EndpointGuard(GuardSettings(failures=config.restarts + 1,
+                                                 cooldown_s=config.cooldown_s,
+                                                 retry_ratio=None))
 
     def _on_this_loop(self) -> None:
         """A connection belongs to the event loop that made it: a toolbox started again on
@@ -98,7 +112,8 @@ class McpServer:
         headers = {header: os.environ[variable]
                    for header, variable in self.config.headers.items()}
         return streamablehttp_client(self.config.url, headers=headers,
-                                     timeout=self.config.timeout_s)
+                                     timeout=self.config.connect_timeout_s,
+                                     sse_read_timeout=self.config.timeout_s)
 
     async def _on_message(self, message: Any) -> None:
         """The session's messages from the server: a changed tool list is noted (listing it
@@ -135,28 +150,34 @@ class McpServer:
                 self._lost = True
 
     async def connect(self) -> None:
-        """Connect (a stdio server: start it), once; raises :class:`ToolError` on failure, and
-        when the connection was lost more often than ``restarts``."""
+        """Connect (a stdio server: start it), once, within ``connect_timeout_s``; raises
+        :class:`ToolError` on failure, and at once while the server's circuit is open."""
         self._on_this_loop()
         async with self._lock:
             if self._session is not None:
                 return
             await self._disconnect()
+            closed = self.guard.admit()
+            if closed is not None:
+                raise ToolError(f"tools.mcp.{self.config.name}: not connected: {closed}")
             if self._lost:
-                if self.restarts == self.config.restarts:
-                    raise ToolError(f"tools.mcp.{self.config.name}: the server's connection is "
-                                    f"lost and its restarts are used up (restarts="
-                                    f"{self.config.restarts}); not restarted again")
                 self.restarts += 1
             self._stop = asyncio.Event()
             ready = asyncio.get_running_loop().create_future()
             self._task = asyncio.create_task(self._serve(ready))
             try:
-                await asyncio.wait_for(ready, self.config.timeout_s)
+                await asyncio.wait_for(ready, self.config.connect_timeout_s)
             except Exception as error:
                 await self._disconnect()
+                problem = (f"no connection within {self.config.connect_timeout_s:g} s "
+                           "(connect_timeout_s)" if isinstance(error, TimeoutError)
+                           else failure(error))
+                self.guard.failed(problem)
                 raise ToolError(f"tools.mcp.{self.config.name}: cannot connect: "
-                                f"{failure(error)}") from None
+                                f"{problem}") from None
+            except BaseException:
+                self.guard.abandoned()
+                raise
             self._lost = False
 
     async def _disconnect(self) -> None:
@@ -190,25 +211,45 @@ class McpServer:
             await self.connect()
             session = self._session
             try:
-                return await session.call_tool(
+                result = await self._while_connected(session.call_tool(
                     tool, arguments, read_timeout_seconds=timedelta(seconds=self.config.timeout_s),
-                    meta=meta)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                await self._drop(session)
+                    meta=meta))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError,
+                    ConnectionError) as error:
+                await self._drop(session, error)
                 if attempt:
                     raise
             except McpError as error:
                 if error.error.code == CONNECTION_CLOSED:
-                    await self._drop(session)
+                    await self._drop(session, error)
                 raise
+            else:
+                self.guard.answered()
+                return result
         raise AssertionError("unreachable")
 
-    async def _drop(self, session: Any) -> None:
-        """Close the connection ``session`` belongs to, found lost, unless another replaced
-        it."""
+    async def _while_connected(self, request: Any) -> Any:
+        """What ``request`` (a coroutine on the session) returns; a :class:`ConnectionError` as
+        soon as the connection ends meanwhile: a transport that failed (an HTTP server gone)
+        does not tell the requests waiting on it, which would wait out their timeouts."""
+        serving, answer = self._task, asyncio.ensure_future(request)
+        try:
+            done, _ = await asyncio.wait({answer, serving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not answer.done():
+                answer.cancel()
+                await asyncio.gather(answer, return_exceptions=True)
+        if answer in done:
+            return answer.result()
+        raise ConnectionError("the connection ended while the call waited for its answer")
+
+    async def _drop(self, session: Any, error: BaseException) -> None:
+        """Close the connection ``session`` belongs to, found lost (by ``error``), unless
+        another replaced it."""
         async with self._lock:
-            if self._session is session:
+            if self._session in (session, None):  # None: its task saw the end first
                 self._lost = True
+                self.guard.failed(f"connection lost: {failure(error)}")
                 await self._disconnect()
 
 
@@ -234,9 +275,10 @@ class McpTool(BaseTool):
             result = await self.server.call(self.remote_name, arguments, meta)
         except Exception as error:  # a failed transport or server: this call's error
             return billed_result(self.spec, started, context,
-                                 error=f"{self.spec.name} failed: {failure(error)}")
-        text = "\n".join(item.text for item in result.content if getattr(item, "type", "") ==
-                         "text")
+                                 error=f"{self.spec.name} failed: {failure(error)}",
+                                 kind=_kind_of_failure(error))
+        texts, others = read_content(result.content)
+        text = "\n".join(texts)
         if not text and result.structuredContent is not None:
             text = json.dumps(result.structuredContent, ensure_ascii=False)
         if result.isError:
@@ -245,7 +287,59 @@ class McpTool(BaseTool):
         if self.server.config.orchestrator:
             return sub_orchestration_result(self.spec, started, context,
                                             result.structuredContent, text)
-        return billed_result(self.spec, started, context, text)
+        described = f"[{'; '.join(others)}]" if others else ""
+        if not text:
+            return billed_result(self.spec, started, context, kind=CallKind.EMPTY, error=(
+                f"{self.spec.name} returned no text: {described or 'no content at all'}"))
+        return billed_result(self.spec, started, context,
+                             f"{text}\n{described}" if described else text)
+
+
+def _kind_of_failure(error: Exception) -> CallKind:
+    """A call the server refused for its arguments (JSON-RPC's invalid params) is ``refused``;
+    any other failure (no connection, a timeout, the server's own error) ``infra_error``."""
+    from mcp.shared.exceptions import McpError
+    from mcp.types import INVALID_PARAMS
+
+    if isinstance(error, McpError) and error.error.code == INVALID_PARAMS:
+        return CallKind.REFUSED
+    return CallKind.INFRA_ERROR
+
+
+def read_content(content: list[Any]) -> tuple[list[str], list[str]]:
+    """A result's content parts: the texts (text parts, embedded text resources) and a
+    description of each other part, by its type and size (``image image/png, 2,048 bytes``):
+    what a text-reading policy is told of what it cannot read."""
+    texts, others = [], []
+    for item in content:
+        kind = getattr(item, "type", "?")
+        if kind == "text":
+            texts.append(item.text)
+        elif kind == "resource" and isinstance(getattr(item.resource, "text", None), str):
+            texts.append(item.resource.text)
+        elif kind == "resource":
+            others.append(f"resource {item.resource.uri} ({_mime(item.resource)}"
+                          f"{_size(getattr(item.resource, 'blob', None))})")
+        elif kind == "resource_link":
+            size = "" if item.size is None else f", {item.size:,} bytes"
+            others.append(f"resource link {item.uri} ({_mime(item)}{size})")
+        else:  # image, audio, and any kind a later protocol version adds
+            others.append(f"{kind} ({_mime(item)}{_size(getattr(item, 'data', None))})")
+    return texts, others
+
+
+def _mime(item: Any) -> str:
+    return getattr(item, "mimeType", None) or "no MIME type"
+
+
+def _size(data: Any) -> str:
+    """The decoded size of base64 ``data`` (empty where there is none)."""
+    if not isinstance(data, str):
+        return ""
+    try:
+        return f", {len(base64.b64decode(data, validate=True)):,} bytes"
+    except (binascii.Error, ValueError):
+        return f", {len(data):,} characters of data that is not base64"
 
 
 def tool_name(server: str, tool: str) -> str:

@@ -20,6 +20,7 @@ import math
 import time
 from typing import Any
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.tools.base import (BaseTool, ToolContext, ToolResult, ToolSpec, Usage,
                                   billed_result)
 
@@ -67,7 +68,7 @@ def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContex
     ledger = body.get("ledger") if isinstance(body, dict) else None
     if not (isinstance(ledger, dict) and _non_negative_number(ledger.get("cost_usd"))
             and isinstance(ledger.get("calls"), list) and isinstance(body.get("messages"), list)):
-        return billed_result(spec, started, context, error=(
+        return billed_result(spec, started, context, kind=CallKind.INFRA_ERROR, error=(
             f"{spec.name}: the orchestrator's result carries no ledger (an object with "
             "messages and ledger.cost_usd and ledger.calls)"))
     billed = billed_result(spec, started, context,
@@ -82,7 +83,8 @@ def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContex
     trajectory = {key: body.get(key) for key in ("id", "model", "seed", "answer",
                                                   "finish_reason", "turns", "messages", "ledger")}
     return dataclasses.replace(billed, cost_usd=billed.cost_usd + float(ledger["cost_usd"]),
-                               usage=Usage(spent("input"), spent("output")),
+                               usage=Usage(spent("input"), spent("output"),
+                                           spent("reasoning")),
                                trajectory=trajectory)
 
 
@@ -132,5 +134,5 @@ class OrchestratorTool(BaseTool):
             body = await self.client.request("POST", "/orchestrate", request)
         except HTTPError as error:  # unreachable, refused or timed out: this call's error
             return billed_result(self.spec, started, context,
-                                 error=f"{self.spec.name} failed: {error}")
+                                 error=f"{self.spec.name} failed: {error}", kind=error.kind)
         return sub_orchestration_result(self.spec, started, context, body)

@@ -21,6 +21,9 @@ is a part of composite tools (the retriever behind ``search``, the sandbox behin
 The toolbox owns everything around a call that must hold for
 every tool: argument validation, a per-tool concurrency bound, the timeout, turning exceptions into
 error results, and the cache of deterministic tools. It never raises from :meth:`Toolbox.call`.
+A call of an unknown tool or with invalid arguments is the policy's ``tool_error``; a tool that
+timed out, raised or answered with something other than a result is an ``infra_error``
+(:mod:`nemo_orch.call_kinds`): the tool, not the call, failed.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
                                   ToolSource, ToolSpec, billed_result, seconds_since)
@@ -369,16 +373,18 @@ class Toolbox:
                 result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
             except asyncio.TimeoutError:
                 return billed_result(spec, start, context,
-                                     error=f"{spec.name} timed out after {spec.timeout_s:g} s")
+                                     error=f"{spec.name} timed out after {spec.timeout_s:g} s",
+                                     kind=CallKind.INFRA_ERROR)
             except EndpointRefusal:
                 raise  # every call would fail alike: the configuration's error, not the call's
             except Exception as error:  # a broken tool must not end the episode
                 logger.exception("tool %s raised", spec.name)
                 return ToolResult(error=f"{spec.name} failed: {type(error).__name__}: {error}",
-                                  latency_s=seconds_since(spec, start, context))
+                                  latency_s=seconds_since(spec, start, context),
+                                  kind=CallKind.INFRA_ERROR)
         if not isinstance(result, ToolResult):
             return ToolResult(error=f"{spec.name} returned {type(result).__name__}, not a "
-                              "ToolResult")
+                              "ToolResult", kind=CallKind.INFRA_ERROR)
         if result.latency_s == 0.0:
             result = dataclasses.replace(result, latency_s=seconds_since(spec, start, context))
         return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.data.tasks import task_from_json
 from nemo_orch.clients.http import HTTPError
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
@@ -24,8 +25,9 @@ TOOL_DESCRIPTIONS = {
     "arguments": "JSON object: the call's arguments, as the tool's schema describes them",
     "context": "JSON object: the call's task and episode ids, document whitelist, seed, "
                "earlier observations and task (context_to_json)",
-    TOOL_OUTPUT: "JSON object: the ToolResult (output, error, cost_usd, latency_s, cached, "
-                 "answer, usage, trajectory); a tool's own failure is a result with error",
+    TOOL_OUTPUT: "JSON object: the ToolResult (output, error, kind, cost_usd, latency_s, "
+                 "cached, answer, usage, trajectory); a tool's own failure is a result with "
+                 "error and its kind",
 }
 
 
@@ -54,10 +56,15 @@ def context_from_json(record: dict[str, Any]) -> ToolContext:
 
 
 def result_from_json(record: dict[str, Any]) -> ToolResult:
+    """The result :meth:`ToolResult.to_json` wrote; ``ValueError``/``TypeError`` if malformed
+    (a ``kind`` that is no :class:`~nemo_orch.call_kinds.CallKind` or disagrees with
+    ``error``). A server that sends no ``kind`` has it derived from ``error``."""
     usage = record.get("usage") or {}
     return ToolResult(output=str(record.get("output", "")), error=record.get("error"),
+                      kind=record.get("kind"),
                       usage=Usage(int(usage.get("input_tokens", 0)),
-                                  int(usage.get("output_tokens", 0))),
+                                  int(usage.get("output_tokens", 0)),
+                                  int(usage.get("reasoning_tokens", 0))),
                       cost_usd=float(record.get("cost_usd", 0.0)),
                       latency_s=float(record.get("latency_s", 0.0)),
                       cached=bool(record.get("cached", False)), answer=record.get("answer"),
@@ -87,9 +94,16 @@ class RemoteTool(BaseTool):
                 "context": json.dumps(context_to_json(context), ensure_ascii=False)}])
             record = json.loads(row[TOOL_OUTPUT])
         except HTTPError as error:
-            return ToolResult(error=f"{self.spec.name} endpoint failed: {error}")
+            return ToolResult(error=f"{self.spec.name} endpoint failed: {error}",
+                              kind=error.kind)
         except ValueError:
-            return ToolResult(error=f"{self.spec.name} endpoint sent a result that is not JSON")
+            return ToolResult(error=f"{self.spec.name} endpoint sent a result that is not JSON",
+                              kind=CallKind.INFRA_ERROR)
         if not isinstance(record, dict):
-            return ToolResult(error=f"{self.spec.name} endpoint sent no result object")
-        return result_from_json(record)
+            return ToolResult(error=f"{self.spec.name} endpoint sent no result object",
+                              kind=CallKind.INFRA_ERROR)
+        try:
+            return result_from_json(record)
+        except (ValueError, TypeError) as error:
+            return ToolResult(error=f"{self.spec.name} endpoint sent a malformed result: "
+                              f"{error}", kind=CallKind.INFRA_ERROR)

@@ -6,7 +6,9 @@ One ``POST {base_url}/search`` per call with ``Authorization: Bearer <key>``; th
 
 Failures follow the project's rule for external calls: a per-attempt timeout, bounded retries with
 exponential backoff and jitter on what may pass (connection errors, timeouts, 429, 5xx), an
-immediate error on what will not (401, 400, ...), and always an error *result*, never an exception.
+immediate error on what will not (401, 400, ...), and always an error *result* of its kind
+(:mod:`nemo_orch.call_kinds`: a refused query is ``refused``, a key missing or rejected, an
+outage or a malformed answer ``infra_error``), never an exception.
 The transport is :class:`nemo_orch.clients.http.JSONClient`; the API key is read from the
 environment and redacted from every message, so it reaches neither the policy nor the logs.
 """
@@ -19,7 +21,8 @@ import time
 from typing import Any
 
 
-from nemo_orch.clients.http import RETRY_STATUSES, HTTPError, JSONClient
+from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients.http import HTTPError, JSONClient
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   billed_result, seconds_since)
 from nemo_orch.tools.schema import argument_errors
@@ -32,6 +35,14 @@ DEFAULT_KEY_ENV = "TAVILY_API_KEY"
 # one 2 (tavily.com/pricing, 2025).
 USD_PER_CREDIT = 0.008
 CREDITS_PER_SEARCH = {"basic": 1, "advanced": 2}
+
+
+class _SearchFailed(Exception):
+    """Why a search failed, key-free, and its kind."""
+
+    def __init__(self, message: str, kind: CallKind) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def default_spec(search_depth: str = "basic") -> ToolSpec:
@@ -87,21 +98,23 @@ class WebSearch(BaseTool):
         await self.client.aclose()
 
     async def _search(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Tavily's response, or ToolError with a key-free message."""
+        """Tavily's response, or :class:`_SearchFailed` with a key-free message."""
         try:
             payload = await self.client.request("POST", "search", body)
         except HTTPError as error:
             if error.status in (401, 403):
-                raise ToolError(f"Tavily rejected the API key in ${self.api_key_env} "
-                                f"(HTTP {error.status})") from None
+                raise _SearchFailed(f"Tavily rejected the API key in ${self.api_key_env} "
+                                    f"(HTTP {error.status})", error.kind) from None
             if error.status is not None and error.status < 400:
-                raise ToolError("Tavily sent a response that is not JSON") from None
-            if error.status is not None and error.status not in RETRY_STATUSES:
-                raise ToolError(f"Tavily refused the request (HTTP {error.status}): "
-                                f"{error}") from None
-            raise ToolError(f"web search failed: {error}") from None
+                raise _SearchFailed("Tavily sent a response that is not JSON",
+                                    error.kind) from None
+            if error.kind == CallKind.REFUSED:
+                raise _SearchFailed(f"Tavily refused the request (HTTP {error.status}): "
+                                    f"{error}", error.kind) from None
+            raise _SearchFailed(f"web search failed: {error}", error.kind) from None
         if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
-            raise ToolError("Tavily sent a response without a 'results' list")
+            raise _SearchFailed("Tavily sent a response without a 'results' list",
+                                CallKind.INFRA_ERROR)
         return payload
 
     def _format(self, payload: dict[str, Any], max_results: int) -> str:
@@ -133,13 +146,15 @@ class WebSearch(BaseTool):
         if not os.environ.get(self.api_key_env, "").strip():
             return ToolResult(error=f"web search is not configured: set the environment "
                                     f"variable {self.api_key_env} to a Tavily API key",
-                              latency_s=seconds_since(self.spec, start, context))
+                              latency_s=seconds_since(self.spec, start, context),
+                              kind=CallKind.INFRA_ERROR)
         body = {"query": query.strip(), "max_results": max_results,
                 "search_depth": self.search_depth}
         try:
             payload = await self._search(body)
-        except ToolError as error:
+        except _SearchFailed as error:
             logger.warning("web_search failed: %s", error)
-            return ToolResult(error=str(error), latency_s=seconds_since(self.spec, start, context))
+            return ToolResult(error=str(error), kind=error.kind,
+                              latency_s=seconds_since(self.spec, start, context))
         return billed_result(self.spec, start, context,
                              self.client.scrub(self._format(payload, max_results)))

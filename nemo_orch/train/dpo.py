@@ -108,10 +108,11 @@ def group_pair(group: Group, min_margin: float, tokenizer: PreTrainedTokenizerBa
     equal. An episode the same as the chosen one token for token cannot be rejected (a scorer
     that is not deterministic can score the same text twice differently), nor one whose prompt
     differs (a user who opened differently); episodes without a policy token (an engine failure
-    at the first turn) or ended by a failing user endpoint take no part."""
+    at the first turn) take no part, nor do those a failure outside the policy decided (which
+    rollouts mask out of their groups already: a failing endpoint, user or judge)."""
     episodes = [(trajectory, breakdown.reward) for trajectory, breakdown
                 in zip(group.trajectories, group.breakdowns)
-                if any(trajectory.loss_mask) and trajectory.termination != "user_error"]
+                if any(trajectory.loss_mask) and trajectory.infra_failure() is None]
     if not episodes:
         return None
     chosen, chosen_reward = max(episodes, key=lambda episode: episode[1])

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nemo_orch.call_kinds import KINDS, InfraFailure, InfrastructureError
 from nemo_orch.clients.http import HTTPError
 from nemo_orch.config import Config, ConfigError
 from nemo_orch.data.tasks import Task
@@ -29,7 +30,7 @@ from nemo_orch.models import checkpoint
 from nemo_orch.reward.advantages import SamplingStats, fill_batch, group_drop_reason
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.reward.outcome import OutcomeResult
-from nemo_orch.reward.scoring import OutcomeFn, by_answer, score_groups
+from nemo_orch.reward.scoring import OutcomeFn, ScoredGroup, by_answer, score_groups
 from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
 from nemo_orch.rollout.episode import Trajectory, prompt_length
@@ -55,10 +56,19 @@ NOTES, SKIPPED_CONTEXT, NOTED_TASKS = "notes.json", "skipped_context", 10
 
 @dataclass
 class Group:
+    """One task's group: the episodes it trains on and their rewards, and those masked out of
+    it (each with the failure outside the policy that decided it: see
+    :class:`~nemo_orch.reward.scoring.ScoredGroup`)."""
+
     task: Task
     trajectories: list[Trajectory]
     breakdowns: list[RewardBreakdown]
     source: str = ""  # the environment it came from (env.*)
+    masked: list[tuple[Trajectory, InfraFailure]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, task: Task, scored: ScoredGroup, source: str) -> "Group":
+        return cls(task, scored.trajectories, scored.breakdowns, source, scored.masked)
 
     def age(self, version: int) -> int:
         """How many updates the oldest weights that wrote a turn of it are behind ``version``
@@ -79,13 +89,13 @@ def _note_skipped(environment: Environment, task_id: str) -> None:
 @dataclass
 class StepBatch:
     """What rank 0's rollouts made of one step: the groups kept for training, every group
-    generated (what the step's metrics describe), the sampling stats, the routing choices the
-    policy made itself, the episodes whose first choice was forced, the tasks left out because
-    their prompt does not fit the context, the episodes a failing user endpoint ended (left
-    out of their groups), and the validation metrics (empty between ``grpo.val_interval``
-    steps). Rolled out ahead (asynchronous GRPO): the groups dropped as too old for the
-    trainer, the trained groups' ages, how long no step was rolling out since the last batch
-    was taken, and how long the trainer waited for this one."""
+    generated (what the step's metrics describe; each with its episodes masked out as decided
+    by infrastructure), the sampling stats, the routing choices the policy made itself, the
+    episodes whose first choice was forced, the tasks left out because their prompt does not
+    fit the context, and the validation metrics (empty between ``grpo.val_interval`` steps).
+    Rolled out ahead (asynchronous GRPO): the groups dropped as too old for the trainer, the
+    trained groups' ages, how long no step was rolling out since the last batch was taken,
+    and how long the trainer waited for this one."""
 
     kept: list[Group]
     generated: list[Group]
@@ -93,7 +103,6 @@ class StepBatch:
     choices: Counter
     forced_episodes: int
     skipped_context: int
-    user_errors: int
     validation: dict[str, float] = field(default_factory=dict)
     dropped_stale: list[Group] = field(default_factory=list)
     ages: Counter = field(default_factory=Counter)
@@ -108,9 +117,31 @@ class StepBatch:
             **{f"async/age_{age}": count for age, count in sorted(self.ages.items())}}
         return {**rollout_metrics(self.generated, self.stats),
                 "explore/forced_episodes": self.forced_episodes,
-                "sampling/skipped_context": self.skipped_context,
-                "sampling/user_errors": self.user_errors, **self.validation, **ahead,
+                "sampling/skipped_context": self.skipped_context, **self.validation, **ahead,
                 **{f"choices/{key}": count for key, count in self.choices.items()}}
+
+    @property
+    def masked(self) -> list[InfraFailure]:
+        """The failures of every episode masked out of the step's groups."""
+        return [failure for group in self.generated for _, failure in group.masked]
+
+    def check_infrastructure(self, step: int, max_rate: float) -> None:
+        """Raise :class:`~nemo_orch.call_kinds.InfrastructureError`, naming the failing
+        endpoints, when more than ``max_rate`` of the step's episodes were masked."""
+        masked = self.masked
+        episodes = len(masked) + sum(len(group.trajectories) for group in self.generated)
+        if not masked or len(masked) <= max_rate * episodes:
+            return
+        by_endpoint: dict[tuple[str, str], list[InfraFailure]] = defaultdict(list)
+        for failure in masked:
+            by_endpoint[failure.endpoint, failure.reason].append(failure)
+        named = "; ".join(f"{endpoint}: {len(failures)} x {reason} ({failures[0].detail[:160]})"
+                          for (endpoint, reason), failures in sorted(
+                              by_endpoint.items(), key=lambda item: -len(item[1])))
+        raise InfrastructureError(
+            f"{len(masked)} of the {episodes} episodes of step {step} were decided by "
+            f"infrastructure failures ({len(masked) / episodes:.0%} > "
+            f"rollout.max_infra_error_rate={max_rate:g}), rather than trained on: {named}")
 
 
 @dataclass
@@ -121,7 +152,6 @@ class _Round:
     choices: Counter
     forced_episodes: int
     skipped_context: int
-    user_errors: int
 
 
 class _IdleClock:
@@ -217,11 +247,13 @@ class Rollouts:
     def step(self, step: int, tools: list[str] | None) -> StepBatch:
         """Roll out, score and filter ``step``'s batch offering ``tools`` (None: all), and
         validate every ``grpo.val_interval`` steps. A reward server gone past its retries stops
-        the run with an :class:`HTTPError` saying where it resumes."""
+        the run with an :class:`HTTPError` saying where it resumes; so does a step more of
+        whose episodes than ``rollout.max_infra_error_rate`` were decided by infrastructure
+        failures (an :class:`~nemo_orch.call_kinds.InfrastructureError` naming them)."""
         try:
             return self._call(self._step(step, tools))
-        except HTTPError as error:
-            raise HTTPError(_stopped(self.config, step, error), error.status) from None
+        except (HTTPError, InfrastructureError) as error:
+            raise _stopped(self.config, step, error) from None
 
     async def _step(self, step: int, tools: list[str] | None) -> StepBatch:
         batch = await self.batch(step, tools)
@@ -267,8 +299,8 @@ class Rollouts:
 
         try:
             batch = self._call(finished())
-        except HTTPError as error:
-            raise HTTPError(_stopped(self.config, step, error), error.status) from None
+        except (HTTPError, InfrastructureError) as error:
+            raise _stopped(self.config, step, error) from None
         batch.trainer_idle_seconds = time.perf_counter() - waited
         max_age = self.config.grpo.async_grpo.max_trajectory_age_steps
         ages = [group.age(step - 1) for group in batch.kept]
@@ -408,19 +440,15 @@ class Rollouts:
                 choice = self.first_choice(trajectory)
                 if (task_index, sample) not in forced and choice is not None:
                     made[_choice_key(choice)] += 1
-        # An episode a failing user endpoint ended says nothing of the policy: it leaves its
-        # group (the rest keep a baseline among themselves), and a task with none left goes.
-        user_errors = sum(t.termination == "user_error" for t in trajectories)
-        kept = [(task, answered, environment)
-                for task, group, environment in zip(tasks, grouped, sources)
-                if (answered := [t for t in group if t.termination != "user_error"])]
-        environments = {task.id: environment for task, _, environment in kept}
-        breakdowns = await score_groups([task for task, _, _ in kept],
-                                        [group for _, group, _ in kept], self.config.reward,
-                                        self._outcome(environments))
-        groups = [Group(task, group, scored, environment.name)
-                  for (task, group, environment), scored in zip(kept, breakdowns)]
-        return _Round(groups, made, len(forced), count - len(tasks), user_errors)
+        # An episode a failure outside the policy decided leaves its group (the rest keep a
+        # baseline among themselves; a group left with none is dropped, and refilled by
+        # dynamic sampling where it is on).
+        environments = {task.id: environment for task, environment in zip(tasks, sources)}
+        scored = await score_groups(tasks, grouped, self.config.reward,
+                                    self._outcome(environments))
+        groups = [Group.of(task, group, environment.name)
+                  for task, group, environment in zip(tasks, scored, sources)]
+        return _Round(groups, made, len(forced), count - len(tasks))
 
     def _outcome(self, environments: dict[str, Environment]) -> OutcomeFn:
         """Each task's environment scores its episodes (on Ray: the pool's scorers)."""
@@ -476,10 +504,11 @@ class Rollouts:
                                             group_baseline=grpo.algo == "grpo"))
         choices = sum((r.choices for r in rounds), Counter())
         self.previous_choices = choices
-        return StepBatch(kept, [group for r in rounds for group in r.groups], stats, choices,
-                         sum(r.forced_episodes for r in rounds),
-                         sum(r.skipped_context for r in rounds),
-                         sum(r.user_errors for r in rounds))
+        batch = StepBatch(kept, [group for r in rounds for group in r.groups], stats, choices,
+                          sum(r.forced_episodes for r in rounds),
+                          sum(r.skipped_context for r in rounds))
+        batch.check_infrastructure(step, self.settings.max_infra_error_rate)
+        return batch
 
 
 def build_rollouts(config: Config, tokenizer: Any, hf: dict[str, torch.Tensor],
@@ -530,26 +559,23 @@ def episode_stats(trajectories: list[Trajectory]) -> dict[str, float]:
 def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     """Per-step means over every episode generated (kept for training or not), and reward and
     route shares per (family, preference), so a collapse onto one shortcut shows while it
-    happens."""
+    happens. Every call, of the masked episodes too, is counted by kind (``calls/<kind>``,
+    ``call_rate/<kind>``) and the failed ones by tool (``call_errors``); the masked episodes by
+    the failure that decided them (``masked/<reason>``) and their share (``masked/rate``)."""
+    metrics: dict[str, float] = {"sampling/rounds": stats.rounds,
+                                 **_call_metrics(groups)}
     episodes = [(g.task, t, b) for g in groups for t, b in zip(g.trajectories, g.breakdowns)]
     if not episodes:
-        return {"sampling/rounds": stats.rounds, "sampling/kept": 0}
-    metrics: dict[str, float] = {
+        return {**metrics, "sampling/kept": 0}
+    metrics.update({
         "reward": statistics.mean(b.reward for _, _, b in episodes),
         "accuracy": statistics.mean(b.components["outcome"] for _, _, b in episodes),
         **episode_stats([t for _, t, _ in episodes]),
         "answered": statistics.mean(float(t.answer is not None) for _, t, _ in episodes),
         "turns": statistics.mean(len(t.turns) for _, t, _ in episodes),
-        "sampling/rounds": stats.rounds, "sampling/generated": stats.generated,
-        "sampling/kept": stats.kept,
+        "sampling/generated": stats.generated, "sampling/kept": stats.kept,
         **{f"sampling/dropped_{reason}": count for reason, count in stats.dropped.items()},
-    }
-    failed = Counter(call.tool for _, t, _ in episodes for turn in t.turns for call in turn.calls
-                     if call.tool is not None and call.error is not None)
-    # Calls that came back with an error: refused arguments, a tool that raised or timed out,
-    # an endpoint that failed; each became an error observation, not a crash.
-    metrics["call_errors"] = sum(failed.values())
-    metrics.update({f"call_errors/{name}": count for name, count in failed.items()})
+    })
     routes = Counter(route_of(t) for _, t, _ in episodes)
     metrics.update({f"route/{name}": count / len(episodes) for name, count in routes.items()})
     metrics.update(_source_metrics(groups))
@@ -564,6 +590,26 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     for key, routes in shares.items():
         metrics.update({f"group/{key}/route/{name}": share for name, share in routes.items()})
     return metrics
+
+
+def _call_metrics(groups: list[Group]) -> dict[str, float]:
+    """The step's calls by kind and its failed calls by tool, over every episode generated
+    (masked or not), and its masked episodes by reason."""
+    everything = [t for g in groups for t in [*g.trajectories, *(t for t, _ in g.masked)]]
+    calls = [call for t in everything for turn in t.turns for call in turn.calls]
+    kinds = Counter(call.kind for call in calls)
+    # Calls that did not end ok: refused arguments, a tool that raised or timed out, an endpoint
+    # that failed; each became an observation of its kind, not a crash.
+    failed = Counter(call.tool for call in calls
+                     if call.tool is not None and call.error is not None)
+    masked = Counter(failure.reason for g in groups for _, failure in g.masked)
+    return {**{f"calls/{kind}": kinds[kind] for kind in KINDS},
+            **{f"call_rate/{kind}": kinds[kind] / max(len(calls), 1) for kind in KINDS},
+            "call_errors": sum(failed.values()),
+            **{f"call_errors/{name}": count for name, count in failed.items()},
+            "masked/episodes": sum(masked.values()),
+            "masked/rate": sum(masked.values()) / max(len(everything), 1),
+            **{f"masked/{reason}": count for reason, count in masked.items()}}
 
 
 def _source_metrics(groups: list[Group]) -> dict[str, float]:
@@ -589,13 +635,17 @@ def _source_metrics(groups: list[Group]) -> dict[str, float]:
     return metrics
 
 
-def _stopped(config: Config, step: int, error: HTTPError) -> str:
-    """Why the run stopped in ``step`` and where running it again resumes."""
+def _stopped(config: Config, step: int,
+             error: HTTPError | InfrastructureError) -> HTTPError | InfrastructureError:
+    """``error`` again, saying that the run stopped in ``step`` and where running it again
+    resumes."""
     latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
     resumes = (f"from {latest.path} (step {latest.step})" if latest is not None
                else "from the start (no step was checkpointed)")
-    return (f"GRPO stopped in step {step}: {error}. Run the same command again to resume "
-            f"{resumes}.")
+    message = (f"GRPO stopped in step {step}: {error}. Run the same command again to resume "
+               f"{resumes}.")
+    return (HTTPError(message, error.status) if isinstance(error, HTTPError)
+            else InfrastructureError(message))
 
 
 def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any,

@@ -32,18 +32,38 @@ def test_the_first_tasks_pass_and_are_reported(tmp_path, capsys):
     report = json.loads((out / "report.json").read_text())
     row = report["systems"]["gold-replay"]
     assert report["benchmark"] == "tau2"
-    assert (row["tasks"], row["correct"], row["accuracy"]) == (3, 3, 1.0)
     first, _, third = _episodes(out)
     assert first["task_id"] == "tau2-retail-0" and first["outcome"]["correct"]
     scored = first["details"]["tau2"]
     assert scored["reward"] == 1.0 and scored["failures"] == []
     assert scored["breakdown"]["components"] == {"DB": 1.0, "COMMUNICATE": 1.0}
     assert all(check["matched"] for check in scored["breakdown"]["actions"])
-    # A gold action may fail inside tau2 itself (here: a product id that does not exist).
-    assert [call["error"] for turn in third["episode"]["ledger"] for call in turn["calls"]
-            if call["error"]] == ["Product not found"]
-    assert "| gold-replay * | 3 | 1.000" in (out / "report.md").read_text()
+    # A gold action may fail inside tau2 itself (here: a product id that does not exist):
+    # tau2 replays the same failure and would score it 1.0; here the episode is gold_error,
+    # listed and left out of accuracy, not a pass.
+    assert [(call["error"], call["kind"]) for turn in third["episode"]["ledger"]
+            for call in turn["calls"] if call["error"]] == [("Product not found", "tool_error")]
+    assert third["episode"]["termination"] == "gold_error"
+    assert (row["tasks"], row["scored"], row["correct"], row["accuracy"]) == (3, 2, 2, 1.0)
+    (decided,) = row["infra_decided_episodes"]
+    assert (decided["episode"], decided["reason"]) == ("tau2-retail-2@0", "gold_error")
+    assert decided["detail"] == "tool_error: Product not found"
+    markdown = (out / "report.md").read_text()
+    assert "| gold-replay * | 3 | 1.000 (0.342-1.000) | 1 |" in markdown
+    assert "- tau2-retail-2@0: gold_error at " in markdown
     assert "gold-replay" in capsys.readouterr().out
+
+
+def test_a_failing_gold_action_is_never_a_demonstration():
+    from nemo_orch import config as config_lib
+    from nemo_orch.envs import build_environment
+    from nemo_orch.eval.harness import System, successful_episodes
+
+    config = config_lib.load(["env=tau2", "env.domain=retail", "env.split=train",
+                              "env.limit=3"])
+    demonstrated = successful_episodes(config, build_environment(config),
+                                       System("gold-replay", "gold-replay"), 3)
+    assert sorted(t.task_id for t in demonstrated) == ["tau2-retail-0", "tau2-retail-1"]
 
 
 def test_the_report_goes_under_the_run_output_dir_by_default(tmp_path):

@@ -153,8 +153,10 @@ def test_score_groups_scores_every_answer():
               [trajectory("4.0"), trajectory(None)]]
     outcome = by_answer(OutcomeScorer(TOOLORCHESTRA))
     scored = asyncio.run(score_groups(tasks, groups, TOOLORCHESTRA, outcome))
-    assert [[b.reward for b in group] for group in scored] == [[1.5, 0.0, 1.0], [1.0, 0.0]]
-    assert scored[1][0].components["outcome_method:numeric"] == 1.0
-    assert scored[1][1].components["outcome_method:empty"] == 1.0
+    assert [[b.reward for b in group.breakdowns] for group in scored] == [[1.5, 0.0, 1.0],
+                                                                          [1.0, 0.0]]
+    assert [group.trajectories for group in scored] == groups  # none masked
+    assert scored[1].breakdowns[0].components["outcome_method:numeric"] == 1.0
+    assert scored[1].breakdowns[1].components["outcome_method:empty"] == 1.0
     with pytest.raises(ValueError):
         asyncio.run(score_groups(tasks, groups[:1], TOOLORCHESTRA, outcome))

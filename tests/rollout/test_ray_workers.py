@@ -147,7 +147,8 @@ def test_episodes_on_ray_equal_local_ones_and_score_alike(pool, config, tiny_tok
                                         by_answer(OutcomeScorer(config.reward))))
     on_actors = by_answer(pool.scorer)
     assert asyncio.run(score_groups(tasks, groups, config.reward, on_actors)) == expected
-    assert [b.components["outcome"] for group in expected for b in group] == [1, 1, 1, 1, 0, 0]
+    assert [b.components["outcome"] for group in expected
+            for b in group.breakdowns] == [1, 1, 1, 1, 0, 0]
     # A scorer that dies is restarted by Ray and its calls retried.
     ray.kill(pool.scorer.actors[0], no_restart=False)
     assert asyncio.run(score_groups(tasks, groups, config.reward, on_actors)) == expected

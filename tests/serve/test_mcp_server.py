@@ -274,7 +274,9 @@ def test_an_unreachable_specialist_is_an_error_observation(tiny_tokenizer, monke
     assert delegated.error.startswith("sub_solve failed: ToolError: tools.mcp.sub: cannot "
                                       "connect")
     assert (delegated.cost_usd, delegated.trajectory) == (0.0, None)
-    assert top.termination == "answer" and top.answer.startswith("Error: sub_solve failed")
+    assert delegated.kind == "infra_error" and top.termination == "answer"
+    assert top.answer.startswith("Unavailable (infrastructure failure, not the call's fault): "
+                                 "sub_solve failed")
 
 
 def test_mcp_settings_are_validated_and_the_coordinator_example_loads():

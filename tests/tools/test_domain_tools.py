@@ -87,5 +87,6 @@ def test_an_episode_on_a_domain_task_is_scored_on_its_database(mobile, domain_fi
     groups = [[t] for t in trajectories]
     scored = asyncio.run(score_groups(rows, groups, config.reward,
                                       by_answer(build_scorer(config))))
-    assert [group[0].components["outcome"] for group in scored] == [1.0] * 3
-    assert all(group[0].components["outcome_method:database"] == 1.0 for group in scored)
+    assert [group.breakdowns[0].components["outcome"] for group in scored] == [1.0] * 3
+    assert all(group.breakdowns[0].components["outcome_method:database"] == 1.0
+               for group in scored)

@@ -65,20 +65,26 @@ def test_llm_tool_prices_server_usage(tiny_server, tiny_tokenizer, monkeypatch):
         system_prompt="You are an expert.")
 
     async def calls():
-        ok = await tool.call({"model": "generalist", "question": "What is 2+2?"}, ToolContext())
+        capped = await tool.call({"model": "generalist", "question": "What is 2+2?"},
+                                 ToolContext())
         unknown = await tool.call({"model": "gpt-9", "question": "q"}, ToolContext())
         await tool.close()
-        return ok, unknown
+        return capped, unknown
 
-    ok, unknown = asyncio.run(calls())
-    assert ok.error is None and ok.usage.output_tokens == 8
+    capped, unknown = asyncio.run(calls())
+    # The random model writes to its cap of 8 tokens: billed as the server counted, and
+    # truncated with what came back, never a success.
+    assert capped.kind == "truncated" and capped.usage.output_tokens == 8 and capped.output
+    assert capped.error == ("expert 'generalist' hit its output cap (8 output tokens, 0 of them "
+                            "reasoning; max_tokens=8)")
     prompt = tiny_tokenizer.apply_chat_template(
         [{"role": "system", "content": "You are an expert."},
          {"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, tokenize=False)
-    assert ok.usage.input_tokens == len(tiny_tokenizer.encode(prompt, add_special_tokens=False))
-    assert ok.cost_usd == pytest.approx(model_pricing("Qwen3-32B").cost(ok.usage, 0.0))
-    assert ok.latency_s > 0
-    assert "unknown model 'gpt-9'" in unknown.error
+    assert capped.usage.input_tokens == len(tiny_tokenizer.encode(prompt,
+                                                                  add_special_tokens=False))
+    assert capped.cost_usd == pytest.approx(model_pricing("Qwen3-32B").cost(capped.usage, 0.0))
+    assert capped.latency_s > 0
+    assert "unknown model 'gpt-9'" in unknown.error and unknown.kind == "tool_error"
 
 
 def test_llm_tool_key_errors_never_leak(tiny_server, monkeypatch):
@@ -96,6 +102,8 @@ def test_llm_tool_key_errors_never_leak(tiny_server, monkeypatch):
     assert "401" in wrong.error and "not-the-secret-123" not in json.dumps(wrong.to_json())
     assert "UNSET_KEY" in unset.error and "is not set" in unset.error
     assert "after 2 attempts" in down.error
+    # None of them is the call's doing: a key refused or missing, an endpoint down.
+    assert [r.kind for r in (wrong, unset, down)] == ["infra_error"] * 3
 
 
 def test_composites_bill_expert_and_executor(scripted_server, tmp_path):

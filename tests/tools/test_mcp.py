@@ -1,8 +1,10 @@
 """MCP servers as tool sources (``tools.mcp``), against real servers written with the SDK
 (``tests/mcp_server.py``, FastMCP) over stdio (a subprocess the toolbox starts) and streamable
-HTTP on 127.0.0.1: listing, calling, an error result, a timeout, a crashed server restarted up to
-its bound, a changed tool list taken in between episodes, a secret header from the environment,
-and GRPO on tasks that are offered an MCP tool."""
+HTTP on 127.0.0.1: listing, calling, an error result, a timeout, an image described and counted
+(never an empty success), a crashed server restarted, left alone once it keeps crashing and used
+again once it is back (stdio, and an HTTP server down for longer than its restarts), a slow start
+bounded apart from the calls, a changed tool list taken in between episodes, a secret header
+from the environment, and GRPO on tasks that are offered an MCP tool."""
 
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ def calls(toolbox: Toolbox, *requests: tuple[str, dict]) -> list:
 
 def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
     monkeypatch.setenv("FIXTURE_SECRET", SECRET)
-    config = stdio(deny=["die", "reshape"], prices={"add": 0.01}, latencies={"add": 0.2},
-                   env=["FIXTURE_SECRET"], timeout_s=2.0)
+    config = stdio(deny=["die", "reshape", "picture", "captioned"], prices={"add": 0.01},
+                   latencies={"add": 0.2}, env=["FIXTURE_SECRET"], timeout_s=2.0)
     toolbox = toolbox_of(config)
     specs = toolbox.specs
     assert sorted(specs) == ["fx_add", "fx_fail", "fx_sleep", "fx_whoami"]
@@ -68,24 +70,61 @@ def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
     assert "timed out" in slept.error.lower() and slept.latency_s < 10
     assert secret.output == SECRET  # the server got the variable named, by name
     assert invalid.error.startswith("invalid arguments for fx_add")  # checked before the call
+    # The tool said no, the server did not answer in time, the policy's arguments were wrong.
+    assert [r.kind for r in (added, failed, slept, secret, invalid)] == [
+        "ok", "tool_error", "infra_error", "ok", "tool_error"]
     # Modeled time bills the configured latency.
     modeled = toolbox_of(config, modeled_time=True)
     (timed,) = calls(modeled, ("fx_add", {"a": 1, "b": 1}))
     assert timed.latency_s == 0.2
 
 
-def test_a_crashed_server_is_restarted_up_to_its_bound_then_a_clear_error():
-    toolbox = toolbox_of(stdio(allow=["add", "die"], restarts=2))
-    died, after, died_again, again, last_death, refused, still_refused = calls(
-        toolbox, ("fx_die", {}), ("fx_add", {"a": 1, "b": 1}), ("fx_die", {}),
-        ("fx_add", {"a": 2, "b": 2}), ("fx_die", {}), ("fx_add", {"a": 3, "b": 3}),
-        ("fx_add", {"a": 4, "b": 4}))
-    assert all("Connection closed" in result.error for result in (died, died_again, last_death))
-    assert (after.output, again.output) == ("2", "4")  # restarts 1 and 2, counted across calls
-    bound = ("tools.mcp.fx: the server's connection is lost and its restarts are used up "
-             "(restarts=2); not restarted again")
-    assert refused.error.endswith(bound) and still_refused.error.endswith(bound)
-    assert refused.output == "" and "\n" not in refused.error
+def test_an_image_is_described_and_counted_never_an_empty_success():
+    picture, captioned = calls(toolbox_of(stdio(allow=["picture", "captioned"])),
+                               ("fx_picture", {}), ("fx_captioned", {}))
+    assert (picture.kind, picture.output) == ("empty", "")
+    assert picture.error == "fx_picture returned no text: [image (image/png, 70 bytes)]"
+    assert picture.observation == ("Empty result: fx_picture returned no text: "
+                                   "[image (image/png, 70 bytes)]")
+    assert (captioned.kind, captioned.output) == ("ok", "a red dot\n[image (image/png, 70 bytes)]")
+
+
+def test_a_crashing_server_is_restarted_left_alone_while_it_keeps_crashing_then_used_again():
+    toolbox = toolbox_of(stdio(allow=["add", "die"], restarts=1, cooldown_s=1.0))
+
+    async def run():
+        async with toolbox:
+            call = toolbox.call
+            # A server that died and came back is used again, however often it died before.
+            revived = [await call(name, arguments) for name, arguments in [
+                ("fx_die", {}), ("fx_add", {"a": 1, "b": 1}), ("fx_die", {}),
+                ("fx_add", {"a": 2, "b": 2}), ("fx_die", {}), ("fx_add", {"a": 3, "b": 3})]]
+            # Lost, restarted once (restarts=1), lost again: left alone for cooldown_s.
+            crashing = [await call("fx_die", {}), await call("fx_die", {}),
+                        await call("fx_add", {"a": 4, "b": 4})]
+            await asyncio.sleep(1.1)
+            return revived, crashing, await call("fx_add", {"a": 5, "b": 5})
+
+    revived, (*crashed, refused), back = asyncio.run(run())
+    assert [r.output for r in revived[1::2]] == ["2", "4", "6"]
+    assert all("Connection closed" in r.error for r in [*revived[::2], *crashed])
+    assert refused.kind == "infra_error" and "\n" not in refused.error
+    assert refused.error.startswith("fx_add failed: ToolError: tools.mcp.fx: not connected: "
+                                    "circuit open after 2 failed requests in a row (last: "
+                                    "connection lost: McpError: Connection closed)")
+    assert (back.kind, back.output) == ("ok", "10")
+
+
+def test_connecting_is_bounded_apart_from_the_calls(monkeypatch):
+    monkeypatch.setenv("FIXTURE_START_DELAY", "2")
+    slow = stdio(allow=["add"], env=["FIXTURE_START_DELAY"], timeout_s=1.0,
+                 connect_timeout_s=20.0)
+    # Two seconds to start, each call one: the start is not the calls' to bound.
+    (added,) = calls(toolbox_of(slow), ("fx_add", {"a": 1, "b": 2}))
+    assert (added.kind, added.output) == ("ok", "3")
+    with pytest.raises(ToolError, match=r"^tools.mcp.fx: cannot connect: no connection within "
+                                        r"0.5 s \(connect_timeout_s\)$"):
+        mcp_source(stdio(allow=["add"], env=["FIXTURE_START_DELAY"], connect_timeout_s=0.5))
 
 
 def test_a_declared_orchestrator_must_send_its_ledger():
@@ -108,33 +147,69 @@ def test_the_tools_offered_list_the_servers_after_the_declared():
 
 
 def test_listing_errors_name_the_server():
-    with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 6 it lists"):
+    with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 8 it lists"):
         mcp_source(stdio(allow=["nothing"]))
     # The cause, not the SDK's task group that wraps it:
     with pytest.raises(ToolError, match="^tools.mcp.gone: cannot connect: McpError: Connection "
                                         "closed$"):
         mcp_source(stdio(name="gone", args=["-c", "import sys; sys.exit(3)"], timeout_s=5.0))
-    with pytest.raises(ConfigError, match="tools.mcp.fx.restarts must be >= 0"):
+    with pytest.raises(ConfigError, match="tools.mcp.fx.restarts and cooldown_s must be >= 0"):
         stdio(restarts=-1)
     with pytest.raises(ConfigError, match="tools.mcp.fx: give command .stdio. or url"):
         config_lib.load(["tools.mcp=[{name: fx}]"])
 
 
-@pytest.fixture(scope="module")
-def http_server():
-    (port,) = free_ports(1)
+def start_http_server(port: int) -> subprocess.Popen:
+    """The fixture server over streamable HTTP on ``port``, once it listens."""
     process = subprocess.Popen([sys.executable, SERVER, "http", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while True:
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
+                return process
         assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def http_server():
+    (port,) = free_ports(1)
+    process = start_http_server(port)
     yield f"http://127.0.0.1:{port}/mcp"
     process.terminate()
     process.wait(timeout=10)
+
+
+def test_an_http_server_down_for_longer_than_its_restarts_is_used_again_once_back():
+    (port,) = free_ports(1)
+    process = start_http_server(port)
+    config = McpServerConfig(name="fx", url=f"http://127.0.0.1:{port}/mcp", allow=["add"],
+                             restarts=1, cooldown_s=0.5, timeout_s=30.0)
+    toolbox = toolbox_of(config)
+
+    async def run():
+        nonlocal process
+        async with toolbox:
+            up = await toolbox.call("fx_add", {"a": 1, "b": 1})
+            process.kill()
+            process.wait()
+            started = time.monotonic()
+            down = [await toolbox.call("fx_add", {"a": 2, "b": 2}) for _ in range(4)]
+            seconds = time.monotonic() - started
+            process = start_http_server(port)
+            await asyncio.sleep(0.6)
+            return up, down, seconds, await toolbox.call("fx_add", {"a": 3, "b": 3})
+
+    try:
+        up, down, seconds, back = asyncio.run(run())
+    finally:
+        process.kill()
+        process.wait()
+    assert (up.output, back.output, back.kind) == ("2", "6", "ok")
+    assert [result.kind for result in down] == ["infra_error"] * 4
+    assert "circuit open after 2 failed requests in a row" in down[-1].error
+    assert seconds < 10  # each failed at once: none waited out its 30 s timeout
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

@@ -95,7 +95,13 @@ def test_every_failure_is_an_error_result():
     assert raised.error == "echo failed: RuntimeError: asked to fail"
     assert slow.error == "echo timed out after 0.2 s" and slow.latency_s >= 0.2
     assert fine.error is None and fine.output == "fine"
-    assert fine.observation == "fine" and raised.observation.startswith("Error: ")
+    # The policy's mistakes are its tool errors; a tool that broke or hung is the
+    # infrastructure's, and the observation says which.
+    assert [r.kind for r in (unknown, mistyped, misnamed, raised, slow, fine)] == [
+        "tool_error"] * 3 + ["infra_error"] * 2 + ["ok"]
+    assert fine.observation == "fine" and mistyped.observation.startswith("Error: ")
+    assert raised.observation.startswith("Unavailable (infrastructure failure, not the call's "
+                                         "fault): echo failed")
 
 
 def test_deterministic_results_are_cached_and_still_reported():

@@ -124,7 +124,7 @@ def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_pa
     with Rollouts(config, None, tiny_tokenizer, build_mixture(config),
                   [Toolbox([DelayedEcho(echo_spec("echo"))])]) as rollouts:
         async def rolled_out() -> StepBatch:
-            return StepBatch(groups, groups, SamplingStats(), Counter(), 0, 0, 0,
+            return StepBatch(groups, groups, SamplingStats(), Counter(), 0, 0,
                              rollout_idle_seconds=0.0)
 
         async def ahead() -> None:  # as run_ahead leaves step 4's rollout

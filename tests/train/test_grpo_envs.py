@@ -92,11 +92,14 @@ def test_grpo_on_tau2_talks_with_an_llm_user(start_checkpoint, tiny_tokenizer, t
                                         "env.domain=mock", f"env.user.base_url={server.url}",
                                         f"env.user.model={MODEL}", "env.user.max_retries=0",
                                         # tau2's step limit bounds a conversation (not max_turns)
-                                        "env.user.max_steps=3"))
+                                        "env.user.max_steps=3",
+                                        # Half the episodes fail: masked, and trained past.
+                                        "rollout.max_infra_error_rate=0.5"))
     metrics = read_metrics(tmp_path / "run" / "grpo-tau2")
     assert [m["step"] for m in metrics] == [1, 2]
-    # Each round's 4 episodes (2 prompts x 2 samples) have consecutive seeds: 2 failed.
-    assert all(m["sampling/user_errors"] == 2 * m["sampling/rounds"]
+    # Each round's 4 episodes (2 prompts x 2 samples) have consecutive seeds: 2 failed, and
+    # left their groups.
+    assert all(m["masked/user_error"] == 2 * m["sampling/rounds"] and m["masked/rate"] == 0.5
                and "source/tau2/accuracy" in m for m in metrics)
 
 

@@ -1,9 +1,12 @@
 """Faults injected into GRPO: a tool that raises, one that hangs past its timeout, one that
-returns 10 MB, an expert endpoint on 127.0.0.1 that dies mid-step, and the reward server (a real
-``nemo-orch serve reward``) restarted mid-step. Each tool fault is a counted error in its step's
-metrics and an episode scored on what came back, never a crash; a reward server that comes back
-within the retries is waited for, one that does not stops the run with one clear line, and the
-same command resumes it from its last checkpoint. Nothing hangs.
+returns 10 MB, an expert endpoint on 127.0.0.1 that dies mid-step or fails a share of its calls,
+and the reward server (a real ``nemo-orch serve reward``) restarted mid-step. Each tool fault is
+a call of its kind counted in its step's metrics, never a crash; an episode an infrastructure
+failure decided is masked out of its group (the others' advantages are those of a group where
+it never ran), and past ``rollout.max_infra_error_rate`` the step stops with one line naming
+the endpoint. A reward server that comes back within the retries is waited for, one that does
+not stops the run with one clear line, and the same command resumes it from its last
+checkpoint. Nothing hangs.
 
 First the rollouts alone, with a scripted policy (exact counts); then whole GRPO runs, one per
 backend, of a tiny policy fine-tuned to call the task's tool, with directed exploration forcing
@@ -21,8 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,7 +48,7 @@ FAULTS = {"raise": ("faulty", {"mode": "raise"}), "hang": ("faulty", {"mode": "h
           "fine": ("faulty", {"mode": "ok"})}
 
 
-def _declarations(directory: Path, expert_url: str) -> list[str]:
+def _declarations(directory: Path, expert_url: str, **expert_options: Any) -> list[str]:
     faulty = {"name": "faulty", "description": "A tool that fails as asked.",
               "parameters": {"type": "object", "properties": {"mode": {
                   "type": "string", "enum": ["raise", "hang", "huge", "ok"]}},
@@ -56,7 +61,7 @@ def _declarations(directory: Path, expert_url: str) -> list[str]:
               "class": "fixture_tools.ExpertOnTheQuestion",
               "options": {"models": {"m": {"base_url": expert_url, "model": "m",
                                            "usd_per_million": [1.0, 1.0]}},
-                          "timeout_s": 2.0, "max_retries": 1}}
+                          "timeout_s": 2.0, "max_retries": 1, **expert_options}}
     paths = []
     for declaration in (faulty, expert):
         path = directory / f"{declaration['name']}.json"
@@ -132,7 +137,9 @@ def test_rollouts_count_faults_and_go_on(tmp_path, tiny_tokenizer):
             "env=tasks", f"env.path={tasks}", "env.val_fraction=0",
             f"tools.declarations=[{','.join(_declarations(tmp_path, expert.url))}]",
             "grpo.prompts_per_step=10", "rollout.group_size=2", "grpo.max_sampling_rounds=1",
-            "rollout.max_turns=2", "rollout.max_new_tokens=64", "reward.min_group_std=0"])
+            "rollout.max_turns=2", "rollout.max_new_tokens=64", "reward.min_group_std=0",
+            # The faults are this test's subject: train on what they leave.
+            "rollout.max_infra_error_rate=1"])
         mixture = build_mixture(config)
         toolboxes = [environment.toolbox() for environment in mixture.environments]
         engine = ScriptedEngine(tiny_tokenizer, _reply)
@@ -156,12 +163,113 @@ def test_rollouts_count_faults_and_go_on(tmp_path, tiny_tokenizer):
 
         steps = asyncio.run(three_steps())
     for metrics in steps:
-        # Every fault came back as an error observation: counted, and the step went on.
+        # Every fault came back as an observation of its kind: counted, and the step went on.
         assert metrics["call_errors/faulty"] == 8  # raise and hang: 2 tasks x 2 samples each
         assert metrics["seconds"] < 60  # the hanging tool was cut at its 1 s timeout
-        assert 0 < metrics["accuracy"] < 1  # faulted episodes scored wrong, fine ones right
+        # The tool broke or hung: masked, not scored as the policy's zeros.
+        assert metrics["masked/infra_error"] >= 8
+        assert 0 < metrics["accuracy"] < 1  # huge outputs answered wrong, fine ones right
     assert "call_errors/expert" not in steps[0]  # it answered while it lived
+    assert (steps[0]["masked/episodes"], steps[0]["masked/rate"]) == (8, 8 / 20)
+    assert steps[0]["calls/infra_error"] == 8 and steps[0]["call_rate/infra_error"] == 8 / 20
     assert all(metrics["call_errors/expert"] == 4 for metrics in steps[1:])  # 2 x 2
+    assert all(metrics["masked/episodes"] == 12 for metrics in steps[1:])
+
+
+class FlakyExpert:
+    """An expert endpoint on 127.0.0.1 whose every question's calls go: 500, right, wrong,
+    right, ... (the n-th call of a question: n % 4)."""
+
+    def __init__(self) -> None:
+        from local_http import JSONServer
+
+        self.calls: Counter = Counter()
+
+        def answer(path, headers, body):
+            question = body["messages"][-1]["content"]
+            turn = self.calls[question] % 4
+            self.calls[question] += 1
+            if turn == 0:
+                return 500, {"error": {"message": "upstream overloaded"}}, {}
+            return 200, {"model": "m", "choices": [{"index": 0, "finish_reason": "stop",
+                                                    "message": {"content": ["fine", "nope"][
+                                                        turn == 2]}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 1}}, {}
+
+        self.server = JSONServer(answer, url_path="/v1")
+        self.url = self.server.url
+
+
+def test_an_expert_failing_a_share_of_its_calls_is_masked_then_stops_the_step(tmp_path,
+                                                                              tiny_tokenizer):
+    from nemo_orch.call_kinds import InfrastructureError
+    from nemo_orch.reward import OutcomeScorer, by_answer, group_advantages, score_group
+
+    path = tmp_path / "tasks.jsonl"
+    write_tasks(path, [Task(id=f"expert{i}", question=f"expert please {i}", answer="fine")
+                       for i in range(4)])
+    flaky = FlakyExpert()
+    # No retry and no circuit breaker: exactly one call of four fails.
+    declarations = _declarations(tmp_path, flaky.url, max_retries=0, guard={"failures": 0})
+
+    def rollouts(max_rate: float) -> tuple[Any, Rollouts]:
+        config = config_lib.load([
+            "env=tasks", f"env.path={path}", "env.val_fraction=0",
+            f"tools.declarations=[{','.join(declarations)}]", "grpo.prompts_per_step=4",
+            "rollout.group_size=4", "grpo.max_sampling_rounds=1", "rollout.max_turns=2",
+            "rollout.max_new_tokens=64", "reward.min_group_std=0",
+            f"rollout.max_infra_error_rate={max_rate}"])
+        mixture = build_mixture(config)
+        toolboxes = [environment.toolbox() for environment in mixture.environments]
+        return config, Rollouts(config, ScriptedEngine(tiny_tokenizer, _reply), tiny_tokenizer,
+                                mixture, toolboxes)
+
+    async def step(rollouts: Rollouts):
+        for toolbox in rollouts.toolboxes.values():
+            await toolbox.start()
+        try:
+            return await rollouts.batch(1)
+        finally:
+            for toolbox in rollouts.toolboxes.values():
+                await toolbox.close()
+
+    try:
+        config, tolerant = rollouts(0.3)
+        batch = asyncio.run(step(tolerant))
+        # Past the threshold (a quarter of the episodes > 0.2), the step stops, naming the
+        # endpoint, in one line.
+        with pytest.raises(InfrastructureError) as stopped:
+            asyncio.run(step(rollouts(0.2)[1]))
+    finally:
+        flaky.server.stop()
+    metrics = batch.metrics()
+    assert (metrics["masked/infra_error"], metrics["masked/rate"]) == (4, 0.25)
+    assert metrics["calls/infra_error"] == 4 and metrics["calls/ok"] == 12
+    scorer = by_answer(OutcomeScorer(config.reward))
+    for group in batch.kept:
+        (masked, failure), = group.masked  # one episode of each group
+        assert failure.reason == "infra_error" and failure.endpoint == "expert(model=m)"
+        assert "HTTP 500: upstream overloaded" in failure.detail
+        kept = group.trajectories
+        assert masked not in kept and len(kept) == 3
+        # The others' rewards and advantages: those of a group where it never ran ...
+        outcomes = [asyncio.run(scorer(group.task, t)) for t in kept]
+        never_ran = score_group(group.task, kept, outcomes, config.reward)
+        assert [b.reward for b in group.breakdowns] == [b.reward for b in never_ran]
+        advantages = group_advantages([b.reward for b in group.breakdowns], config.reward)
+        # ... not those it would have given them as a zero of the policy's.
+        with_zero = score_group(group.task, [*kept, masked],
+                                [*outcomes, asyncio.run(scorer(group.task, masked))],
+                                config.reward)
+        assert advantages != group_advantages([b.reward for b in with_zero],
+                                              config.reward)[:3]
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message.startswith("4 of the 16 episodes of step 1 were decided by infrastructure "
+                              "failures (25% > rollout.max_infra_error_rate=0.2), rather than "
+                              "trained on: expert(model=m): 4 x infra_error (expert 'm' failed: "
+                              f"POST {flaky.url}/chat/completions failed after 1 attempt; last "
+                              "error: HTTP 500: upstream overloaded)"), message
 
 
 # ----------------------------------------------------------------------------- whole runs
@@ -299,10 +407,13 @@ class GRPORun:
 
 
 def _grpo_overrides(policy: Path, out: Path, reward_url: str, expert_url: str,
-                    *extra: str) -> list[str]:
+                    *extra: str, max_infra_error_rate: float = 1.0) -> list[str]:
+    """A GRPO run on the faulty tools; the faults are its subject, so by default it trains
+    on what they leave whatever their share."""
     tasks = _write_tasks(out / "tasks.jsonl", per_kind=4)
     declarations = _declarations(out, expert_url)
     return [f"trainer.init_from={policy}", f"run.output_dir={out}", "run.name=run",
+            f"rollout.max_infra_error_rate={max_infra_error_rate}",
             "env=tasks", f"env.path={tasks}", "env.val_fraction=0",
             f"tools.declarations=[{','.join(declarations)}]", f"reward.endpoint={reward_url}",
             "grpo.max_steps=2", "grpo.save_interval=1", "grpo.prompts_per_step=5",
@@ -316,6 +427,7 @@ def _check_fault_metrics(metrics: list[dict]) -> None:
     assert [m["step"] for m in metrics] == [1, 2]
     for step in metrics:
         assert step["call_errors/faulty"] >= 1 and step["source/tasks/tool/faulty"] > 0
+        assert step["masked/infra_error"] >= 1  # a tool that raised or hung: not trained on
         assert step["time/rollout_s"] < 60  # the hanging tool was cut at its 1 s timeout
     assert sum(step.get("call_errors/expert", 0) for step in metrics) >= 1  # once it died
 
@@ -345,6 +457,24 @@ def test_grpo_stops_clearly_when_the_reward_server_is_gone_and_resumes(
         assert expert.process.wait(timeout=60) == -signal.SIGKILL  # it died mid-request
     assert "grpo: env=tasks, steps 2-2" in resumed.stdout
     _check_fault_metrics(read_metrics(tmp_path / "run" / "grpo-tasks"))
+
+
+@pytest.mark.slow
+def test_grpo_stops_in_one_line_when_infrastructure_decides_too_many_episodes(
+        fault_policy, reward_server, tmp_path):
+    reward_server.start()
+    with Expert() as expert:
+        run = GRPORun(_grpo_overrides(fault_policy, tmp_path, reward_server.url, expert.url,
+                                      max_infra_error_rate=0.05), tmp_path)
+        assert run.finish() == 2
+    last = run.errors().strip().splitlines()[-1]
+    assert last.startswith("nemo-orch grpo: error: GRPO stopped in step 1: "), last
+    assert "were decided by infrastructure failures" in last
+    assert "> rollout.max_infra_error_rate=0.05), rather than trained on: faulty: " in last
+    assert last.endswith("Run the same command again to resume from the start (no step was "
+                         "checkpointed)."), last
+    assert "InfrastructureError" not in run.errors()  # no traceback
+    assert run.logged_steps() == 0
 
 
 @pytest.mark.slow

@@ -14,12 +14,14 @@ from nemo_orch.config import Config, EnvSourceConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, declared_tools
 from nemo_orch.envs.interfaces import SPLITS, Scored, draw
-from nemo_orch.envs.offline.oracle import OracleTable, route_of
+from nemo_orch.envs.offline.oracle import OracleTable, knows_experts, route_of
 from nemo_orch.envs.offline.values import utility
 from nemo_orch.envs.offline.world import held_out_tasks, interface_of, make_tasks
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
+# The report's note on preference adherence where no oracle judges it.
+NO_ORACLE = "preference adherence"
 # Validation tasks are drawn with the run's seed plus this (the held-out test tasks with
 # world.HELD_OUT_SEED): neither is ever a training task.
 VALIDATION_SEED_OFFSET = 104729
@@ -61,6 +63,13 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
                                trajectory.cost_usd, trajectory.tool_counts(),
                                self.usd_reference)})
 
-    def oracle(self, toolbox: Toolbox, tokenizer: Any) -> OracleTable:
+    def oracle(self, toolbox: Toolbox, tokenizer: Any) -> OracleTable | None:
+        """The best routes, from the simulated experts' known accuracies and prices; None with
+        experts it does not know (served ones: ``tools=experts``, ``tools=reference``), whose
+        episodes are then not judged for preference adherence (the report's notes say so)."""
+        if not knows_experts(toolbox):
+            self.notes[NO_ORACLE] = ("not judged: the oracle knows only the simulated "
+                                     "experts' routes, and these tools call others")
+            return None
         return OracleTable(toolbox, tokenizer, self.usd_reference,
                            self.orchestrator_usd_per_token)

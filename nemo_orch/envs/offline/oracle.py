@@ -22,6 +22,7 @@ from nemo_orch.envs.offline.world import EXPERT_TOOL, route_values
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.base import Usage
 from nemo_orch.tools.registry import Toolbox
+from nemo_orch.tools.simulated_expert import SimulatedExpert
 
 NO_ROUTE = "none"
 
@@ -66,6 +67,15 @@ def group_means(tasks: list[Task], rewards: list[float],
                     "reward": statistics.mean(reward for reward, _ in members),
                     "accuracy": statistics.mean(accuracy for _, accuracy in members)}
             for group, members in sorted(rows.items())}
+
+
+def knows_experts(toolbox: Toolbox) -> bool:
+    """Whether the oracle knows the toolbox's experts: the simulated world's, behind
+    ToolOrchestra's composites or as the basic interface's expert tool."""
+    if orchestra.offers(toolbox.tools):
+        return all(isinstance(getattr(toolbox.tools[name], "expert", None), SimulatedExpert)
+                   for name in orchestra.TOOLS)
+    return isinstance(toolbox.tools.get(EXPERT_TOOL), SimulatedExpert)
 
 
 class OracleTable:

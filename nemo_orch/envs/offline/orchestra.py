@@ -43,6 +43,7 @@ from nemo_orch.tools.simulated_expert import (SimulatedExpert, reading, writing_
                                                wrong_answer)
 
 SEARCH, REASON, ANSWER = "search", "enhance_reasoning", "answer"
+TOOLS = (SEARCH, REASON, ANSWER)
 WRITERS = (SEARCH, REASON)
 MAX_CALLS = 3
 Route = tuple[tuple[str, dict[str, Any]], ...]
@@ -83,7 +84,7 @@ CODE_DIFFICULTY = {"arithmetic": "easy", "lookup_compute": "easy", "word": "lang
 
 def offers(tool_names: Iterable[str]) -> bool:
     """Whether a tool set is this interface (it has the three composites)."""
-    return {SEARCH, REASON, ANSWER} <= set(tool_names)
+    return set(TOOLS) <= set(tool_names)
 
 
 def instruction(preference: str, rng: random.Random) -> str | None:
@@ -142,7 +143,7 @@ class Writers:
 
     @classmethod
     def of(cls, toolbox: Toolbox) -> "Writers":
-        composites = {name: toolbox.tools[name] for name in (SEARCH, REASON, ANSWER)}
+        composites = {name: toolbox.tools[name] for name in TOOLS}
         experts = {name: tool.expert for name, tool in composites.items()}
         for name, expert in experts.items():
             if not isinstance(expert, SimulatedExpert):

@@ -32,6 +32,7 @@ from typing import Any
 
 import pydantic
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.data.domain_tasks import DomainTask
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.records import read_records
@@ -176,8 +177,8 @@ class Tau2Tool(BaseTool):
             # the task's initialization actions): the evaluator's replays see it too.
             with domain_clock():
                 episode = self.environments.get(context)
-        except Tau2Error as error:
-            return ToolResult(error=str(error))
+        except Tau2Error as error:  # the task's environment cannot be built: not the call's
+            return ToolResult(error=str(error), kind=CallKind.INFRA_ERROR)
         tool_call = _tau2().message.ToolCall(name=self.spec.name, arguments=arguments,
                                              requestor=self.requestor)
         with domain_clock():

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   billed_result)
 from nemo_orch.tools.sandbox.cgroups import (_GROUP_PREFIX, _KILL_TIMEOUT_S, _kill_group,
@@ -290,7 +291,8 @@ class PythonSandbox(BaseTool):
             worker = await self._acquire()
         except (_SpawnError, ToolError) as exc:
             return billed_result(self.spec, started, context,
-                                 error=f"sandbox failed to start: {exc}")
+                                 error=f"sandbox failed to start: {exc}",
+                                 kind=CallKind.INFRA_ERROR)
         try:
             output, error = await self._run(worker, code)
         finally:
