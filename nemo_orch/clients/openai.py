@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.http import HTTPError, JSONClient, error_message
 from nemo_orch.clients.sse import EventStream
 from nemo_orch.config.base import ConfigError
@@ -79,6 +80,24 @@ class ChatResult:
     # Of output_tokens, those spent reasoning (``usage.completion_tokens_details``), which
     # OpenAI counts among the completion tokens and bills at the output price.
     reasoning_tokens: int = 0
+
+    def unusable(self, max_tokens: int | None) -> tuple[CallKind, str] | None:
+        """Why this reply is no usable answer, and its kind (None: it is one): cut by the
+        endpoint (``finish_reason`` ``length``, as a reasoning model's that spent its cap
+        thinking, or ``content_filter``: ``truncated``), or without text (``empty``); the
+        reason is a phrase of which the endpoint is the subject. ``max_tokens``: the cap it
+        was asked with, for the message."""
+        spent = (f" ({self.output_tokens} output tokens, {self.reasoning_tokens} of them "
+                 f"reasoning; max_tokens={max_tokens})")
+        if self.finish_reason == "length":
+            return CallKind.TRUNCATED, (f"hit its output cap{spent}"
+                                        + ("" if self.text else " before writing any answer"))
+        if self.finish_reason == "content_filter":
+            return CallKind.TRUNCATED, ("was stopped by a content filter"
+                                        + ("" if self.text else " before writing any answer"))
+        if not self.text.strip() and not self.tool_calls:
+            return CallKind.EMPTY, f"replied with no text{spent}"
+        return None
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,10 @@ class OutcomeScorer:
             raise  # a judge that refuses its dialect would fail every answer alike
         except Exception as error:  # any failure of the judge is a wrong answer, never a crash
             return OutcomeResult(False, "judge_error", f"{type(error).__name__}: {error}")
+        unusable = reply.unusable(judge.max_tokens)
         verdict, detail = judge.parse(reply.text)
+        if unusable is not None and verdict is None:  # a verdict before the cut still stands
+            return OutcomeResult(False, "judge_error", f"the judge {unusable[1]} ({unusable[0]})")
         if verdict is None:
             return OutcomeResult(False, "judge_error",
                                  f"no verdict ({detail}) in {reply.text[:200]!r}")

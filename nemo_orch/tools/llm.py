@@ -9,9 +9,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.breaker import GuardSettings
-from nemo_orch.clients.openai import ChatResult, OpenAIClient, OpenAIError
+from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 from nemo_orch.config.dialect import DEFAULT_DIALECT
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   Usage, billed_seconds, building_with)
@@ -129,27 +128,11 @@ class LLMTool(BaseTool):
         usage = Usage(reply.input_tokens, reply.output_tokens, reply.reasoning_tokens)
         seconds = billed_seconds(self.spec, reply.latency_s, context)
         cost = self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(usage, seconds)
-        error, kind = _unusable(alias, reply, endpoint.max_tokens)
-        return ToolResult(output=reply.text, error=error, kind=kind, usage=usage, cost_usd=cost,
-                          latency_s=seconds)
+        unusable = reply.unusable(endpoint.max_tokens)
+        return ToolResult(output=reply.text, usage=usage, cost_usd=cost, latency_s=seconds,
+                          **({} if unusable is None else {
+                              "kind": unusable[0], "error": f"expert {alias!r} {unusable[1]}"}))
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         return await self.ask(arguments["model"], arguments["question"], context)
 
-
-# The finish reasons of a reply the endpoint cut short.
-_CUT = {"length": "hit its output cap", "content_filter": "was stopped by a content filter"}
-
-
-def _unusable(alias: str, reply: ChatResult,
-              max_tokens: int) -> tuple[str | None, CallKind | None]:
-    """Why a reply that came back is no usable answer, and its kind (None, None: it is)."""
-    spent = (f" ({reply.output_tokens} output tokens, {reply.reasoning_tokens} of them "
-             f"reasoning; max_tokens={max_tokens})")
-    if reply.finish_reason in _CUT:
-        return (f"expert {alias!r} {_CUT[reply.finish_reason]}"
-                f"{spent if reply.finish_reason == 'length' else ''}"
-                + ("" if reply.text else " before writing any answer"), CallKind.TRUNCATED)
-    if not reply.text.strip():
-        return f"expert {alias!r} replied with no text{spent}", CallKind.EMPTY
-    return None, None

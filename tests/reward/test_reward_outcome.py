@@ -158,6 +158,35 @@ def test_judge_down_is_a_judge_error_not_an_exception():
     assert "ConnectError" in result.detail or "connect" in result.detail.lower()
 
 
+def test_a_judge_that_spends_its_cap_thinking_is_a_judge_error_masked_out_of_its_group():
+    """A reasoning judge whose cap went to thinking (``finish_reason: length``, no content, as
+    OpenAI answers it): a judge failure saying so, never a verdict; GRPO masks its episode."""
+    from local_http import JSONServer
+    from reward_fixtures import trajectory
+
+    from nemo_orch.reward import by_answer, score_groups
+
+    def answer(path, headers, body):
+        return 200, {"model": "o3-mini", "choices": [
+            {"index": 0, "finish_reason": "length", "message": {"content": ""}}],
+            "usage": {"prompt_tokens": 80, "completion_tokens": 256,
+                      "completion_tokens_details": {"reasoning_tokens": 256}}}, {}
+
+    with JSONServer(answer, url_path="/v1") as judge:
+        config = RewardConfig(judge_base_url=judge.url, judge_model="o3-mini")
+        scorer = OutcomeScorer(config)
+        result = score(scorer, CAPITAL, "The city of Lyon")
+        judged, exact = trajectory("The city of Lyon"), trajectory("Paris")
+        (group,) = asyncio.run(score_groups([CAPITAL], [[judged, exact]], config,
+                                            by_answer(scorer)))
+    assert (result.correct, result.method) == (False, "judge_error")
+    assert result.detail == ("the judge hit its output cap (256 output tokens, 256 of them "
+                             "reasoning; max_tokens=256) before writing any answer (truncated)")
+    assert group.trajectories == [exact] and len(group.breakdowns) == 1
+    ((masked, failure),) = group.masked
+    assert masked is judged and (failure.reason, failure.endpoint) == ("judge_error", "the judge")
+
+
 def test_domain_task_outcome_replays_the_episode_calls():
     shop = generate_domain("shop", seed=0)
     drawn = next(t for t in generate_tasks(shop, seed=0) if t.facts and len(t.gold_actions) > 2)
