@@ -373,6 +373,12 @@ def cmd_eval(config: Config, args: argparse.Namespace) -> int:
         print(f"  {decided} episodes decided by infrastructure failures, left out of accuracy "
               f"and listed in {summary.report.parent / 'report.md'}; run the same command "
               "again to run them again")
+    unscored = [name for name, row in summary.systems.items() if not row["scored"]]
+    if unscored:  # a report of nothing: no script may take it for a result
+        print(f"nemo-orch eval: error: no episode of {', '.join(unscored)} was scored: "
+              "infrastructure failures decided every one (see the report); run the same "
+              "command again once the endpoints are back", file=sys.stderr)
+        return EXIT_USER_ERROR
     return 0
 
 

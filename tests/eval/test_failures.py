@@ -97,6 +97,27 @@ def test_an_outage_is_counted_left_out_of_accuracy_and_run_again_on_resume(
     assert "decided by infrastructure" not in resumed.stdout
 
 
+def test_an_evaluation_that_scored_nothing_exits_2(tmp_path, tiny_tokenizer_dir):
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, [Task(id=f"flaky{i}", question=f"flaky question {i}", answer="4")
+                        for i in range(2)])
+    with Expert() as expert:
+        failed = run_cli_here(
+            "eval", "--benchmark", "tasks", "--agent", "fixed:cheapest", f"env.path={tasks}",
+            f"tools.declarations=[{_expert_declaration(tmp_path, expert.url)}]",
+            f"tokenizer.path={tiny_tokenizer_dir}", "model.vocab_size=1024",
+            f"eval.out_dir={tmp_path / 'eval'}", expect=2)
+    assert failed.stderr.strip().splitlines()[-1] == (
+        "nemo-orch eval: error: no episode of fixed:cheapest was scored: infrastructure "
+        "failures decided every one (see the report); run the same command again once the "
+        "endpoints are back")
+    row = json.loads((tmp_path / "eval" / "report.json").read_text())["systems"][
+        "fixed:cheapest"]
+    assert (row["scored"], row["accuracy"], row["usd_per_task"]) == (0, None, None)
+    assert "| fixed:cheapest | 2 | n/a (0.000-1.000) | 2 |" in (
+        tmp_path / "eval" / "report.md").read_text()
+
+
 def test_fixed_routers_run_beside_served_experts_and_on_tasks_of_no_family(
         tmp_path, tiny_tokenizer_dir, monkeypatch):
     from simulated_openai import SimulatedOpenAI
