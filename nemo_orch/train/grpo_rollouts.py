@@ -30,7 +30,8 @@ from nemo_orch.models import checkpoint
 from nemo_orch.reward.advantages import SamplingStats, fill_batch, group_drop_reason
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.reward.outcome import OutcomeResult
-from nemo_orch.reward.scoring import OutcomeFn, ScoredGroup, by_answer, score_groups
+from nemo_orch.reward.scoring import (OutcomeFn, ScoredGroup, by_answer, infra_failure,
+                                     score_groups)
 from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
 from nemo_orch.rollout.episode import Trajectory, prompt_length
@@ -462,7 +463,8 @@ class Rollouts:
 
     async def validate(self) -> dict[str, float]:
         """Greedy episodes on ``grpo.val_tasks`` validation tasks of each source (the same
-        tasks every time): ``val/<source>/accuracy`` and ``usd_per_task``."""
+        tasks every time): ``val/<source>/accuracy`` and ``usd_per_task`` over the episodes no
+        failure outside the policy decided, and how many one did (``infra_decided``)."""
         settings = dataclasses.replace(self.settings, temperature=0.0)
         metrics = {}
         for environment in self.mixture.environments:
@@ -479,11 +481,16 @@ class Rollouts:
             scored = await asyncio.gather(*(environment.score(task, trajectory) for
                                             task, trajectory in zip(tasks, trajectories)))
             prefix = f"val/{environment.name}"
-            metrics[f"{prefix}/accuracy"] = statistics.mean(
-                float(result.outcome.correct) for result in scored)
-            metrics[f"{prefix}/usd_per_task"] = statistics.mean(t.cost_usd
-                                                                for t in trajectories)
+            decided = [infra_failure(t, result.outcome) is not None
+                       for t, result in zip(trajectories, scored)]
+            kept = [(t, result) for t, result, out in zip(trajectories, scored, decided)
+                    if not out]
             metrics[f"{prefix}/tasks"] = len(tasks)
+            metrics[f"{prefix}/infra_decided"] = sum(decided)
+            if kept:
+                metrics[f"{prefix}/accuracy"] = statistics.mean(
+                    float(result.outcome.correct) for _, result in kept)
+                metrics[f"{prefix}/usd_per_task"] = statistics.mean(t.cost_usd for t, _ in kept)
         return metrics
 
     async def batch(self, step: int, tools: list[str] | None = None) -> StepBatch:
