@@ -75,8 +75,8 @@ async def reshape(ctx: Context) -> str:
 
 
 # A 1x1 PNG (70 bytes).
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx"
-                       "0gAAAABJRU5ErkJggg==")
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8Dw"
+                       "HwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
 
 
 @server.tool()

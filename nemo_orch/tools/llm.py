@@ -135,4 +135,3 @@ class LLMTool(BaseTool):
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         return await self.ask(arguments["model"], arguments["question"], context)
-

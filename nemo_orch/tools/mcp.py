@@ -200,9 +200,10 @@ class McpServer:
 
     async def call(self, tool: str, arguments: dict[str, Any],
                    meta: dict[str, Any] | None = None) -> Any:
-        """``tools/call`` (``meta``: the request's ``_meta``). A connection found closed before the request went out (a server that
-        died since) is made again, once; one that closes during the call fails the call, and
-        the next call reconnects (the request may have run: it is not repeated)."""
+        """``tools/call`` (``meta``: the request's ``_meta``). A connection found closed
+        before the request went out (a server that died since) is made again, once; one that
+        closes during the call fails the call, and the next call reconnects (the request may
+        have run: it is not repeated). A call the server answers closes its circuit."""
         import anyio
         from mcp.shared.exceptions import McpError
         from mcp.types import CONNECTION_CLOSED
@@ -214,11 +215,13 @@ class McpServer:
                 result = await self._while_connected(session.call_tool(
                     tool, arguments, read_timeout_seconds=timedelta(seconds=self.config.timeout_s),
                     meta=meta))
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError,
-                    ConnectionError) as error:
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError) as error:
                 await self._drop(session, error)
                 if attempt:
                     raise
+            except ConnectionError as error:  # it ended during the call, which is not repeated
+                await self._drop(session, error)
+                raise
             except McpError as error:
                 if error.error.code == CONNECTION_CLOSED:
                     await self._drop(session, error)

@@ -148,8 +148,8 @@ def test_fixed_routers_run_beside_served_experts_and_on_tasks_of_no_family(
     summary = harness.run(config_lib.load([*base, "env=qa", f"env.path={qa}",
                                            f"eval.out_dir={tmp_path / 'qa'}"]),
                           ["fixed:strongest"])
-    records = [json.loads(line) for line in
-               (tmp_path / "qa" / "episodes" / "fixed-strongest.jsonl").read_text().splitlines()[1:]]
+    episodes = tmp_path / "qa" / "episodes" / "fixed-strongest.jsonl"
+    records = [json.loads(line) for line in episodes.read_text().splitlines()[1:]]
     assert summary.systems["fixed:strongest"]["tasks"] == 3
     assert all([call["tool"] for turn in record["episode"]["ledger"] for call in turn["calls"]]
                == ["answer"] for record in records)
