@@ -7,9 +7,11 @@ For each policy: ``reward`` (the absolute preference utility of
 ``seconds_per_task``, ``pref_adherence`` (how well the routes taken serve each task's
 preference: the route's expected utility over the oracle route's, so a policy is judged on its
 choice, not on how it carried it out), ``oracle_route_share`` (the share of tasks answered by
-exactly the oracle's route), ``format_error_rate`` (format errors per turn) and ``tool_mix``
-(the share of each route per family and preference). The oracle's numbers are expectations
-over the simulated experts' known accuracies and prices.
+exactly the oracle's route), ``format_error_rate`` (format errors per turn), ``tool_mix``
+(the share of each route per family and preference), and every call by tool and kind with the
+episodes a failure outside the policy decided (``call_kinds``, ``calls_by_tool``,
+``infra_decided``: left out of every other figure). The oracle's numbers are expectations over
+the simulated experts' known accuracies and prices.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.offline.oracle import (OracleTable, group_means, oracle_route_share,
                                            route_shares)
-from nemo_orch.eval.report import EpisodeResult, summarize
+from nemo_orch.eval.report import EpisodeResult, calls_by_kind, summarize
 
 SMOOTHING = 5  # steps in each plotted curve's running mean
 SHOWN_ROUTES = 3  # routes plotted per group: its most taken over the run
@@ -35,10 +37,12 @@ def policy_row(tasks: list[Task], records: list[dict[str, Any]],
     """One policy's row from its episode records on the offline world (in task order): the
     harness's numbers, and the routes and utilities the environment's score put in the
     details."""
-    results = [EpisodeResult(**record["result"]) for record in records]
-    summary = summarize(results)
-    routes = [record["details"]["route"] for record in records]
-    utilities = [record["details"]["utility"] for record in records]
+    summary = summarize([EpisodeResult(**record["result"]) for record in records])
+    scored = [(task, record, result) for task, record in zip(tasks, records)
+              if not (result := EpisodeResult(**record["result"])).decided_by_infrastructure]
+    tasks = [task for task, _, _ in scored]
+    routes = [record["details"]["route"] for _, record, _ in scored]
+    utilities = [record["details"]["utility"] for _, record, _ in scored]
     return {
         "reward": sum(utilities) / len(utilities), "accuracy": summary["accuracy"],
         "usd_per_task": summary["usd_per_task"],
@@ -48,7 +52,8 @@ def policy_row(tasks: list[Task], records: list[dict[str, Any]],
         "oracle_route_share": oracle_route_share(table, tasks, routes),
         "within_budget": summary["within_budget"],
         "tool_mix": route_shares(tasks, routes),
-        "groups": group_means(tasks, utilities, [float(r.correct) for r in results]),
+        "groups": group_means(tasks, utilities, [float(r.correct) for _, _, r in scored]),
+        **{key: summary[key] for key in ("call_kinds", "calls_by_tool", "infra_decided")},
     }
 
 
@@ -130,6 +135,7 @@ def write_report(run_dir: Any, report: Mapping[str, Any], rl_dir: Any) -> None:
         cells = [_top_routes(report[name]["tool_mix"].get(group, {})) for name in names]
         lines.append(f"| {group} | {oracle_row['tasks']} | {rewards} | " + " | ".join(cells)
                      + " |")
+    lines += calls_by_kind({name: report[name] for name in names if "call_kinds" in report[name]})
     if "toolscale" in report:
         lines += ["", "## ToolScale domain tasks (database state and facts; greedy)", "",
                   "| agent | domain | tasks | accuracy | USD/task | calls/task | "

@@ -241,10 +241,9 @@ def _table(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str]) -> li
     return lines
 
 
-def _calls_by_kind(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Each system's calls by tool and kind, where any call did not end ``ok``."""
-    if not any(count for row in systems.values() for kind, count in row["call_kinds"].items()
-               if kind != CallKind.OK):
+def calls_by_kind(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each system's calls by tool and kind (markdown lines; none where no call was made)."""
+    if not any(row["calls_by_tool"] for row in systems.values()):
         return []
     return ["", "Calls by tool and kind:", "",
             "| system | tool | " + " | ".join(KINDS) + " |", "|---|---|" + "---:|" * len(KINDS),
@@ -358,7 +357,7 @@ def write_report(out_dir: str | Path, benchmark: str,
     plots = _plots(summaries, front, out_dir)
     lines = [f"# {benchmark}", "", *_table(summaries, front), "",
              "\\* on the cost-accuracy Pareto front.", *_pass_hat_k(summaries),
-             *_calls_by_kind(summaries), *_infra_decided(summaries), *_notes(notes),
+             *calls_by_kind(summaries), *_infra_decided(summaries), *_notes(notes),
              "",
              *[f"![{plot.stem}]({plot.name})" for plot in plots]]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
