@@ -80,8 +80,8 @@ class EpisodeResult:
     @property
     def decided_by_infrastructure(self) -> bool:
         """Whether a failure outside the system decided it (a result cached before such
-        failures were recorded knows only the user's)."""
-        return self.infra_failure is not None or self.user_error
+        failures were recorded knows only the user's and the judge's)."""
+        return self.infra_failure is not None or self.user_error or self.judge_error
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -149,6 +149,12 @@ def call_kind_counts(results: Sequence[EpisodeResult]) -> tuple[dict[str, int],
              for tool, kinds in sorted(by_tool.items())})
 
 
+def _legacy_failure(result: EpisodeResult) -> dict[str, str]:
+    """The failure of a result cached before failures were recorded whole."""
+    return asdict(InfraFailure("user_error", "the user", "") if result.user_error
+                  else InfraFailure("judge_error", "the judge", ""))
+
+
 def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     """A system's numbers over its episodes (one per task, or per trial of each task:
     ``tasks`` counts the episodes, ``pass_hat_k`` the tasks' pass^k). The episodes decided by
@@ -190,9 +196,8 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "infra_decided": len(decided),
         # Which episodes a failure outside the system decided, as ``<task>@<trial>``, and how.
         "infra_decided_episodes": [
-            {"episode": f"{r.task_id}@{r.trial}",
-             **(r.infra_failure or {"reason": "user_error", "endpoint": "the user",
-                                    "detail": ""})} for r in decided],
+            {"episode": f"{r.task_id}@{r.trial}", **(r.infra_failure or _legacy_failure(r))}
+            for r in decided],
         "judge_errors": sum(result.judge_error for result in results),
         "user_errors": sum(result.user_error for result in results),
         # Which episodes a failing user ended, as ``<task>@<trial>``.

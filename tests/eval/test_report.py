@@ -41,7 +41,7 @@ def results(correct: list[bool], usd: float, tools: dict[str, int], adherence=No
 
 def test_summarize():
     summary = summarize(results([True, True, False, True], 0.01, {"search": 2, "expert": 1},
-                                adherence=0.5, judge_errors=1))
+                                adherence=0.5))
     assert summary["accuracy"] == 0.75 and summary["correct"] == 3
     assert summary["accuracy_ci95"] == list(wilson_interval(3, 4))
     assert summary["usd_per_task"] == pytest.approx(0.025)
@@ -49,7 +49,7 @@ def test_summarize():
     assert summary["seconds_p90"] == pytest.approx(percentile([0.5, 1.0, 1.5, 2.0], 90))
     assert summary["tool_mix"] == {"expert": pytest.approx(1 / 3), "search": pytest.approx(2 / 3)}
     assert summary["calls_per_task"] == 3 and summary["format_error_rate"] == 1 / 8
-    assert summary["judge_errors"] == 1 and summary["pref_adherence"] == 0.5
+    assert summary["judge_errors"] == 0 and summary["pref_adherence"] == 0.5
     assert summarize(results([False], 0.0, {}))["pref_adherence"] is None
     assert summary["within_budget"] is None  # no task had a budget
     budgeted = [dataclasses.replace(result, within_budget=within) for result, within
@@ -83,3 +83,32 @@ def test_write_report_and_compare(tmp_path):
     assert "| a/orchestrator * |" in table and "| b/monolith |" in table
     with pytest.raises(ValueError, match="no readable report.json"):
         compare([tmp_path / "missing"])
+
+
+def test_episodes_decided_by_infrastructure_are_counted_and_left_out():
+    failure = {"reason": "infra_error", "endpoint": "ask(model=m)", "detail": "HTTP 500"}
+    scored = results([True, False], 0.01, {"ask": 1})
+    scored = [dataclasses.replace(r, trial=r.trial, call_kinds={"ask": {"ok": 1}})
+              for r in scored]
+    decided = [EpisodeResult("t0", False, 0.5, 9.0, 1, trial=1, infra_failure=failure,
+                             call_kinds={"ask": {"infra_error": 1}}),
+               EpisodeResult("t1", False, 0.5, 9.0, 1, trial=1, judge_error=True,
+                             call_kinds={"ask": {"ok": 1}}),
+               EpisodeResult("t2", True, 0.5, 9.0, 1, user_error=True)]  # cached before
+    summary = summarize(scored + decided)
+    assert (summary["tasks"], summary["scored"], summary["correct"]) == (5, 2, 1)
+    assert summary["accuracy"] == 0.5 and summary["accuracy_ci95"] == list(wilson_interval(1, 2))
+    assert summary["usd_per_task"] == pytest.approx(0.015)  # of the scored episodes only
+    assert summary["infra_decided"] == 3
+    assert [(item["episode"], item["reason"]) for item in summary["infra_decided_episodes"]] == [
+        ("t0@1", "infra_error"), ("t1@1", "judge_error"), ("t2@0", "user_error")]
+    assert summary["call_kinds"]["ok"] == 3 and summary["call_kinds"]["infra_error"] == 1
+    assert summary["calls_by_tool"] == {"ask": {"ok": 3, "infra_error": 1}}
+    assert summary["failed_calls_per_task"] == pytest.approx(1 / 5)
+    # pass^k over the tasks whose every trial was scored: here every task had one decided;
+    # with only t1's second trial decided, t0's one right trial is what is left.
+    assert summary["pass_hat_k"] == {}
+    assert summarize([*scored, decided[1]])["pass_hat_k"] == {"1": 1.0}
+    nothing = summarize(decided[:1])
+    assert (nothing["accuracy"], nothing["usd_per_task"], nothing["pass_hat_k"]) == (
+        None, None, {})
