@@ -56,9 +56,9 @@ class Dialect:
         if self.output_cap not in OUTPUT_CAPS:
             raise ConfigError(f"output_cap must be one of {'|'.join(OUTPUT_CAPS)}, got "
                               f"{self.output_cap!r}")
-        if not isinstance(self.sampling, bool) or not isinstance(self.stream, bool):
-            raise ConfigError(f"sampling and stream must be true or false, got "
-                              f"{self.sampling!r} and {self.stream!r}")
+        for name in ("sampling", "stream"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.reasoning_effort is not None and not (
                 isinstance(self.reasoning_effort, str) and self.reasoning_effort):
             raise ConfigError(f"reasoning_effort must be a name (e.g. low, medium, high), got "
