@@ -157,6 +157,7 @@ def test_bad_dialects_are_configuration_errors():
             ("gpt", "unknown dialect preset 'gpt'"),
             ({"output_cap": "max_new_tokens"}, "output_cap must be one of"),
             ({"sampling": "no"}, "sampling must be true or false"),
+            ({"stream": "yes"}, "stream must be true or false, got 'yes'"),
             ({"extra_body": {"max_tokens": 5}}, "extra_body may not set max_tokens"),
             ({"effort": "high"}, "unknown dialect field(s) effort"),
             (7, "a dialect is a preset's name")):
