@@ -13,8 +13,10 @@ It offers one tool, ``solve`` (arguments :data:`~nemo_orch.tools.orchestrator.SO
 - text content: the answer and its bill
   (:func:`~nemo_orch.tools.orchestrator.orchestration_text`), for clients that read text.
 
-A request the orchestrator refuses (an unknown preference feature) is an ``isError`` result
-saying why. Transports (``serve.mcp_transport``):
+A request the orchestrator refuses (an unknown preference feature) or cannot answer (its
+experts down: ``/v1/orchestrate``'s 503) is an ``isError`` result saying why after the status
+``/v1/orchestrate`` would answer (``HTTP 400 (invalid_request_error): ...``), which a calling
+orchestrator reads as the call's kind (:func:`~nemo_orch.tools.orchestrator.failure_kind`). Transports (``serve.mcp_transport``):
 
 - ``stdio``: the client starts the process and speaks on its stdin and stdout; the protocol
   keeps stdout to itself (whatever else the process writes goes to stderr). It serves until
@@ -47,7 +49,8 @@ from nemo_orch.serve.http_server import RequestError
 from nemo_orch.serve.metrics import ServeMetrics
 from nemo_orch.serve.openai_server import OpenAIService
 from nemo_orch.serve.orchestrator import Orchestration, api_key_of, served_policy
-from nemo_orch.tools.orchestrator import SEED_META, SOLVE_PARAMETERS, orchestration_text
+from nemo_orch.tools.orchestrator import (SEED_META, SOLVE_PARAMETERS, failure_text,
+                                          orchestration_text)
 from nemo_orch.tools.registry import Toolbox
 
 SOLVE = "solve"
@@ -105,7 +108,9 @@ def mcp_server(orchestration: Orchestration, metrics: ServeMetrics | None = None
             status = "ok"
         except RequestError as error:
             status = "bad_request" if error.status < 500 else "error"
-            raise ValueError(str(error)) from None  # the SDK answers it as an isError result
+            # The SDK answers it as an isError result, its status stated for a calling
+            # orchestrator to tell a refusal from a failure behind this one.
+            raise ValueError(failure_text(error.status, error.kind, str(error))) from None
         finally:
             if metrics is not None:
                 metrics.observe(SOLVE, status, time.perf_counter() - started)

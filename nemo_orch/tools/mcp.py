@@ -51,7 +51,8 @@ from nemo_orch.config import McpServerConfig
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   billed_result)
-from nemo_orch.tools.orchestrator import SEED_META, sub_orchestration_result, sub_seed
+from nemo_orch.tools.orchestrator import (SEED_META, failure_kind, sub_orchestration_result,
+                                          sub_seed)
 
 
 def failure(error: BaseException) -> str:
@@ -284,9 +285,11 @@ class McpTool(BaseTool):
         text = "\n".join(texts)
         if not text and result.structuredContent is not None:
             text = json.dumps(result.structuredContent, ensure_ascii=False)
-        if result.isError:
+        if result.isError:  # a declared orchestrator states whether it failed or refused
             return billed_result(self.spec, started, context,
-                                 error=text or f"{self.spec.name} reported an error")
+                                 error=text or f"{self.spec.name} reported an error",
+                                 kind=(failure_kind(text) if self.server.config.orchestrator
+                                       else CallKind.TOOL_ERROR))
         if self.server.config.orchestrator:
             return sub_orchestration_result(self.spec, started, context,
                                             result.structuredContent, text)

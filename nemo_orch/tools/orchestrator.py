@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from typing import Any
 
@@ -39,6 +40,28 @@ SOLVE_PARAMETERS: dict[str, Any] = {
     "required": ["question"],
     "additionalProperties": False,
 }
+
+
+# How ``nemo-orch serve mcp``'s ``solve`` states a refusal or a failure in its ``isError`` text
+# (MCP results carry no status): ``HTTP 503 (upstream_unavailable): <why>``, as
+# ``/v1/orchestrate`` answers it.
+_FAILURE_STATUS = re.compile(r"^HTTP (\d{3}) \(\w+\): ")
+
+
+def failure_text(status: int, kind: str, message: str) -> str:
+    """The ``isError`` text of a ``solve`` call the orchestrator refused or could not answer
+    (``/v1/orchestrate``'s status and error type, then why)."""
+    return f"HTTP {status} ({kind}): {message}"
+
+
+def failure_kind(text: str) -> CallKind:
+    """The kind of a declared orchestrator's ``isError`` result (:func:`failure_text`): a
+    failure behind it (5xx: its experts, its policy's engine) is ``infra_error``, a refusal of
+    the request (4xx) ``refused``; any other text is the tool's ``tool_error``."""
+    status = _FAILURE_STATUS.match(text)
+    if status is None:
+        return CallKind.TOOL_ERROR
+    return CallKind.INFRA_ERROR if int(status[1]) >= 500 else CallKind.REFUSED
 
 
 def _non_negative_number(value: Any) -> bool:

@@ -279,6 +279,29 @@ def test_an_unreachable_specialist_is_an_error_observation(tiny_tokenizer, monke
                                  "sub_solve failed")
 
 
+def test_a_specialist_its_own_tool_failed_is_the_callers_infra_error(tiny_tokenizer,
+                                                                     monkeypatch):
+    """A specialist whose echo hangs past its timeout ends without an answer: ``solve`` says
+    so with ``/v1/orchestrate``'s 503, which the coordinator reads as an ``infra_error`` (its
+    episode masked in training), not as the specialist's answer or the policy's mistake."""
+    monkeypatch.setenv(KEY_VARIABLE, f"Bearer {KEY}")
+    hanging = Toolbox([DelayedEcho(echo_spec("echo", timeout_s=0.2), default_delay_s=5.0)])
+    orchestration = orchestration_of(ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer,
+                                     hanging, dataclasses.replace(SETTINGS, max_turns=1), MODEL)
+    with McpHttpServer(orchestration, ServeConfig(http_port=0, metrics_port=None),
+                       api_key=KEY) as server:
+        (specialist,) = mcp_source(McpServerConfig(
+            name="sub", url=server.url, orchestrator=True,
+            headers={"Authorization": KEY_VARIABLE}, timeout_s=30.0)).tools
+        top = coordinate(tiny_tokenizer, specialist)
+    _, delegated = [call for turn in top.turns for call in turn.calls]
+    assert delegated.kind == "infra_error"
+    assert delegated.error == (
+        "HTTP 503 (upstream_unavailable): no answer: the episode was decided by a failure "
+        "outside the policy, infra_error at echo: echo timed out after 0.2 s")
+    assert top.infra_failure().endpoint == "sub_solve"
+
+
 def test_mcp_settings_are_validated_and_the_coordinator_example_loads():
     with pytest.raises(ConfigError, match="serve.mcp_transport must be one of stdio, http"):
         config_lib.load(["serve.mcp_transport=sse"])
