@@ -116,15 +116,15 @@ def test_a_crashing_server_is_restarted_left_alone_while_it_keeps_crashing_then_
 
 
 def test_connecting_is_bounded_apart_from_the_calls(monkeypatch):
-    monkeypatch.setenv("FIXTURE_START_DELAY", "2")
-    slow = stdio(allow=["add"], env=["FIXTURE_START_DELAY"], timeout_s=1.0,
+    monkeypatch.setenv("FIXTURE_START_DELAY", "1")
+    slow = stdio(allow=["add"], env=["FIXTURE_START_DELAY"], timeout_s=0.5,
                  connect_timeout_s=20.0)
-    # Two seconds to start, each call one: the start is not the calls' to bound.
+    # A second to start, each call half of one: the start is not the calls' to bound.
     (added,) = calls(toolbox_of(slow), ("fx_add", {"a": 1, "b": 2}))
     assert (added.kind, added.output) == ("ok", "3")
     with pytest.raises(ToolError, match=r"^tools.mcp.fx: cannot connect: no connection within "
-                                        r"0.5 s \(connect_timeout_s\)$"):
-        mcp_source(stdio(allow=["add"], env=["FIXTURE_START_DELAY"], connect_timeout_s=0.5))
+                                        r"0.3 s \(connect_timeout_s\)$"):
+        mcp_source(stdio(allow=["add"], env=["FIXTURE_START_DELAY"], connect_timeout_s=0.3))
 
 
 def test_a_declared_orchestrator_must_send_its_ledger():
