@@ -5,6 +5,7 @@ the published layout (one merged ``arguments`` struct, typed argument columns, n
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,8 @@ def test_non_null_arguments_stay_and_a_null_required_one_is_missing(tmp_path, do
     extra_task, null_task = [task for tasks in read_toolscale_parquet(path, domains).tasks.values()
                              for task in tasks]
     assert extra_task.gold_actions[0].arguments == {
-        "patient_id": "PT1", "account_id": "AC1", "start_date": "2026-03-04T10:30:00",
-        "end_date": "2025-01-31T23:59:59", "min_amount": 20.5, "active_only": True}
+        "patient_id": "PT1", "account_id": "AC1", "start_date": "2026-03-04T10:30:00Z",
+        "end_date": "2025-01-31T23:59:59Z", "min_amount": 20.5, "active_only": True}
     refused = rejection(domains["clinic"], extra_task, MAX_ACTIONS)
     assert refused.filter == "schema" and "start_date" in refused.reason
     assert null_task.gold_actions[0].arguments == {}
@@ -216,3 +217,94 @@ def test_the_toolscale_environment_trains_on_the_installed_domains_of_the_file(
     assert [task.id.split("/")[0] for task in env.tasks("test", None, 0)] == ["shop"] * 3
     with pytest.raises(ConfigError, match="no valid task of an installed domain"):
         build_environment(config_lib.load(["env=toolscale", f"env.path={published_file}"]))
+
+
+# A tool taking a map of structs and a list of structs, and a field that is a struct here and a
+# string in another domain's tool of the same argument name.
+NESTED = {"type": "object", "properties": {
+    "choices": {"type": "object", "additionalProperties": {"$ref": "#/$defs/Choice"}},
+    "people": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Person"},
+                                                    {"type": "null"}]}},
+    "details": {"type": "object", "properties": {"plan": {"type": "string"},
+                                                 "count": {"type": "integer"}}}},
+    "$defs": {"Choice": {"type": "object", "properties": {
+                  "option": {"type": "string"}, "note": {"type": ["string", "null"]}}},
+              "Person": {"type": "object", "properties": {
+                  "name": {"type": "string"}, "age": {"type": "integer"}}}}}
+AS_TEXT = {"type": "object", "properties": {"details": {"type": "string"}}}
+
+
+def nested_rows() -> list[dict[str, Any]]:
+    """Two domains' rows as tau2's JSON: the tools' arguments of different shapes, which the
+    published conversion merges into one struct."""
+    return [
+        other_row("a", "school", [{"action_id": "0", "name": "enroll", "arguments": {
+            "choices": {"CS101": {"option": "audit", "note": None}},
+            "people": [{"name": "Ann", "age": 30}],
+            "details": json.dumps({"plan": "full", "count": 2})}}]),
+        other_row("b", "school", [{"action_id": "0", "name": "enroll", "arguments": {
+            "choices": {"MA201": {"option": "credit"}},
+            "people": [{"name": "Bo"}, {"age": 41}]}}]),
+        other_row("c", "insurance", [{"action_id": "0", "name": "file_claim", "arguments": {
+            "details": "water damage"}}]),
+    ]
+
+
+def published_by_conversion(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Rows written as JSON lines and converted as the Hub's JSON-to-parquet conversion does
+    (pyarrow's JSON reader: the union struct of every key, dates and zoned times typed as
+    timestamps)."""
+    import pyarrow.json as pa_json
+
+    lines = tmp_path / "rows.jsonl"
+    lines.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    path = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(pa_json.read_json(lines), path)
+    return path
+
+
+def test_nulls_the_union_struct_added_are_dropped_at_every_depth(tmp_path):
+    """A map of structs and a list of structs hold every key any row used; read back, each holds
+    its own (a null stays where the schema takes one); a struct published as JSON text is an
+    object again where the tool expects one, and stays text where the other domain's tool
+    takes a string."""
+    from nemo_orch.data.records import read_records
+    from nemo_orch.envs.toolscale.parquet import published_record
+
+    path = published_by_conversion(tmp_path, nested_rows())
+    merged = pq.read_table(path).to_pylist()[1]["evaluation_criteria"]["actions"][0]["arguments"]
+    assert merged["choices"] == {"CS101": None, "MA201": {"option": "credit"}}
+    assert merged["people"] == [{"name": "Bo", "age": None}, {"name": None, "age": 41}]
+    arguments = [published_record(row, {"enroll": NESTED, "file_claim": AS_TEXT})[
+                     "evaluation_criteria"]["actions"][0]["arguments"]
+                 for _, row in read_records(path)]
+    assert arguments == [
+        {"choices": {"CS101": {"option": "audit", "note": None}},
+         "people": [{"name": "Ann", "age": 30}], "details": {"plan": "full", "count": 2}},
+        {"choices": {"MA201": {"option": "credit"}},
+         "people": [{"name": "Bo"}, {"age": 41}]},
+        {"details": "water damage"}]
+
+
+def test_timestamps_round_trip_with_their_zone(tmp_path):
+    """pyarrow's JSON reader types a date and a zoned time as naive timestamps (the zone made
+    UTC); a column written zoned keeps its zone."""
+    from nemo_orch.data.records import read_records
+    from nemo_orch.envs.toolscale.parquet import published_record
+
+    path = published_by_conversion(tmp_path, [other_row("t", "bank", [
+        {"action_id": "0", "name": "list_transactions", "arguments": {
+            "start_date": "2026-03-04", "end_date": "2026-03-04T10:30:00Z",
+            "posted_at": "2026-03-04T12:30:00+02:00"}}])])
+    arguments = published_record(read_records(path)[0][1], {})[
+        "evaluation_criteria"]["actions"][0]["arguments"]
+    assert arguments == {"start_date": "2026-03-04", "end_date": "2026-03-04T10:30:00Z",
+                         "posted_at": "2026-03-04T10:30:00Z"}
+    zoned = tmp_path / "zoned.parquet"
+    stamp = pa.array([datetime.datetime(2026, 3, 4, 10, 30)], pa.timestamp("s", tz="UTC"))
+    berlin = pa.array([datetime.datetime(2026, 3, 4, 10, 30)],
+                      pa.timestamp("s", tz="Europe/Berlin"))
+    pq.write_table(pa.table({"utc": stamp, "berlin": berlin}), zoned)
+    (_, row), = read_records(zoned)
+    assert published_record(row, {}) == {"utc": "2026-03-04T10:30:00Z",
+                                         "berlin": "2026-03-04T11:30:00+01:00"}

@@ -21,13 +21,19 @@ and that merged column has one type per argument name (``start_date`` ``timestam
 task thus:
 
 * a null key is dropped (absent and null cannot be told apart; an optional field then takes its
-  schema default), in action arguments too, except that a null stays where the named tool's
-  parameter accepts null. A required parameter given null is therefore missing, and the
-  validation filters (:mod:`.validate`) reject the task naming it;
+  schema default), at every depth of the action arguments too (maps of structs, lists of
+  structs: the union struct holds every key any row used), except that a null stays where the
+  named tool's schema accepts null there. A required parameter given null is therefore
+  missing, and the validation filters (:mod:`.validate`) reject the task naming it;
 * a non-null argument the tool does not take is kept, for the validation filters to name;
 * a timestamp is written back as an ISO-8601 string: a naive midnight as its date
-  (``2026-03-04``: pyarrow's JSON reader types a date string as ``timestamp[s]``), any other in
-  full (``2026-03-04T10:30:00``);
+  (``2026-03-04``: pyarrow's JSON reader types a date string as ``timestamp[s]``), any other
+  naive one as the UTC instant it is (``2026-03-04T10:30:00Z``: the same reader converts a
+  string with a zone, ``...Z`` or ``...+02:00``, to naive UTC), a zoned one with its zone
+  (UTC as ``Z``);
+* a field whose type differs between domains (a struct in one, a string in another) cannot be
+  both in one parquet column: the published file holds it as a string, the struct as its JSON
+  text, which is decoded where the named tool's schema expects an object or array there;
 * an integral float becomes an integer where the tool's parameter is an integer (the merged
   column may hold another tool's float argument of the same name).
 
@@ -39,6 +45,7 @@ further, never scored. A row that does not parse is a :class:`DataError` naming 
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +91,7 @@ def read_toolscale_parquet(path: str | Path, domains: Mapping[str, Domain]) -> L
     (see the module docstring); a row that does not parse is a :class:`DataError` naming the
     file and row."""
     path = Path(path)
-    properties = {name: {tool: domain.spec.parameters(tool)["properties"]
-                         for tool in domain.spec.tools}
+    parameters = {name: {tool: domain.spec.parameters(tool) for tool in domain.spec.tools}
                   for name, domain in domains.items()}
     tasks: dict[str, list[DomainTask]] = {name: [] for name in domains}
     skipped: dict[str, int] = {}
@@ -95,7 +101,7 @@ def read_toolscale_parquet(path: str | Path, domains: Mapping[str, Domain]) -> L
         if name not in domains:
             skipped[name] = skipped.get(name, 0) + 1
             continue
-        task = task_from_record(published_record(row, properties[name]), where)
+        task = task_from_record(published_record(row, parameters[name]), where)
         if task.id in seen:
             raise DataError(f"{where}: duplicate task id {task.id!r}")
         seen.add(task.id)
@@ -110,8 +116,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(item) for item in value]
     if isinstance(value, datetime.datetime):
-        midnight = value.tzinfo is None and value.time() == datetime.time()
-        return value.date().isoformat() if midnight else value.isoformat()
+        if value.tzinfo is None:
+            if value.time() == datetime.time():
+                return value.date().isoformat()
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     return value
@@ -120,7 +129,7 @@ def _plain(value: Any) -> Any:
 def published_record(row: dict[str, Any], tools: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A published row as its tau2 task's record, by the rules of the module docstring (also
     for tau2 domains read from this layout); ``tools``: each tool's JSON-schema
-    ``properties``."""
+    ``parameters``."""
     return _task_record(_plain(row), tools)
 
 
@@ -152,26 +161,82 @@ def _task_record(record: dict[str, Any], tools: dict[str, dict[str, Any]]) -> di
     if isinstance(raw_actions, list):  # _without_nulls keeps list positions: the two align
         for action, raw in zip(task["evaluation_criteria"]["actions"], raw_actions):
             if isinstance(raw, dict) and isinstance(raw.get("arguments"), dict):
-                action["arguments"] = _arguments(raw["arguments"],
-                                                 tools.get(raw.get("name"), {}))
+                parameters = tools.get(raw.get("name"), {})
+                action["arguments"] = _fitted(raw["arguments"], parameters,
+                                              parameters.get("$defs", {}))
     return task
 
 
-def _arguments(raw: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of a merged ``arguments`` struct that the tool (its JSON-schema
-    ``properties``; empty for a tool the domain lacks) was called with."""
-    arguments = {}
-    for key, value in raw.items():
-        schema = properties.get(key, {})
-        if value is None and not _accepts_null(schema):
-            continue
-        if isinstance(value, float) and value.is_integer() and schema.get("type") == "integer":
-            value = int(value)
-        arguments[key] = value
-    return arguments
+def _resolved(schema: Any, defs: dict[str, Any], value: Any) -> dict[str, Any]:
+    """The subschema ``value`` is read under: ``$ref`` followed into ``defs``, and of an
+    ``anyOf``/``oneOf`` the first option of ``value``'s JSON type (else the first not null)."""
+    if not isinstance(schema, dict):
+        return {}
+    reference = schema.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/$defs/"):
+        return _resolved(defs.get(reference.removeprefix("#/$defs/"), {}), defs, value)
+    options = [_resolved(option, defs, value)
+               for option in schema.get("anyOf", schema.get("oneOf", ()))]
+    if options:
+        return next((option for option in options if _of_type(value, option)),
+                    next((option for option in options if "null" not in _types(option)),
+                         options[0]))
+    return schema
 
 
-def _accepts_null(schema: dict[str, Any]) -> bool:
-    kinds = schema.get("type")
-    return (kinds == "null" or (isinstance(kinds, list) and "null" in kinds)
-            or any(_accepts_null(option) for option in schema.get("anyOf", ())))
+def _types(schema: dict[str, Any]) -> set[str]:
+    kinds = schema.get("type", ())
+    return {kinds} if isinstance(kinds, str) else set(kinds)
+
+
+def _of_type(value: Any, schema: dict[str, Any]) -> bool:
+    """Whether ``value`` is of one of the schema's JSON types."""
+    kinds = _types(schema)
+    if value is None or isinstance(value, bool):
+        return ("null" if value is None else "boolean") in kinds
+    if isinstance(value, (int, float)):
+        return "number" in kinds or ("integer" in kinds and float(value).is_integer())
+    return ("object" if isinstance(value, dict) else "array" if isinstance(value, list)
+            else "string") in kinds
+
+
+def _fitted(value: Any, schema: Any, defs: dict[str, Any]) -> Any:
+    """A decoded value of the merged ``arguments`` struct as the tool's schema expects it, at
+    every depth: the nulls the union schema added dropped (but where the schema takes null),
+    JSON text decoded where an object or array is expected (a field that is a struct in one
+    domain and a string in another is published as text), an integral float an integer where
+    an integer is expected."""
+    schema = _resolved(schema, defs, value)
+    if isinstance(value, str) and _types(schema) & {"object", "array"}:
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, (dict, list)) and _of_type(decoded, schema):
+            value = decoded
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        fitted = {}
+        for key, item in value.items():
+            field_schema = properties.get(key, extra if isinstance(extra, dict) else {})
+            if item is None and not _accepts_null(field_schema, defs):
+                continue
+            fitted[key] = _fitted(item, field_schema, defs)
+        return fitted
+    if isinstance(value, list):
+        return [_fitted(item, schema.get("items", {}), defs) for item in value]
+    if isinstance(value, float) and value.is_integer() and "integer" in _types(schema):
+        return int(value)
+    return value
+
+
+def _accepts_null(schema: Any, defs: dict[str, Any]) -> bool:
+    if not isinstance(schema, dict):
+        return False
+    reference = schema.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/$defs/"):
+        return _accepts_null(defs.get(reference.removeprefix("#/$defs/"), {}), defs)
+    return ("null" in _types(schema)
+            or any(_accepts_null(option, defs)
+                   for option in schema.get("anyOf", schema.get("oneOf", ()))))
