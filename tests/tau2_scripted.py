@@ -44,6 +44,7 @@ SCRIPT_OVER = "(the script is over)"
 _TAG = re.compile(r"^\[([\w.-]+)\] ")
 _PROMPT_TAG = re.compile(r"<\|im_start\|>user\n\[([\w.-]+)\] ")
 _ASSISTANT_TURN = "<|im_start|>assistant\n"
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 Call = tuple[str, dict[str, Any]]
 
@@ -136,6 +137,27 @@ class Recorded:
         longest = max(requests, key=lambda body: len(body["messages"]))
         return [message["content"] for message in longest["messages"][1:]
                 if message["role"] == "user"]
+
+    def user_saw(self, side: str, tag: str, seed: Any) -> list[str]:
+        """The results of the user's own tool calls, as the user read them in one episode."""
+        requests = self.user.get((side, tag, seed), [])
+        if not requests:
+            return []
+        longest = max(requests, key=lambda body: len(body["messages"]))
+        return [message["content"] for message in longest["messages"]
+                if message["role"] == "tool"]
+
+    def agent_saw(self, side: str, tag: str) -> list[str]:
+        """The results of the agent's tool calls, as the agent read them in its longest
+        conversation of the task: tau2's tool messages, or the ``<tool_response>`` blocks of
+        nemo-orch's rendered prompt."""
+        conversations = self.agent.get((side, tag), [])
+        if not conversations:
+            return []
+        longest = max(conversations, key=len)
+        if isinstance(longest, str):
+            return _TOOL_RESPONSE.findall(longest)
+        return [message["content"] for message in longest if message["role"] == "tool"]
 
 
 class ScriptedParties:

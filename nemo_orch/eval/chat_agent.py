@@ -32,8 +32,6 @@ from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord, episod
 from nemo_orch.rollout.format import ToolCall, TurnFormat, parse_turn, without_thinking
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult, Usage
 from nemo_orch.tools.registry import Toolbox
-from nemo_orch.tools.schema import argument_errors
-
 
 
 @dataclass
@@ -63,14 +61,7 @@ def _standard_call(entry: dict[str, Any], call_id: str,
     if not isinstance(arguments, dict):
         return ToolCall(name, None, f"the arguments of {name} must be a JSON object",
                         "bad_call_shape"), echo
-    if name not in fmt.schemas:
-        return ToolCall(name, arguments, f"unknown tool {name!r}; available tools: "
-                        f"{', '.join(fmt.schemas)}", "unknown_tool"), echo
-    problems = argument_errors(fmt.schemas[name], arguments)
-    if problems:
-        return ToolCall(name, arguments, f"invalid arguments for {name}: {'; '.join(problems)}",
-                        "invalid_arguments"), echo
-    return ToolCall(name, arguments), echo
+    return fmt.check(name, arguments), echo
 
 
 def _read_reply(reply: ChatResult, fmt: TurnFormat, turn: int) -> _Reply:
@@ -121,7 +112,7 @@ class ChatAgent:
         started = time.perf_counter()
         toolbox = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
         schemas = toolbox.schemas()
-        fmt = TurnFormat.for_tools(schemas)
+        fmt = TurnFormat.for_tools(schemas, lenient=toolbox.lenient())
         context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample),
                               allowed_documents=task.allowed_documents, seed=seed, task=task)
         messages: list[dict[str, Any]] = []

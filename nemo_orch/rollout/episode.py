@@ -38,7 +38,7 @@ from nemo_orch.models.tokenizer import control_strings, escape_markup
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
                                       call_text, choice_of, choices, decision_end, parse_turn,
-                                      without_calls, without_thinking)
+                                      text_beside_calls, without_thinking)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -438,7 +438,8 @@ class Episode:
         self.toolbox = toolbox.subset(toolbox.tools if task.tools is None else task.tools)
         self.schemas = self.toolbox.schemas()
         self.format = TurnFormat.for_tools(self.schemas, answer_format=settings.answer_format,
-                                           multiple_calls=settings.multiple_calls)
+                                           multiple_calls=settings.multiple_calls,
+                                           lenient=self.toolbox.lenient())
         self.context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample),
                                    allowed_documents=task.allowed_documents, seed=seed,
                                    task=task)
@@ -608,13 +609,14 @@ class Episode:
     @staticmethod
     def _message_to_user(text: str, parsed: ParsedTurn) -> str | None:
         """What a turn says to the user: an ``<answer>``'s text, or the text of a turn with no
-        call (thinking removed); None for a call, or a turn that says nothing."""
+        call, thinking removed and otherwise as written (tau2 passes the agent's message on
+        unchanged); None for a call, or a turn that says nothing."""
         if parsed.calls:
             return None
         if parsed.answer is not None:
             return parsed.answer
-        message = without_thinking(text).strip()
-        return message if parsed.format_errors == ["no_call"] and message else None
+        message = without_thinking(text)
+        return message if parsed.format_errors == ["no_call"] and message.strip() else None
 
     def _decision_prefix(self, choice: Choice) -> list[int]:
         """The decision tokens of the canonical call of ``choice``, cut at a token boundary of
@@ -703,7 +705,7 @@ class Episode:
         context = dataclasses.replace(
             self.context, observations=tuple(
                 message["content"] for message in self.messages if message["role"] == "tool"),
-            turn=record.turn, message=without_thinking(without_calls(text)).strip() or None)
+            turn=record.turn, message=text_beside_calls(text))
         results = await asyncio.gather(*(self.toolbox.call(call.name, call.arguments, context)
                                          for call in valid))
         by_call = iter(results)

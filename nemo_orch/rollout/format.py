@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_orch.tools.schema import argument_errors
+from nemo_orch.tools.schema import argument_errors, integral
 
 ANSWER_FORMATS = ("tag", "tool")
 MULTIPLE_CALL_POLICIES = ("first", "parallel")
@@ -37,8 +37,9 @@ FORMAT_ERRORS = (
     "multiple_calls",      # several calls where only the first is run
 )
 
-# An unclosed think block runs to the end of the turn.
-_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
+# An unclosed think block runs to the end of the turn; the newlines after a closed one are the
+# thought's (Qwen3's template separates a thought from the content with them).
+_THINK_RE = re.compile(r"<think>.*?(?:</think>\n*|\Z)", re.DOTALL)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"
 OPEN_THINK, CLOSE_THINK = "<think>", "</think>"
@@ -94,6 +95,9 @@ class TurnFormat:
     schemas: dict[str, dict[str, Any]]
     answer_format: str = "tag"
     multiple_calls: str = "parallel"
+    # Tools whose calls run whatever their arguments (a tool that answers a bad call itself:
+    # ``ToolSpec.strict_arguments`` False).
+    lenient: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.answer_format not in ANSWER_FORMATS:
@@ -105,6 +109,20 @@ class TurnFormat:
     def for_tools(cls, tool_schemas: list[dict[str, Any]], **options: Any) -> "TurnFormat":
         functions = [schema.get("function", schema) for schema in tool_schemas]
         return cls({f["name"]: f["parameters"] for f in functions}, **options)
+
+    def check(self, name: str, arguments: dict[str, Any]) -> "ToolCall":
+        """A call of ``name`` with ``arguments`` (a JSON object), as it will run, or with the
+        error that keeps it from running (an unknown tool, arguments its schema rejects)."""
+        if name not in self.schemas:
+            return ToolCall(name, arguments, f"unknown tool {name!r}; available tools: "
+                            f"{', '.join(self.schemas)}", "unknown_tool")
+        if name in self.lenient:
+            return ToolCall(name, arguments)
+        problems = argument_errors(self.schemas[name], arguments)
+        if problems:
+            return ToolCall(name, arguments, f"invalid arguments for {name}: "
+                            f"{'; '.join(problems)}", "invalid_arguments")
+        return ToolCall(name, integral(self.schemas[name], arguments))
 
 
 def _depth(value: Any) -> int:
@@ -147,15 +165,7 @@ def _parse_call(payload: Any, fmt: TurnFormat) -> ToolCall:
             or not isinstance(payload.get("arguments", {}), dict)):
         return ToolCall(None, None, "a tool call must be a JSON object {\"name\": <string>, "
                         "\"arguments\": <object>}", "bad_call_shape")
-    name, arguments = payload["name"], payload.get("arguments", {})
-    if name not in fmt.schemas:
-        return ToolCall(name, arguments, f"unknown tool {name!r}; available tools: "
-                        f"{', '.join(fmt.schemas)}", "unknown_tool")
-    problems = argument_errors(fmt.schemas[name], arguments)
-    if problems:
-        return ToolCall(name, arguments, f"invalid arguments for {name}: {'; '.join(problems)}",
-                        "invalid_arguments")
-    return ToolCall(name, arguments)
+    return fmt.check(payload["name"], payload.get("arguments", {}))
 
 
 @dataclass(frozen=True)
@@ -214,13 +224,22 @@ def without_thinking(text: str) -> str:
 
 
 def without_calls(text: str) -> str:
-    """A turn's text without the ``<tool_call>`` blocks :func:`parse_turn` reads; those inside
-    ``<think>`` are not calls and stay (what an OpenAI server returns as ``content``)."""
+    """A turn's text without the ``<tool_call>`` blocks :func:`parse_turn` reads, and without
+    the newline the chat template writes before each (so the chat template renders the text
+    and the calls back as they were); those inside ``<think>`` are not calls and stay. What an
+    OpenAI server returns as ``content``."""
     pieces, position = [], 0
     for span in call_spans(text):
-        pieces.append(text[position:span.start])
+        pieces.append(text[position:span.start].removesuffix("\n"))
         position = span.end
     return "".join(pieces) + text[position:]
+
+
+def text_beside_calls(text: str) -> str | None:
+    """What a turn with calls writes beside them, as a chat API's ``content`` carries it with
+    the thinking apart (:func:`without_calls`, then :func:`without_thinking`); None when
+    nothing is written."""
+    return without_thinking(without_calls(text)) or None
 
 
 def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:

@@ -383,7 +383,7 @@ class OpenAIService:
             turn = sum(m["role"] == "assistant" for m in messages)
             calls = _outgoing_calls(text, turn, parallel)
             if calls:
-                message = {"role": "assistant", "content": without_calls(text).strip() or None,
+                message = {"role": "assistant", "content": without_calls(text) or None,
                            "tool_calls": calls}
                 finish_reason = "tool_calls"
         response = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",

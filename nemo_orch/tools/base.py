@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from nemo_orch.call_kinds import OBSERVATION_PREFIX, CallKind, kind_of
+from nemo_orch.tools.schema import ToolSchemaError, check_parameters
 
 if TYPE_CHECKING:
     from nemo_orch.data.tasks import Task
@@ -99,12 +100,20 @@ class ToolSpec:
     deterministic: bool = False
     max_concurrency: int = 8
     timeout_s: float = 60.0
+    # The runner refuses a call its schema rejects (:func:`~nemo_orch.tools.schema.
+    # argument_errors`). False: the tool gets every call and answers a bad one itself, as a
+    # benchmark whose own dispatch records and scores the call as it ran (tau2's tools).
+    strict_arguments: bool = True
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ToolError(f"tool name {self.name!r} must be an identifier")
         if self.parameters.get("type") != "object":
             raise ToolError(f"tool {self.name!r}: parameters must be a JSON schema of type object")
+        try:
+            check_parameters(self.parameters)
+        except ToolSchemaError as error:
+            raise ToolError(f"tool {self.name!r}: parameters are {error}") from None
         if self.max_concurrency < 1 or self.timeout_s <= 0 or self.latency_hint_s < 0:
             raise ToolError(f"tool {self.name!r}: max_concurrency must be >= 1, timeout_s > 0 "
                             "and latency_hint_s >= 0")

@@ -47,7 +47,7 @@ from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
                                   ToolSource, ToolSpec, billed_result, seconds_since)
-from nemo_orch.tools.schema import argument_errors
+from nemo_orch.tools.schema import argument_errors, integral
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +297,12 @@ class Toolbox:
                                  call_fee=self.show_prices)
                 for tool in chosen]
 
+    def lenient(self) -> frozenset[str]:
+        """The tools that get every call and answer a bad one themselves
+        (``ToolSpec.strict_arguments`` False)."""
+        return frozenset(name for name, tool in self.tools.items()
+                         if not tool.spec.strict_arguments)
+
     def subset(self, names: Iterable[str]) -> "Toolbox":
         """A toolbox over some of these tools that shares their instances and the cache: the
         tools on offer now, whatever a later :meth:`refresh` changes."""
@@ -346,9 +352,11 @@ class Toolbox:
             return ToolResult(error=f"unknown tool {name!r}; available: {', '.join(self.tools)}")
         if self.modeled_time:
             context = dataclasses.replace(context, modeled_time=True)
-        problems = argument_errors(tool.spec.parameters, arguments)
-        if problems:
-            return ToolResult(error=f"invalid arguments for {name}: {'; '.join(problems)}")
+        if tool.spec.strict_arguments:
+            problems = argument_errors(tool.spec.parameters, arguments)
+            if problems:
+                return ToolResult(error=f"invalid arguments for {name}: {'; '.join(problems)}")
+            arguments = integral(tool.spec.parameters, arguments)
         key = None
         if tool.spec.deterministic:
             allowed = None if context.allowed_documents is None else tuple(

@@ -234,8 +234,9 @@ def test_missing_tau2_names_the_extra(monkeypatch):
 
 def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
     """A scripted policy plays retail tasks through our episode runner and the domain's
-    toolbox; tau2's evaluator scores the calls that reached its environment. A malformed call
-    that our toolbox refuses first never reaches tau2 and does not spoil the score."""
+    toolbox; tau2's evaluator scores the calls that reached its environment. A call its schema
+    rejects reaches tau2 too, as in tau2's orchestrator: it fails with tau2's own error, stays
+    in the transcript, and tau2 scores the episode with it (here: still solved)."""
     from scripted_plans import follow_plan, with_plan
 
     from nemo_orch.config import RolloutConfig
@@ -247,7 +248,7 @@ def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
     for task in tasks:
         criteria = adapter.tau2_task_of(task).evaluation_criteria
         calls = [(action.name, action.arguments) for action in criteria.actions]
-        calls.insert(0, ("get_order_details", {"order": "#W1"}))  # refused: no order_id
+        calls.insert(0, ("get_order_details", {"order": "#W1"}))  # no order_id: tau2 fails it
         rows.append(with_plan(task, calls, final_message(criteria.communicate_info or [])))
     rows.append(dataclasses.replace(with_plan(tasks[0], [], "Nothing to do."),
                                     id=f"{tasks[0].id}-idle"))
@@ -257,13 +258,39 @@ def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
                                             retail.assistant_toolbox(), tiny_tokenizer,
                                             settings))
     assert [t.termination for t in trajectories] == ["answer"] * 3
-    assert "invalid arguments" in trajectories[0].turns[0].calls[0].error
-    scores = []
+    tau2s_error = "RetailTools.get_order_details() got an unexpected keyword argument 'order'"
+    assert trajectories[0].turns[0].calls[0].error == tau2s_error
+    scores, transcripts = [], []
     for row, trajectory in zip(rows, trajectories):
         episode_id = f"{row.id}#0"
-        turns = adapter.recorded_turns(retail, row, episode_id, trajectory.seed,
-                                       trajectory.answer)
-        scores.append(score_episode(row, turns))
+        transcripts.append(adapter.recorded_turns(retail, row, episode_id, trajectory.seed,
+                                                  trajectory.answer))
+        scores.append(score_episode(row, transcripts[-1]))
         retail.environments.release(episode_id, trajectory.seed)
     assert [score.reward for score in scores] == [1.0, 1.0, 0.0]
-    assert len(turns) == 1  # the idle episode reached tau2 with no call
+    first = transcripts[0][0].calls[0]
+    assert (first.name, first.arguments, first.result.error) == (
+        "get_order_details", {"order": "#W1"}, tau2s_error)
+    assert len(transcripts[-1]) == 1  # the idle episode reached tau2 with no call
+
+
+def test_tau2s_tasks_converted_as_the_hub_converts_them_read_back_unchanged(retail, tmp_path):
+    """A domain's tasks as tau2's JSON, converted to parquet as the Hub's conversion does
+    (pyarrow's JSON reader: one union struct per nested object, date strings typed as
+    timestamps), read back by the task-file reader: every task equals tau2's own."""
+    import json
+
+    import pyarrow.json as pa_json
+    import pyarrow.parquet as pq
+
+    originals = [adapter.tau2_task_of(task) for task in retail.tasks]
+    lines = tmp_path / "tasks.jsonl"
+    lines.write_text("".join(json.dumps(task.model_dump(mode="json")) + "\n"
+                             for task in originals))
+    path = tmp_path / "train-00000-of-00001.parquet"
+    pq.write_table(pa_json.read_json(lines), path)
+    tools = {tool.spec.name: tool.spec.parameters
+             for tool in [*retail.assistant_tools, *retail.user_tools]}
+    read = adapter.read_task_file(path, "retail", tools)
+    assert [task.model_dump(mode="json") for task in read] == [
+        task.model_dump(mode="json") for task in originals]

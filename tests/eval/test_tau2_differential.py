@@ -36,6 +36,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm stays o
 pytest.importorskip("tau2")
 
 from nemo_orch.cli import main  # noqa: E402
+from nemo_orch.envs.tau2.adapter import breakdown  # noqa: E402
 from tau2_scripted import AGENT, USER, Say, Script, ScriptedParties, model_name  # noqa: E402
 
 pytestmark = pytest.mark.tau2
@@ -173,6 +174,60 @@ CASES = {
             Say(f"Thanks. {STOP}"),
         )),
     )),
+    # Calls the tool's schema rejects run through tau2's dispatch in both runners: each fails
+    # with tau2's own error, stays in the transcript with the text beside it, and counts
+    # toward max_errors. Messages keep their trailing whitespace.
+    "telecom-schema-edges": Case("telecom", trials=1, tasks=(
+        ScriptedTask("[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]",
+             "telecom-edges", termination="USER_STOP", reward=1.0, agent=(
+                 Say(calls=(_call("get_customer_by_phone"),)),  # a missing required argument
+                 Say(calls=(_call("get_customer_by_phone", phone_number="555-123-2002"),
+                            # an integral float (tau2's tool fails on it) and an undeclared one
+                            _call("get_bills_for_customer", customer_id="C1001", limit=2.0),
+                            _call("get_details_by_id", id="C1001", verbose=True))),
+                 Say("Please turn off airplane mode and tell me what your status bar shows.  \n"),
+                 # the action check matches the transfer by name: the failed call meets it
+                 Say("I am transferring you to a human agent now.",
+                     calls=(_call("transfer_to_human_agents", reason="SIM card locked"),)),
+                 Say("YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON.  "),
+             ), user=(
+                 Say("My phone shows No Service. I am John Smith, 555-123-2002.  "),
+                 # the user's own call with an undeclared argument
+                 Say("Airplane mode is off; the status bar still shows no service.",
+                     calls=(_call("toggle_airplane_mode"), _call("check_status_bar",
+                                                                 verbose=True))),
+                 Say(TRANSFER),
+             )),
+    )),
+    # the communicate check's fact is only in the text beside a call tau2 fails
+    "retail-beside-a-failed-call": Case("retail", trials=1, tasks=(
+        ScriptedTask("70", "retail-70-beside", termination="USER_STOP", reward=1.0, agent=(
+            Say(calls=(_call("get_order_details", order_id="#W3947049"),)),
+            Say("The medium, high-ventilation blue helmet is item 9013366374. Shall I exchange "
+                "your helmet for it, paying the difference with credit_card_7901829? (yes/no)"),
+            Say("The price difference you pay today is $22.55.",
+                calls=(_call("exchange_delivered_order_items", order_id="#W3947049"),)),
+            Say(calls=(_call("exchange_delivered_order_items", order_id="#W3947049",
+                             item_ids=["3358616356"], new_item_ids=["9013366374"],
+                             payment_method_id="credit_card_7901829"),)),
+            Say("Your exchange is requested; the new helmet ships soon."),
+        ), user=(
+            Say("I got a helmet in order #W3947049; it is too small, I want a medium one with "
+                "high ventilation, blue if possible."),
+            Say("Yes."),
+            Say(f"No, that is all. {STOP}"),
+        )),
+    )),
+    # an optional argument sent as null, which tau2's tool takes
+    "mock-null-optional": Case("mock", limit=1, trials=1, tasks=(
+        ScriptedTask("create_task_1", "mock-null", termination="USER_STOP", reward=1.0, agent=(
+            Say(calls=((MOCK_CREATE[0], {**MOCK_CREATE[1], "description": None}),)),
+            Say("I created the task 'Important Meeting' for user_1.\n\n"),
+        ), user=(
+            Say("Please create a task called 'Important Meeting' for user_1."),
+            Say(f"Thanks. {STOP}"),
+        )),
+    )),
     # 1 + 2 x 12 steps: the user's 13th message reaches max_steps; 12 agent turns, more than
     # rollout.max_turns (10), which tau2's limits replace
     "mock-never-stops": Case("mock", limit=1, max_steps=25, tasks=(
@@ -204,11 +259,15 @@ def tau2_trial_seeds(trials: int) -> list[int]:
 @dataclass(frozen=True)
 class Outcome:
     """One trial of one task, as each side is compared: the agent's messages the user received
-    (the greeting first), the termination reason in tau2's names, the reward."""
+    (the greeting first), the results of the user's own calls as the user read them, the
+    termination reason in tau2's names, the reward and its breakdown (every check of tau2's
+    evaluator, as :func:`~nemo_orch.envs.tau2.adapter.breakdown` lists them)."""
 
     told_user: list[str]
+    user_saw: list[str]
     termination: str
     reward: float
+    breakdown: dict[str, Any]
 
 
 @dataclass
@@ -280,8 +339,10 @@ class Differential:
                     max_steps=case.max_steps, max_errors=MAX_ERRORS, seed=seed)
                 reason = TerminationReason(simulation.termination_reason)
                 outcomes[(task.id, trial)] = Outcome(
-                    parties.recorded.told_user("tau2", task.tag, seed), reason.name,
-                    simulation.reward_info.reward)
+                    parties.recorded.told_user("tau2", task.tag, seed),
+                    parties.recorded.user_saw("tau2", task.tag, seed), reason.name,
+                    simulation.reward_info.reward,
+                    json.loads(json.dumps(breakdown(simulation.reward_info))))
                 messages[(task.id, trial)] = simulation.messages
         self.runs[("tau2", name)] = run = Run(outcomes, {"messages": messages})
         return run
@@ -328,8 +389,9 @@ class Differential:
             task = tags[record["task_id"]]
             outcomes[(task.id, record["trial"])] = Outcome(
                 parties.recorded.told_user(side, task.tag, record["seed"]),
+                parties.recorded.user_saw(side, task.tag, record["seed"]),
                 _TERMINATIONS.get(record["episode"]["termination"], "AGENT_ERROR"),
-                record["details"]["tau2"]["reward"])
+                record["details"]["tau2"]["reward"], record["details"]["tau2"]["breakdown"])
         self.runs[(side, name)] = run = Run(outcomes, {"records": records})
         return run
 
@@ -370,10 +432,15 @@ def test_tau2s_runner_plays_the_scripts_as_written(differential, name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_nemo_orch_agrees_with_tau2s_runner(differential, name):
-    """Per task and trial: what the user was told, how the episode ended, the reward."""
+    """Per task and trial: what the user was told and read of its own calls, how the episode
+    ended, the reward and its breakdown; per task, the results of the agent's calls as the
+    agent read them."""
     theirs = differential.tau2_run(name).outcomes
     ours = differential.nemo_run(name).outcomes
     assert {key: ours[key] for key in sorted(ours)} == {key: theirs[key] for key in sorted(theirs)}
+    recorded = differential.parties_of(name).recorded
+    for task in CASES[name].tasks:
+        assert recorded.agent_saw("nemo", task.tag) == recorded.agent_saw("tau2", task.tag)
 
 
 @pytest.mark.parametrize("name", ["retail", "airline", "telecom", "mock"])

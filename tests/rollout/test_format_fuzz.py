@@ -71,8 +71,9 @@ def test_valid_calls_anywhere_are_recovered_exactly(pieces, tail):
     turn = parse_turn(text, FORMAT)
     assert [(c.name, c.arguments) for c in turn.calls] == [call for _, call, _ in pieces]
     assert all(call.valid for call in turn.calls) and turn.error is None
-    # The content without calls is exactly the text around them.
-    assert without_calls(text) == "".join(gap for gap, _, _ in pieces) + tail
+    # The content without calls is exactly the text around them, less the chat template's
+    # newline before each call.
+    assert without_calls(text) == "".join(gap.removesuffix("\n") for gap, _, _ in pieces) + tail
 
 
 def test_a_closing_tag_inside_a_string_does_not_end_the_call():

@@ -114,10 +114,10 @@ def tau2_task_of(task: Task) -> Any:
 @dataclass
 class Tau2Episode:
     """An episode's tau2 environment and its transcript, in order: every message between agent
-    and user, and every message of calls that reached the environment, by its requestor, with
-    the text written beside them (a call our toolbox refused, e.g. for malformed arguments,
-    never reached the environment and changed nothing). tau2's evaluator replays the
-    transcript."""
+    and user, and every message of calls, by its requestor, with the text written beside them.
+    Every call of a domain tool reaches the environment, whatever its arguments (see
+    :func:`_spec`); only a call that names no tool of the domain or is not JSON never does, and
+    changes nothing. tau2's evaluator replays the transcript."""
 
     environment: Any
     turns: list["Turn"] = field(default_factory=list)
@@ -192,9 +192,12 @@ class Tau2Tool(BaseTool):
 
 
 def _spec(tau2_tool: Any) -> ToolSpec:
+    """A tau2 tool as the policy sees it. Its calls reach tau2's dispatch whatever their
+    arguments, as in tau2's orchestrator: a call the schema rejects fails there with tau2's own
+    error, is recorded and counts toward ``max_errors``, and its evaluator scores it."""
     function = tau2_tool.openai_schema["function"]
     return ToolSpec(name=function["name"], description=function["description"],
-                    parameters=function["parameters"])
+                    parameters=function["parameters"], strict_arguments=False)
 
 
 def to_task(tau2_task: Any, domain: str, policy: str, tool_names: Sequence[str]) -> Task:
@@ -259,8 +262,7 @@ def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODE
         loaded = registry.get_tasks_loader(domain)(split if available else None)
     else:
         loaded = read_task_file(tasks_path, domain, {
-            tool.spec.name: tool.spec.parameters["properties"]
-            for tool in [*assistant_tools, *user_tools]})
+            tool.spec.name: tool.spec.parameters for tool in [*assistant_tools, *user_tools]})
     system = agent_system_prompt(policy) if llm_agent_prompt else policy
     tasks = [to_task(tau2_task, domain, system, names) for tau2_task in loaded]
     return Tau2Domain(domain, split, policy, tasks, assistant_tools, user_tools, environments)
@@ -335,7 +337,9 @@ def _call_text(requestor: str, name: str, arguments: dict[str, Any]) -> str:
     return f"{requestor}.{name}({listed})"
 
 
-def _breakdown(info: Any) -> dict[str, Any]:
+def breakdown(info: Any) -> dict[str, Any]:
+    """tau2's reward info as a report lists it: the reward basis, its components and every
+    check (database, assertions, actions, communicated facts)."""
     return {
         "reward_basis": [basis.value for basis in info.reward_basis or []],
         "components": {basis.value: value
@@ -409,11 +413,11 @@ def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer"
     except ValueError as error:
         # tau2 replays the trajectory and refuses one whose tool outputs it does not reproduce.
         return Tau2Score(0.0, failures=(f"tau2 could not replay the episode: {error}",))
-    breakdown = _breakdown(info)
-    failures = _failures(breakdown)
+    checks = breakdown(info)
+    failures = _failures(checks)
     if info.reward < 1.0 and not failures:
         failures = [f"tau2: {info.info}"]
-    return Tau2Score(info.reward, breakdown, tuple(failures))
+    return Tau2Score(info.reward, checks, tuple(failures))
 
 
 def read_task_file(path: str | Path, domain: str, tools: dict[str, dict[str, Any]]) -> list[Any]:
@@ -421,7 +425,7 @@ def read_task_file(path: str | Path, domain: str, tools: dict[str, dict[str, Any
     ``.json`` / ``.jsonl`` list of tau2 tasks): the rows whose
     ``user_scenario.instructions.domain`` is ``domain``, read as ToolScale's reader reads them
     (null keys dropped, action arguments fitted to the tools; ``tools``: each tool's JSON-schema
-    ``properties``). A row that is not a tau2 task is an error naming ``file[row N]``."""
+    ``parameters``). A row that is not a tau2 task is an error naming ``file[row N]``."""
     from nemo_orch.envs.toolscale.parquet import domain_of, published_record
 
     named: collections.Counter[str] = collections.Counter()
