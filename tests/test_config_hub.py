@@ -4,17 +4,13 @@ symlinks under ``snapshots/<commit>``, ``refs/<branch>``, the tree listing of th
 
 from __future__ import annotations
 
-import hashlib
-import os
-from dataclasses import dataclass
+import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from huggingface_hub import scan_cache_dir
-from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
-from huggingface_hub.file_download import repo_folder_name
+from hub_cache import HubCache, offline_hub, parquet_bytes
 from omegaconf import OmegaConf
 
 from nemo_orch import cli
@@ -24,60 +20,9 @@ from nemo_orch.config.hub import HubId
 from nemo_orch.envs import build_environment
 
 MODEL = "acme/tiny-qwen3"
-# Stored in Git LFS on the Hub (the rest are plain git blobs): named by sha256 in the cache.
-_LFS_SUFFIXES = (".safetensors", ".parquet")
-
-
-def _git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-@dataclass
-class HubCache:
-    """An ``HF_HUB_CACHE`` that repositories are laid into, as if downloaded."""
-
-    root: Path
-
-    def add(self, repo_id: str, files: dict[str, bytes], *, repo_type: str = "model",
-            refs: tuple[str, ...] = ("main",),
-            not_downloaded: dict[str, bytes] | None = None) -> str:
-        """One commit of ``repo_id`` holding ``files`` and ``not_downloaded`` (listed in the
-        commit's tree, absent from the snapshot); ``refs`` point at it. Returns the commit."""
-        storage = self.root / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
-        everything = {**files, **(not_downloaded or {})}
-        commit = hashlib.sha1(repr(sorted(everything.items())).encode()).hexdigest()
-        tree = {}
-        for path, data in everything.items():
-            lfs = path.endswith(_LFS_SUFFIXES)
-            sha256 = hashlib.sha256(data).hexdigest()
-            tree[path] = TreeCacheEntry(size=len(data), blob_id=_git_blob_id(data),
-                                        lfs_sha256=sha256 if lfs else None,
-                                        lfs_size=len(data) if lfs else None)
-            if path in files:
-                blob = storage / "blobs" / (sha256 if lfs else _git_blob_id(data))
-                blob.parent.mkdir(parents=True, exist_ok=True)
-                blob.write_bytes(data)
-                link = storage / "snapshots" / commit / path
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(os.path.relpath(blob, link.parent))
-        write_tree_cache(str(storage), commit, tree)
-        for ref in refs:
-            (storage / "refs").mkdir(parents=True, exist_ok=True)
-            (storage / "refs" / ref).write_text(commit)
-        return commit
-
-    def snapshot(self, repo_id: str, commit: str, repo_type: str = "model") -> Path:
-        return (self.root / repo_folder_name(repo_id=repo_id, repo_type=repo_type) / "snapshots"
-                / commit)
-
-
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HubCache:
-    """An empty cache in ``HF_HUB_CACHE``, offline: nothing is ever downloaded."""
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)  # relative paths that look like ids exist nowhere
-    return HubCache(tmp_path / "hub")
+    return offline_hub(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +32,7 @@ def policy_files(random_policy_dir: Path) -> dict[str, bytes]:
 
 
 def _parquet(rows: list[dict]) -> bytes:
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_pylist(rows), sink)
-    return sink.getvalue().to_pybytes()
+    return parquet_bytes(pa.Table.from_pylist(rows))
 
 
 def test_the_fixture_lays_out_the_cache_as_huggingface_hub_reads_it(hub, policy_files):
@@ -172,6 +115,42 @@ def test_a_dataset_in_shards_is_their_folder_read_by_the_qa_environment(hub):
     assert config.env.path == str(hub.snapshot("acme/thoughts", commit, "dataset") / "data")
     tasks = build_environment(config).tasks("test", None, 0)
     assert [(task.id, task.answer) for task in tasks] == [(str(i), str(2 * i)) for i in range(6)]
+
+
+# What the datasets library writes beside a split's rows: never data.
+DATASET_INFOS = b'{"default": {"splits": {"train": {"name": "train", "num_examples": 3}}}}'
+CARD = {"README.md": b"---\nconfigs: [{config_name: default, data_files: data/train-*}]\n---\n",
+        ".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"}
+
+
+def test_a_sharded_toolscale_split_beside_its_metadata_is_one_dataset(hub, toolscale_dir):
+    from nemo_orch.data.domain_tasks import read_domain_tasks
+
+    shop = [task.to_json() for task in read_domain_tasks(toolscale_dir / "shop" / "tasks.jsonl")]
+    commit = hub.add("acme/toolscale", {
+        "data/train-00000-of-00002.parquet": _parquet(shop[:2]),
+        "data/train-00001-of-00002.parquet": _parquet(shop[2:]),
+        "data/dataset_infos.json": DATASET_INFOS, **CARD}, repo_type="dataset")
+    config = config_lib.load(["env=toolscale", "env.path=acme/toolscale",
+                              f"tools.domains=[{toolscale_dir / 'shop' / 'domain.json'}]"])
+    assert config.env.path == str(hub.snapshot("acme/toolscale", commit, "dataset") / "data")
+    env = build_environment(config)
+    assert [task.id for task in env.tasks("test", None, 0)] == [
+        f"shop/{task['id']}" for task in shop]
+
+
+def test_a_sharded_task_file_split_is_one_dataset(hub):
+    rows = [{"id": f"t{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)}
+            for i in range(4)]
+    lines = [b"".join(json.dumps(row).encode() + b"\n" for row in part)
+             for part in (rows[:3], rows[3:])]
+    hub.add("acme/tasks", {"train-00000-of-00002.jsonl": lines[0],
+                           "train-00001-of-00002.jsonl": lines[1],
+                           "dataset_infos.json": DATASET_INFOS}, repo_type="dataset")
+    tasks = build_environment(config_lib.load(["env=tasks", "env.path=acme/tasks"])).tasks(
+        "test", None, 0)
+    assert [(task.id, task.answer) for task in tasks] == [(row["id"], row["answer"])
+                                                          for row in rows]
 
 
 def test_a_dataset_of_several_splits_names_the_files_to_choose_from(hub):

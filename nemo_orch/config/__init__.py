@@ -230,9 +230,19 @@ def _hydra_message(error: Exception) -> str:
     if kept and kept[0].startswith("Could not override"):
         # A dict value with a key the config lacks fails on that key, deeper than the override's.
         unknown = getattr(error.__cause__, "full_key", None)
-        kept[0] = (f"Unknown config key '{unknown}'." if unknown
+        kept[0] = (f"Unknown config key '{unknown}'.{_new_key_hint(unknown)}" if unknown
                    else kept[0].replace("Could not override", "Unknown config key"))
     return "\n".join(kept)
+
+
+def _new_key_hint(key: str) -> str:
+    """How to add ``key`` when it names a new entry of a mapping the schema leaves open (e.g.
+    an alias of ``tools.endpoints``): Hydra takes a key that is not there yet only with ``+``."""
+    parent = key.rpartition(".")[0]
+    node = OmegaConf.select(OmegaConf.structured(Config), parent) if parent else None
+    if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
+        return f" A new key of {parent} is added with +: +{key}=VALUE."
+    return ""
 
 
 def validate(tree: DictConfig | dict) -> Config:

@@ -211,8 +211,9 @@ class EnvSourceConfig:
 
     * ``offline``: the main job's world (tasks generated from the run's seed);
     * ``toolscale``: domain tasks; ``path`` a directory of ``<domain>/domain.json`` +
-      ``tasks.jsonl`` (null: ``synth.out_dir``) or a ToolScale ``.parquet`` file (its rows run on
-      the installed domains of ``tools.domains``); ``domain``: one domain (null: all);
+      ``tasks.jsonl`` (null: ``synth.out_dir``) or a ToolScale ``.parquet`` file or the folder of
+      a split's shards (its rows run on the installed domains of ``tools.domains``); ``domain``:
+      one domain (null: all);
     * ``tau2``: tau2-bench's ``domain`` (extra ``tau2``); evaluation runs its ``split``,
       training its ``train`` split; ``user``: who answers the agent (:class:`UserConfig`);
       ``tau2_domains``: directories registered with tau2 as domains of their own, each named by

@@ -9,7 +9,7 @@ These keys take a local path or a Hub id (a local path that exists always wins, 
   tokenizer and chat template;
 * ``tokenizer.path``: a model repository's tokenizer and chat template;
 * ``env.path`` (and each ``env.sources[i].path``): a dataset repository's ``.parquet``,
-  ``.jsonl`` and ``.json`` files;
+  ``.jsonl`` and ``.json`` files (its metadata, :data:`METADATA_FILES`, is never data);
 * ``grpo.ppo.critic_init_from``: a model repository holding a nemo-orch critic checkpoint, every
   file of it.
 
@@ -61,6 +61,16 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 # The row files of datasets: what a dataset id fetches and nemo_orch.data.records reads (a
 # directory of them: a split's shards).
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+# What the datasets library writes beside the rows (a .json that holds no rows).
+METADATA_FILES = frozenset({"dataset_infos.json", "dataset_info.json", "dataset_dict.json",
+                            "state.json"})
+
+
+def is_data_file(path: Path) -> bool:
+    """Whether ``path`` is a file of rows: a data suffix, and not the datasets library's
+    metadata."""
+    return (path.suffix.lower() in DATA_SUFFIXES and path.name not in METADATA_FILES
+            and path.is_file())
 
 
 @dataclass(frozen=True)
@@ -269,7 +279,7 @@ def _download_command(hub_id: HubId, kind: RepoKind) -> str:
 def _data_target(snapshot: Path, hub_id: HubId, key: str) -> Path:
     """A dataset snapshot's one data file, or the folder of one split's shards."""
     files = sorted(path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*")
-                   if path.suffix.lower() in DATA_SUFFIXES and path.is_file())
+                   if is_data_file(path))
     if not files:
         raise ConfigError(f"{key}: {hub_id}: the dataset holds no {', '.join(DATA_SUFFIXES)} "
                           "file")

@@ -90,7 +90,7 @@ class ToolsConfig:
     # descriptions do), so a trained policy can read a changed price table.
     show_prices: bool = True
     # Base URLs of expert models by alias (an LLM tool's `models` key), over the declarations'
-    # `base_url`: how a launch hands the servers it started to the job (tools.endpoints.math=URL).
+    # `base_url`: how a launch hands the servers it started to the job (+tools.endpoints.math=URL).
     endpoints: dict[str, str] = field(default_factory=dict)
     # SIMULATED latency: every call of a tool first waits this long (seconds), as a remote
     # expert's 10-100 s would, so the offline world can measure what waiting on tools costs

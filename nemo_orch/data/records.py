@@ -2,7 +2,8 @@
 array of objects) or ``.parquet`` (needs ``pyarrow``), each problem naming its row: ``file:line``
 for JSONL, ``file[row N]`` (N counted from 0) for JSON and parquet. A directory stands for the
 row files directly inside it, read in name order: a dataset split's shards
-(``train-00000-of-00003.parquet``, ...), as a Hugging Face dataset repository holds them."""
+(``train-00000-of-00003.parquet``, ...), as a Hugging Face dataset repository holds them, with
+its metadata (``dataset_infos.json``, ...) left out."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
-from nemo_orch.config.hub import DATA_SUFFIXES
+from nemo_orch.config.hub import DATA_SUFFIXES, is_data_file
 from nemo_orch.data.jsonl import DataError, read_jsonl
 
 
@@ -42,13 +43,13 @@ def _json_rows(path: Path) -> list[Any]:
     return rows
 
 
-def _row_files(path: str | Path) -> list[Path]:
-    """``path`` itself, or for a directory the row files directly inside it, in name order."""
+def row_files(path: str | Path) -> list[Path]:
+    """``path`` itself, or for a directory the row files directly inside it, in name order (the
+    datasets library's metadata beside them left out)."""
     path = Path(path)
     if not path.is_dir():
         return [path]
-    files = sorted(file for file in path.iterdir()
-                   if file.is_file() and file.suffix.lower() in DATA_SUFFIXES)
+    files = sorted(file for file in path.iterdir() if is_data_file(file))
     if not files:
         raise DataError(f"{path}: a directory without row files ({', '.join(DATA_SUFFIXES)})")
     return files
@@ -74,7 +75,7 @@ def read_records(path: str | Path,
     the text formats keep every key. An unknown suffix, an unreadable file, a row that is not an
     object or no rows at all is a :class:`DataError`."""
     records = []
-    for file in _row_files(path):
+    for file in row_files(path):
         for where, row in _located_rows(file, columns):
             if not isinstance(row, dict):
                 raise DataError(f"{where}: a benchmark row must be a JSON object, not "

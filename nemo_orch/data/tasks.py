@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_orch.data.jsonl import DataError, read_jsonl
+from nemo_orch.data.jsonl import DataError
+from nemo_orch.data.records import read_records
 
 _FIELDS = {"id", "question", "system", "tools", "answer", "allowed_documents", "metadata"}
 
@@ -70,9 +71,10 @@ def task_from_json(record: Any, where: str) -> Task:
 
 
 def read_tasks(path: str | Path) -> list[Task]:
-    """Every task of a JSONL file; a bad line is a :class:`DataError` naming file and line."""
+    """Every task of a ``.jsonl``, ``.json`` or ``.parquet`` file, or of a directory of them (a
+    split's shards); a bad row is a :class:`DataError` naming file and line (or row)."""
     tasks, seen = [], set()
-    for where, record in read_jsonl(path, "task"):
+    for where, record in read_records(path):
         task = task_from_json(record, where)
         if task.id in seen:
             raise DataError(f"{where}: duplicate task id {task.id!r}")

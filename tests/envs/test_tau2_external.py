@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -67,6 +68,41 @@ def test_gold_replay_of_the_parquet_tasks_passes_through_the_cli(bank_files, tmp
     assert [episode["task_id"] for episode in report["episodes"]["gold-replay"]] == [
         "tau2-bank-deposit-50", "tau2-bank-balance-A2", "tau2-bank-deposit-25"]
     assert "(one task set, no splits)" in report["notes"]["split"]
+
+
+def documented_command(page: Path, marker: str) -> list[str]:
+    """The command of ``page``'s bash blocks whose text holds ``marker``, its continuation
+    lines joined, split as the shell splits it (comments dropped)."""
+    commands = page.read_text().replace("\\\n", " ").splitlines()
+    (command,) = [line for line in commands if marker in line and line.startswith("nemo-orch")]
+    return shlex.split(command, comments=True)
+
+
+def test_the_documented_toolscale_hub_command_runs_as_written(bank_files, tmp_path,
+                                                              monkeypatch):
+    """docs/interop.md's command for ``nvidia/ToolScale``, its one placeholder path filled in,
+    against an offline cache holding the published rows as two shards of one split, with the
+    datasets library's metadata and the card beside them."""
+    import pyarrow.parquet as pq
+    from hub_cache import offline_hub, parquet_bytes
+
+    directory, rows = bank_files
+    published = pq.read_table(rows)
+    half = published.num_rows // 2
+    offline_hub(tmp_path, monkeypatch).add("nvidia/ToolScale", {
+        "data/train-00000-of-00002.parquet": parquet_bytes(published.slice(0, half)),
+        "data/train-00001-of-00002.parquet": parquet_bytes(published.slice(half)),
+        "data/dataset_infos.json": b'{"default": {"splits": {"train": {}}}}',
+        "README.md": b"---\nlicense: cc-by-4.0\n---\n",
+        ".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"},
+        repo_type="dataset")
+    command = documented_command(Path(__file__).parents[2] / "docs" / "interop.md",
+                                 "env.path=nvidia/ToolScale")
+    assert command[0] == "nemo-orch"
+    arguments = [word.replace("path/to/domains/bank", str(directory)) for word in command[1:]]
+    assert main([*arguments, f"eval.out_dir={tmp_path / 'report'}"]) == 0
+    row = json.loads((tmp_path / "report" / "report.json").read_text())["systems"]["gold-replay"]
+    assert (row["tasks"], row["correct"], row["accuracy"]) == (3, 3, 1.0)
 
 
 def test_the_domain_is_tau2s_own(bank):

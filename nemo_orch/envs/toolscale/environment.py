@@ -3,7 +3,8 @@ of its database, and an episode is scored on the database it leaves and the fact
 
 Tasks come from a directory of domains (``<domain>/domain.json`` + ``tasks.jsonl``, as ``nemo-orch
 synth`` writes them; ``env.path``, null: ``synth.out_dir``), one ``env.domain`` or all; or from
-ToolScale's published parquet (``env.path=FILE.parquet``), whose rows run on the domains
+ToolScale's published parquet (``env.path=FILE.parquet``, or the folder of a split's shards),
+whose rows run on the domains
 installed with ``tools.domains`` (rows of other domains are counted in ``notes``, never
 scored; a file left with no task is an error). Tasks that
 fail the validation filters (their gold actions do not replay) are dropped and listed in
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.config import Config, ConfigError, EnvSourceConfig, resolve_conf_path
+from nemo_orch.config.hub import is_data_file
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, read_domain_tasks, to_task_row
 from nemo_orch.data.jsonl import DataError
@@ -60,6 +62,15 @@ def _validated_rows(domain_file: Path, domain: Domain, tasks: list[DomainTask],
     kept = itertools.islice(validated(domain, tasks, MAX_ACTIONS, summary), limit)
     return LoadedDomain(domain_file, domain, [to_task_row(domain, task) for task in kept],
                         summary)
+
+
+def _published(path: Path) -> bool:
+    """Whether ``path`` is ToolScale as published: its parquet file, or the folder of a split's
+    shards (as a Hub id of a sharded dataset resolves), rather than a directory of domains."""
+    if path.is_dir():
+        return (not any(path.glob("*/domain.json"))
+                and any(is_data_file(file) for file in path.iterdir()))
+    return path.suffix.lower() == ".parquet"
 
 
 def load_parquet(path: Path, domain_files: list[str], only: str | None,
@@ -106,7 +117,7 @@ class ToolScaleEnvironment(OutcomeScoredEnvironment):
     def __init__(self, config: Config, source: EnvSourceConfig, val_fraction: float) -> None:
         path = resolve_conf_path(source.path or config.synth.out_dir)
         parquet_notes: dict[str, Any] = {}
-        if path.suffix == ".parquet":
+        if _published(path):
             loaded, parquet_notes = load_parquet(path, config.tools.domains, source.domain,
                                                  source.limit)
         elif path.is_dir():
@@ -114,7 +125,8 @@ class ToolScaleEnvironment(OutcomeScoredEnvironment):
                       for name in domain_names(path, source.domain)]
         else:
             raise ConfigError(f"env.path: {path} is neither a directory of domains (write one "
-                              "with `nemo-orch synth`) nor a ToolScale .parquet file")
+                              "with `nemo-orch synth`) nor ToolScale's published .parquet "
+                              "(a file, or the folder of a split's shards)")
         # The parquet's domains are tools.domains already; a directory's are added.
         own = [] if parquet_notes else [str(domain.domain_file) for domain in loaded]
         super().__init__(config, source, declared_tools(config, source, own_tools=True),
