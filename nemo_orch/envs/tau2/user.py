@@ -79,7 +79,11 @@ class Tau2Users:
                 "through its own chat template (tau2: function calling through litellm); the "
                 "policy's context may end an episode tau2 would continue (context_limit, "
                 "scored 0); a failing user endpoint ends the episode as user_error (counted, "
-                "run again on resume), where tau2's run fails")
+                "run again on resume), where tau2's run fails; a call naming no tool of the "
+                "domain is refused before tau2 (counted as tau2 counts it, not in the "
+                "transcript), where tau2 records its 'Tool not found' error; a call whose "
+                "arguments are not JSON is a format error the agent may recover from, where "
+                "tau2's run fails")
 
 
 class Tau2User:
