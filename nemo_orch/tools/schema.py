@@ -96,12 +96,27 @@ def _describe(error: ValidationError) -> list[str]:
 
 def argument_errors(parameters: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
     """What is wrong with tool-call ``arguments`` under a JSON-schema ``parameters`` object
-    (empty: nothing), one message per problem, in a stable order."""
+    (empty: nothing): the missing arguments first, then one problem per argument in the call's
+    order (its type before its values, the shallowest first)."""
     validator = _validator(json.dumps(parameters, sort_keys=True))
-    errors = sorted(validator.iter_errors(arguments),
-                    key=lambda error: (len(error.absolute_path), _where(error),
-                                       str(error.validator)))
-    return [message for error in errors for message in _describe(error)]
+    order = {name: index for index, name in enumerate(arguments)}
+    found: dict[int, tuple[tuple[int, int, str], str]] = {}
+    missing: dict[str, None] = {}  # jsonschema reports each missing name; ours lists them all
+    for error in validator.iter_errors(arguments):
+        if not error.absolute_path and error.validator == "required":
+            missing.update(dict.fromkeys(_describe(error)))
+        elif not error.absolute_path and error.validator == "additionalProperties":
+            for name in error.instance:
+                if name not in error.schema.get("properties", {}):
+                    found[order[name]] = ((0, 0, ""), f"undeclared argument {name!r}")
+        else:
+            position = order.get(error.absolute_path[0], len(order)) if error.absolute_path \
+                else len(order)
+            rank = (len(error.absolute_path), error.validator != "type", _where(error))
+            message = _describe(error)[0]
+            if position not in found or rank < found[position][0]:
+                found[position] = (rank, message)
+    return [*missing] + [message for _, (_, message) in sorted(found.items())]
 
 
 def integral(parameters: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
