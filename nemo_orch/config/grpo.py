@@ -120,7 +120,12 @@ class GRPOConfig:
     ``explore_models``: the chance that any other turn whose call has a choice argument (an
     expert model) is written again from a call of the same tool with another value, drawn
     uniformly (exploration of the model at every call, not only the first). Forced tokens are
-    trained on with their episode's advantage but kept out of the KL term. ``curriculum``:
+    trained on with their episode's advantage but kept out of the KL term.
+    ``preference_sets``: each task drawn is rolled out under every preference its environment
+    can state (the offline world's: the family's), a group each, until the step's
+    ``prompts_per_step`` groups: the same question with each instruction side by side in one
+    batch, so the update learns what the preference changes, not what a preference's share of
+    the batch favours (environments without preferences draw as usual). ``curriculum``:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
     Every ``val_interval`` steps (0: never) the policy runs greedily on ``val_tasks`` tasks of
     each source's validation split (``val/<source>/...`` metrics).
@@ -155,6 +160,7 @@ class GRPOConfig:
     advantage_tokens: str = "decisions"
     explore_share: float = 0.0
     explore_models: float = 0.0
+    preference_sets: bool = False
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2

@@ -81,6 +81,11 @@ class Environment(abc.ABC):
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
         """The tasks of ``split`` (see the module docstring)."""
 
+    def under_each_preference(self, task: Task) -> list[Task]:
+        """``task`` under each preference the environment can state (GRPO's
+        ``preference_sets``); an environment without preferences has the task alone."""
+        return [task]
+
     @abc.abstractmethod
     def toolbox(self) -> Toolbox:
         """The tools an agent runs with: the environment's own and the configured ones (not

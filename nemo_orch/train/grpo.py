@@ -305,7 +305,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
                 batch = (rollouts.take(step) if ahead else
                          rollouts.step(step, curriculum.stage_tools(grpo.curriculum, history)))
                 shared = [(samples_of(batch.kept, config), {
-                    **batch.metrics(),
+                    **batch.metrics(config.reward),
                     "curriculum/stage": curriculum.stage_index(grpo.curriculum, history)})]
                 trained_log.add(step, [sample.sample_id for sample in shared[0][0]],
                                 [group.task.id for group in batch.dropped_stale])

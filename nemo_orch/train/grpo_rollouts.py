@@ -20,14 +20,15 @@ import torch
 
 from nemo_orch.call_kinds import KINDS, InfraFailure, InfrastructureError
 from nemo_orch.clients.http import HTTPError
-from nemo_orch.config import Config, ConfigError
+from nemo_orch.config import Config, ConfigError, RewardConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs import Environment, Mixture, build_mixture
 from nemo_orch.envs.mixture import Draw
 from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.models import checkpoint
-from nemo_orch.reward.advantages import SamplingStats, fill_batch, group_drop_reason
+from nemo_orch.reward.advantages import (SamplingStats, fill_batch, group_advantages,
+                                         group_drop_reason)
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.reward.scoring import (OutcomeFn, ScoredGroup, by_answer, infra_failure,
@@ -110,13 +111,14 @@ class StepBatch:
     rollout_idle_seconds: float | None = None
     trainer_idle_seconds: float | None = None
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, reward: RewardConfig) -> dict[str, float]:
         ahead = {} if self.trainer_idle_seconds is None else {
             "async/dropped_groups": len(self.dropped_stale),
             "async/rollout_idle_s": self.rollout_idle_seconds,
             "async/trainer_idle_s": self.trainer_idle_seconds,
             **{f"async/age_{age}": count for age, count in sorted(self.ages.items())}}
         return {**rollout_metrics(self.generated, self.stats),
+                **signal_metrics(self.generated, self.kept, reward),
                 "explore/forced_episodes": self.forced_episodes,
                 "sampling/skipped_context": self.skipped_context, **self.validation, **ahead,
                 **{f"choices/{key}": count for key, count in self.choices.items()}}
@@ -367,7 +369,7 @@ class Rollouts:
         draws, index = [], 0
         for drawn in self.mixture.draw("train", count, seed):
             tasks = []
-            for drawn_task in drawn.tasks:
+            for drawn_task in self._sets(drawn):
                 task = dataclasses.replace(drawn_task, id=f"s{step}r{round_index}-{index:05d}")
                 index += 1
                 if tools is not None:
@@ -378,6 +380,14 @@ class Rollouts:
                     _note_skipped(drawn.environment, drawn_task.id)
             draws.append(Draw(drawn.environment, tasks))
         return draws
+
+    def _sets(self, drawn: Draw) -> list[Task]:
+        """A source's drawn tasks; with ``grpo.preference_sets`` each under every preference
+        its environment states, as many as it drew (its share of the step stays)."""
+        if not self.config.grpo.preference_sets:
+            return drawn.tasks
+        return [task for drawn_task in drawn.tasks for task in
+                drawn.environment.under_each_preference(drawn_task)][:len(drawn.tasks)]
 
     def forced_choices(self, num_tasks: int, previous: Counter) -> dict[tuple[int, int], Choice]:
         """The last ``explore_share`` of each group's samples start with the choice the policy
@@ -596,6 +606,36 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     shares = route_shares([task for task, _, _ in family], [route_of(t) for _, t, _ in family])
     for key, routes in shares.items():
         metrics.update({f"group/{key}/route/{name}": share for name, share in routes.items()})
+    return metrics
+
+
+def signal_metrics(generated: list[Group], kept: list[Group],
+                   reward: RewardConfig) -> dict[str, float]:
+    """Where a step's learning signal is, for tasks with a (family, preference): per group key
+    and over all, the share of the tasks' groups whose rewards are all equal (``flat``: no
+    signal) and whose episodes all took one route (``one_route``: no signal about the route,
+    whatever the rewards); and each preference's share of the trained groups' advantage mass
+    (the sum of |advantage|, ``advantage_share/<preference>``): group advantages do not depend
+    on the batch's mix, but the update's direction is their sum."""
+    flat: dict[str, list[float]] = defaultdict(list)
+    one_route: dict[str, list[float]] = defaultdict(list)
+    for group in generated:
+        if "family" not in group.task.metadata or not group.breakdowns:
+            continue
+        for key in (f"group/{group_key(group.task)}", "signal"):
+            flat[key].append(float(len({b.reward for b in group.breakdowns}) == 1))
+            one_route[key].append(float(len({route_of(t) for t in group.trajectories}) == 1))
+    metrics = {f"{key}/flat": statistics.mean(values) for key, values in flat.items()}
+    metrics.update({f"{key}/one_route": statistics.mean(values)
+                    for key, values in one_route.items()})
+    mass: Counter = Counter()
+    for group in kept:
+        if "family" in group.task.metadata:
+            mass[group.task.metadata["preference_name"]] += sum(
+                abs(a) for a in group_advantages([b.reward for b in group.breakdowns], reward))
+    total = sum(mass.values())
+    metrics.update({f"signal/advantage_share/{name}": value / total
+                    for name, value in sorted(mass.items()) if total > 0})
     return metrics
 
 

@@ -15,7 +15,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.oracle import route_of
 from nemo_orch.envs.offline.values import best
-from nemo_orch.envs.offline.world import ORCHESTRA, make_tasks
+from nemo_orch.envs.offline.world import ORCHESTRA, make_tasks, restated
 from nemo_orch.config import RolloutConfig
 from nemo_orch.eval.agents import NaiveRouterAgent
 from nemo_orch.rollout.builders import build_toolbox
@@ -350,3 +350,29 @@ def test_the_tiered_router_takes_one_tier_of_the_strongests_line_for_the_whole_r
 
 def _only(router: str) -> dict[str, float]:
     return {name: float(name == router) for name in config_lib.DEMO_ROUTERS}
+
+
+def test_a_task_restated_under_each_preference_differs_in_its_instruction_alone():
+    for task in make_tasks(40, seed=11, interface=ORCHESTRA):
+        family = task.metadata["family"]
+        restated_tasks = restated(task, ORCHESTRA, seed=3)
+        assert [t.metadata["preference_name"] for t in restated_tasks] == list(
+            orchestra.FAMILY_PREFERENCES[family])
+        assert [t.id for t in restated_tasks] == [
+            f"{task.id}@{name}" for name in orchestra.FAMILY_PREFERENCES[family]]
+        question = task.question.removesuffix("\n" + task.metadata["instruction"])
+        for other in restated_tasks:
+            name = other.metadata["preference_name"]
+            assert other.question == f"{question}\n{other.metadata['instruction']}"
+            assert other.metadata["preference"] == orchestra.PREFERENCE_VECTORS[name]
+            assert ("budget_usd" in other.metadata) == (name == "budget")
+            assert {key: value for key, value in other.metadata.items() if key not in (
+                "preference_name", "instruction", "preference", "budget_usd")} == {
+                key: value for key, value in task.metadata.items() if key not in (
+                    "preference_name", "instruction", "preference", "budget_usd")}
+            assert other.answer == task.answer and other.system == task.system
+        # the task's own preference, restated, is the task again (its phrasing aside)
+        own = next(t for t in restated_tasks
+                   if t.metadata["preference_name"] == task.metadata["preference_name"])
+        assert own.metadata["preference"] == task.metadata["preference"]
+        assert restated(task, ORCHESTRA, seed=3) == restated_tasks

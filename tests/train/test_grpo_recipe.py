@@ -157,6 +157,29 @@ def test_main_job_end_to_end(tiny_main_job):
     assert rerun == metrics
 
 
+def test_the_diagnosis_reads_a_main_job_run(tiny_main_job, monkeypatch, capsys):
+    """scripts/diagnose_main_job.py on the run: every section, from the run's checkpoints,
+    metrics and report (its numbers' arithmetic is tests/eval/test_preference_probe.py's and
+    tests/train/test_grpo_signal.py's)."""
+    import runpy
+    from pathlib import Path
+
+    directory, _ = tiny_main_job
+    monkeypatch.chdir(directory)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "diagnose_main_job.py"
+    runpy.run_path(str(script))["main"](["--tasks", "2", "--samples", "2", *TINY_MAIN_JOB])
+    out = capsys.readouterr().out
+    for policy in ("sft", "grpo"):
+        for decoding in ("greedy", "sampled"):
+            assert re.search(rf"^\| {policy} \| {decoding} \| all \| \d+ \| [01]\.\d\d \| "
+                             r"[01]\.\d\d \| [01]\.\d\d \|$", out, re.MULTILINE)
+    assert re.search(r"^\| all \| [01]\.\d\d \| [01]\.\d\d \|$", out, re.MULTILINE)
+    assert "## The batch's mix" in out and "## Where the accuracy went" in out
+    report = json.loads((directory / "runs" / "e2e" / "report.json").read_text())
+    assert all(f"| {group} | {row['tasks']} |" in out
+               for group, row in report["sft"]["groups"].items())
+
+
 def test_a_resumed_run_reads_back_the_steps_before_it(tmp_path):
     path = tmp_path / "metrics.jsonl"
     records = [{"step": 1, "reward": 0.1}, {"step": 3, "reward": 0.7, "choices/echo": 4},
@@ -198,3 +221,27 @@ def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
     assert [task.id for task in drawn.tasks] == [f"s1r0-{i:05d}" for i in range(4)]
     assert all(task.tools is None for task in drawn.tasks)
     assert all(task.tools == ("echo",) for task in rollouts.tasks(1, 0, 4, ["echo"])[0].tasks)
+
+
+def test_preference_sets_roll_each_task_out_under_every_preference_it_can_have(tiny_tokenizer):
+    from nemo_orch.envs import build_mixture
+    from nemo_orch.envs.offline.orchestra import FAMILY_PREFERENCES
+    from nemo_orch.rollout.builders import build_toolbox
+
+    context = "model.max_position_embeddings=32768"  # the tiny tokenizer writes long prompts
+    config = config_lib.load(["grpo.preference_sets=true", context])
+    mixture = build_mixture(config)
+    rollouts = Rollouts(config, None, tiny_tokenizer, mixture, [build_toolbox(config.tools)])
+    (drawn,) = rollouts.tasks(3, 1, 8)
+    # as many groups as asked, renamed after the step; the first tasks drawn, each under its
+    # family's preferences in turn, the question's instruction the only difference
+    assert [task.id for task in drawn.tasks] == [f"s3r1-{i:05d}" for i in range(8)]
+    (plain,) = Rollouts(config_lib.load([context]), None, tiny_tokenizer, mixture,
+                        [build_toolbox(config.tools)]).tasks(3, 1, 8)
+    def base(task) -> str:
+        return task.question.removesuffix("\n" + task.metadata["instruction"])
+
+    expected = [(base(task), name) for task in plain.tasks
+                for name in FAMILY_PREFERENCES[task.metadata["family"]]][:8]
+    assert [(base(task), task.metadata["preference_name"]) for task in drawn.tasks] == expected
+    assert len({base(task) for task in drawn.tasks}) < 8

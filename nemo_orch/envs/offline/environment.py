@@ -16,7 +16,7 @@ from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, decl
 from nemo_orch.envs.interfaces import SPLITS, Scored, draw
 from nemo_orch.envs.offline.oracle import OracleTable, knows_experts, route_of
 from nemo_orch.envs.offline.values import utility
-from nemo_orch.envs.offline.world import held_out_tasks, interface_of, make_tasks
+from nemo_orch.envs.offline.world import held_out_tasks, interface_of, make_tasks, restated
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
@@ -54,6 +54,9 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
         # by episode id, so the demonstrations (and SFT) stay as they were. GRPO renames its
         # tasks per step.
         return make_tasks(count, seed, prefix="demo", interface=self.interface)
+
+    def under_each_preference(self, task: Task) -> list[Task]:
+        return restated(task, self.interface, self.run_seed)
 
     async def score(self, task: Task, trajectory: Trajectory) -> Scored:
         scored = await super().score(task, trajectory)

@@ -75,34 +75,66 @@ def held_out_tasks(n: int, interface: str) -> list[Task]:
     return make_tasks(n, seed=HELD_OUT_SEED, prefix="eval", interface=interface)
 
 
+def _preferences(interface: str) -> tuple[Mapping[str, tuple[str, ...]],
+                                          Mapping[str, dict[str, float]]]:
+    """The ``interface``'s preferences per family and their vectors."""
+    return ((orchestra.FAMILY_PREFERENCES, orchestra.PREFERENCE_VECTORS)
+            if interface == ORCHESTRA else (FAMILY_PREFERENCES, PREFERENCE_VECTORS))
+
+
+def _stated(preference: str, interface: str, rng: random.Random) -> dict[str, Any]:
+    """What a task's metadata holds of its ``preference``, its instruction drawn with ``rng``."""
+    vectors = _preferences(interface)[1]
+    instruction = (orchestra.instruction(preference, rng)
+                   or preference_instruction(vectors[preference], rng))
+    return {"preference_name": preference, "instruction": instruction,
+            "preference": vectors[preference]}
+
+
+def _budget(preference: str, interface: str) -> dict[str, float]:
+    """The USD budget a task of ``preference`` states (none but a budget's)."""
+    return ({"budget_usd": orchestra.BUDGET_USD}
+            if interface == ORCHESTRA and preference == "budget" else {})
+
+
 def make_tasks(n: int, seed: int, prefix: str = "task", interface: str = BASIC) -> list[Task]:
     """``n`` tasks with a preference each, for the ``interface``'s tools (same ``seed``, same
     tasks)."""
     rng = random.Random(seed)
-    preferences, vectors = ((orchestra.FAMILY_PREFERENCES, orchestra.PREFERENCE_VECTORS)
-                            if interface == ORCHESTRA else (FAMILY_PREFERENCES, PREFERENCE_VECTORS))
+    preferences = _preferences(interface)[0]
     tasks = []
     for index in range(n):
         drawn = draw_task(rng)
-        preference = rng.choice(preferences[drawn.family])
-        # The user states the preference after the question, as ToolOrchestra's users do: next
-        # to where the policy decides, not ahead of the tool list in the system prompt.
-        instruction = (orchestra.instruction(preference, rng)
-                       or preference_instruction(vectors[preference], rng))
-        metadata = {"family": drawn.family, "difficulty": drawn.difficulty,
-                    "preference_name": preference, "instruction": instruction,
-                    "preference": vectors[preference],
+        stated = _stated(rng.choice(preferences[drawn.family]), interface, rng)
+        metadata = {"family": drawn.family, "difficulty": drawn.difficulty, **stated,
                     "route": [list(step) for step in drawn.route],
                     "evidence": drawn.evidence,
                     "evidence_difficulty": drawn.evidence_difficulty,
                     "evidence_route": [list(step) for step in drawn.evidence_route]}
         if interface == ORCHESTRA:
             metadata.update(orchestra.task_metadata(drawn))
-            if preference == "budget":
-                metadata["budget_usd"] = orchestra.BUDGET_USD
+        metadata.update(_budget(stated["preference_name"], interface))
+        # The user states the preference after the question, as ToolOrchestra's users do: next
+        # to where the policy decides, not ahead of the tool list in the system prompt.
         tasks.append(Task(
-            id=f"{prefix}-{index:05d}", question=f"{drawn.question}\n{instruction}",
+            id=f"{prefix}-{index:05d}", question=f"{drawn.question}\n{stated['instruction']}",
             system=SYSTEM_PROMPT, answer=drawn.answer, metadata=metadata))
+    return tasks
+
+
+def restated(task: Task, interface: str, seed: int = 0) -> list[Task]:
+    """``task`` under each preference its family has (ids ``<id>@<preference>``): the same
+    question with that preference's instruction, to see whether a policy's route follows the
+    preference for one task."""
+    question = task.question.removesuffix("\n" + task.metadata["instruction"])
+    tasks = []
+    for preference in _preferences(interface)[0][task.metadata["family"]]:
+        stated = _stated(preference, interface, random.Random(f"{seed}|{task.id}|{preference}"))
+        metadata = {key: value for key, value in task.metadata.items() if key != "budget_usd"}
+        tasks.append(Task(id=f"{task.id}@{preference}",
+                          question=f"{question}\n{stated['instruction']}", system=task.system,
+                          answer=task.answer,
+                          metadata={**metadata, **stated, **_budget(preference, interface)}))
     return tasks
 
 
