@@ -125,7 +125,12 @@ class GRPOConfig:
     can state (the offline world's: the family's), a group each, until the step's
     ``prompts_per_step`` groups: the same question with each instruction side by side in one
     batch, so the update learns what the preference changes, not what a preference's share of
-    the batch favours (environments without preferences draw as usual). ``curriculum``:
+    the batch favours (environments without preferences draw as usual).
+    ``step_advantage_weight``: credit per call as well as per episode (GiGPO's step-level
+    advantage): the turns of a group's episodes that start from the same state (the same tokens
+    so far: prompt, earlier calls, their observations) are compared among themselves, and each
+    turn's tokens get this weight times that advantage on top of the episode's (0: off), so the
+    choice at each call has a signal of its own. ``curriculum``:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
     Every ``val_interval`` steps (0: never) the policy runs greedily on ``val_tasks`` tasks of
     each source's validation split (``val/<source>/...`` metrics).
@@ -161,6 +166,7 @@ class GRPOConfig:
     explore_share: float = 0.0
     explore_models: float = 0.0
     preference_sets: bool = False
+    step_advantage_weight: float = 0.0
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2
@@ -215,6 +221,10 @@ class GRPOConfig:
                  f"grpo.advantage_tokens must be all|decisions, got {self.advantage_tokens!r}")
         _require(0 <= self.explore_share < 1, "grpo.explore_share must be in [0, 1)")
         _require(0 <= self.explore_models < 1, "grpo.explore_models must be in [0, 1)")
+        _require(self.step_advantage_weight >= 0, "grpo.step_advantage_weight must be >= 0")
+        _require(self.algo == "grpo" or self.step_advantage_weight == 0,
+                 "grpo.step_advantage_weight is GRPO's (group baselines per state): PPO's "
+                 "critic gives each token its own advantage already")
         for index, stage in enumerate(self.curriculum):
             ends = stage.until_step is not None or stage.until_reward is not None
             last = index == len(self.curriculum) - 1

@@ -9,7 +9,7 @@ groups; ``scoring`` runs it all over a batch.
 """
 
 from nemo_orch.reward.advantages import (
-    SamplingStats, fill_batch, group_advantages, group_drop_reason,
+    SamplingStats, fill_batch, group_advantages, group_drop_reason, step_advantages,
     trajectory_drop_reason)
 from nemo_orch.reward.combine import RewardBreakdown, score_group
 from nemo_orch.reward.components import (
@@ -23,5 +23,5 @@ __all__ = [
     "SamplingStats", "ScoredGroup", "by_answer", "exact_match", "extract_features",
     "fill_batch", "group_advantages", "group_drop_reason", "infra_failure", "normalize_answer",
     "numeric_match", "preference_instruction", "preference_match", "score_group", "score_groups",
-    "task_preference", "trajectory_drop_reason",
+    "step_advantages", "task_preference", "trajectory_drop_reason",
 ]

@@ -10,8 +10,8 @@ real sample of what the policy does.
 from __future__ import annotations
 
 import statistics
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -34,6 +34,27 @@ def group_advantages(rewards: Sequence[float], config: RewardConfig) -> list[flo
         baseline = (total - reward) / (count - 1) if config.leave_one_out else total / count
         advantage = (reward - baseline) / (std + config.advantage_eps)
         advantages.append(max(-config.advantage_clip, min(config.advantage_clip, advantage)))
+    return advantages
+
+
+def step_advantages(states: Sequence[Sequence[Hashable]], rewards: Sequence[float],
+                    config: RewardConfig) -> list[list[float]]:
+    """Credit per call (GiGPO's step-level advantage, Feng et al. 2025): the turns of one
+    group's episodes that start from the same state (``states[i][t]``: episode ``i``'s state
+    before its turn ``t``, e.g. its tokens so far) form a step group, and each turn's advantage
+    is its episode's reward normalized within that step group (:func:`group_advantages`): the
+    choice made at a state is compared with the other choices made at that very state. A turn
+    no other episode reached from its state gets 0. The first turns share the prompt, so their
+    step group is the episode group."""
+    members: dict[Hashable, list[tuple[int, int]]] = defaultdict(list)
+    for episode, keys in enumerate(states):
+        for turn, key in enumerate(keys):
+            members[key].append((episode, turn))
+    advantages = [[0.0] * len(keys) for keys in states]
+    for steps in members.values():
+        credit = group_advantages([rewards[episode] for episode, _ in steps], config)
+        for (episode, turn), advantage in zip(steps, credit):
+            advantages[episode][turn] = advantage
     return advantages
 
 

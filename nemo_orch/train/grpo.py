@@ -45,7 +45,8 @@ from nemo_orch.data.sft import padded_length
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
-from nemo_orch.reward.advantages import group_advantages, trajectory_drop_reason
+from nemo_orch.reward.advantages import (group_advantages, step_advantages,
+                                         trajectory_drop_reason)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum, ppo, preemption
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
@@ -74,6 +75,9 @@ class Sample:
     sample_id: str = ""  # <task id>/<sample>, and /<turn> with grpo.sample_mode=turn
     reward: float = 0.0
     sampled_mask: list[int] | None = None
+    # Per token, the credit of the call it belongs to (grpo.step_advantage_weight times the
+    # turn's step advantage), added to ``advantage``; None: no step credit.
+    step_advantages: list[float] | None = None
 
 
 @dataclass
@@ -101,12 +105,21 @@ def policy_config(config: Config) -> Config:
 
 def samples_of(groups: list[Group], config: Config) -> list[Sample]:
     """Training samples: whole trajectories (observations masked) or, with
-    ``grpo.sample_mode=turn``, one per turn (the prefix up to it, loss on that turn only)."""
+    ``grpo.sample_mode=turn``, one per turn (the prefix up to it, loss on that turn only). With
+    ``grpo.step_advantage_weight``, each turn's tokens also carry that weight times the turn's
+    step advantage (:func:`~nemo_orch.reward.advantages.step_advantages`; a turn's state: the
+    tokens before it)."""
+    weight = config.grpo.step_advantage_weight
     samples = []
     for group in groups:
-        advantages = group_advantages([b.reward for b in group.breakdowns], config.reward)
-        for trajectory, breakdown, advantage in zip(group.trajectories, group.breakdowns,
-                                                    advantages):
+        rewards = [b.reward for b in group.breakdowns]
+        advantages = group_advantages(rewards, config.reward)
+        spans = [_turn_spans(t.loss_mask) for t in group.trajectories]
+        steps = step_advantages([[tuple(t.token_ids[:start]) for start, _ in turns]
+                                 for t, turns in zip(group.trajectories, spans)],
+                                rewards, config.reward) if weight else [None] * len(spans)
+        for trajectory, breakdown, advantage, turns, credit in zip(
+                group.trajectories, group.breakdowns, advantages, spans, steps):
             if trajectory_drop_reason(breakdown, config.reward) or not any(trajectory.loss_mask):
                 continue
             ids, mask, logprobs = (trajectory.token_ids, trajectory.loss_mask,
@@ -117,12 +130,18 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
                        in zip(mask, trajectory.forced_mask or [0] * len(mask))]
             sample_id = f"{trajectory.task_id}/{trajectory.sample}"
             if config.grpo.sample_mode == "trajectory":
+                per_token = None
+                if credit is not None:
+                    per_token = [0.0] * len(ids)
+                    for (start, end), turn_credit in zip(turns, credit):
+                        per_token[start:end] = [weight * turn_credit] * (end - start)
                 samples.append(Sample(ids, mask, logprobs, advantage, driven, sample_id,
-                                      breakdown.reward, sampled))
+                                      breakdown.reward, sampled, per_token))
                 continue
-            for turn, (start, end) in enumerate(_turn_spans(mask)):
+            for turn, (start, end) in enumerate(turns):
                 turn_mask = [1 if start <= i < end else 0 for i in range(end)]
-                samples.append(Sample(ids[:end], turn_mask, logprobs[:end], advantage,
+                turn_advantage = advantage + (weight * credit[turn] if credit else 0.0)
+                samples.append(Sample(ids[:end], turn_mask, logprobs[:end], turn_advantage,
                                       [a * b for a, b in zip(turn_mask, driven)],
                                       f"{sample_id}/{turn}", breakdown.reward,
                                       [a * b for a, b in zip(turn_mask, sampled)]))
@@ -170,7 +189,10 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int,
                                for s in chunk], 0, torch.float),
             "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
             "advantage_mask": advantage_mask,
-            "advantages": advantage_mask * torch.tensor([[s.advantage] for s in chunk]),
+            "advantages": advantage_mask * (
+                torch.tensor([[s.advantage] for s in chunk])
+                + column([(s.step_advantages or [0.0] * len(s.token_ids))[1:] for s in chunk],
+                         0.0, torch.float)),
             "rewards": _on_last_token(mask, [s.reward for s in chunk]),
             "position_ids": torch.arange(length).repeat(len(chunk), 1),
         })

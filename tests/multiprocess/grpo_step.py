@@ -50,11 +50,14 @@ NUM_SEQUENCES, SEQ_LENGTH, PAD = 8, 24, 0
 OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
 
 
-def synthetic_samples(config: Config, count: int = NUM_SEQUENCES, seed: int = 7
-                      ) -> list[grpo.Sample]:
+def synthetic_samples(config: Config, count: int = NUM_SEQUENCES, seed: int = 7,
+                      step_credit: bool = False) -> list[grpo.Sample]:
     """Random tokens, a response after a random prompt length up to the sequence's own end, one
-    advantage per sequence."""
+    advantage per sequence; with ``step_credit``, every other sequence's response also carries
+    per-token step advantages (``grpo.step_advantage_weight``'s credit per call), in two
+    calls of their own."""
     generator = torch.Generator().manual_seed(seed)
+    credit = torch.Generator().manual_seed(seed + 1)
     samples = []
     for index in range(count):
         ids = torch.randint(1, config.model.vocab_size, (SEQ_LENGTH + 1,), generator=generator)
@@ -63,8 +66,14 @@ def synthetic_samples(config: Config, count: int = NUM_SEQUENCES, seed: int = 7
         # Token i + 1 is the label of position i: the loss covers positions prompt .. end - 1.
         mask = [0] * (prompt + 1) + [1] * (end - prompt)
         advantage = float(torch.randn(1, generator=generator))
+        steps = None
+        if step_credit and index % 2:
+            middle = (prompt + 1 + end + 1) // 2
+            first, second = torch.randn(2, generator=credit).tolist()
+            steps = [0.0] * (prompt + 1) + [first] * (middle - prompt - 1) + [second] * (
+                end + 1 - middle)
         samples.append(grpo.Sample(ids[:end + 1].tolist(), mask, [0.0] * (end + 1), advantage,
-                                   mask, reward=advantage + 0.5))
+                                   mask, reward=advantage + 0.5, step_advantages=steps))
     return samples
 
 
@@ -124,7 +133,7 @@ def grpo_steps(config: Config, context: ParallelContext, steps: int = 2) -> list
     """``steps`` GRPO updates on the synthetic batch (old and reference log-probabilities fixed
     before the first), each step's loss, tokens, grad norm and metrics."""
     policy, reference = _models(config, context)
-    batches = rank_batches(synthetic_samples(config), config, context)
+    batches = rank_batches(synthetic_samples(config, step_credit=True), config, context)
     old_logprobs = policy.forward_logprobs(batches)
     for batch, old, ref in zip(batches, old_logprobs, reference.forward_logprobs(batches)):
         if old is not None:  # the last pipeline stage, where the loss is computed
@@ -143,7 +152,8 @@ def update_results(config: Config, context: ParallelContext) -> dict[str, float]
         config.grpo, mini_batches=2, updates_per_step=2))
     policy, reference = _models(config, context)
     return grpo._update(policy, reference, grpo_token_loss(config.grpo),
-                        synthetic_samples(config, count=16), config, 1, context.dp_rank, PAD)
+                        synthetic_samples(config, count=16, step_credit=True), config, 1,
+                        context.dp_rank, PAD)
 
 
 def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, float]:

@@ -46,8 +46,11 @@ def test_sft_losses_match_one_process(one_process_sft_losses, tiny_tokenizer_dir
 def test_grpo_steps_match_one_process(megatron_world):
     config = config_lib.load(OVERRIDES)
     # without PP, the micro-batches differ in length, as GRPO's do
-    cut = rank_batches(synthetic_samples(config), config, megatron_world)
+    cut = rank_batches(synthetic_samples(config, step_credit=True), config, megatron_world)
     assert len({batch["tokens"].shape[1] for batch in cut}) > 1
+    # GRPO's steps carry credit per call: advantages that change within a sequence
+    assert any(len(set(row[mask > 0].tolist())) > 1 for batch in cut
+               for row, mask in zip(batch["advantages"], batch["loss_mask"]))
     expected = {"steps": grpo_steps(config, megatron_world),
                 "update": update_results(config, megatron_world),
                 "ppo_update": ppo_update_results(config, megatron_world)}

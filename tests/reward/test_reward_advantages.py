@@ -7,7 +7,7 @@ import pytest
 
 from nemo_orch.config import RewardConfig
 from nemo_orch.reward import (
-    RewardBreakdown, fill_batch, group_advantages, group_drop_reason,
+    RewardBreakdown, fill_batch, group_advantages, group_drop_reason, step_advantages,
     trajectory_drop_reason)
 
 EXACT = RewardConfig(advantage_eps=1e-12)
@@ -99,3 +99,20 @@ def test_fill_batch_drops_surplus_and_checks_arguments():
     assert run_fill([], needed=0, max_rounds=1)[1].rounds == 0
     with pytest.raises(ValueError):
         run_fill([], needed=1, max_rounds=0)
+
+
+def test_step_advantages_compare_the_choices_made_at_one_state():
+    config = EXACT
+    # Five episodes of one task: two first calls (a, b); after a, the same observation "x"
+    # for three, then two answerers (c, d); one episode saw another observation ("y").
+    states = [[("p",), ("p", "a", "x")], [("p",), ("p", "a", "x")], [("p",), ("p", "a", "y")],
+              [("p",), ("p", "a", "x")], [("p",)]]
+    rewards = [1.0, 0.0, 0.5, 1.0, 0.2]
+    steps = step_advantages(states, rewards, config)
+    # The first turns share the prompt: their step group is the episode group.
+    assert [turns[0] for turns in steps] == pytest.approx(group_advantages(rewards, config))
+    # After (a, x): episodes 0, 1 and 3 compared among themselves.
+    assert [steps[0][1], steps[1][1], steps[3][1]] == pytest.approx(
+        group_advantages([1.0, 0.0, 1.0], config))
+    assert steps[2][1] == 0.0  # no other episode reached (a, y)
+    assert [len(turns) for turns in steps] == [2, 2, 2, 2, 1]

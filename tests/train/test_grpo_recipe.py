@@ -16,6 +16,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord
 from nemo_orch.data.sft import PAD_MULTIPLE
+from nemo_orch.reward.advantages import group_advantages
 from nemo_orch.train.grpo import Sample, micro_batches, samples_of
 from nemo_orch.train.grpo_rollouts import Group, Rollouts
 from nemo_orch.train.metrics import logged_steps
@@ -54,6 +55,37 @@ def test_samples_carry_group_advantages_and_turns():
     dropping = config_lib.load(["reward.drop_format_errors=true"])
     group.breakdowns[1] = breakdown(0.0, format_errors=1.0)
     assert len(samples_of([group], dropping)) == 1
+
+
+def test_step_credit_adds_each_calls_own_advantage_on_its_tokens():
+    # Three episodes, two turns each (tokens 2-3 and 5): the same first call and observation
+    # for the first two, so their second turns form a step group; the third saw another
+    # observation (token 9), alone at its second state.
+    mask = [0, 0, 1, 1, 0, 1, 0]
+    first, second = trajectory([1, 2, 3, 4, 5, 6, 7], mask, [0.0] * 7), trajectory(
+        [1, 2, 3, 4, 5, 8, 7], mask, [0.0] * 7)
+    third = trajectory([1, 2, 3, 9, 5, 6, 7], mask, [0.0] * 7)
+    group = Group(Task("t", "q"), [first, second, third],
+                  [breakdown(1.0), breakdown(0.0), breakdown(0.5)])
+    config = config_lib.load(["grpo.step_advantage_weight=0.5", "grpo.advantage_tokens=all"])
+    episode = group_advantages([1.0, 0.0, 0.5], config.reward)
+    second_turn = group_advantages([1.0, 0.0], config.reward)
+    samples = samples_of([group], config)
+    assert [s.advantage for s in samples] == episode
+    for sample, own, later in zip(samples, episode, [*second_turn, 0.0]):
+        assert sample.step_advantages == pytest.approx(
+            [0, 0, 0.5 * own, 0.5 * own, 0, 0.5 * later, 0])
+    batch = micro_batches(samples, 3, pad_id=0)[0]
+    for row, sample in zip(batch["advantages"], samples):  # one length: the order kept
+        expected = [(sample.advantage + step) * flag for step, flag
+                    in zip(sample.step_advantages[1:], sample.advantage_mask[1:])]
+        assert row[:6].tolist() == pytest.approx(expected)
+    per_turn = samples_of([group], config_lib.load(["grpo.step_advantage_weight=0.5",
+                                                    "grpo.sample_mode=turn"]))
+    assert [s.advantage for s in per_turn] == pytest.approx(
+        [episode[0] * 1.5, episode[0] + 0.5 * second_turn[0],
+         episode[1] * 1.5, episode[1] + 0.5 * second_turn[1], episode[2] * 1.5, episode[2]])
+    assert all(s.step_advantages is None for s in samples_of([group], config_lib.load()))
 
 
 def test_forced_exploration_tokens_are_trained_but_kept_out_of_the_kl():
