@@ -338,7 +338,7 @@ def _cache_into(cache: EpisodeCache) -> Handler:
             infra_failure=infra_failure(trajectory, scored.outcome),
             pref_adherence=(None if oracle is None
                             else oracle.preference_adherence(task, trajectory)),
-            budget_usd=task_budget(task))
+            budget_usd=task_budget(task), preference=task.metadata.get("preference_name"))
         # The episode's sample is its trial (see _roll_out).
         cache.append(episode_record(index, trajectory.sample, seed, task, trajectory, scored,
                                     result))

@@ -39,7 +39,8 @@ class EpisodeResult:
     mapping; None: none did), which leaves it out of accuracy; ``judge_error`` and
     ``user_error`` name two such failures (the judge's, the user endpoint's). ``call_kinds``:
     its calls by tool and kind. ``within_budget``: whether the episode kept to its task's USD
-    budget (None: the task has none)."""
+    budget (None: the task has none). ``preference``: the preference its task stated (the
+    offline world's ``preference_name``; None: none)."""
 
     task_id: str
     correct: bool
@@ -55,12 +56,14 @@ class EpisodeResult:
     user_error: bool = False
     infra_failure: dict[str, str] | None = None
     call_kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    preference: str | None = None
 
     @classmethod
     def from_trajectory(cls, trajectory: Any, correct: bool,
                         infra_failure: InfraFailure | None = None,
                         pref_adherence: float | None = None,
-                        budget_usd: float | None = None) -> "EpisodeResult":
+                        budget_usd: float | None = None,
+                        preference: str | None = None) -> "EpisodeResult":
         """From a :class:`~nemo_orch.rollout.episode.Trajectory` and the failure outside the
         system that decided it (see :func:`nemo_orch.reward.scoring.infra_failure`): its
         ledger's USD (orchestrator and tools), its tool and generation seconds, calls by kind
@@ -75,7 +78,7 @@ class EpisodeResult:
                    sum(trajectory.format_errors.values()), pref_adherence,
                    reason == "judge_error", within, trajectory.sample, reason == "user_error",
                    None if infra_failure is None else asdict(infra_failure),
-                   trajectory.call_kinds())
+                   trajectory.call_kinds(), preference)
 
     @property
     def decided_by_infrastructure(self) -> bool:
@@ -206,6 +209,12 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         # The share of the episodes of tasks with a budget that kept to it (None: no budgets).
         "within_budget": mean(budgeted),
         "pass_hat_k": pass_hat_ks(results),
+        # Per stated preference: its scored episodes' accuracy and USD per task.
+        "by_preference": {
+            name: {"tasks": len(group), "accuracy": statistics.mean(r.correct for r in group),
+                   "usd_per_task": statistics.mean(r.usd for r in group)}
+            for name in sorted({r.preference for r in scored if r.preference is not None})
+            if (group := [r for r in scored if r.preference == name])},
     }
 
 
@@ -243,6 +252,30 @@ def _table(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str]) -> li
             f"{_figure(row['calls_per_task'], 2)} | "
             f"{_figure(row.get('failed_calls_per_task', 0.0), 2)} | "
             f"{row['format_error_rate']:.3f} | {row['judge_errors']} | {adherence} |")
+    return lines
+
+
+def by_preference(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each stated preference's cost-accuracy picture: every system's accuracy and USD per task
+    on that preference's tasks, ``*`` on that preference's Pareto front (markdown lines; none
+    where no task stated one)."""
+    names = sorted({name for row in systems.values() for name in row.get("by_preference", {})})
+    if not names:
+        return []
+    lines = ["", "Per stated preference (accuracy / USD per task; * on that preference's "
+             "cost-accuracy Pareto front):", "",
+             "| preference | tasks | " + " | ".join(systems) + " |",
+             "|---|---:|" + "---|" * len(systems)]
+    for preference in names:
+        rows = {system: row["by_preference"][preference] for system, row in systems.items()
+                if preference in row.get("by_preference", {})}
+        front = pareto_front({system: (row["usd_per_task"], row["accuracy"])
+                              for system, row in rows.items()})
+        tasks = max(row["tasks"] for row in rows.values())
+        cells = [f"{rows[system]['accuracy']:.3f} / {rows[system]['usd_per_task']:.6f}"
+                 + (" *" if system in front else "") if system in rows else ""
+                 for system in systems]
+        lines.append(f"| {preference} | {tasks} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -362,7 +395,8 @@ def write_report(out_dir: str | Path, benchmark: str,
     plots = _plots(summaries, front, out_dir)
     lines = [f"# {benchmark}", "", *_table(summaries, front), "",
              "\\* on the cost-accuracy Pareto front.", *_pass_hat_k(summaries),
-             *calls_by_kind(summaries), *_infra_decided(summaries), *_notes(notes),
+             *by_preference(summaries), *calls_by_kind(summaries),
+             *_infra_decided(summaries), *_notes(notes),
              "",
              *[f"![{plot.stem}]({plot.name})" for plot in plots]]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")

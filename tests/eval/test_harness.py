@@ -5,6 +5,7 @@ the tool set and price table at evaluation time, and MCP tools the policy never 
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import signal
 import subprocess
@@ -66,6 +67,11 @@ def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
     markdown = (out / "report.md").read_text()
     assert all(f"| {name}" in markdown for name in AGENTS)
     assert report["pareto_front"] and set(report["pareto_front"]) <= set(AGENTS)
+    # Each system's numbers per stated preference, from the tasks' own (the paper's picture)
+    stated = Counter(record["result"]["preference"] for record in _episodes(out, "random"))
+    for row in report["systems"].values():
+        assert {name: part["tasks"] for name, part in row["by_preference"].items()} == stated
+    assert "Per stated preference" in markdown
 
     # Fixed routers hand every task to one expert and pay no orchestrator tokens.
     for agent, alias in (("fixed:cheapest", "math-small"), ("fixed:strongest", "math-large")):

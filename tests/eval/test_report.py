@@ -85,6 +85,27 @@ def test_write_report_and_compare(tmp_path):
         compare([tmp_path / "missing"])
 
 
+def test_each_stated_preference_gets_its_own_cost_accuracy_picture(tmp_path):
+    def stated(rows: list[EpisodeResult], preferences: list[str | None]) -> list[EpisodeResult]:
+        return [dataclasses.replace(row, preference=name) for row, name in zip(rows, preferences)]
+
+    split = ["cost", "accuracy", "accuracy", None]
+    # orchestrator: cheap and right under cost, dear and right under accuracy
+    orchestrator = stated(results([True, True, True, False], 0.001, {}), split)
+    cheapest = stated(results([False, True, False, False], 0.0001, {}), split)
+    summary = summarize(orchestrator)
+    assert summary["by_preference"] == {
+        "accuracy": {"tasks": 2, "accuracy": 1.0, "usd_per_task": pytest.approx(0.0025)},
+        "cost": {"tasks": 1, "accuracy": 1.0, "usd_per_task": pytest.approx(0.001)}}
+    assert summarize(results([True], 0.01, {}))["by_preference"] == {}  # none stated
+    write_report(tmp_path, "offline", {"orchestrator": orchestrator, "fixed:cheapest": cheapest})
+    markdown = (tmp_path / "report.md").read_text()
+    assert "| preference | tasks | orchestrator | fixed:cheapest |" in markdown
+    # under accuracy the cheapest router is cheaper but wrong half the time: both on the front
+    assert "| accuracy | 2 | 1.000 / 0.002500 * | 0.500 / 0.000250 * |" in markdown
+    assert "| cost | 1 | 1.000 / 0.001000 * | 0.000 / 0.000100 * |" in markdown
+
+
 def test_episodes_decided_by_infrastructure_are_counted_and_left_out():
     failure = {"reason": "infra_error", "endpoint": "ask(model=m)", "detail": "HTTP 500"}
     scored = results([True, False], 0.01, {"ask": 1})
