@@ -5,13 +5,13 @@ the tool set and price table at evaluation time, and MCP tools the policy never 
 from __future__ import annotations
 
 import json
-from collections import Counter
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
