@@ -306,13 +306,16 @@ def test_naive_routers_play_the_new_interface_and_every_route_is_named_back(conf
 def test_the_instructed_rule_reads_the_instruction_and_nothing_else(writers):
     """The one naive router that reads the preference: the tool an instruction forbids is
     dropped, a cost instruction takes the cheapest model of the strongest's line (not the math
-    specialist), any other the strongest; the strongest router ignores the instruction."""
+    specialist), a balance (neutral) or a budget the next below the strongest, any other the
+    strongest; the strongest router ignores the instruction."""
     instructed = orchestra.naive_routes(TASKS, writers, _only("instructed"), seed=0)
     strongest = orchestra.naive_routes(TASKS, writers, _only("strongest"), seed=0)
     cheapest = {orchestra.SEARCH: "search-3", orchestra.REASON: "reasoner-3",
                 orchestra.ANSWER: "answer-4"}
     dearest = {orchestra.SEARCH: "search-1", orchestra.REASON: "reasoner-1",
                orchestra.ANSWER: "answer-1"}
+    middle = {orchestra.SEARCH: "search-2", orchestra.REASON: "reasoner-2",
+              orchestra.ANSWER: "answer-2"}
     seen = set()
     for task in TASKS:
         family, preference = task.metadata["family"], task.metadata["preference_name"]
@@ -322,7 +325,8 @@ def test_the_instructed_rule_reads_the_instruction_and_nothing_else(writers):
         forbidden = {"no_code": orchestra.REASON, "no_search": orchestra.SEARCH}.get(preference)
         assert [tool for tool, _ in instructed[task.id]] == [t for t in shape if t != forbidden]
         for tool, arguments in instructed[task.id]:
-            expected = (cheapest if preference == "cost" else dearest)[tool]
+            expected = {"cost": cheapest, "neutral": middle, "budget": middle}.get(
+                preference, dearest)[tool]
             assert arguments["model"] == expected, (task.id, preference)
         seen.add(preference)
     assert seen == set(orchestra.PREFERENCE_VECTORS)

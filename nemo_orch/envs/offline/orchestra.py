@@ -297,14 +297,21 @@ def _strongests_line(writers: Writers, tool: str) -> list[str]:
     return [alias for alias in ranked if alias.rsplit("-", 1)[0] == line]
 
 
+# The tier of the strongest's line the instructed rule takes for a stated preference: the
+# cheapest for low cost, the one below the strongest for a balance of cost and accuracy or a
+# budget; the strongest for anything else.
+INSTRUCTED_TIERS = {"cost": -1, "neutral": 1, "budget": 1}
+
+
 def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str, float],
                  seed: int) -> dict[str, Route]:
     """The route each task's naive router takes (``router_shares`` over
     :data:`~nemo_orch.config.DEMO_ROUTERS`): ``strongest``, the family's tools with the most
     expensive model of each; ``instructed``, a keyword rule over the user's instruction that
-    drops the tool an instruction forbids and takes the cheapest model of the strongest's line
-    (``answer-4``, not a math specialist) when the instruction asks for low cost, the strongest
-    otherwise; ``tiered``, the family's tools all at one price tier of the strongest's line
+    drops the tool an instruction forbids and takes the tier of the strongest's line that
+    :data:`INSTRUCTED_TIERS` names for it (the cheapest, ``answer-4`` and not a math
+    specialist, for low cost; the next below the strongest, ``answer-2``, for a balance or a
+    budget), the strongest otherwise; ``tiered``, the family's tools all at one price tier of the strongest's line
     drawn for the route (the strongest, the next, ...; a tool with fewer tiers its cheapest);
     ``family``, the family's tools with models drawn at random; ``random``, any route. None
     knows the accuracies, and only the instructed rule reads the preference: what is best is
@@ -332,8 +339,8 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
                 forbidden = {name.removeprefix("tool:") for name, weight in
                              PREFERENCE_VECTORS.get(stated, {}).items() if weight < 0}
                 tools = tuple(tool for tool in tools if tool not in forbidden)
-            cheap = router == "instructed" and stated == "cost"
-            aliases = [_strongests_line(writers, tool)[-1] if cheap
-                       else writers.by_price(tool)[-1] for tool in tools]
+            tier = INSTRUCTED_TIERS.get(stated) if router == "instructed" else None
+            aliases = [writers.by_price(tool)[-1] if tier is None
+                       else _strongests_line(writers, tool)[tier] for tool in tools]
         chosen[task.id] = tuple((tool, {"model": alias}) for tool, alias in zip(tools, aliases))
     return chosen
