@@ -26,6 +26,7 @@ from nemo_orch.envs.offline.world import restated
 from nemo_orch.rollout.engines.base import Engine
 from nemo_orch.rollout.runner import run_rollouts
 
+
 def total_variation(first: Counter, second: Counter) -> float:
     """Half the L1 distance between two empirical distributions (counts of outcomes)."""
     total_first, total_second = sum(first.values()), sum(second.values())
@@ -44,10 +45,6 @@ class Separation:
     oracle: float
     pairs: int
 
-    def as_dict(self) -> dict[str, float]:
-        return {"policy": self.policy, "first_call": self.first_call, "oracle": self.oracle,
-                "pairs": self.pairs}
-
 
 def separation(tasks: Sequence[Task], routes: Mapping[str, Sequence[str]],
                best: Mapping[str, str]) -> dict[str, Separation]:
@@ -57,8 +54,8 @@ def separation(tasks: Sequence[Task], routes: Mapping[str, Sequence[str]],
     for task in tasks:
         by_task[task.id.split("@")[0]].append(task)
     rows: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for tasks in by_task.values():
-        for first, second in itertools.combinations(tasks, 2):
+    for versions in by_task.values():
+        for first, second in itertools.combinations(versions, 2):
             distance = total_variation(Counter(routes[first.id]), Counter(routes[second.id]))
             first_calls = [Counter(route.split(">")[0] for route in routes[task.id])
                            for task in (first, second)]

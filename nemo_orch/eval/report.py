@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -179,6 +179,10 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     budgeted = [r.within_budget for r in scored if r.within_budget is not None]
     low, high = wilson_interval(correct, len(scored))
     kinds, by_tool = call_kind_counts(results)
+    stated: dict[str, list[EpisodeResult]] = defaultdict(list)
+    for result in scored:
+        if result.preference is not None:
+            stated[result.preference].append(result)
 
     def mean(values: list[float]) -> float | None:
         return statistics.mean(values) if values else None
@@ -213,8 +217,7 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "by_preference": {
             name: {"tasks": len(group), "accuracy": statistics.mean(r.correct for r in group),
                    "usd_per_task": statistics.mean(r.usd for r in group)}
-            for name in sorted({r.preference for r in scored if r.preference is not None})
-            if (group := [r for r in scored if r.preference == name])},
+            for name, group in sorted(stated.items())},
     }
 
 

@@ -622,9 +622,11 @@ def signal_metrics(generated: list[Group], kept: list[Group],
     for group in generated:
         if "family" not in group.task.metadata or not group.breakdowns:
             continue
+        rewards_alike = float(len({b.reward for b in group.breakdowns}) == 1)
+        routes_alike = float(len({route_of(t) for t in group.trajectories}) == 1)
         for key in (f"group/{group_key(group.task)}", "signal"):
-            flat[key].append(float(len({b.reward for b in group.breakdowns}) == 1))
-            one_route[key].append(float(len({route_of(t) for t in group.trajectories}) == 1))
+            flat[key].append(rewards_alike)
+            one_route[key].append(routes_alike)
     metrics = {f"{key}/flat": statistics.mean(values) for key, values in flat.items()}
     metrics.update({f"{key}/one_route": statistics.mean(values)
                     for key, values in one_route.items()})

@@ -311,8 +311,9 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
     drops the tool an instruction forbids and takes the tier of the strongest's line that
     :data:`INSTRUCTED_TIERS` names for it (the cheapest, ``answer-4`` and not a math
     specialist, for low cost; the next below the strongest, ``answer-2``, for a balance or a
-    budget), the strongest otherwise; ``tiered``, the family's tools all at one price tier of the strongest's line
-    drawn for the route (the strongest, the next, ...; a tool with fewer tiers its cheapest);
+    budget), the strongest otherwise; ``tiered``, the family's tools all at one price tier of
+    the strongest's line drawn for the route (the strongest, the next, ...; a tool with fewer
+    tiers its cheapest);
     ``family``, the family's tools with models drawn at random; ``random``, any route. None
     knows the accuracies, and only the instructed rule reads the preference: what is best is
     left to RL. By task id."""

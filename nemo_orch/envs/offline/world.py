@@ -127,10 +127,10 @@ def restated(task: Task, interface: str, seed: int = 0) -> list[Task]:
     question with that preference's instruction, to see whether a policy's route follows the
     preference for one task."""
     question = task.question.removesuffix("\n" + task.metadata["instruction"])
+    metadata = {key: value for key, value in task.metadata.items() if key != "budget_usd"}
     tasks = []
     for preference in _preferences(interface)[0][task.metadata["family"]]:
         stated = _stated(preference, interface, random.Random(f"{seed}|{task.id}|{preference}"))
-        metadata = {key: value for key, value in task.metadata.items() if key != "budget_usd"}
         tasks.append(Task(id=f"{task.id}@{preference}",
                           question=f"{question}\n{stated['instruction']}", system=task.system,
                           answer=task.answer,
