@@ -17,11 +17,12 @@ the simulated experts' known accuracies and prices.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.offline.oracle import (OracleTable, group_means, oracle_route_share,
@@ -30,21 +31,35 @@ from nemo_orch.eval.report import EpisodeResult, calls_by_kind, summarize
 
 SMOOTHING = 5  # steps in each plotted curve's running mean
 SHOWN_ROUTES = 3  # routes plotted per group: its most taken over the run
+ACCURACY = "accuracy"  # the preference whose groups' accuracy is a target of its own
+ORACLE_ROUTE_FLOOR, ORACLE_ROUTE_GAIN = 0.8, 0.2
+GAP_CLOSED_FLOOR, ADHERENCE_FLOOR, GROUP_SLACK = 0.8, 0.9, 0.02
 
 
 def policy_row(tasks: list[Task], records: list[dict[str, Any]],
                table: OracleTable) -> dict[str, Any]:
     """One policy's row from its episode records on the offline world (in task order): the
     harness's numbers, and the routes and utilities the environment's score put in the
-    details."""
+    details. ``expected_reward`` and ``expected_accuracy`` are the expectations of the routes
+    taken (the realized values where a route has none), the oracle's unit: what the policy
+    chose, without the simulated experts' luck in carrying it out."""
     summary = summarize([EpisodeResult(**record["result"]) for record in records])
     scored = [(task, record, result) for task, record in zip(tasks, records)
               if not (result := EpisodeResult(**record["result"])).decided_by_infrastructure]
     tasks = [task for task, _, _ in scored]
     routes = [record["details"]["route"] for _, record, _ in scored]
-    utilities = [record["details"]["utility"] for _, record, _ in scored]
+    columns: dict[str, list[float]] = {
+        "reward": [record["details"]["utility"] for _, record, _ in scored],
+        "accuracy": [float(result.correct) for _, _, result in scored]}
+    values = [table.value(task, route) for task, route in zip(tasks, routes)]
+    columns["expected_reward"] = [realized if value is None else value.utility
+                                  for value, realized in zip(values, columns["reward"])]
+    columns["expected_accuracy"] = [realized if value is None else value.accuracy
+                                    for value, realized in zip(values, columns["accuracy"])]
     return {
-        "reward": sum(utilities) / len(utilities), "accuracy": summary["accuracy"],
+        "reward": statistics.mean(columns["reward"]), "accuracy": summary["accuracy"],
+        "expected_reward": statistics.mean(columns["expected_reward"]),
+        "expected_accuracy": statistics.mean(columns["expected_accuracy"]),
         "usd_per_task": summary["usd_per_task"],
         "seconds_per_task": summary["seconds_per_task"],
         "format_error_rate": summary["format_error_rate"],
@@ -52,17 +67,61 @@ def policy_row(tasks: list[Task], records: list[dict[str, Any]],
         "oracle_route_share": oracle_route_share(table, tasks, routes),
         "within_budget": summary["within_budget"],
         "tool_mix": route_shares(tasks, routes),
-        "groups": group_means(tasks, utilities, [float(r.correct) for _, _, r in scored]),
+        "groups": group_means(tasks, columns),
         **{key: summary[key] for key in ("call_kinds", "calls_by_tool", "infra_decided")},
     }
 
 
 def gap_closed(report: Mapping[str, Mapping[str, Any]], policy: str) -> float | None:
-    """The share of the SFT-to-oracle reward gap that ``policy`` (an RL row) closed."""
-    gap = report["oracle"]["reward"] - report["sft"]["reward"]
+    """The share of the SFT-to-oracle gap in expected reward that ``policy`` (an RL row)
+    closed. Expected on both sides: the oracle's reward is an expectation, and a realized
+    reward's noise over a few hundred tasks is of the gap's own size."""
+    gap = report["oracle"]["expected_reward"] - report["sft"]["expected_reward"]
     if gap <= 0:
         return None
-    return (report[policy]["reward"] - report["sft"]["reward"]) / gap
+    return (report[policy]["expected_reward"] - report["sft"]["expected_reward"]) / gap
+
+
+class Target(NamedTuple):
+    """One of the main job's targets for a trained policy: the measured ``value`` against
+    ``bound`` (a floor, or a strict one)."""
+
+    name: str
+    value: float
+    bound: float
+    strict: bool = False
+
+    @property
+    def met(self) -> bool:
+        return self.value > self.bound if self.strict else self.value >= self.bound
+
+
+def targets(report: Mapping[str, Any], policy: str) -> list[Target]:
+    """The main job's targets for ``policy`` (an RL row of ``report``): the oracle's route on
+    >= 80% of the tasks and 0.2 above SFT's share, >= 80% of the gap closed, adherence >= 0.9,
+    no (family, preference) group's expected reward below SFT's by more than 0.02 and no
+    accuracy-preferring group's expected accuracy either, and fewer USD per task than SFT."""
+    sft, row = report["sft"], report[policy]
+
+    def worst_drop(key: str, groups: list[str]) -> float:
+        return min(row["groups"][group][key] - sft["groups"][group][key] for group in groups)
+
+    groups = list(sft["groups"])
+    accuracy_groups = [group for group in groups if group.endswith(f"/{ACCURACY}")]
+    return [
+        Target("oracle route", row["oracle_route_share"], ORACLE_ROUTE_FLOOR),
+        Target("oracle route over SFT's",
+               row["oracle_route_share"] - sft["oracle_route_share"], ORACLE_ROUTE_GAIN),
+        Target("gap closed", math.nan if row["gap_closed"] is None else row["gap_closed"],
+               GAP_CLOSED_FLOOR),
+        Target("pref. adherence", row["pref_adherence"], ADHERENCE_FLOOR),
+        Target("worst group's expected reward over SFT's",
+               worst_drop("expected_reward", groups), -GROUP_SLACK),
+        Target("worst accuracy group's expected accuracy over SFT's",
+               worst_drop("expected_accuracy", accuracy_groups), -GROUP_SLACK),
+        Target("USD per task under SFT's", sft["usd_per_task"] - row["usd_per_task"], 0.0,
+               strict=True),
+    ]
 
 
 def policies(report: Mapping[str, Any]) -> list[str]:
@@ -108,32 +167,42 @@ def write_report(run_dir: Any, report: Mapping[str, Any], rl_dir: Any) -> None:
              f"Held-out tasks: {report['eval_tasks']} (greedy decoding); oracle: expected values "
              "from the simulated experts' accuracies and prices. Pref. adherence: the expected "
              "utility of the route taken for the task's preference over the oracle route's; "
-             "oracle route: the share of tasks answered by exactly the oracle's route.", "",
+             "oracle route: the share of tasks answered by exactly the oracle's route; exp. "
+             "reward: the expected reward of the routes taken, the oracle's unit.", "",
              "Within budget: the share of the episodes of tasks with a USD budget that kept "
              "to it.", "",
-             "| policy | reward | accuracy | USD/task | s/task | pref. adherence | oracle route | "
-             "within budget | format errors |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| policy | reward | exp. reward | accuracy | USD/task | s/task | pref. adherence | "
+             "oracle route | within budget | format errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in names:
         row = report[name]
         seconds = "" if row["seconds_per_task"] is None else f"{row['seconds_per_task']:.2f}"
         budget = "" if row.get("within_budget") is None else f"{row['within_budget']:.3f}"
-        lines.append(f"| {name} | {row['reward']:.3f} | {row['accuracy']:.3f} | "
+        lines.append(f"| {name} | {row['reward']:.3f} | {row['expected_reward']:.3f} | "
+                     f"{row['accuracy']:.3f} | "
                      f"{row['usd_per_task']:.6f} | {seconds} | {row['pref_adherence']:.3f} | "
                      f"{row['oracle_route_share']:.3f} | {budget} | "
                      f"{row['format_error_rate']:.3f} |")
     closed = [f"{name.upper()} closed {report[name]['gap_closed']:.0%}" for name in trained
               if report[name].get("gap_closed") is not None]
     if closed:
-        lines += ["", "; ".join(closed) + " of the SFT -> oracle reward gap."]
+        lines += ["", "; ".join(closed) + " of the SFT -> oracle gap in expected reward."]
+    for name in trained:
+        lines += ["", f"## Targets ({name})", "", "| target | value | bound | met |",
+                  "|---|---:|---:|---|"]
+        lines += [f"| {target.name} | {target.value:.4g} | {'>' if target.strict else '>='} "
+                  f"{target.bound:.4g} | {'yes' if target.met else 'no'} |"
+                  for target in targets(report, name)]
+    columns = " / ".join(names)
     lines += ["", "## Reward and route mix per (family, preference)", "",
-              f"| group | tasks | reward {' / '.join(names)} | "
+              f"| group | tasks | reward {columns} | exp. reward {columns} | "
               + " | ".join(f"routes {name}" for name in names) + " |",
-              "|---|---:|---|" + "---|" * len(names)]
+              "|---|---:|---|---|" + "---|" * len(names)]
     for group, oracle_row in report["oracle"]["groups"].items():
-        rewards = " / ".join(f"{report[name]['groups'][group]['reward']:.2f}"
-                             for name in names)
+        rewards = [" / ".join(f"{report[name]['groups'][group][key]:.2f}" for name in names)
+                   for key in ("reward", "expected_reward")]
         cells = [_top_routes(report[name]["tool_mix"].get(group, {})) for name in names]
-        lines.append(f"| {group} | {oracle_row['tasks']} | {rewards} | " + " | ".join(cells)
+        lines.append(f"| {group} | {oracle_row['tasks']} | " + " | ".join(rewards + cells)
                      + " |")
     lines += calls_by_kind({name: report[name] for name in names if "call_kinds" in report[name]})
     if "toolscale" in report:

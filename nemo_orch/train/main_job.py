@@ -195,21 +195,28 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
     lines = [f"train: run {summary.run_dir} ("
              + ", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items()) + ")"]
     if summary.report is not None:
-        lines.append(f"  {'policy':8} {'reward':>8} {'accuracy':>9} {'usd/task':>10} "
-                     f"{'pref.adh':>9} {'or.route':>9} {'in.budget':>9} {'fmt.err':>8}")
-        for name in main_job_report.policies(summary.report):
+        lines.append(f"  {'policy':8} {'reward':>8} {'exp.rew':>8} {'accuracy':>9} "
+                     f"{'usd/task':>10} {'pref.adh':>9} {'or.route':>9} {'in.budget':>9} "
+                     f"{'fmt.err':>8}")
+        names = main_job_report.policies(summary.report)
+        for name in names:
             row = summary.report[name]
             budget = row.get("within_budget")
-            lines.append(f"  {name:8} {row['reward']:8.3f} {row['accuracy']:9.3f} "
-                         f"{row['usd_per_task']:10.6f} {row['pref_adherence']:9.3f} "
-                         f"{row['oracle_route_share']:9.3f} "
+            lines.append(f"  {name:8} {row['reward']:8.3f} {row['expected_reward']:8.3f} "
+                         f"{row['accuracy']:9.3f} {row['usd_per_task']:10.6f} "
+                         f"{row['pref_adherence']:9.3f} {row['oracle_route_share']:9.3f} "
                          f"{'' if budget is None else format(budget, '.3f'):>9} "
                          f"{row['format_error_rate']:8.3f}")
-        for name in main_job_report.policies(summary.report):
-            closed = summary.report[name].get("gap_closed")
-            if closed is not None:
-                lines.append(f"  {name.upper()} closed {closed:.0%} of the SFT -> oracle "
-                             "reward gap")
+        for name in names:
+            if name in ("sft", "oracle"):
+                continue
+            closed = summary.report[name]["gap_closed"]
+            missed = [target.name for target in main_job_report.targets(summary.report, name)
+                      if not target.met]
+            lines.append(f"  {name.upper()} closed "
+                         + ("no gap" if closed is None else f"{closed:.0%}")
+                         + " of the SFT -> oracle gap in expected reward; targets "
+                         + ("all met" if not missed else "missed: " + ", ".join(missed)))
         for agent, domains in summary.report.get("toolscale", {}).items():
             lines.append(f"  ToolScale domain tasks, {agent}: accuracy " + ", ".join(
                 f"{domain} {row['accuracy']:.2f}" for domain, row in domains.items()))

@@ -135,7 +135,8 @@ def test_main_job_end_to_end(tiny_main_job):
     run_dir = directory / "runs" / "e2e"
     report = json.loads((run_dir / "report.json").read_text())
     for policy in ("sft", "grpo", "oracle"):
-        assert set(report[policy]) >= {"reward", "accuracy", "usd_per_task", "seconds_per_task",
+        assert set(report[policy]) >= {"reward", "expected_reward", "accuracy",
+                                       "expected_accuracy", "usd_per_task", "seconds_per_task",
                                        "pref_adherence", "oracle_route_share",
                                        "format_error_rate", "tool_mix"}
     assert set(report["wall_seconds"]) == {"setup", "sft", "grpo", "eval"}
@@ -144,8 +145,10 @@ def test_main_job_end_to_end(tiny_main_job):
     sft, grpo, oracle = report["sft"], report["grpo"], report["oracle"]
     assert oracle["reward"] > 0 and oracle["reward"] >= grpo["reward"] >= sft["reward"]
     assert oracle["oracle_route_share"] == 1.0 and oracle["pref_adherence"] == 1.0
+    assert oracle["expected_reward"] == oracle["reward"]
     assert grpo["gap_closed"] == pytest.approx(
-        (grpo["reward"] - sft["reward"]) / (oracle["reward"] - sft["reward"]))
+        (grpo["expected_reward"] - sft["expected_reward"])
+        / (oracle["expected_reward"] - sft["expected_reward"]))
     for row in (sft, grpo, oracle):
         assert set(row["groups"]) == set(oracle["groups"]) == set(row["tool_mix"])
         assert all(sum(routes.values()) == pytest.approx(1.0)  # each group's routes, shares
@@ -158,7 +161,10 @@ def test_main_job_end_to_end(tiny_main_job):
     assert {"reference", "result", "details"} <= record.keys() and "ledger" in record["episode"]
     assert re.fullmatch(r"none|tools|(tools\+)?expert:(math-small|math-large|generalist)",
                         record["details"]["route"])
-    assert "| grpo |" in (run_dir / "report.md").read_text()
+    markdown = (run_dir / "report.md").read_text()
+    assert "| grpo |" in markdown and "## Targets (grpo)" in markdown
+    assert "of the SFT -> oracle gap in expected reward; targets missed: oracle route" in (
+        result.stdout)  # routes of nothing: every route target missed, and named
     domains = report["toolscale"]["gold-replay"]
     assert set(domains) == {"shop", "clinic", "mobile"}
     assert all(row["tasks"] == 2 and row["accuracy"] == 1.0 for row in domains.values())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from nemo_orch.data.tasks import Task
@@ -57,15 +58,16 @@ def route_shares(tasks: list[Task], routes: list[str]) -> dict[str, dict[str, fl
             for group, members in sorted(by_group.items())}
 
 
-def group_means(tasks: list[Task], rewards: list[float],
-                accuracies: list[float]) -> dict[str, dict[str, float]]:
-    """Per (family, preference) group: its number of tasks, mean reward and mean accuracy."""
-    rows: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for task, reward, accuracy in zip(tasks, rewards, accuracies):
-        rows[group_key(task)].append((reward, accuracy))
+def group_means(tasks: list[Task],
+                columns: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per (family, preference) group: its number of tasks and the mean of each column
+    (``columns[name][i]``: the value of ``tasks[i]``)."""
+    rows: dict[str, list[int]] = defaultdict(list)
+    for index, task in enumerate(tasks):
+        rows[group_key(task)].append(index)
     return {group: {"tasks": len(members),
-                    "reward": statistics.mean(reward for reward, _ in members),
-                    "accuracy": statistics.mean(accuracy for _, accuracy in members)}
+                    **{name: statistics.mean(values[i] for i in members)
+                       for name, values in columns.items()}}
             for group, members in sorted(rows.items())}
 
 
@@ -119,11 +121,16 @@ class OracleTable:
     def best(self, task: Task) -> RouteValue:
         return best(self.values(task))
 
+    def value(self, task: Task, route: str) -> RouteValue | None:
+        """The expectations of ``route`` on ``task``; None for a route the world does not
+        price (``none``, or calls no route is made of)."""
+        return next((value for value in self.values(task) if value.route == route), None)
+
     def adherence(self, task: Task, route: str) -> float:
         """The expected utility of ``route`` for the task's preference over the best route's,
         in [0, 1] (0 for a route that cannot answer, such as ``none``)."""
-        best = self.best(task)
-        taken = next((v.utility for v in self.values(task) if v.route == route), 0.0)
+        best, value = self.best(task), self.value(task, route)
+        taken = 0.0 if value is None else value.utility
         if best.utility <= 0:
             return float(route == best.route)
         return min(max(taken / best.utility, 0.0), 1.0)
@@ -133,16 +140,20 @@ class OracleTable:
         return self.adherence(task, route_of(trajectory))
 
     def report(self, tasks: list[Task]) -> dict[str, Any]:
-        """The oracle's own row: expected reward, accuracy and USD of the best routes."""
+        """The oracle's own row: expected reward, accuracy and USD of the best routes (its
+        ``expected_*`` figures are the same)."""
         best = [self.best(task) for task in tasks]
-        return {"reward": statistics.mean(v.utility for v in best),
-                "accuracy": statistics.mean(v.accuracy for v in best),
+        utilities, accuracies = [v.utility for v in best], [v.accuracy for v in best]
+        reward, accuracy = statistics.mean(utilities), statistics.mean(accuracies)
+        return {"reward": reward, "accuracy": accuracy,
+                "expected_reward": reward, "expected_accuracy": accuracy,
                 "usd_per_task": statistics.mean(v.usd for v in best),
                 "seconds_per_task": None, "pref_adherence": 1.0, "oracle_route_share": 1.0,
                 "format_error_rate": 0.0,
                 "tool_mix": route_shares(tasks, [v.route for v in best]),
-                "groups": group_means(tasks, [v.utility for v in best],
-                                      [v.accuracy for v in best])}
+                "groups": group_means(tasks, {"reward": utilities, "accuracy": accuracies,
+                                              "expected_reward": utilities,
+                                              "expected_accuracy": accuracies})}
 
 
 def oracle_route_share(table: OracleTable, tasks: list[Task], routes: list[str]) -> float:
