@@ -20,8 +20,9 @@ import pytest
 
 from nemo_orch.tools.base import ToolContext, ToolError, ToolResult, Usage
 from nemo_orch.tools.sandbox import V2, PythonSandbox, SandboxLimits, default_spec, pool
-from nemo_orch.tools.sandbox.cgroups import (_cgroup_v1_dir, _cgroup_v2_dir, _delegated_v2,
-                                             _oom_kills, _write_cgroup_limits)
+from nemo_orch.tools.sandbox.cgroups import (_cgroup_v1_dir, _cgroup_v1_dirs, _cgroup_v2_dir,
+                                             _CpuMeter, _delegated_v2, _oom_kills, _v2_controllers,
+                                             _write_cgroup_limits)
 
 CTX = ToolContext(task_id="t", episode_id="e")
 
@@ -222,7 +223,9 @@ def test_no_network():
         listener.close()
     if "netns" not in isolation:
         pytest.skip("no network namespace here")
-    assert result.error == "exit status 1" and "OSError" in result.output
+    # No socket to try with under the system-call filter, else no route.
+    assert result.error == "exit status 1" and (
+        "PermissionError" if "seccomp" in isolation else "OSError") in result.output
 
 
 def test_parent_secrets_are_not_visible(monkeypatch):
@@ -279,7 +282,8 @@ def test_rlimits_only_fallback():
 def test_cgroup_v2_is_found_delegated_and_limited(tmp_path):
     """The v2 path on a tree laid out as the kernel does (this host is v1): the unified
     hierarchy found from /proc, the controllers handed down after this process moves into a
-    leaf of its own (never when others share its group), the limits and OOM kills read."""
+    leaf of its own (never when others share its group), the limits written, the OOM kills and
+    CPU time read."""
     mounts = ("30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
               "31 23 0:28 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n")
     assert _cgroup_v2_dir("0::/user.slice/job\n", mounts) == Path("/sys/fs/cgroup/user.slice/job")
@@ -296,19 +300,73 @@ def test_cgroup_v2_is_found_delegated_and_limited(tmp_path):
     (base / "cgroup.procs").write_text(f"{os.getpid()}\n")
     assert _delegated_v2(base) == base
     assert (base / "nemo_orch.main" / "cgroup.procs").read_text() == str(os.getpid())
-    assert set((base / "cgroup.subtree_control").read_text().split()) == {"+pids", "+memory"}
-    (base / "cgroup.controllers").write_text("cpu io\n")
+    assert set((base / "cgroup.subtree_control").read_text().split()) == {"+pids", "+memory",
+                                                                          "+cpu"}
+    (base / "cgroup.subtree_control").write_text("pids memory cpu\n")
+    assert _v2_controllers(base) == ["pids", "memory", "cpu"]
+    (base / "cgroup.controllers").write_text("io memory pids\n")
+    (base / "cgroup.subtree_control").write_text("\n")
+    assert _delegated_v2(base) == base  # no cpu to hand down: pids and memory still bound
+    assert (base / "cgroup.subtree_control").read_text() == "+pids +memory"
+    (base / "cgroup.controllers").write_text("io cpu pids\n")
     assert _delegated_v2(base) is None  # the controllers are not there to hand down
 
     group = tmp_path / "group"
     group.mkdir()
     (group / "memory.swap.max").write_text("max\n")
-    _write_cgroup_limits(V2, group, SandboxLimits(memory_mb=64, max_processes=8))
+    limits = SandboxLimits(memory_mb=64, max_processes=8, cpu_cores=1.5)
+    _write_cgroup_limits(V2, group, limits)
+    assert not (group / "cpu.max").exists()  # no cpu controller delegated: nothing to bound
+    (group / "cpu.max").write_text("max 100000\n")
+    _write_cgroup_limits(V2, group, limits)
     assert [(group / name).read_text() for name in ("pids.max", "memory.max",
-                                                    "memory.swap.max")] == [
-        "8", str(64 << 20), "0"]
+                                                    "memory.swap.max", "cpu.max")] == [
+        "8", str(64 << 20), "0", "150000 100000"]
     (group / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n")
     assert _oom_kills(group) == 2
+    (group / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n"
+                                    "system_usec 500000\nnr_periods 30\n")
+    meter = _CpuMeter.of([(V2, group)], limits)
+    assert meter.seconds() == 2.5 and meter.cores == min(os.cpu_count(), 1.5)
+
+
+def test_cgroup_v1_cpu_quota_and_accounting(tmp_path):
+    """The v1 path: cpu and cpuacct in hierarchies of their own (as on this host) or mounted
+    together (one group takes both), the quota written and the tree's CPU time read. (The
+    mounts are under /cg, which no host has, as resolving the paths would follow links.)"""
+    apart = ("32 31 0:29 / /cg/cpu rw - cgroup cgroup rw,cpu\n"
+             "33 31 0:30 / /cg/cpuacct rw - cgroup cgroup rw,cpuacct\n"
+             "39 31 0:36 / /cg/pids rw - cgroup cgroup rw,pids\n")
+    assert _cgroup_v1_dirs("8:pids:/\n2:cpuacct:/a\n1:cpu:/a\n", apart) == [
+        ("pids", Path("/cg/pids")), ("cpu", Path("/cg/cpu/a")),
+        ("cpuacct", Path("/cg/cpuacct/a"))]
+    together = "32 31 0:29 / /cg/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+    assert _cgroup_v1_dirs("4:cpu,cpuacct:/a\n", together) == [
+        ("cpu,cpuacct", Path("/cg/cpu,cpuacct/a"))]
+
+    limits = SandboxLimits(cpu_cores=0.5)
+    cpu, cpuacct = tmp_path / "cpu", tmp_path / "cpuacct"
+    for group in (cpu, cpuacct):
+        group.mkdir()
+        _write_cgroup_limits(group.name, group, limits)
+    assert [(cpu / name).read_text() for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us")] == [
+        "100000", "50000"]
+    assert sorted(path.name for path in cpuacct.iterdir()) == ["notify_on_release"]
+    (cpuacct / "cpuacct.usage").write_text("1500000000\n")
+    meter = _CpuMeter.of([("cpu", cpu), ("cpuacct", cpuacct)], limits)
+    assert meter.usage == cpuacct / "cpuacct.usage" and meter.cores == 0.5
+    assert meter.seconds() == 1.5
+    # Accounting without a quota: the tree may use every core; without accounting, no meter.
+    assert _CpuMeter.of([("cpuacct", cpuacct)], limits).cores == os.cpu_count()
+    assert _CpuMeter.of([("cpu", cpu), ("pids", tmp_path)], limits) is None
+
+    both = tmp_path / "both"
+    both.mkdir()
+    _write_cgroup_limits("cpu,cpuacct", both, SandboxLimits(cpu_cores=1e-6))
+    assert (both / "cpu.cfs_quota_us").read_text() == "1000"  # the kernel's smallest quota
+    assert _CpuMeter.of([("cpu,cpuacct", both)], limits).usage == both / "cpuacct.usage"
+    with pytest.raises(ToolError, match="cpu_cores must be > 0"):
+        SandboxLimits(cpu_cores=0)
 
 
 def test_groups_a_killed_sandbox_left_are_removed_at_the_next_start():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -24,6 +25,8 @@ import pytest
 from nemo_orch.tools.base import ToolContext, ToolResult
 from nemo_orch.tools.sandbox import PythonSandbox, default_spec, identity
 from nemo_orch.tools.sandbox import pool as sandbox_pool
+from nemo_orch.tools.sandbox import seccomp
+from nemo_orch.tools.sandbox.protocol import WORKDIR
 
 CTX = ToolContext(task_id="t", episode_id="e")
 libc = ctypes.CDLL(None, use_errno=True)
@@ -65,6 +68,11 @@ class Pool:
     def settle(self) -> None:
         """Let retired workers be destroyed (their cleanup runs in the background)."""
         self.loop.run_until_complete(asyncio.gather(*list(self.sandbox._tasks)))
+
+    def next_workdir(self) -> Path:
+        """The host directory of the worker the next call runs in (the call sees WORKDIR)."""
+        self.settle()
+        return self.sandbox._idle[0].workdir
 
     def assert_healthy(self) -> None:
         """A benign call succeeds within 5x its usual time after whatever ran before."""
@@ -209,12 +217,15 @@ def test_nested_user_namespaces_are_refused(pool: Pool):
     if "userns" not in pool.sandbox.isolation:
         pytest.skip("no user namespace per call on this host")
     refused = pool.json("print(json.dumps(fails(libc.unshare(0x10000000))))")
-    assert refused == "ENOSPC"  # user.max_user_namespaces is 0 in the call's namespace
+    # The system-call filter refuses it first; without it, user.max_user_namespaces is 0 in
+    # the call's namespace.
+    assert refused == ("EPERM" if "seccomp" in pool.sandbox.isolation else "ENOSPC")
     pool.assert_healthy()
 
 
 def test_the_working_directory_is_bounded_and_leaves_no_disk_used(pool: Pool):
     used = shutil.disk_usage(tempfile.gettempdir()).used
+    workdir = pool.next_workdir()
     result = pool.json("""
 written, error = 0, None
 try:
@@ -227,8 +238,8 @@ except OSError as exc:
     error = errno.errorcode[exc.errno]
 print(json.dumps([os.getcwd(), written, error]))
 """)
-    workdir, written, error = result
-    assert error == "ENOSPC" and 60 <= written <= 64, result
+    cwd, written, error = result
+    assert cwd == WORKDIR and error == "ENOSPC" and 60 <= written <= 64, result
     pool.settle()
     assert not Path(workdir).exists()
     # Nothing was written to the host's disk (loosely: other processes write too).
@@ -237,16 +248,15 @@ print(json.dumps([os.getcwd(), written, error]))
 
 
 def test_a_deep_tree_leaves_nothing_behind(pool: Pool):
+    workdir = pool.next_workdir()
     result = pool.call("""
 import os
-print(os.getcwd())
 for _ in range(1500):
     os.mkdir("d")
     os.chdir("d")
 open("bottom", "w").write("x" * 1000)
 """)
     assert result.error is None, result.output
-    workdir = Path(result.output.strip())
     pool.settle()
     assert not workdir.exists() and not workdir.with_name(workdir.name + ".root").exists()
     pool.assert_healthy()
@@ -362,3 +372,206 @@ def test_an_allowed_package_brings_its_libraries():
     result = asyncio.run(main())
     assert result.error is None, result.output
     assert result.output == "[1.0, 1.0] 25.0\n"
+
+
+def cgroup_controllers(isolation: tuple[str, ...]) -> set[str]:
+    """The cgroup controllers in force (``cgroup-cpu,cpuacct``: both, mounted together)."""
+    return {name for mechanism in isolation if mechanism.startswith("cgroup-")
+            for name in mechanism.removeprefix("cgroup-").split(",")}
+
+
+def tree_cpu_seconds(groups: list[Path]) -> float:
+    """The CPU-seconds a worker's processes used, the dead included, as its cgroup accounts
+    them (v1 ``cpuacct.usage``, v2 ``cpu.stat``)."""
+    for group in groups:
+        if (group / "cpuacct.usage").exists():
+            return int((group / "cpuacct.usage").read_text()) / 1e9
+        if (group / "cgroup.controllers").exists():
+            stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
+            return int(stat["usage_usec"]) / 1e6
+    raise AssertionError(f"no CPU accounting in {groups}")
+
+
+def metered_call(code: str, monkeypatch, needs: str,
+                 **limits) -> tuple[ToolResult, float, float]:
+    """``code`` called on a fresh sandbox with ``limits`` (skipped without the cgroup
+    controller ``needs``): its result, its wall-clock seconds and its tree's CPU-seconds, read
+    once the tree is killed and before its groups are removed. The next call still works."""
+    used = []
+    kill_tree = sandbox_pool._kill_tree
+
+    def kill_and_measure(worker: sandbox_pool._Worker) -> int:
+        oom_kills = kill_tree(worker)
+        if not used:  # the call's end (its worker is killed again when destroyed)
+            used.append(tree_cpu_seconds(worker.cgroups))
+        return oom_kills
+
+    async def main() -> tuple[ToolResult, float, float]:
+        sandbox = PythonSandbox(default_spec(), pool_size=0, **limits)
+        await sandbox.start()
+        try:
+            controllers = cgroup_controllers(sandbox.isolation)
+            if needs not in controllers and not (needs == "cpuacct" and "v2" in controllers):
+                pytest.skip(f"no cgroup {needs} controller here ({sandbox.isolation})")
+            monkeypatch.setattr(sandbox_pool, "_kill_tree", kill_and_measure)
+            started = time.perf_counter()
+            result = await sandbox.call({"code": code}, CTX)
+            wall_s = time.perf_counter() - started
+            after = await sandbox.call({"code": "print(1)"}, CTX)
+            assert after.error is None and after.output == "1\n"
+            return result, wall_s, used[0]
+        finally:
+            await sandbox.close()
+
+    return asyncio.run(main())
+
+
+def test_detached_spinning_processes_share_one_cpu_budget(monkeypatch):
+    """Twelve processes, each in a session of its own, spin while the call's first process
+    sleeps: RLIMIT_CPU (per process) would let them spend 12 CPU-seconds; the call's cgroup
+    accounting stops the whole tree at 1, before its timeout. (The tree's cgroup weighs as
+    one process: on a busy host it takes longer to get there.)"""
+    code = """
+import os, time
+for _ in range(12):
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            pass
+print("spinning", flush=True)
+time.sleep(120)
+"""
+    result, _, used = metered_call(code, monkeypatch, "cpuacct", cpu_seconds=1, timeout_s=60.0,
+                                   cpu_cores=2)
+    assert result.error == "exceeded the CPU time limit (1 s)", (result.error, result.output)
+    assert result.output == "spinning\n"
+    assert 1.0 <= used < 1.3, used
+
+
+def test_the_cpu_quota_bounds_the_whole_tree(monkeypatch):
+    """Two processes spinning for 1.5 s of wall time under ``cpu_cores=0.05``: together at
+    most a twentieth of a core over the call (plus the kernel's slack within a period), not
+    two. A small quota keeps this telling on a busy host, where the tree gets little more."""
+    code = """
+import os, time
+child = os.fork()
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    pass
+if child == 0:
+    os._exit(0)
+os.wait()
+"""
+    result, wall_s, used = metered_call(code, monkeypatch, "cpu", cpu_seconds=5, timeout_s=10.0,
+                                        cpu_cores=0.05)
+    assert result.error is None, result.output
+    assert 0.0 < used <= 0.05 * wall_s + 0.03, (used, wall_s)
+
+
+# Round 4: a class of hostile program per mechanism added for it (docs/tools.md, "What a
+# sandboxed call can still see or touch").
+
+def test_the_system_call_filter_refuses_what_reaches_outside(pool: Pool):
+    """perf events, BPF, userfaultfd, io_uring, file watches, ptrace, mounts, new namespaces,
+    vsock, uevent and packet sockets, terminal injection: EPERM, whatever the host's sysctls
+    allow; threads and subprocesses still run."""
+    arch = seccomp.host_arch()
+    if arch is None or "seccomp" not in pool.sandbox.isolation:
+        pytest.skip("no system-call filter on this machine")
+    refused = pool.json(f"""
+import socket, subprocess, sys, threading
+NR = {json.dumps(arch.numbers)}
+def raw(name, *args):
+    return fails(libc.syscall(NR[name], *[ctypes.c_long(a) for a in args])) or "ok"
+def sock(*args):
+    try:
+        socket.socket(*args).close()
+        return "ok"
+    except OSError as error:
+        return errno.errorcode[error.errno]
+attr = ctypes.create_string_buffer(128)  # a perf_event_attr of zeros: a valid request
+out = {{"perf_event_open": raw("perf_event_open", ctypes.addressof(attr), 0, -1, -1, 0),
+       "bpf": raw("bpf", 0, 0, 0), "userfaultfd": raw("userfaultfd", 0),
+       "io_uring_setup": raw("io_uring_setup", 1, ctypes.addressof(attr)),
+       "inotify_init1": raw("inotify_init1", 0), "fanotify_init": raw("fanotify_init", 0, 0),
+       "ptrace": raw("ptrace", 0, 0, 0, 0), "mount": raw("mount", 0, 0, 0, 0, 0),
+       "unshare": raw("unshare", 0x40000000), "setns": raw("setns", 0, 0),
+       "clone": raw("clone", 0x40000000 | 17, 0, 0, 0, 0), "clone3": raw("clone3", 0, 0),
+       "ioctl": raw("ioctl", 0, 0x5412, ctypes.addressof(attr)),
+       "vsock": sock(40, socket.SOCK_STREAM), "packet": sock(17, socket.SOCK_RAW),
+       "uevent": sock(socket.AF_NETLINK, socket.SOCK_DGRAM, 15),
+       "inet": sock(socket.AF_INET, socket.SOCK_STREAM)}}
+thread = threading.Thread(target=out.__setitem__, args=("thread", "ok"))
+thread.start()
+thread.join()
+out["subprocess"] = subprocess.run([sys.executable, "-c", "print('ok')"],
+                                   capture_output=True, text=True).stdout.strip()
+print(json.dumps(out))
+""")
+    assert refused.pop("clone3") == "ENOSYS"  # the C library falls back to clone
+    assert refused.pop("thread") == refused.pop("subprocess") == "ok"
+    assert refused == dict.fromkeys(refused, "EPERM")
+    pool.assert_healthy()
+
+
+def test_the_calls_namespaces_belong_to_its_own_user_namespace(pool: Pool):
+    """The network namespace (where uevents would arrive), IPC, UTS, mount and PID: each owned
+    by a user namespace that is not the host's initial one. (Looked at from the host: the call
+    itself, in a user namespace nested in that owner, may not name it.)"""
+    if "owned-namespaces" not in pool.sandbox.isolation:
+        pytest.skip("no user namespace owns the call's namespaces here")
+    pool.settle()
+    worker = pool.sandbox._idle[0].proc.pid  # in the call's namespaces, before its call
+    owners = {}
+    for kind in ("net", "ipc", "uts", "mnt", "pid_for_children"):
+        with open(f"/proc/{worker}/ns/{kind}") as ns:
+            owner = fcntl.ioctl(ns.fileno(), 0xB701)  # NS_GET_USERNS: a descriptor of its owner
+            owners[kind] = os.fstat(owner).st_ino
+            os.close(owner)
+    assert len(set(owners.values())) == 1, owners  # one user namespace owns them all
+    assert os.stat("/proc/self/ns/user").st_ino not in owners.values(), owners
+    assert os.stat(f"/proc/{worker}/ns/user").st_ino in owners.values()
+    pool.assert_healthy()
+
+
+def test_the_call_sees_nothing_of_the_hosts_identity(pool: Pool):
+    """No host pid, no checkout or virtual environment path, in what a call can read of
+    itself: its directory, environment, argv, interpreter, import path, mount table, /tmp."""
+    if "private-root" not in pool.sandbox.isolation:
+        pytest.skip("no private root: the call works in the host's tree")
+    seen = pool.json("""
+import sys
+mounts = [line.split()[3:5] for line in open("/proc/self/mountinfo")]
+argv = open("/proc/self/cmdline", "rb").read().decode().split("\\0")  # [4]: the zygote's code
+print(json.dumps({"cwd": os.getcwd(), "env": dict(os.environ),
+                  "argv": [arg for index, arg in enumerate(argv) if index != 4],
+                  "exe": sys.executable, "path": sys.path, "mounts": mounts,
+                  "tmp": os.listdir("/tmp"), "work": os.listdir(".")}))
+""")
+    assert seen["cwd"] == seen["env"]["HOME"] == WORKDIR and seen["env"]["TMPDIR"] == "/tmp"
+    text = json.dumps(seen)
+    checkout = str(Path(sandbox_pool.__file__).resolve().parents[3])
+    venv = [sys.prefix] if sys.prefix != sys.base_prefix else []
+    for host in (checkout, *venv, "nemo_orch_sandbox"):
+        assert host not in text, host
+    paths = [seen["cwd"], *seen["env"].values(), seen["exe"], *seen["path"],
+             *[field for mount in seen["mounts"] for field in mount], *seen["argv"]]
+    assert not [path for path in paths if str(os.getpid()) in path.split("/")
+                or f".{os.getpid()}." in path]
+    pool.assert_healthy()
+
+
+def test_no_watch_reaches_the_bound_host_files(pool: Pool):
+    """The standard library the call sees is the host's files: a watch on them would report
+    the host's reads. Neither inotify nor fanotify can be set up."""
+    if "seccomp" not in pool.sandbox.isolation:
+        pytest.skip("no system-call filter on this machine")
+    watched = pool.json("""
+import sysconfig
+stdlib = sysconfig.get_path("stdlib").encode()
+inotify = libc.inotify_init1(0)
+fanotify = libc.fanotify_init(0, 0)
+print(json.dumps([fails(inotify), fails(fanotify), os.path.isdir(stdlib)]))
+""")
+    assert watched == ["EPERM", "EPERM", True]
+    pool.assert_healthy()

@@ -1,5 +1,5 @@
-"""A worker's cgroups: where they can be made (v2 delegated or v1), their limits, killing their
-processes and removing them."""
+"""A worker's cgroups: where they can be made (v2 delegated or v1), their limits, their CPU
+accounting, killing their processes and removing them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_orch.tools.sandbox.limits import SandboxLimits
@@ -15,10 +17,16 @@ logger = logging.getLogger(__name__)
 
 _KILL_TIMEOUT_S = 5.0
 # Worker groups are <parent>/nemo_orch_sandbox.<sandbox pid>.<run number>; V2 stands for the
-# unified hierarchy's group, which takes both of _V2_CONTROLLERS.
+# unified hierarchy's group, which takes _V2_CONTROLLERS and what it offers of _V2_OPTIONAL. Under v1 each controller is a
+# hierarchy of its own, or several share one ("cpu,cpuacct" where they are mounted together).
 _GROUP_PREFIX = "nemo_orch_sandbox."
 V2 = "v2"
 _V2_CONTROLLERS = ("pids", "memory")
+_V2_OPTIONAL = ("cpu",)  # enabled too where the group offers it
+_V1_CONTROLLERS = ("pids", "memory", "cpu", "cpuacct")
+# The CFS period of the cpu quota (the kernel's default) and the smallest quota it takes.
+_CPU_PERIOD_US = 100_000
+_MIN_CPU_QUOTA_US = 1_000
 
 
 def _kill_group(group: Path, deadline: float) -> None:
@@ -52,18 +60,26 @@ def _rmdir_cgroup(group: Path) -> None:
 
 
 def _write_cgroup_limits(controller: str, group: Path, limits: SandboxLimits) -> None:
-    """The limits of ``controller`` (v1 ``pids`` or ``memory``; ``v2``: both, in the unified
-    hierarchy's files) on a worker's group."""
+    """The limits of ``controller`` on a worker's group: v1 ``pids``, ``memory``, ``cpu`` (the
+    quota), ``cpuacct`` (accounting only, nothing to limit) or co-mounted ones joined by commas;
+    ``v2``: all of ``_V2_CONTROLLERS``, in the unified hierarchy's files."""
     memory = str(limits.memory_mb << 20)
-    if controller in ("pids", V2):
+    quota = max(_MIN_CPU_QUOTA_US, round(limits.cpu_cores * _CPU_PERIOD_US))
+    names = controller.split(",")
+    if controller == V2 or "pids" in names:
         (group / "pids.max").write_text(str(limits.max_processes))
     if controller == V2:
         (group / "memory.max").write_text(memory)
         swap = group / "memory.swap.max"
         if swap.exists():
             swap.write_text("0")  # without it the limit spills into swap
+        if (group / "cpu.max").exists():  # the cpu controller is delegated
+            (group / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}")
         return
-    if controller == "memory":
+    if "cpu" in names:
+        (group / "cpu.cfs_period_us").write_text(str(_CPU_PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+    if "memory" in names:
         (group / "memory.limit_in_bytes").write_text(memory)
         swap = group / "memory.memsw.limit_in_bytes"
         if swap.exists():
@@ -72,6 +88,42 @@ def _write_cgroup_limits(controller: str, group: Path, limits: SandboxLimits) ->
             except OSError:
                 pass  # swap accounting is off: there is nothing to bound
     (group / "notify_on_release").write_text("0")
+
+
+@dataclass(frozen=True)
+class _CpuMeter:
+    """A worker tree's CPU time, from its group's accounting file (v1 ``cpuacct.usage``, in
+    nanoseconds, or v2 ``cpu.stat``), and how many cores it can use at most (its quota, or the
+    host's cores where no cpu controller bounds it)."""
+
+    usage: Path
+    cores: float
+
+    @classmethod
+    def of(cls, groups: Iterable[tuple[str, Path]], limits: SandboxLimits) -> _CpuMeter | None:
+        """The meter of a worker's groups (``(controller, group)`` pairs); None without
+        accounting."""
+        groups = [(controller.split(","), group) for controller, group in groups]
+        cores = float(os.cpu_count() or 1)
+        if any("cpu" in names or names == [V2] and (group / "cpu.max").exists()
+               for names, group in groups):
+            cores = min(cores, limits.cpu_cores)
+        for names, group in groups:
+            if names == [V2]:
+                return cls(group / "cpu.stat", cores)
+            if "cpuacct" in names:
+                return cls(group / "cpuacct.usage", cores)
+        return None
+
+    def seconds(self) -> float:
+        """The CPU-seconds the group's processes used so far (those gone included)."""
+        text = self.usage.read_text()
+        if self.usage.name == "cpuacct.usage":
+            return int(text) / 1e9
+        for line in text.splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+        raise ValueError(f"no usage_usec in {self.usage}")
 
 
 def _oom_kills(group: Path) -> int:
@@ -86,8 +138,9 @@ def _oom_kills(group: Path) -> int:
 
 def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
     """Where worker groups can be created and limited (tried with a probe group): a delegated
-    cgroup v2 directory (both controllers), else this process's cgroup v1 ``pids`` and
-    ``memory`` directories. Groups a killed sandbox left there are removed first."""
+    cgroup v2 directory (all of ``_V2_CONTROLLERS``), else this process's cgroup v1 directories
+    of ``_V1_CONTROLLERS`` (controllers mounted together share one, named ``cpu,cpuacct``).
+    Groups a killed sandbox left there are removed first."""
     try:
         memberships = Path("/proc/self/cgroup").read_text()
         mounts = Path("/proc/self/mountinfo").read_text()
@@ -96,8 +149,7 @@ def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
     v2 = _cgroup_v2_dir(memberships, mounts)
     candidates = ([(V2, delegated)] if v2 is not None
                   and (delegated := _delegated_v2(v2)) is not None else
-                  [(controller, parent) for controller in ("pids", "memory")
-                   if (parent := _cgroup_v1_dir(controller, memberships, mounts)) is not None])
+                  _cgroup_v1_dirs(memberships, mounts))
     usable = []
     for controller, parent in candidates:
         for stale in _orphans(parent, _GROUP_PREFIX):
@@ -145,6 +197,16 @@ def _cgroup_v1_dir(controller: str, memberships: str, mounts: str) -> Path | Non
     return None
 
 
+def _cgroup_v1_dirs(memberships: str, mounts: str) -> list[tuple[str, Path]]:
+    """This process's directories of ``_V1_CONTROLLERS``, each with its controllers: those
+    mounted together share a directory, and a worker one group there (``cpu,cpuacct``)."""
+    controllers: dict[Path, list[str]] = {}
+    for controller in _V1_CONTROLLERS:
+        if (parent := _cgroup_v1_dir(controller, memberships, mounts)) is not None:
+            controllers.setdefault(parent, []).append(controller)
+    return [(",".join(names), parent) for parent, names in controllers.items()]
+
+
 def _cgroup_v2_dir(memberships: str, mounts: str) -> Path | None:
     """This process's cgroup v2 directory: its ``0::`` membership in the unified hierarchy
     under the ``cgroup2`` mount (None on a v1-only host)."""
@@ -161,15 +223,18 @@ def _cgroup_v2_dir(memberships: str, mounts: str) -> Path | None:
 
 
 def _delegated_v2(base: Path) -> Path | None:
-    """``base`` (this process's v2 group) with the pids and memory controllers enabled for its
-    children, or None where that is not allowed. A v2 group that hands controllers down may
-    hold no process itself, so when this process is the only one in ``base`` it first moves
-    into a leaf of its own (``nemo_orch.main``); processes of others are never moved."""
+    """``base`` (this process's v2 group) with ``_V2_CONTROLLERS`` (and what it offers of
+    ``_V2_OPTIONAL``) enabled for its children, or None where that is not allowed. A v2 group
+    that hands controllers down may hold no process itself, so when this process is the only
+    one in ``base`` it first moves into a leaf of its own (``nemo_orch.main``); processes of
+    others are never moved."""
     try:
-        if not set(_V2_CONTROLLERS) <= set((base / "cgroup.controllers").read_text().split()):
+        offered = set((base / "cgroup.controllers").read_text().split())
+        if not set(_V2_CONTROLLERS) <= offered:
             return None
+        wanted = [*_V2_CONTROLLERS, *(name for name in _V2_OPTIONAL if name in offered)]
         control = base / "cgroup.subtree_control"
-        if set(_V2_CONTROLLERS) <= set(control.read_text().split()):
+        if set(wanted) <= set(control.read_text().split()):
             return base
         members = (base / "cgroup.procs").read_text().split()
         if any(int(pid) != os.getpid() for pid in members):
@@ -178,8 +243,17 @@ def _delegated_v2(base: Path) -> Path | None:
             leaf = base / "nemo_orch.main"
             leaf.mkdir(exist_ok=True)
             (leaf / "cgroup.procs").write_text(str(os.getpid()))
-        control.write_text(" ".join(f"+{name}" for name in _V2_CONTROLLERS))
+        control.write_text(" ".join(f"+{name}" for name in wanted))
         return base
     except (OSError, ValueError) as exc:
         logger.debug("python_sandbox: cgroup v2 at %s not delegated: %s", base, exc)
         return None
+
+
+def _v2_controllers(base: Path) -> list[str]:
+    """The controllers ``base`` hands down to its children (the workers' groups)."""
+    try:
+        enabled = set((base / "cgroup.subtree_control").read_text().split())
+    except OSError:
+        return list(_V2_CONTROLLERS)
+    return [name for name in (*_V2_CONTROLLERS, *_V2_OPTIONAL) if name in enabled]

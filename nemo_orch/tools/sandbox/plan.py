@@ -7,7 +7,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_orch.tools.sandbox.cgroups import _V2_CONTROLLERS, V2
+from nemo_orch.tools.sandbox.cgroups import V2, _v2_controllers
 from nemo_orch.tools.sandbox.root import _KEYCTL, PrivateRoot
 
 ISOLATION_MODES = ("auto", "strict", "rlimits")
@@ -20,7 +20,9 @@ class _Plan:
     not root the zygote runs in a user namespace of its own, root there), which uid they drop
     to and whether they then enter a user namespace of their own (``userns``), which
     directories are re-exposed in the mount namespace (or the private root they see instead),
-    and the cgroup parents used."""
+    the cgroup parents used, whether calls run under the system-call filter (``seccomp``),
+    whether a user namespace of the call's owns its other namespaces (``owned_namespaces``) and
+    where calls import the allowed packages from (``sys_path``)."""
 
     namespaces: bool = False
     uid_base: int | None = None
@@ -28,6 +30,9 @@ class _Plan:
     cgroups: tuple[tuple[str, Path], ...] = ()
     root: PrivateRoot | None = None
     userns: bool = False
+    seccomp: bool = False
+    owned_namespaces: bool = False
+    sys_path: tuple[str, ...] = ()
 
     @property
     def zygote_prefix(self) -> tuple[str, ...]:
@@ -42,6 +47,8 @@ class _Plan:
         names = []
         if self.namespaces:
             names += ["netns", "pidns", "ipcns", "utsns", "cgroupns", "tmpfs-workdir"]
+        if self.owned_namespaces:
+            names.append("owned-namespaces")
         if self.root is not None:
             names.append("private-root")
         if self.mounts:
@@ -50,7 +57,8 @@ class _Plan:
             names += ["uid"] + (["keyrings"] if platform.machine() in _KEYCTL else [])
         if self.userns:
             names.append("userns")
-        for controller, _ in self.cgroups:
-            names += ([f"cgroup-{name}" for name in _V2_CONTROLLERS] + ["cgroup-v2"]
-                      if controller == V2 else [f"cgroup-{controller}"])
-        return (*names, "rlimits", "no-new-privs")
+        for controller, parent in self.cgroups:
+            names += ([f"cgroup-{name}" for name in _v2_controllers(parent)] + ["cgroup-v2"]
+                      if controller == V2
+                      else [f"cgroup-{name}" for name in controller.split(",")])
+        return (*names, "rlimits", "no-new-privs", *(("seccomp",) if self.seccomp else ()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -25,16 +26,17 @@ from typing import Any
 from nemo_orch.call_kinds import CallKind
 from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
                                   billed_result)
-from nemo_orch.tools.sandbox.cgroups import (_GROUP_PREFIX, _KILL_TIMEOUT_S, _kill_group,
-                                             _oom_kills, _orphans, _rmdir_cgroup,
+from nemo_orch.tools.sandbox import seccomp
+from nemo_orch.tools.sandbox.cgroups import (_GROUP_PREFIX, _KILL_TIMEOUT_S, _CpuMeter,
+                                             _kill_group, _oom_kills, _orphans, _rmdir_cgroup,
                                              _usable_cgroups, _write_cgroup_limits)
 from nemo_orch.tools.sandbox.identity import _lease_uid, _SpawnError, _UidLease
 from nemo_orch.tools.sandbox.limits import SandboxLimits
 from nemo_orch.tools.sandbox.plan import ISOLATION_MODES, _Plan
 from nemo_orch.tools.sandbox.protocol import (_CPU_EXIT, _READY, _ZYGOTE, _ZYGOTE_ENVIRONMENT,
-                                              _call_config, _Output)
+                                              INTERPRETER, _call_config, _Output)
 from nemo_orch.tools.sandbox.root import (_PIVOT_ROOT, _hidden_prefixes, _mount_point,
-                                          _private_root)
+                                          _private_root, package_paths)
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,9 @@ _STAGING_PREFIX = "nemo_orch_sandbox_libs."
 # A worker's directory: <temporary directory>/nemo_orch_sandbox_work.<sandbox pid>.<random>,
 # its private root's mount point beside it (root.py).
 _WORKDIR_PREFIX = "nemo_orch_sandbox_work."
+# Once a call's tree could have used up its CPU budget, its accounting is read this often: the
+# tree overshoots by at most this times the cores it may use, plus the kill.
+_CPU_POLL_S = 0.05
 
 
 def default_spec() -> ToolSpec:
@@ -122,13 +127,16 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *plan.zygote_prefix, sys.executable, "-I", "-u", "-c", _ZYGOTE,
-                json.dumps({"namespaces": plan.namespaces, "control": theirs.fileno(),
-                            "parent": os.getpid(),
-                            "staging": staging and {"path": staging,
-                                                    "directories": plan.root.staged}}),
-                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                *plan.zygote_prefix, INTERPRETER, "-I", "-u", "-c", _ZYGOTE,
+                stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),),
                 env=_ZYGOTE_ENVIRONMENT, start_new_session=True)
+            proc.stdin.write(json.dumps(
+                {"namespaces": plan.namespaces, "control": theirs.fileno(),
+                 "parent": os.getpid(),
+                 "staging": staging and {"path": staging,
+                                         "directories": plan.root.staged}}).encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
         except BaseException:
             ours.close()
             if staging is not None:
@@ -215,6 +223,7 @@ class _Worker:
     cgroups: list[Path]
     lease: _UidLease | None
     zygote: _Zygote
+    cpu: _CpuMeter | None  # its tree's CPU time, where its cgroups account it
 
     @property
     def alive(self) -> bool:
@@ -236,14 +245,14 @@ class PythonSandbox(BaseTool):
                  memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 32,
                  max_output_bytes: int = 16384, pool_size: int = DEFAULT_POOL_SIZE, isolation: str = "auto",
                  uid_base: int = 60000, allowed_packages: Sequence[str] = (),
-                 max_disk_mb: int = 64) -> None:
+                 max_disk_mb: int = 64, cpu_cores: float = 1.0) -> None:
         super().__init__(spec)
         if isolation not in ISOLATION_MODES:
             raise ToolError(f"python_sandbox: isolation must be one of {ISOLATION_MODES}")
         if pool_size < 0:
             raise ToolError("python_sandbox: pool_size must be >= 0")
         self.limits = SandboxLimits(timeout_s, cpu_seconds, memory_mb, max_file_mb,
-                                    max_processes, max_output_bytes, max_disk_mb)
+                                    max_processes, max_output_bytes, max_disk_mb, cpu_cores)
         self.pool_size = pool_size
         self.isolation_mode = isolation
         self.uid_base = uid_base
@@ -364,7 +373,8 @@ class PythonSandbox(BaseTool):
             zygote = zygote or await self._zygote_for(plan)
             proc = await zygote.fork(_call_config(plan, self.limits, workdir, cgroups, uid,
                                                   zygote.staging))
-            worker = _Worker(proc, workdir, cgroups, lease, zygote)
+            worker = _Worker(proc, workdir, cgroups, lease, zygote, _CpuMeter.of(
+                zip([controller for controller, _ in plan.cgroups], cgroups), self.limits))
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
             except asyncio.TimeoutError:
@@ -407,7 +417,7 @@ class PythonSandbox(BaseTool):
         proc = worker.proc
         output = _Output(self.limits.max_output_bytes)
         reader = asyncio.create_task(_drain(proc.stdout, output))
-        timed_out = False
+        timed_out = cpu_spent = False
         try:
             async with asyncio.timeout(self.limits.timeout_s):
                 try:
@@ -416,9 +426,12 @@ class PythonSandbox(BaseTool):
                     proc.stdin.close()
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the worker died first; its exit status says why
-                await proc.wait()
+                cpu_spent = await self._exit_or_cpu_spent(worker)
         except TimeoutError:
             timed_out = True
+            # The budget may have run out since the last look: then that is what stopped it.
+            cpu_spent = (worker.cpu is not None
+                         and self._cpu_used(worker.cpu) >= self.limits.cpu_seconds)
         # Whatever it left running (background children) dies now, which closes the pipe.
         oom_kills = await asyncio.to_thread(_kill_tree, worker)
         await proc.wait()
@@ -427,17 +440,48 @@ class PythonSandbox(BaseTool):
         except asyncio.TimeoutError:
             pass  # an escaped process still holds the pipe; the output so far is what we have
         text = output.text()
-        return text, self._error(proc.returncode, timed_out, oom_kills, text)
+        return text, self._error(proc.returncode, timed_out, cpu_spent, oom_kills, text)
 
-    def _error(self, returncode: int, timed_out: bool, oom_kills: int, text: str) -> str | None:
+    async def _exit_or_cpu_spent(self, worker: _Worker) -> bool:
+        """Wait until the worker's process exits (False) or its whole tree, detached processes
+        included, has used ``cpu_seconds`` (True). The accounting is read only once the budget
+        could be spent at the most cores the tree may use, so short calls never read it."""
+        exited, meter = worker.proc.exited, worker.cpu
+        if meter is None:  # RLIMIT_CPU per process only
+            await worker.proc.wait()
+            return False
+        budget, used = self.limits.cpu_seconds, 0.0
+        while used < budget:
+            done, _ = await asyncio.wait([exited], timeout=max((budget - used) / meter.cores,
+                                                                _CPU_POLL_S))
+            if done:
+                return False
+            used = self._cpu_used(meter)
+        return True
+
+    @staticmethod
+    def _cpu_used(meter: _CpuMeter) -> float:
+        """The tree's CPU-seconds (a small read of the cgroup's file); 0 where it cannot be read,
+        which leaves the call to its timeout and ``RLIMIT_CPU``."""
+        try:
+            return meter.seconds()
+        except (OSError, ValueError) as exc:
+            logger.warning("python_sandbox: cannot read the CPU time of %s: %s", meter.usage, exc)
+            return 0.0
+
+    def _error(self, returncode: int, timed_out: bool, cpu_spent: bool, oom_kills: int,
+               text: str) -> str | None:
         limits = self.limits
+        cpu_limit = f"exceeded the CPU time limit ({limits.cpu_seconds} s)"
+        if cpu_spent:  # the tree's budget ran out first, whatever ended it afterwards
+            return cpu_limit
         if timed_out:
             return f"timed out after {float(limits.timeout_s)} s"
         if oom_kills or (returncode == 1 and text.rstrip().rsplit("\n", 1)[-1]
                          .startswith("MemoryError")):
             return f"exceeded the memory limit ({limits.memory_mb} MB)"
         if returncode in (_CPU_EXIT, -signal.SIGXCPU):
-            return f"exceeded the CPU time limit ({limits.cpu_seconds} s)"
+            return cpu_limit
         if returncode < 0:
             return f"killed by signal {signal.Signals(-returncode).name}"
         if returncode > 0:
@@ -486,6 +530,17 @@ class PythonSandbox(BaseTool):
                            for userns in (namespaces, False)]
             candidates.append(_Plan(False, self.uid_base, (), cgroups))
         candidates += [_Plan(namespaces, None, (), cgroups), _Plan(False, None, (), cgroups)]
+        # The allowed packages: bound under the private root's SITE, else where installed.
+        site = tuple(dict.fromkeys(str(Path(paths[0]).parent) for paths in map(
+            package_paths, self.allowed_packages)))
+        candidates = [dataclasses.replace(plan, sys_path=plan.root.sys_path if plan.root
+                                          else site) for plan in candidates]
+        # Each first under the system-call filter (a kernel without seccomp refuses it) and with
+        # its namespaces owned by a user namespace of the call's (a container may refuse it).
+        filtered = (True, False) if seccomp.host_arch() is not None else (False,)
+        candidates = [dataclasses.replace(plan, seccomp=on, owned_namespaces=owned)
+                      for plan in candidates for on in filtered
+                      for owned in ((True, False) if plan.namespaces else (False,))]
         if self.isolation_mode == "strict":
             candidates = candidates[:1]
         failures = []

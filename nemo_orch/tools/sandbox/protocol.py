@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_orch.tools.sandbox import seccomp
 from nemo_orch.tools.sandbox.identity import _count_processes
 from nemo_orch.tools.sandbox.limits import SandboxLimits
 from nemo_orch.tools.sandbox.plan import _Plan
@@ -34,8 +35,14 @@ _ZYGOTE = r'''
 import atexit, ctypes, gc, json, linecache, os, resource, signal, socket, sys, traceback, types
 import collections, datetime, decimal, fractions, functools, itertools, math, random, re
 import statistics, string, time
-# {"namespaces": bool, "control": fd, "parent": pid, "staging": {"path", "directories"}}
-ZYGOTE = json.loads(sys.argv[1])
+# {"namespaces": bool, "control": fd, "parent": pid, "staging": {"path", "directories"}}, on
+# stdin: argv, which every call inherits in /proc/self/cmdline, holds nothing of the host's.
+ZYGOTE = json.loads(sys.stdin.buffer.read())
+def identity(name):
+    with open(f"/proc/self/{name}") as f:
+        return "".join(f"{inside} {inside} {count}\n"
+                       for inside, _, count in (line.split() for line in f))
+IDENTITY = {name: identity(name) for name in ("uid_map", "gid_map")}
 libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP, CLONE_NEWUSER = (
@@ -43,11 +50,21 @@ CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP, CLONE_NEWUSER = (
 KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING = 1, 7, -4
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
-PR_SET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 4, 1, 38
+PR_SET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 4, 1, 38, 22
+SECCOMP_MODE_FILTER = 2
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 def check(failed, what):
     if failed:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno), what)
+# What a read-only remount of a bind keeps of its mount's flags: in a user namespace of the
+# call's, those of a mount made outside it are locked, and a remount that drops one fails.
+KEPT_FLAGS = ((os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 1024),
+              (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
+def kept_flags(path):
+    flags = os.statvfs(path).f_flag
+    return sum(ms for st, ms in KEPT_FLAGS if flags & st)
 def mount(source, target, fstype, flags, data):
     check(libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(),
                      flags, data and data.encode()), target)
@@ -84,7 +101,8 @@ def enter(cfg):
                 open(inside, "a").close()
             mount(source, inside, None, MS_BIND | MS_REC, None)
             if not writable:
-                mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
+                mount(None, inside, None,
+                      MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | kept_flags(inside), None)
         if cfg["disk"] is not None:
             os.makedirs(new + cfg["workdir"], 0o755, exist_ok=True)
             mount("tmpfs", new + cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV, cfg["disk"])
@@ -129,6 +147,12 @@ def enter(cfg):
     os.umask(0o077)
     os.environ.clear()
     os.environ.update(cfg["env"])
+    sys.path.extend(cfg["sys_path"])
+    if cfg["seccomp"] is not None:
+        # Last: it denies what the setup above needed (mounts, unshare).
+        program = bytes.fromhex(cfg["seccomp"])
+        check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                         ctypes.byref(SockFprog(len(program) // 8, program)), 0, 0), "seccomp")
 def own_user_namespace(uid):
     # A user namespace of the call's own, its uid mapped to itself: keyrings (user, persistent)
     # are this namespace's and die with it, and no further user namespace can be made in it.
@@ -145,11 +169,27 @@ def own_user_namespace(uid):
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
-def become(cfg, stdin, stdout, status):
+def become(cfg, stdin, stdout, status, mapped=None):
     # The forked child: its own session, cgroups and namespaces. The call runs in a child of
     # it (the new PID namespace's first process), which it waits for; it writes that child's
     # exit status to the sandbox's status pipe, which the call's code never holds.
+    # ``mapped``: the pipes of the zygote's handshake (map_ids) where the namespaces are owned
+    # by a user namespace of the call's.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for path in cfg["cgroup_procs"]:
+        with open(path, "w") as f:
+            f.write("0")
+    if mapped is not None:
+        # A user namespace first, so the ones below are its: the kernel broadcasts (uevents)
+        # to network namespaces of the initial user namespace only. It maps the ids the
+        # zygote's does, to themselves (the zygote writes the maps: only a process outside
+        # may map more than its own uid).
+        ready, go = mapped
+        check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+        os.write(ready, b"u")
+        check(os.read(go, 1) != b"m", "the zygote mapping the user namespace's ids")
+        os.close(ready)
+        os.close(go)
     os.dup2(stdin, 0)
     os.dup2(stdout, 1)
     os.dup2(stdout, 2)
@@ -157,9 +197,6 @@ def become(cfg, stdin, stdout, status):
     os.closerange(4, os.sysconf("SC_OPEN_MAX"))
     os.setsid()
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
-    for path in cfg["cgroup_procs"]:
-        with open(path, "w") as f:
-            f.write("0")
     if ZYGOTE["namespaces"]:
         # The cgroup namespace after entering the cgroups: they are its root.
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
@@ -231,6 +268,23 @@ def stage(path, directories):
             mount(source, target, None, MS_BIND, None)
             mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
     mount(None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+def map_ids(pid, ready, go):
+    # The child's side of become's handshake: once it is in its new user namespace, map the
+    # ids the zygote's namespace maps, each to itself. A child that died first has nothing to
+    # map (its end of ``ready`` closed).
+    os.close(ready[1])
+    os.close(go[0])
+    try:
+        if os.read(ready[0], 1) == b"u":
+            for name in ("uid_map", "gid_map"):
+                with open(f"/proc/{pid}/{name}", "w") as f:
+                    f.write(IDENTITY[name])
+            os.write(go[1], b"m")
+    except OSError:
+        pass  # the child dies on the missing answer: its spawn fails and says why
+    finally:
+        os.close(ready[0])
+        os.close(go[1])
 def serve():
     control = socket.socket(fileno=ZYGOTE["control"])
     # It dies with the sandbox's process, however that ends (and its children with it).
@@ -251,10 +305,11 @@ def serve():
         if not message:
             return  # the sandbox closed the socket
         cfg = json.loads(message)
+        handshake = [os.pipe(), os.pipe()] if cfg["owned_namespaces"] else None
         pid = os.fork()
         if pid == 0:
             try:
-                become(cfg, *fds)
+                become(cfg, *fds, mapped=handshake and (handshake[0][1], handshake[1][0]))
                 enter(cfg)
             except BaseException:
                 traceback.print_exc()
@@ -264,12 +319,19 @@ def serve():
         for fd in fds:
             os.close(fd)
         control.send(json.dumps({"id": cfg["id"], "pid": pid}).encode())
+        if handshake is not None:
+            map_ids(pid, *handshake)
 serve()
 '''
+# The interpreter the zygote runs, by its real path: a virtual environment's alias would name
+# the checkout it lives in, and calls see their interpreter's path (``sys.executable``).
+INTERPRETER = os.path.realpath(sys.executable)
+# Where a call works inside its private root, the same for every call (no host path, no pid).
+WORKDIR = "/home/sandbox"
 # The zygote's environment, and each call's with its HOME and TMPDIR: nothing of this process's
 # (tokens, keys) is inherited.
 _ZYGOTE_ENVIRONMENT = {
-    "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+    "PATH": f"{Path(INTERPRETER).parent}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
     # One BLAS/OpenMP thread: each extra thread reserves address space that counts against
     # RLIMIT_AS, and one call should not take every core.
     "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -299,6 +361,8 @@ def _call_config(plan: _Plan, limits: SandboxLimits, workdir: Path, cgroups: lis
         "links": plan.root.links, "covers": plan.root.covers,
         "scratch": plan.root.scratch, "scratch_bytes": limits.max_file_mb << 20,
         "pivot_root": _PIVOT_ROOT[platform.machine()]}
+    # Inside a private root the call works in a fixed directory; elsewhere in the host's.
+    inside = str(workdir) if root is None else WORKDIR
     return {
         "cgroup_procs": [str(group / "cgroup.procs") for group in cgroups],
         "mounts": [[hidden, list(exposed)] for hidden, exposed in plan.mounts],
@@ -313,10 +377,15 @@ def _call_config(plan: _Plan, limits: SandboxLimits, workdir: Path, cgroups: lis
         "userns": plan.userns,
         "disk": disk,
         "no_new_privs": True,
+        "owned_namespaces": plan.owned_namespaces,
+        "sys_path": list(plan.sys_path),
+        "seccomp": seccomp.program(arch).hex() if plan.seccomp and (arch := seccomp.host_arch())
+        else None,
         "cpu_exit": _CPU_EXIT,
-        "workdir": str(workdir),
+        "workdir": inside,
         # A fresh environment: nothing of the parent's (tokens, keys) is inherited.
-        "env": {**_ZYGOTE_ENVIRONMENT, "HOME": str(workdir), "TMPDIR": str(workdir)},
+        "env": {**_ZYGOTE_ENVIRONMENT, "HOME": inside,
+                "TMPDIR": inside if root is None else "/tmp"},
     }
 
 

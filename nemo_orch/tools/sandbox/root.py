@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 # pivot_root(2) and keyctl(2) have no libc wrapper: their system call numbers, by machine.
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 _KEYCTL = {"x86_64": 250, "aarch64": 219, "ppc64le": 271, "s390x": 280}
+SITE = "/usr/lib/python-sandbox/site-packages"
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Directories that may be links to their /usr counterparts: the links are kept in the root.
 _LIBRARY_DIRS = ("/lib", "/lib64", "/lib32")
@@ -42,12 +43,14 @@ class PrivateRoot:
     (``covers``: the interpreter's own site-packages), and private empty tmpfs directories
     (``scratch``). The worker's directory is bound writable; ``/proc`` is its PID
     namespace's. Library directories (``staged``: each with its libraries, as (file, name))
-    are read-only directories the zygote makes once, and each call binds whole."""
+    are read-only directories the zygote makes once, and each call binds whole. The allowed
+    packages are bound under ``SITE``, which the call adds to ``sys.path`` (``sys_path``)."""
 
     binds: tuple[tuple[str, str, bool], ...]
     links: tuple[tuple[str, str], ...]
     covers: tuple[str, ...]
     staged: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    sys_path: tuple[str, ...] = ()
     scratch: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")
 
 
@@ -72,11 +75,10 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
     links: list[tuple[str, str]] = [("/dev/fd", "/proc/self/fd")]
     links += [(directory, os.readlink(directory)) for directory in _LIBRARY_DIRS
               if os.path.islink(directory)]
+    # The zygote runs the interpreter by its real path: no alias (a virtual environment's, in a
+    # checkout) needs to exist in the root.
     executable = os.path.realpath(sys.executable)
     binds.append((executable, executable, False))
-    for alias in {sys.executable, getattr(sys, "_base_executable", sys.executable)}:
-        if os.path.realpath(alias) == executable and alias != executable:
-            links.append((alias, executable))
     stdlib = sysconfig.get_path("stdlib")
     binds.append((stdlib, stdlib, False))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -87,19 +89,14 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
     # What the dynamic loader maps: the interpreter, libpython, the standard extension modules
     # and every shared object an allowed package ships.
     loaded = [executable, *libpython, *map(str, Path(stdlib, "lib-dynload").glob("*.so"))]
-    for name in allowed_packages:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None and not spec.submodule_search_locations:
-            raise ToolError(f"python_sandbox: allowed package {name!r} is not installed")
-        where = (spec.submodule_search_locations[0] if spec.submodule_search_locations
-                 else spec.origin)
-        found = [where, f"{where}.libs", str(Path(where).with_name(f"{name}.libs"))]
-        for path in dict.fromkeys(found):
-            if os.path.exists(path):
-                binds.append((path, path, False))
-                loaded += _shared_objects(Path(path))
+    # The allowed packages at a fixed place (SITE), not where they are installed (a checkout's
+    # virtual environment); their bundled libraries come with them.
+    packages = [path for name in allowed_packages for path in package_paths(name)]
+    for path in packages:
+        binds.append((path, f"{SITE}/{os.path.basename(path)}", False))
+        loaded += _shared_objects(Path(path))
     binds += [(device, device, True) for device in _DEVICES if os.path.exists(device)]
-    bound = {target for _, target, _ in binds}
+    bound = {target for _, target, _ in binds} | set(packages)
     directories: dict[str, list[tuple[str, str]]] = {}
     for target, source in _shared_libraries(ldd, loaded).items():
         if not any(target == path or target.startswith(path + "/") for path in bound):
@@ -114,7 +111,20 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
             binds += [(source, f"{directory}/{name}", False) for source, name in files]
         else:
             staged.append((directory, tuple(files)))
-    return PrivateRoot(tuple(binds), tuple(links), tuple(covers), tuple(staged))
+    return PrivateRoot(tuple(binds), tuple(links), tuple(covers), tuple(staged),
+                       (SITE,) if packages else ())
+
+
+def package_paths(name: str) -> list[str]:
+    """Where an allowed package (a top-level name) is installed: its directory or module and
+    its bundled libraries (``<name>.libs``, inside or beside it)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None and not spec.submodule_search_locations:
+        raise ToolError(f"python_sandbox: allowed package {name!r} is not installed")
+    where = (spec.submodule_search_locations[0] if spec.submodule_search_locations
+             else spec.origin)
+    found = [where, f"{where}.libs", str(Path(where).with_name(f"{name}.libs"))]
+    return [path for path in dict.fromkeys(found) if os.path.exists(path)]
 
 
 def _shared_objects(path: Path) -> list[str]:
