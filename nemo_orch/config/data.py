@@ -45,6 +45,11 @@ class DataConfig:
         "strongest": 0.1, "instructed": 0.5, "tiered": 0.0, "family": 0.25, "random": 0.15})
     toolscale_tasks_per_domain: int = 200
     toolscale_eval_tasks: int = 20
+    # Keep a correct demonstration only if its route serves the task's preference at least this
+    # well (the environment's preference adherence: the route's expected utility over the best
+    # route's; where the environment knows no best route, every correct one). 0: every correct
+    # episode.
+    demo_min_adherence: float = 0.0
 
     def __post_init__(self) -> None:
         _require_file(self.sft_path, "data.sft_path")
@@ -58,5 +63,6 @@ class DataConfig:
         _require(all(share >= 0 for share in self.demo_routers.values())
                  and math.isclose(sum(self.demo_routers.values()), 1.0),
                  "data.demo_routers: shares must be >= 0 and sum to 1")
+        _require(0 <= self.demo_min_adherence <= 1, "data.demo_min_adherence must be in [0, 1]")
         _require(0 <= self.toolscale_eval_tasks <= self.toolscale_tasks_per_domain,
                  "data.toolscale_eval_tasks must be in [0, data.toolscale_tasks_per_domain]")

@@ -295,7 +295,7 @@ def _oracle(kind: str, benchmark: Environment, toolbox: Toolbox,
             resources: Resources) -> Oracle | None:
     """The oracle that judges a routing agent's preference adherence, where the environment's
     tasks carry preferences and it knows their best routes. A monolith does not route."""
-    if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS):
+    if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS, NAIVE_ROUTERS):
         return None
     return benchmark.oracle(toolbox, _tokenizer(resources))
 
@@ -389,8 +389,10 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
 def successful_episodes(config: Config, benchmark: Environment, system: System, count: int,
                         tokenizer: Any = None) -> list[Trajectory]:
     """The episodes of ``system`` on ``count`` tasks of the environment's train split that the
-    environment scores correct, in task order (the reference's positive samples for SFT); never
-    one a failure outside the system decided (a gold action that failed, an endpoint down).
+    environment scores correct, in task order (the reference's positive samples for SFT), and
+    whose route serves the task's preference at least ``data.demo_min_adherence`` well where
+    the environment knows the best routes; never one a failure outside the system decided (a
+    gold action that failed, an endpoint down).
     Tasks are drawn with ``run.seed``, episode ``i`` runs with seed ``run.seed + i``,
     ``rollout.max_concurrent_episodes`` at once."""
     check_agents([system.kind], benchmark)
@@ -402,7 +404,9 @@ def successful_episodes(config: Config, benchmark: Environment, system: System, 
 
     def keep(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
              oracle: Oracle | None) -> None:
-        if scored.outcome.correct and infra_failure(trajectory, scored.outcome) is None:
+        if (scored.outcome.correct and infra_failure(trajectory, scored.outcome) is None
+                and (oracle is None or oracle.preference_adherence(task, trajectory)
+                     >= config.data.demo_min_adherence)):
             correct[index] = trajectory
 
     asyncio.run(_roll_out(system, resources, list(enumerate(tasks)),

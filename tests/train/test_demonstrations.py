@@ -39,6 +39,24 @@ def test_naive_router_demonstrations_are_right_and_use_every_route(tiny_tokenize
     assert set(used) == {"search", "enhance_reasoning", "answer"}
 
 
+def test_demonstrations_can_be_kept_by_how_well_they_serve_the_preference(tiny_tokenizer):
+    """``data.demo_min_adherence``: of the correct episodes, only those whose route's expected
+    utility is near the best route's for the task's preference (the oracle's adherence)."""
+    config = config_lib.load(["model.max_position_embeddings=2048",
+                              "data.demo_min_adherence=0.9"])
+    offline = build_environment(config)
+    system = harness.System(NAIVE_ROUTERS, NAIVE_ROUTERS)
+    kept = harness.successful_episodes(config, offline, system, 60, tiny_tokenizer)
+    every = harness.successful_episodes(config_lib.load(["model.max_position_embeddings=2048"]),
+                                        offline, system, 60, tiny_tokenizer)
+    oracle = offline.oracle(offline.toolbox(), tiny_tokenizer)
+    tasks = {task.id: task for task in offline.tasks("train", 60, config.run.seed)}
+    adherence = {e.task_id: oracle.preference_adherence(tasks[e.task_id], e) for e in every}
+    assert {e.task_id for e in kept} == {task for task, value in adherence.items()
+                                         if value >= 0.9}
+    assert 0 < len(kept) < len(every)  # the naive routers' correct episodes include poor routes
+
+
 def test_sft_trains_on_the_gold_replays_of_domain_tasks(tmp_path, tiny_tokenizer_dir,
                                                         toolscale_dir):
     """``env=toolscale data.demo_agent=gold-replay``: each demonstration is the conversation
