@@ -176,6 +176,7 @@ def become(cfg, stdin, stdout, status, mapped=None):
     # ``mapped``: the pipes of the zygote's handshake (map_ids) where the namespaces are owned
     # by a user namespace of the call's.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
     for path in cfg["cgroup_procs"]:
         with open(path, "w") as f:
             f.write("0")
@@ -196,7 +197,6 @@ def become(cfg, stdin, stdout, status, mapped=None):
     os.dup2(status, 3)
     os.closerange(4, os.sysconf("SC_OPEN_MAX"))
     os.setsid()
-    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
     if ZYGOTE["namespaces"]:
         # The cgroup namespace after entering the cgroups: they are its root.
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
@@ -269,9 +269,9 @@ def stage(path, directories):
             mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID, None)
     mount(None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 def map_ids(pid, ready, go):
-    # The child's side of become's handshake: once it is in its new user namespace, map the
-    # ids the zygote's namespace maps, each to itself. A child that died first has nothing to
-    # map (its end of ``ready`` closed).
+    # The zygote's side of become's handshake: once the child is in its new user namespace,
+    # map the ids the zygote's namespace maps, each to itself. A child that died first has
+    # nothing to map (its end of ``ready`` closed).
     os.close(ready[1])
     os.close(go[0])
     try:
@@ -309,6 +309,9 @@ def serve():
         pid = os.fork()
         if pid == 0:
             try:
+                if handshake is not None:  # the zygote's ends: a read must see its death
+                    os.close(handshake[0][0])
+                    os.close(handshake[1][1])
                 become(cfg, *fds, mapped=handshake and (handshake[0][1], handshake[1][0]))
                 enter(cfg)
             except BaseException:
