@@ -22,9 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, all_met = [], True
     for path in args.reports:
         report = json.loads(path.read_text())
-        for policy in main_job_report.policies(report):
-            if policy in ("sft", "oracle"):
-                continue
+        for policy in main_job_report.trained(report):
             checked = main_job_report.targets(report, policy)
             all_met &= all(target.met for target in checked)
             if not rows:

@@ -130,6 +130,11 @@ def policies(report: Mapping[str, Any]) -> list[str]:
             if isinstance(row, Mapping) and "oracle_route_share" in row]
 
 
+def trained(report: Mapping[str, Any]) -> list[str]:
+    """The report's RL policies, in order (its rows but SFT and the oracle)."""
+    return [name for name in policies(report) if name not in ("sft", "oracle")]
+
+
 def domain_row(tasks: list[Task], records: list[dict[str, Any]]) -> dict[str, Any]:
     """One system's numbers on one ToolScale domain's tasks: the shared report's
     (:func:`nemo_orch.eval.report.summarize`), accuracy per difficulty (gold actions) and how
@@ -160,7 +165,6 @@ def write_report(run_dir: Any, report: Mapping[str, Any], rl_dir: Any) -> None:
     ``rl_dir``."""
     run_dir, rl_dir = Path(run_dir), Path(rl_dir)
     names = policies(report)
-    trained = [name for name in names if name not in ("sft", "oracle")]
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     plots = plot_curves(rl_dir / "metrics.jsonl", run_dir)
     lines = ["# nemo-orch train report", "",
@@ -183,11 +187,11 @@ def write_report(run_dir: Any, report: Mapping[str, Any], rl_dir: Any) -> None:
                      f"{row['usd_per_task']:.6f} | {seconds} | {row['pref_adherence']:.3f} | "
                      f"{row['oracle_route_share']:.3f} | {budget} | "
                      f"{row['format_error_rate']:.3f} |")
-    closed = [f"{name.upper()} closed {report[name]['gap_closed']:.0%}" for name in trained
-              if report[name].get("gap_closed") is not None]
+    closed = [f"{name.upper()} closed {report[name]['gap_closed']:.0%}"
+              for name in trained(report) if report[name].get("gap_closed") is not None]
     if closed:
         lines += ["", "; ".join(closed) + " of the SFT -> oracle gap in expected reward."]
-    for name in trained:
+    for name in trained(report):
         lines += ["", f"## Targets ({name})", "", "| target | value | bound | met |",
                   "|---|---:|---:|---|"]
         lines += [f"| {target.name} | {target.value:.4g} | {'>' if target.strict else '>='} "

@@ -207,9 +207,7 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
                          f"{row['pref_adherence']:9.3f} {row['oracle_route_share']:9.3f} "
                          f"{'' if budget is None else format(budget, '.3f'):>9} "
                          f"{row['format_error_rate']:8.3f}")
-        for name in names:
-            if name in ("sft", "oracle"):
-                continue
+        for name in main_job_report.trained(summary.report):
             closed = summary.report[name]["gap_closed"]
             missed = [target.name for target in main_job_report.targets(summary.report, name)
                       if not target.met]
