@@ -9,6 +9,13 @@ from setuptools import find_packages, setup
 TEST_ONLY = ("pytest", "hypothesis", "openai")
 
 
+def package_files(package: str, folder: str) -> list[str]:
+    """Every file under ``package/folder``, relative to the package (its package data)."""
+    root = Path(__file__).with_name(package)
+    return sorted(str(path.relative_to(root)) for path in (root / folder).rglob("*")
+                  if path.is_file())
+
+
 def requirements(name: str = "requirements.txt") -> list[str]:
     lines = Path(__file__).with_name(name).read_text().splitlines()
     runtime = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
@@ -24,7 +31,9 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["nemo_orch", "nemo_orch.*"]),
-    package_data={"nemo_orch.envs.toolscale": ["prompts/*.txt"]},
+    # The configuration tree (nemo_orch/conf/: groups, recipes, tool declarations, samples).
+    package_data={"nemo_orch": package_files("nemo_orch", "conf"),
+                  "nemo_orch.envs.toolscale": ["prompts/*.txt"]},
     install_requires=requirements(),
     extras_require={
         # CUDA-only cores; imported lazily and exercised by `pytest -m gpu`.

@@ -19,7 +19,7 @@ With ``--engine auto`` an engine that imports but fails to start (printed, with 
 hands over to the next one, so one run on a fresh machine always yields numbers; the JSON and the
 output name the engines that failed to start.
 
-The model is ``--model`` (default ``qwen3-0.6b``: conf/model/qwen3-0.6b.yaml) with the project's
+The model is ``--model`` (default ``qwen3-0.6b``: its ``conf/model/`` preset) with the project's
 seeded initial weights (:class:`nemo_orch.models.hf_mapping.SeededHFWeights`; nothing is
 downloaded), written once as an HF directory under ``--workdir`` in bfloat16, with a small BPE
 tokenizer trained on the bundled offline conversations (the engines want one; prompts are token

@@ -3,7 +3,7 @@
 What it measures: full training steps (forward, backward, gradient clipping, distributed-optimizer
 step) of ``nemo_orch.train.policy.Policy`` -- the project's own model builder
 (``nemo_orch.models.qwen3.build_model``), DDP wrapper and Megatron optimizer, as GRPO and SFT
-use them -- on a model of ``--model`` (default ``qwen3-0.6b``: conf/model/qwen3-0.6b.yaml), one
+use them -- on a model of ``--model`` (default ``qwen3-0.6b``: its ``conf/model/`` preset), one
 micro-batch of ``--batch-size`` random sequences of ``--seq-length`` tokens per step, for each of
 these precisions:
 

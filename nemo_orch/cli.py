@@ -542,7 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "eval.out_dir (resumable). `nemo-orch eval compare RUN...` puts several "
                    "evaluations side by side")
     evaluate.add_argument("--benchmark", required=True, choices=BENCHMARKS,
-                          help="the environment preset (conf/env/NAME.yaml): short for env=NAME")
+                          help="the environment preset (nemo_orch/conf/env/NAME.yaml): short "
+                          "for env=NAME")
     evaluate.add_argument("--agent", required=True, action="append", choices=AGENT_KINDS,
                           help="repeat to compare several: orchestrator (rollout.*: a checkpoint "
                           "or an endpoint), monolith (eval.monolith.*), fixed:cheapest, "
@@ -584,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("plan", cmd_plan, "check the layout (world size, divisibility, batches, engine TP, FP8 "
         "shapes) and print the per-GPU memory estimate of the SFT and GRPO stages against "
         "launcher.gpu_memory_gib, on CPU; exit 1 if it does not fit. E.g. `nemo-orch plan "
-        "recipe=NAME` (recipes: conf/recipes/)")
+        "recipe=NAME` (recipes: nemo_orch/conf/recipes/)")
     launch = add("launch", cmd_launch, "run `nemo-orch <launcher.job>` with these overrides "
                  "through NeMo-Run: under torchrun on this machine (local), or as a SLURM job "
                  "in the pyxis container with the expert servers (launcher.experts) and a Ray "

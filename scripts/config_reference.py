@@ -40,10 +40,10 @@ REGENERATE = "python scripts/config_reference.py"
 HEADER = f"""# Configuration reference
 
 Every key of the configuration tree, by section: its type, its default and what it means. Set a
-key on the command line (`nemo-orch train grpo.kl_coef=0.05`), in a group's YAML under `conf/`,
-or in a recipe; `nemo-orch <command> --print-config` prints the resolved tree. A key is checked
-once, when the config is loaded (`nemo_orch/config/`): an unknown key or a wrong type fails there,
-naming it.
+key on the command line (`nemo-orch train grpo.kl_coef=0.05`), in a group's YAML under
+`nemo_orch/conf/`, or in a recipe; `nemo-orch <command> --print-config` prints the resolved
+tree. A key is checked once, when the config is loaded (`nemo_orch/config/`): an unknown key or a
+wrong type fails there, naming it.
 
 This page is generated from the config dataclasses by `{REGENERATE}`. Each
 meaning is the comment or docstring sentence that states it in `nemo_orch/config/`, which is

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Optional
 
 
-CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
+# The configuration tree ships inside the package (``nemo_orch/conf/``): an installed wheel
+# finds it wherever it runs. Hydra composes from a directory, so the package must be installed
+# unzipped, as pip installs wheels.
+CONF_DIR = Path(str(resources.files("nemo_orch") / "conf"))
 
 
 class ConfigError(ValueError):

@@ -80,7 +80,10 @@ def test_every_pip_install_is_pinned_and_the_extras_come_from_their_files():
         assert f"-r requirements-{extra}.txt" in runs
         lines = (ROOT / f"requirements-{extra}.txt").read_text().splitlines()
         assert all(re.fullmatch(PINNED, line) for line in lines if line and line[0] != "#")
-    assert "pip install --no-deps" in runs
+    # the package: its wheel, by the script tests/test_packaging.py runs into a fresh venv
+    assert "containers/install_package.sh python ." in runs
+    script = (CONTAINERS / "install_package.sh").read_text()
+    assert "pip install --quiet --no-deps --no-index" in script and " -e " not in script
 
 
 def test_the_launchers_default_image_is_what_the_enroot_recipe_writes():
