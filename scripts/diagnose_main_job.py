@@ -7,7 +7,7 @@ the overrides name (``runs/<run.name>``, the main job's defaults otherwise) and 
    restated under every preference of its family, their routes greedy (what the evaluation
    scores) and sampled ``S`` times at temperature 1 (what GRPO explores), for the SFT and the
    RL policy: the mean total-variation distance between two preferences' route distributions
-   for one task, next to the oracle's (:mod:`nemo_orch.eval.preference_probe`);
+   for one task, next to the oracle's (:mod:`nemo_orch.envs.offline.probe`);
 2. **which groups carry no signal**: from the RL stage's metrics, per step (first and last
    eighth of the run) and per (family, preference) group, the share of task groups whose
    rewards were all equal and whose episodes all took one route;
@@ -29,7 +29,7 @@ from typing import Any
 
 from nemo_orch import config as config_lib
 from nemo_orch.envs import build_environment
-from nemo_orch.eval.preference_probe import Separation, probe
+from nemo_orch.envs.offline.probe import Separation, probe
 from nemo_orch.rollout.builders import build_engine, rollout_settings
 
 

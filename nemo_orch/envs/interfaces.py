@@ -20,9 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.rollout.episode import Trajectory, UserFactory
+from nemo_orch.tools.interfaces import ANSWER
 from nemo_orch.tools.registry import Toolbox
 
 SPLITS = ("train", "validation", "test")
@@ -59,6 +61,18 @@ def final_message(facts: Sequence[str]) -> str:
     return "Your request has been handled. For your records: " + "; ".join(facts) + "."
 
 
+@dataclass(frozen=True)
+class EpisodeGroup:
+    """One task's episodes of a training step, as an environment's own metrics see them: their
+    trajectories and rewards, and the advantages they trained with (None: generated, not
+    trained on)."""
+
+    task: Task
+    trajectories: Sequence[Trajectory]
+    rewards: Sequence[float]
+    advantages: Sequence[float] | None = None
+
+
 class Oracle(Protocol):
     """What an environment that knows each task's best route tells of an episode."""
 
@@ -67,15 +81,27 @@ class Oracle(Protocol):
         route's (in [0, 1])."""
 
 
+class Agent(Protocol):
+    """Plays one episode: trial ``sample`` of ``task`` with ``seed``. Each trial is an episode
+    of its own (its id, its environment state, its transcript)."""
+
+    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory: ...
+
+
 class Environment(abc.ABC):
     """A task source. ``name`` labels it in metrics and reports; ``notes`` say what was
     dropped and why; ``preferences``: its tasks carry preference vectors (report adherence);
-    ``has_gold_plan``: :meth:`gold_plan` works (the gold replay can run)."""
+    ``has_gold_plan``: :meth:`gold_plan` works (the gold replay can run); ``baselines``: the
+    agents of its own that an evaluation can run (``--agent NAME``, built by :meth:`baseline`);
+    ``simulated_monolith``: a SIMULATED frontier model can answer its tasks (its experts are
+    simulated from what its tasks state), so a monolith needs no endpoint."""
 
     name: str
     notes: dict[str, Any]
     preferences: bool = False
     has_gold_plan: bool = False
+    baselines: tuple[str, ...] = ()
+    simulated_monolith: bool = False
 
     @abc.abstractmethod
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
@@ -106,6 +132,24 @@ class Environment(abc.ABC):
 
     def gold_plan(self, task: Task) -> GoldPlan:
         raise NotImplementedError(f"{self.name} tasks have no gold actions")
+
+    def baseline(self, kind: str, tasks: Sequence[Task], toolbox: Toolbox, tokenizer: Any,
+                 settings: RolloutConfig, seed: int) -> Agent:
+        """The baseline agent ``kind`` (one of :attr:`baselines`) for an evaluation of
+        ``tasks`` with ``toolbox``, its episodes rendered with ``tokenizer``."""
+        raise NotImplementedError(f"{self.name} has no baseline agent {kind!r}")
+
+    def routed_tools(self, task: Task) -> tuple[str, ...]:
+        """The tools of ToolOrchestra's interface a fixed router calls for ``task``, in order,
+        each with one of its models: ``answer`` alone unless the environment knows better."""
+        return (ANSWER,)
+
+    def rollout_metrics(self, groups: Sequence[EpisodeGroup]) -> dict[str, float]:
+        """The environment's own metrics of a training step's groups of its tasks (every group
+        generated), logged beside the generic ones: what only it can name, such as the offline
+        world's routes per (family, preference) group (NeMo-RL's
+        ``global_post_process_and_metrics``). None by default."""
+        return {}
 
     def oracle(self, toolbox: Toolbox, tokenizer: Any) -> Oracle | None:
         """The best route of each task, where the environment knows it (None: it does not).

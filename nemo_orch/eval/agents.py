@@ -7,16 +7,17 @@ token and call, so all systems are scored and reported the same way.
 * ``fixed:cheapest``, ``fixed:strongest``, ``random``: hand every task to one model of the
   expert tool: its cheapest, its most expensive (the "always the frontier model" baseline), or
   one drawn per task; then answer with the expert's reply. On ToolOrchestra's interface they
-  call the tools of the task's family (an offline task's), or ``answer`` alone for a task of
-  no family (a QA file's). Routers are rules, not models: their own turns cost nothing.
+  call the tools the environment routes the task through
+  (:meth:`~nemo_orch.envs.Environment.routed_tools`: ``answer`` alone, or the offline world's
+  family's tools). Routers are rules, not models: their own turns cost nothing.
 * ``monolith``: one chat model with the basic tools (:class:`~nemo_orch.eval.chat_agent.ChatAgent`).
 * ``gold-replay``: the task's gold actions, each by its requestor, then every fact the user must
   be told. It checks tools and scorer, not a model: every task should pass. An action that
   fails (any call kind but ``ok``) makes its episode ``gold_error``: counted and listed by the
   report, left out of accuracy, never a demonstration.
-* ``naive-routers``: the offline world's naive routers in the shares of ``data.demo_routers``
-  (:func:`~nemo_orch.envs.offline.world.naive_routes`), each task's route carried out through
-  the real tools; their correct episodes are the main job's SFT demonstrations.
+* an environment's own baselines (:attr:`~nemo_orch.envs.Environment.baselines`, built by
+  :meth:`~nemo_orch.envs.Environment.baseline`), such as the offline world's
+  ``naive-routers``.
 """
 
 from __future__ import annotations
@@ -25,31 +26,23 @@ import dataclasses
 import random
 import time
 import zlib
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import ConfigError, RolloutConfig
-from nemo_orch.envs.offline import orchestra
-from nemo_orch.envs.offline.world import EXPERT_TOOL, RouterReplies, naive_routes
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import GoldPlan
-from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine, scripted_settings
 from nemo_orch.rollout.format import call_text
 from nemo_orch.rollout.episode import (CallRecord, Episode, Trajectory, TurnRecord,
                                        UserFactory, episode_id)
 from nemo_orch.rollout.runner import DirectPolicy, GenerationBatcher
 from nemo_orch.tools.base import ToolContext
+from nemo_orch.tools.interfaces import EXPERT_TOOL, ORCHESTRA_TOOLS, offers_orchestra
 from nemo_orch.tools.registry import Toolbox
 
-
-
-class Agent(Protocol):
-    """Plays one episode: trial ``sample`` of ``task`` with ``seed``. Each trial is an episode
-    of its own (its id, its environment state, its transcript)."""
-
-    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory: ...
 
 
 class PolicyAgent:
@@ -73,7 +66,7 @@ def expert_prices(toolbox: Toolbox) -> dict[str, dict[str, float]]:
     token, which ranks them): on ToolOrchestra's interface, the aliases of ``search``,
     ``enhance_reasoning`` and ``answer`` (simulated experts or served ones alike); else the
     expert tool's."""
-    tools = (orchestra.TOOLS if orchestra.offers(toolbox.tools) else (EXPERT_TOOL,))
+    tools = ORCHESTRA_TOOLS if offers_orchestra(toolbox.tools) else (EXPERT_TOOL,)
     pricing = {tool: getattr(toolbox.tools.get(tool), "pricing", None) for tool in tools}
     if not all(pricing.values()):
         raise ConfigError(f"the fixed routers hand tasks to the models of the tool "
@@ -98,21 +91,22 @@ def choose_expert(kind: str, prices: dict[str, float], task: Task, seed: int,
 class RouterAgent:
     """A fixed router (``kind`` of :data:`ROUTERS`) played by a scripted engine through the
     episode runner, with the orchestrator's own tokens free. It hands the task to one model of
-    the expert tool; on ToolOrchestra's interface it calls the tools of the task's family
-    (:data:`~nemo_orch.envs.offline.orchestra.FAMILY_SHAPES`), choosing the model of each."""
+    the expert tool; on ToolOrchestra's interface it calls the tools ``routed_tools`` names for
+    the task (the environment's :meth:`~nemo_orch.envs.Environment.routed_tools`), choosing
+    the model of each."""
 
     def __init__(self, kind: str, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
-                 settings: RolloutConfig) -> None:
+                 settings: RolloutConfig,
+                 routed_tools: Callable[[Task], tuple[str, ...]]) -> None:
         self.kind, self.toolbox, self.tokenizer = kind, toolbox, tokenizer
+        self.routed_tools = routed_tools
         self.prices = expert_prices(toolbox)
         self.settings = scripted_settings(settings)
         required = toolbox.tools[next(iter(self.prices))].spec.parameters.get("required", [])
         self.asks_question = "question" in required
 
     def route(self, task: Task, seed: int) -> tuple[tuple[str, dict[str, Any]], ...]:
-        tools = ((EXPERT_TOOL,) if EXPERT_TOOL in self.prices
-                 else orchestra.FAMILY_SHAPES.get(task.metadata.get("family"),
-                                                  (orchestra.ANSWER,)))
+        tools = (EXPERT_TOOL,) if EXPERT_TOOL in self.prices else self.routed_tools(task)
         calls = []
         for tool in tools:
             arguments: dict[str, Any] = {"model": choose_expert(self.kind, self.prices[tool],
@@ -124,36 +118,6 @@ class RouterAgent:
 
     async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         replies = RouterReplies(self.route(task, seed))
-        policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
-        return await Episode(task, sample, policy, self.toolbox, self.tokenizer, self.settings,
-                             seed=seed).run()
-
-
-def scripted_settings(settings: RolloutConfig) -> RolloutConfig:
-    """A rule's replies are neither priced nor cut by the policy's per-turn token limit."""
-    return dataclasses.replace(settings, input_usd_per_million=0.0, output_usd_per_million=0.0,
-                               max_new_tokens=settings.max_context_tokens)
-
-
-class NaiveRouterAgent:
-    """The offline world's naive routers (``router_shares``), each task's route drawn in task
-    order with ``seed`` (:func:`~nemo_orch.envs.offline.world.naive_routes`) and played by a
-    scripted engine, which answers from the last observation."""
-
-    def __init__(self, tasks: list[Task], router_shares: Mapping[str, float], seed: int,
-                 toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
-                 settings: RolloutConfig) -> None:
-        if orchestra.offers(toolbox.tools):
-            self.routes = orchestra.naive_routes(tasks, orchestra.Writers.of(toolbox),
-                                                 router_shares, seed)
-        else:
-            expert = toolbox.tools[EXPERT_TOOL]
-            self.routes = naive_routes(tasks, expert.models, expert.pricing, router_shares, seed)
-        self.toolbox, self.tokenizer = toolbox, tokenizer
-        self.settings = scripted_settings(settings)
-
-    async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
-        replies = RouterReplies(self.routes[task.id], task.answer or "")
         policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
         return await Episode(task, sample, policy, self.toolbox, self.tokenizer, self.settings,
                              seed=seed).run()

@@ -37,20 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch import config as config_lib
-from nemo_orch.config import (AGENT_KINDS, GOLD_REPLAY, MONOLITH, NAIVE_ROUTERS, ORCHESTRATOR,
-                              ROUTERS, Config, ConfigError)
+from nemo_orch.config import (AGENT_KINDS, GOLD_REPLAY, MONOLITH, ORCHESTRATOR, ROUTERS, Config,
+                              ConfigError)
 from nemo_orch.data.tasks import Task
 from nemo_orch.eval import report as report_lib
-from nemo_orch.eval.agents import (Agent, GoldReplayAgent, NaiveRouterAgent, PolicyAgent,
-                                   RouterAgent)
+from nemo_orch.eval.agents import GoldReplayAgent, PolicyAgent, RouterAgent
 from nemo_orch.envs import Environment, Scored, build_environment
-from nemo_orch.envs.interfaces import Oracle
-from nemo_orch.envs.offline import OfflineEnvironment
-from nemo_orch.envs.offline import orchestra
+from nemo_orch.envs.interfaces import Agent, Oracle
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.reward.scoring import infra_failure
 from nemo_orch.rollout.builders import build_toolbox, rollout_settings
 from nemo_orch.rollout.episode import Trajectory, task_budget
+from nemo_orch.tools.interfaces import offers_orchestra
 from nemo_orch.tools.registry import Toolbox
 
 log = logging.getLogger(__name__)
@@ -72,9 +70,11 @@ def check_agents(agents: list[str], benchmark: Environment) -> None:
     if GOLD_REPLAY in agents and not benchmark.has_gold_plan:
         raise ConfigError(f"--agent gold-replay needs gold actions, which {benchmark.name} "
                           "tasks do not have (toolscale and tau2 do)")
-    if NAIVE_ROUTERS in agents and not isinstance(benchmark, OfflineEnvironment):
-        raise ConfigError(f"--agent naive-routers plays the offline world's routes, which "
-                          f"{benchmark.name} tasks do not have (env=offline)")
+    for agent in agents:
+        if agent not in (ORCHESTRATOR, MONOLITH, GOLD_REPLAY, *ROUTERS, *benchmark.baselines):
+            raise ConfigError(f"--agent {agent} is a baseline of another environment; "
+                              f"{benchmark.name}'s own baselines: "
+                              f"{', '.join(benchmark.baselines) or 'none'}")
 
 
 # ---------------------------------------------------------------------------- the cache
@@ -215,12 +215,13 @@ async def _agent(system: System, resources: Resources, toolbox: Toolbox
         finally:
             await batcher.close()
     elif kind in ROUTERS:
-        yield RouterAgent(kind, toolbox, _tokenizer(resources), settings)
+        yield RouterAgent(kind, toolbox, _tokenizer(resources), settings,
+                          benchmark.routed_tools)
     elif kind == GOLD_REPLAY:
         yield GoldReplayAgent(benchmark.gold_plan, toolbox, benchmark.user_toolbox())
-    elif kind == NAIVE_ROUTERS:
-        yield NaiveRouterAgent(resources.tasks, config.data.demo_routers, resources.seed,
-                               toolbox, _tokenizer(resources), settings)
+    elif kind in benchmark.baselines:
+        yield benchmark.baseline(kind, resources.tasks, toolbox, _tokenizer(resources),
+                                 settings, resources.seed)
     else:
         async with _monolith(config, resources, toolbox) as agent:
             yield agent
@@ -253,7 +254,7 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
             # Tools a benchmark lacks (tau2 and toolscale have no experts) are simply not there.
             tools = toolbox.subset([name for name in toolbox.tools
                                     if name not in monolith.drop_tools])
-        if orchestra.offers(tools.tools):
+        if offers_orchestra(tools.tools):
             raise ConfigError("the monolith would get ToolOrchestra's composite tools, which "
                               "hand the task to experts: give it basic tools with "
                               "eval.monolith.tools (e.g. [tools/offline/search.yaml, "
@@ -280,7 +281,7 @@ def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) 
     # The answering experts: the expert tool itself, or the part behind `answer`.
     expert = next((tool for tool in [*toolbox.tools.values(), *toolbox.parts]
                    if isinstance(tool, SimulatedExpert) and tool.writes == "answer"), None)
-    if not isinstance(resources.benchmark, OfflineEnvironment) or expert is None:
+    if not resources.benchmark.simulated_monolith or expert is None:
         raise ConfigError("eval.monolith.base_url is required: only the offline benchmark "
                           "(with its simulated experts) has a simulated monolith")
     if monolith.simulate not in expert.models:
@@ -295,7 +296,7 @@ def _oracle(kind: str, benchmark: Environment, toolbox: Toolbox,
             resources: Resources) -> Oracle | None:
     """The oracle that judges a routing agent's preference adherence, where the environment's
     tasks carry preferences and it knows their best routes. A monolith does not route."""
-    if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS, NAIVE_ROUTERS):
+    if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS, *benchmark.baselines):
         return None
     return benchmark.oracle(toolbox, _tokenizer(resources))
 

@@ -23,8 +23,8 @@ from nemo_orch.clients.http import HTTPError
 from nemo_orch.config import Config, ConfigError, RewardConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs import Environment, Mixture, build_mixture
+from nemo_orch.envs.interfaces import EpisodeGroup
 from nemo_orch.envs.mixture import Draw
-from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.models import checkpoint
 from nemo_orch.reward.advantages import (SamplingStats, fill_batch, group_advantages,
@@ -97,7 +97,8 @@ class StepBatch:
     fit the context, and the validation metrics (empty between ``grpo.val_interval`` steps).
     Rolled out ahead (asynchronous GRPO): the groups dropped as too old for the trainer, the
     trained groups' ages, how long no step was rolling out since the last batch was taken,
-    and how long the trainer waited for this one."""
+    and how long the trainer waited for this one. ``environments``: the metrics each
+    environment reports of its own groups (:meth:`~nemo_orch.envs.Environment.rollout_metrics`)."""
 
     kept: list[Group]
     generated: list[Group]
@@ -105,6 +106,7 @@ class StepBatch:
     choices: Counter
     forced_episodes: int
     skipped_context: int
+    environments: dict[str, float] = field(default_factory=dict)
     validation: dict[str, float] = field(default_factory=dict)
     dropped_stale: list[Group] = field(default_factory=list)
     ages: Counter = field(default_factory=Counter)
@@ -117,8 +119,7 @@ class StepBatch:
             "async/rollout_idle_s": self.rollout_idle_seconds,
             "async/trainer_idle_s": self.trainer_idle_seconds,
             **{f"async/age_{age}": count for age, count in sorted(self.ages.items())}}
-        return {**rollout_metrics(self.generated, self.stats),
-                **signal_metrics(self.generated, self.kept, reward),
+        return {**rollout_metrics(self.generated, self.stats), **self.environments,
                 "explore/forced_episodes": self.forced_episodes,
                 "sampling/skipped_context": self.skipped_context, **self.validation, **ahead,
                 **{f"choices/{key}": count for key, count in self.choices.items()}}
@@ -521,9 +522,12 @@ class Rollouts:
                                             group_baseline=grpo.algo == "grpo"))
         choices = sum((r.choices for r in rounds), Counter())
         self.previous_choices = choices
-        batch = StepBatch(kept, [group for r in rounds for group in r.groups], stats, choices,
+        generated = [group for r in rounds for group in r.groups]
+        batch = StepBatch(kept, generated, stats, choices,
                           sum(r.forced_episodes for r in rounds),
-                          sum(r.skipped_context for r in rounds))
+                          sum(r.skipped_context for r in rounds),
+                          environment_metrics(self.mixture.environments, generated, kept,
+                                              self.config.reward))
         batch.check_infrastructure(step, self.settings.max_infra_error_rate)
         return batch
 
@@ -573,10 +577,26 @@ def episode_stats(trajectories: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def environment_metrics(environments: list[Environment], generated: list[Group],
+                        kept: list[Group], reward: RewardConfig) -> dict[str, float]:
+    """What each environment reports of the step's groups of its tasks (every group generated;
+    the kept ones with the group advantages they train with)."""
+    trained = {id(group) for group in kept}
+    metrics: dict[str, float] = {}
+    for environment in environments:
+        groups = [EpisodeGroup(group.task, group.trajectories,
+                               [b.reward for b in group.breakdowns],
+                               group_advantages([b.reward for b in group.breakdowns], reward)
+                               if id(group) in trained else None)
+                  for group in generated if group.source == environment.name]
+        if groups:
+            metrics.update(environment.rollout_metrics(groups))
+    return metrics
+
+
 def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
-    """Per-step means over every episode generated (kept for training or not), and reward and
-    route shares per (family, preference), so a collapse onto one shortcut shows while it
-    happens. Every call, of the masked episodes too, is counted by kind (``calls/<kind>``,
+    """Per-step means over every episode generated (kept for training or not). Every call, of
+    the masked episodes too, is counted by kind (``calls/<kind>``,
     ``call_rate/<kind>``) and the failed ones by tool (``call_errors``); the masked episodes by
     the failure that decided them (``masked/<reason>``) and their share (``masked/rate``)."""
     metrics: dict[str, float] = {"sampling/rounds": stats.rounds,
@@ -593,51 +613,7 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
         "sampling/generated": stats.generated, "sampling/kept": stats.kept,
         **{f"sampling/dropped_{reason}": count for reason, count in stats.dropped.items()},
     })
-    routes = Counter(route_of(t) for _, t, _ in episodes)
-    metrics.update({f"route/{name}": count / len(episodes) for name, count in routes.items()})
     metrics.update(_source_metrics(groups))
-    # The offline world's (family, preference) groups, where its tasks are.
-    family = [(task, t, b) for task, t, b in episodes if "family" in task.metadata]
-    rewards: dict[str, list[float]] = defaultdict(list)
-    for task, _, breakdown in family:
-        rewards[group_key(task)].append(breakdown.reward)
-    for key, values in rewards.items():
-        metrics[f"group/{key}/reward"] = statistics.mean(values)
-    shares = route_shares([task for task, _, _ in family], [route_of(t) for _, t, _ in family])
-    for key, routes in shares.items():
-        metrics.update({f"group/{key}/route/{name}": share for name, share in routes.items()})
-    return metrics
-
-
-def signal_metrics(generated: list[Group], kept: list[Group],
-                   reward: RewardConfig) -> dict[str, float]:
-    """Where a step's learning signal is, for tasks with a (family, preference): per group key
-    and over all, the share of the tasks' groups whose rewards are all equal (``flat``: no
-    signal) and whose episodes all took one route (``one_route``: no signal about the route,
-    whatever the rewards); and each preference's share of the trained groups' advantage mass
-    (the sum of |advantage|, ``advantage_share/<preference>``): group advantages do not depend
-    on the batch's mix, but the update's direction is their sum."""
-    flat: dict[str, list[float]] = defaultdict(list)
-    one_route: dict[str, list[float]] = defaultdict(list)
-    for group in generated:
-        if "family" not in group.task.metadata or not group.breakdowns:
-            continue
-        rewards_alike = float(len({b.reward for b in group.breakdowns}) == 1)
-        routes_alike = float(len({route_of(t) for t in group.trajectories}) == 1)
-        for key in (f"group/{group_key(group.task)}", "signal"):
-            flat[key].append(rewards_alike)
-            one_route[key].append(routes_alike)
-    metrics = {f"{key}/flat": statistics.mean(values) for key, values in flat.items()}
-    metrics.update({f"{key}/one_route": statistics.mean(values)
-                    for key, values in one_route.items()})
-    mass: Counter = Counter()
-    for group in kept:
-        if "family" in group.task.metadata:
-            mass[group.task.metadata["preference_name"]] += sum(
-                abs(a) for a in group_advantages([b.reward for b in group.breakdowns], reward))
-    total = sum(mass.values())
-    metrics.update({f"signal/advantage_share/{name}": value / total
-                    for name, value in sorted(mass.items()) if total > 0})
     return metrics
 
 

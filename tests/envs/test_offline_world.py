@@ -12,12 +12,12 @@ from nemo_orch import config as config_lib
 from nemo_orch.envs.offline.oracle import route_of
 from nemo_orch.envs.offline.values import best as oracle
 from nemo_orch.envs.offline.values import utility
-from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, RouterReplies,
-                                          make_tasks, naive_routes, route_values, routes)
-from nemo_orch.eval.agents import NaiveRouterAgent
+from nemo_orch.envs.offline.agents import NaiveRouterAgent
+from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, make_tasks,
+                                          naive_routes, route_values, routes)
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.rollout.builders import build_toolbox
-from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine
 from nemo_orch.rollout.episode import Episode
 from nemo_orch.rollout.runner import DirectPolicy
 from nemo_orch.tools.base import ToolContext

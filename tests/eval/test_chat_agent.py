@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ from nemo_orch.envs.offline.world import make_tasks
 from nemo_orch.data.tasks import Task
 from nemo_orch.eval.chat_agent import ChatAgent
 from nemo_orch.clients.openai import OpenAIClient
+from nemo_orch.config import CONF_DIR
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.http_server import serve_json
 from nemo_orch.serve.openai_server import start_server
@@ -27,7 +27,7 @@ from nemo_orch.tools.pricing import model_pricing
 from nemo_orch.tools.registry import Toolbox, load_toolbox
 from nemo_orch.tools.simulated_expert import SimulatedModel
 
-OFFLINE_TOOLS = Path(__file__).parents[2] / "conf" / "tools" / "offline"
+OFFLINE_TOOLS = CONF_DIR / "tools" / "offline"
 SIMULATED = "simulated-gpt-5"
 # Always right when it can be (the evidence found, or known math), never on the made-up world
 # without the evidence: which route it took shows in the answer.

@@ -197,8 +197,8 @@ def test_main_job_end_to_end(tiny_main_job):
 
 def test_the_diagnosis_reads_a_main_job_run(tiny_main_job, monkeypatch, capsys):
     """scripts/diagnose_main_job.py on the run: every section, from the run's checkpoints,
-    metrics and report (its numbers' arithmetic is tests/eval/test_preference_probe.py's and
-    tests/train/test_grpo_signal.py's)."""
+    metrics and report (its numbers' arithmetic is tests/envs/test_offline_probe.py's and
+    tests/envs/test_offline_metrics.py's)."""
     import runpy
     from pathlib import Path
 

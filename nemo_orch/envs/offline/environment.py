@@ -8,12 +8,16 @@ unbounded: a count is required)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from nemo_orch.config import Config, EnvSourceConfig
+from nemo_orch.config import NAIVE_ROUTERS, Config, EnvSourceConfig, RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, declared_tools
-from nemo_orch.envs.interfaces import SPLITS, Scored, draw
+from nemo_orch.envs.interfaces import SPLITS, Agent, EpisodeGroup, Scored, draw
+from nemo_orch.envs.offline import metrics
+from nemo_orch.envs.offline.agents import NaiveRouterAgent
+from nemo_orch.envs.offline.orchestra import FAMILY_SHAPES
 from nemo_orch.envs.offline.oracle import OracleTable, knows_experts, route_of
 from nemo_orch.envs.offline.values import utility
 from nemo_orch.envs.offline.world import held_out_tasks, interface_of, make_tasks, restated
@@ -29,6 +33,8 @@ VALIDATION_SEED_OFFSET = 104729
 
 class OfflineEnvironment(OutcomeScoredEnvironment):
     preferences = True
+    baselines = (NAIVE_ROUTERS,)
+    simulated_monolith = True
 
     def __init__(self, config: Config, source: EnvSourceConfig) -> None:
         super().__init__(config, source, declared_tools(config, source, own_tools=False))
@@ -36,6 +42,7 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
         # The tasks' preferences name the tools of the interface they are offered.
         self.interface = interface_of(declared_names(self.tools_config))
         self.usd_reference = config.reward.usd_reference
+        self.demo_routers = config.data.demo_routers
         self.orchestrator_usd_per_token = (config.rollout.input_usd_per_million / 1e6,
                                            config.rollout.output_usd_per_million / 1e6)
 
@@ -65,6 +72,20 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
             "utility": utility(task.metadata["preference"], scored.outcome.correct,
                                trajectory.cost_usd, trajectory.tool_counts(),
                                self.usd_reference)})
+
+    def baseline(self, kind: str, tasks: Sequence[Task], toolbox: Toolbox, tokenizer: Any,
+                 settings: RolloutConfig, seed: int) -> Agent:
+        if kind != NAIVE_ROUTERS:
+            return super().baseline(kind, tasks, toolbox, tokenizer, settings, seed)
+        return NaiveRouterAgent(list(tasks), self.demo_routers, seed, toolbox, tokenizer,
+                                settings)
+
+    def routed_tools(self, task: Task) -> tuple[str, ...]:
+        """The tools the task's family is naturally solved with."""
+        return FAMILY_SHAPES.get(task.metadata.get("family"), super().routed_tools(task))
+
+    def rollout_metrics(self, groups: Sequence[EpisodeGroup]) -> dict[str, float]:
+        return metrics.rollout_metrics(groups)
 
     def oracle(self, toolbox: Toolbox, tokenizer: Any) -> OracleTable | None:
         """The best routes, from the simulated experts' known accuracies and prices; None with

@@ -38,12 +38,13 @@ from nemo_orch.envs.offline.values import RouteValue, utility
 from nemo_orch.reward.components import PREFERENCE_PHRASES
 from nemo_orch.tools.base import ToolContext, Usage
 from nemo_orch.tools.composite import context_text, fit_observations
+from nemo_orch.tools.interfaces import ANSWER, ORCHESTRA_TOOLS, REASON, SEARCH
+from nemo_orch.tools.interfaces import offers_orchestra as offers
 from nemo_orch.tools.registry import Toolbox
 from nemo_orch.tools.simulated_expert import (SimulatedExpert, reading, writing_chances,
                                                wrong_answer)
 
-SEARCH, REASON, ANSWER = "search", "enhance_reasoning", "answer"
-TOOLS = (SEARCH, REASON, ANSWER)
+TOOLS = ORCHESTRA_TOOLS
 WRITERS = (SEARCH, REASON)
 MAX_CALLS = 3
 Route = tuple[tuple[str, dict[str, Any]], ...]
@@ -80,11 +81,6 @@ FAMILY_SHAPES: dict[str, tuple[str, ...]] = {
 
 # How hard a family's program is for a coder (number theory: the task's own easy or hard).
 CODE_DIFFICULTY = {"arithmetic": "easy", "lookup_compute": "easy", "word": "language"}
-
-
-def offers(tool_names: Iterable[str]) -> bool:
-    """Whether a tool set is this interface (it has the three composites)."""
-    return set(TOOLS) <= set(tool_names)
 
 
 def instruction(preference: str, rng: random.Random) -> str | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,8 +30,7 @@ from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.generator import draw_task
 from nemo_orch.envs.offline.values import RouteValue, utility
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
-from nemo_orch.rollout.format import call_text
-from nemo_orch.tools.composite import extract_final_answer
+from nemo_orch.tools.interfaces import EXPERT_TOOL
 from nemo_orch.tools.simulated_expert import SimulatedExpert
 
 PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
@@ -51,7 +49,6 @@ FAMILY_PREFERENCES: dict[str, tuple[str, ...]] = {
 }
 SYSTEM_PROMPT = ("You are an orchestrator that answers questions by calling tools. "
                  "Finish with the final answer inside <answer></answer> tags.")
-EXPERT_TOOL = "call_expert"
 # The two tool interfaces of the world: ToolOrchestra's (orchestra.py: the policy chooses tools
 # and models, experts write) and the basic one (call_expert, python_sandbox, search(query?):
 # the policy writes code and reads passages itself).
@@ -190,30 +187,6 @@ def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn:
         values.append(RouteValue(name, frozenset(counts), accuracy, usd, accuracy * utility(
             preference, True, usd, counts, usd_reference)))
     return values
-
-
-_RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
-
-
-class RouterReplies:
-    """A naive router's replies: a fixed route's calls, then the answer from the last
-    observation (the sandbox's output, the passage's fact when ``answer`` is known and stated
-    in it, else what the expert said). Played by a :class:`ScriptedEngine`, not a model; its
-    episodes become SFT demonstrations and the fixed routers evaluations compare against."""
-
-    def __init__(self, route: Route, answer: str | None = None) -> None:
-        self.route, self.answer = route, answer
-
-    def __call__(self, prompt: str) -> str:
-        observations = _RESPONSE_RE.findall(prompt.split("<|im_start|>user\n", 1)[-1])
-        if len(observations) < len(self.route):
-            return call_text(self.route[len(observations)])
-        last = observations[-1].strip() if observations else ""
-        # The fact inside a passage or output when it is there; else what the expert said.
-        stated = self.answer is not None and re.search(
-            rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
-        copied = self.answer if stated else extract_final_answer(last)
-        return f"<answer>{copied}</answer>"
 
 
 def strongest_expert(task: Task, experts: Mapping[str, Any],

@@ -7,12 +7,21 @@ untrained model does not. ``seconds_per_call`` stands in for the engine's batche
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.config import RolloutConfig
 from nemo_orch.rollout.engines.base import EngineError, Generation, SamplingParams, WeightUpdate
+from nemo_orch.rollout.format import call_text
+from nemo_orch.tools.composite import extract_final_answer
+
+# A route: the calls a rule makes, in order (tool name, arguments).
+Route = tuple[tuple[str, dict[str, Any]], ...]
 
 
 class ScriptedEngine:
@@ -40,3 +49,34 @@ class ScriptedEngine:
 
     def update_weights(self, weights: WeightUpdate) -> None:
         raise EngineError("a scripted engine has no weights")
+
+
+_RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+class RouterReplies:
+    """A router's replies: a fixed route's calls, then the answer from the last observation
+    (the sandbox's output, the passage's fact when ``answer`` is known and stated in it, else
+    what the expert said). Played by a :class:`ScriptedEngine`, not a model: the fixed routers
+    evaluations compare against, and the offline world's naive routers (whose episodes become
+    SFT demonstrations)."""
+
+    def __init__(self, route: Route, answer: str | None = None) -> None:
+        self.route, self.answer = route, answer
+
+    def __call__(self, prompt: str) -> str:
+        observations = _RESPONSE_RE.findall(prompt.split("<|im_start|>user\n", 1)[-1])
+        if len(observations) < len(self.route):
+            return call_text(self.route[len(observations)])
+        last = observations[-1].strip() if observations else ""
+        # The fact inside a passage or output when it is there; else what the expert said.
+        stated = self.answer is not None and re.search(
+            rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
+        copied = self.answer if stated else extract_final_answer(last)
+        return f"<answer>{copied}</answer>"
+
+
+def scripted_settings(settings: RolloutConfig) -> RolloutConfig:
+    """A rule's replies are neither priced nor cut by the policy's per-turn token limit."""
+    return dataclasses.replace(settings, input_usd_per_million=0.0, output_usd_per_million=0.0,
+                               max_new_tokens=settings.max_context_tokens)

@@ -12,7 +12,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs import build_environment
-from nemo_orch.eval.preference_probe import probe, separation, total_variation
+from nemo_orch.envs.offline.probe import probe, separation, total_variation
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 
 
