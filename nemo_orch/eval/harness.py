@@ -233,15 +233,14 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
     from nemo_orch.eval.chat_agent import ChatAgent
     from nemo_orch.clients.openai import OpenAIClient
     from nemo_orch.tools.base import Pricing, ToolError
-    from nemo_orch.tools.pricing import model_pricing, price_overrides
+    from nemo_orch.tools.pricing import model_pricing
 
     monolith = config.eval.monolith
     if monolith.usd_per_million is not None:
         pricing = Pricing.per_million_tokens(*monolith.usd_per_million)
     else:
         try:
-            with price_overrides(config.tools.prices):
-                pricing = model_pricing(monolith.model)
+            pricing = model_pricing(monolith.model, config.tools.prices)
         except ToolError:  # its remedy names a tool's option, not the monolith's
             raise ConfigError(f"eval.monolith.model={monolith.model} has no price in the price "
                               "table: set eval.monolith.usd_per_million=[INPUT,OUTPUT] (USD per "

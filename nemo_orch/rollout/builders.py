@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 
 from nemo_orch.config import (Config, ConfigError, RetrievalConfig, RolloutConfig, ToolsConfig,
                               resolve_conf_path)
+from nemo_orch.tools.base import BuildSettings
 from nemo_orch.tools.domain import build_domains, domain_tools
-from nemo_orch.tools.llm import endpoint_overrides
-from nemo_orch.tools.pricing import price_overrides
 from nemo_orch.tools.registry import Toolbox, load_declarations, offered_and_parts
 
 if TYPE_CHECKING:  # torch and transformers load only for commands that generate or score
@@ -40,12 +39,9 @@ def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) 
     yet started (``async with toolbox`` warms them up and connects the MCP servers).
     ``retrieval``: the setting ``search``'s document retrieval runs under (an environment's
     ``env.retrieval``; None: the defaults, web search only)."""
-    from nemo_orch.tools.document_search import retrieval_setting
-
-    with price_overrides(tools.prices), endpoint_overrides(tools.endpoints), \
-            retrieval_setting(retrieval or RetrievalConfig()):
-        offered, parts = offered_and_parts(load_declarations([resolve_conf_path(p)
-                                                              for p in tools.declarations]))
+    build = BuildSettings(tools.prices, tools.endpoints, retrieval)
+    offered, parts = offered_and_parts(load_declarations([resolve_conf_path(p)
+                                                          for p in tools.declarations]), build)
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
     sources = []
     if tools.mcp:

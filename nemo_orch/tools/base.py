@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from nemo_orch.call_kinds import OBSERVATION_PREFIX, CallKind, kind_of
 from nemo_orch.tools.schema import ToolSchemaError, check_parameters
 
 if TYPE_CHECKING:
+    from nemo_orch.config import RetrievalConfig
     from nemo_orch.data.tasks import Task
 
 
@@ -27,19 +26,19 @@ class ToolError(ValueError):
     """A tool declaration or option that cannot work (raised at load time, never during calls)."""
 
 
-T = TypeVar("T")
+@dataclass(frozen=True)
+class BuildSettings:
+    """What a job sets for the tools it builds from declarations, beside their declared options
+    (a tool whose constructor takes ``build`` is handed it): ``prices``, model -> [input,
+    output] USD per million tokens over the list prices (``tools.prices``); ``endpoints``, an
+    expert alias -> the base URL that serves it over the declared one (``tools.endpoints``:
+    servers a launch started on nodes it learns only when the job runs); ``retrieval``, what
+    ``search``'s document retrieval runs under (an environment's ``env.retrieval``; None: the
+    defaults, web search only)."""
 
-
-@contextmanager
-def building_with(setting: ContextVar[T], value: T) -> Iterator[None]:
-    """Within the block, ``setting`` holds ``value``: how a job's settings (prices, endpoints,
-    a benchmark's retrieval) reach the tools built from declarations, which take only their
-    declared options."""
-    token = setting.set(value)
-    try:
-        yield
-    finally:
-        setting.reset(token)
+    prices: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    retrieval: RetrievalConfig | None = None
 
 
 @dataclass(frozen=True)

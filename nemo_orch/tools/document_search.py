@@ -5,8 +5,8 @@ The reference's ``search`` tool has its expert write a query, then retrieves for
 50, with web search when fewer than 3 remain; on FRAMES, the dense top 150 of a Wikipedia index.
 :class:`DocumentSearch` is that retrieval, a part of the ``search`` composite (its executor):
 the setting is ``env.retrieval`` (:class:`~nemo_orch.config.env.RetrievalConfig`), handed to
-the tools an environment builds by :func:`retrieval_setting`, as the price and endpoint
-overrides are; the question's whitelist or own documents arrive as the task's
+the tools an environment builds in their :class:`~nemo_orch.tools.base.BuildSettings`, as the
+price and endpoint overrides are; the question's whitelist or own documents arrive as the task's
 ``allowed_documents``. Without a local index (``env.retrieval.index`` null) the query goes to the
 fallback web search, as the reference's web-only ``search`` does.
 
@@ -19,33 +19,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from contextvars import ContextVar
 from typing import Any
 
 from nemo_orch.config import RetrievalConfig, resolve_conf_path
-from nemo_orch.tools.base import (BaseTool, Tool, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  building_with)
+from nemo_orch.tools.base import (BaseTool, BuildSettings, Tool, ToolContext, ToolError,
+                                  ToolResult, ToolSpec)
 from nemo_orch.tools.retriever import Hit, SearchBatcher, format_hits, load_index
 
-_SETTING: ContextVar[RetrievalConfig | None] = ContextVar("retrieval_setting", default=None)
-
-
-def retrieval_setting(setting: RetrievalConfig) -> AbstractContextManager[None]:
-    """Within the block, :class:`DocumentSearch` tools being built retrieve under ``setting``
-    (outside any: :class:`RetrievalConfig`'s defaults, i.e. web search only)."""
-    return building_with(_SETTING, setting)
-
-
 class DocumentSearch(BaseTool):
-    """Arguments: ``query``. Retrieves under the setting in force when it was built; options:
-    ``fallback``, the name of a web-search tool (a part) run when fewer than ``fallback_below``
-    documents pass (its results then follow theirs) or when there is no index."""
+    """Arguments: ``query``. Retrieves under the job's setting (``build.retrieval``; none: the
+    defaults, web search only); options: ``fallback``, the name of a web-search tool (a part)
+    run when fewer than ``fallback_below`` documents pass (its results then follow theirs) or
+    when there is no index."""
 
     def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool],
-                 fallback: str | None = None) -> None:
+                 fallback: str | None = None, build: BuildSettings = BuildSettings()) -> None:
         super().__init__(spec)
-        self.setting = _SETTING.get() or RetrievalConfig()
+        self.setting = build.retrieval or RetrievalConfig()
         self.fallback = None if fallback is None else resolve(fallback)
         if self.setting.index is None and self.setting.scope != "open":
             raise ToolError(f"{spec.name}: retrieval scope {self.setting.scope} filters a local "

@@ -4,16 +4,14 @@ OpenAI, the project's own server), chosen per call by alias and billed from the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_orch.clients.breaker import GuardSettings
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 from nemo_orch.config.dialect import DEFAULT_DIALECT
-from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  Usage, billed_seconds, building_with)
+from nemo_orch.tools.base import (BaseTool, BuildSettings, Pricing, ToolContext, ToolError,
+                                  ToolResult, ToolSpec, Usage, billed_seconds)
 from nemo_orch.tools.composite import check_context_budget
 from nemo_orch.tools.pricing import model_pricing
 
@@ -42,16 +40,6 @@ class ExpertEndpoint:
         check_context_budget(self.max_context_tokens)
 
 
-_ENDPOINTS: ContextVar[Mapping[str, str]] = ContextVar("endpoint_overrides", default={})
-
-
-def endpoint_overrides(endpoints: Mapping[str, str]) -> AbstractContextManager[None]:
-    """Within the block, LLM tools being built serve alias ``a`` from ``endpoints[a]`` over the
-    declared ``base_url`` (``tools.endpoints``: servers a launch started on nodes it learns only
-    when the job runs)."""
-    return building_with(_ENDPOINTS, endpoints)
-
-
 class LLMTool(BaseTool):
     """Arguments: ``model`` (an alias of ``models``) and ``question``; the reply is the output.
 
@@ -69,7 +57,8 @@ class LLMTool(BaseTool):
 
     def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
                  system_prompt: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 2, guard: dict[str, Any] | None = None) -> None:
+                 max_retries: int = 2, guard: dict[str, Any] | None = None,
+                 build: BuildSettings = BuildSettings()) -> None:
         super().__init__(spec)
         if not models:
             raise ToolError(f"{spec.name}: no expert models configured")
@@ -81,17 +70,17 @@ class LLMTool(BaseTool):
         self.endpoints: dict[str, ExpertEndpoint] = {}
         self.pricing: dict[str, Pricing] = {}
         self.clients: dict[str, OpenAIClient] = {}
-        overrides = _ENDPOINTS.get()
         for alias, options in models.items():
-            if alias in overrides:
-                options = {**options, "base_url": overrides[alias]}
+            if alias in build.endpoints:
+                options = {**options, "base_url": build.endpoints[alias]}
             try:
                 endpoint = ExpertEndpoint(**options)
             except (TypeError, ToolError) as error:
                 raise ToolError(f"{spec.name}: model {alias!r}: {error}") from None
             self.endpoints[alias] = endpoint
             self.pricing[alias] = (Pricing.per_million_tokens(*endpoint.usd_per_million)
-                                   if endpoint.usd_per_million else model_pricing(endpoint.model))
+                                   if endpoint.usd_per_million
+                                   else model_pricing(endpoint.model, build.prices))
             # The key is read at the first request: a missing one fails that alias's calls only.
             self.clients[alias] = OpenAIClient(endpoint.base_url, endpoint.model,
                                                dialect=endpoint.dialect,

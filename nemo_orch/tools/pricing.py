@@ -3,17 +3,15 @@
 One table for expert tools, simulated experts and the orchestrator's own tokens. (The reference
 implementation priced gpt-5 input at 0.125, ten times too low; OpenAI's list price is 1.25.)
 
-:func:`price_overrides` changes entries while tools are built (``tools.prices``): a price table
-is swapped at evaluation time without touching the declarations.
+A job's ``tools.prices`` change entries for the tools it builds
+(:class:`~nemo_orch.tools.base.BuildSettings`): a price table is swapped at evaluation time
+without touching the declarations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
-from contextvars import ContextVar
-
-from nemo_orch.tools.base import Pricing, ToolError, building_with
+from nemo_orch.tools.base import Pricing, ToolError
 
 USD_PER_MILLION_TOKENS: dict[str, tuple[float, float]] = {
     "gpt-5": (1.25, 10.0),
@@ -33,21 +31,10 @@ USD_PER_MILLION_TOKENS: dict[str, tuple[float, float]] = {
 }
 
 
-_OVERRIDES: ContextVar[Mapping[str, Sequence[float]]] = ContextVar("price_overrides",
-                                                                   default={})
-
-
-def price_overrides(prices: Mapping[str, Sequence[float]]) -> AbstractContextManager[None]:
-    """Within the block, :func:`model_pricing` reads ``prices`` (model -> USD per million input
-    and output tokens) over the built-in table."""
-    return building_with(_OVERRIDES, prices)
-
-
-def model_pricing(model: str, table: Mapping[str, Sequence[float]] | None = None) -> Pricing:
+def model_pricing(model: str, prices: Mapping[str, Sequence[float]] | None = None) -> Pricing:
     """Token pricing of ``model``: an exact entry, else the entry its name ends with (so
-    "Qwen/Qwen3-32B" finds "Qwen3-32B"). The table: ``table``, else the built-in one with any
-    :func:`price_overrides` in force."""
-    table = {**USD_PER_MILLION_TOKENS, **_OVERRIDES.get()} if table is None else table
+    "Qwen/Qwen3-32B" finds "Qwen3-32B"), in the built-in table with ``prices`` over it."""
+    table = {**USD_PER_MILLION_TOKENS, **(prices or {})}
     if model in table:
         return Pricing.per_million_tokens(*table[model])
     for name, prices in table.items():

@@ -36,7 +36,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,9 @@ import yaml
 
 from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.openai import EndpointRefusal
-from nemo_orch.tools.base import (PricedModels, Pricing, Tool, ToolContext, ToolError, ToolResult,
-                                  ToolSource, ToolSpec, billed_result, seconds_since)
+from nemo_orch.tools.base import (BuildSettings, PricedModels, Pricing, Tool, ToolContext,
+                                  ToolError, ToolResult, ToolSource, ToolSpec, billed_result,
+                                  seconds_since)
 from nemo_orch.tools.schema import argument_errors, integral
 
 logger = logging.getLogger(__name__)
@@ -134,9 +135,11 @@ def _import(class_path: str, source: Path) -> type:
         raise ToolError(f"{source}: cannot import {class_path!r}: {error}") from None
 
 
-def build_tools(declarations: Sequence[ToolDeclaration]) -> list[Tool]:
+def build_tools(declarations: Sequence[ToolDeclaration],
+                build: BuildSettings = BuildSettings()) -> list[Tool]:
     """Instantiate every declared tool. A class whose constructor takes ``resolve`` gets a
-    function from a tool name to its built instance (how composite tools reach their parts)."""
+    function from a tool name to its built instance (how composite tools reach their parts);
+    one that takes ``build`` gets the job's ``build`` settings (prices, endpoints, retrieval)."""
     by_name = {d.spec.name: d for d in declarations}
     built: dict[str, Tool] = {}
     building: list[str] = []
@@ -149,14 +152,15 @@ def build_tools(declarations: Sequence[ToolDeclaration]) -> list[Tool]:
         if name in building:
             raise ToolError(f"tools depend on each other in a cycle: {' -> '.join(building)}")
         building.append(name)
-        built[name] = _build(by_name[name], resolve)
+        built[name] = _build(by_name[name], resolve, build)
         building.pop()
         return built[name]
 
     return [resolve(d.spec.name) for d in declarations]
 
 
-def _build(declaration: ToolDeclaration, resolve) -> Tool:
+def _build(declaration: ToolDeclaration, resolve: Callable[[str], Tool],
+           build: BuildSettings) -> Tool:
     if declaration.endpoint is not None:
         from nemo_orch.tools.remote import RemoteTool
 
@@ -164,8 +168,11 @@ def _build(declaration: ToolDeclaration, resolve) -> Tool:
     cls = _import(declaration.class_path, declaration.source)
     options = {key: _resolve_file(value, declaration.source.parent)
                for key, value in declaration.options.items()}
-    if "resolve" in inspect.signature(cls).parameters:
+    parameters = inspect.signature(cls).parameters
+    if "resolve" in parameters:
         options["resolve"] = resolve
+    if "build" in parameters:
+        options["build"] = build
     try:
         tool = cls(declaration.spec, **options)
     except (TypeError, ValueError) as error:
@@ -398,9 +405,11 @@ class Toolbox:
         return result
 
 
-def offered_and_parts(declarations: Sequence[ToolDeclaration]) -> tuple[list[Tool], list[Tool]]:
-    """The declared tools built, split into those offered to the policy and composites' parts."""
-    built = build_tools(declarations)
+def offered_and_parts(declarations: Sequence[ToolDeclaration],
+                      build: BuildSettings = BuildSettings()) -> tuple[list[Tool], list[Tool]]:
+    """The declared tools built (with the job's ``build`` settings), split into those offered
+    to the policy and composites' parts."""
+    built = build_tools(declarations, build)
     return ([tool for tool, d in zip(built, declarations) if not d.part],
             [tool for tool, d in zip(built, declarations) if d.part])
 

@@ -39,7 +39,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_orch.tools.base import BaseTool, ToolContext, ToolError, ToolResult, ToolSpec, Usage
+from nemo_orch.tools.base import (BaseTool, BuildSettings, ToolContext, ToolError, ToolResult,
+                                  ToolSpec, Usage)
 from nemo_orch.tools.composite import CHARS_PER_TOKEN, check_context_budget, fit_observations
 from nemo_orch.tools.pricing import model_pricing
 
@@ -146,7 +147,7 @@ class SimulatedExpert(BaseTool):
 
     def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
                  prompt_overhead_tokens: int = 60, ends_episode: bool = False,
-                 writes: str = "answer") -> None:
+                 writes: str = "answer", build: BuildSettings = BuildSettings()) -> None:
         super().__init__(spec)
         if writes not in WRITES:
             raise ToolError(f"{spec.name}: writes must be one of {', '.join(WRITES)}, got "
@@ -156,7 +157,8 @@ class SimulatedExpert(BaseTool):
             self.models = {alias: SimulatedModel(**options) for alias, options in models.items()}
         except TypeError as error:
             raise ToolError(f"{spec.name}: bad simulated model options: {error}") from None
-        self.pricing = {alias: model_pricing(m.counterpart) for alias, m in self.models.items()}
+        self.pricing = {alias: model_pricing(m.counterpart, build.prices)
+                        for alias, m in self.models.items()}
         self.prompt_overhead_tokens = prompt_overhead_tokens
         self.ends_episode = ends_episode
 

@@ -13,8 +13,8 @@ from retrieval_corpus import make_corpus
 from simulated_tavily import SimulatedTavily
 
 from nemo_orch.config import RetrievalConfig
-from nemo_orch.tools.base import ToolContext, ToolError, ToolSpec
-from nemo_orch.tools.document_search import DocumentSearch, retrieval_setting
+from nemo_orch.tools.base import BuildSettings, ToolContext, ToolError, ToolSpec
+from nemo_orch.tools.document_search import DocumentSearch
 from nemo_orch.tools.retriever import build_index, format_hits, load_index
 from nemo_orch.tools.web_search import WebSearch
 
@@ -47,9 +47,9 @@ def tavily(monkeypatch):
 
 def document_search(setting: RetrievalConfig, tavily: SimulatedTavily | None = None):
     web = None if tavily is None else WebSearch(base_url=tavily.url, max_retries=0)
-    with retrieval_setting(setting):
-        return DocumentSearch(SPEC, {"web_search": web}.__getitem__,
-                              fallback=None if web is None else "web_search")
+    return DocumentSearch(SPEC, {"web_search": web}.__getitem__,
+                          fallback=None if web is None else "web_search",
+                          build=BuildSettings(retrieval=setting))
 
 
 def search(tool: DocumentSearch, query: str = QUERY,

@@ -2,8 +2,8 @@
 
 import asyncio
 
-from nemo_orch.tools.base import ToolSpec
-from nemo_orch.tools.llm import LLMTool, endpoint_overrides
+from nemo_orch.tools.base import BuildSettings, ToolSpec
+from nemo_orch.tools.llm import LLMTool
 
 SPEC = ToolSpec("call_expert", "Ask an expert model.", {"type": "object", "properties": {}})
 MODELS = {"math": {"base_url": "http://127.0.0.1:8001/v1", "model": "Qwen/Qwen3-32B"},
@@ -11,8 +11,7 @@ MODELS = {"math": {"base_url": "http://127.0.0.1:8001/v1", "model": "Qwen/Qwen3-
 
 
 def built(endpoints=None) -> dict[str, str]:
-    with endpoint_overrides(endpoints or {}):
-        tool = LLMTool(SPEC, MODELS)
+    tool = LLMTool(SPEC, MODELS, build=BuildSettings(endpoints=endpoints or {}))
     asyncio.run(tool.close())
     return {alias: endpoint.base_url for alias, endpoint in tool.endpoints.items()}
 
