@@ -1,5 +1,5 @@
-"""Shared fixtures: offline data, a small tokenizer trained on it, an in-process Megatron world,
-and ``cli_helpers`` (importable from every test directory) to run the real command line."""
+"""Shared fixtures: offline data, a small tokenizer trained on it, an in-process Megatron world.
+The helpers the tests share live in ``support/`` (importable from every test directory)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def start_checkpoint(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPath
     that a checkpoint works from any working directory."""
     import shutil
 
-    from cli_helpers import TINY_LONG_MODEL, run_cli, small_sft_overrides
+    from support.cli_helpers import TINY_LONG_MODEL, run_cli, small_sft_overrides
 
     out = tmp_path_factory.mktemp("start")
     shutil.copytree(tiny_tokenizer_dir, out / "tokenizer")
@@ -99,7 +99,7 @@ def tiny_main_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """``nemo-orch train`` with a few steps of each stage (``TINY_MAIN_JOB``), run as a newcomer
     runs ``make train``: from a directory of its own, whose ``runs/latest`` is the run. Its
     directory and the completed process."""
-    from cli_helpers import TINY_MAIN_JOB, run_cli
+    from support.cli_helpers import TINY_MAIN_JOB, run_cli
 
     directory = tmp_path_factory.mktemp("main_job")
     return directory, run_cli("train", *TINY_MAIN_JOB, cwd=directory)

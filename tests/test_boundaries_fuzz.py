@@ -18,7 +18,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from strategies import json_values
+from support.strategies import json_values
 
 from nemo_orch import config as config_lib
 from nemo_orch.data.conversations import read_conversations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from huggingface_hub import scan_cache_dir
-from hub_cache import HubCache, offline_hub, parquet_bytes
+from support.hub_cache import HubCache, offline_hub, parquet_bytes
 from omegaconf import OmegaConf
 
 from nemo_orch import cli

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import grpo_overrides, grpo_stage, sum_task_overrides
+from support.cli_helpers import grpo_overrides, grpo_stage, sum_task_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the Dockerfile copies before it installs the package.

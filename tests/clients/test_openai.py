@@ -5,7 +5,7 @@ import asyncio
 import socket
 
 import pytest
-from local_http import JSONServer
+from support.local_http import JSONServer
 
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 

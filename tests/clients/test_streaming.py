@@ -11,7 +11,7 @@ import json
 
 import pytest
 from hypothesis import given, strategies as st
-from local_http import JSONServer
+from support.local_http import JSONServer
 
 from nemo_orch.clients.openai import EndpointRefusal, MalformedReply, OpenAIClient
 from nemo_orch.clients.sse import EventStream, event_data

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import ENDED, TINY_MAIN_JOB, free_ports, job_state, run_cli, wait_for
+from support.cli_helpers import ENDED, TINY_MAIN_JOB, free_ports, job_state, run_cli, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # What makes the walkthrough's commands small here, by subcommand: the tiny run's shapes, four

@@ -274,7 +274,7 @@ def test_a_gold_replay_scored_a_second_later_passes_and_fails_without_the_clock(
     in the next: with the clock both tasks score 1.0. Without it (the control), the evaluator's
     replays of the agent's deposit and of the gold one store different microseconds, and the
     withdrawal's replay returns an entry of another second than the agent was shown."""
-    from tau2_replay import gold_replay_turns
+    from support.tau2_replay import gold_replay_turns
 
     from nemo_orch.envs.tau2 import adapter
 

@@ -11,8 +11,8 @@ from contextlib import ExitStack
 
 import pytest
 import yaml
-from retrieval_corpus import make_corpus
-from simulated_tavily import SimulatedTavily
+from support.retrieval_corpus import make_corpus
+from support.simulated_tavily import SimulatedTavily
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import resolve_conf_path

@@ -13,7 +13,7 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2")
 
-from tau2_replay import gold_replay_turns  # noqa: E402
+from support.tau2_replay import gold_replay_turns  # noqa: E402
 
 from nemo_orch.data.tasks import task_from_json  # noqa: E402
 from nemo_orch.envs.interfaces import final_message  # noqa: E402
@@ -237,7 +237,7 @@ def test_the_episode_runner_on_tau2_is_scored_by_tau2(retail, tiny_tokenizer):
     toolbox; tau2's evaluator scores the calls that reached its environment. A call its schema
     rejects reaches tau2 too, as in tau2's orchestrator: it fails with tau2's own error, stays
     in the transcript, and tau2 scores the episode with it (here: still solved)."""
-    from scripted_plans import follow_plan, with_plan
+    from support.scripted_plans import follow_plan, with_plan
 
     from nemo_orch.config import RolloutConfig
     from nemo_orch.rollout.engines.scripted import ScriptedEngine

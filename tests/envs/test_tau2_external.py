@@ -16,8 +16,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2")
 
-from tau2_bank import TOOLS, task_row, write_domain, write_rows  # noqa: E402
-from tau2_replay import gold_replay_turns  # noqa: E402
+from support.tau2_bank import TOOLS, task_row, write_domain, write_rows  # noqa: E402
+from support.tau2_replay import gold_replay_turns  # noqa: E402
 
 from nemo_orch import config as config_lib  # noqa: E402
 from nemo_orch.cli import EXIT_USER_ERROR, main  # noqa: E402
@@ -84,7 +84,7 @@ def test_the_documented_toolscale_hub_command_runs_as_written(bank_files, tmp_pa
     against an offline cache holding the published rows as two shards of one split, with the
     datasets library's metadata and the card beside them."""
     import pyarrow.parquet as pq
-    from hub_cache import offline_hub, parquet_bytes
+    from support.hub_cache import offline_hub, parquet_bytes
 
     directory, rows = bank_files
     published = pq.read_table(rows)

@@ -1,5 +1,5 @@
 """tau2 under its own protocol: an LLM user (here the SIMULATED one of
-``tests/simulated_tau2_user.py``, over real HTTP on 127.0.0.1) talks with the agent turn by turn,
+``tests/support/simulated_tau2_user.py``, over real HTTP on 127.0.0.1) talks with the agent turn by turn,
 acts on its own phone in telecom, ends the conversation, and tau2's evaluator scores the
 transcript; a failing or hanging user endpoint ends the episode with a counted ``user_error``."""
 
@@ -16,8 +16,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("tau2")
 
-from simulated_openai import SimulatedOpenAI  # noqa: E402
-from simulated_tau2_user import MODEL, simulated_user_server  # noqa: E402
+from support.simulated_openai import SimulatedOpenAI  # noqa: E402
+from support.simulated_tau2_user import MODEL, simulated_user_server  # noqa: E402
 
 from nemo_orch import config as config_lib  # noqa: E402
 from nemo_orch.clients.openai import EndpointRefusal  # noqa: E402

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from published_rows import published_schema
+from support.published_rows import published_schema
 
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, gold_calls, read_domain_tasks

@@ -11,7 +11,7 @@ import re
 
 import httpx
 import pytest
-from fixture_tools import ContextRecorder, echo_spec
+from support.fixture_tools import ContextRecorder, echo_spec
 
 from nemo_orch.envs.offline.world import make_tasks
 from nemo_orch.data.tasks import Task

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import run_cli_here
-from local_http import JSONServer
+from support.cli_helpers import run_cli_here
+from support.local_http import JSONServer
 
 from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task, write_tasks
@@ -120,7 +120,7 @@ def test_an_evaluation_that_scored_nothing_exits_2(tmp_path, tiny_tokenizer_dir)
 
 def test_fixed_routers_run_beside_served_experts_and_on_tasks_of_no_family(
         tmp_path, tiny_tokenizer_dir, monkeypatch):
-    from simulated_openai import SimulatedOpenAI
+    from support.simulated_openai import SimulatedOpenAI
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
     base = [f"tokenizer.path={tiny_tokenizer_dir}", "model.vocab_size=1024",

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli_here
+from support.cli_helpers import run_cli_here
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
@@ -419,7 +419,7 @@ def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
     call); the tool the first episode's call adds (reshape: list_changed) is offered from the
     next episode on and called there; the report names the MCP tools the policy did not train
     with, with their calls. A checkpoint trained with the server's add leaves add out."""
-    server = Path(__file__).resolve().parents[1] / "mcp_server.py"
+    server = Path(__file__).resolve().parents[1] / "support" / "mcp_server.py"
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, [Task(id="reshape", question="Reshape the tools.", answer="reshaped"),
                         Task(id="triple", question="What is three times 4?", answer="12")])

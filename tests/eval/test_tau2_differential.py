@@ -1,7 +1,7 @@
 """Differential: tau2's own runner (``tau2.run.run_task``: its ``LLMAgent``, ``UserSimulator``,
 orchestrator and evaluator) against ``nemo-orch eval --benchmark tau2`` (the harness, the
 episode loop, the openai engine, nemo-orch's tau2 user), both talking to the same SCRIPTED agent
-and user on 127.0.0.1 (:mod:`tau2_scripted`). Per task and trial, the agent's messages the user
+and user on 127.0.0.1 (:mod:`support.tau2_scripted`). Per task and trial, the agent's messages the user
 received, the termination reason (nemo-orch's in tau2's names) and the reward must be equal;
 and nemo-orch's agent must be asked with tau2's ``LLMAgent`` system prompt.
 
@@ -37,7 +37,7 @@ pytest.importorskip("tau2")
 
 from nemo_orch.cli import main  # noqa: E402
 from nemo_orch.envs.tau2.adapter import breakdown  # noqa: E402
-from tau2_scripted import AGENT, USER, Say, Script, ScriptedParties, model_name  # noqa: E402
+from support.tau2_scripted import AGENT, USER, Say, Script, ScriptedParties, model_name  # noqa: E402
 
 pytestmark = pytest.mark.tau2
 
@@ -49,7 +49,7 @@ GREETING = "Hi! How can I help you today?"
 
 @dataclass(frozen=True)
 class ScriptedTask:
-    """A task's script (see :class:`tau2_scripted.Script`) and what tau2's own runner makes of
+    """A task's script (see :class:`support.tau2_scripted.Script`) and what tau2's own runner makes of
     it: the termination reason and the reward the script is written to reach."""
 
     id: str

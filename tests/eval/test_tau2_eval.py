@@ -123,7 +123,7 @@ def test_trials_with_an_llm_user_report_pass_hat_k_and_the_protocol(tmp_path, ra
                                                                     tiny_tokenizer):
     """``eval.num_trials=2`` with the user of ``env.user`` (the SIMULATED one on 127.0.0.1):
     each task twice, pass^1 and pass^2 and the protocol in report.json and report.md."""
-    from simulated_tau2_user import MODEL, simulated_user_server
+    from support.simulated_tau2_user import MODEL, simulated_user_server
 
     out = tmp_path / "report"
     with simulated_user_server(tiny_tokenizer) as url:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from cli_helpers import run_cli, run_cli_here
+from support.cli_helpers import run_cli, run_cli_here
 
 
 def test_offline_synth_then_gold_replay(tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cli_helpers import run_cli
+from support.cli_helpers import run_cli
 from nemo_orch import cli
 from nemo_orch import config as config_lib
 from nemo_orch.launcher import memory, plan

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_helpers import ENDED, job_state, run_cli, wait_for
+from support.cli_helpers import ENDED, job_state, run_cli, wait_for
 
 from nemo_orch import cli
 from nemo_orch.distributed import free_port

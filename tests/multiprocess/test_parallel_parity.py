@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import read_metrics, run_cli, small_sft_overrides
+from support.cli_helpers import read_metrics, run_cli, small_sft_overrides
 from multiprocess.grpo_step import (OVERRIDES, grpo_steps, ppo_update_results, rank_batches,
                                     synthetic_samples, update_results)
 from nemo_orch import config as config_lib

@@ -161,7 +161,7 @@ def test_judge_down_is_a_judge_error_not_an_exception():
 def test_a_judge_that_spends_its_cap_thinking_is_a_judge_error_masked_out_of_its_group():
     """A reasoning judge whose cap went to thinking (``finish_reason: length``, no content, as
     OpenAI answers it): a judge failure saying so, never a verdict; GRPO masks its episode."""
-    from local_http import JSONServer
+    from support.local_http import JSONServer
     from reward_fixtures import trajectory
 
     from nemo_orch.reward import by_answer, score_groups

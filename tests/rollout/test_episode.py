@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from fixture_tools import ContextRecorder, DelayedEcho, echo_spec
+from support.fixture_tools import ContextRecorder, DelayedEcho, echo_spec
 
 from nemo_orch.rollout.engines.hf import HFEngine
 from nemo_orch.rollout.engines.scripted import ScriptedEngine

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from hypothesis import HealthCheck, given, settings
-from cli_helpers import run_cli_here
+from support.cli_helpers import run_cli_here
 from hypothesis import strategies as st
 
 from nemo_orch.rollout.format import (CLOSE_CALL, MAX_CALL_CHARS, MAX_JSON_DEPTH, OPEN_CALL,

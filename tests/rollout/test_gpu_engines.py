@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from cli_helpers import run_cli
+from support.cli_helpers import run_cli
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, ModelConfig

@@ -23,9 +23,9 @@ import psutil
 import pytest
 import ray
 import torch
-from cli_helpers import run_cli_here
-from fixture_tools import seed_and_slow_toolbox
-from scripted_plans import plan_engine, reloadable_plan_engine, with_plan
+from support.cli_helpers import run_cli_here
+from support.fixture_tools import seed_and_slow_toolbox
+from support.scripted_plans import plan_engine, reloadable_plan_engine, with_plan
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import RayConfig
@@ -263,7 +263,7 @@ def test_mcp_tools_on_a_worker_and_a_changed_list_from_the_next_rollout(ray_sess
     """The tool executor builds its toolbox from the config, an MCP server's tools included
     (a stdio server it starts itself); the tool a rollout's call adds (reshape: list_changed)
     is offered to the worker's next rollout, and the episodes record where it came from."""
-    server = Path(__file__).resolve().parents[1] / "mcp_server.py"
+    server = Path(__file__).resolve().parents[1] / "support" / "mcp_server.py"
     tools = config_lib.load([
         "tools.declarations=[]", f"tools.mcp=[{{name: fx, command: '{sys.executable}', "
         f"args: ['{server}', stdio], allow: [add, reshape, sleep, triple]}}]"]).tools

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helpers import run_cli, run_cli_here
+from support.cli_helpers import run_cli, run_cli_here
 
 from nemo_orch import cli
 from nemo_orch.data.tasks import Task, write_tasks

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from fixture_tools import DelayedEcho, echo_spec
+from support.fixture_tools import DelayedEcho, echo_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from cli_helpers import free_ports
+from support.cli_helpers import free_ports
 
 from nemo_orch.config import ServeConfig
 

@@ -16,8 +16,8 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from fixture_tools import DelayedEcho, echo_spec
-from scripted_plans import follow_plan, with_plan
+from support.fixture_tools import DelayedEcho, echo_spec
+from support.scripted_plans import follow_plan, with_plan
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, McpServerConfig, RolloutConfig, ServeConfig

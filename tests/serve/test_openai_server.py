@@ -15,9 +15,9 @@ import time
 import httpx
 import openai
 import pytest
-from fixture_tools import DelayedEcho, echo_spec
+from support.fixture_tools import DelayedEcho, echo_spec
 from prometheus_client.parser import text_string_to_metric_families
-from scripted_plans import follow_plan, with_plan
+from support.scripted_plans import follow_plan, with_plan
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, RolloutConfig, ServeConfig

@@ -9,7 +9,7 @@ import re
 
 import httpx
 import pytest
-from simulated_openai import REASONING_TOKENS, SimulatedOpenAI
+from support.simulated_openai import REASONING_TOKENS, SimulatedOpenAI
 
 from nemo_orch.call_kinds import OBSERVATION_PREFIX
 from nemo_orch.config import RolloutConfig, ServeConfig
@@ -84,7 +84,7 @@ def test_a_reasoning_experts_tokens_reach_the_ledger_by_kind(tiny_tokenizer):
 @pytest.mark.parametrize("content, finish, kind", [("", "length", "truncated"),
                                                    ("   ", "stop", "empty")])
 def test_no_expert_answer_is_an_empty_success(tiny_tokenizer, content, finish, kind):
-    from local_http import JSONServer
+    from support.local_http import JSONServer
 
     def answer(path, headers, body):
         return 200, {"model": "gpt-5-mini", "choices": [

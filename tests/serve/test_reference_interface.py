@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from scripted_plans import follow_plan, with_plan
-from simulated_tavily import SimulatedTavily
+from support.scripted_plans import follow_plan, with_plan
+from support.simulated_tavily import SimulatedTavily
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import RolloutConfig, ServeConfig, resolve_conf_path

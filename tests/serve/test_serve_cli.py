@@ -10,7 +10,7 @@ import sys
 import time
 
 import httpx
-from cli_helpers import run_cli
+from support.cli_helpers import run_cli
 
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.remote import reward_item

@@ -11,7 +11,7 @@ import asyncio
 import time
 
 import pytest
-from local_http import JSONServer
+from support.local_http import JSONServer
 
 from nemo_orch.call_kinds import CallKind
 from nemo_orch.rollout.episode import CallRecord

@@ -9,8 +9,8 @@ import asyncio
 import dataclasses
 
 import pytest
-from retrieval_corpus import make_corpus
-from simulated_tavily import SimulatedTavily
+from support.retrieval_corpus import make_corpus
+from support.simulated_tavily import SimulatedTavily
 
 from nemo_orch.config import RetrievalConfig
 from nemo_orch.tools.base import BuildSettings, ToolContext, ToolError, ToolSpec

@@ -8,7 +8,7 @@ import itertools
 import json
 
 import pytest
-from scripted_plans import follow_plan, with_plan
+from support.scripted_plans import follow_plan, with_plan
 
 from nemo_orch.config import Config, RolloutConfig, ToolsConfig
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row

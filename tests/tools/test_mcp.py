@@ -1,5 +1,5 @@
 """MCP servers as tool sources (``tools.mcp``), against real servers written with the SDK
-(``tests/mcp_server.py``, FastMCP) over stdio (a subprocess the toolbox starts) and streamable
+(``tests/support/mcp_server.py``, FastMCP) over stdio (a subprocess the toolbox starts) and streamable
 HTTP on 127.0.0.1: listing, calling, an error result, a timeout, an image described and counted
 (never an empty success), a crashed server restarted, left alone once it keeps crashing and used
 again once it is back (stdio, and an HTTP server down for longer than its restarts), a slow start
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import free_ports, grpo_overrides, grpo_stage, read_metrics, run_cli
+from support.cli_helpers import free_ports, grpo_overrides, grpo_stage, read_metrics, run_cli
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, McpServerConfig
 from nemo_orch.data.tasks import Task, write_tasks
@@ -27,7 +27,7 @@ from nemo_orch.tools.base import ToolError
 from nemo_orch.tools.mcp import mcp_source
 from nemo_orch.tools.registry import Toolbox
 
-SERVER = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
+SERVER = str(Path(__file__).resolve().parents[1] / "support" / "mcp_server.py")
 SECRET = "s3cret-do-not-log"
 
 
@@ -280,7 +280,7 @@ def test_serve_orchestrator_calls_an_mcp_tool(tiny_tokenizer):
     """``/v1/orchestrate`` over a toolbox whose tool comes from an MCP server: the episode's
     call reaches the server and is billed in the ledger at the configured price."""
     import httpx
-    from scripted_plans import follow_plan, with_plan
+    from support.scripted_plans import follow_plan, with_plan
 
     from nemo_orch.config import RolloutConfig, ServeConfig
     from nemo_orch.rollout.engines.scripted import ScriptedEngine

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import yaml
-from fixture_tools import ECHO_PARAMETERS, DelayedEcho, echo_spec
+from support.fixture_tools import ECHO_PARAMETERS, DelayedEcho, echo_spec
 
 from nemo_orch.tools.base import Pricing, ToolContext, ToolError
 from nemo_orch.tools.registry import Toolbox, load_declaration, load_toolbox
@@ -16,7 +16,7 @@ from nemo_orch.tools.registry import Toolbox, load_declaration, load_toolbox
 
 def declare(directory, name="echo", **extra):
     body = {"name": name, "description": "Echo the text back.", "parameters": ECHO_PARAMETERS,
-            "class": "fixture_tools.DelayedEcho", **extra}
+            "class": "support.fixture_tools.DelayedEcho", **extra}
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
@@ -56,12 +56,12 @@ def test_bad_declarations_name_the_file_and_key(tmp_path, body, message):
 
 
 def test_build_errors(tmp_path):
-    declare(tmp_path, "echo", **{"class": "fixture_tools.Missing"})
-    with pytest.raises(ToolError, match="cannot import 'fixture_tools.Missing'"):
+    declare(tmp_path, "echo", **{"class": "support.fixture_tools.Missing"})
+    with pytest.raises(ToolError, match="cannot import 'support.fixture_tools.Missing'"):
         load_toolbox([tmp_path])
     (tmp_path / "echo.yaml").unlink()
     declare(tmp_path, "echo", options={"volume": 11})
-    with pytest.raises(ToolError, match="cannot build fixture_tools.DelayedEcho"):
+    with pytest.raises(ToolError, match="cannot build support.fixture_tools.DelayedEcho"):
         load_toolbox([tmp_path])
     with pytest.raises(ToolError, match="no such tool declaration"):
         load_toolbox([tmp_path / "absent.yaml"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import yaml
-from fixture_tools import ECHO_PARAMETERS
+from support.fixture_tools import ECHO_PARAMETERS
 
 from nemo_orch.tools.registry import load_toolbox
 

@@ -13,7 +13,7 @@ import faiss
 import numpy as np
 import pytest
 
-from retrieval_corpus import LABELLED, TOPICS, make_corpus
+from support.retrieval_corpus import LABELLED, TOPICS, make_corpus
 
 from nemo_orch.tools.base import Tool, ToolContext
 from nemo_orch.tools.encoders import HashingEncoder, HFEncoder

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from simulated_tavily import SimulatedTavily
+from support.simulated_tavily import SimulatedTavily
 
 from nemo_orch.tools.base import Tool, ToolContext, ToolError, ToolResult
 from nemo_orch.tools.web_search import USD_PER_CREDIT, WebSearch, default_spec

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from cli_helpers import TINY_LONG_MODEL, run_cli, run_cli_here, small_sft_overrides
+from support.cli_helpers import TINY_LONG_MODEL, run_cli, run_cli_here, small_sft_overrides
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import NAIVE_ROUTERS

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import grpo_overrides, read_metrics, run_cli, run_cli_here
+from support.cli_helpers import grpo_overrides, read_metrics, run_cli, run_cli_here
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.serve.http_server import serve_json
@@ -59,7 +59,7 @@ def test_grpo_on_tau2_mock_is_scored_by_tau2(start_checkpoint, tmp_path):
 def test_grpo_on_an_external_tau2_domain_is_scored_by_tau2(start_checkpoint, tmp_path):
     """A domain from a directory in tau2's layout (registered in the GRPO process itself), its
     tasks the rows of a ToolScale parquet file: one task set, so GRPO trains on it too."""
-    from tau2_bank import write_domain, write_rows
+    from support.tau2_bank import write_domain, write_rows
 
     bank, rows = write_domain(tmp_path), write_rows(tmp_path / "bank.parquet")
     run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, "env=tau2", "env.domain=bank",
@@ -75,7 +75,7 @@ def test_grpo_on_tau2_talks_with_an_llm_user(start_checkpoint, tiny_tokenizer, t
     OpenAI-compatible server on 127.0.0.1), whose endpoint fails for the episodes of odd seeds:
     those are counted and left out of their groups, never trained on as failures; the others
     train."""
-    from simulated_tau2_user import MODEL, simulated_user_reply
+    from support.simulated_tau2_user import MODEL, simulated_user_reply
 
     from nemo_orch.rollout.engines.scripted import ScriptedEngine
     from nemo_orch.serve.openai_server import start_server

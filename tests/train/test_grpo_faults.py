@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 
-from cli_helpers import free_ports, read_metrics, run_cli
+from support.cli_helpers import free_ports, read_metrics, run_cli
 from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_mixture
@@ -53,12 +53,12 @@ def _declarations(directory: Path, expert_url: str, **expert_options: Any) -> li
               "parameters": {"type": "object", "properties": {"mode": {
                   "type": "string", "enum": ["raise", "hang", "huge", "ok"]}},
                   "required": ["mode"]},
-              "timeout_s": 1.0, "deterministic": False, "class": "fixture_tools.Faulty"}
+              "timeout_s": 1.0, "deterministic": False, "class": "support.fixture_tools.Faulty"}
     expert = {"name": "expert", "description": "Ask the expert the task's question.",
               "parameters": {"type": "object", "properties": {"model": {
                   "type": "string", "enum": ["m"]}}, "required": ["model"]},
               "timeout_s": 10.0, "deterministic": False,
-              "class": "fixture_tools.ExpertOnTheQuestion",
+              "class": "support.fixture_tools.ExpertOnTheQuestion",
               "options": {"models": {"m": {"base_url": expert_url, "model": "m",
                                            "usd_per_million": [1.0, 1.0]}},
                           "timeout_s": 2.0, "max_retries": 1, **expert_options}}
@@ -182,7 +182,7 @@ class FlakyExpert:
     right, ... (the n-th call of a question: n % 4)."""
 
     def __init__(self) -> None:
-        from local_http import JSONServer
+        from support.local_http import JSONServer
 
         self.calls: Counter = Counter()
 

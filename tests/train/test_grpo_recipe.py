@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from cli_helpers import TINY_MAIN_JOB, run_cli
+from support.cli_helpers import TINY_MAIN_JOB, run_cli
 from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown
@@ -228,7 +228,7 @@ def test_a_resumed_run_reads_back_the_steps_before_it(tmp_path):
 
 
 def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
-    from fixture_tools import DelayedEcho, echo_spec
+    from support.fixture_tools import DelayedEcho, echo_spec
     from nemo_orch.envs import build_mixture
     from nemo_orch.tools.base import ToolSpec
     from nemo_orch.tools.registry import Toolbox

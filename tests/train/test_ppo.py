@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from cli_helpers import (grpo_overrides, grpo_stage, read_metrics, run_cli,
+from support.cli_helpers import (grpo_overrides, grpo_stage, read_metrics, run_cli,
                          sum_task_overrides)
 from nemo_orch import config as config_lib
 from nemo_orch.faults import ENV as KILL_AT
@@ -159,7 +159,7 @@ def test_the_critic_starts_from_the_policy_trunk_with_a_zero_head(megatron_world
 # ----------------------------------------------------------------------------- runs
 
 def _tiny_model() -> list[str]:
-    from cli_helpers import TINY_LONG_MODEL
+    from support.cli_helpers import TINY_LONG_MODEL
 
     return ["model.vocab_size=1024", "tokenizer.vocab_size=1000", *TINY_LONG_MODEL]
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from cli_helpers import read_metrics, run_cli, small_sft_overrides
+from support.cli_helpers import read_metrics, run_cli, small_sft_overrides
 
 from nemo_orch.train.preemption import REQUEUE_EXIT_CODE
 

@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from cli_helpers import read_metrics, run_cli, small_sft_overrides
+from support.cli_helpers import read_metrics, run_cli, small_sft_overrides
 from nemo_orch.faults import ENV as KILL_AT
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from local_http import Answer, JSONServer
+from support.local_http import Answer, JSONServer
 
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 REASONING_TOKENS = 320  # what every reply of a reasoning model spent thinking

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from local_http import Answer, JSONServer
+from support.local_http import Answer, JSONServer
 
 
 class SimulatedTavily:

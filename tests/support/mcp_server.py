@@ -1,4 +1,4 @@
-"""A real MCP server written with the SDK (FastMCP), for the tests: ``python tests/mcp_server.py
+"""A real MCP server written with the SDK (FastMCP), for the tests: ``python tests/support/mcp_server.py
 stdio`` or ``... http PORT``. Its tools add, fail (an error result), sleep (for timeouts),
 whoami (the bearer token the HTTP client sent), die (exits the process: a crashed server),
 reshape (adds the tool triple, removes sleep, and says the tool list changed), picture (an

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from local_http import Answer, JSONServer
+from support.local_http import Answer, JSONServer
 
 from nemo_orch.rollout.format import call_text
 
