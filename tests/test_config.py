@@ -146,3 +146,51 @@ def test_an_override_that_does_not_parse_names_its_key():
     with pytest.raises(ConfigError, match=r"^trainer\.max_steps: cannot parse "
                        r"'trainer\.max_steps=\[1,': .*quote values"):
         config_lib.load(["trainer.max_steps=[1,"])
+
+
+def _composed_over(group: str, path: Path) -> dict:
+    """What the option file ``path`` of ``group`` composes over: the section's dataclass
+    defaults, then the options its own defaults list names (``grpo/ppo.yaml`` over
+    ``default``)."""
+    base = OmegaConf.structured(getattr(config_lib.Config(), group))
+    for parent in (yaml.safe_load(path.read_text()) or {}).get("defaults", []):
+        if parent != "_self_":
+            parent_path = path.with_name(f"{parent}.yaml")
+            own = {key: value for key, value in (yaml.safe_load(parent_path.read_text())
+                                                 or {}).items() if key != "defaults"}
+            base = OmegaConf.merge(_composed_over(group, parent_path), own)
+    return OmegaConf.to_container(base)
+
+
+def _restated(tree: dict, base: dict, prefix: str = "") -> list[str]:
+    found = []
+    for key, value in tree.items():
+        if key == "defaults" or key not in base:
+            continue
+        if value == base[key]:
+            found.append(prefix + key)
+        elif isinstance(value, dict) and isinstance(base[key], dict):
+            found += _restated(value, base[key], f"{prefix}{key}.")
+    return found
+
+
+def test_conf_files_state_only_what_differs_from_the_defaults():
+    """A group option (``conf/<group>/<option>.yaml``) and ``train.yaml`` compose over the
+    dataclasses' defaults: a key equal to what it composes over states a fact twice. Recipes
+    compose over the whole default selection and are whole configurations, so they are not
+    held to it."""
+    sections = set(config_lib.Config.__dataclass_fields__)
+    restated = {}
+    for path in sorted(config_lib.CONF_DIR.rglob("*.yaml")):
+        relative = path.relative_to(config_lib.CONF_DIR)
+        tree = yaml.safe_load(path.read_text()) or {}
+        if len(relative.parts) == 1:
+            base = OmegaConf.to_container(OmegaConf.structured(config_lib.Config))
+            found = _restated({k: v for k, v in tree.items() if k != "defaults"}, base)
+        elif len(relative.parts) == 2 and relative.parts[0] in sections:
+            found = _restated(tree, _composed_over(relative.parts[0], path))
+        else:  # recipes, and the declarations and samples the options name
+            continue
+        if found:
+            restated[str(relative)] = found
+    assert not restated, restated

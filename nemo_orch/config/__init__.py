@@ -204,9 +204,12 @@ def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] =
     from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException, OverrideParseException
 
-    # The env presets start from the schema (`defaults: [schema]`), so every option can be set
-    # on any of them; which ones a kind reads is checked on validation.
-    ConfigStore.instance().store(group="env", name="schema", node=EnvConfig)
+    # Every file composes over the dataclasses' defaults (`train.yaml` starts from them), so a
+    # YAML file states only what differs and any key can be set on any option. As plain values:
+    # the types are checked once, by validate (a typed tree would refuse a dict for a section
+    # whose default is null, such as launcher.ray={nodes: 1}).
+    ConfigStore.instance().store(name="config_schema", node=OmegaConf.to_container(
+        OmegaConf.structured(Config), enum_to_str=True))
 
     try:
         with (tempfile.TemporaryDirectory(prefix="nemo-orch-recipe-") as staging,
