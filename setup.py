@@ -29,7 +29,7 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     packages=find_packages(include=["nemo_orch", "nemo_orch.*"]),
     # The configuration tree (nemo_orch/conf/: groups, recipes, tool declarations, samples).
     package_data={"nemo_orch": package_files("nemo_orch", "conf"),

@@ -75,9 +75,9 @@ def measure(name: str, index: RetrievalIndex, queries: list[str], batch: int,
             build_s: float) -> list[dict]:
     rows = []
     for mode in ("dense", "hybrid"):
-        single, one_by_one = rate(lambda: [index.search(q, 10, mode=mode) for q in queries],
+        single, one_by_one = rate(lambda mode=mode: [index.search(q, 10, mode=mode) for q in queries],
                                   len(queries))
-        batched, together = rate(lambda: [hits for start in range(0, len(queries), batch)
+        batched, together = rate(lambda mode=mode: [hits for start in range(0, len(queries), batch)
                                           for hits in index.search_many(
                                               queries[start:start + batch], 10, mode=mode)],
                                  len(queries))

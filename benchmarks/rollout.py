@@ -38,8 +38,8 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import RolloutConfig
-from nemo_orch.envs.offline.generator import generate_conversations
 from nemo_orch.data.tasks import Task
+from nemo_orch.envs.offline.generator import generate_conversations
 from nemo_orch.models.tokenizer import render_conversation, train_tokenizer
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import Episode

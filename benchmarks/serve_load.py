@@ -53,17 +53,17 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from retrieval import corpus  # benchmarks/retrieval.py: the synthetic passages
 
 from nemo_orch import config as config_lib
 from nemo_orch.envs.offline.world import BASIC, held_out_tasks
 from nemo_orch.reward.builders import build_scorer
+from nemo_orch.reward.remote import reward_item
 from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout.episode import Trajectory, TurnRecord
-from nemo_orch.reward.remote import reward_item
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.remote import context_to_json
 from nemo_orch.tools.retriever import build_index
-from retrieval import corpus  # benchmarks/retrieval.py: the synthetic passages
 
 # target -> (serve command, Triton model, max_batch of the dense retriever or None)
 TARGETS = {"reward": ("reward", "reward", None),

@@ -59,8 +59,12 @@ def prepare(workdir: Path) -> None:
     from nemo_orch.data.tasks import Task, write_tasks
     from nemo_orch.envs.offline.generator import generate_conversations
     from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
-    from nemo_orch.models.tokenizer import (render_conversation, save_tokenizer,
-                                            special_token_ids, train_tokenizer)
+    from nemo_orch.models.tokenizer import (
+        render_conversation,
+        save_tokenizer,
+        special_token_ids,
+        train_tokenizer,
+    )
     from nemo_orch.rollout.episode import initial_messages
 
     config = config_lib.load(["model=micro"])
@@ -152,8 +156,7 @@ def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
     import torch
     import trl
     from datasets import Dataset
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, TrainerCallback,
-                              set_seed)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
 
     torch.set_num_threads(threads)
     set_seed(SEED)
@@ -193,7 +196,8 @@ def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
                               processing_class=tokenizer, callbacks=[Alternate()])
     for method, key in (("_generate", "generate"), ("_generate_and_score_completions",
                                                     "prepare")):
-        def timer(*call_args, _inner=getattr(trainer, method), _key=key, **call_kwargs):
+        # Bound now, per method: the defaults hold this iteration's method and key.
+        def timer(*call_args, _inner=getattr(trainer, method), _key=key, **call_kwargs):  # noqa: B008
             started = time.perf_counter()
             result = _inner(*call_args, **call_kwargs)
             timed[_key] += time.perf_counter() - started

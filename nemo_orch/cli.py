@@ -30,8 +30,8 @@ TRAINING_COMMANDS = ("train", "sft", "grpo", "dpo")
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from nemo_orch.call_kinds import InfrastructureError
-    from nemo_orch.data.conversations import DataError
     from nemo_orch.clients.http import HTTPError
+    from nemo_orch.data.conversations import DataError
     from nemo_orch.models.checkpoint import CheckpointError
     from nemo_orch.models.tokenizer import TokenizerError
     from nemo_orch.rollout.engines.base import EngineError

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 import yaml
+from omegaconf import OmegaConf
 
 from nemo_orch import cli
 from nemo_orch import config as config_lib

@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from huggingface_hub import scan_cache_dir
-from support.hub_cache import HubCache, offline_hub, parquet_bytes
 from omegaconf import OmegaConf
+from support.hub_cache import HubCache, offline_hub, parquet_bytes
 
 from nemo_orch import cli
 from nemo_orch import config as config_lib

@@ -12,7 +12,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 from support.cli_helpers import grpo_overrides, grpo_stage, sum_task_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

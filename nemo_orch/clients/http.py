@@ -147,7 +147,7 @@ class JSONClient:
         if client is not None:
             await client.aclose()
 
-    async def __aenter__(self) -> "JSONClient":
+    async def __aenter__(self) -> JSONClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

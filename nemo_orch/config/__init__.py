@@ -27,17 +27,39 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nemo_orch.config.base import CONF_DIR, ConfigError, _require, _require_file, resolve_conf_path
-from nemo_orch.config.data import (AGENT_KINDS, DEMO_ROUTERS, GOLD_REPLAY, MONOLITH,
-                                   NAIVE_ROUTERS, ORCHESTRATOR, ROUTERS, DataConfig)
+from nemo_orch.config.data import (
+    AGENT_KINDS,
+    DEMO_ROUTERS,
+    GOLD_REPLAY,
+    MONOLITH,
+    NAIVE_ROUTERS,
+    ORCHESTRATOR,
+    ROUTERS,
+    DataConfig,
+)
 from nemo_orch.config.dpo import DPO_LOSSES, DPOConfig
-from nemo_orch.config.env import (BENCHMARKS, ENV_KINDS, QA_PRESETS, RETRIEVAL_SCOPES,
-                                   EncoderConfig, EnvConfig, EnvSourceConfig, RetrievalConfig,
-                                   UserConfig)
+from nemo_orch.config.env import (
+    BENCHMARKS,
+    ENV_KINDS,
+    QA_PRESETS,
+    RETRIEVAL_SCOPES,
+    EncoderConfig,
+    EnvConfig,
+    EnvSourceConfig,
+    RetrievalConfig,
+    UserConfig,
+)
 from nemo_orch.config.eval import EvalConfig, MonolithConfig
 from nemo_orch.config.grpo import AsyncGRPOConfig, CurriculumStage, GRPOConfig, PPOConfig
 from nemo_orch.config.hub import pin_hub_paths, resolve_hub_ids
-from nemo_orch.config.launcher import (CONTAINER_SQSH, SECRET_MARKERS, ExpertServerConfig,
-                                       LauncherConfig, RayClusterConfig, SlurmConfig)
+from nemo_orch.config.launcher import (
+    CONTAINER_SQSH,
+    SECRET_MARKERS,
+    ExpertServerConfig,
+    LauncherConfig,
+    RayClusterConfig,
+    SlurmConfig,
+)
 from nemo_orch.config.model import CHAT_FORMATS, ModelConfig, ParallelConfig, TokenizerConfig
 from nemo_orch.config.reward import RewardConfig
 from nemo_orch.config.rollout import RayConfig, RolloutConfig

@@ -6,7 +6,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-
 # The configuration tree ships inside the package (``nemo_orch/conf/``): an installed wheel
 # finds it wherever it runs. Hydra composes from a directory, so the package must be installed
 # unzipped, as pip installs wheels.

@@ -8,7 +8,6 @@ from typing import Optional
 
 from nemo_orch.config.base import _require, _require_file
 
-
 # The naive routers that play the main job's demonstrations (envs.offline.world.naive_routes).
 DEMO_ROUTERS = ("strongest", "instructed", "tiered", "family", "random")
 # The systems an evaluation runs and SFT collects demonstrations from (eval/agents.py).

@@ -9,7 +9,6 @@ from typing import Any, Optional
 from nemo_orch.config.base import _require, resolve_conf_path
 from nemo_orch.config.dialect import DEFAULT_DIALECT, parse_dialect
 
-
 ENV_KINDS = ("offline", "toolscale", "tau2", "qa", "tasks", "mixture")
 # `nemo-orch eval --benchmark NAME` is `env=NAME`: the presets of conf/env/ that name one source.
 BENCHMARKS = ("offline", "toolscale", "tau2", "qa", "hle", "frames", "tasks")

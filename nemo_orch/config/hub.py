@@ -231,9 +231,14 @@ def _snapshot(hub_id: HubId, kind: RepoKind, key: str) -> Path:
     """The snapshot folder of ``hub_id`` in the cache, ``kind``'s files fetched into it unless
     offline; a failure is a :class:`ConfigError` naming ``key`` and the id."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, IncompleteSnapshotError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     cache, offline = hub_cache_dir(), hub_offline()
     where = f"{key}: {hub_id}"

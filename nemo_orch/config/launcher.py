@@ -10,7 +10,6 @@ from omegaconf import MISSING
 
 from nemo_orch.config.base import _require
 
-
 # The file ``containers/enroot.sh`` writes: enroot's name for the image ``nemo-orch:0.1.0``
 # (``containers/Dockerfile``), under ``<launcher.slurm.job_dir>/containers/``.
 CONTAINER_SQSH = "nemo-orch+0.1.0.sqsh"

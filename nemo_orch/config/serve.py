@@ -7,7 +7,6 @@ from typing import Optional
 
 from nemo_orch.config.base import _require
 
-
 SERVE_KINDS = ("reward", "tool", "orchestrator", "mcp")
 MCP_TRANSPORTS = ("stdio", "http")
 

@@ -139,7 +139,7 @@ class DomainSpec:
 
     # ------------------------------------------------------------------ declaration
     @classmethod
-    def from_json(cls, raw: Any, where: str = "domain") -> "DomainSpec":
+    def from_json(cls, raw: Any, where: str = "domain") -> DomainSpec:
         if not isinstance(raw, dict) or not {"name", "tables", "tools"} <= raw.keys():
             raise DataError(f"{where}: a domain needs name, tables and tools")
         tables: dict[str, TableSpec] = {}
@@ -386,7 +386,7 @@ class Domain:
         return {"domain": self.spec.to_json(), "database": self.database}
 
     @classmethod
-    def from_json(cls, raw: Any, where: str = "domain") -> "Domain":
+    def from_json(cls, raw: Any, where: str = "domain") -> Domain:
         if not isinstance(raw, dict) or set(raw) != {"domain", "database"}:
             raise DataError(f"{where}: a domain file holds {{domain, database}}")
         spec = DomainSpec.from_json(raw["domain"], where)
@@ -396,7 +396,7 @@ class Domain:
         Path(path).write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Domain":
+    def load(cls, path: str | Path) -> Domain:
         try:
             raw = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as error:

@@ -73,7 +73,7 @@ class _Datetime(datetime.datetime, metaclass=_StandIn):
         instant = _instant.get()
         if instant is None:
             return datetime.datetime.now(tz)
-        return instant if tz is None else instant.replace(tzinfo=datetime.timezone.utc
+        return instant if tz is None else instant.replace(tzinfo=datetime.UTC
                                                           ).astimezone(tz)
 
     @classmethod

@@ -22,7 +22,6 @@ class OutcomeScoredEnvironment(Environment):
     def __init__(self, config: Config, source: EnvSourceConfig, declarations: Sequence[str],
                  domains: Sequence[str] = ()) -> None:
         from nemo_orch.reward.builders import build_scorer
-
         from nemo_orch.reward.judge import judge_description
 
         self.name, self.limit = source.label, source.limit

@@ -35,14 +35,19 @@ from nemo_orch.config import ConfigError, RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import GoldPlan
 from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine, scripted_settings
+from nemo_orch.rollout.episode import (
+    CallRecord,
+    Episode,
+    Trajectory,
+    TurnRecord,
+    UserFactory,
+    episode_id,
+)
 from nemo_orch.rollout.format import call_text
-from nemo_orch.rollout.episode import (CallRecord, Episode, Trajectory, TurnRecord,
-                                       UserFactory, episode_id)
 from nemo_orch.rollout.runner import DirectPolicy, GenerationBatcher
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.interfaces import EXPERT_TOOL, ORCHESTRA_TOOLS, offers_orchestra
 from nemo_orch.tools.registry import Toolbox
-
 
 
 class PolicyAgent:

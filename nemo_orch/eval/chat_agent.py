@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_orch.data.tasks import Task
 from nemo_orch.clients.openai import ChatResult, OpenAIClient, OpenAIError
+from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord, episode_id
 from nemo_orch.rollout.format import ToolCall, TurnFormat, parse_turn, without_thinking
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult, Usage

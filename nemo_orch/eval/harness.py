@@ -37,13 +37,20 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch import config as config_lib
-from nemo_orch.config import (AGENT_KINDS, GOLD_REPLAY, MONOLITH, ORCHESTRATOR, ROUTERS, Config,
-                              ConfigError)
+from nemo_orch.config import (
+    AGENT_KINDS,
+    GOLD_REPLAY,
+    MONOLITH,
+    ORCHESTRATOR,
+    ROUTERS,
+    Config,
+    ConfigError,
+)
 from nemo_orch.data.tasks import Task
-from nemo_orch.eval import report as report_lib
-from nemo_orch.eval.agents import GoldReplayAgent, PolicyAgent, RouterAgent
 from nemo_orch.envs import Environment, Scored, build_environment
 from nemo_orch.envs.interfaces import Agent, Oracle
+from nemo_orch.eval import report as report_lib
+from nemo_orch.eval.agents import GoldReplayAgent, PolicyAgent, RouterAgent
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.reward.scoring import infra_failure
 from nemo_orch.rollout.builders import build_toolbox, rollout_settings
@@ -230,8 +237,8 @@ async def _agent(system: System, resources: Resources, toolbox: Toolbox
 @contextlib.asynccontextmanager
 async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
                     ) -> AsyncIterator[Agent]:
-    from nemo_orch.eval.chat_agent import ChatAgent
     from nemo_orch.clients.openai import OpenAIClient
+    from nemo_orch.eval.chat_agent import ChatAgent
     from nemo_orch.tools.base import Pricing, ToolError
     from nemo_orch.tools.pricing import model_pricing
 

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.offline.oracle import (OracleTable, group_means, oracle_route_share,
-                                           route_shares)
+from nemo_orch.envs.offline.oracle import OracleTable, group_means, oracle_route_share, route_shares
 from nemo_orch.eval.report import EpisodeResult, calls_by_kind, summarize
 
 SMOOTHING = 5  # steps in each plotted curve's running mean

@@ -63,7 +63,7 @@ class EpisodeResult:
                         infra_failure: InfraFailure | None = None,
                         pref_adherence: float | None = None,
                         budget_usd: float | None = None,
-                        preference: str | None = None) -> "EpisodeResult":
+                        preference: str | None = None) -> EpisodeResult:
         """From a :class:`~nemo_orch.rollout.episode.Trajectory` and the failure outside the
         system that decided it (see :func:`nemo_orch.reward.scoring.infra_failure`): its
         ledger's USD (orchestrator and tools), its tool and generation seconds, calls by kind

@@ -35,8 +35,13 @@ from typing import Any
 from nemo_orch.data.tasks import Task
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
 from nemo_orch.tools.base import ToolContext
-from nemo_orch.tools.simulated_expert import (SimulatedModel, difficulty, evidence_items, holds,
-                                               wrong_answer)
+from nemo_orch.tools.simulated_expert import (
+    SimulatedModel,
+    difficulty,
+    evidence_items,
+    holds,
+    wrong_answer,
+)
 
 # Completion tokens of a tool-call turn: a short JSON call, no reasoning drawn.
 TOOL_CALL_TOKENS = 30

@@ -11,8 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nemo_orch.config import Config
-from nemo_orch.launcher.memory import (GIB, MemoryEstimate, engine_estimate, grpo_estimate,
-                                       separate_engine, sft_estimate)
+from nemo_orch.launcher.memory import (
+    GIB,
+    MemoryEstimate,
+    engine_estimate,
+    grpo_estimate,
+    separate_engine,
+    sft_estimate,
+)
 
 # Transformer Engine's FP8 GEMMs need each dimension of a weight shard to be a multiple of this.
 FP8_ALIGNMENT = 16

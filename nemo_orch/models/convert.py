@@ -21,10 +21,16 @@ from nemo_orch import config as config_lib
 from nemo_orch import distributed
 from nemo_orch.config import Config, ConfigError, ModelConfig
 from nemo_orch.models import checkpoint, qwen3, trtllm, weights
-from nemo_orch.models.hf_mapping import (DEFAULT_MAX_SHARD_SIZE, HFCheckpoint,
-                                         hf_parameter_shape, load_hf_checkpoint_config,
-                                         megatron_ends_to_hf, megatron_layer_to_hf,
-                                         model_config_from_hf, write_hf_checkpoint)
+from nemo_orch.models.hf_mapping import (
+    DEFAULT_MAX_SHARD_SIZE,
+    HFCheckpoint,
+    hf_parameter_shape,
+    load_hf_checkpoint_config,
+    megatron_ends_to_hf,
+    megatron_layer_to_hf,
+    model_config_from_hf,
+    write_hf_checkpoint,
+)
 from nemo_orch.models.tokenizer import copy_tokenizer, load_tokenizer, special_token_ids
 
 log = logging.getLogger(__name__)

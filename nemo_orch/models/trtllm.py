@@ -77,7 +77,7 @@ def hf_to_trtllm_shards(hf: Mapping[str, torch.Tensor], model: ModelConfig,
               else "lm_head.weight"]
     shards = []
     for rank in range(tp):
-        def part(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        def part(tensor: torch.Tensor, dim: int, rank: int = rank) -> torch.Tensor:
             return torch.chunk(tensor, tp, dim=dim)[rank].contiguous()
 
         shard = {"transformer.vocab_embedding.weight": hf["model.embed_tokens.weight"].clone(),

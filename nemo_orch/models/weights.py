@@ -9,9 +9,15 @@ import torch
 import torch.distributed as dist
 
 from nemo_orch.config import ModelConfig
-from nemo_orch.models.hf_mapping import (Layout, hf_parameter_names, hf_parameter_shape,
-                                         hf_to_megatron, megatron_embedding_to_hf,
-                                         megatron_head_to_hf, megatron_layer_to_hf)
+from nemo_orch.models.hf_mapping import (
+    Layout,
+    hf_parameter_names,
+    hf_parameter_shape,
+    hf_to_megatron,
+    megatron_embedding_to_hf,
+    megatron_head_to_hf,
+    megatron_layer_to_hf,
+)
 
 
 def rank_layout() -> Layout:

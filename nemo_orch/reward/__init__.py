@@ -9,13 +9,29 @@ groups; ``scoring`` runs it all over a batch.
 """
 
 from nemo_orch.reward.advantages import (
-    SamplingStats, fill_batch, group_advantages, group_drop_reason, step_advantages,
-    trajectory_drop_reason)
+    SamplingStats,
+    fill_batch,
+    group_advantages,
+    group_drop_reason,
+    step_advantages,
+    trajectory_drop_reason,
+)
 from nemo_orch.reward.combine import RewardBreakdown, score_group
 from nemo_orch.reward.components import (
-    Features, extract_features, preference_instruction, preference_match, task_preference)
+    Features,
+    extract_features,
+    preference_instruction,
+    preference_match,
+    task_preference,
+)
 from nemo_orch.reward.outcome import (
-    OUTCOME_METHODS, OutcomeResult, OutcomeScorer, exact_match, normalize_answer, numeric_match)
+    OUTCOME_METHODS,
+    OutcomeResult,
+    OutcomeScorer,
+    exact_match,
+    normalize_answer,
+    numeric_match,
+)
 from nemo_orch.reward.scoring import ScoredGroup, by_answer, infra_failure, score_groups
 
 __all__ = [

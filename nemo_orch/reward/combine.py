@@ -38,8 +38,13 @@ from dataclasses import dataclass
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.components import (
-    CALL_PREFIXES, Features, extract_features, preference_match, preference_terms,
-    task_preference)
+    CALL_PREFIXES,
+    Features,
+    extract_features,
+    preference_match,
+    preference_terms,
+    task_preference,
+)
 from nemo_orch.reward.outcome import OUTCOME_METHODS, OutcomeResult
 from nemo_orch.rollout.episode import Trajectory
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
+from nemo_orch.clients.openai import EndpointRefusal, OpenAIClient
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, score_episode
 from nemo_orch.data.tasks import Task
-from nemo_orch.clients.openai import EndpointRefusal, OpenAIClient
 from nemo_orch.reward.judge import JudgeTemplate, load_judge_template
 
 # How an outcome was decided; every one is logged as its own component.

@@ -11,12 +11,16 @@ import tempfile
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING
-
-from nemo_orch.config import (Config, ConfigError, RetrievalConfig, RolloutConfig, ToolsConfig,
-                              resolve_conf_path)
+from nemo_orch.config import (
+    Config,
+    ConfigError,
+    RetrievalConfig,
+    RolloutConfig,
+    ToolsConfig,
+    resolve_conf_path,
+)
 from nemo_orch.tools.base import BuildSettings
 from nemo_orch.tools.domain import build_domains, domain_tools
 from nemo_orch.tools.registry import Toolbox, load_declarations, offered_and_parts
@@ -26,9 +30,9 @@ if TYPE_CHECKING:  # torch and transformers load only for commands that generate
     from transformers import PreTrainedTokenizerBase
 
     from nemo_orch.rollout.engines.base import Engine
-    from nemo_orch.tools.base import ToolSpec
     from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
     from nemo_orch.rollout.engines.vllm import VLLMEngine
+    from nemo_orch.tools.base import ToolSpec
 
 GPU_ENGINES = ("trtllm", "vllm")
 
@@ -54,7 +58,7 @@ def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) 
                    modeled_time=tools.timing == "modeled", sources=sources)
 
 
-def declared_specs(tools: ToolsConfig) -> list["ToolSpec"]:
+def declared_specs(tools: ToolsConfig) -> list[ToolSpec]:
     """The specs of the declared tools offered to the policy, read from their files without
     building them."""
     declarations = load_declarations([resolve_conf_path(path) for path in tools.declarations])
@@ -88,7 +92,7 @@ def _policy_dir(config: Config, scratch: Path) -> Path:
 
 
 def build_engine(config: Config, max_requests: int = 8
-                 ) -> tuple["Engine", "PreTrainedTokenizerBase"]:
+                 ) -> tuple[Engine, PreTrainedTokenizerBase]:
     """The policy's generation engine and the tokenizer its token ids belong to; a served
     policy gets at most ``max_requests`` requests in flight."""
     from nemo_orch.models.tokenizer import load_tokenizer
@@ -125,7 +129,7 @@ def build_engine(config: Config, max_requests: int = 8
     return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
 
 
-def rollout_settings(config: Config, engine: "Engine | None") -> RolloutConfig:
+def rollout_settings(config: Config, engine: Engine | None) -> RolloutConfig:
     """``rollout`` for episodes of ``engine``: with ``rollout.max_context_tokens`` null, the
     context budget is the positions of the policy the engine loaded (its ``model_config``: a
     checkpoint or HF directory decides its own shape, whatever ``model.*`` says), else of
@@ -134,8 +138,8 @@ def rollout_settings(config: Config, engine: "Engine | None") -> RolloutConfig:
                                    .max_position_embeddings)
 
 
-def build_rollout_engine(config: Config, weights: Mapping[str, "torch.Tensor"],
-                         tokenizer: "PreTrainedTokenizerBase") -> "Engine":
+def build_rollout_engine(config: Config, weights: Mapping[str, torch.Tensor],
+                         tokenizer: PreTrainedTokenizerBase) -> Engine:
     """GRPO's engine, started from the policy's full HF-named ``weights`` and refit from them
     after every step. A GPU engine loads them from an HF directory written to a scratch
     directory, which lives as long as the engine."""
@@ -188,8 +192,8 @@ def _tokenizer_dir(config: Config, directory: Path) -> Path:
     return Path(config.tokenizer.path)
 
 
-def _gpu_engine(config: Config, directory: Path, tokenizer: "PreTrainedTokenizerBase", *,
-                refit: bool) -> "TRTLLMEngine | VLLMEngine":
+def _gpu_engine(config: Config, directory: Path, tokenizer: PreTrainedTokenizerBase, *,
+                refit: bool) -> TRTLLMEngine | VLLMEngine:
     rollout = config.rollout
     if rollout.engine == "trtllm":
         from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
@@ -207,8 +211,8 @@ def _gpu_engine(config: Config, directory: Path, tokenizer: "PreTrainedTokenizer
                       sleep_mode=rollout.colocate, sleep_level=rollout.sleep_level)
 
 
-def _in_scratch_dir(start: Callable[[Path], "TRTLLMEngine | VLLMEngine"]
-                    ) -> "TRTLLMEngine | VLLMEngine":
+def _in_scratch_dir(start: Callable[[Path], TRTLLMEngine | VLLMEngine]
+                    ) -> TRTLLMEngine | VLLMEngine:
     """The engine ``start(scratch)`` builds in a fresh scratch directory, which is removed when
     the engine is garbage-collected (or at exit): a GPU library may read its model directory
     after it has started."""

@@ -24,8 +24,8 @@ import itertools
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
@@ -36,9 +36,20 @@ from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import control_strings, escape_markup
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
-from nemo_orch.rollout.format import (FORMAT_ERRORS, Choice, ParsedTurn, ToolCall, TurnFormat,
-                                      call_text, choice_of, choices, decision_end, parse_turn,
-                                      text_beside_calls, without_thinking)
+from nemo_orch.rollout.format import (
+    FORMAT_ERRORS,
+    Choice,
+    ParsedTurn,
+    ToolCall,
+    TurnFormat,
+    call_text,
+    choice_of,
+    choices,
+    decision_end,
+    parse_turn,
+    text_beside_calls,
+    without_thinking,
+)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -174,7 +185,7 @@ class CallRecord:
         self.kind = kind_of(self.kind, self.error)
 
     @classmethod
-    def of(cls, tool: str, arguments: dict[str, Any], result: ToolResult) -> "CallRecord":
+    def of(cls, tool: str, arguments: dict[str, Any], result: ToolResult) -> CallRecord:
         """The record of a call that ran and produced ``result``."""
         return cls(tool, arguments, result.cost_usd, result.latency_s, result.cached,
                    result.error, result.usage.input_tokens, result.usage.output_tokens,
@@ -246,7 +257,7 @@ class Trajectory:
     @classmethod
     def without_tokens(cls, task_id: str, sample: int, seed: int, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]], turns: list[TurnRecord], termination: str,
-                       answer: str | None, wall_seconds: float) -> "Trajectory":
+                       answer: str | None, wall_seconds: float) -> Trajectory:
         """The episode of an agent that is not a token-level policy (a chat endpoint, a gold
         replay): the same messages and ledger, no token record."""
         return cls(task_id, sample, messages, tools, token_ids=[], loss_mask=[], decision_mask=[],
@@ -355,7 +366,7 @@ class _Conversation:
             return "max_steps"
         return None
 
-    def agent_turn(self, record: "TurnRecord") -> str | None:
+    def agent_turn(self, record: TurnRecord) -> str | None:
         """Count an agent message and its calls' results; the limit it reached, if any."""
         self.steps += 1 + bool(record.calls)
         self.errors += sum(call.error is not None for call in record.calls)

@@ -106,11 +106,11 @@ class TurnFormat:
             raise ValueError(f"multiple_calls must be one of {MULTIPLE_CALL_POLICIES}")
 
     @classmethod
-    def for_tools(cls, tool_schemas: list[dict[str, Any]], **options: Any) -> "TurnFormat":
+    def for_tools(cls, tool_schemas: list[dict[str, Any]], **options: Any) -> TurnFormat:
         functions = [schema.get("function", schema) for schema in tool_schemas]
         return cls({f["name"]: f["parameters"] for f in functions}, **options)
 
-    def check(self, name: str, arguments: dict[str, Any]) -> "ToolCall":
+    def check(self, name: str, arguments: dict[str, Any]) -> ToolCall:
         """A call of ``name`` with ``arguments`` (a JSON object), as it will run, or with the
         error that keeps it from running (an unknown tool, arguments its schema rejects)."""
         if name not in self.schemas:

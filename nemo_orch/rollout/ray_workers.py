@@ -228,7 +228,7 @@ class RayRolloutPool:
         self.scorer: ActorScorer | None = None
         self.replacements = 0  # units replaced over the pool's life
 
-    async def __aenter__(self) -> "RayRolloutPool":
+    async def __aenter__(self) -> RayRolloutPool:
         try:
             await self.start()
         except BaseException:

@@ -17,10 +17,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.rollout.engines.base import (Engine, Generation, SamplingParams, WeightUpdate,
-                                            prompt_seeds)
-from nemo_orch.data.tasks import Task
 from nemo_orch.config import RolloutConfig
+from nemo_orch.data.tasks import Task
+from nemo_orch.rollout.engines.base import (
+    Engine,
+    Generation,
+    SamplingParams,
+    WeightUpdate,
+    prompt_seeds,
+)
 from nemo_orch.rollout.episode import Episode, PolicyClient, Trajectory, UserFactory
 from nemo_orch.rollout.format import Choice
 from nemo_orch.tools.registry import Toolbox

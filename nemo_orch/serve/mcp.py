@@ -49,8 +49,12 @@ from nemo_orch.serve.http_server import RequestError
 from nemo_orch.serve.metrics import ServeMetrics
 from nemo_orch.serve.openai_server import OpenAIService
 from nemo_orch.serve.orchestrator import Orchestration, api_key_of, served_policy
-from nemo_orch.tools.orchestrator import (SEED_META, SOLVE_PARAMETERS, failure_text,
-                                          orchestration_text)
+from nemo_orch.tools.orchestrator import (
+    SEED_META,
+    SOLVE_PARAMETERS,
+    failure_text,
+    orchestration_text,
+)
 from nemo_orch.tools.registry import Toolbox
 
 SOLVE = "solve"

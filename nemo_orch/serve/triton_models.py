@@ -21,11 +21,15 @@ from typing import Any
 from nemo_orch.config import Config, ConfigError
 from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.remote import (
-    REWARD_DESCRIPTIONS, REWARD_INPUTS, REWARD_MODEL, REWARD_OUTPUTS, parse_reward_item)
+    REWARD_DESCRIPTIONS,
+    REWARD_INPUTS,
+    REWARD_MODEL,
+    REWARD_OUTPUTS,
+    parse_reward_item,
+)
 from nemo_orch.serve.triton import BadRequest, TextModel
 from nemo_orch.tools.registry import Toolbox
-from nemo_orch.tools.remote import (
-    TOOL_DESCRIPTIONS, TOOL_INPUTS, TOOL_OUTPUT, context_from_json)
+from nemo_orch.tools.remote import TOOL_DESCRIPTIONS, TOOL_INPUTS, TOOL_OUTPUT, context_from_json
 
 
 def reward_model(config: Config) -> TextModel:

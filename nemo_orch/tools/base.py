@@ -56,11 +56,11 @@ class Pricing:
                 raise ToolError(f"pricing.{name} must be >= 0")
 
     @classmethod
-    def per_million_tokens(cls, input_usd: float, output_usd: float) -> "Pricing":
+    def per_million_tokens(cls, input_usd: float, output_usd: float) -> Pricing:
         """Pricing from the usual list price: USD per million input / output tokens."""
         return cls(per_input_token=input_usd / 1e6, per_output_token=output_usd / 1e6)
 
-    def cost(self, usage: "Usage", seconds: float) -> float:
+    def cost(self, usage: Usage, seconds: float) -> float:
         return (self.per_call + self.per_input_token * usage.input_tokens
                 + self.per_output_token * usage.output_tokens + self.per_second * seconds)
 
@@ -79,7 +79,7 @@ class Usage:
     output_tokens: int = 0
     reasoning_tokens: int = 0
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(self.input_tokens + other.input_tokens,
                      self.output_tokens + other.output_tokens,
                      self.reasoning_tokens + other.reasoning_tokens)
@@ -198,7 +198,7 @@ class ToolContext:
     episode_id: str = ""
     allowed_documents: frozenset[str] | None = None
     seed: int = 0
-    task: "Task | None" = None
+    task: Task | None = None
     observations: tuple[str, ...] = ()
     turn: int = 0
     message: str | None = None

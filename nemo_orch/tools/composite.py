@@ -23,8 +23,16 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from nemo_orch.call_kinds import CallKind
-from nemo_orch.tools.base import (BaseTool, PricedModels, Pricing, Tool, ToolContext, ToolError,
-                                  ToolResult, ToolSpec)
+from nemo_orch.tools.base import (
+    BaseTool,
+    PricedModels,
+    Pricing,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

@@ -22,9 +22,17 @@ from collections.abc import Callable
 from typing import Any
 
 from nemo_orch.config import RetrievalConfig, resolve_conf_path
-from nemo_orch.tools.base import (BaseTool, BuildSettings, Tool, ToolContext, ToolError,
-                                  ToolResult, ToolSpec)
+from nemo_orch.tools.base import (
+    BaseTool,
+    BuildSettings,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
 from nemo_orch.tools.retriever import Hit, SearchBatcher, format_hits, load_index
+
 
 class DocumentSearch(BaseTool):
     """Arguments: ``query``. Retrieves under the job's setting (``build.retrieval``; none: the

@@ -10,8 +10,17 @@ from typing import Any
 from nemo_orch.clients.breaker import GuardSettings
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 from nemo_orch.config.dialect import DEFAULT_DIALECT
-from nemo_orch.tools.base import (BaseTool, BuildSettings, Pricing, ToolContext, ToolError,
-                                  ToolResult, ToolSpec, Usage, billed_seconds)
+from nemo_orch.tools.base import (
+    BaseTool,
+    BuildSettings,
+    Pricing,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    billed_seconds,
+)
 from nemo_orch.tools.composite import check_context_budget
 from nemo_orch.tools.pricing import model_pricing
 

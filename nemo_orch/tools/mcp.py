@@ -49,10 +49,16 @@ from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.breaker import EndpointGuard, GuardSettings
 from nemo_orch.config import McpServerConfig
 from nemo_orch.loop_thread import LoopThread
-from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  billed_result)
-from nemo_orch.tools.orchestrator import (SEED_META, failure_kind, sub_orchestration_result,
-                                          sub_seed)
+from nemo_orch.tools.base import (
+    BaseTool,
+    Pricing,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    billed_result,
+)
+from nemo_orch.tools.orchestrator import SEED_META, failure_kind, sub_orchestration_result, sub_seed
 
 
 def failure(error: BaseException) -> str:

@@ -22,8 +22,7 @@ import time
 from typing import Any
 
 from nemo_orch.call_kinds import CallKind
-from nemo_orch.tools.base import (BaseTool, ToolContext, ToolResult, ToolSpec, Usage,
-                                  billed_result)
+from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage, billed_result
 
 # What an orchestrator is asked: the arguments of `solve` (and of /v1/orchestrate's body).
 SOLVE_PARAMETERS: dict[str, Any] = {

@@ -11,6 +11,7 @@ without touching the declarations.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
 from nemo_orch.tools.base import Pricing, ToolError
 
 USD_PER_MILLION_TOKENS: dict[str, tuple[float, float]] = {

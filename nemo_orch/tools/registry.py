@@ -45,9 +45,19 @@ import yaml
 
 from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.openai import EndpointRefusal
-from nemo_orch.tools.base import (BuildSettings, PricedModels, Pricing, Tool, ToolContext,
-                                  ToolError, ToolResult, ToolSource, ToolSpec, billed_result,
-                                  seconds_since)
+from nemo_orch.tools.base import (
+    BuildSettings,
+    PricedModels,
+    Pricing,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSource,
+    ToolSpec,
+    billed_result,
+    seconds_since,
+)
 from nemo_orch.tools.schema import argument_errors, integral
 
 logger = logging.getLogger(__name__)
@@ -310,7 +320,7 @@ class Toolbox:
         return frozenset(name for name, tool in self.tools.items()
                          if not tool.spec.strict_arguments)
 
-    def subset(self, names: Iterable[str]) -> "Toolbox":
+    def subset(self, names: Iterable[str]) -> Toolbox:
         """A toolbox over some of these tools that shares their instances and the cache: the
         tools on offer now, whatever a later :meth:`refresh` changes."""
         names = list(names)
@@ -337,7 +347,7 @@ class Toolbox:
                                                          *self.sources]),
                              return_exceptions=True)
 
-    async def __aenter__(self) -> "Toolbox":
+    async def __aenter__(self) -> Toolbox:
         await self.start()
         return self
 
@@ -386,7 +396,7 @@ class Toolbox:
                 await asyncio.sleep(self.simulated_latency_s)
             try:
                 result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return billed_result(spec, start, context,
                                      error=f"{spec.name} timed out after {spec.timeout_s:g} s",
                                      kind=CallKind.INFRA_ERROR)

@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 from nemo_orch.call_kinds import CallKind
-from nemo_orch.data.tasks import task_from_json
 from nemo_orch.clients.http import HTTPError
+from nemo_orch.data.tasks import task_from_json
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Usage
 
 TOOL_INPUTS = ("arguments", "context")

@@ -42,8 +42,14 @@ import faiss
 import numpy as np
 
 from nemo_orch.data.jsonl import read_jsonl
-from nemo_orch.tools.base import (BaseTool, ToolContext, ToolResult, ToolSpec, billed_result,
-                                  seconds_since)
+from nemo_orch.tools.base import (
+    BaseTool,
+    ToolContext,
+    ToolResult,
+    ToolSpec,
+    billed_result,
+    seconds_since,
+)
 from nemo_orch.tools.encoders import Encoder, RetrievalError, make_encoder, tokenize
 from nemo_orch.tools.schema import argument_errors
 
@@ -189,7 +195,7 @@ class RetrievalIndex:
 
     @classmethod
     def build(cls, docs: list[Document], encoder: Encoder, corpus_sha256: str = "",
-              **options: Any) -> "RetrievalIndex":
+              **options: Any) -> RetrievalIndex:
         """Embed and index ``docs`` in memory."""
         texts = [doc.indexed_text for doc in docs]
         dense = faiss.IndexFlatIP(encoder.dim)
@@ -217,7 +223,7 @@ class RetrievalIndex:
 
     @classmethod
     def load(cls, directory: str | Path, encoder: EncoderChoice = "hashing",
-             **options: Any) -> "RetrievalIndex":
+             **options: Any) -> RetrievalIndex:
         directory = Path(directory)
         try:
             manifest = json.loads((directory / MANIFEST).read_text())

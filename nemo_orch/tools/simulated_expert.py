@@ -39,8 +39,15 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_orch.tools.base import (BaseTool, BuildSettings, ToolContext, ToolError, ToolResult,
-                                  ToolSpec, Usage)
+from nemo_orch.tools.base import (
+    BaseTool,
+    BuildSettings,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    Usage,
+)
 from nemo_orch.tools.composite import CHARS_PER_TOKEN, check_context_budget, fit_observations
 from nemo_orch.tools.pricing import model_pricing
 

@@ -20,11 +20,18 @@ import os
 import time
 from typing import Any
 
-
 from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients.http import HTTPError, JSONClient
-from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  billed_result, seconds_since)
+from nemo_orch.tools.base import (
+    BaseTool,
+    Pricing,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    billed_result,
+    seconds_since,
+)
 from nemo_orch.tools.schema import argument_errors
 
 logger = logging.getLogger(__name__)

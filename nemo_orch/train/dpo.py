@@ -28,8 +28,15 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_orch import distributed, faults
 from nemo_orch.config import Config, ConfigError
-from nemo_orch.data.pairs import (SIDES, DataError, Pair, PairTokens, SideTokens, read_pairs,
-                                  write_pairs)
+from nemo_orch.data.pairs import (
+    SIDES,
+    DataError,
+    Pair,
+    PairTokens,
+    SideTokens,
+    read_pairs,
+    write_pairs,
+)
 from nemo_orch.data.sft import collate, global_batch, padded_length, tokenize_conversation
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights

@@ -45,15 +45,20 @@ from nemo_orch.data.sft import padded_length
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
-from nemo_orch.reward.advantages import (group_advantages, step_advantages,
-                                         trajectory_drop_reason)
+from nemo_orch.reward.advantages import group_advantages, step_advantages, trajectory_drop_reason
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum, ppo, preemption
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
 from nemo_orch.train.grpo_rollouts import Group, build_rollouts
 from nemo_orch.train.metrics import MetricsLogger, TrainedLog, logged_steps
-from nemo_orch.train.policy import (Batch, Critic, Policy, ReferenceModel, load_start_weights,
-                                    start_architecture)
+from nemo_orch.train.policy import (
+    Batch,
+    Critic,
+    Policy,
+    ReferenceModel,
+    load_start_weights,
+    start_architecture,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +180,8 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int,
         length = step_length if one_length else padded_length(len(s.token_ids) - 1
                                                               for s in chunk)
 
-        def column(values: list[list[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
+        def column(values: list[list[float]], fill: float, dtype: torch.dtype,
+                   length: int = length) -> torch.Tensor:
             return torch.tensor([row + [fill] * (length - len(row)) for row in values],
                                 dtype=dtype)
 

@@ -27,12 +27,15 @@ from nemo_orch.envs.interfaces import EpisodeGroup
 from nemo_orch.envs.mixture import Draw
 from nemo_orch.loop_thread import LoopThread
 from nemo_orch.models import checkpoint
-from nemo_orch.reward.advantages import (SamplingStats, fill_batch, group_advantages,
-                                         group_drop_reason)
+from nemo_orch.reward.advantages import (
+    SamplingStats,
+    fill_batch,
+    group_advantages,
+    group_drop_reason,
+)
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.reward.outcome import OutcomeResult
-from nemo_orch.reward.scoring import (OutcomeFn, ScoredGroup, by_answer, infra_failure,
-                                     score_groups)
+from nemo_orch.reward.scoring import OutcomeFn, ScoredGroup, by_answer, infra_failure, score_groups
 from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
 from nemo_orch.rollout.episode import Trajectory, prompt_length
@@ -69,7 +72,7 @@ class Group:
     masked: list[tuple[Trajectory, InfraFailure]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, task: Task, scored: ScoredGroup, source: str) -> "Group":
+    def of(cls, task: Task, scored: ScoredGroup, source: str) -> Group:
         return cls(task, scored.trajectories, scored.breakdowns, source, scored.masked)
 
     def age(self, version: int) -> int:
@@ -193,7 +196,7 @@ class Rollouts:
     number of updates behind the engine's weights, which stamps every turn it writes."""
 
     def __init__(self, config: Config, engine: Any, tokenizer: Any, mixture: Mixture,
-                 toolboxes: list[Any], pool: "RayRolloutPool | None" = None,
+                 toolboxes: list[Any], pool: RayRolloutPool | None = None,
                  previous_choices: Counter | None = None, version: int = 0) -> None:
         self.config, self.engine, self.tokenizer, self.pool = config, engine, tokenizer, pool
         self.mixture, self.toolboxes = mixture, dict(zip(
@@ -211,7 +214,7 @@ class Rollouts:
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
         self._idle = _IdleClock()  # when no step of run_ahead's is rolling out
 
-    def __enter__(self) -> "Rollouts":
+    def __enter__(self) -> Rollouts:
         self._loop = LoopThread("rollouts")
         self._call(self._each("start"))
         return self
@@ -674,7 +677,7 @@ def _stopped(config: Config, step: int,
 
 
 def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any,
-              version: int) -> "RayRolloutPool":
+              version: int) -> RayRolloutPool:
     """The Ray rollout pool (imported only then: Ray is heavy), its engines built from ``hf``
     (after ``version`` updates)."""
     from nemo_orch.rollout import ray_workers

@@ -12,7 +12,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-
 METRICS_FILE = "metrics.jsonl"
 TRAINED_FILE = "trained.jsonl"
 
@@ -81,7 +80,7 @@ class MetricsLogger:
 
     @classmethod
     def for_stage(cls, config: Any, stage: str, *, enabled: bool, start_step: int,
-                  max_steps: int, shown: tuple[str, ...] = ("loss",)) -> "MetricsLogger":
+                  max_steps: int, shown: tuple[str, ...] = ("loss",)) -> MetricsLogger:
         """The logger of a training stage (``stage``: sft, grpo, dpo): its run directory and
         ``run.*`` W&B settings, with the resolved config on the W&B run."""
         run = config.run

@@ -10,10 +10,10 @@ frozen :class:`ReferenceModel`.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -326,7 +326,7 @@ class Critic(Policy):
         return forward_values(self.model, micro_batches)
 
     @property
-    def head(self) -> "qwen3.ValueHead | None":
+    def head(self) -> qwen3.ValueHead | None:
         """The value head (on the last pipeline stage; None elsewhere)."""
         return self.module.output_layer if self.context.is_last_stage else None
 
@@ -354,8 +354,12 @@ def start_architecture(source: Path, model: ModelConfig) -> dict[str, Any]:
     """The architecture (``ARCHITECTURE_FIELDS``) of starting weights: an HF directory's
     ``config.json`` (read over ``model``) or the model section a nemo-orch checkpoint saved."""
     from nemo_orch.models import checkpoint
-    from nemo_orch.models.hf_mapping import (ARCHITECTURE_FIELDS, HF_CONFIG,
-                                             load_hf_checkpoint_config, model_config_from_hf)
+    from nemo_orch.models.hf_mapping import (
+        ARCHITECTURE_FIELDS,
+        HF_CONFIG,
+        load_hf_checkpoint_config,
+        model_config_from_hf,
+    )
 
     if (source / HF_CONFIG).is_file():
         hf = model_config_from_hf(load_hf_checkpoint_config(source), model)
@@ -374,8 +378,12 @@ def load_start_weights(module: torch.nn.Module, model: ModelConfig, source: Path
     architecture must be ``model``'s, or a nemo-orch checkpoint; the module's state under
     ``skip`` (a name prefix, e.g. a critic's head) keeps its own values."""
     from nemo_orch.models import checkpoint
-    from nemo_orch.models.hf_mapping import (HF_CONFIG, HFCheckpoint, architecture_mismatch,
-                                             model_config_from_hf)
+    from nemo_orch.models.hf_mapping import (
+        HF_CONFIG,
+        HFCheckpoint,
+        architecture_mismatch,
+        model_config_from_hf,
+    )
 
     if not (source / HF_CONFIG).is_file():
         checkpoint.load(checkpoint.open_checkpoint(source), module, skip=skip)

@@ -20,8 +20,14 @@ import torch.distributed as dist
 from nemo_orch.config import Config, ConfigError, PPOConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint
-from nemo_orch.train.policy import (Batch, Critic, TokenLoss, TokenLossFn, load_start_weights,
-                                    start_architecture)
+from nemo_orch.train.policy import (
+    Batch,
+    Critic,
+    TokenLoss,
+    TokenLossFn,
+    load_start_weights,
+    start_architecture,
+)
 
 log = logging.getLogger(__name__)
 

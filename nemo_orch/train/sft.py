@@ -16,9 +16,9 @@ from typing import Any
 from nemo_orch import distributed, faults
 from nemo_orch.config import ORCHESTRATOR, Config, ConfigError
 from nemo_orch.data.conversations import read_conversations, write_conversations
+from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.envs.offline import generator as offline
-from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
 from nemo_orch.models.hf_mapping import SeededHFWeights

@@ -16,10 +16,10 @@ import pytest
 import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
+from support.cli_helpers import run_cli_here
 from support.simulated_openai import ANSWER_TOKENS, REASONING_TOKENS, SimulatedOpenAI
 from support.strategies import json_values
 
-from support.cli_helpers import run_cli_here
 from nemo_orch import config as config_lib
 from nemo_orch.clients.openai import EndpointRefusal, OpenAIClient, OpenAIError
 from nemo_orch.config import ConfigError, RewardConfig, resolve_conf_path

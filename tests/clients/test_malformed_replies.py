@@ -18,10 +18,10 @@ import openai
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from support.local_http import JSONServer
 from openai.types.chat import ChatCompletion
 from openai.types.chat.chat_completion_assistant_message_param import ContentArrayOfContentPart
 from pydantic import TypeAdapter
+from support.local_http import JSONServer
 from support.strategies import json_values
 
 from nemo_orch.clients.openai import ChatResult, Completion, MalformedReply, OpenAIClient

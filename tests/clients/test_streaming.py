@@ -10,7 +10,8 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from support.local_http import JSONServer
 
 from nemo_orch.clients.openai import EndpointRefusal, MalformedReply, OpenAIClient

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from nemo_orch.data.domain_tasks import (
-    DomainTask, gold_calls, read_domain_tasks, score_episode, to_task_row, write_domain_tasks)
+    DomainTask,
+    gold_calls,
+    read_domain_tasks,
+    score_episode,
+    to_task_row,
+    write_domain_tasks,
+)
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
 from nemo_orch.envs.toolscale.validate import ValidationSummary, rejection, validated

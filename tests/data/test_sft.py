@@ -8,8 +8,14 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.data.conversations import DataError
-from nemo_orch.data.sft import (PAD_MULTIPLE, SFTDataset, collate, global_batch, padded_length,
-                                tokenize_conversation)
+from nemo_orch.data.sft import (
+    PAD_MULTIPLE,
+    SFTDataset,
+    collate,
+    global_batch,
+    padded_length,
+    tokenize_conversation,
+)
 from nemo_orch.models.tokenizer import render_conversation
 
 _ASSISTANT_TURN_RE = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.DOTALL)

@@ -14,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from support.cli_helpers import ENDED, TINY_MAIN_JOB, free_ports, job_state, run_cli, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

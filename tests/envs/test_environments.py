@@ -11,12 +11,12 @@ import pytest
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
-from nemo_orch.envs.offline.world import ORCHESTRA, held_out_tasks, make_tasks
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_environment
 from nemo_orch.envs.interfaces import Environment, Scored
 from nemo_orch.envs.mixture import Mixture
+from nemo_orch.envs.offline.world import ORCHESTRA, held_out_tasks, make_tasks
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.serve.http_server import serve_json
 

@@ -40,7 +40,7 @@ def readings():
 FROZEN = {"utcnow": INSTANT, "now": INSTANT, "today": INSTANT, "module_now": INSTANT,
           "date_today": INSTANT.date(), "module_date_today": INSTANT.date(),
           "time": 1715785200.0, "epoch": 1715785200.0, "time_ns": 1715785200 * 10**9,
-          "now_utc": INSTANT.replace(tzinfo=datetime.timezone.utc)}
+          "now_utc": INSTANT.replace(tzinfo=datetime.UTC)}
 
 
 @pytest.fixture

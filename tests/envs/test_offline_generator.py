@@ -8,8 +8,12 @@ from typing import Any
 import pytest
 
 from nemo_orch.data.conversations import validate_conversation
-from nemo_orch.envs.offline.generator import (CONVERSATION_PREFERENCES, TOOLS, extract_answer,
-                                              generate_conversations)
+from nemo_orch.envs.offline.generator import (
+    CONVERSATION_PREFERENCES,
+    TOOLS,
+    extract_answer,
+    generate_conversations,
+)
 from nemo_orch.reward.components import PREFERENCE_PHRASES
 from nemo_orch.tools.schema import argument_errors
 

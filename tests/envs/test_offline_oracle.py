@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from nemo_orch import config as config_lib
-from nemo_orch.envs.offline.world import make_tasks
 from nemo_orch.envs.offline.oracle import NO_ROUTE, OracleTable
+from nemo_orch.envs.offline.world import make_tasks
 from nemo_orch.rollout.builders import build_toolbox
 
 

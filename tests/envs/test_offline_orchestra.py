@@ -12,12 +12,12 @@ from collections import Counter, defaultdict
 import pytest
 
 from nemo_orch import config as config_lib
+from nemo_orch.config import RolloutConfig
 from nemo_orch.envs.offline import orchestra
+from nemo_orch.envs.offline.agents import NaiveRouterAgent
 from nemo_orch.envs.offline.oracle import route_of
 from nemo_orch.envs.offline.values import best
 from nemo_orch.envs.offline.world import ORCHESTRA, make_tasks, restated
-from nemo_orch.config import RolloutConfig
-from nemo_orch.envs.offline.agents import NaiveRouterAgent
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.episode import initial_messages

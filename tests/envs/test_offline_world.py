@@ -9,12 +9,18 @@ from collections import Counter
 import pytest
 
 from nemo_orch import config as config_lib
+from nemo_orch.envs.offline.agents import NaiveRouterAgent
 from nemo_orch.envs.offline.oracle import route_of
 from nemo_orch.envs.offline.values import best as oracle
 from nemo_orch.envs.offline.values import utility
-from nemo_orch.envs.offline.agents import NaiveRouterAgent
-from nemo_orch.envs.offline.world import (FAMILY_PREFERENCES, PREFERENCE_VECTORS, make_tasks,
-                                          naive_routes, route_values, routes)
+from nemo_orch.envs.offline.world import (
+    FAMILY_PREFERENCES,
+    PREFERENCE_VECTORS,
+    make_tasks,
+    naive_routes,
+    route_values,
+    routes,
+)
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine

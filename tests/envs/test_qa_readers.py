@@ -13,8 +13,12 @@ import pytest
 
 from nemo_orch.data.conversations import DataError
 from nemo_orch.data.records import read_records
-from nemo_orch.envs.qa.readers import (MULTIPLE_CHOICE_INSTRUCTION, SYSTEM_PROMPT, read_frames,
-                                       read_hle)
+from nemo_orch.envs.qa.readers import (
+    MULTIPLE_CHOICE_INSTRUCTION,
+    SYSTEM_PROMPT,
+    read_frames,
+    read_hle,
+)
 
 HLE_ROWS = [
     {"id": "6687ffb1091058ff19128813", "question": "What is the 3rd prime?", "answer": "5",

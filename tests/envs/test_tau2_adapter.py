@@ -18,8 +18,15 @@ from support.tau2_replay import gold_replay_turns  # noqa: E402
 from nemo_orch.data.tasks import task_from_json  # noqa: E402
 from nemo_orch.envs.interfaces import final_message  # noqa: E402
 from nemo_orch.envs.tau2 import adapter  # noqa: E402
-from nemo_orch.envs.tau2.adapter import (ASSISTANT, USER, ExecutedCall, Tau2Error,  # noqa: E402
-                                         Turn, load_domain, score_episode)
+from nemo_orch.envs.tau2.adapter import (  # noqa: E402
+    ASSISTANT,
+    USER,
+    ExecutedCall,
+    Tau2Error,
+    Turn,
+    load_domain,
+    score_episode,
+)
 from nemo_orch.tools.base import ToolContext  # noqa: E402
 
 pytestmark = pytest.mark.tau2

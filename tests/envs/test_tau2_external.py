@@ -23,8 +23,15 @@ from nemo_orch import config as config_lib  # noqa: E402
 from nemo_orch.cli import EXIT_USER_ERROR, main  # noqa: E402
 from nemo_orch.config import ConfigError  # noqa: E402
 from nemo_orch.envs.tau2 import adapter  # noqa: E402
-from nemo_orch.envs.tau2.adapter import (ASSISTANT, ExecutedCall, Tau2Error, Turn,  # noqa: E402
-                                         load_domain, read_task_file, score_episode)
+from nemo_orch.envs.tau2.adapter import (  # noqa: E402
+    ASSISTANT,
+    ExecutedCall,
+    Tau2Error,
+    Turn,
+    load_domain,
+    read_task_file,
+    score_episode,
+)
 from nemo_orch.envs.tau2.external import register_domain_directory  # noqa: E402
 from nemo_orch.tools.base import ToolContext  # noqa: E402
 

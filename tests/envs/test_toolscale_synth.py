@@ -17,6 +17,7 @@ import yaml
 
 from nemo_orch import cli
 from nemo_orch import config as config_lib
+from nemo_orch.clients.openai import OpenAIError
 from nemo_orch.config import SynthConfig
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import read_domain_tasks
@@ -24,7 +25,6 @@ from nemo_orch.envs.toolscale import synth
 from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
 from nemo_orch.envs.toolscale.synth import InvalidOutput, SynthError, parse_json
 from nemo_orch.envs.toolscale.validate import rejection
-from nemo_orch.clients.openai import OpenAIError
 from nemo_orch.serve.http_server import RequestError, serve_json
 
 API_KEY = "sk-synth-test-0123456789abcdef"
@@ -154,7 +154,7 @@ class CannedLLM:
     def steps(self) -> list[str]:
         return [step for step, _ in self.requests]
 
-    def __enter__(self) -> "CannedLLM":
+    def __enter__(self) -> CannedLLM:
         return self
 
     def __exit__(self, *exc: object) -> None:

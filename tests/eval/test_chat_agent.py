@@ -13,15 +13,15 @@ import httpx
 import pytest
 from support.fixture_tools import ContextRecorder, echo_spec
 
-from nemo_orch.envs.offline.world import make_tasks
-from nemo_orch.data.tasks import Task
-from nemo_orch.eval.chat_agent import ChatAgent
 from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.config import CONF_DIR
+from nemo_orch.data.tasks import Task
+from nemo_orch.envs.offline.world import make_tasks
+from nemo_orch.eval.chat_agent import ChatAgent
+from nemo_orch.eval.simulated_chat import TOOL_CALL_TOKENS, start_simulated_chat_server
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.http_server import serve_json
 from nemo_orch.serve.openai_server import start_server
-from nemo_orch.eval.simulated_chat import TOOL_CALL_TOKENS, start_simulated_chat_server
 from nemo_orch.tools.base import Pricing, Usage
 from nemo_orch.tools.pricing import model_pricing
 from nemo_orch.tools.registry import Toolbox, load_toolbox

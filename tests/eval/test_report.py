@@ -9,8 +9,15 @@ import math
 
 import pytest
 
-from nemo_orch.eval.report import (EpisodeResult, compare, pareto_front, percentile, summarize,
-                                   wilson_interval, write_report)
+from nemo_orch.eval.report import (
+    EpisodeResult,
+    compare,
+    pareto_front,
+    percentile,
+    summarize,
+    wilson_interval,
+    write_report,
+)
 
 
 def test_wilson_interval_matches_the_formula_and_stays_in_range():

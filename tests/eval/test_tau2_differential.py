@@ -35,9 +35,10 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm stays offline
 pytest.importorskip("tau2")
 
+from support.tau2_scripted import AGENT, USER, Say, Script, ScriptedParties, model_name  # noqa: E402
+
 from nemo_orch.cli import main  # noqa: E402
 from nemo_orch.envs.tau2.adapter import breakdown  # noqa: E402
-from support.tau2_scripted import AGENT, USER, Say, Script, ScriptedParties, model_name  # noqa: E402
 
 pytestmark = pytest.mark.tau2
 

@@ -4,8 +4,8 @@
 import re
 
 import pytest
-
 from support.cli_helpers import read_metrics, run_cli, small_sft_overrides
+
 from nemo_orch import cli
 from nemo_orch import config as config_lib
 

@@ -5,9 +5,17 @@ import dataclasses
 
 import pytest
 
-from nemo_orch.config import (Config, GRPOConfig, ModelConfig, ParallelConfig, PPOConfig,
-                              RolloutConfig, TokenizerConfig, TrainerConfig)
 from nemo_orch import config as config_lib
+from nemo_orch.config import (
+    Config,
+    GRPOConfig,
+    ModelConfig,
+    ParallelConfig,
+    PPOConfig,
+    RolloutConfig,
+    TokenizerConfig,
+    TrainerConfig,
+)
 from nemo_orch.launcher import memory
 from nemo_orch.launcher.memory import GIB
 

@@ -1,8 +1,8 @@
 """``nemo-orch plan``: the layout checks, and the recipes planned on CPU, fitting on 80 GB."""
 
 import pytest
-
 from support.cli_helpers import run_cli
+
 from nemo_orch import cli
 from nemo_orch import config as config_lib
 from nemo_orch.launcher import memory, plan

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 from omegaconf import OmegaConf
-
 from support.cli_helpers import run_cli_here
+
 from nemo_orch import config as config_lib
 from nemo_orch.models import checkpoint, convert
 from nemo_orch.serve.orchestrator import start_orchestrator

@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from support.cli_helpers import read_metrics, run_cli, run_cli_here, small_sft_overrides
+
 from nemo_orch.models import checkpoint, convert, qwen3, trtllm
 from nemo_orch.models.tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from support.cli_helpers import run_cli
+
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
 from nemo_orch.models import checkpoint, convert, qwen3, trtllm, weights

@@ -5,8 +5,13 @@ import torch
 
 from nemo_orch import config as config_lib
 from nemo_orch.models import trtllm
-from nemo_orch.models.hf_mapping import (Layout, SeededHFWeights, hf_to_megatron, megatron_to_hf,
-                                         parse_size)
+from nemo_orch.models.hf_mapping import (
+    Layout,
+    SeededHFWeights,
+    hf_to_megatron,
+    megatron_to_hf,
+    parse_size,
+)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])

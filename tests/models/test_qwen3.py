@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from logits_parity import max_logit_difference
 
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
 from nemo_orch.models import qwen3
-from logits_parity import max_logit_difference
 
 
 @pytest.mark.parametrize("tied", [False, True])

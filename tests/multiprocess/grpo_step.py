@@ -35,9 +35,8 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import Config, PPOConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models.hf_mapping import SeededHFWeights
-from nemo_orch.train import grpo
+from nemo_orch.train import grpo, ppo
 from nemo_orch.train.grpo_loss import grpo_token_loss
-from nemo_orch.train import ppo
 from nemo_orch.train.policy import Batch, Critic, Policy, ReferenceModel
 
 # A ~100k-parameter Qwen3 that splits in two along TP and PP; the LR moves it visibly in one step.

@@ -8,10 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from multiprocess.grpo_step import (
+    OVERRIDES,
+    grpo_steps,
+    ppo_update_results,
+    rank_batches,
+    synthetic_samples,
+    update_results,
+)
 from support.cli_helpers import read_metrics, run_cli, small_sft_overrides
-from multiprocess.grpo_step import (OVERRIDES, grpo_steps, ppo_update_results, rank_batches,
-                                    synthetic_samples, update_results)
+
 from nemo_orch import config as config_lib
 from nemo_orch.distributed import free_port
 

@@ -13,7 +13,11 @@ from nemo_orch.config import ConfigError, RewardConfig
 from nemo_orch.config.reward import JUDGE_TEMPLATES
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.judge import (
-    PARSERS, judge_description, load_judge_template, read_judge_template)
+    PARSERS,
+    judge_description,
+    load_judge_template,
+    read_judge_template,
+)
 from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.http_server import serve_json

@@ -7,8 +7,13 @@ import pytest
 
 from nemo_orch.config import RewardConfig
 from nemo_orch.reward import (
-    RewardBreakdown, fill_batch, group_advantages, group_drop_reason, step_advantages,
-    trajectory_drop_reason)
+    RewardBreakdown,
+    fill_batch,
+    group_advantages,
+    group_drop_reason,
+    step_advantages,
+    trajectory_drop_reason,
+)
 
 EXACT = RewardConfig(advantage_eps=1e-12)
 STD = math.sqrt(0.1875)  # population std of [1, 0, 0, 0]

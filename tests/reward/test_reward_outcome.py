@@ -6,14 +6,19 @@ import socket
 
 import pytest
 
-from nemo_orch.config import RewardConfig
-from nemo_orch.data.tasks import Task
-from nemo_orch.data.domain_tasks import gold_calls, to_task_row
-from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
-from nemo_orch.reward.outcome import (
-    OutcomeScorer, exact_match, normalize_answer, numeric_match, parse_number)
-from nemo_orch.reward.judge import parse_verdict
 from nemo_orch.clients.openai import OpenAIClient
+from nemo_orch.config import RewardConfig
+from nemo_orch.data.domain_tasks import gold_calls, to_task_row
+from nemo_orch.data.tasks import Task
+from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
+from nemo_orch.reward.judge import parse_verdict
+from nemo_orch.reward.outcome import (
+    OutcomeScorer,
+    exact_match,
+    normalize_answer,
+    numeric_match,
+    parse_number,
+)
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server
 
@@ -161,8 +166,8 @@ def test_judge_down_is_a_judge_error_not_an_exception():
 def test_a_judge_that_spends_its_cap_thinking_is_a_judge_error_masked_out_of_its_group():
     """A reasoning judge whose cap went to thinking (``finish_reason: length``, no content, as
     OpenAI answers it): a judge failure saying so, never a verdict; GRPO masks its episode."""
-    from support.local_http import JSONServer
     from reward_fixtures import trajectory
+    from support.local_http import JSONServer
 
     from nemo_orch.reward import by_answer, score_groups
 

@@ -7,8 +7,14 @@ from reward_fixtures import trajectory
 
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.components import (
-    PREFERENCE_PHRASES, Features, check_preference, extract_features, preference_instruction,
-    preference_match, task_preference)
+    PREFERENCE_PHRASES,
+    Features,
+    check_preference,
+    extract_features,
+    preference_instruction,
+    preference_match,
+    task_preference,
+)
 from nemo_orch.reward.outcome import OutcomeResult
 
 RIGHT = OutcomeResult(True, "exact")

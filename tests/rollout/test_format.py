@@ -6,8 +6,15 @@ import json
 
 import pytest
 
-from nemo_orch.rollout.format import (FORMAT_ERRORS, TurnFormat, call_text, choice_of, choices,
-                                      decision_end, parse_turn)
+from nemo_orch.rollout.format import (
+    FORMAT_ERRORS,
+    TurnFormat,
+    call_text,
+    choice_of,
+    choices,
+    decision_end,
+    parse_turn,
+)
 
 SCHEMAS = {
     "python_sandbox": {"type": "object", "properties": {"code": {"type": "string"}},

@@ -10,12 +10,21 @@ import subprocess
 import sys
 
 from hypothesis import HealthCheck, given, settings
-from support.cli_helpers import run_cli_here
 from hypothesis import strategies as st
+from support.cli_helpers import run_cli_here
 
-from nemo_orch.rollout.format import (CLOSE_CALL, MAX_CALL_CHARS, MAX_JSON_DEPTH, OPEN_CALL,
-                                      ParsedTurn, TurnFormat, call_text, decision_end,
-                                      parse_turn, without_calls)
+from nemo_orch.rollout.format import (
+    CLOSE_CALL,
+    MAX_CALL_CHARS,
+    MAX_JSON_DEPTH,
+    OPEN_CALL,
+    ParsedTurn,
+    TurnFormat,
+    call_text,
+    decision_end,
+    parse_turn,
+    without_calls,
+)
 
 FORMAT = TurnFormat({
     "python_sandbox": {"type": "object", "properties": {"code": {"type": "string"}},

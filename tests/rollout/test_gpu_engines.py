@@ -26,14 +26,29 @@ from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.models import trtllm as trtllm_checkpoint
 from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
 from nemo_orch.rollout import builders
-from nemo_orch.rollout.engines.base import (Engine, EngineError, Generation, SamplingParams,
-                                            Sleepable, check_prompts, checked_buckets,
-                                            finish_reason, hf_shapes, prompt_seeds,
-                                            sampled_logprobs, weight_buckets)
+from nemo_orch.rollout.engines.base import (
+    Engine,
+    EngineError,
+    Generation,
+    SamplingParams,
+    Sleepable,
+    check_prompts,
+    checked_buckets,
+    finish_reason,
+    hf_shapes,
+    prompt_seeds,
+    sampled_logprobs,
+    weight_buckets,
+)
 from nemo_orch.rollout.engines.hf import HFEngine
-from nemo_orch.rollout.engines.trtllm import (TRTLLMEngine, model_limits, stop_string_cut,
-                                              trtllm_backend, trtllm_generation,
-                                              trtllm_sampling_kwargs)
+from nemo_orch.rollout.engines.trtllm import (
+    TRTLLMEngine,
+    model_limits,
+    stop_string_cut,
+    trtllm_backend,
+    trtllm_generation,
+    trtllm_sampling_kwargs,
+)
 from nemo_orch.rollout.engines.vllm import VLLMEngine, vllm_generation, vllm_sampling_kwargs
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)

@@ -7,10 +7,10 @@ import httpx
 import pytest
 import torch
 
+from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.config import ModelConfig
 from nemo_orch.rollout.engines.base import Engine, EngineError, SamplingParams
 from nemo_orch.rollout.engines.hf import HFEngine
-from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.rollout.engines.openai import OpenAIEngine
 from nemo_orch.serve.openai_server import start_server
 

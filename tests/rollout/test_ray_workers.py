@@ -31,10 +31,10 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import RayConfig
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_mixture
+from nemo_orch.reward.builders import build_scorer
 from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout import ray_workers
-from nemo_orch.reward.builders import build_scorer
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.ray_workers import RayRolloutPool

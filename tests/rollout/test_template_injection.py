@@ -14,15 +14,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from support.fixture_tools import DelayedEcho, echo_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.fixture_tools import DelayedEcho, echo_spec
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
-from nemo_orch.models.tokenizer import (ESCAPE_MARK, TokenizerError, control_strings,
-                                        escape_markup, load_tokenizer)
+from nemo_orch.models.tokenizer import (
+    ESCAPE_MARK,
+    TokenizerError,
+    control_strings,
+    escape_markup,
+    load_tokenizer,
+)
 from nemo_orch.rollout import episode as episode_module
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.engines.scripted import ScriptedEngine

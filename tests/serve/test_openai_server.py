@@ -15,17 +15,17 @@ import time
 import httpx
 import openai
 import pytest
-from support.fixture_tools import DelayedEcho, echo_spec
 from prometheus_client.parser import text_string_to_metric_families
+from support.fixture_tools import DelayedEcho, echo_spec
 from support.scripted_plans import follow_plan, with_plan
 
 from nemo_orch import config as config_lib
+from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.config import ConfigError, RolloutConfig, ServeConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.eval.chat_agent import ChatAgent
 from nemo_orch.models.tokenizer import CHAT_TEMPLATES
 from nemo_orch.reward.components import preference_instruction
-from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.serve.http_server import EventStream, serve_json

@@ -16,14 +16,14 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from nemo_orch import config as config_lib
-from nemo_orch.envs.offline.world import BASIC, held_out_tasks
+from nemo_orch.clients.kserve import KServeClient, KServeError
 from nemo_orch.data.tasks import Task
+from nemo_orch.envs.offline.world import BASIC, held_out_tasks
 from nemo_orch.eval import harness
-from nemo_orch.reward.remote import reward_item
 from nemo_orch.reward.builders import build_scorer
+from nemo_orch.reward.remote import reward_item
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.serve.http_server import RequestError, serve_json
-from nemo_orch.clients.kserve import KServeClient, KServeError
 from nemo_orch.serve.triton import serve_models
 from nemo_orch.serve.triton_models import reward_model, tool_models
 from nemo_orch.tools.base import ToolContext

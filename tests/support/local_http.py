@@ -50,7 +50,7 @@ class JSONServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "JSONServer":
+    def __enter__(self) -> JSONServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

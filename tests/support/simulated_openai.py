@@ -84,7 +84,7 @@ class SimulatedOpenAI:
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": text}}]}
 
-    def __enter__(self) -> "SimulatedOpenAI":
+    def __enter__(self) -> SimulatedOpenAI:
         return self
 
     def __exit__(self, *exc: object) -> None:

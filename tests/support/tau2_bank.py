@@ -126,6 +126,7 @@ def write_rows(path: Path, rows: list[dict[str, Any]] = BANK_ROWS) -> Path:
     """``rows`` as a parquet file in the published layout."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from support.published_rows import published_schema
 
     arguments = pa.struct([("account_id", pa.string()), ("amount", pa.float64()),

@@ -33,9 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from support.local_http import Answer, JSONServer
-
 from nemo_orch.rollout.format import call_text
+from support.local_http import Answer, JSONServer
 
 AGENT, USER = "scripted-agent", "scripted-user"
 # What a party says once its script is over (and no ``*_then`` goes on): visible in whatever
@@ -184,7 +183,7 @@ class ScriptedParties:
         self._agent.stop()
         self._user.stop()
 
-    def __enter__(self) -> "ScriptedParties":
+    def __enter__(self) -> ScriptedParties:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,8 +14,8 @@ from nemo_orch.config import Config, RolloutConfig, ToolsConfig
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
-from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.reward.builders import build_scorer
+from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.runner import run_rollouts

@@ -11,8 +11,14 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from nemo_orch.config import EncoderConfig
-from nemo_orch.tools.encoders import (ENCODER_PRESETS, EncoderSettings, HFEncoder, RetrievalError,
-                                      encoder_settings, make_encoder)
+from nemo_orch.tools.encoders import (
+    ENCODER_PRESETS,
+    EncoderSettings,
+    HFEncoder,
+    RetrievalError,
+    encoder_settings,
+    make_encoder,
+)
 from nemo_orch.tools.retriever import build_index, load_index
 
 QUERY_PREFIX = ENCODER_PRESETS["qwen3-embedding"].query_prefix

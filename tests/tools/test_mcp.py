@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support.cli_helpers import free_ports, grpo_overrides, grpo_stage, read_metrics, run_cli
+
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, McpServerConfig
 from nemo_orch.data.tasks import Task, write_tasks

@@ -12,12 +12,11 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-
 from support.retrieval_corpus import LABELLED, TOPICS, make_corpus
 
+from nemo_orch import cli
 from nemo_orch.tools.base import Tool, ToolContext
 from nemo_orch.tools.encoders import HashingEncoder, HFEncoder
-from nemo_orch import cli
 from nemo_orch.tools.retriever import (
     RetrievalError,
     RetrievalIndex,
@@ -28,6 +27,7 @@ from nemo_orch.tools.retriever import (
     load_index,
     read_corpus,
 )
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -20,9 +20,16 @@ import pytest
 
 from nemo_orch.tools.base import ToolContext, ToolError, ToolResult, Usage
 from nemo_orch.tools.sandbox import V2, PythonSandbox, SandboxLimits, default_spec, pool
-from nemo_orch.tools.sandbox.cgroups import (_cgroup_v1_dir, _cgroup_v1_dirs, _cgroup_v2_dir,
-                                             _CpuMeter, _delegated_v2, _oom_kills, _v2_controllers,
-                                             _write_cgroup_limits)
+from nemo_orch.tools.sandbox.cgroups import (
+    _cgroup_v1_dir,
+    _cgroup_v1_dirs,
+    _cgroup_v2_dir,
+    _CpuMeter,
+    _delegated_v2,
+    _oom_kills,
+    _v2_controllers,
+    _write_cgroup_limits,
+)
 
 CTX = ToolContext(task_id="t", episode_id="e")
 

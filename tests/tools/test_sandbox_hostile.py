@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 
 from nemo_orch.tools.base import ToolContext, ToolResult
-from nemo_orch.tools.sandbox import PythonSandbox, default_spec, identity
+from nemo_orch.tools.sandbox import PythonSandbox, default_spec, identity, seccomp
 from nemo_orch.tools.sandbox import pool as sandbox_pool
-from nemo_orch.tools.sandbox import seccomp
 from nemo_orch.tools.sandbox.protocol import WORKDIR
 
 CTX = ToolContext(task_id="t", episode_id="e")

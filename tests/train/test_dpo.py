@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from support.cli_helpers import read_metrics, run_cli, run_cli_here
+
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, DPOConfig
 from nemo_orch.data.pairs import DataError, Pair, PairTokens, SideTokens, read_pairs, write_pairs

@@ -11,9 +11,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from support.cli_helpers import (
+    grpo_overrides,
+    grpo_stage,
+    read_metrics,
+    run_cli,
+    sum_task_overrides,
+)
 
-from support.cli_helpers import (grpo_overrides, grpo_stage, read_metrics, run_cli,
-                         sum_task_overrides)
 from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError
 from nemo_orch.data.tasks import Task
@@ -112,6 +117,7 @@ def _group(task_id: str, *versions: int | None) -> Group:
 
 def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_path):
     from support.fixture_tools import DelayedEcho, echo_spec
+
     from nemo_orch.tools.registry import Toolbox
 
     config = config_lib.load([f"run.output_dir={tmp_path}", "grpo.async_grpo.enabled=true",

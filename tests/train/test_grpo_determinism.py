@@ -6,8 +6,8 @@ padding uninitialized.)"""
 from __future__ import annotations
 
 import torch
-
 from support.cli_helpers import grpo_overrides, grpo_stage, read_metrics, run_cli
+
 from nemo_orch.models.checkpoint import ModelTensors, open_checkpoint
 
 

@@ -10,8 +10,8 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from support.cli_helpers import grpo_overrides, read_metrics, run_cli, run_cli_here
+
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.serve.http_server import serve_json

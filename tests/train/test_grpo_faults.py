@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from support.cli_helpers import free_ports, read_metrics, run_cli
+
 from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_mixture
@@ -114,7 +114,7 @@ class Expert:
         self.process.kill()
         self.process.wait()
 
-    def __enter__(self) -> "Expert":
+    def __enter__(self) -> Expert:
         return self
 
     def __exit__(self, *exc: object) -> None:

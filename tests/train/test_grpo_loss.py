@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 import torch
-
 from multiprocess.grpo_step import OVERRIDES, rank_batches, synthetic_samples
+
 from nemo_orch import config as config_lib
 from nemo_orch.config import GRPOConfig
 from nemo_orch.models.hf_mapping import SeededHFWeights
 from nemo_orch.train import grpo as grpo_recipe
-from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train import policy as policy_module
+from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.policy import Policy, ReferenceModel
 
 # One row per token: which branch of the loss it takes, worked out by hand with clip_low 0.2,

@@ -9,14 +9,14 @@ from collections import Counter
 
 import pytest
 import torch
-
 from support.cli_helpers import TINY_MAIN_JOB, run_cli
+
 from nemo_orch import config as config_lib
+from nemo_orch.data.sft import PAD_MULTIPLE
 from nemo_orch.data.tasks import Task
+from nemo_orch.reward.advantages import group_advantages
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord
-from nemo_orch.data.sft import PAD_MULTIPLE
-from nemo_orch.reward.advantages import group_advantages
 from nemo_orch.train.grpo import Sample, micro_batches, samples_of
 from nemo_orch.train.grpo_rollouts import Group, Rollouts
 from nemo_orch.train.metrics import logged_steps
@@ -229,6 +229,7 @@ def test_a_resumed_run_reads_back_the_steps_before_it(tmp_path):
 
 def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
     from support.fixture_tools import DelayedEcho, echo_spec
+
     from nemo_orch.envs import build_mixture
     from nemo_orch.tools.base import ToolSpec
     from nemo_orch.tools.registry import Toolbox

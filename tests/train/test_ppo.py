@@ -12,9 +12,14 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from support.cli_helpers import (
+    grpo_overrides,
+    grpo_stage,
+    read_metrics,
+    run_cli,
+    sum_task_overrides,
+)
 
-from support.cli_helpers import (grpo_overrides, grpo_stage, read_metrics, run_cli,
-                         sum_task_overrides)
 from nemo_orch import config as config_lib
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.models import checkpoint

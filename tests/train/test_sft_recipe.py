@@ -3,8 +3,8 @@
 import signal
 
 import pytest
-
 from support.cli_helpers import read_metrics, run_cli, small_sft_overrides
+
 from nemo_orch.faults import ENV as KILL_AT
 
 

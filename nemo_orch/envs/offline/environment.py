@@ -17,8 +17,8 @@ from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, decl
 from nemo_orch.envs.interfaces import SPLITS, Agent, EpisodeGroup, Scored, draw
 from nemo_orch.envs.offline import metrics
 from nemo_orch.envs.offline.agents import NaiveRouterAgent
-from nemo_orch.envs.offline.orchestra import FAMILY_SHAPES
 from nemo_orch.envs.offline.oracle import OracleTable, knows_experts, route_of
+from nemo_orch.envs.offline.orchestra import FAMILY_SHAPES
 from nemo_orch.envs.offline.values import utility
 from nemo_orch.envs.offline.world import held_out_tasks, interface_of, make_tasks, restated
 from nemo_orch.rollout.episode import Trajectory

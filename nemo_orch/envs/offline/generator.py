@@ -347,7 +347,7 @@ def _entity(rng: random.Random, kind: str) -> str:
 WORLD_ENTITIES_PER_RELATION = 200
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _world_entities(relation: str) -> tuple[str, ...]:
     kind = _RELATIONS[relation].kind
     entities: dict[str, None] = {}  # distinct names, in a fixed order
@@ -365,7 +365,7 @@ def _passage(relation: _Relation, entity: str) -> tuple[str, str]:
     return value, world.choice(relation.passages).format(e=entity, v=value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _passages_by_query() -> dict[str, str]:
     return {query.format(e=entity): _passage(relation, entity)[1]
             for relation in _RELATIONS.values() for entity in _world_entities(relation.name)

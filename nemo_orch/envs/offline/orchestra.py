@@ -39,10 +39,8 @@ from nemo_orch.reward.components import PREFERENCE_PHRASES
 from nemo_orch.tools.base import ToolContext, Usage
 from nemo_orch.tools.composite import context_text, fit_observations
 from nemo_orch.tools.interfaces import ANSWER, ORCHESTRA_TOOLS, REASON, SEARCH
-from nemo_orch.tools.interfaces import offers_orchestra as offers
 from nemo_orch.tools.registry import Toolbox
-from nemo_orch.tools.simulated_expert import (SimulatedExpert, reading, writing_chances,
-                                               wrong_answer)
+from nemo_orch.tools.simulated_expert import SimulatedExpert, reading, writing_chances, wrong_answer
 
 TOOLS = ORCHESTRA_TOOLS
 WRITERS = (SEARCH, REASON)
@@ -138,7 +136,7 @@ class Writers:
     executor_usd: dict[str, float]
 
     @classmethod
-    def of(cls, toolbox: Toolbox) -> "Writers":
+    def of(cls, toolbox: Toolbox) -> Writers:
         composites = {name: toolbox.tools[name] for name in TOOLS}
         experts = {name: tool.expert for name, tool in composites.items()}
         for name, expert in experts.items():

@@ -120,7 +120,7 @@ class Tau2Episode:
     changes nothing. tau2's evaluator replays the transcript."""
 
     environment: Any
-    turns: list["Turn"] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
     # The (requestor, turn) of the last message of calls, while its calls are still coming.
     _open: tuple[str, int] | None = None
 
@@ -129,7 +129,7 @@ class Tau2Episode:
         self.turns.append(Turn(role, text=text))
         self._open = None
 
-    def record_call(self, requestor: str, context: ToolContext, call: "ExecutedCall") -> None:
+    def record_call(self, requestor: str, context: ToolContext, call: ExecutedCall) -> None:
         """A call that reached the environment: part of its requestor's message of that turn
         (``context.turn``), which carries the text written beside the calls."""
         if self._open == (requestor, context.turn):

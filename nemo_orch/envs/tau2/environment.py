@@ -18,8 +18,15 @@ from __future__ import annotations
 from nemo_orch.config import Config, ConfigError, EnvSourceConfig, resolve_conf_path
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.common import declared_names, declared_tools, offering
-from nemo_orch.envs.interfaces import (Environment, GoldAction, GoldPlan, Scored, draw,
-                                       final_message, split_pool)
+from nemo_orch.envs.interfaces import (
+    Environment,
+    GoldAction,
+    GoldPlan,
+    Scored,
+    draw,
+    final_message,
+    split_pool,
+)
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.rollout.episode import Trajectory, UserFactory, episode_id
 from nemo_orch.tools.registry import Toolbox

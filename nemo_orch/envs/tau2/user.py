@@ -23,12 +23,11 @@ import json
 import time
 from typing import Any
 
-from nemo_orch.clients.openai import ChatResult, EndpointRefusal, OpenAIClient
 from nemo_orch.clients.http import HTTPError
+from nemo_orch.clients.openai import ChatResult, EndpointRefusal, OpenAIClient
 from nemo_orch.config import UserConfig
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.tau2.adapter import (ASSISTANT, USER, Tau2Domain, _tau2,
-                                         tau2_task_of)
+from nemo_orch.envs.tau2.adapter import ASSISTANT, USER, Tau2Domain, _tau2, tau2_task_of
 from nemo_orch.rollout.episode import UserReply
 from nemo_orch.tools.base import Pricing, ToolContext, ToolError, ToolResult, Usage
 from nemo_orch.tools.pricing import model_pricing
@@ -66,7 +65,7 @@ class Tau2Users:
         self.toolbox = domain.user_toolbox()
         self.tool_schemas = self.toolbox.schemas()
 
-    def __call__(self, task: Task, context: ToolContext) -> "Tau2User":
+    def __call__(self, task: Task, context: ToolContext) -> Tau2User:
         return Tau2User(self, task, context)
 
     def describe(self) -> str:

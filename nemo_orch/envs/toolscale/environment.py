@@ -25,12 +25,11 @@ from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, read_domain_tasks, to_task_row
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.tasks import Task
+from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, declared_tools, offering
+from nemo_orch.envs.interfaces import GoldAction, GoldPlan, draw, final_message, split_pool
 from nemo_orch.envs.toolscale.generator import MAX_ACTIONS
 from nemo_orch.envs.toolscale.parquet import read_toolscale_parquet
 from nemo_orch.envs.toolscale.validate import ValidationSummary, validated
-from nemo_orch.envs.common import (OutcomeScoredEnvironment, declared_names, declared_tools,
-                                   offering)
-from nemo_orch.envs.interfaces import GoldAction, GoldPlan, draw, final_message, split_pool
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ def _plain(value: Any) -> Any:
         if value.tzinfo is None:
             if value.time() == datetime.time():
                 return value.date().isoformat()
-            value = value.replace(tzinfo=datetime.timezone.utc)
+            value = value.replace(tzinfo=datetime.UTC)
         return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()

@@ -41,12 +41,12 @@ from pathlib import Path
 from string import Template
 from typing import Any, NoReturn, TypeVar
 
+from nemo_orch.clients.openai import ChatResult, OpenAIClient, run_sync
 from nemo_orch.config import ConfigError, SynthConfig
 from nemo_orch.data.domain import Database, Domain, DomainSpec, FieldSpec, fits
 from nemo_orch.data.domain_tasks import DomainTask, task_from_record, write_domain_tasks
 from nemo_orch.data.jsonl import DataError
 from nemo_orch.envs.toolscale.validate import Rejection, ValidationSummary, rejection, validated
-from nemo_orch.clients.openai import ChatResult, OpenAIClient, run_sync
 
 log = logging.getLogger(__name__)
 

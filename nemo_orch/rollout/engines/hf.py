@@ -19,11 +19,21 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import ModelConfig
-from nemo_orch.models.hf_mapping import (HFCheckpoint, SeededHFWeights, build_hf_model,
-                                         model_config_from_hf)
-from nemo_orch.rollout.engines.base import (EngineError, Generation, RefitGuard,
-                                            SamplingParams, WeightUpdate, check_prompts,
-                                            prompt_seeds)
+from nemo_orch.models.hf_mapping import (
+    HFCheckpoint,
+    SeededHFWeights,
+    build_hf_model,
+    model_config_from_hf,
+)
+from nemo_orch.rollout.engines.base import (
+    EngineError,
+    Generation,
+    RefitGuard,
+    SamplingParams,
+    WeightUpdate,
+    check_prompts,
+    prompt_seeds,
+)
 
 
 def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -20,8 +20,13 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError, run_sync
-from nemo_orch.rollout.engines.base import (EngineError, Generation, SamplingParams,
-                                            WeightUpdate, prompt_seeds)
+from nemo_orch.rollout.engines.base import (
+    EngineError,
+    Generation,
+    SamplingParams,
+    WeightUpdate,
+    prompt_seeds,
+)
 
 _TOKEN_ID_PREFIX = "token_id:"
 # A token named by id (vLLM's return_tokens_as_token_ids). At most 9 digits: no vocabulary is

@@ -45,11 +45,20 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.rollout.engines.base import (ENGINE_DTYPES, EngineError, Generation,
-                                            LibraryEngineMixin,
-                                            SamplingParams, WeightUpdate, check_prompts,
-                                            finish_reason, prompt_seeds, require_cuda,
-                                            sampled_logprobs, served_model_config)
+from nemo_orch.rollout.engines.base import (
+    ENGINE_DTYPES,
+    EngineError,
+    Generation,
+    LibraryEngineMixin,
+    SamplingParams,
+    WeightUpdate,
+    check_prompts,
+    finish_reason,
+    prompt_seeds,
+    require_cuda,
+    sampled_logprobs,
+    served_model_config,
+)
 
 log = logging.getLogger(__name__)
 

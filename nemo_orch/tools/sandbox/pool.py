@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -24,19 +23,46 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.call_kinds import CallKind
-from nemo_orch.tools.base import (BaseTool, Pricing, ToolContext, ToolError, ToolResult, ToolSpec,
-                                  billed_result)
+from nemo_orch.tools.base import (
+    BaseTool,
+    Pricing,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    billed_result,
+)
 from nemo_orch.tools.sandbox import seccomp
-from nemo_orch.tools.sandbox.cgroups import (_GROUP_PREFIX, _KILL_TIMEOUT_S, _CpuMeter,
-                                             _kill_group, _oom_kills, _orphans, _rmdir_cgroup,
-                                             _usable_cgroups, _write_cgroup_limits)
+from nemo_orch.tools.sandbox.cgroups import (
+    _GROUP_PREFIX,
+    _KILL_TIMEOUT_S,
+    _CpuMeter,
+    _kill_group,
+    _oom_kills,
+    _orphans,
+    _rmdir_cgroup,
+    _usable_cgroups,
+    _write_cgroup_limits,
+)
 from nemo_orch.tools.sandbox.identity import _lease_uid, _SpawnError, _UidLease
 from nemo_orch.tools.sandbox.limits import SandboxLimits
 from nemo_orch.tools.sandbox.plan import ISOLATION_MODES, _Plan
-from nemo_orch.tools.sandbox.protocol import (_CPU_EXIT, _READY, _ZYGOTE, _ZYGOTE_ENVIRONMENT,
-                                              INTERPRETER, _call_config, _Output)
-from nemo_orch.tools.sandbox.root import (_PIVOT_ROOT, _hidden_prefixes, _mount_point,
-                                          _private_root, package_paths)
+from nemo_orch.tools.sandbox.protocol import (
+    _CPU_EXIT,
+    _READY,
+    _ZYGOTE,
+    _ZYGOTE_ENVIRONMENT,
+    INTERPRETER,
+    _call_config,
+    _Output,
+)
+from nemo_orch.tools.sandbox.root import (
+    _PIVOT_ROOT,
+    _hidden_prefixes,
+    _mount_point,
+    _private_root,
+    package_paths,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +145,7 @@ class _Zygote:
         self._listener = asyncio.create_task(self._listen())
 
     @classmethod
-    async def start(cls, plan: _Plan) -> "_Zygote":
+    async def start(cls, plan: _Plan) -> _Zygote:
         # Where the zygote mounts its staged libraries (empty in this mount namespace).
         staging = None
         if plan.root is not None and plan.root.staged:
@@ -377,7 +403,7 @@ class PythonSandbox(BaseTool):
                 zip([controller for controller, _ in plan.cgroups], cgroups), self.limits))
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 line = b"(no answer within %d s)" % _SPAWN_TIMEOUT_S
             if line != _READY:
                 rest = b"" if proc.stdout.at_eof() else await _read_some(proc.stdout)
@@ -437,7 +463,7 @@ class PythonSandbox(BaseTool):
         await proc.wait()
         try:
             await asyncio.wait_for(reader, _KILL_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass  # an escaped process still holds the pipe; the output so far is what we have
         text = output.text()
         return text, self._error(proc.returncode, timed_out, cpu_spent, oom_kills, text)
@@ -589,7 +615,7 @@ class PythonSandbox(BaseTool):
 async def _read_some(stream: asyncio.StreamReader) -> bytes:
     try:
         return await asyncio.wait_for(stream.read(8192), 1.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return b""
 
 
