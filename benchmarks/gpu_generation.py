@@ -66,15 +66,23 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Generation tokens/s of a Qwen3-shaped policy on one CUDA GPU at several "
         "batch sizes, with TensorRT-LLM, vLLM or (neither installed) transformers. Exits 2 "
-        "without a CUDA GPU.")
-    parser.add_argument("--engine", default="auto", choices=("auto", *ENGINES),
-                        help="auto: the first of trtllm, vllm, hf that imports")
+        "without a CUDA GPU."
+    )
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        choices=("auto", *ENGINES),
+        help="auto: the first of trtllm, vllm, hf that imports",
+    )
     parser.add_argument("--model", default="qwen3-0.6b", help="a conf/model preset")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--workdir", default=".gpu-check/generation",
-                        help="where the model's HF directory is written (reused when present)")
+    parser.add_argument(
+        "--workdir",
+        default=".gpu-check/generation",
+        help="where the model's HF directory is written (reused when present)",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
     if min(args.batch_sizes) < 1 or args.prompt_len < 1 or args.new_tokens < 1:
@@ -86,8 +94,9 @@ def candidate_engines(requested: str) -> list[str]:
     """The engines to try, in order: the requested one, or every installed one then ``hf``."""
     if requested != "auto":
         return [requested]
-    return [name for name in ("trtllm", "vllm")
-            if importlib.util.find_spec(_MODULES[name]) is not None] + ["hf"]
+    return [
+        name for name in ("trtllm", "vllm") if importlib.util.find_spec(_MODULES[name]) is not None
+    ] + ["hf"]
 
 
 def model_config(preset: str):
@@ -107,8 +116,10 @@ def hf_directory(model, workdir: Path) -> Path:
     if not (directory / "model.safetensors").exists():
         save_hf_checkpoint(directory, SeededHFWeights(model, seed=0), model, dtype=torch.bfloat16)
     if not (directory / "tokenizer.json").exists():
-        texts = (render_conversation(c["messages"], c["tools"])
-                 for c in generate_conversations(200, seed=0))
+        texts = (
+            render_conversation(c["messages"], c["tools"])
+            for c in generate_conversations(200, seed=0)
+        )
         train_tokenizer(texts, vocab_size=1000, min_frequency=2, out_dir=directory)
     return directory
 
@@ -135,18 +146,29 @@ def trtllm_runner(directory: Path, args: argparse.Namespace) -> ProjectEngineRun
     from nemo_orch.models.tokenizer import load_tokenizer
     from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
 
-    return ProjectEngineRunner(TRTLLMEngine(
-        directory, load_tokenizer(directory), max_batch_size=max(args.batch_sizes),
-        max_seq_len=args.prompt_len + args.new_tokens + 1))
+    return ProjectEngineRunner(
+        TRTLLMEngine(
+            directory,
+            load_tokenizer(directory),
+            max_batch_size=max(args.batch_sizes),
+            max_seq_len=args.prompt_len + args.new_tokens + 1,
+        )
+    )
 
 
 def vllm_runner(directory: Path, args: argparse.Namespace) -> ProjectEngineRunner:
     from nemo_orch.models.tokenizer import load_tokenizer
     from nemo_orch.rollout.engines.vllm import VLLMEngine
 
-    return ProjectEngineRunner(VLLMEngine(
-        directory, load_tokenizer(directory), max_batch_size=max(args.batch_sizes),
-        max_model_len=args.prompt_len + args.new_tokens + 1, sleep_mode=False))
+    return ProjectEngineRunner(
+        VLLMEngine(
+            directory,
+            load_tokenizer(directory),
+            max_batch_size=max(args.batch_sizes),
+            max_model_len=args.prompt_len + args.new_tokens + 1,
+            sleep_mode=False,
+        )
+    )
 
 
 class TransformersRunner:
@@ -155,15 +177,23 @@ class TransformersRunner:
     def __init__(self, directory: Path) -> None:
         from transformers import Qwen3ForCausalLM
 
-        self.model = Qwen3ForCausalLM.from_pretrained(str(directory)).to(
-            device="cuda", dtype=torch.bfloat16).eval()
+        self.model = (
+            Qwen3ForCausalLM.from_pretrained(str(directory))
+            .to(device="cuda", dtype=torch.bfloat16)
+            .eval()
+        )
 
     @torch.no_grad()
     def generate(self, batch: list[list[int]], new_tokens: int) -> int:
         input_ids = torch.tensor(batch, device="cuda")
         output = self.model.generate(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+        )
         torch.cuda.synchronize()
         return int(output.shape[0] * (output.shape[1] - input_ids.shape[1]))
 
@@ -179,8 +209,11 @@ def start(engine: str, directory: Path, args: argparse.Namespace):
 def main() -> int:
     args = parse_args()
     if not torch.cuda.is_available():
-        print("gpu_generation.py needs a CUDA GPU (none is visible); benchmarks/rollout.py "
-              "measures the CPU rollout path", file=sys.stderr)
+        print(
+            "gpu_generation.py needs a CUDA GPU (none is visible); benchmarks/rollout.py "
+            "measures the CPU rollout path",
+            file=sys.stderr,
+        )
         return EXIT_NO_GPU
     model = model_config(args.model)
     directory = hf_directory(model, Path(args.workdir))
@@ -195,8 +228,10 @@ def main() -> int:
         except Exception as error:
             traceback.print_exc()
             failed_to_start[engine] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-            print(f"gpu_generation.py: engine {engine} failed to start: "
-                  f"{failed_to_start[engine]}", file=sys.stderr)
+            print(
+                f"gpu_generation.py: engine {engine} failed to start: {failed_to_start[engine]}",
+                file=sys.stderr,
+            )
     else:
         return 1
     rows = []
@@ -212,9 +247,11 @@ def main() -> int:
             traceback.print_exc()
             row.error = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
         rows.append(row)
-    print(f"GPU: {torch.cuda.get_device_name()}; engine {engine} (start-up {startup_s:.1f} s); "
-          f"model {args.model}, bf16, seeded weights; prompt {args.prompt_len} + "
-          f"{args.new_tokens} new tokens, greedy, EOS ignored")
+    print(
+        f"GPU: {torch.cuda.get_device_name()}; engine {engine} (start-up {startup_s:.1f} s); "
+        f"model {args.model}, bf16, seeded weights; prompt {args.prompt_len} + "
+        f"{args.new_tokens} new tokens, greedy, EOS ignored"
+    )
     for name, reason in failed_to_start.items():
         print(f"engine {name} failed to start: {reason}")
     print()
@@ -224,13 +261,24 @@ def main() -> int:
         if row.error:
             print(f"| {row.engine} | {row.batch_size} | failed: {row.error} | | |")
         else:
-            print(f"| {row.engine} | {row.batch_size} | {row.seconds:.2f} | "
-                  f"{row.generated_tokens} | {row.tokens_per_s:,.0f} |")
+            print(
+                f"| {row.engine} | {row.batch_size} | {row.seconds:.2f} | "
+                f"{row.generated_tokens} | {row.tokens_per_s:,.0f} |"
+            )
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"benchmark": "gpu_generation", "engine": engine, "model": args.model,
-                       "startup_s": startup_s, "failed_to_start": failed_to_start,
-                       "rows": [asdict(row) for row in rows]}, out, indent=2)
+            json.dump(
+                {
+                    "benchmark": "gpu_generation",
+                    "engine": engine,
+                    "model": args.model,
+                    "startup_s": startup_s,
+                    "failed_to_start": failed_to_start,
+                    "rows": [asdict(row) for row in rows],
+                },
+                out,
+                indent=2,
+            )
     return 1 if failed_to_start or any(row.error for row in rows) else 0
 
 

@@ -74,19 +74,30 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Training-step tokens/s and MFU of the Megatron-Core Qwen3 policy on one "
         "CUDA GPU, in bf16 and (with Transformer Engine) FP8. MFU's peak is the bf16 matmul "
-        "rate measured on the same GPU. Exits 2 without a CUDA GPU.")
+        "rate measured on the same GPU. Exits 2 without a CUDA GPU."
+    )
     parser.add_argument("--model", default="qwen3-0.6b", help="a conf/model preset")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
-    parser.add_argument("--fp8-recipes", nargs="*", default=["delayed", "tensorwise"],
-                        help="FP8 recipes to run when Transformer Engine is installed "
-                        "(none: bf16 only)")
-    parser.add_argument("--fp8-param", action="store_true",
-                        help="FP8 rows also keep the weights in FP8 (model.fp8_param)")
-    parser.add_argument("--matmul-size", type=int, default=8192,
-                        help="n of the n x n bf16 matmul that measures the peak")
+    parser.add_argument(
+        "--fp8-recipes",
+        nargs="*",
+        default=["delayed", "tensorwise"],
+        help="FP8 recipes to run when Transformer Engine is installed (none: bf16 only)",
+    )
+    parser.add_argument(
+        "--fp8-param",
+        action="store_true",
+        help="FP8 rows also keep the weights in FP8 (model.fp8_param)",
+    )
+    parser.add_argument(
+        "--matmul-size",
+        type=int,
+        default=8192,
+        help="n of the n x n bf16 matmul that measures the peak",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 1 or args.batch_size < 1 or args.seq_length < 16:
@@ -113,19 +124,28 @@ def measure_bf16_matmul_flops(n: int, iterations: int = 50) -> float:
 def load_config(args: argparse.Namespace, overrides: list[str]):
     from nemo_orch import config as config_lib
 
-    return config_lib.load([
-        f"model={args.model}", f"trainer.micro_batch_size={args.batch_size}",
-        f"trainer.global_batch_size={args.batch_size}", f"data.seq_length={args.seq_length}",
-        "trainer.optim.warmup_steps=0", *overrides])
+    return config_lib.load(
+        [
+            f"model={args.model}",
+            f"trainer.micro_batch_size={args.batch_size}",
+            f"trainer.global_batch_size={args.batch_size}",
+            f"data.seq_length={args.seq_length}",
+            "trainer.optim.warmup_steps=0",
+            *overrides,
+        ]
+    )
 
 
 def make_batch(vocab_size: int, batch_size: int, seq_length: int) -> dict[str, torch.Tensor]:
     """Random next-token data, every label in the loss, in ``data.sft.collate``'s layout."""
     generator = torch.Generator().manual_seed(0)
     sequence = torch.randint(0, vocab_size, (batch_size, seq_length + 1), generator=generator)
-    batch = {"tokens": sequence[:, :-1], "labels": sequence[:, 1:],
-             "loss_mask": torch.ones(batch_size, seq_length),
-             "position_ids": torch.arange(seq_length).repeat(batch_size, 1)}
+    batch = {
+        "tokens": sequence[:, :-1],
+        "labels": sequence[:, 1:],
+        "loss_mask": torch.ones(batch_size, seq_length),
+        "position_ids": torch.arange(seq_length).repeat(batch_size, 1),
+    }
     return {key: value.contiguous().cuda() for key, value in batch.items()}
 
 
@@ -171,8 +191,9 @@ def measure(args: argparse.Namespace, precision: str, overrides: list[str], peak
     row.peak_memory_gib = max(row.peak_memory_gib, later_peak / 2**30)
     row.resident_gib = resident / 2**30
     row.activation_peak_gib = (later_peak - resident) / 2**30
-    estimate = memory.training_estimate(config.model, config.parallel, args.seq_length,
-                                        args.batch_size, num_microbatches=1)
+    estimate = memory.training_estimate(
+        config.model, config.parallel, args.seq_length, args.batch_size, num_microbatches=1
+    )
     row.plan_resident_gib = estimate.resident / 2**30
     row.plan_activation_gib = estimate.activations / 2**30
     return row
@@ -182,57 +203,90 @@ def runs(args: argparse.Namespace, have_te: bool) -> list[tuple[str, list[str]]]
     """(precision label, config overrides) for each row."""
     impl = "transformer_engine" if have_te else "local"
     bf16 = [f"model.transformer_impl={impl}", "model.params_dtype=bfloat16"]
-    plan = [("bf16", bf16),
-            ("bf16-selective-recompute", [*bf16, "model.recompute_granularity=selective"]),
-            ("bf16-full-recompute", [*bf16, "model.recompute_granularity=full"])]
+    plan = [
+        ("bf16", bf16),
+        ("bf16-selective-recompute", [*bf16, "model.recompute_granularity=selective"]),
+        ("bf16-full-recompute", [*bf16, "model.recompute_granularity=full"]),
+    ]
     if have_te:
         for recipe in args.fp8_recipes:
-            plan.append((f"fp8-{recipe}", [
-                "model.transformer_impl=transformer_engine", "model.params_dtype=bfloat16",
-                "model.fp8=hybrid", f"model.fp8_recipe={recipe}",
-                f"model.fp8_param={str(args.fp8_param).lower()}"]))
+            plan.append(
+                (
+                    f"fp8-{recipe}",
+                    [
+                        "model.transformer_impl=transformer_engine",
+                        "model.params_dtype=bfloat16",
+                        "model.fp8=hybrid",
+                        f"model.fp8_recipe={recipe}",
+                        f"model.fp8_param={str(args.fp8_param).lower()}",
+                    ],
+                )
+            )
     return plan
 
 
-def print_report(args: argparse.Namespace, rows: list[Row], peak: float, parameters: int,
-                 have_te: bool) -> None:
-    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; Transformer Engine "
-          f"{'installed' if have_te else 'NOT installed (bf16 with the local spec only)'}")
-    print(f"model {args.model}: {parameters / 1e6:.0f}M parameters; batch {args.batch_size} x "
-          f"seq {args.seq_length}; {args.warmup} warm-up + {args.steps} timed steps")
-    print(f"MFU peak = measured bf16 matmul rate ({args.matmul_size}^3): {peak / 1e12:.0f} "
-          "TFLOP/s; MFU = 6 * N * tokens/s / peak\n")
-    print("| precision | layer spec | median step (s) | tokens/s | MFU | loss first -> last "
-          "| peak mem (GiB) | resident GiB (plan) | activations GiB (plan) |")
+def print_report(
+    args: argparse.Namespace, rows: list[Row], peak: float, parameters: int, have_te: bool
+) -> None:
+    print(
+        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; Transformer Engine "
+        f"{'installed' if have_te else 'NOT installed (bf16 with the local spec only)'}"
+    )
+    print(
+        f"model {args.model}: {parameters / 1e6:.0f}M parameters; batch {args.batch_size} x "
+        f"seq {args.seq_length}; {args.warmup} warm-up + {args.steps} timed steps"
+    )
+    print(
+        f"MFU peak = measured bf16 matmul rate ({args.matmul_size}^3): {peak / 1e12:.0f} "
+        "TFLOP/s; MFU = 6 * N * tokens/s / peak\n"
+    )
+    print(
+        "| precision | layer spec | median step (s) | tokens/s | MFU | loss first -> last "
+        "| peak mem (GiB) | resident GiB (plan) | activations GiB (plan) |"
+    )
     print("|---|---|---:|---:|---:|---|---:|---:|---:|")
     for row in rows:
         if row.error:
             print(f"| {row.precision} | {row.layer_spec} | failed: {row.error} | | | | | | |")
             continue
-        print(f"| {row.precision} | {row.layer_spec} | {row.median_step_s:.3f} | "
-              f"{row.tokens_per_s:,.0f} | {row.mfu:.1%} | {row.first_loss:.3f} -> "
-              f"{row.last_loss:.3f} | {row.peak_memory_gib:.1f} | {row.resident_gib:.1f} "
-              f"({row.plan_resident_gib:.1f}) | {row.activation_peak_gib:.1f} "
-              f"({row.plan_activation_gib:.1f}) |")
+        print(
+            f"| {row.precision} | {row.layer_spec} | {row.median_step_s:.3f} | "
+            f"{row.tokens_per_s:,.0f} | {row.mfu:.1%} | {row.first_loss:.3f} -> "
+            f"{row.last_loss:.3f} | {row.peak_memory_gib:.1f} | {row.resident_gib:.1f} "
+            f"({row.plan_resident_gib:.1f}) | {row.activation_peak_gib:.1f} "
+            f"({row.plan_activation_gib:.1f}) |"
+        )
 
 
 def main() -> int:
     args = parse_args()
     if not torch.cuda.is_available():
-        print("gpu_train_step.py needs a CUDA GPU (none is visible); benchmarks/train_step.py "
-              "measures the CPU path", file=sys.stderr)
+        print(
+            "gpu_train_step.py needs a CUDA GPU (none is visible); benchmarks/train_step.py "
+            "measures the CPU path",
+            file=sys.stderr,
+        )
         return EXIT_NO_GPU
     have_te = importlib.util.find_spec("transformer_engine") is not None
     peak = measure_bf16_matmul_flops(args.matmul_size)
-    rows = [measure(args, precision, overrides, peak) for precision, overrides
-            in runs(args, have_te)]
+    rows = [
+        measure(args, precision, overrides, peak) for precision, overrides in runs(args, have_te)
+    ]
     parameters = load_config(args, []).model.num_parameters()
     print_report(args, rows, peak, parameters, have_te)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"benchmark": "gpu_train_step", "model": args.model,
-                       "peak_bf16_flops": peak, "parameters": parameters,
-                       "rows": [asdict(row) for row in rows]}, out, indent=2)
+            json.dump(
+                {
+                    "benchmark": "gpu_train_step",
+                    "model": args.model,
+                    "peak_bf16_flops": peak,
+                    "parameters": parameters,
+                    "rows": [asdict(row) for row in rows],
+                },
+                out,
+                indent=2,
+            )
     return 1 if any(row.error for row in rows) else 0
 
 

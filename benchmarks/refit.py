@@ -46,10 +46,17 @@ from nemo_orch.models.hf_mapping import SeededHFWeights, megatron_to_hf
 SIZES = {
     "tiny": ["model=tiny"],
     "micro": ["model=micro"],
-    "124M": ["model=micro", "model.num_layers=12", "model.hidden_size=768",
-             "model.num_attention_heads=12", "model.num_query_groups=4", "model.kv_channels=64",
-             "model.ffn_hidden_size=2048", "model.vocab_size=32000",
-             "tokenizer.vocab_size=32000"],
+    "124M": [
+        "model=micro",
+        "model.num_layers=12",
+        "model.hidden_size=768",
+        "model.num_attention_heads=12",
+        "model.num_query_groups=4",
+        "model.kv_channels=64",
+        "model.ffn_hidden_size=2048",
+        "model.vocab_size=32000",
+        "tokenizer.vocab_size=32000",
+    ],
 }
 LAYOUTS = {"1 process": 1, "TP=2": 2}
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -89,9 +96,15 @@ def pickled_gather(module: torch.nn.Module, config: Config, bucket_mb: int) -> d
 
     layout = weights.rank_layout()
     shards: list = [None] * dist.get_world_size()
-    dist.all_gather_object(shards, (
-        ps.get_data_parallel_rank(), layout.pp_rank, layout.tp_rank,
-        {name: tensor.cpu() for name, tensor in weights.parameter_state(module).items()}))
+    dist.all_gather_object(
+        shards,
+        (
+            ps.get_data_parallel_rank(),
+            layout.pp_rank,
+            layout.tp_rank,
+            {name: tensor.cpu() for name, tensor in weights.parameter_state(module).items()},
+        ),
+    )
     if dist.get_rank() != 0:
         return None
     stages = [[None] * layout.tp_size for _ in range(layout.pp_size)]
@@ -113,8 +126,11 @@ def stream(module: torch.nn.Module, config: Config, bucket_mb: int) -> int:
     return count
 
 
-METHODS = {"pickled gather": pickled_gather, "bucketed gather": bucketed_gather,
-           "bucketed stream": stream}
+METHODS = {
+    "pickled gather": pickled_gather,
+    "bucketed gather": bucketed_gather,
+    "bucketed stream": stream,
+}
 
 
 def worker(repeats: int, bucket_mb: int) -> None:
@@ -122,16 +138,21 @@ def worker(repeats: int, bucket_mb: int) -> None:
     torch.set_num_threads(1)
     tp = int(os.environ.get("WORLD_SIZE", "1"))
     rows = []
-    configs = {size: config_lib.load([*overrides, f"parallel.tp={tp}"])
-               for size, overrides in SIZES.items()}
+    configs = {
+        size: config_lib.load([*overrides, f"parallel.tp={tp}"])
+        for size, overrides in SIZES.items()
+    }
     first = next(iter(configs.values()))
     with distributed.parallel_session(first.parallel, first.run.seed):
         for size, config in configs.items():
-            module = qwen3.build_model(config.model, config.parallel, pre_process=True,
-                                       post_process=True)
+            module = qwen3.build_model(
+                config.model, config.parallel, pre_process=True, post_process=True
+            )
             weights.load_hf_weights(module, SeededHFWeights(config.model, 0), config.model)
-            model_bytes = tp * sum(tensor.numel() * tensor.element_size()
-                                   for tensor in weights.parameter_state(module).values())
+            model_bytes = tp * sum(
+                tensor.numel() * tensor.element_size()
+                for tensor in weights.parameter_state(module).values()
+            )
             for method, refit in METHODS.items():
                 runs = []
                 for _ in range(repeats):
@@ -139,9 +160,15 @@ def worker(repeats: int, bucket_mb: int) -> None:
                     runs.append(peak_rise(refit, module, config, bucket_mb))
                 peak = torch.tensor([max(rise for _, rise in runs)])
                 dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-                rows.append({"size": size, "model_mib": model_bytes / 2**20, "method": method,
-                             "seconds": statistics.median(seconds for seconds, _ in runs),
-                             "peak_mib": int(peak) / 2**20})
+                rows.append(
+                    {
+                        "size": size,
+                        "model_mib": model_bytes / 2**20,
+                        "method": method,
+                        "seconds": statistics.median(seconds for seconds, _ in runs),
+                        "peak_mib": int(peak) / 2**20,
+                    }
+                )
         if dist.get_rank() == 0:
             print(json.dumps(rows))
 
@@ -158,24 +185,43 @@ def main() -> None:
     table = []
     for layout, processes in LAYOUTS.items():
         launched = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-             "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-             str(Path(__file__).resolve()), "--worker", f"--repeats={args.repeats}",
-             f"--bucket-mb={args.bucket_mb}"], capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc_per_node={processes}",
+                "--nnodes=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={free_port()}",
+                str(Path(__file__).resolve()),
+                "--worker",
+                f"--repeats={args.repeats}",
+                f"--bucket-mb={args.bucket_mb}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
             # every large tensor its own mapping, returned when freed: a method's peak does not
             # hide in memory an earlier one left to the allocator
-            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 16)})
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 16)},
+        )
         if launched.returncode != 0:
             sys.exit(launched.stderr[-3000:])
-        table += [{"layout": layout, **row}
-                  for row in json.loads(launched.stdout.strip().splitlines()[-1])]
-    print(f"refit, buckets of {args.bucket_mb} MiB, fp32, 1 thread per process, "
-          f"median of {args.repeats}\n")
+        table += [
+            {"layout": layout, **row}
+            for row in json.loads(launched.stdout.strip().splitlines()[-1])
+        ]
+    print(
+        f"refit, buckets of {args.bucket_mb} MiB, fp32, 1 thread per process, "
+        f"median of {args.repeats}\n"
+    )
     print("| model | model MiB | layout | method | seconds | peak MiB |")
     print("|---|---:|---|---|---:|---:|")
     for row in table:
-        print(f"| {row['size']} | {row['model_mib']:.0f} | {row['layout']} | {row['method']} | "
-              f"{row['seconds']:.3f} | {row['peak_mib']:.0f} |")
+        print(
+            f"| {row['size']} | {row['model_mib']:.0f} | {row['layout']} | {row['method']} | "
+            f"{row['seconds']:.3f} | {row['peak_mib']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

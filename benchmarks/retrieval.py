@@ -32,8 +32,9 @@ from pathlib import Path
 from nemo_orch.tools.encoders import HashingEncoder, HFEncoder
 from nemo_orch.tools.retriever import Document, RetrievalIndex
 
-SYLLABLES = ("ka ri to ne mu sa lo vi pe du gra sel tor mi an el os ur bes dan fi ko "
-             "lu ta ven ro").split()
+SYLLABLES = (
+    "ka ri to ne mu sa lo vi pe du gra sel tor mi an el os ur bes dan fi ko lu ta ven ro"
+).split()
 
 
 def vocabulary(size: int, rng: random.Random) -> list[str]:
@@ -55,12 +56,18 @@ def tiny_hf_encoder(docs: list[Document], directory: Path) -> HFEncoder:
 
     from nemo_orch.models.tokenizer import train_tokenizer
 
-    tokenizer = train_tokenizer((doc.text for doc in docs[:20_000]), vocab_size=4000,
-                                min_frequency=2, out_dir=directory)
+    tokenizer = train_tokenizer(
+        (doc.text for doc in docs[:20_000]), vocab_size=4000, min_frequency=2, out_dir=directory
+    )
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=128,
-                        max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
     BertModel(config).save_pretrained(directory)
     return HFEncoder(directory, max_length=128, batch_size=256)
 
@@ -71,21 +78,37 @@ def rate(function, count: int) -> tuple[float, object]:
     return count / (time.perf_counter() - started), result
 
 
-def measure(name: str, index: RetrievalIndex, queries: list[str], batch: int,
-            build_s: float) -> list[dict]:
+def measure(
+    name: str, index: RetrievalIndex, queries: list[str], batch: int, build_s: float
+) -> list[dict]:
     rows = []
     for mode in ("dense", "hybrid"):
-        single, one_by_one = rate(lambda mode=mode: [index.search(q, 10, mode=mode) for q in queries],
-                                  len(queries))
-        batched, together = rate(lambda mode=mode: [hits for start in range(0, len(queries), batch)
-                                          for hits in index.search_many(
-                                              queries[start:start + batch], 10, mode=mode)],
-                                 len(queries))
-        same = sum([hit.id for hit in alone] == [hit.id for hit in batch_hits]
-                   for alone, batch_hits in zip(one_by_one, together)) / len(queries)
-        rows.append({"encoder": name, "mode": mode, "build_s": build_s,
-                     "one_by_one_qps": single, "batched_qps": batched,
-                     "speedup": batched / single, "same_top10": same})
+        single, one_by_one = rate(
+            lambda mode=mode: [index.search(q, 10, mode=mode) for q in queries], len(queries)
+        )
+        batched, together = rate(
+            lambda mode=mode: [
+                hits
+                for start in range(0, len(queries), batch)
+                for hits in index.search_many(queries[start : start + batch], 10, mode=mode)
+            ],
+            len(queries),
+        )
+        same = sum(
+            [hit.id for hit in alone] == [hit.id for hit in batch_hits]
+            for alone, batch_hits in zip(one_by_one, together)
+        ) / len(queries)
+        rows.append(
+            {
+                "encoder": name,
+                "mode": mode,
+                "build_s": build_s,
+                "one_by_one_qps": single,
+                "batched_qps": batched,
+                "speedup": batched / single,
+                "same_top10": same,
+            }
+        )
     return rows
 
 
@@ -101,20 +124,28 @@ def main() -> None:
     queries = [" ".join(rng.choices(words, k=8)) for _ in range(args.queries)]
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        for name, make in (("hashing", HashingEncoder),
-                           ("tiny HF (BERT 2x64)", lambda: tiny_hf_encoder(docs, Path(scratch)))):
+        for name, make in (
+            ("hashing", HashingEncoder),
+            ("tiny HF (BERT 2x64)", lambda: tiny_hf_encoder(docs, Path(scratch))),
+        ):
             started = time.perf_counter()
             index = RetrievalIndex.build(docs, make())
             rows += measure(name, index, queries, args.batch, time.perf_counter() - started)
-    print(f"retrieval: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{args.passages} passages, {args.queries} queries, top 10, batches of {args.batch}")
-    print("| encoder | mode | index build s | one by one q/s | search_many q/s | speed-up | "
-          "same top 10 |")
+    print(
+        f"retrieval: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{args.passages} passages, {args.queries} queries, top 10, batches of {args.batch}"
+    )
+    print(
+        "| encoder | mode | index build s | one by one q/s | search_many q/s | speed-up | "
+        "same top 10 |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['encoder']} | {row['mode']} | {row['build_s']:.0f} | "
-              f"{row['one_by_one_qps']:.0f} | {row['batched_qps']:.0f} | "
-              f"{row['speedup']:.2f}x | {row['same_top10']:.3f} |")
+        print(
+            f"| {row['encoder']} | {row['mode']} | {row['build_s']:.0f} | "
+            f"{row['one_by_one_qps']:.0f} | {row['batched_qps']:.0f} | "
+            f"{row['speedup']:.2f}x | {row['same_top10']:.3f} |"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -47,16 +47,26 @@ from nemo_orch.rollout.runner import DirectPolicy, run_rollouts
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec
 from nemo_orch.tools.registry import Toolbox
 
-LOOKUP_PARAMETERS = {"type": "object", "properties": {"key": {"type": "string"}},
-                     "required": ["key"]}
+LOOKUP_PARAMETERS = {
+    "type": "object",
+    "properties": {"key": {"type": "string"}},
+    "required": ["key"],
+}
 
 
 class FixedLatencyLookup(BaseTool):
     """Answers after a fixed delay: a stand-in for a remote service of known latency."""
 
     def __init__(self, latency_s: float) -> None:
-        super().__init__(ToolSpec("lookup", "Look a key up (slow service).", LOOKUP_PARAMETERS,
-                                  latency_hint_s=latency_s, max_concurrency=64))
+        super().__init__(
+            ToolSpec(
+                "lookup",
+                "Look a key up (slow service).",
+                LOOKUP_PARAMETERS,
+                latency_hint_s=latency_s,
+                max_concurrency=64,
+            )
+        )
         self.latency_s = latency_s
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
@@ -71,11 +81,17 @@ def scripted_policy(calls_per_episode: int):
             call = {"name": "lookup", "arguments": {"key": f"k{done}"}}
             return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
         return "<answer>done</answer>"
+
     return reply
 
 
-async def sequential(tasks: list[Task], engine: ScriptedEngine, toolbox: Toolbox,
-                     tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig) -> list:
+async def sequential(
+    tasks: list[Task],
+    engine: ScriptedEngine,
+    toolbox: Toolbox,
+    tokenizer: PreTrainedTokenizerBase,
+    settings: RolloutConfig,
+) -> list:
     """One episode at a time; each generation its own engine call."""
     policy = DirectPolicy(engine)
     return [await Episode(task, 0, policy, toolbox, tokenizer, settings).run() for task in tasks]
@@ -90,12 +106,14 @@ def main() -> None:
     parser.add_argument("--calls-per-episode", type=int, default=3)
     args = parser.parse_args()
 
-    texts = (render_conversation(c["messages"], c["tools"])
-             for c in generate_conversations(200, seed=0))
+    texts = (
+        render_conversation(c["messages"], c["tools"]) for c in generate_conversations(200, seed=0)
+    )
     with tempfile.TemporaryDirectory() as directory:
         tokenizer = train_tokenizer(texts, vocab_size=1000, min_frequency=2, out_dir=directory)
-    engine = ScriptedEngine(tokenizer, scripted_policy(args.calls_per_episode),
-                            seconds_per_call=args.generation_s)
+    engine = ScriptedEngine(
+        tokenizer, scripted_policy(args.calls_per_episode), seconds_per_call=args.generation_s
+    )
     toolbox = Toolbox([FixedLatencyLookup(args.tool_latency_s)])
 
     def tasks(n: int) -> list[Task]:
@@ -104,13 +122,19 @@ def main() -> None:
     rows = []
 
     def record(name: str, episodes: int, seconds: float, batches: list[int]) -> None:
-        rows.append((name, episodes, seconds, episodes / seconds,
-                     sum(batches) / len(batches)))
+        rows.append((name, episodes, seconds, episodes / seconds, sum(batches) / len(batches)))
 
     engine.batch_sizes.clear()
     start = time.perf_counter()
-    done = asyncio.run(sequential(tasks(args.sequential_episodes), engine, toolbox, tokenizer,
-                                  RolloutConfig(max_context_tokens=2048)))
+    done = asyncio.run(
+        sequential(
+            tasks(args.sequential_episodes),
+            engine,
+            toolbox,
+            tokenizer,
+            RolloutConfig(max_context_tokens=2048),
+        )
+    )
     record("sequential", len(done), time.perf_counter() - start, engine.batch_sizes)
     assert all(t.termination == "answer" for t in done)
 
@@ -120,19 +144,24 @@ def main() -> None:
         engine.batch_sizes.clear()
         start = time.perf_counter()
         done = asyncio.run(run_rollouts(tasks(n), 1, engine, toolbox, tokenizer, settings))
-        record(f"concurrent {concurrency}", len(done), time.perf_counter() - start,
-               engine.batch_sizes)
+        record(
+            f"concurrent {concurrency}", len(done), time.perf_counter() - start, engine.batch_sizes
+        )
         assert all(t.termination == "answer" for t in done)
 
     base = rows[0][3]
-    print(f"# rollout throughput ({platform.processor() or platform.machine()}, tool latency "
-          f"{args.tool_latency_s:g} s x {args.calls_per_episode} calls, generation "
-          f"{args.generation_s:g} s per engine call)\n")
+    print(
+        f"# rollout throughput ({platform.processor() or platform.machine()}, tool latency "
+        f"{args.tool_latency_s:g} s x {args.calls_per_episode} calls, generation "
+        f"{args.generation_s:g} s per engine call)\n"
+    )
     print("| runner | episodes | seconds | episodes/s | speed-up | mean batch |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, episodes, seconds, rate, batch in rows:
-        print(f"| {name} | {episodes} | {seconds:.2f} | {rate:.2f} | {rate / base:.1f}x | "
-              f"{batch:.1f} |")
+        print(
+            f"| {name} | {episodes} | {seconds:.2f} | {rate:.2f} | {rate / base:.1f}x | "
+            f"{batch:.1f} |"
+        )
 
 
 if __name__ == "__main__":

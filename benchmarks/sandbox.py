@@ -35,8 +35,12 @@ from nemo_orch.tools.sandbox.pool import DEFAULT_POOL_SIZE
 CODE = "print(1)"
 
 
-async def _time_calls(call: Callable[[], Awaitable[str]], calls: int, warmup: int,
-                      settle: Callable[[], Awaitable[None]] | None = None) -> list[float]:
+async def _time_calls(
+    call: Callable[[], Awaitable[str]],
+    calls: int,
+    warmup: int,
+    settle: Callable[[], Awaitable[None]] | None = None,
+) -> list[float]:
     seconds = []
     for i in range(warmup + calls):
         if settle is not None:
@@ -53,21 +57,25 @@ async def _time_calls(call: Callable[[], Awaitable[str]], calls: int, warmup: in
 
 async def _fresh_subprocess() -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CODE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        sys.executable, "-c", CODE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     output, _ = await asyncio.wait_for(proc.communicate(), 10.0)
     return output.decode()
 
 
 def _percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 \
+    return (
+        statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+        if len(values) > 1
         else values[0]
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
     sandbox = PythonSandbox(default_spec(), pool_size=args.pool_size)
     await sandbox.start()
     try:
+
         async def warm() -> str:
             result = await sandbox.call({"code": CODE}, ToolContext())
             if result.error:
@@ -79,23 +87,31 @@ async def main(args: argparse.Namespace) -> None:
             while len(sandbox._idle) < sandbox.pool_size or sandbox._tasks:
                 await asyncio.sleep(0.005)
 
-        rows = {"warm pool (back-to-back)": await _time_calls(warm, args.calls, args.warmup),
-                "warm pool (refilled between calls)":
-                    await _time_calls(warm, args.calls, args.warmup, settle),
-                "fresh `python -c` per call":
-                    await _time_calls(_fresh_subprocess, args.calls, args.warmup)}
+        rows = {
+            "warm pool (back-to-back)": await _time_calls(warm, args.calls, args.warmup),
+            "warm pool (refilled between calls)": await _time_calls(
+                warm, args.calls, args.warmup, settle
+            ),
+            "fresh `python -c` per call": await _time_calls(
+                _fresh_subprocess, args.calls, args.warmup
+            ),
+        }
     finally:
         await sandbox.close()
 
     fresh_p50 = statistics.median(rows["fresh `python -c` per call"])
-    print(f"{args.calls} sequential `print(1)` calls each; {platform.processor() or 'cpu'}, "
-          f"Python {platform.python_version()}, isolation: {', '.join(sandbox.isolation)}\n")
+    print(
+        f"{args.calls} sequential `print(1)` calls each; {platform.processor() or 'cpu'}, "
+        f"Python {platform.python_version()}, isolation: {', '.join(sandbox.isolation)}\n"
+    )
     print("| path | p50 ms | p99 ms | fresh p50 / p50 |")
     print("|---|---:|---:|---:|")
     for name, seconds in rows.items():
         p50 = statistics.median(seconds)
-        print(f"| {name} | {p50 * 1e3:.1f} | {_percentile(seconds, 99) * 1e3:.1f} | "
-              f"{fresh_p50 / p50:.2f} |")
+        print(
+            f"| {name} | {p50 * 1e3:.1f} | {_percentile(seconds, 99) * 1e3:.1f} | "
+            f"{fresh_p50 / p50:.2f} |"
+        )
 
 
 if __name__ == "__main__":

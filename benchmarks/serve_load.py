@@ -66,11 +66,13 @@ from nemo_orch.tools.remote import context_to_json
 from nemo_orch.tools.retriever import build_index
 
 # target -> (serve command, Triton model, max_batch of the dense retriever or None)
-TARGETS = {"reward": ("reward", "reward", None),
-           "reward, GRPO client": ("reward", "reward", None),
-           "retriever": ("tool search", "search", None),
-           "dense retriever, one at a time": ("tool retriever", "retriever", 1),
-           "dense retriever, batched": ("tool retriever", "retriever", 256)}
+TARGETS = {
+    "reward": ("reward", "reward", None),
+    "reward, GRPO client": ("reward", "reward", None),
+    "retriever": ("tool search", "search", None),
+    "dense retriever, one at a time": ("tool retriever", "retriever", 1),
+    "dense retriever, batched": ("tool retriever", "retriever", 256),
+}
 
 
 def _free_ports(count: int) -> list[int]:
@@ -88,8 +90,9 @@ def _dense_index(directory: Path, passages: int) -> tuple[Path, list[str]]:
     words, built once per run in ``directory``."""
     docs, words = corpus(passages, random.Random(0))
     if not (directory / "idx").exists():
-        (directory / "docs.jsonl").write_text("".join(
-            json.dumps({"id": doc.id, "text": doc.text}) + "\n" for doc in docs))
+        (directory / "docs.jsonl").write_text(
+            "".join(json.dumps({"id": doc.id, "text": doc.text}) + "\n" for doc in docs)
+        )
         build_index(directory / "docs.jsonl", directory / "idx")
     return directory / "idx", words
 
@@ -98,15 +101,28 @@ def _dense_declaration(directory: Path, index: Path, max_batch: int) -> Path:
     """The served retriever: dense, top 10, 64 calls at once, not cached (every query is new
     anyway; the cache must not stand in for the search)."""
     path = directory / f"retriever_{max_batch}.yaml"
-    path.write_text(json.dumps({
-        "name": "retriever", "description": "Searches the passages.",
-        "parameters": {"type": "object", "required": ["query"],
-                       "properties": {"query": {"type": "string"},
-                                      "top_k": {"type": "integer"}}},
-        "deterministic": False, "max_concurrency": 64,
-        "class": "nemo_orch.tools.retriever.Retriever",
-        "options": {"index_dir": str(index), "mode": "dense", "max_batch": max_batch,
-                    "top_k": 10}}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "retriever",
+                "description": "Searches the passages.",
+                "parameters": {
+                    "type": "object",
+                    "required": ["query"],
+                    "properties": {"query": {"type": "string"}, "top_k": {"type": "integer"}},
+                },
+                "deterministic": False,
+                "max_concurrency": 64,
+                "class": "nemo_orch.tools.retriever.Retriever",
+                "options": {
+                    "index_dir": str(index),
+                    "mode": "dense",
+                    "max_batch": max_batch,
+                    "top_k": 10,
+                },
+            }
+        )
+    )
     return path
 
 
@@ -121,8 +137,13 @@ def _rows(target: str, count: int, words: list[str]) -> list[dict[str, str]]:
     if TARGETS[target][2] is not None:
         rng = random.Random(1)
         context = json.dumps(context_to_json(ToolContext()))
-        return [{"arguments": json.dumps({"query": " ".join(rng.choices(words, k=8))}),
-                 "context": context} for _ in range(count)]
+        return [
+            {
+                "arguments": json.dumps({"query": " ".join(rng.choices(words, k=8))}),
+                "context": context,
+            }
+            for _ in range(count)
+        ]
     rows = []
     for i, task in enumerate(held_out_tasks(50, BASIC)):
         if target == "reward":
@@ -139,13 +160,25 @@ def _bodies(target: str, count: int, items: int, words: list[str]) -> list[dict]
     bodies = []
     for i in range(count):
         chosen = [rows[(i * items + j) % len(rows)] for j in range(items)]
-        bodies.append({"inputs": [{"name": name, "datatype": "BYTES", "shape": [items, 1],
-                                   "data": [row[name] for row in chosen]} for name in chosen[0]]})
+        bodies.append(
+            {
+                "inputs": [
+                    {
+                        "name": name,
+                        "datatype": "BYTES",
+                        "shape": [items, 1],
+                        "data": [row[name] for row in chosen],
+                    }
+                    for name in chosen[0]
+                ]
+            }
+        )
     return bodies
 
 
-def _load(port: int, path: str, bodies: list[dict], concurrency: int
-          ) -> tuple[list[float], int, float]:
+def _load(
+    port: int, path: str, bodies: list[dict], concurrency: int
+) -> tuple[list[float], int, float]:
     """Send ``bodies`` from ``concurrency`` threads, each over its own keep-alive connection
     (the standard library's client: an asyncio client costs more CPU per request than the
     server on a 2-core machine)."""
@@ -194,21 +227,44 @@ def _group(task, index: int) -> list[Trajectory]:
     """Eight episodes of ``task``: right, right with a prefix, and wrong answers."""
     answers = _answers(task, index)
     answers *= GROUP // len(answers)
-    turn = TurnRecord(turn=0, input_tokens=10, output_tokens=5, generation_seconds=0.1,
-                      orchestrator_cost_usd=1e-5, finish_reason="stop", calls=[])
-    return [Trajectory(task_id=task.id, sample=sample, messages=[], tools=[], token_ids=[1],
-                       loss_mask=[1], decision_mask=[1], logprobs=[0.0], prompt_length=0,
-                       turns=[turn], termination="answer", answer=answer, wall_seconds=0.1)
-            for sample, answer in enumerate(answers)]
+    turn = TurnRecord(
+        turn=0,
+        input_tokens=10,
+        output_tokens=5,
+        generation_seconds=0.1,
+        orchestrator_cost_usd=1e-5,
+        finish_reason="stop",
+        calls=[],
+    )
+    return [
+        Trajectory(
+            task_id=task.id,
+            sample=sample,
+            messages=[],
+            tools=[],
+            token_ids=[1],
+            loss_mask=[1],
+            decision_mask=[1],
+            logprobs=[0.0],
+            prompt_length=0,
+            turns=[turn],
+            termination="answer",
+            answer=answer,
+            wall_seconds=0.1,
+        )
+        for sample, answer in enumerate(answers)
+    ]
 
 
-def _grpo_client_load(port: int, answers: int, concurrency: int
-                      ) -> tuple[list[float], int, float, list[int]]:
+def _grpo_client_load(
+    port: int, answers: int, concurrency: int
+) -> tuple[list[float], int, float, list[int]]:
     """``concurrency`` callers scoring one group each through ``score_groups`` until
     ``answers`` are scored; the latency of each call, errors, seconds and the size of every
     HTTP request the client sent."""
-    config = config_lib.load([f"reward.endpoint=http://127.0.0.1:{port}",
-                              "reward.endpoint_batch_size=64"])
+    config = config_lib.load(
+        [f"reward.endpoint=http://127.0.0.1:{port}", "reward.endpoint_batch_size=64"]
+    )
     scorer = build_scorer(config, judge_in_flight=concurrency)
     sizes: list[int] = []
     infer = scorer.client.infer
@@ -219,8 +275,9 @@ def _grpo_client_load(port: int, answers: int, concurrency: int
 
     scorer.client.infer = counted
     tasks = held_out_tasks(50, BASIC)
-    groups = [(tasks[i % len(tasks)], _group(tasks[i % len(tasks)], i))
-              for i in range(answers // GROUP)]
+    groups = [
+        (tasks[i % len(tasks)], _group(tasks[i % len(tasks)], i)) for i in range(answers // GROUP)
+    ]
     latencies: list[float] = []
     errors = 0
 
@@ -247,14 +304,21 @@ def _grpo_client_load(port: int, answers: int, concurrency: int
 
 def _mean_batch(metrics: str, model: str) -> float:
     """Requests per batch of ``model``, from the server's batch-size histogram."""
-    values = {sample.name: sample.value for family in text_string_to_metric_families(metrics)
-              for sample in family.samples if sample.labels.get("model") == model}
-    return (values["nemo_orch_serve_batch_requests_sum"]
-            / values["nemo_orch_serve_batch_requests_count"])
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.labels.get("model") == model
+    }
+    return (
+        values["nemo_orch_serve_batch_requests_sum"]
+        / values["nemo_orch_serve_batch_requests_count"]
+    )
 
 
-def _run_target(name: str, requests: int, concurrency: int, items: int,
-                scratch: Path, passages: int) -> dict:
+def _run_target(
+    name: str, requests: int, concurrency: int, items: int, scratch: Path, passages: int
+) -> dict:
     command, model, max_batch = TARGETS[name]
     tools, words = ["tools=offline_basic"], []
     if max_batch is not None:
@@ -262,22 +326,36 @@ def _run_target(name: str, requests: int, concurrency: int, items: int,
         tools = [f"tools.declarations=[{_dense_declaration(scratch, index, max_batch)}]"]
     http_port, grpc_port, metrics_port = _free_ports(3)
     server = subprocess.Popen(
-        [sys.executable, "-m", "nemo_orch.cli", "serve", *command.split(),
-         f"serve.http_port={http_port}", f"serve.grpc_port={grpc_port}",
-         f"serve.metrics_port={metrics_port}", *tools],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "nemo_orch.cli",
+            "serve",
+            *command.split(),
+            f"serve.http_port={http_port}",
+            f"serve.grpc_port={grpc_port}",
+            f"serve.metrics_port={metrics_port}",
+            *tools,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         banner = server.stdout.readline()
         if "serving" not in banner:
             raise RuntimeError(f"nemo-orch serve {command} did not start: {banner!r}")
         if name == "reward, GRPO client":
-            latencies, errors, seconds, sizes = _grpo_client_load(http_port, requests,
-                                                                  concurrency)
+            latencies, errors, seconds, sizes = _grpo_client_load(http_port, requests, concurrency)
             requests, items = len(sizes), sum(sizes) / len(sizes)
         else:
-            latencies, errors, seconds = _load(http_port, f"/v2/models/{model}/infer",
-                                               _bodies(name, requests, items, words),
-                                               concurrency)
+            latencies, errors, seconds = _load(
+                http_port,
+                f"/v2/models/{model}/infer",
+                _bodies(name, requests, items, words),
+                concurrency,
+            )
         batch = _mean_batch(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text, model)
         stopping = time.perf_counter()
         server.send_signal(signal.SIGTERM)
@@ -287,10 +365,19 @@ def _run_target(name: str, requests: int, concurrency: int, items: int,
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
     quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
-    return {"target": name, "requests": requests, "items": items, "concurrency": concurrency,
-            "errors": errors, "items_per_s": requests * items / seconds,
-            "p50_ms": 1000 * quantiles[49], "p99_ms": 1000 * quantiles[98],
-            "req_per_s": requests / seconds, "batch": batch, "stop_s": stop_s}
+    return {
+        "target": name,
+        "requests": requests,
+        "items": items,
+        "concurrency": concurrency,
+        "errors": errors,
+        "items_per_s": requests * items / seconds,
+        "p50_ms": 1000 * quantiles[49],
+        "p99_ms": 1000 * quantiles[98],
+        "req_per_s": requests / seconds,
+        "batch": batch,
+        "stop_s": stop_s,
+    }
 
 
 def main() -> None:
@@ -298,25 +385,37 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--items", type=int, default=1, help="items per request")
-    parser.add_argument("--target", choices=list(TARGETS), action="append",
-                        help="repeat for several (default: all)")
-    parser.add_argument("--passages", type=int, default=100_000,
-                        help="the dense retriever's index size")
+    parser.add_argument(
+        "--target", choices=list(TARGETS), action="append", help="repeat for several (default: all)"
+    )
+    parser.add_argument(
+        "--passages", type=int, default=100_000, help="the dense retriever's index size"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        rows = [_run_target(name, args.requests, args.concurrency, args.items, Path(scratch),
-                            args.passages) for name in args.target or list(TARGETS)]
-    print(f"serve load: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"PyTriton on 127.0.0.1")
-    print("| target | requests | items/request | concurrency | errors | p50 ms | p99 ms | "
-          "req/s | items/s | requests/batch | SIGTERM->exit s |")
+        rows = [
+            _run_target(
+                name, args.requests, args.concurrency, args.items, Path(scratch), args.passages
+            )
+            for name in args.target or list(TARGETS)
+        ]
+    print(
+        f"serve load: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"PyTriton on 127.0.0.1"
+    )
+    print(
+        "| target | requests | items/request | concurrency | errors | p50 ms | p99 ms | "
+        "req/s | items/s | requests/batch | SIGTERM->exit s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['target']} | {row['requests']} | {row['items']:.3g} | {row['concurrency']} | "
-              f"{row['errors']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
-              f"{row['req_per_s']:.0f} | {row['items_per_s']:.0f} | {row['batch']:.1f} | "
-              f"{row['stop_s']:.1f} |")
+        print(
+            f"| {row['target']} | {row['requests']} | {row['items']:.3g} | {row['concurrency']} | "
+            f"{row['errors']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+            f"{row['req_per_s']:.0f} | {row['items_per_s']:.0f} | {row['batch']:.1f} | "
+            f"{row['stop_s']:.1f} |"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -49,26 +49,33 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10_000, help="tasks per domain")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}"
-          f"; {args.tasks} tasks per domain, seed {args.seed}")
+    print(
+        f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+        f"; {args.tasks} tasks per domain, seed {args.seed}"
+    )
     print("| domain | tasks/s | 10k tasks (s) | actions | deterministic | gold actions: tasks |")
     print("|---|---:|---:|---:|---|---|")
     total_seconds, total_sizes = 0.0, Counter()
     with tempfile.TemporaryDirectory() as scratch:
         for name in DOMAINS:
-            seconds, digest, sizes = _generate(name, args.tasks, args.seed,
-                                               Path(scratch) / f"{name}.jsonl")
+            seconds, digest, sizes = _generate(
+                name, args.tasks, args.seed, Path(scratch) / f"{name}.jsonl"
+            )
             _, again, _ = _generate(name, args.tasks, args.seed, Path(scratch) / "again.jsonl")
             total_seconds += seconds
             total_sizes.update(sizes)
             mean = sum(k * v for k, v in sizes.items()) / args.tasks
             histogram = " ".join(f"{k}:{v}" for k, v in sorted(sizes.items()))
-            print(f"| {name} | {args.tasks / seconds:.0f} | {1e4 * seconds / args.tasks:.1f} | "
-                  f"{mean:.2f} | {digest == again} | {histogram} |")
+            print(
+                f"| {name} | {args.tasks / seconds:.0f} | {1e4 * seconds / args.tasks:.1f} | "
+                f"{mean:.2f} | {digest == again} | {histogram} |"
+            )
     count = args.tasks * len(DOMAINS)
     mean = sum(k * v for k, v in total_sizes.items()) / count
-    print(f"| all | {count / total_seconds:.0f} | {1e4 * total_seconds / count:.1f} | "
-          f"{mean:.2f} | | {sum(v for k, v in total_sizes.items() if k >= 8)} with 8+ |")
+    print(
+        f"| all | {count / total_seconds:.0f} | {1e4 * total_seconds / count:.1f} | "
+        f"{mean:.2f} | | {sum(v for k, v in total_sizes.items() if k >= 8)} with 8+ |"
+    )
 
 
 if __name__ == "__main__":

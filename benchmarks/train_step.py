@@ -55,8 +55,8 @@ LOSS_MASK_FRACTION = 0.7
 @dataclass
 class Measurement:
     parameters: int
-    step_times: list[float]   # seconds, timed steps only
-    losses: list[float]       # every step's loss, warm-up included
+    step_times: list[float]  # seconds, timed steps only
+    losses: list[float]  # every step's loss, warm-up included
 
     @property
     def median_step_time(self) -> float:
@@ -70,8 +70,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for both")
-    parser.add_argument("--model-override", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="model.* fields, e.g. num_layers=8 hidden_size=512")
+    parser.add_argument(
+        "--model-override",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model.* fields, e.g. num_layers=8 hidden_size=512",
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
@@ -80,24 +85,29 @@ def parse_args() -> argparse.Namespace:
 
 def load_config(args: argparse.Namespace) -> Config:
     """The project config at the benchmark's batch shape, with a constant learning rate."""
-    config = config_lib.load([
-        f"trainer.micro_batch_size={args.batch_size}",
-        f"trainer.global_batch_size={args.batch_size}",
-        f"data.seq_length={args.seq_length}",
-        *(f"model.{override}" for override in args.model_override),
-    ])
-    optim = dataclasses.replace(config.trainer.optim, warmup_steps=0,
-                                min_lr=config.trainer.optim.lr)
+    config = config_lib.load(
+        [
+            f"trainer.micro_batch_size={args.batch_size}",
+            f"trainer.global_batch_size={args.batch_size}",
+            f"data.seq_length={args.seq_length}",
+            *(f"model.{override}" for override in args.model_override),
+        ]
+    )
+    optim = dataclasses.replace(
+        config.trainer.optim, warmup_steps=0, min_lr=config.trainer.optim.lr
+    )
     return config_lib.replace(config, trainer=dataclasses.replace(config.trainer, optim=optim))
 
 
 def make_batch(config: Config, batch_size: int, seq_length: int) -> Batch:
     """Random next-token data from a seeded generator, in the layout of ``data.sft.collate``."""
     generator = torch.Generator().manual_seed(config.run.seed)
-    sequence = torch.randint(0, config.model.vocab_size, (batch_size, seq_length + 1),
-                             generator=generator)
-    loss_mask = (torch.rand(batch_size, seq_length, generator=generator)
-                 < LOSS_MASK_FRACTION).float()
+    sequence = torch.randint(
+        0, config.model.vocab_size, (batch_size, seq_length + 1), generator=generator
+    )
+    loss_mask = (
+        torch.rand(batch_size, seq_length, generator=generator) < LOSS_MASK_FRACTION
+    ).float()
     return {
         "tokens": sequence[:, :-1].contiguous(),
         "labels": sequence[:, 1:].contiguous(),
@@ -106,7 +116,9 @@ def make_batch(config: Config, batch_size: int, seq_length: int) -> Batch:
     }
 
 
-def time_steps(step: Callable[[], float], warmup: int, steps: int) -> tuple[list[float], list[float]]:
+def time_steps(
+    step: Callable[[], float], warmup: int, steps: int
+) -> tuple[list[float], list[float]]:
     """Run ``warmup + steps`` steps; return the timed steps' durations and every step's loss."""
     times, losses = [], []
     for index in range(warmup + steps):
@@ -143,16 +155,21 @@ def measure_transformers(config: Config, batch: Batch, warmup: int, steps: int) 
     decayed = [p for p in model.parameters() if p.ndim > 1]
     not_decayed = [p for p in model.parameters() if p.ndim <= 1]
     optimizer = torch.optim.AdamW(
-        [{"params": decayed, "weight_decay": optim.weight_decay},
-         {"params": not_decayed, "weight_decay": 0.0}],
-        lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2))
+        [
+            {"params": decayed, "weight_decay": optim.weight_decay},
+            {"params": not_decayed, "weight_decay": 0.0},
+        ],
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+    )
     mask = batch["loss_mask"]
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
         logits = model(input_ids=batch["tokens"], position_ids=batch["position_ids"]).logits
-        token_losses = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
-                                       reduction="none").view_as(mask)
+        token_losses = F.cross_entropy(
+            logits.float().flatten(0, 1), batch["labels"].flatten(), reduction="none"
+        ).view_as(mask)
         loss = (token_losses * mask).sum() / mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
@@ -163,26 +180,42 @@ def measure_transformers(config: Config, batch: Batch, warmup: int, steps: int) 
     return Measurement(count_parameters(model), times, losses)
 
 
-def print_report(args: argparse.Namespace, config: Config, megatron: Measurement,
-                 hf: Measurement) -> None:
+def print_report(
+    args: argparse.Namespace, config: Config, megatron: Measurement, hf: Measurement
+) -> None:
     tokens = args.batch_size * args.seq_length
     model = config.model
-    print(f"machine: torch {torch.__version__}, megatron-core {version('megatron-core')}, "
-          f"transformers {version('transformers')}, threads {torch.get_num_threads()}, "
-          f"CPUs {os.cpu_count()}, {platform.machine()}, CUDA {torch.cuda.is_available()}")
-    print(f"model: {model.preset}, {model.num_layers} layers, hidden {model.hidden_size}, "
-          f"{model.params_dtype}; batch {args.batch_size} x seq {args.seq_length} = {tokens} "
-          f"tokens/step; {args.warmup} warm-up + {args.steps} timed steps; "
-          f"lr {config.trainer.optim.lr:g} constant\n")
+    print(
+        f"machine: torch {torch.__version__}, megatron-core {version('megatron-core')}, "
+        f"transformers {version('transformers')}, threads {torch.get_num_threads()}, "
+        f"CPUs {os.cpu_count()}, {platform.machine()}, CUDA {torch.cuda.is_available()}"
+    )
+    print(
+        f"model: {model.preset}, {model.num_layers} layers, hidden {model.hidden_size}, "
+        f"{model.params_dtype}; batch {args.batch_size} x seq {args.seq_length} = {tokens} "
+        f"tokens/step; {args.warmup} warm-up + {args.steps} timed steps; "
+        f"lr {config.trainer.optim.lr:g} constant\n"
+    )
     last = f"loss, step {args.warmup + args.steps}"
     rows = [
-        ("parameters", f"{megatron.parameters:,}", f"{hf.parameters:,}",
-         f"{megatron.parameters / hf.parameters:.2f}"),
-        ("median step time (s)", f"{megatron.median_step_time:.3f}",
-         f"{hf.median_step_time:.3f}", f"{megatron.median_step_time / hf.median_step_time:.2f}"),
-        ("tokens/s", f"{tokens / megatron.median_step_time:,.0f}",
-         f"{tokens / hf.median_step_time:,.0f}",
-         f"{hf.median_step_time / megatron.median_step_time:.2f}"),
+        (
+            "parameters",
+            f"{megatron.parameters:,}",
+            f"{hf.parameters:,}",
+            f"{megatron.parameters / hf.parameters:.2f}",
+        ),
+        (
+            "median step time (s)",
+            f"{megatron.median_step_time:.3f}",
+            f"{hf.median_step_time:.3f}",
+            f"{megatron.median_step_time / hf.median_step_time:.2f}",
+        ),
+        (
+            "tokens/s",
+            f"{tokens / megatron.median_step_time:,.0f}",
+            f"{tokens / hf.median_step_time:,.0f}",
+            f"{hf.median_step_time / megatron.median_step_time:.2f}",
+        ),
         ("loss, step 1", f"{megatron.losses[0]:.4f}", f"{hf.losses[0]:.4f}", ""),
         (last, f"{megatron.losses[-1]:.4f}", f"{hf.losses[-1]:.4f}", ""),
     ]

@@ -69,37 +69,75 @@ def prepare(workdir: Path) -> None:
 
     config = config_lib.load(["model=micro"])
     policy = workdir / "policy"
-    texts = (render_conversation(c["messages"], c["tools"])
-             for c in generate_conversations(300, seed=0))
-    tokenizer = train_tokenizer(texts, vocab_size=config.tokenizer.vocab_size, min_frequency=2,
-                                out_dir=workdir / "tokenizer")
-    save_hf_checkpoint(policy, SeededHFWeights(config.model, SEED), config.model,
-                       special_tokens=special_token_ids(tokenizer))
+    texts = (
+        render_conversation(c["messages"], c["tools"]) for c in generate_conversations(300, seed=0)
+    )
+    tokenizer = train_tokenizer(
+        texts,
+        vocab_size=config.tokenizer.vocab_size,
+        min_frequency=2,
+        out_dir=workdir / "tokenizer",
+    )
+    save_hf_checkpoint(
+        policy,
+        SeededHFWeights(config.model, SEED),
+        config.model,
+        special_tokens=special_token_ids(tokenizer),
+    )
     save_tokenizer(tokenizer, policy)
-    tasks = [Task(id=f"t{i}", question=f"Add {i} and {i} and then give the result as one whole "
-                  "number, with no words around it, inside the answer tags.", answer=str(2 * i))
-             for i in range(1, PROMPTS + 1)]
+    tasks = [
+        Task(
+            id=f"t{i}",
+            question=f"Add {i} and {i} and then give the result as one whole "
+            "number, with no words around it, inside the answer tags.",
+            answer=str(2 * i),
+        )
+        for i in range(1, PROMPTS + 1)
+    ]
     write_tasks(workdir / "tasks.jsonl", tasks)
-    prompts = [{"prompt": tokenizer.apply_chat_template(initial_messages(task, tokenizer),
-                                                        tokenize=False,
-                                                        add_generation_prompt=True),
-                "answer": task.answer} for task in tasks]
+    prompts = [
+        {
+            "prompt": tokenizer.apply_chat_template(
+                initial_messages(task, tokenizer), tokenize=False, add_generation_prompt=True
+            ),
+            "answer": task.answer,
+        }
+        for task in tasks
+    ]
     (workdir / "prompts.json").write_text(json.dumps(prompts))
 
 
 def nemo_overrides(workdir: Path, steps: int, threads: int) -> list[str]:
-    return [f"trainer.init_from={workdir / 'policy'}", f"run.output_dir={workdir / 'runs'}",
-            "model=micro", "env=tasks", f"env.path={workdir / 'tasks.jsonl'}",
-            "reward.combination=linear", "reward.linear_gamma=0", "reward.min_group_std=0",
-            "tools.declarations=[]", "rollout.engine=hf", "rollout.max_turns=1",
-            f"rollout.group_size={SAMPLES}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
-            "rollout.temperature=1.0", f"grpo.max_steps={steps}",
-            f"grpo.prompts_per_step={PROMPTS}", f"grpo.micro_batch_size={MICRO_BATCH}",
-            f"grpo.kl_coef={KL}", f"grpo.optim.lr={LR}", f"grpo.optim.min_lr={LR}",
-            "grpo.sample_mode=turn", "grpo.kl_guard=null", "grpo.dynamic_sampling=false",
-            "grpo.advantage_tokens=all", "grpo.old_logprobs=engine",
-            f"grpo.save_interval={steps + 1}", f"trainer.num_threads={threads}",
-            f"run.seed={SEED}"]
+    return [
+        f"trainer.init_from={workdir / 'policy'}",
+        f"run.output_dir={workdir / 'runs'}",
+        "model=micro",
+        "env=tasks",
+        f"env.path={workdir / 'tasks.jsonl'}",
+        "reward.combination=linear",
+        "reward.linear_gamma=0",
+        "reward.min_group_std=0",
+        "tools.declarations=[]",
+        "rollout.engine=hf",
+        "rollout.max_turns=1",
+        f"rollout.group_size={SAMPLES}",
+        f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+        "rollout.temperature=1.0",
+        f"grpo.max_steps={steps}",
+        f"grpo.prompts_per_step={PROMPTS}",
+        f"grpo.micro_batch_size={MICRO_BATCH}",
+        f"grpo.kl_coef={KL}",
+        f"grpo.optim.lr={LR}",
+        f"grpo.optim.min_lr={LR}",
+        "grpo.sample_mode=turn",
+        "grpo.kl_guard=null",
+        "grpo.dynamic_sampling=false",
+        "grpo.advantage_tokens=all",
+        "grpo.old_logprobs=engine",
+        f"grpo.save_interval={steps + 1}",
+        f"trainer.num_threads={threads}",
+        f"run.seed={SEED}",
+    ]
 
 
 # ------------------------------------------------------------------------- the workers
@@ -139,17 +177,32 @@ def nemo_worker(workdir: Path, name: str, steps: int, threads: int, dp: int) -> 
         kill_point(point, step)
 
     faults.maybe_kill = at_step
-    overrides = [*nemo_overrides(workdir, steps, threads), f"run.name={name}",
-                 f"parallel.dp={dp}", f"trainer.micro_batch_size={MICRO_BATCH}"]
+    overrides = [
+        *nemo_overrides(workdir, steps, threads),
+        f"run.name={name}",
+        f"parallel.dp={dp}",
+        f"trainer.micro_batch_size={MICRO_BATCH}",
+    ]
     if cli.main(["grpo", *overrides]) != 0:
         raise SystemExit("nemo-orch grpo failed")
     if turns is None:
         return
     (stage,) = (workdir / "runs" / name).glob("grpo-*")
     rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
-    turns.done({"steps": [{"step": row["time/step_s"], "rollout": row["time/rollout_s"],
-                           "update": row["time/train_s"], "refit": row["time/refit_s"],
-                           "completions": row["samples"]} for row in rows]})
+    turns.done(
+        {
+            "steps": [
+                {
+                    "step": row["time/step_s"],
+                    "rollout": row["time/rollout_s"],
+                    "update": row["time/train_s"],
+                    "refit": row["time/refit_s"],
+                    "completions": row["samples"],
+                }
+                for row in rows
+            ]
+        }
+    )
 
 
 def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
@@ -167,8 +220,9 @@ def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
 
     def answered(completions: list[str], answer: list[str], **_: object) -> list[float]:
-        return [float(f"<answer>{gold}</answer>" in text)
-                for text, gold in zip(completions, answer)]
+        return [
+            float(f"<answer>{gold}</answer>" in text) for text, gold in zip(completions, answer)
+        ]
 
     timed: dict[str, float] = {"generate": 0.0, "prepare": 0.0}
     records: list[dict] = []
@@ -180,28 +234,55 @@ def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
 
         def on_step_end(self, args, state, control, **kwargs):
             step = time.perf_counter() - timed["started"]
-            records.append({"step": step, "generate": timed["generate"],
-                            "reward_reference": timed["prepare"] - timed["generate"],
-                            "update": step - timed["prepare"], "completions": COMPLETIONS})
+            records.append(
+                {
+                    "step": step,
+                    "generate": timed["generate"],
+                    "reward_reference": timed["prepare"] - timed["generate"],
+                    "update": step - timed["prepare"],
+                    "completions": COMPLETIONS,
+                }
+            )
 
     args = trl.GRPOConfig(
-        output_dir=str(workdir / name), per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=COMPLETIONS // MICRO_BATCH, num_generations=SAMPLES,
-        max_completion_length=MAX_NEW_TOKENS, temperature=1.0, beta=KL, learning_rate=LR,
-        lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, num_iterations=1,
-        use_cpu=True, bf16=False, fp16=False, seed=SEED, logging_steps=1, save_strategy="no",
-        report_to="none", dataloader_num_workers=0, disable_tqdm=True)
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=answered, args=args,
-                              train_dataset=Dataset.from_list(prompts),
-                              processing_class=tokenizer, callbacks=[Alternate()])
-    for method, key in (("_generate", "generate"), ("_generate_and_score_completions",
-                                                    "prepare")):
+        output_dir=str(workdir / name),
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=COMPLETIONS // MICRO_BATCH,
+        num_generations=SAMPLES,
+        max_completion_length=MAX_NEW_TOKENS,
+        temperature=1.0,
+        beta=KL,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=steps,
+        num_iterations=1,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=SEED,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=answered,
+        args=args,
+        train_dataset=Dataset.from_list(prompts),
+        processing_class=tokenizer,
+        callbacks=[Alternate()],
+    )
+    for method, key in (("_generate", "generate"), ("_generate_and_score_completions", "prepare")):
         # Bound now, per method: the defaults hold this iteration's method and key.
         def timer(*call_args, _inner=getattr(trainer, method), _key=key, **call_kwargs):  # noqa: B008
             started = time.perf_counter()
             result = _inner(*call_args, **call_kwargs)
             timed[_key] += time.perf_counter() - started
             return result
+
         setattr(trainer, method, timer)
     trainer.train()
     turns.done({"steps": records, "trl": trl.__version__})
@@ -230,8 +311,9 @@ CONTESTANTS = {
 class Worker:
     """The parent's side of one contestant's process and its two named pipes."""
 
-    def __init__(self, name: str, contestant: Contestant, workdir: Path, steps: int,
-                 trl_python: str) -> None:
+    def __init__(
+        self, name: str, contestant: Contestant, workdir: Path, steps: int, trl_python: str
+    ) -> None:
         self.name = name
         for end in ("go", "ready"):
             os.mkfifo(workdir / f"{name}.{end}")
@@ -243,12 +325,24 @@ class Worker:
         else:
             from nemo_orch.distributed import free_port
 
-            command = [sys.executable, "-m", "torch.distributed.run",
-                       f"--nproc_per_node={contestant.processes}", "--nnodes=1",
-                       "--master_addr=127.0.0.1", f"--master_port={free_port()}", *script]
-        self.process = subprocess.Popen(command, env={
-            **os.environ, "OMP_NUM_THREADS": str(contestant.threads),
-            "TOKENIZERS_PARALLELISM": "false"})
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc_per_node={contestant.processes}",
+                "--nnodes=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={free_port()}",
+                *script,
+            ]
+        self.process = subprocess.Popen(
+            command,
+            env={
+                **os.environ,
+                "OMP_NUM_THREADS": str(contestant.threads),
+                "TOKENIZERS_PARALLELISM": "false",
+            },
+        )
         self.ready = os.open(workdir / f"{name}.ready", os.O_RDONLY | os.O_NONBLOCK)
         self._pending = b""
         while True:  # the write end opens once the worker has opened its read end
@@ -261,8 +355,9 @@ class Worker:
 
     def _check_alive(self) -> None:
         if self.process.poll() is not None:
-            raise SystemExit(f"the {self.name} worker exited ({self.process.returncode}); "
-                             "its output is above")
+            raise SystemExit(
+                f"the {self.name} worker exited ({self.process.returncode}); its output is above"
+            )
 
     def line(self) -> str:
         """The worker's next line: ``ready`` at a step's start, or its results."""
@@ -285,18 +380,30 @@ def summary(name: str, contestant: Contestant, results: dict) -> dict:
     split = [part for part in timed[0] if part not in ("step", "completions")]
     seconds = [row["step"] for row in timed]
     median = statistics.median(seconds)
-    label = contestant.label.replace("TRL", f"TRL {results['trl']}") if "trl" in results else (
-        contestant.label)
-    return {"name": name, "label": label, "framework": contestant.framework,
-            "median": median, "min": min(seconds), "max": max(seconds),
-            "completions_per_s": statistics.median(row["completions"] for row in timed) / median,
-            "split": {part: statistics.median(row[part] for row in timed) for part in split}}
+    label = (
+        contestant.label.replace("TRL", f"TRL {results['trl']}")
+        if "trl" in results
+        else (contestant.label)
+    )
+    return {
+        "name": name,
+        "label": label,
+        "framework": contestant.framework,
+        "median": median,
+        "min": min(seconds),
+        "max": max(seconds),
+        "completions_per_s": statistics.median(row["completions"] for row in timed) / median,
+        "split": {part: statistics.median(row[part] for row in timed) for part in split},
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trl-python", default=".venv-trl/bin/python",
-                        help="python of a virtual environment with requirements-bench-trl.txt")
+    parser.add_argument(
+        "--trl-python",
+        default=".venv-trl/bin/python",
+        help="python of a virtual environment with requirements-bench-trl.txt",
+    )
     parser.add_argument("--steps", type=int, default=8, help="steps each, the first untimed")
     parser.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
     parser.add_argument("--workdir", type=Path)
@@ -307,15 +414,18 @@ def main() -> None:
         if contestant.framework == "trl":
             trl_worker(args.workdir, args.worker, args.steps, contestant.threads)
         else:
-            nemo_worker(args.workdir, args.worker, args.steps, contestant.threads,
-                        contestant.processes)
+            nemo_worker(
+                args.workdir, args.worker, args.steps, contestant.threads, contestant.processes
+            )
         return
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vs_trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
     prepare(workdir)
-    workers = [Worker(name, CONTESTANTS[name], workdir, args.steps, args.trl_python)
-               for name in args.contestants]
+    workers = [
+        Worker(name, CONTESTANTS[name], workdir, args.steps, args.trl_python)
+        for name in args.contestants
+    ]
     for worker in workers:  # each loaded and at its first step's start
         assert worker.line() == "ready"
     results = {}
@@ -335,15 +445,20 @@ def main() -> None:
     print("| | s/step median (min–max) | completions/s | split (median s) |")
     print("|---|---:|---:|---|")
     for row in rows:
-        split = " · ".join(f"{part.replace('_', ' + ')} {seconds:.2f}"
-                           for part, seconds in row["split"].items())
-        print(f"| {row['label']} | {row['median']:.2f} ({row['min']:.2f}–{row['max']:.2f}) "
-              f"| {row['completions_per_s']:.1f} | {split} |")
+        split = " · ".join(
+            f"{part.replace('_', ' + ')} {seconds:.2f}" for part, seconds in row["split"].items()
+        )
+        print(
+            f"| {row['label']} | {row['median']:.2f} ({row['min']:.2f}–{row['max']:.2f}) "
+            f"| {row['completions_per_s']:.1f} | {split} |"
+        )
     trl_rows = [row for row in rows if row["framework"] == "trl"]
     for row in rows:
         if row["framework"] == "nemo" and trl_rows:
-            print(f"\n{row['label']} / {trl_rows[0]['label']}, completions/s: "
-                  f"{row['completions_per_s'] / trl_rows[0]['completions_per_s']:.2f}x")
+            print(
+                f"\n{row['label']} / {trl_rows[0]['label']}, completions/s: "
+                f"{row['completions_per_s'] / trl_rows[0]['completions_per_s']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

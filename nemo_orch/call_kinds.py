@@ -62,11 +62,16 @@ def kind_of(kind: str | None, error: str | None) -> CallKind:
     """The kind of a call that ended with ``error`` (None: none), as declared (``kind``) or,
     when not, ``ok`` without an error and ``tool_error`` with one; a ValueError when the two
     disagree (an ok call with an error, a failed one without)."""
-    resolved = CallKind(kind) if kind is not None else (
-        CallKind.OK if error is None else CallKind.TOOL_ERROR)
+    resolved = (
+        CallKind(kind)
+        if kind is not None
+        else (CallKind.OK if error is None else CallKind.TOOL_ERROR)
+    )
     if (resolved == CallKind.OK) != (error is None):
-        raise ValueError(f"a call of kind {resolved} must {'not ' * (error is not None)}carry "
-                         f"an error message (error={error!r})")
+        raise ValueError(
+            f"a call of kind {resolved} must {'not ' * (error is not None)}carry "
+            f"an error message (error={error!r})"
+        )
     return resolved
 
 
@@ -82,8 +87,9 @@ class InfraFailure:
 
     def __post_init__(self) -> None:
         if self.reason not in INFRA_REASONS:
-            raise ValueError(f"unknown infrastructure failure {self.reason!r}; one of "
-                             f"{', '.join(INFRA_REASONS)}")
+            raise ValueError(
+                f"unknown infrastructure failure {self.reason!r}; one of {', '.join(INFRA_REASONS)}"
+            )
 
     def __str__(self) -> str:
         return f"{self.reason} at {self.endpoint}: {self.detail}"

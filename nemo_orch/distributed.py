@@ -59,17 +59,20 @@ def initialize(parallel: ParallelConfig, seed: int) -> ParallelContext:
         if world_size != parallel.world_size:
             raise ConfigError(
                 f"parallel.tp * parallel.pp * parallel.dp = {parallel.world_size} but "
-                f"{world_size} process(es) were launched")
+                f"{world_size} process(es) were launched"
+            )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         if launched:
             dist.init_process_group(backend=backend)
         else:  # a plain single process: a world of one on loopback, environment untouched
-            dist.init_process_group(backend=backend, rank=0, world_size=1,
-                                    init_method=f"tcp://127.0.0.1:{free_port()}")
+            dist.init_process_group(
+                backend=backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}"
+            )
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp)
+        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp
+    )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
     return ParallelContext(

@@ -88,13 +88,19 @@ def _walk(cls: type, instance: Any, path: str, summary: str, sections: list[Sect
         # is null by default, is also a key.
         holds_section = nested is not None and value is not None and not isinstance(value, list)
         if not holds_section:
-            section.keys.append(Key(key, _type_name(item.type), _render_default(value),
-                                    meanings.get(item.name, "")))
+            section.keys.append(
+                Key(key, _type_name(item.type), _render_default(value), meanings.get(item.name, ""))
+            )
         if nested is not None:
             # Its line: the comment on its field, else what its own class says first.
             summary = _markdown(_comment(cls, item.name) or _first_sentence(nested))
-            _walk(nested, value if holds_section else _default_instance(nested),
-                  f"{key}[]" if isinstance(value, list) else key, summary, sections)
+            _walk(
+                nested,
+                value if holds_section else _default_instance(nested),
+                f"{key}[]" if isinstance(value, list) else key,
+                summary,
+                sections,
+            )
 
 
 def _dataclass_in(hint: Any) -> type | None:
@@ -145,8 +151,9 @@ def field_meanings(cls: type) -> dict[str, str]:
     meanings = {}
     for item in dataclasses.fields(cls):
         owner = _declaring_class(cls, item.name)
-        meaning = (_comment(owner, item.name)
-                   or _sentence_about(item.name, _docstring_sentences(owner)))
+        meaning = _comment(owner, item.name) or _sentence_about(
+            item.name, _docstring_sentences(owner)
+        )
         if meaning:
             meanings[item.name] = _markdown(meaning)
     return meanings
@@ -166,7 +173,7 @@ def _parsed(cls: type) -> tuple[ast.ClassDef, dict[int, tuple[str, bool]]]:
     comments = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
-            alone = not token.line[:token.start[1]].strip()
+            alone = not token.line[: token.start[1]].strip()
             comments[token.start[0]] = (token.string.lstrip("#").strip(), alone)
     (class_node,) = ast.parse(source).body
     return class_node, comments
@@ -182,8 +189,11 @@ def _comment(cls: type, name: str) -> str:
             while line in comments and comments[line][1]:
                 above.insert(0, comments[line][0])
                 line -= 1
-            beside = [text for number, (text, alone) in comments.items()
-                      if not alone and node.lineno <= number <= node.end_lineno]
+            beside = [
+                text
+                for number, (text, alone) in comments.items()
+                if not alone and node.lineno <= number <= node.end_lineno
+            ]
             return " ".join(above + beside)
     return ""
 
@@ -200,11 +210,15 @@ def _docstring_sentences(cls: type) -> tuple[str, ...]:
             depth += char in "([{"
             depth -= char in ")]}"
             # A sentence ends at a period outside brackets, before a capital or a literal.
-            following = text[index + 1:index + 3]
-            if (char == "." and depth <= 0 and following[:1] == " "
-                    and (following[1:].isupper() or following[1:] == "`")
-                    and not text[:index + 1].endswith(("e.g.", "i.e."))):
-                sentences.append(text[start:index + 1])
+            following = text[index + 1 : index + 3]
+            if (
+                char == "."
+                and depth <= 0
+                and following[:1] == " "
+                and (following[1:].isupper() or following[1:] == "`")
+                and not text[: index + 1].endswith(("e.g.", "i.e."))
+            ):
+                sentences.append(text[start : index + 1])
                 start = index + 2
         if text[start:].strip():
             sentences.append(text[start:])
@@ -233,8 +247,9 @@ def _markdown(text: str) -> str:
 def _table_cell(text: str) -> str:
     """A pipe outside a code span would end the cell (inside one, Markdown keeps it)."""
     pieces = text.split("`")
-    return "`".join(piece.replace("|", "\\|") if index % 2 == 0 else piece
-                    for index, piece in enumerate(pieces))
+    return "`".join(
+        piece.replace("|", "\\|") if index % 2 == 0 else piece for index, piece in enumerate(pieces)
+    )
 
 
 def undocumented(sections: list[Section]) -> list[str]:
@@ -265,23 +280,29 @@ def _rows_by_key(text: str) -> dict[str, str]:
 def problems(sections: list[Section], written: str) -> list[str]:
     """What is wrong with the reference as written: keys without a meaning, and the keys whose
     rows differ from the code's (added, removed or changed)."""
-    found = [f"{path}: no line of meaning (add a comment above the field in nemo_orch/config/)"
-             for path in undocumented(sections)]
+    found = [
+        f"{path}: no line of meaning (add a comment above the field in nemo_orch/config/)"
+        for path in undocumented(sections)
+    ]
     expected = render(sections)
     if written != expected:
         new, old = _rows_by_key(expected), _rows_by_key(written)
         stale = sorted(key for key in new.keys() | old.keys() if new.get(key) != old.get(key))
-        found.append(f"{REFERENCE} is stale ("
-                     + (", ".join(stale) if stale else "outside the key rows")
-                     + f"): run {REGENERATE}")
+        found.append(
+            f"{REFERENCE} is stale ("
+            + (", ".join(stale) if stale else "outside the key rows")
+            + f"): run {REGENERATE}"
+        )
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if the reference is stale or a key lacks a "
-                             "meaning")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if the reference is stale or a key lacks a meaning",
+    )
     arguments = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))  # run as a script, only scripts/ is on the path
     from nemo_orch.config import Config

@@ -26,10 +26,15 @@ def main(argv: list[str] | None = None) -> int:
             checked = main_job_report.targets(report, policy)
             all_met &= all(target.met for target in checked)
             if not rows:
-                rows += ["| report | policy | " + " | ".join(t.name for t in checked) + " |",
-                         "|---|---|" + "---:|" * len(checked)]
-            rows.append(f"| {path} | {policy} | " + " | ".join(
-                f"{t.value:.4g}{'' if t.met else ' (missed)'}" for t in checked) + " |")
+                rows += [
+                    "| report | policy | " + " | ".join(t.name for t in checked) + " |",
+                    "|---|---|" + "---:|" * len(checked),
+                ]
+            rows.append(
+                f"| {path} | {policy} | "
+                + " | ".join(f"{t.value:.4g}{'' if t.met else ' (missed)'}" for t in checked)
+                + " |"
+            )
     print("\n".join(rows))
     print("every target met" if all_met else "targets missed")
     return 0 if all_met else 1

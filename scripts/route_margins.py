@@ -36,13 +36,16 @@ def main() -> None:
     tasks = make_tasks(args.tasks, seed=3, interface=ORCHESTRA)
     groups = defaultdict(list)
     for task in tasks:
-        ranked = sorted(orchestra.route_values(task, writers, PER_TURN_USD, COST_WEIGHT),
-                        key=lambda value: -value.utility)
+        ranked = sorted(
+            orchestra.route_values(task, writers, PER_TURN_USD, COST_WEIGHT),
+            key=lambda value: -value.utility,
+        )
         rival = next(value for value in ranked[1:] if not orchestra.repeats_a_call(value.route))
-        groups[task.metadata["family"], task.metadata["preference_name"]].append(
-            (ranked[0], rival))
-    print("| group | share of tasks | oracle route | best other route | margin | episodes of "
-          "each to tell them apart | the group's episodes in the run |")
+        groups[task.metadata["family"], task.metadata["preference_name"]].append((ranked[0], rival))
+    print(
+        "| group | share of tasks | oracle route | best other route | margin | episodes of "
+        "each to tell them apart | the group's episodes in the run |"
+    )
     print("|---|---:|---|---|---:|---:|---:|")
     for (family, preference), rows in sorted(groups.items()):
         oracle = Counter(top.route for top, _ in rows).most_common(1)[0][0]
@@ -52,8 +55,10 @@ def main() -> None:
         spread = math.sqrt(max(accuracy * (1 - accuracy), 0.01))
         needed = 2 * (2 * spread / max(margin, 1e-4)) ** 2
         share = len(rows) / len(tasks)
-        print(f"| {family}/{preference} | {share:.3f} | `{oracle}` | `{rival}` | {margin:.3f} | "
-              f"{needed:,.0f} | {share * args.episodes:,.0f} |")
+        print(
+            f"| {family}/{preference} | {share:.3f} | `{oracle}` | `{rival}` | {margin:.3f} | "
+            f"{needed:,.0f} | {share * args.episodes:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,9 @@ def offline_conversations() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer_dir(offline_conversations: list[dict[str, Any]],
-                       tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_tokenizer_dir(
+    offline_conversations: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     directory = tmp_path_factory.mktemp("tok")
     texts = (render_conversation(c["messages"], c["tools"]) for c in offline_conversations)
     train_tokenizer(texts, vocab_size=1000, min_frequency=2, out_dir=directory)
@@ -54,11 +55,19 @@ def random_policy_dir(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPat
     from nemo_orch.config import ModelConfig
     from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
 
-    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                        kv_channels=16, ffn_hidden_size=128, vocab_size=1024,
-                        max_position_embeddings=1024)
-    directory = save_hf_checkpoint(tmp_path_factory.mktemp("policy"),
-                                   SeededHFWeights(model, seed=0), model)
+    model = ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=128,
+        vocab_size=1024,
+        max_position_embeddings=1024,
+    )
+    directory = save_hf_checkpoint(
+        tmp_path_factory.mktemp("policy"), SeededHFWeights(model, seed=0), model
+    )
     for file in tiny_tokenizer_dir.iterdir():
         shutil.copy(file, directory / file.name)
     return directory
@@ -89,8 +98,14 @@ def start_checkpoint(tiny_tokenizer_dir: Path, tmp_path_factory: pytest.TempPath
 
     out = tmp_path_factory.mktemp("start")
     shutil.copytree(tiny_tokenizer_dir, out / "tokenizer")
-    run_cli("sft", *small_sft_overrides(Path("tokenizer"), Path("runs"), "sft"),
-            *TINY_LONG_MODEL, "trainer.max_steps=2", "trainer.optim.warmup_steps=1", cwd=out)
+    run_cli(
+        "sft",
+        *small_sft_overrides(Path("tokenizer"), Path("runs"), "sft"),
+        *TINY_LONG_MODEL,
+        "trainer.max_steps=2",
+        "trainer.optim.warmup_steps=1",
+        cwd=out,
+    )
     return out / "runs" / "sft" / "checkpoints" / "step_2"
 
 
@@ -128,8 +143,11 @@ def slurm_cluster() -> Iterator[Path]:
         if up.returncode == 3:
             pytest.skip(up.stderr.strip().splitlines()[-1])
         assert up.returncode == 0, f"scripts/slurm_local.sh up failed:\n{up.stderr}"
-    conf = Path(subprocess.run([script, "env"], capture_output=True, text=True, check=True)
-                .stdout.strip().partition("=")[2])
+    conf = Path(
+        subprocess.run([script, "env"], capture_output=True, text=True, check=True)
+        .stdout.strip()
+        .partition("=")[2]
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SLURM_CONF", str(conf))
         yield conf

@@ -30,19 +30,61 @@ from nemo_orch.serve.triton import BadRequest
 from nemo_orch.tools.base import ToolContext, ToolResult
 from nemo_orch.tools.schema import argument_errors
 
-KEYS = ["id", "question", "answer", "system", "tools", "metadata", "allowed_documents",
-        "messages", "role", "content", "tool_calls", "function", "name", "arguments", "type",
-        "parameters", "gold_actions", "facts", "instruction", "domain", "scorer", "domain_task",
-        "code", "query", "model", "text", "calls", "has_reference", "user_scenario",
-        "evaluation_criteria", "actions"]
-values = json_values(KEYS, ["user", "assistant", "tool", "database", "exact", "shop",
-                           "python_sandbox", "search", "call_expert", "math-small"],
-                     allow_nan=True)
-records = st.one_of(values,
-                    st.dictionaries(st.sampled_from(KEYS), values, max_size=8))
+KEYS = [
+    "id",
+    "question",
+    "answer",
+    "system",
+    "tools",
+    "metadata",
+    "allowed_documents",
+    "messages",
+    "role",
+    "content",
+    "tool_calls",
+    "function",
+    "name",
+    "arguments",
+    "type",
+    "parameters",
+    "gold_actions",
+    "facts",
+    "instruction",
+    "domain",
+    "scorer",
+    "domain_task",
+    "code",
+    "query",
+    "model",
+    "text",
+    "calls",
+    "has_reference",
+    "user_scenario",
+    "evaluation_criteria",
+    "actions",
+]
+values = json_values(
+    KEYS,
+    [
+        "user",
+        "assistant",
+        "tool",
+        "database",
+        "exact",
+        "shop",
+        "python_sandbox",
+        "search",
+        "call_expert",
+        "math-small",
+    ],
+    allow_nan=True,
+)
+records = st.one_of(values, st.dictionaries(st.sampled_from(KEYS), values, max_size=8))
 lines = st.lists(st.one_of(records.map(json.dumps), st.text(max_size=40)), max_size=5)
-FUZZ = settings(max_examples=200, suppress_health_check=[
-    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=200,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +99,11 @@ def toolbox(toolscale_dir):
 def test_arguments_of_any_shape_against_every_builtin_schema(toolbox, data):
     name = data.draw(st.sampled_from(sorted(toolbox.tools)))
     properties = list(toolbox.tools[name].spec.parameters.get("properties", {}))
-    arguments = data.draw(st.dictionaries(st.one_of(st.sampled_from(properties or ["x"]),
-                                                    st.text(max_size=8)),
-                                          values, max_size=5))
+    arguments = data.draw(
+        st.dictionaries(
+            st.one_of(st.sampled_from(properties or ["x"]), st.text(max_size=8)), values, max_size=5
+        )
+    )
     problems = argument_errors(toolbox.tools[name].spec.parameters, arguments)
     assert isinstance(problems, list)
     if problems:
@@ -85,13 +129,21 @@ def reward():
     return reward_model(config_lib.load())
 
 
-item_fields = st.fixed_dictionaries({
-    "problem": st.text(max_size=20), "prediction": st.text(max_size=20),
-    "reference": st.text(max_size=20),
-    "metadata": st.one_of(st.text(max_size=20), records.map(json.dumps),
-                          st.fixed_dictionaries({"id": st.text(max_size=5)}, optional={
-                              "metadata": values, "calls": values,
-                              "has_reference": values}).map(json.dumps))})
+item_fields = st.fixed_dictionaries(
+    {
+        "problem": st.text(max_size=20),
+        "prediction": st.text(max_size=20),
+        "reference": st.text(max_size=20),
+        "metadata": st.one_of(
+            st.text(max_size=20),
+            records.map(json.dumps),
+            st.fixed_dictionaries(
+                {"id": st.text(max_size=5)},
+                optional={"metadata": values, "calls": values, "has_reference": values},
+            ).map(json.dumps),
+        ),
+    }
+)
 
 
 @FUZZ
@@ -113,11 +165,16 @@ def served_tool(toolbox):
 
 
 CONTEXT_KEYS = ["task_id", "episode_id", "seed", "allowed_documents", "observations", "task"]
-tool_fields = st.fixed_dictionaries({
-    "arguments": st.one_of(st.text(max_size=20), records.map(json.dumps)),
-    "context": st.one_of(st.text(max_size=20), records.map(json.dumps),
-                         st.dictionaries(st.sampled_from(CONTEXT_KEYS), values,
-                                         max_size=4).map(json.dumps))})
+tool_fields = st.fixed_dictionaries(
+    {
+        "arguments": st.one_of(st.text(max_size=20), records.map(json.dumps)),
+        "context": st.one_of(
+            st.text(max_size=20),
+            records.map(json.dumps),
+            st.dictionaries(st.sampled_from(CONTEXT_KEYS), values, max_size=4).map(json.dumps),
+        ),
+    }
+)
 
 
 @FUZZ

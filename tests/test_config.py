@@ -19,8 +19,12 @@ def test_default_tree_composes_all_groups():
     cfg = config_lib.load()
     assert cfg.model.preset == "micro"
     assert 1e6 < cfg.model.num_parameters() < 10e6  # "a few million parameters"
-    assert (cfg.tools.declarations, cfg.reward.combination, cfg.rollout.engine,
-            cfg.launcher.executor) == (["tools/orchestra"], "preference", "hf", "local")
+    assert (
+        cfg.tools.declarations,
+        cfg.reward.combination,
+        cfg.rollout.engine,
+        cfg.launcher.executor,
+    ) == (["tools/orchestra"], "preference", "hf", "local")
 
 
 @pytest.mark.parametrize("preset,params", [("qwen3-0.6b", 0.6e9), ("qwen3-8b", 8.2e9)])
@@ -30,21 +34,30 @@ def test_presets_have_qwen3_sizes(preset, params):
 
 
 def test_overrides_are_typed():
-    cfg = config_lib.load(["trainer.optim.lr=0.5", "parallel.dp=2", "trainer.global_batch_size=32",
-                           "trainer.micro_batch_size=8"])
+    cfg = config_lib.load(
+        [
+            "trainer.optim.lr=0.5",
+            "parallel.dp=2",
+            "trainer.global_batch_size=32",
+            "trainer.micro_batch_size=8",
+        ]
+    )
     assert cfg.trainer.optim.lr == 0.5 and cfg.parallel.dp == 2 and cfg.num_microbatches == 2
 
 
-@pytest.mark.parametrize("override,named", [
-    ("trainer.no_such_key=1", "trainer.no_such_key"),
-    ("+trainer.no_such_key=1", "trainer.no_such_key"),
-    ("trainer.optim.lr=fast", "trainer.optim.lr"),
-    ("model=qwen3-9000b", "model/qwen3-9000b"),
-    ("data.sft_path=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
-    ("model.fp8=hybrid", "model.fp8"),
-    ("parallel.tp=3", "parallel.tp"),
-    ("trainer.micro_batch_size=3", "trainer.global_batch_size"),
-])
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("trainer.no_such_key=1", "trainer.no_such_key"),
+        ("+trainer.no_such_key=1", "trainer.no_such_key"),
+        ("trainer.optim.lr=fast", "trainer.optim.lr"),
+        ("model=qwen3-9000b", "model/qwen3-9000b"),
+        ("data.sft_path=/nonexistent/data.jsonl", "/nonexistent/data.jsonl"),
+        ("model.fp8=hybrid", "model.fp8"),
+        ("parallel.tp=3", "parallel.tp"),
+        ("trainer.micro_batch_size=3", "trainer.global_batch_size"),
+    ],
+)
 def test_user_mistakes_name_the_key(override, named):
     with pytest.raises(ConfigError, match=named.replace("+", r"\+")):
         config_lib.load([override])
@@ -63,8 +76,11 @@ def test_print_config_round_trips(capsys):
 
 
 def test_cli_reports_unknown_key_without_traceback():
-    result = subprocess.run([sys.executable, "-m", "nemo_orch.cli", "train",
-                             "trainer.no_such_key=1"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "nemo_orch.cli", "train", "trainer.no_such_key=1"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == cli.EXIT_USER_ERROR
     assert "trainer.no_such_key" in result.stderr
     assert "Traceback" not in result.stderr
@@ -80,15 +96,22 @@ def test_a_new_key_of_an_open_mapping_needs_a_plus_and_the_pages_spell_it_so():
     without it, the error says how; every page spells it so."""
     url = "http://127.0.0.1:8001/v1"
     assert config_lib.load([f"+tools.endpoints.math={url}"]).tools.endpoints == {"math": url}
-    with pytest.raises(ConfigError, match=r"Unknown config key 'tools\.endpoints\.math'\. A new "
-                       r"key of tools\.endpoints is added with \+: \+tools\.endpoints\.math="):
+    with pytest.raises(
+        ConfigError,
+        match=r"Unknown config key 'tools\.endpoints\.math'\. A new "
+        r"key of tools\.endpoints is added with \+: \+tools\.endpoints\.math=",
+    ):
         config_lib.load([f"tools.endpoints.math={url}"])
     root = Path(__file__).parents[1]
     # a page's override of an alias (the launcher's --endpoint argument names a key, not this)
     spelled = re.compile(r"(?<![+\w.'])tools\.endpoints\.[\w<>-]+=")
     pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-    assert [f"{page.name}: {line.strip()}" for page in pages
-            for line in page.read_text().splitlines() if spelled.search(line)] == []
+    assert [
+        f"{page.name}: {line.strip()}"
+        for page in pages
+        for line in page.read_text().splitlines()
+        if spelled.search(line)
+    ] == []
 
 
 def test_saved_config_reloads(tmp_path):
@@ -107,8 +130,11 @@ def test_a_config_saved_before_keys_moved_still_loads(tmp_path):
     eval.data family moved under env.*) loads, keeping the new keys' saved values."""
     cfg = config_lib.load(["eval.tasks=7"])
     path = tmp_path / "config.yaml"
-    path.write_text(config_lib.to_yaml(cfg).replace("grpo:\n", "grpo:\n  eval_tasks: 300\n", 1)
-                    .replace("eval:\n", "eval:\n  limit: 5\n  data: null\n", 1))
+    path.write_text(
+        config_lib.to_yaml(cfg)
+        .replace("grpo:\n", "grpo:\n  eval_tasks: 300\n", 1)
+        .replace("eval:\n", "eval:\n  limit: 5\n  data: null\n", 1)
+    )
     assert "eval_tasks: 300" in path.read_text() and "limit: 5" in path.read_text()
     assert config_lib.load_saved(path) == cfg
 
@@ -118,11 +144,14 @@ def test_schema_defaults_are_the_shipped_defaults():
     # field is in the YAML tree (a key missing there cannot be overridden from the command line).
     assert config_lib.load() == config_lib.Config()
     tree = config_lib.compose()
-    missing = [f"{section.name}.{field.name}"
-               for section in dataclasses.fields(config_lib.Config)
-               for field in dataclasses.fields(section.type if isinstance(section.type, type)
-                                               else getattr(config_lib, section.type))
-               if field.name not in tree[section.name]]
+    missing = [
+        f"{section.name}.{field.name}"
+        for section in dataclasses.fields(config_lib.Config)
+        for field in dataclasses.fields(
+            section.type if isinstance(section.type, type) else getattr(config_lib, section.type)
+        )
+        if field.name not in tree[section.name]
+    ]
     assert missing == []
 
 
@@ -143,8 +172,11 @@ def test_the_optimizer_keys_moved_and_old_configs_load_with_their_values(tmp_pat
 
 
 def test_an_override_that_does_not_parse_names_its_key():
-    with pytest.raises(ConfigError, match=r"^trainer\.max_steps: cannot parse "
-                       r"'trainer\.max_steps=\[1,': .*quote values"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^trainer\.max_steps: cannot parse "
+        r"'trainer\.max_steps=\[1,': .*quote values",
+    ):
         config_lib.load(["trainer.max_steps=[1,"])
 
 
@@ -156,8 +188,11 @@ def _composed_over(group: str, path: Path) -> dict:
     for parent in (yaml.safe_load(path.read_text()) or {}).get("defaults", []):
         if parent != "_self_":
             parent_path = path.with_name(f"{parent}.yaml")
-            own = {key: value for key, value in (yaml.safe_load(parent_path.read_text())
-                                                 or {}).items() if key != "defaults"}
+            own = {
+                key: value
+                for key, value in (yaml.safe_load(parent_path.read_text()) or {}).items()
+                if key != "defaults"
+            }
             base = OmegaConf.merge(_composed_over(group, parent_path), own)
     return OmegaConf.to_container(base)
 

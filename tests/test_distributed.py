@@ -39,6 +39,11 @@ print(trainer == fresh["grads"])
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs (an OpenMP worker)")
 def test_another_threads_count_does_not_reach_the_trainers_workers():
-    result = subprocess.run([sys.executable, "-c", _TRAINER_AFTER_AN_ENGINE_THREAD],
-                            capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", _TRAINER_AFTER_AN_ENGINE_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert result.stdout.strip() == "True", result.stderr

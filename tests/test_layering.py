@@ -32,8 +32,9 @@ def test_generic_code_imports_no_environment_internals():
         relative = path.relative_to(PACKAGE).as_posix()
         if relative.startswith("envs/") or relative in MAIN_JOB:
             continue
-        offline = sorted(name for name in _imports(path)
-                         if name == OFFLINE or name.startswith(OFFLINE + "."))
+        offline = sorted(
+            name for name in _imports(path) if name == OFFLINE or name.startswith(OFFLINE + ".")
+        )
         if offline:
             leaks[relative] = offline
     assert not leaks, leaks
@@ -42,4 +43,3 @@ def test_generic_code_imports_no_environment_internals():
 def test_the_seam_is_what_the_world_is_reached_by():
     """The check above reads real imports: the offline world's own modules do import it."""
     assert any(name.startswith(OFFLINE) for name in _imports(PACKAGE / "envs" / "__init__.py"))
-

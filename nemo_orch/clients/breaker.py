@@ -36,10 +36,16 @@ class GuardSettings:
     retry_reserve: float = 10.0
 
     def __post_init__(self) -> None:
-        if (self.failures < 0 or self.cooldown_s < 0 or self.retry_reserve < 0
-                or (self.retry_ratio is not None and self.retry_ratio < 0)):
-            raise ValueError("an endpoint guard needs failures >= 0, cooldown_s >= 0, "
-                             "retry_ratio >= 0 (or None) and retry_reserve >= 0")
+        if (
+            self.failures < 0
+            or self.cooldown_s < 0
+            or self.retry_reserve < 0
+            or (self.retry_ratio is not None and self.retry_ratio < 0)
+        ):
+            raise ValueError(
+                "an endpoint guard needs failures >= 0, cooldown_s >= 0, "
+                "retry_ratio >= 0 (or None) and retry_reserve >= 0"
+            )
 
 
 UNGUARDED = GuardSettings(failures=0, retry_ratio=None)
@@ -48,8 +54,9 @@ UNGUARDED = GuardSettings(failures=0, retry_ratio=None)
 class EndpointGuard:
     """One endpoint's circuit breaker and retry budget (``clock``: monotonic seconds)."""
 
-    def __init__(self, settings: GuardSettings = GuardSettings(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, settings: GuardSettings = GuardSettings(), clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.settings, self._clock = settings, clock
         self._lock = threading.Lock()
         self._failures = 0
@@ -65,7 +72,8 @@ class EndpointGuard:
         """Whether requests fail at once now (open, or half open with its probe out)."""
         with self._lock:
             return self._opened_at is not None and (
-                self._probing or self._clock() < self._opened_at + self.settings.cooldown_s)
+                self._probing or self._clock() < self._opened_at + self.settings.cooldown_s
+            )
 
     def admit(self) -> str | None:
         """Why a request may not go now (None: it may; after a cool-down it goes as the
@@ -73,18 +81,23 @@ class EndpointGuard:
         :meth:`abandoned`."""
         with self._lock:
             if self.settings.retry_ratio is not None:
-                self._retry_balance = min(self._retry_cap,
-                                          self._retry_balance + self.settings.retry_ratio)
+                self._retry_balance = min(
+                    self._retry_cap, self._retry_balance + self.settings.retry_ratio
+                )
             if self._opened_at is None:
                 return None
             waited = self._clock() - self._opened_at
             if waited < self.settings.cooldown_s:
-                return (f"circuit open after {self._failures} failed requests in a row (last: "
-                        f"{self._last_problem}); tried again in "
-                        f"{self.settings.cooldown_s - waited:.1f} s")
+                return (
+                    f"circuit open after {self._failures} failed requests in a row (last: "
+                    f"{self._last_problem}); tried again in "
+                    f"{self.settings.cooldown_s - waited:.1f} s"
+                )
             if self._probing:
-                return (f"circuit half open after {self._failures} failed requests in a row "
-                        f"(last: {self._last_problem}); a probe request is out")
+                return (
+                    f"circuit half open after {self._failures} failed requests in a row "
+                    f"(last: {self._last_problem}); a probe request is out"
+                )
             self._probing = True
             return None
 
@@ -98,8 +111,9 @@ class EndpointGuard:
         with self._lock:
             self._failures += 1
             self._last_problem = problem
-            if self.settings.failures and (self._probing
-                                           or self._failures >= self.settings.failures):
+            if self.settings.failures and (
+                self._probing or self._failures >= self.settings.failures
+            ):
                 self._opened_at = self._clock()
             self._probing = False
 

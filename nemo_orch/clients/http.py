@@ -50,8 +50,9 @@ class HTTPError(RuntimeError):
 
 
 # The exception line of a Python traceback: ``package.module.SomeError: message``.
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): (?!Traceback)(.+)$",
-                             re.MULTILINE)
+_EXCEPTION_LINE = re.compile(
+    r"^[A-Za-z_][\w.]*(?:Error|Exception): (?!Traceback)(.+)$", re.MULTILINE
+)
 
 
 def error_message(response: httpx.Response) -> str:
@@ -91,15 +92,31 @@ class JSONClient:
     error_type: type[HTTPError] = HTTPError
     retry_also: Callable[[httpx.Response], bool] = staticmethod(lambda response: False)
 
-    def __init__(self, base_url: str, *, api_key_env: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 8.0,
-                 seed: int | None = None, max_in_flight: int | None = None,
-                 connect_timeout_s: float = 10.0,
-                 guard: GuardSettings = GuardSettings()) -> None:
-        if (max_retries < 0 or timeout_s <= 0 or connect_timeout_s <= 0 or backoff_s < 0
-                or max_backoff_s < backoff_s):
-            raise ValueError("need max_retries >= 0, timeout_s > 0, connect_timeout_s > 0 and "
-                             "0 <= backoff_s <= max_backoff_s")
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        seed: int | None = None,
+        max_in_flight: int | None = None,
+        connect_timeout_s: float = 10.0,
+        guard: GuardSettings = GuardSettings(),
+    ) -> None:
+        if (
+            max_retries < 0
+            or timeout_s <= 0
+            or connect_timeout_s <= 0
+            or backoff_s < 0
+            or max_backoff_s < backoff_s
+        ):
+            raise ValueError(
+                "need max_retries >= 0, timeout_s > 0, connect_timeout_s > 0 and "
+                "0 <= backoff_s <= max_backoff_s"
+            )
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError("max_in_flight must be None or >= 1")
         self.base_url = base_url.rstrip("/")
@@ -123,8 +140,11 @@ class JSONClient:
         if self._api_key is None:
             key = os.environ.get(self.api_key_env, "").strip()
             if not key:
-                raise self.error_type(f"environment variable {self.api_key_env} (the API key of "
-                                      f"{self.base_url}) is not set", None)
+                raise self.error_type(
+                    f"environment variable {self.api_key_env} (the API key of "
+                    f"{self.base_url}) is not set",
+                    None,
+                )
             self._api_key = key
         return self._api_key
 
@@ -135,10 +155,12 @@ class JSONClient:
         if loop not in self._clients:
             key = self._key()
             headers = {"Authorization": f"Bearer {key}"} if key else {}
-            timeout = httpx.Timeout(self.timeout_s,
-                                    connect=min(self.connect_timeout_s, self.timeout_s))
-            self._clients[loop] = httpx.AsyncClient(base_url=self.base_url, headers=headers,
-                                                    timeout=timeout)
+            timeout = httpx.Timeout(
+                self.timeout_s, connect=min(self.connect_timeout_s, self.timeout_s)
+            )
+            self._clients[loop] = httpx.AsyncClient(
+                base_url=self.base_url, headers=headers, timeout=timeout
+            )
         return self._clients[loop]
 
     async def aclose(self) -> None:
@@ -167,8 +189,9 @@ class JSONClient:
         delay = min(self.backoff_s * 2**attempt, self.max_backoff_s)
         return delay / 2 + self._rng.uniform(0, delay / 2)
 
-    async def request(self, method: str, path: str,
-                      payload: Mapping[str, Any] | None = None) -> Any:
+    async def request(
+        self, method: str, path: str, payload: Mapping[str, Any] | None = None
+    ) -> Any:
         """One JSON request under the retry policy; the decoded JSON body on success (a reply
         streamed as server-sent events: its events' data, an
         :class:`~nemo_orch.clients.sse.EventStream`)."""
@@ -176,21 +199,20 @@ class JSONClient:
             return await self._request(method, path, payload)
         loop = asyncio.get_running_loop()
         if loop not in self._slots:
-            self._slots = {old: slots for old, slots in self._slots.items()
-                           if not old.is_closed()}
+            self._slots = {old: slots for old, slots in self._slots.items() if not old.is_closed()}
             self._slots[loop] = asyncio.Semaphore(self.max_in_flight)
         async with self._slots[loop]:
             return await self._request(method, path, payload)
 
-    def refusal(self, response: httpx.Response,
-                payload: Mapping[str, Any] | None) -> Exception | None:
+    def refusal(
+        self, response: httpx.Response, payload: Mapping[str, Any] | None
+    ) -> Exception | None:
         """What to raise, in place of :attr:`error_type`, when the server refuses ``payload``
         for good (None: :attr:`error_type`): a client whose requests follow a configuration
         names it here."""
         return None
 
-    async def _request(self, method: str, path: str,
-                       payload: Mapping[str, Any] | None) -> Any:
+    async def _request(self, method: str, path: str, payload: Mapping[str, Any] | None) -> Any:
         """One request under the endpoint's guard: refused at once while its circuit is open;
         its end (an answer, a failure for good, neither) reported to the guard."""
         url = f"{self.base_url}/{path.lstrip('/')}"
@@ -211,8 +233,9 @@ class JSONClient:
         self.guard.answered()
         return body
 
-    async def _attempts(self, method: str, path: str, url: str,
-                        payload: Mapping[str, Any] | None) -> Any:
+    async def _attempts(
+        self, method: str, path: str, url: str, payload: Mapping[str, Any] | None
+    ) -> Any:
         client = self._client()
         for attempt in range(self.max_retries + 1):
             response = None
@@ -220,9 +243,11 @@ class JSONClient:
                 async with asyncio.timeout(self.timeout_s):
                     response = await client.request(method, path.lstrip("/"), json=payload)
             except (TimeoutError, httpx.TimeoutException) as error:
-                problem = (f"no connection within {self.connect_timeout_s:g} s"
-                           if isinstance(error, httpx.ConnectTimeout)
-                           else f"timed out after {self.timeout_s:g} s")
+                problem = (
+                    f"no connection within {self.connect_timeout_s:g} s"
+                    if isinstance(error, httpx.ConnectTimeout)
+                    else f"timed out after {self.timeout_s:g} s"
+                )
             except httpx.TransportError as error:  # connect errors, dropped connections
                 problem = f"{type(error).__name__}: {error}"
             else:
@@ -232,27 +257,43 @@ class JSONClient:
                     try:
                         return response.json()
                     except ValueError:
-                        raise self.error_type(f"{method} {url}: response is not JSON",
-                                              response.status_code) from None
+                        raise self.error_type(
+                            f"{method} {url}: response is not JSON", response.status_code
+                        ) from None
                 problem = f"HTTP {response.status_code}: {error_message(response)}"
-                if (response.status_code not in RETRY_STATUSES
-                        and not self.retry_also(response)):
+                if response.status_code not in RETRY_STATUSES and not self.retry_also(response):
                     raise self.refusal(response, payload) or self.error_type(
-                        self.scrub(f"{method} {url} failed with {problem}"),
-                        response.status_code)
+                        self.scrub(f"{method} {url} failed with {problem}"), response.status_code
+                    )
             status = response.status_code if response is not None else None
             attempts = f"{attempt + 1} attempt{'s' * bool(attempt)}"
             if attempt == self.max_retries:
-                raise self.error_type(self.scrub(
-                    f"{method} {url} failed after {attempts}; last error: {problem}"), status)
+                raise self.error_type(
+                    self.scrub(f"{method} {url} failed after {attempts}; last error: {problem}"),
+                    status,
+                )
             if self.guard.is_open or not self.guard.may_retry():
-                why = ("its circuit opened meanwhile" if self.guard.is_open
-                       else "the endpoint's retry budget is spent")
-                raise self.error_type(self.scrub(
-                    f"{method} {url} failed after {attempts}, not retried: {why}; "
-                    f"last error: {problem}"), status)
+                why = (
+                    "its circuit opened meanwhile"
+                    if self.guard.is_open
+                    else "the endpoint's retry budget is spent"
+                )
+                raise self.error_type(
+                    self.scrub(
+                        f"{method} {url} failed after {attempts}, not retried: {why}; "
+                        f"last error: {problem}"
+                    ),
+                    status,
+                )
             delay = self._delay(attempt, response)
-            log.warning("%s %s: %s; retry %d/%d in %.2f s", method, url, self.scrub(problem),
-                        attempt + 1, self.max_retries, delay)
+            log.warning(
+                "%s %s: %s; retry %d/%d in %.2f s",
+                method,
+                url,
+                self.scrub(problem),
+                attempt + 1,
+                self.max_retries,
+                delay,
+            )
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")

@@ -42,14 +42,26 @@ class KServeClient:
     """Rows in, rows out, for one model at ``base_url`` (``http://host:port``), under the
     endpoint's ``guard`` (:mod:`nemo_orch.clients.breaker`)."""
 
-    def __init__(self, base_url: str, model: str, *, timeout_s: float = 60.0,
-                 max_retries: int = 2, max_in_flight: int | None = None,
-                 api_key_env: str | None = None,
-                 guard: GuardSettings = GuardSettings()) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        max_in_flight: int | None = None,
+        api_key_env: str | None = None,
+        guard: GuardSettings = GuardSettings(),
+    ) -> None:
         self.model = model
-        self.client = JSONClient(base_url, timeout_s=timeout_s, max_retries=max_retries,
-                                 max_in_flight=max_in_flight, api_key_env=api_key_env,
-                                 guard=guard)
+        self.client = JSONClient(
+            base_url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            max_in_flight=max_in_flight,
+            api_key_env=api_key_env,
+            guard=guard,
+        )
         self.client.error_type = KServeError
         self.client.retry_also = _loading
 
@@ -61,10 +73,18 @@ class KServeClient:
         if not rows:
             return []
         names = list(rows[0])
-        inputs = [{"name": name, "datatype": "BYTES", "shape": [len(rows), 1],
-                   "data": [row[name] for row in rows]} for name in names]
-        answer = await self.client.request("POST", f"/v2/models/{self.model}/infer",
-                                           {"inputs": inputs})
+        inputs = [
+            {
+                "name": name,
+                "datatype": "BYTES",
+                "shape": [len(rows), 1],
+                "data": [row[name] for row in rows],
+            }
+            for name in names
+        ]
+        answer = await self.client.request(
+            "POST", f"/v2/models/{self.model}/infer", {"inputs": inputs}
+        )
         try:
             columns = {output["name"]: output["data"] for output in answer["outputs"]}
         except (KeyError, TypeError):

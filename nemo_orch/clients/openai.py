@@ -87,14 +87,19 @@ class ChatResult:
         thinking, or ``content_filter``: ``truncated``), or without text (``empty``); the
         reason is a phrase of which the endpoint is the subject. ``max_tokens``: the cap it
         was asked with, for the message."""
-        spent = (f" ({self.output_tokens} output tokens, {self.reasoning_tokens} of them "
-                 f"reasoning; max_tokens={max_tokens})")
+        spent = (
+            f" ({self.output_tokens} output tokens, {self.reasoning_tokens} of them "
+            f"reasoning; max_tokens={max_tokens})"
+        )
         if self.finish_reason == "length":
-            return CallKind.TRUNCATED, (f"hit its output cap{spent}"
-                                        + ("" if self.text else " before writing any answer"))
+            return CallKind.TRUNCATED, (
+                f"hit its output cap{spent}" + ("" if self.text else " before writing any answer")
+            )
         if self.finish_reason == "content_filter":
-            return CallKind.TRUNCATED, ("was stopped by a content filter"
-                                        + ("" if self.text else " before writing any answer"))
+            return CallKind.TRUNCATED, (
+                "was stopped by a content filter"
+                + ("" if self.text else " before writing any answer")
+            )
         if not self.text.strip() and not self.tool_calls:
             return CallKind.EMPTY, f"replied with no text{spent}"
         return None
@@ -122,9 +127,15 @@ class OpenAIClient(JSONClient):
 
     error_type = OpenAIError
 
-    def __init__(self, base_url: str, model: str | None = None, *,
-                 dialect: Dialect | str | Mapping[str, Any] = DEFAULT_DIALECT,
-                 name: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        dialect: Dialect | str | Mapping[str, Any] = DEFAULT_DIALECT,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(base_url, **options)
         self.model, self.name = model, name
         self.dialect = parse_dialect(dialect, f"{name or base_url}: dialect")
@@ -136,22 +147,37 @@ class OpenAIClient(JSONClient):
         """Ids of the served models."""
         return [entry["id"] for entry in (await self.request("GET", "models"))["data"]]
 
-    async def chat(self, messages: Sequence[Mapping[str, Any]], *, model: str | None = None,
-                   max_tokens: int | None = None, temperature: float | None = None,
-                   top_p: float | None = None, stop: Sequence[str] | None = None,
-                   tools: Sequence[Mapping[str, Any]] | None = None, seed: int | None = None,
-                   extra: Mapping[str, Any] | None = None) -> ChatResult:
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        seed: int | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> ChatResult:
         """``POST /chat/completions`` as the dialect asks it: ``max_tokens`` sent as its output
         cap, sampling parameters only where it takes them, its ``reasoning_effort`` and
         ``extra_body``; ``extra`` adds request-specific fields last."""
         dialect = self.dialect
-        sampling = {"temperature": temperature, "top_p": top_p,
-                    "stop": list(stop) if stop else None}
+        sampling = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "stop": list(stop) if stop else None,
+        }
         payload: dict[str, Any] = {
-            "model": self._model(model), "messages": list(messages),
-            dialect.output_cap: max_tokens, "tools": list(tools) if tools else None,
-            "seed": seed, "reasoning_effort": dialect.reasoning_effort,
-            **(sampling if dialect.sampling else {})}
+            "model": self._model(model),
+            "messages": list(messages),
+            dialect.output_cap: max_tokens,
+            "tools": list(tools) if tools else None,
+            "seed": seed,
+            "reasoning_effort": dialect.reasoning_effort,
+            **(sampling if dialect.sampling else {}),
+        }
         payload = {key: value for key, value in payload.items() if value is not None}
         payload.update(dialect.extra_body)
         payload.update(self._streaming())
@@ -160,23 +186,38 @@ class OpenAIClient(JSONClient):
         body = await self.request("POST", "chat/completions", payload)
         return self.read_chat(body, model=payload["model"], latency_s=time.monotonic() - start)
 
-    async def completions(self, prompt: str | list[int], *, model: str | None = None,
-                          **fields: Any) -> Completion:
+    async def completions(
+        self, prompt: str | list[int], *, model: str | None = None, **fields: Any
+    ) -> Completion:
         """``POST /completions`` with the given request fields and the dialect's
         ``extra_body`` (and ``stream``). (The completions API caps replies with ``max_tokens``
         whatever the dialect.)"""
-        return self.read_completion(await self.request("POST", "completions", {
-            "model": self._model(model), "prompt": prompt, **fields,
-            **self.dialect.extra_body, **self._streaming()}))
+        return self.read_completion(
+            await self.request(
+                "POST",
+                "completions",
+                {
+                    "model": self._model(model),
+                    "prompt": prompt,
+                    **fields,
+                    **self.dialect.extra_body,
+                    **self._streaming(),
+                },
+            )
+        )
 
     def _streaming(self) -> dict[str, Any]:
         """The request fields of a dialect that streams: the reply as server-sent events, the
         usage in its last chunk."""
-        return ({"stream": True, "stream_options": {"include_usage": True}}
-                if self.dialect.stream else {})
+        return (
+            {"stream": True, "stream_options": {"include_usage": True}}
+            if self.dialect.stream
+            else {}
+        )
 
-    async def request(self, method: str, path: str,
-                      payload: Mapping[str, Any] | None = None) -> Any:
+    async def request(
+        self, method: str, path: str, payload: Mapping[str, Any] | None = None
+    ) -> Any:
         """:meth:`JSONClient.request`; a success whose body is not JSON is a
         :class:`MalformedReply`."""
         try:
@@ -185,8 +226,9 @@ class OpenAIClient(JSONClient):
             # JSONClient fails with a status below 400 only on a success it cannot decode.
             if error.status is None or error.status >= 400:
                 raise
-            raise self._malformed(path, f"the body (HTTP {error.status}) is not JSON",
-                                  error.status) from None
+            raise self._malformed(
+                path, f"the body (HTTP {error.status}) is not JSON", error.status
+            ) from None
 
     def read_chat(self, body: Any, *, model: str, latency_s: float) -> ChatResult:
         """The :class:`ChatResult` of a ``/chat/completions`` reply's decoded ``body``
@@ -211,27 +253,35 @@ class OpenAIClient(JSONClient):
         except _Departure as departure:
             raise self._malformed("completions", str(departure)) from None
 
-    def refusal(self, response: httpx.Response,
-                payload: Mapping[str, Any] | None) -> EndpointRefusal | None:
+    def refusal(
+        self, response: httpx.Response, payload: Mapping[str, Any] | None
+    ) -> EndpointRefusal | None:
         """A 400 naming a parameter this request sent as configured (not the conversation):
         the endpoint refuses how it is asked."""
         parameter = _refused_parameter(response)
         # A model that only streams refuses ``stream`` unsent (or false) on every call alike.
-        if (response.status_code != 400 or parameter in _PER_CALL_FIELDS
-                or (parameter not in (payload or {}) and parameter != "stream")):
+        if (
+            response.status_code != 400
+            or parameter in _PER_CALL_FIELDS
+            or (parameter not in (payload or {}) and parameter != "stream")
+        ):
             return None
         where = f"{self.name}: " if self.name else ""
-        return EndpointRefusal(self.scrub(
-            f"{where}the endpoint {self.base_url} (model {self.model}) refuses the request "
-            f"parameter {parameter!r} ({error_message(response)}); declare how it is asked "
-            f"with its dialect (presets: {', '.join(DIALECT_PRESETS)}; OpenAI's reasoning "
-            "models take dialect: openai-reasoning; a model that only streams, "
-            "dialect: {stream: true})"))
+        return EndpointRefusal(
+            self.scrub(
+                f"{where}the endpoint {self.base_url} (model {self.model}) refuses the request "
+                f"parameter {parameter!r} ({error_message(response)}); declare how it is asked "
+                f"with its dialect (presets: {', '.join(DIALECT_PRESETS)}; OpenAI's reasoning "
+                "models take dialect: openai-reasoning; a model that only streams, "
+                "dialect: {stream: true})"
+            )
+        )
 
     def _malformed(self, path: str, problem: str, status: int | None = None) -> MalformedReply:
         where = f"{self.name}: " if self.name else ""
-        return MalformedReply(self.scrub(
-            f"{where}malformed reply from {self.base_url}/{path}: {problem}"), status)
+        return MalformedReply(
+            self.scrub(f"{where}malformed reply from {self.base_url}/{path}: {problem}"), status
+        )
 
     def _model(self, model: str | None) -> str:
         chosen = model or self.model
@@ -264,8 +314,15 @@ class _Departure(Exception):
 
 def _kind(value: Any) -> str:
     """What a decoded JSON value is, as an error names it."""
-    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
-             str: "a string", list: "a list", dict: "an object"}
+    kinds = {
+        type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
     return kinds.get(type(value), type(value).__name__)
 
 
@@ -308,15 +365,17 @@ def _count(parent: dict[str, Any], key: str, path: str) -> int:
     return value
 
 
-def _list_of(parent: dict[str, Any], key: str, path: str, kinds: tuple[type, ...],
-             what: str) -> list[Any]:
+def _list_of(
+    parent: dict[str, Any], key: str, path: str, kinds: tuple[type, ...], what: str
+) -> list[Any]:
     """``parent[key]``, a list of ``kinds`` (booleans are no numbers); [] when absent or
     null."""
     values = parent.get(key)
     if values is None:
         return []
     if not isinstance(values, list) or not all(
-            isinstance(value, kinds) and not isinstance(value, bool) for value in values):
+        isinstance(value, kinds) and not isinstance(value, bool) for value in values
+    ):
         raise _Departure(f"{_at(path, key)} is not a list of {what}")
     return values
 
@@ -326,8 +385,13 @@ def _first_choice(body: Any) -> dict[str, Any]:
     choices = body.get("choices")
     if isinstance(choices, list) and choices:
         return _object(choices[0], "choices[0]")
-    problem = ("the body has no choices" if choices is None else "choices is empty"
-               if choices == [] else f"choices is {_kind(choices)}, not a list")
+    problem = (
+        "the body has no choices"
+        if choices is None
+        else "choices is empty"
+        if choices == []
+        else f"choices is {_kind(choices)}, not a list"
+    )
     error = body.get("error")  # some proxies answer a failure with HTTP 200
     if error is not None:
         message = error.get("message", error) if isinstance(error, dict) else error
@@ -378,8 +442,13 @@ def _tool_calls(calls: Any, path: str) -> list[dict[str, Any]]:
             arguments = "{}"
         elif not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
-        normalized.append({"id": _string(call, "id", where) or None, "type": "function",
-                           "function": {"name": name, "arguments": arguments}})
+        normalized.append(
+            {
+                "id": _string(call, "id", where) or None,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
     return normalized
 
 
@@ -392,14 +461,16 @@ def _chat_result(body: Any, model: str, latency_s: float) -> ChatResult:
     usage = {} if usage is None else _object(usage, "usage")
     details = usage.get("completion_tokens_details")
     details = {} if details is None else _object(details, "usage.completion_tokens_details")
-    return ChatResult(text=text or refused, input_tokens=_count(usage, "prompt_tokens", "usage"),
-                      output_tokens=_count(usage, "completion_tokens", "usage"),
-                      finish_reason=_string(choice, "finish_reason", "choices[0]"),
-                      latency_s=latency_s, model=_string(body, "model", "") or model,
-                      tool_calls=_tool_calls(message.get("tool_calls"),
-                                             "choices[0].message.tool_calls"),
-                      reasoning_tokens=_count(details, "reasoning_tokens",
-                                              "usage.completion_tokens_details"))
+    return ChatResult(
+        text=text or refused,
+        input_tokens=_count(usage, "prompt_tokens", "usage"),
+        output_tokens=_count(usage, "completion_tokens", "usage"),
+        finish_reason=_string(choice, "finish_reason", "choices[0]"),
+        latency_s=latency_s,
+        model=_string(body, "model", "") or model,
+        tool_calls=_tool_calls(message.get("tool_calls"), "choices[0].message.tool_calls"),
+        reasoning_tokens=_count(details, "reasoning_tokens", "usage.completion_tokens_details"),
+    )
 
 
 def _completion(body: Any) -> Completion:
@@ -407,15 +478,18 @@ def _completion(body: Any) -> Completion:
     logprobs = choice.get("logprobs")
     logprobs = {} if logprobs is None else _object(logprobs, "choices[0].logprobs")
     tokens = _list_of(logprobs, "tokens", "choices[0].logprobs", (str,), "strings")
-    values = _list_of(logprobs, "token_logprobs", "choices[0].logprobs", (int, float),
-                      "numbers")
+    values = _list_of(logprobs, "token_logprobs", "choices[0].logprobs", (int, float), "numbers")
     usage = body.get("usage")
     usage = {} if usage is None else _object(usage, "usage")
-    return Completion(text=_string(choice, "text", "choices[0]"),
-                      finish_reason=_string(choice, "finish_reason", "choices[0]"),
-                      tokens=tokens, token_logprobs=[float(value) for value in values],
-                      prompt_tokens=None if usage.get("prompt_tokens") is None
-                      else _count(usage, "prompt_tokens", "usage"))
+    return Completion(
+        text=_string(choice, "text", "choices[0]"),
+        finish_reason=_string(choice, "finish_reason", "choices[0]"),
+        tokens=tokens,
+        token_logprobs=[float(value) for value in values],
+        prompt_tokens=None
+        if usage.get("prompt_tokens") is None
+        else _count(usage, "prompt_tokens", "usage"),
+    )
 
 
 def _chunks(events: EventStream) -> list[dict[str, Any]]:
@@ -433,8 +507,7 @@ def _chunks(events: EventStream) -> list[dict[str, Any]]:
         if chunk.get("error") is not None:
             error = chunk["error"]
             message = error.get("message", error) if isinstance(error, dict) else error
-            raise _Departure(f"the stream carries an error at event {index}: "
-                             f"{str(message)[:200]}")
+            raise _Departure(f"the stream carries an error at event {index}: {str(message)[:200]}")
         chunks.append(chunk)
     return chunks
 
@@ -479,16 +552,18 @@ def _gathered_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         if streamed is None:
             continue
         if not isinstance(streamed, list):
-            raise _Departure(f"{where}.choices[0].delta.tool_calls is {_kind(streamed)}, "
-                             "not a list")
+            raise _Departure(
+                f"{where}.choices[0].delta.tool_calls is {_kind(streamed)}, not a list"
+            )
         for position, piece in enumerate(streamed):
             piece_at = f"{where}.choices[0].delta.tool_calls[{position}]"
             piece = _object(piece, piece_at)
             slot = piece.get("index", position)
             if not isinstance(slot, int) or isinstance(slot, bool):
                 raise _Departure(f"{piece_at}.index is {_kind(slot)}, not an integer")
-            call = calls.setdefault(slot, {"id": None, "type": "function",
-                                           "function": {"name": "", "arguments": ""}})
+            call = calls.setdefault(
+                slot, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
             call["id"] = piece.get("id") or call["id"]
             call["type"] = piece.get("type") or call["type"]
             function = piece.get("function")
@@ -499,11 +574,17 @@ def _gathered_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
                 arguments = json.dumps(arguments, ensure_ascii=False)  # an object, at once
             call["function"]["name"] += name
             call["function"]["arguments"] += arguments or ""
-    message = {"role": "assistant", "content": "".join(content) or None,
-               "refusal": "".join(refusal) or None,
-               "tool_calls": [calls[slot] for slot in sorted(calls)] or None}
-    return {"model": model, "usage": usage,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+    message = {
+        "role": "assistant",
+        "content": "".join(content) or None,
+        "refusal": "".join(refusal) or None,
+        "tool_calls": [calls[slot] for slot in sorted(calls)] or None,
+    }
+    return {
+        "model": model,
+        "usage": usage,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
 
 
 def _gathered_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -522,14 +603,21 @@ def _gathered_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         _joined(choice, "text", f"{where}.choices[0]", text)
         logprobs = choice.get("logprobs")
         logprobs = {} if logprobs is None else _object(logprobs, f"{where}.choices[0].logprobs")
-        tokens += _list_of(logprobs, "tokens", f"{where}.choices[0].logprobs", (str,),
-                           "strings")
-        values += _list_of(logprobs, "token_logprobs", f"{where}.choices[0].logprobs",
-                           (int, float), "numbers")
-    return {"usage": usage, "choices": [{"index": 0, "text": "".join(text),
-                                         "finish_reason": finish,
-                                         "logprobs": {"tokens": tokens,
-                                                      "token_logprobs": values}}]}
+        tokens += _list_of(logprobs, "tokens", f"{where}.choices[0].logprobs", (str,), "strings")
+        values += _list_of(
+            logprobs, "token_logprobs", f"{where}.choices[0].logprobs", (int, float), "numbers"
+        )
+    return {
+        "usage": usage,
+        "choices": [
+            {
+                "index": 0,
+                "text": "".join(text),
+                "finish_reason": finish,
+                "logprobs": {"tokens": tokens, "token_logprobs": values},
+            }
+        ],
+    }
 
 
 def run_sync(coroutine: Any) -> Any:

@@ -71,32 +71,92 @@ from nemo_orch.config.trainer import TrainerConfig
 
 __all__ = [
     # the root
-    "Config", "MOVED_KEYS", "RECIPES_DIR", "compose", "load", "load_saved", "recipes", "replace",
-    "to_yaml", "validate",
+    "Config",
+    "MOVED_KEYS",
+    "RECIPES_DIR",
+    "compose",
+    "load",
+    "load_saved",
+    "recipes",
+    "replace",
+    "to_yaml",
+    "validate",
     # base
-    "CONF_DIR", "ConfigError", "resolve_conf_path",
+    "CONF_DIR",
+    "ConfigError",
+    "resolve_conf_path",
     # the sections
-    "RunConfig", "ModelConfig", "ParallelConfig", "TokenizerConfig", "CHAT_FORMATS", "DataConfig",
-    "AGENT_KINDS", "DEMO_ROUTERS", "GOLD_REPLAY", "MONOLITH", "NAIVE_ROUTERS", "ORCHESTRATOR",
-    "ROUTERS", "ToolsConfig", "McpServerConfig", "RewardConfig", "CurriculumStage", "GRPOConfig",
-    "AsyncGRPOConfig", "PPOConfig", "DPO_LOSSES", "DPOConfig", "RayConfig",
-    "RolloutConfig", "TrainerConfig", "CONTAINER_SQSH", "SECRET_MARKERS", "SlurmConfig",
-    "RayClusterConfig", "ExpertServerConfig", "LauncherConfig", "SynthConfig", "ENV_KINDS",
-    "BENCHMARKS", "QA_PRESETS", "RETRIEVAL_SCOPES", "EnvSourceConfig", "EnvConfig", "UserConfig",
-    "RetrievalConfig", "EncoderConfig", "MonolithConfig",
+    "RunConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "TokenizerConfig",
+    "CHAT_FORMATS",
+    "DataConfig",
+    "AGENT_KINDS",
+    "DEMO_ROUTERS",
+    "GOLD_REPLAY",
+    "MONOLITH",
+    "NAIVE_ROUTERS",
+    "ORCHESTRATOR",
+    "ROUTERS",
+    "ToolsConfig",
+    "McpServerConfig",
+    "RewardConfig",
+    "CurriculumStage",
+    "GRPOConfig",
+    "AsyncGRPOConfig",
+    "PPOConfig",
+    "DPO_LOSSES",
+    "DPOConfig",
+    "RayConfig",
+    "RolloutConfig",
+    "TrainerConfig",
+    "CONTAINER_SQSH",
+    "SECRET_MARKERS",
+    "SlurmConfig",
+    "RayClusterConfig",
+    "ExpertServerConfig",
+    "LauncherConfig",
+    "SynthConfig",
+    "ENV_KINDS",
+    "BENCHMARKS",
+    "QA_PRESETS",
+    "RETRIEVAL_SCOPES",
+    "EnvSourceConfig",
+    "EnvConfig",
+    "UserConfig",
+    "RetrievalConfig",
+    "EncoderConfig",
+    "MonolithConfig",
     "EvalConfig",
-    "SERVE_KINDS", "ServeConfig",
+    "SERVE_KINDS",
+    "ServeConfig",
 ]
 
 # Keys that moved: their old spelling fails with a message naming the new one.
-_OPTIMIZER_FIELDS = ("lr", "min_lr", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
-                     "grad_clip")
+_OPTIMIZER_FIELDS = (
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "grad_clip",
+)
 # Keys that moved, to where: an override of the old key is refused naming the new one; a config
 # saved before the move loads with the value moved (see :func:`_migrate_moved`).
-MOVED_KEYS = {"eval.data": "env.path", "eval.domain": "env.domain", "eval.split": "env.split",
-              "eval.limit": "env.limit", "grpo.eval_tasks": "eval.tasks",
-              **{f"{section}.{name}": f"{section}.optim.{name}"
-                 for section in ("trainer", "grpo") for name in _OPTIMIZER_FIELDS}}
+MOVED_KEYS = {
+    "eval.data": "env.path",
+    "eval.domain": "env.domain",
+    "eval.split": "env.split",
+    "eval.limit": "env.limit",
+    "grpo.eval_tasks": "eval.tasks",
+    **{
+        f"{section}.{name}": f"{section}.optim.{name}"
+        for section in ("trainer", "grpo")
+        for name in _OPTIMIZER_FIELDS
+    },
+}
 
 
 @dataclass
@@ -119,50 +179,80 @@ class Config:
     serve: ServeConfig = field(default_factory=ServeConfig)
 
     def __post_init__(self) -> None:
-        _require(self.model.num_layers % self.parallel.pp == 0,
-                 "model.num_layers must be divisible by parallel.pp")
-        _require(self.model.num_query_groups % self.parallel.tp == 0,
-                 "model.num_query_groups must be divisible by parallel.tp")
-        _require(self.model.vocab_size % self.parallel.tp == 0,
-                 "model.vocab_size must be divisible by parallel.tp")
-        _require(self.model.ffn_hidden_size % self.parallel.tp == 0,
-                 "model.ffn_hidden_size must be divisible by parallel.tp")
-        _require(not self.parallel.sequence_parallel or self.model.transformer_impl
-                 == "transformer_engine", "parallel.sequence_parallel requires transformer_engine")
+        _require(
+            self.model.num_layers % self.parallel.pp == 0,
+            "model.num_layers must be divisible by parallel.pp",
+        )
+        _require(
+            self.model.num_query_groups % self.parallel.tp == 0,
+            "model.num_query_groups must be divisible by parallel.tp",
+        )
+        _require(
+            self.model.vocab_size % self.parallel.tp == 0,
+            "model.vocab_size must be divisible by parallel.tp",
+        )
+        _require(
+            self.model.ffn_hidden_size % self.parallel.tp == 0,
+            "model.ffn_hidden_size must be divisible by parallel.tp",
+        )
+        _require(
+            not self.parallel.sequence_parallel
+            or self.model.transformer_impl == "transformer_engine",
+            "parallel.sequence_parallel requires transformer_engine",
+        )
         micro_batches = self.trainer.global_batch_size // self.trainer.micro_batch_size
-        _require(micro_batches % self.parallel.dp == 0,
-                 "trainer.global_batch_size / trainer.micro_batch_size must be divisible by "
-                 "parallel.dp")
-        _require(self.dpo.global_batch_size % (self.dpo.micro_batch_size * self.parallel.dp) == 0,
-                 "dpo.global_batch_size must be a multiple of dpo.micro_batch_size x parallel.dp")
-        _require(self.data.seq_length <= self.model.max_position_embeddings,
-                 "data.seq_length must be <= model.max_position_embeddings")
-        _require(self.tokenizer.path is not None
-                 or self.tokenizer.vocab_size <= self.model.vocab_size,
-                 "tokenizer.vocab_size must be <= model.vocab_size")
-        _require((self.rollout.max_context_tokens or 0) <= self.model.max_position_embeddings,
-                 "rollout.max_context_tokens must be <= model.max_position_embeddings")
-        _require(self.rollout.backend != "ray"
-                 or not any(source.user.simulated for source in self.env.source_list()),
-                 "rollout.backend=ray: the Ray workers do not run tau2's LLM user yet; use "
-                 "rollout.backend=local with env.user.base_url")
+        _require(
+            micro_batches % self.parallel.dp == 0,
+            "trainer.global_batch_size / trainer.micro_batch_size must be divisible by parallel.dp",
+        )
+        _require(
+            self.dpo.global_batch_size % (self.dpo.micro_batch_size * self.parallel.dp) == 0,
+            "dpo.global_batch_size must be a multiple of dpo.micro_batch_size x parallel.dp",
+        )
+        _require(
+            self.data.seq_length <= self.model.max_position_embeddings,
+            "data.seq_length must be <= model.max_position_embeddings",
+        )
+        _require(
+            self.tokenizer.path is not None or self.tokenizer.vocab_size <= self.model.vocab_size,
+            "tokenizer.vocab_size must be <= model.vocab_size",
+        )
+        _require(
+            (self.rollout.max_context_tokens or 0) <= self.model.max_position_embeddings,
+            "rollout.max_context_tokens must be <= model.max_position_embeddings",
+        )
+        _require(
+            self.rollout.backend != "ray"
+            or not any(source.user.simulated for source in self.env.source_list()),
+            "rollout.backend=ray: the Ray workers do not run tau2's LLM user yet; use "
+            "rollout.backend=local with env.user.base_url",
+        )
         if self.grpo.async_grpo.enabled:
-            _require(not (self.rollout.colocate and self.rollout.engine in ("trtllm", "vllm")),
-                     "grpo.async_grpo generates while the policy trains: the rollout engine "
-                     "needs GPUs of its own (rollout.colocate=false, e.g. the recipe "
-                     "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async)")
+            _require(
+                not (self.rollout.colocate and self.rollout.engine in ("trtllm", "vllm")),
+                "grpo.async_grpo generates while the policy trains: the rollout engine "
+                "needs GPUs of its own (rollout.colocate=false, e.g. the recipe "
+                "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async)",
+            )
 
     def resolved_rollout(self, positions: int | None = None) -> RolloutConfig:
         """``rollout`` with the context budget resolved (null: ``positions``, the policy's,
         which default to ``model.max_position_embeddings``)."""
-        return dataclasses.replace(self.rollout, max_context_tokens=self.rollout.max_context_tokens
-                                   or positions or self.model.max_position_embeddings)
+        return dataclasses.replace(
+            self.rollout,
+            max_context_tokens=self.rollout.max_context_tokens
+            or positions
+            or self.model.max_position_embeddings,
+        )
 
     @property
     def tokenizer_dir(self) -> Path:
         """The policy's tokenizer: ``tokenizer.path``, else the one trained into the run."""
-        return Path(self.tokenizer.path) if self.tokenizer.path is not None else (
-            self.run.dir / "tokenizer")
+        return (
+            Path(self.tokenizer.path)
+            if self.tokenizer.path is not None
+            else (self.run.dir / "tokenizer")
+        )
 
     @property
     def eval_seed(self) -> int:
@@ -203,8 +293,11 @@ def _recipe_overrides(overrides: list[str] | tuple[str, ...], staging: Path) -> 
             shutil.copyfile(path, staging / "recipes" / f"{staged}.yaml")
             selected += [f"recipes={staged}", f"hydra.searchpath=[file://{staging}]"]
             continue
-        _require(name in recipes(), f"unknown recipe {name!r}; available: "
-                 f"{', '.join(recipes()) or 'none'} (conf/recipes/), or a path to a .yaml file")
+        _require(
+            name in recipes(),
+            f"unknown recipe {name!r}; available: "
+            f"{', '.join(recipes()) or 'none'} (conf/recipes/), or a path to a .yaml file",
+        )
         selected.append(f"recipes={name}")
     return selected
 
@@ -212,9 +305,12 @@ def _recipe_overrides(overrides: list[str] | tuple[str, ...], staging: Path) -> 
 def _check_moved(overrides: list[str] | tuple[str, ...]) -> None:
     for override in overrides:
         key = override.partition("=")[0].lstrip("+~")
-        _require(key not in MOVED_KEYS, f"{key} is now {MOVED_KEYS.get(key)} (where tasks come "
-                 "from lives under env.*, how they are evaluated under eval.*, each stage's "
-                 "optimizer under trainer.optim and grpo.optim)")
+        _require(
+            key not in MOVED_KEYS,
+            f"{key} is now {MOVED_KEYS.get(key)} (where tasks come "
+            "from lives under env.*, how they are evaluated under eval.*, each stage's "
+            "optimizer under trainer.optim and grpo.optim)",
+        )
 
 
 def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -230,19 +326,24 @@ def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] =
     # YAML file states only what differs and any key can be set on any option. As plain values:
     # the types are checked once, by validate (a typed tree would refuse a dict for a section
     # whose default is null, such as launcher.ray={nodes: 1}).
-    ConfigStore.instance().store(name="config_schema", node=OmegaConf.to_container(
-        OmegaConf.structured(Config), enum_to_str=True))
+    ConfigStore.instance().store(
+        name="config_schema",
+        node=OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True),
+    )
 
     try:
-        with (tempfile.TemporaryDirectory(prefix="nemo-orch-recipe-") as staging,
-              initialize_config_dir(config_dir=str(CONF_DIR), version_base=None)):
-            return hydra_compose(config_name,
-                                 overrides=_recipe_overrides(overrides, Path(staging)))
+        with (
+            tempfile.TemporaryDirectory(prefix="nemo-orch-recipe-") as staging,
+            initialize_config_dir(config_dir=str(CONF_DIR), version_base=None),
+        ):
+            return hydra_compose(config_name, overrides=_recipe_overrides(overrides, Path(staging)))
     except OverrideParseException as error:  # Hydra's message quotes the value, not the key
         key = error.override.partition("=")[0]
         reason = str(error.message).splitlines()[0]
-        raise ConfigError(f"{key}: cannot parse {error.override!r}: {reason} (quote values "
-                          "with brackets, commas or spaces)") from None
+        raise ConfigError(
+            f"{key}: cannot parse {error.override!r}: {reason} (quote values "
+            "with brackets, commas or spaces)"
+        ) from None
     except HydraException as error:
         raise ConfigError(_hydra_message(error)) from None
 
@@ -250,13 +351,21 @@ def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] =
 def _hydra_message(error: Exception) -> str:
     lines = [line for line in str(error).splitlines() if line.strip()]
     # Hydra's search-path listing and doc links help nobody fix a typo.
-    kept = [line for line in lines if not line.startswith(
-        ("Config search path", "\tprovider", "See https://", "To append to your config"))]
+    kept = [
+        line
+        for line in lines
+        if not line.startswith(
+            ("Config search path", "\tprovider", "See https://", "To append to your config")
+        )
+    ]
     if kept and kept[0].startswith("Could not override"):
         # A dict value with a key the config lacks fails on that key, deeper than the override's.
         unknown = getattr(error.__cause__, "full_key", None)
-        kept[0] = (f"Unknown config key '{unknown}'.{_new_key_hint(unknown)}" if unknown
-                   else kept[0].replace("Could not override", "Unknown config key"))
+        kept[0] = (
+            f"Unknown config key '{unknown}'.{_new_key_hint(unknown)}"
+            if unknown
+            else kept[0].replace("Could not override", "Unknown config key")
+        )
     return "\n".join(kept)
 
 

@@ -40,8 +40,15 @@ class DataConfig:
     num_copy_conversations: int = 0
     # SFT's sequence length: longer conversations are dropped and counted, not truncated.
     seq_length: int = 640
-    demo_routers: dict[str, float] = field(default_factory=lambda: {
-        "strongest": 0.1, "instructed": 0.5, "tiered": 0.0, "family": 0.25, "random": 0.15})
+    demo_routers: dict[str, float] = field(
+        default_factory=lambda: {
+            "strongest": 0.1,
+            "instructed": 0.5,
+            "tiered": 0.0,
+            "family": 0.25,
+            "random": 0.15,
+        }
+    )
     toolscale_tasks_per_domain: int = 200
     toolscale_eval_tasks: int = 20
     # Keep a correct demonstration only if its route serves the task's preference at least this
@@ -52,16 +59,24 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require_file(self.sft_path, "data.sft_path")
-        _require(self.demo_agent in AGENT_KINDS,
-                 f"data.demo_agent must be one of {', '.join(AGENT_KINDS)}")
+        _require(
+            self.demo_agent in AGENT_KINDS,
+            f"data.demo_agent must be one of {', '.join(AGENT_KINDS)}",
+        )
         _require(self.num_offline_conversations > 0, "data.num_offline_conversations must be > 0")
         _require(self.num_copy_conversations >= 0, "data.num_copy_conversations must be >= 0")
         _require(self.seq_length > 8, "data.seq_length must be > 8")
-        _require(set(self.demo_routers) == set(DEMO_ROUTERS),
-                 f"data.demo_routers must give a share to each of {', '.join(DEMO_ROUTERS)}")
-        _require(all(share >= 0 for share in self.demo_routers.values())
-                 and math.isclose(sum(self.demo_routers.values()), 1.0),
-                 "data.demo_routers: shares must be >= 0 and sum to 1")
+        _require(
+            set(self.demo_routers) == set(DEMO_ROUTERS),
+            f"data.demo_routers must give a share to each of {', '.join(DEMO_ROUTERS)}",
+        )
+        _require(
+            all(share >= 0 for share in self.demo_routers.values())
+            and math.isclose(sum(self.demo_routers.values()), 1.0),
+            "data.demo_routers: shares must be >= 0 and sum to 1",
+        )
         _require(0 <= self.demo_min_adherence <= 1, "data.demo_min_adherence must be in [0, 1]")
-        _require(0 <= self.toolscale_eval_tasks <= self.toolscale_tasks_per_domain,
-                 "data.toolscale_eval_tasks must be in [0, data.toolscale_tasks_per_domain]")
+        _require(
+            0 <= self.toolscale_eval_tasks <= self.toolscale_tasks_per_domain,
+            "data.toolscale_eval_tasks must be in [0, data.toolscale_tasks_per_domain]",
+        )

@@ -32,9 +32,20 @@ OUTPUT_CAPS = ("max_tokens", "max_completion_tokens")
 # they take it, and simulated endpoints reply by it.
 SAMPLING_PARAMETERS = ("temperature", "top_p", "stop")
 # Fields every request sets itself; extra_body may not replace them.
-_REQUEST_FIELDS = frozenset({"model", "messages", "prompt", "tools", "stream",
-                             "stream_options", "seed",
-                             "reasoning_effort", *OUTPUT_CAPS, *SAMPLING_PARAMETERS})
+_REQUEST_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "prompt",
+        "tools",
+        "stream",
+        "stream_options",
+        "seed",
+        "reasoning_effort",
+        *OUTPUT_CAPS,
+        *SAMPLING_PARAMETERS,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -54,22 +65,28 @@ class Dialect:
 
     def __post_init__(self) -> None:
         if self.output_cap not in OUTPUT_CAPS:
-            raise ConfigError(f"output_cap must be one of {'|'.join(OUTPUT_CAPS)}, got "
-                              f"{self.output_cap!r}")
+            raise ConfigError(
+                f"output_cap must be one of {'|'.join(OUTPUT_CAPS)}, got {self.output_cap!r}"
+            )
         for name in ("sampling", "stream"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.reasoning_effort is not None and not (
-                isinstance(self.reasoning_effort, str) and self.reasoning_effort):
-            raise ConfigError(f"reasoning_effort must be a name (e.g. low, medium, high), got "
-                              f"{self.reasoning_effort!r}")
+            isinstance(self.reasoning_effort, str) and self.reasoning_effort
+        ):
+            raise ConfigError(
+                f"reasoning_effort must be a name (e.g. low, medium, high), got "
+                f"{self.reasoning_effort!r}"
+            )
         if not isinstance(self.extra_body, Mapping):
             raise ConfigError(f"extra_body must be a mapping, got {self.extra_body!r}")
         taken = sorted(_REQUEST_FIELDS & set(self.extra_body))
         if taken:
-            raise ConfigError(f"extra_body may not set {', '.join(taken)}: the request sets them "
-                              "(the cap is output_cap, sampling parameters follow sampling, "
-                              "streaming is stream)")
+            raise ConfigError(
+                f"extra_body may not set {', '.join(taken)}: the request sets them "
+                "(the cap is output_cap, sampling parameters follow sampling, "
+                "streaming is stream)"
+            )
 
 
 DIALECT_PRESETS: dict[str, Dialect] = {
@@ -92,21 +109,27 @@ def parse_dialect(declared: Any, where: str) -> Dialect:
     if isinstance(declared, str):
         declared = {"preset": declared}
     if not isinstance(declared, Mapping):
-        raise ConfigError(f"{where}: a dialect is a preset's name ({'|'.join(DIALECT_PRESETS)}) "
-                          f"or a mapping of {_field_names()} over a preset, got {declared!r}")
+        raise ConfigError(
+            f"{where}: a dialect is a preset's name ({'|'.join(DIALECT_PRESETS)}) "
+            f"or a mapping of {_field_names()} over a preset, got {declared!r}"
+        )
     options = dict(declared)
     preset = options.pop("preset", DEFAULT_DIALECT)
     if preset not in DIALECT_PRESETS:
-        raise ConfigError(f"{where}: unknown dialect preset {preset!r}; one of "
-                          f"{'|'.join(DIALECT_PRESETS)}")
+        raise ConfigError(
+            f"{where}: unknown dialect preset {preset!r}; one of {'|'.join(DIALECT_PRESETS)}"
+        )
     unknown = sorted(set(options) - {f.name for f in fields(Dialect)})
     if unknown:
-        raise ConfigError(f"{where}: unknown dialect field(s) {', '.join(unknown)}; a dialect "
-                          f"takes preset, {_field_names()}")
+        raise ConfigError(
+            f"{where}: unknown dialect field(s) {', '.join(unknown)}; a dialect "
+            f"takes preset, {_field_names()}"
+        )
     base = DIALECT_PRESETS[preset]
     try:
-        return Dialect(**{f.name: options.get(f.name, getattr(base, f.name))
-                          for f in fields(Dialect)})
+        return Dialect(
+            **{f.name: options.get(f.name, getattr(base, f.name)) for f in fields(Dialect)}
+        )
     except ConfigError as error:
         raise ConfigError(f"{where}: {error}") from None
 

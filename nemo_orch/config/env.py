@@ -22,8 +22,15 @@ _KIND_OPTIONS = {
     "offline": set(),
     "toolscale": {"path", "domain"},
     "tau2": {"domain", "split", "user", "tau2_domains", "path"},
-    "qa": {"path", "preset", "id_column", "question_columns", "answer_columns",
-           "documents_column", "retrieval"},
+    "qa": {
+        "path",
+        "preset",
+        "id_column",
+        "question_columns",
+        "answer_columns",
+        "documents_column",
+        "retrieval",
+    },
     "tasks": {"path"},
 }
 
@@ -76,12 +83,18 @@ class UserConfig:
         return self.base_url is not None
 
     def _check(self, where: str) -> None:
-        _require(self.base_url is None or self.model is not None,
-                 f"{where}.model: an LLM user needs its model name ({where}.base_url is set)")
-        _require(self.max_steps >= 1 and self.max_errors >= 1,
-                 f"{where}.max_steps and {where}.max_errors must be >= 1")
-        _require(self.timeout_s > 0 and self.max_retries >= 0 and self.max_in_flight >= 1,
-                 f"{where}: need timeout_s > 0, max_retries >= 0 and max_in_flight >= 1")
+        _require(
+            self.base_url is None or self.model is not None,
+            f"{where}.model: an LLM user needs its model name ({where}.base_url is set)",
+        )
+        _require(
+            self.max_steps >= 1 and self.max_errors >= 1,
+            f"{where}.max_steps and {where}.max_errors must be >= 1",
+        )
+        _require(
+            self.timeout_s > 0 and self.max_retries >= 0 and self.max_in_flight >= 1,
+            f"{where}: need timeout_s > 0, max_retries >= 0 and max_in_flight >= 1",
+        )
         parse_dialect(self.dialect, f"{where}.dialect")
 
 
@@ -105,23 +118,35 @@ class EncoderConfig:
         """What :func:`nemo_orch.tools.encoders.make_encoder` takes."""
         if self.model == "hashing":
             return "hashing"
-        return {"model_dir": str(resolve_conf_path(self.model)), "preset": self.preset,
-                "pooling": self.pooling, "query_prefix": self.query_prefix,
-                "document_prefix": self.document_prefix, "max_length": self.max_length}
+        return {
+            "model_dir": str(resolve_conf_path(self.model)),
+            "preset": self.preset,
+            "pooling": self.pooling,
+            "query_prefix": self.query_prefix,
+            "document_prefix": self.document_prefix,
+            "max_length": self.max_length,
+        }
 
     def _check(self, where: str) -> None:
         hf = self.model != "hashing"
-        _require(not hf or resolve_conf_path(self.model).is_dir(),
-                 f"{where}.model: neither 'hashing' nor a local Hugging Face model directory: "
-                 f"{self.model}")
-        _require(hf or (self.preset, self.pooling, self.query_prefix, self.document_prefix)
-                 == (None,) * 4, f"{where}: the hashing encoder takes no preset, pooling or "
-                 "prefix")
-        _require(self.preset in (None, *ENCODER_PRESETS),
-                 f"{where}.preset must be null|{'|'.join(ENCODER_PRESETS)}, got {self.preset!r}")
-        _require(self.pooling in (None, *ENCODER_POOLINGS),
-                 f"{where}.pooling must be null|{'|'.join(ENCODER_POOLINGS)}, got "
-                 f"{self.pooling!r}")
+        _require(
+            not hf or resolve_conf_path(self.model).is_dir(),
+            f"{where}.model: neither 'hashing' nor a local Hugging Face model directory: "
+            f"{self.model}",
+        )
+        _require(
+            hf
+            or (self.preset, self.pooling, self.query_prefix, self.document_prefix) == (None,) * 4,
+            f"{where}: the hashing encoder takes no preset, pooling or prefix",
+        )
+        _require(
+            self.preset in (None, *ENCODER_PRESETS),
+            f"{where}.preset must be null|{'|'.join(ENCODER_PRESETS)}, got {self.preset!r}",
+        )
+        _require(
+            self.pooling in (None, *ENCODER_POOLINGS),
+            f"{where}.pooling must be null|{'|'.join(ENCODER_POOLINGS)}, got {self.pooling!r}",
+        )
         _require(self.max_length >= 1, f"{where}.max_length must be >= 1")
 
 
@@ -164,43 +189,60 @@ class RetrievalConfig:
 
     def describe(self) -> str:
         """The setting, one line for every report."""
-        source = {"open": "the whole index",
-                  "whitelist": f"the question's whitelist ({self.whitelist})",
-                  "oracle": "ORACLE: each question's own documents; not comparable with the "
-                            "reference"}[self.scope]
+        source = {
+            "open": "the whole index",
+            "whitelist": f"the question's whitelist ({self.whitelist})",
+            "oracle": "ORACLE: each question's own documents; not comparable with the reference",
+        }[self.scope]
         if self.index is None:
             return f"{self.scope}: {source}; no local index: web search only"
-        threshold = ("" if self.score_threshold is None
-                     else f", cosine > {self.score_threshold:g}")
-        fallback = (f", web search below {self.fallback_below} documents"
-                    if self.fallback_below else "")
-        return (f"{self.scope}: {source}; {self.mode} top {self.depth}{threshold} -> "
-                f"{self.top_k} documents to the expert{fallback}")
+        threshold = "" if self.score_threshold is None else f", cosine > {self.score_threshold:g}"
+        fallback = (
+            f", web search below {self.fallback_below} documents" if self.fallback_below else ""
+        )
+        return (
+            f"{self.scope}: {source}; {self.mode} top {self.depth}{threshold} -> "
+            f"{self.top_k} documents to the expert{fallback}"
+        )
 
     def _check(self, where: str) -> None:
-        _require(self.scope in RETRIEVAL_SCOPES,
-                 f"{where}.scope must be {'|'.join(RETRIEVAL_SCOPES)}, got {self.scope!r}")
-        _require((self.scope == "whitelist") == (self.whitelist is not None),
-                 f"{where}.whitelist: scope whitelist needs a JSON file of question id -> "
-                 f"document ids (or set {where}.scope=open)" if self.scope == "whitelist"
-                 else f"{where}.whitelist: only scope whitelist reads one (scope is "
-                 f"{self.scope})")
+        _require(
+            self.scope in RETRIEVAL_SCOPES,
+            f"{where}.scope must be {'|'.join(RETRIEVAL_SCOPES)}, got {self.scope!r}",
+        )
+        _require(
+            (self.scope == "whitelist") == (self.whitelist is not None),
+            f"{where}.whitelist: scope whitelist needs a JSON file of question id -> "
+            f"document ids (or set {where}.scope=open)"
+            if self.scope == "whitelist"
+            else f"{where}.whitelist: only scope whitelist reads one (scope is {self.scope})",
+        )
         for key in ("whitelist", "index"):
             value = getattr(self, key)
-            _require(value is None or resolve_conf_path(value).exists(),
-                     f"{where}.{key}: no such file or directory: {value}")
+            _require(
+                value is None or resolve_conf_path(value).exists(),
+                f"{where}.{key}: no such file or directory: {value}",
+            )
         self.encoder._check(f"{where}.encoder")
-        _require(self.mode in ("dense", "hybrid", "sparse"),
-                 f"{where}.mode must be dense|hybrid|sparse, got {self.mode!r}")
-        _require(self.score_threshold is None or self.mode == "dense",
-                 f"{where}.score_threshold applies to the dense cosine score: set {where}.mode="
-                 f"dense (the {self.mode} search's scores are fused ranks or BM25's) or drop "
-                 "the threshold")
-        _require(self.depth >= 1 and 1 <= self.top_k <= self.depth,
-                 f"{where}: need depth >= 1 and 1 <= top_k <= depth (got depth {self.depth}, "
-                 f"top_k {self.top_k})")
-        _require(self.fallback_below >= 0 and self.max_chars_per_doc >= 1,
-                 f"{where}: need fallback_below >= 0 and max_chars_per_doc >= 1")
+        _require(
+            self.mode in ("dense", "hybrid", "sparse"),
+            f"{where}.mode must be dense|hybrid|sparse, got {self.mode!r}",
+        )
+        _require(
+            self.score_threshold is None or self.mode == "dense",
+            f"{where}.score_threshold applies to the dense cosine score: set {where}.mode="
+            f"dense (the {self.mode} search's scores are fused ranks or BM25's) or drop "
+            "the threshold",
+        )
+        _require(
+            self.depth >= 1 and 1 <= self.top_k <= self.depth,
+            f"{where}: need depth >= 1 and 1 <= top_k <= depth (got depth {self.depth}, "
+            f"top_k {self.top_k})",
+        )
+        _require(
+            self.fallback_below >= 0 and self.max_chars_per_doc >= 1,
+            f"{where}: need fallback_below >= 0 and max_chars_per_doc >= 1",
+        )
 
 
 @dataclass
@@ -246,10 +288,10 @@ class EnvSourceConfig:
     tools: Optional[list[str]] = None
     preset: Optional[str] = None
     id_column: str = "id"
-    question_columns: list[str] = field(default_factory=lambda: ["question", "problem",
-                                                                 "prompt"])
-    answer_columns: list[str] = field(default_factory=lambda: [
-        "answer", "reference_answer", "reference", "solution"])
+    question_columns: list[str] = field(default_factory=lambda: ["question", "problem", "prompt"])
+    answer_columns: list[str] = field(
+        default_factory=lambda: ["answer", "reference_answer", "reference", "solution"]
+    )
     documents_column: Optional[str] = None
     user: UserConfig = field(default_factory=UserConfig)
     tau2_domains: list[str] = field(default_factory=list)
@@ -260,43 +302,65 @@ class EnvSourceConfig:
         return self.name or self.preset or self.kind
 
     def _check(self, where: str) -> None:
-        _require(self.kind in ENV_KINDS and self.kind != "mixture"
-                 or isinstance(self, EnvConfig) and self.kind == "mixture",
-                 f"{where}.kind: unknown environment kind {self.kind!r}; kinds: "
-                 f"{', '.join(ENV_KINDS)}")
+        _require(
+            self.kind in ENV_KINDS
+            and self.kind != "mixture"
+            or isinstance(self, EnvConfig)
+            and self.kind == "mixture",
+            f"{where}.kind: unknown environment kind {self.kind!r}; kinds: {', '.join(ENV_KINDS)}",
+        )
         if self.kind == "mixture":
             return
         for option in set().union(*_KIND_OPTIONS.values()) - _KIND_OPTIONS[self.kind]:
-            _require(getattr(self, option) == _field_default(EnvSourceConfig, option),
-                     f"{where}.{option}: a {self.kind} environment has no option {option} "
-                     f"(its options: {', '.join(sorted(_KIND_OPTIONS[self.kind])) or 'none'})")
+            _require(
+                getattr(self, option) == _field_default(EnvSourceConfig, option),
+                f"{where}.{option}: a {self.kind} environment has no option {option} "
+                f"(its options: {', '.join(sorted(_KIND_OPTIONS[self.kind])) or 'none'})",
+            )
         _require(self.limit is None or self.limit >= 1, f"{where}.limit must be null or >= 1")
         _require(self.weight > 0, f"{where}.weight must be > 0")
-        _require(self.path is None or resolve_conf_path(self.path).exists(),
-                 f"{where}.path: no such file or directory: {self.path}")
+        _require(
+            self.path is None or resolve_conf_path(self.path).exists(),
+            f"{where}.path: no such file or directory: {self.path}",
+        )
         for index, path in enumerate(self.tools or []):
-            _require(resolve_conf_path(path).exists(),
-                     f"{where}.tools[{index}]: no such file or directory: {path}")
+            _require(
+                resolve_conf_path(path).exists(),
+                f"{where}.tools[{index}]: no such file or directory: {path}",
+            )
         for index, path in enumerate(self.tau2_domains):
-            _require(resolve_conf_path(path).is_dir(),
-                     f"{where}.tau2_domains[{index}]: no such directory: {path}")
-        _require(self.preset in (None, *QA_PRESETS),
-                 f"{where}.preset must be null|{'|'.join(QA_PRESETS)}, got {self.preset!r}")
-        _require(self.kind not in ("qa", "tasks") or self.path is not None,
-                 f"{where}.path: a {self.kind} environment reads a file: set {where}.path (a "
-                 "local file, or a Hugging Face dataset id: org/name[@revision][:file])")
+            _require(
+                resolve_conf_path(path).is_dir(),
+                f"{where}.tau2_domains[{index}]: no such directory: {path}",
+            )
+        _require(
+            self.preset in (None, *QA_PRESETS),
+            f"{where}.preset must be null|{'|'.join(QA_PRESETS)}, got {self.preset!r}",
+        )
+        _require(
+            self.kind not in ("qa", "tasks") or self.path is not None,
+            f"{where}.path: a {self.kind} environment reads a file: set {where}.path (a "
+            "local file, or a Hugging Face dataset id: org/name[@revision][:file])",
+        )
         self.user._check(f"{where}.user")
         self.retrieval._check(f"{where}.retrieval")
-        _require(self.retrieval.scope != "oracle" or self.preset == "frames"
-                 or self.documents_column is not None,
-                 f"{where}.retrieval.scope=oracle reads each row's own documents: FRAMES' "
-                 f"wiki_links (preset frames) or a documents_column")
-        _require(self.documents_column is None or self.retrieval.scope == "oracle",
-                 f"{where}.documents_column: a row's own documents are read only by "
-                 f"{where}.retrieval.scope=oracle (scope is {self.retrieval.scope})")
-        _require(self.kind != "tau2" or self.domain is not None,
-                 f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
-                 "telecom, mock, or a directory's name in tau2_domains)")
+        _require(
+            self.retrieval.scope != "oracle"
+            or self.preset == "frames"
+            or self.documents_column is not None,
+            f"{where}.retrieval.scope=oracle reads each row's own documents: FRAMES' "
+            f"wiki_links (preset frames) or a documents_column",
+        )
+        _require(
+            self.documents_column is None or self.retrieval.scope == "oracle",
+            f"{where}.documents_column: a row's own documents are read only by "
+            f"{where}.retrieval.scope=oracle (scope is {self.retrieval.scope})",
+        )
+        _require(
+            self.kind != "tau2" or self.domain is not None,
+            f"{where}.domain: a tau2 environment needs its domain (airline, retail, "
+            "telecom, mock, or a directory's name in tau2_domains)",
+        )
 
 
 @dataclass
@@ -320,9 +384,11 @@ class EnvConfig(EnvSourceConfig):
         for index, source in enumerate(self.sources):
             source._check(f"env.sources[{index}]")
         labels = [source.label for source in self.sources]
-        _require(len(set(labels)) == len(labels),
-                 f"env.sources: two sources are labelled alike ({', '.join(labels)}); give "
-                 "them distinct names")
+        _require(
+            len(set(labels)) == len(labels),
+            f"env.sources: two sources are labelled alike ({', '.join(labels)}); give "
+            "them distinct names",
+        )
 
     def source_list(self) -> list[EnvSourceConfig]:
         """The sources: a mixture's, or this one."""

@@ -42,13 +42,22 @@ class MonolithConfig:
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        _require(self.usd_per_million is None or (len(self.usd_per_million) == 2 and all(
-            price >= 0 for price in self.usd_per_million)),
-            "eval.monolith.usd_per_million must be null or [input, output], both >= 0")
-        _require(self.max_tokens >= 1 and self.temperature >= 0 and self.time_scale >= 0
-                 and self.timeout_s > 0 and self.max_retries >= 0,
-                 "eval.monolith: max_tokens must be >= 1, timeout_s > 0, temperature, "
-                 "time_scale and max_retries >= 0")
+        _require(
+            self.usd_per_million is None
+            or (
+                len(self.usd_per_million) == 2 and all(price >= 0 for price in self.usd_per_million)
+            ),
+            "eval.monolith.usd_per_million must be null or [input, output], both >= 0",
+        )
+        _require(
+            self.max_tokens >= 1
+            and self.temperature >= 0
+            and self.time_scale >= 0
+            and self.timeout_s > 0
+            and self.max_retries >= 0,
+            "eval.monolith: max_tokens must be >= 1, timeout_s > 0, temperature, "
+            "time_scale and max_retries >= 0",
+        )
         parse_dialect(self.dialect, "eval.monolith.dialect")
 
 
@@ -82,8 +91,12 @@ class EvalConfig:
     monolith: MonolithConfig = field(default_factory=MonolithConfig)
 
     def __post_init__(self) -> None:
-        _require(self.tasks >= 1 and self.concurrency >= 1
-                 and self.max_requests_per_endpoint >= 1 and self.num_trials >= 1,
-                 "eval.tasks, eval.concurrency, eval.max_requests_per_endpoint and "
-                 "eval.num_trials must be >= 1")
+        _require(
+            self.tasks >= 1
+            and self.concurrency >= 1
+            and self.max_requests_per_endpoint >= 1
+            and self.num_trials >= 1,
+            "eval.tasks, eval.concurrency, eval.max_requests_per_endpoint and "
+            "eval.num_trials must be >= 1",
+        )
         _require(self.temperature >= 0, "eval.temperature must be >= 0")

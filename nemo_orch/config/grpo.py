@@ -21,10 +21,14 @@ class CurriculumStage:
     until_reward: Optional[float] = None
 
     def __post_init__(self) -> None:
-        _require(self.tools is None or len(self.tools) > 0,
-                 "grpo.curriculum: a stage's tools must be null (all) or non-empty")
-        _require(self.until_step is None or self.until_step >= 1,
-                 "grpo.curriculum: until_step must be >= 1")
+        _require(
+            self.tools is None or len(self.tools) > 0,
+            "grpo.curriculum: a stage's tools must be null (all) or non-empty",
+        )
+        _require(
+            self.until_step is None or self.until_step >= 1,
+            "grpo.curriculum: until_step must be >= 1",
+        )
 
 
 @dataclass
@@ -46,8 +50,10 @@ class AsyncGRPOConfig:
     max_trajectory_age_steps: int = 1
 
     def __post_init__(self) -> None:
-        _require(self.max_trajectory_age_steps >= 0,
-                 "grpo.async_grpo.max_trajectory_age_steps must be >= 0")
+        _require(
+            self.max_trajectory_age_steps >= 0,
+            "grpo.async_grpo.max_trajectory_age_steps must be >= 0",
+        )
 
 
 @dataclass
@@ -75,16 +81,21 @@ class PPOConfig:
     whiten_advantages: bool = True
     whiten_values: bool = True
     value_clip: Optional[float] = 0.2
-    critic_optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
-        lr=1e-3, min_lr=1e-3, warmup_steps=0))
+    critic_optim: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig(lr=1e-3, min_lr=1e-3, warmup_steps=0)
+    )
     critic_init_from: Optional[str] = None
     critic_warmup_steps: int = 0
 
     def __post_init__(self) -> None:
-        _require(0 < self.gamma <= 1 and 0 <= self.lam <= 1,
-                 "grpo.ppo.gamma must be in (0, 1] and grpo.ppo.lam in [0, 1]")
-        _require(self.value_clip is None or self.value_clip > 0,
-                 "grpo.ppo.value_clip must be null or > 0")
+        _require(
+            0 < self.gamma <= 1 and 0 <= self.lam <= 1,
+            "grpo.ppo.gamma must be in (0, 1] and grpo.ppo.lam in [0, 1]",
+        )
+        _require(
+            self.value_clip is None or self.value_clip > 0,
+            "grpo.ppo.value_clip must be null or > 0",
+        )
         _require(self.critic_warmup_steps >= 0, "grpo.ppo.critic_warmup_steps must be >= 0")
         self.critic_optim.check("grpo.ppo.critic_optim")
 
@@ -151,8 +162,9 @@ class GRPOConfig:
     # Samples per forward/backward pass.
     micro_batch_size: int = 8
     # A constant learning rate; weight decay, betas and clipping as SFT's.
-    optim: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
-        lr=2.5e-4, min_lr=2.5e-4, warmup_steps=0))
+    optim: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig(lr=2.5e-4, min_lr=2.5e-4, warmup_steps=0)
+    )
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float = 3.0
@@ -181,54 +193,95 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         _require(self.algo in ("grpo", "ppo"), f"grpo.algo must be grpo|ppo, got {self.algo!r}")
         if self.algo == "ppo":
-            _require(self.ppo is not None, "grpo.algo=ppo needs grpo.ppo (the critic and GAE "
-                     "settings): choose grpo=ppo")
-            for name, value in (("dynamic_sampling", self.dynamic_sampling),
-                                ("async_grpo.enabled", self.async_grpo.enabled)):
-                _require(not value, f"grpo.{name}=true is GRPO's (refilling groups whose rewards "
-                         "are all alike; rollouts run ahead): set it false with grpo.algo=ppo")
-            _require(self.sample_mode == "trajectory", "grpo.sample_mode=turn is GRPO's: PPO's "
-                     "GAE runs over whole trajectories")
+            _require(
+                self.ppo is not None,
+                "grpo.algo=ppo needs grpo.ppo (the critic and GAE settings): choose grpo=ppo",
+            )
+            for name, value in (
+                ("dynamic_sampling", self.dynamic_sampling),
+                ("async_grpo.enabled", self.async_grpo.enabled),
+            ):
+                _require(
+                    not value,
+                    f"grpo.{name}=true is GRPO's (refilling groups whose rewards "
+                    "are all alike; rollouts run ahead): set it false with grpo.algo=ppo",
+                )
+            _require(
+                self.sample_mode == "trajectory",
+                "grpo.sample_mode=turn is GRPO's: PPO's GAE runs over whole trajectories",
+            )
         else:
-            _require(self.ppo is None, "grpo.ppo is PPO's (a critic and GAE): set grpo.algo=ppo "
-                     "(grpo=ppo) or leave grpo.ppo null")
-        for name in ("max_steps", "prompts_per_step", "updates_per_step", "mini_batches",
-                     "micro_batch_size", "max_sampling_rounds", "save_interval"):
+            _require(
+                self.ppo is None,
+                "grpo.ppo is PPO's (a critic and GAE): set grpo.algo=ppo "
+                "(grpo=ppo) or leave grpo.ppo null",
+            )
+        for name in (
+            "max_steps",
+            "prompts_per_step",
+            "updates_per_step",
+            "mini_batches",
+            "micro_batch_size",
+            "max_sampling_rounds",
+            "save_interval",
+        ):
             _require(getattr(self, name) >= 1, f"grpo.{name} must be >= 1")
         self.optim.check("grpo.optim")
         _require(self.clip_low > 0 and self.clip_high > 0, "grpo.clip_low/high must be > 0")
         _require(self.dual_clip == 0 or self.dual_clip > 1, "grpo.dual_clip must be 0 or > 1")
-        _require(self.importance_sampling_cap is None or self.importance_sampling_cap >= 1,
-                 "grpo.importance_sampling_cap must be null or >= 1")
-        _require(self.old_logprobs in ("trainer", "engine"),
-                 f"grpo.old_logprobs must be trainer|engine, got {self.old_logprobs!r}")
-        _require(self.old_logprobs == "trainer" or self.importance_sampling_cap is None,
-                 "grpo.importance_sampling_cap weighs the trainer's old log-probabilities "
-                 "against the engine's: with grpo.old_logprobs=engine the ratio is already to "
-                 "the engine (set one of them)")
-        _require(not self.async_grpo.enabled or self.async_grpo.max_trajectory_age_steps == 0
-                 or self.old_logprobs == "engine" or self.importance_sampling_cap is not None,
-                 "grpo.async_grpo trains on samples of older weights: set "
-                 "grpo.old_logprobs=engine or grpo.importance_sampling_cap (e.g. 2.0) so the "
-                 "loss corrects for them")
-        _require(self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, "
-                 f"got {self.kl_type!r}")
+        _require(
+            self.importance_sampling_cap is None or self.importance_sampling_cap >= 1,
+            "grpo.importance_sampling_cap must be null or >= 1",
+        )
+        _require(
+            self.old_logprobs in ("trainer", "engine"),
+            f"grpo.old_logprobs must be trainer|engine, got {self.old_logprobs!r}",
+        )
+        _require(
+            self.old_logprobs == "trainer" or self.importance_sampling_cap is None,
+            "grpo.importance_sampling_cap weighs the trainer's old log-probabilities "
+            "against the engine's: with grpo.old_logprobs=engine the ratio is already to "
+            "the engine (set one of them)",
+        )
+        _require(
+            not self.async_grpo.enabled
+            or self.async_grpo.max_trajectory_age_steps == 0
+            or self.old_logprobs == "engine"
+            or self.importance_sampling_cap is not None,
+            "grpo.async_grpo trains on samples of older weights: set "
+            "grpo.old_logprobs=engine or grpo.importance_sampling_cap (e.g. 2.0) so the "
+            "loss corrects for them",
+        )
+        _require(
+            self.kl_type in ("k3", "mse"), f"grpo.kl_type must be k3|mse, got {self.kl_type!r}"
+        )
         _require(self.kl_coef >= 0, "grpo.kl_coef must be >= 0")
         _require(self.kl_guard is None or self.kl_guard > 0, "grpo.kl_guard must be null or > 0")
-        _require(self.sample_mode in ("trajectory", "turn"),
-                 f"grpo.sample_mode must be trajectory|turn, got {self.sample_mode!r}")
-        _require(self.advantage_tokens in ("all", "decisions"),
-                 f"grpo.advantage_tokens must be all|decisions, got {self.advantage_tokens!r}")
+        _require(
+            self.sample_mode in ("trajectory", "turn"),
+            f"grpo.sample_mode must be trajectory|turn, got {self.sample_mode!r}",
+        )
+        _require(
+            self.advantage_tokens in ("all", "decisions"),
+            f"grpo.advantage_tokens must be all|decisions, got {self.advantage_tokens!r}",
+        )
         _require(0 <= self.explore_share < 1, "grpo.explore_share must be in [0, 1)")
         _require(0 <= self.explore_models < 1, "grpo.explore_models must be in [0, 1)")
         _require(self.step_advantage_weight >= 0, "grpo.step_advantage_weight must be >= 0")
-        _require(self.algo == "grpo" or self.step_advantage_weight == 0,
-                 "grpo.step_advantage_weight is GRPO's (group baselines per state): PPO's "
-                 "critic gives each token its own advantage already")
+        _require(
+            self.algo == "grpo" or self.step_advantage_weight == 0,
+            "grpo.step_advantage_weight is GRPO's (group baselines per state): PPO's "
+            "critic gives each token its own advantage already",
+        )
         for index, stage in enumerate(self.curriculum):
             ends = stage.until_step is not None or stage.until_reward is not None
             last = index == len(self.curriculum) - 1
-            _require(ends != last, f"grpo.curriculum[{index}]: every stage but the last needs "
-                     "until_step or until_reward, and the last neither")
-        _require(self.val_interval >= 0 and self.val_tasks >= 1,
-                 "grpo.val_interval must be >= 0 (0: no validation) and grpo.val_tasks >= 1")
+            _require(
+                ends != last,
+                f"grpo.curriculum[{index}]: every stage but the last needs "
+                "until_step or until_reward, and the last neither",
+            )
+        _require(
+            self.val_interval >= 0 and self.val_tasks >= 1,
+            "grpo.val_interval must be >= 0 (0: no validation) and grpo.val_tasks >= 1",
+        )

@@ -55,22 +55,32 @@ from nemo_orch.config.base import ConfigError, resolve_conf_path
 
 log = logging.getLogger(__name__)
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
-                    "chat_template.jinja", "chat_template.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 # The row files of datasets: what a dataset id fetches and nemo_orch.data.records reads (a
 # directory of them: a split's shards).
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 # What the datasets library writes beside the rows (a .json that holds no rows).
-METADATA_FILES = frozenset({"dataset_infos.json", "dataset_info.json", "dataset_dict.json",
-                            "state.json"})
+METADATA_FILES = frozenset(
+    {"dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json"}
+)
 
 
 def is_data_file(path: Path) -> bool:
     """Whether ``path`` is a file of rows: a data suffix, and not the datasets library's
     metadata."""
-    return (path.suffix.lower() in DATA_SUFFIXES and path.name not in METADATA_FILES
-            and path.is_file())
+    return (
+        path.suffix.lower() in DATA_SUFFIXES and path.name not in METADATA_FILES and path.is_file()
+    )
 
 
 @dataclass(frozen=True)
@@ -91,16 +101,29 @@ class RepoKind:
         return [path, *(f"{path}/{pattern}" for pattern in self.patterns or ("*",))]
 
 
-MODEL = RepoKind("model", "model", ("config.json", "generation_config.json", "*.safetensors",
-                                    "*.safetensors.index.json", *_TOKENIZER_FILES),
-                 "config.json")
+MODEL = RepoKind(
+    "model",
+    "model",
+    (
+        "config.json",
+        "generation_config.json",
+        "*.safetensors",
+        "*.safetensors.index.json",
+        *_TOKENIZER_FILES,
+    ),
+    "config.json",
+)
 TOKENIZER = RepoKind("tokenizer", "model", _TOKENIZER_FILES, "tokenizer_config.json")
 DATASET = RepoKind("dataset", "dataset", tuple(f"*{suffix}" for suffix in DATA_SUFFIXES), None)
 # A nemo-orch checkpoint (Megatron shards, manifest, config): every file is needed.
 CHECKPOINT = RepoKind("checkpoint", "model", None, "nemo_orch.json")
 
-_KEYS = {"trainer.init_from": MODEL, "rollout.policy": MODEL, "tokenizer.path": TOKENIZER,
-         "grpo.ppo.critic_init_from": CHECKPOINT}
+_KEYS = {
+    "trainer.init_from": MODEL,
+    "rollout.policy": MODEL,
+    "tokenizer.path": TOKENIZER,
+    "grpo.ppo.critic_init_from": CHECKPOINT,
+}
 # Under ``env`` and under each of a mixture's ``env.sources[i]``.
 _SOURCE_KEYS = {"path": DATASET, "retrieval.encoder.model": MODEL}
 
@@ -136,8 +159,11 @@ class HubId:
         return cls(match["repo"], match["revision"], path.rstrip("/") if path else None)
 
     def __str__(self) -> str:
-        return (self.repo + (f"@{self.revision}" if self.revision else "")
-                + (f":{self.path}" if self.path else ""))
+        return (
+            self.repo
+            + (f"@{self.revision}" if self.revision else "")
+            + (f":{self.path}" if self.path else "")
+        )
 
 
 def hub_cache_dir() -> Path:
@@ -201,9 +227,13 @@ def _pinned_id(path: str, kind: RepoKind) -> HubId | None:
     parts = Path(path).parts
     for index in range(len(parts) - 2):
         folder = parts[index].split(constants.REPO_ID_SEPARATOR)
-        if (len(folder) == 3 and folder[0] == f"{kind.repo_type}s"
-                and parts[index + 1] == "snapshots" and _COMMIT.fullmatch(parts[index + 2])):
-            inside = "/".join(parts[index + 3:])
+        if (
+            len(folder) == 3
+            and folder[0] == f"{kind.repo_type}s"
+            and parts[index + 1] == "snapshots"
+            and _COMMIT.fullmatch(parts[index + 2])
+        ):
+            inside = "/".join(parts[index + 3 :])
             return HubId(f"{folder[1]}/{folder[2]}", parts[index + 2], inside or None)
     return None
 
@@ -215,15 +245,18 @@ def _resolve(hub_id: HubId, kind: RepoKind, key: str) -> Path:
     if hub_id.path is not None:
         target = snapshot / hub_id.path
         if not target.exists():
-            raise ConfigError(f"{key}: {hub_id}: the {kind.noun} repository has no file or "
-                              f"folder {hub_id.path}")
+            raise ConfigError(
+                f"{key}: {hub_id}: the {kind.noun} repository has no file or folder {hub_id.path}"
+            )
     elif kind is DATASET:
         target = _data_target(snapshot, hub_id, key)
     else:
         target = snapshot
     if kind.marker is not None and not (target / kind.marker).is_file():
-        raise ConfigError(f"{key}: {hub_id}: no {kind.marker} in {target}: not a {kind.noun} "
-                          f"(or a partial download: fetch it again with the Hub reachable)")
+        raise ConfigError(
+            f"{key}: {hub_id}: no {kind.marker} in {target}: not a {kind.noun} "
+            f"(or a partial download: fetch it again with the Hub reachable)"
+        )
     return target
 
 
@@ -243,33 +276,50 @@ def _snapshot(hub_id: HubId, kind: RepoKind, key: str) -> Path:
     cache, offline = hub_cache_dir(), hub_offline()
     where = f"{key}: {hub_id}"
     if not offline:
-        log.info("%s: resolving the %s on the Hugging Face Hub (cache %s)", where, kind.noun,
-                 cache)
+        log.info("%s: resolving the %s on the Hugging Face Hub (cache %s)", where, kind.noun, cache)
     try:
-        return Path(snapshot_download(
-            hub_id.repo, repo_type=kind.repo_type, revision=hub_id.revision,
-            allow_patterns=kind.allow_patterns(hub_id.path), cache_dir=cache,
-            local_files_only=offline))
+        return Path(
+            snapshot_download(
+                hub_id.repo,
+                repo_type=kind.repo_type,
+                revision=hub_id.revision,
+                allow_patterns=kind.allow_patterns(hub_id.path),
+                cache_dir=cache,
+                local_files_only=offline,
+            )
+        )
     except LocalEntryNotFoundError as error:
         cached = "only partly in" if isinstance(error, IncompleteSnapshotError) else "not in"
-        reason = ("HF_HUB_OFFLINE=1" if offline
-                  else f"the Hub could not be reached ({type(error.__cause__ or error).__name__})")
-        raise ConfigError(f"{where} is {cached} the Hugging Face cache {cache} and {reason}: "
-                          f"fetch it where the Hub is reachable, into this cache "
-                          f"({_download_command(hub_id, kind)}, or load this config there "
-                          f"once); no local path {hub_id} exists either") from None
+        reason = (
+            "HF_HUB_OFFLINE=1"
+            if offline
+            else f"the Hub could not be reached ({type(error.__cause__ or error).__name__})"
+        )
+        raise ConfigError(
+            f"{where} is {cached} the Hugging Face cache {cache} and {reason}: "
+            f"fetch it where the Hub is reachable, into this cache "
+            f"({_download_command(hub_id, kind)}, or load this config there "
+            f"once); no local path {hub_id} exists either"
+        ) from None
     except GatedRepoError:
-        raise ConfigError(f"{where}: a gated {kind.noun} repository: accept its terms on the "
-                          f"Hub and set HF_TOKEN to a token of that account") from None
+        raise ConfigError(
+            f"{where}: a gated {kind.noun} repository: accept its terms on the "
+            f"Hub and set HF_TOKEN to a token of that account"
+        ) from None
     except RepositoryNotFoundError:
-        raise ConfigError(f"{where}: neither a local path nor a {kind.repo_type} repository on "
-                          f"the Hugging Face Hub (a private one needs HF_TOKEN)") from None
+        raise ConfigError(
+            f"{where}: neither a local path nor a {kind.repo_type} repository on "
+            f"the Hugging Face Hub (a private one needs HF_TOKEN)"
+        ) from None
     except RevisionNotFoundError:
-        raise ConfigError(f"{where}: the {kind.repo_type} repository {hub_id.repo} has no "
-                          f"revision {hub_id.revision}") from None
+        raise ConfigError(
+            f"{where}: the {kind.repo_type} repository {hub_id.repo} has no "
+            f"revision {hub_id.revision}"
+        ) from None
     except HfHubHTTPError as error:
-        raise ConfigError(f"{where}: the Hugging Face Hub refused the download "
-                          f"({str(error).splitlines()[0]})") from None
+        raise ConfigError(
+            f"{where}: the Hugging Face Hub refused the download ({str(error).splitlines()[0]})"
+        ) from None
 
 
 def _download_command(hub_id: HubId, kind: RepoKind) -> str:
@@ -283,19 +333,21 @@ def _download_command(hub_id: HubId, kind: RepoKind) -> str:
 
 def _data_target(snapshot: Path, hub_id: HubId, key: str) -> Path:
     """A dataset snapshot's one data file, or the folder of one split's shards."""
-    files = sorted(path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*")
-                   if is_data_file(path))
+    files = sorted(
+        path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if is_data_file(path)
+    )
     if not files:
-        raise ConfigError(f"{key}: {hub_id}: the dataset holds no {', '.join(DATA_SUFFIXES)} "
-                          "file")
+        raise ConfigError(f"{key}: {hub_id}: the dataset holds no {', '.join(DATA_SUFFIXES)} file")
     if len(files) == 1:
         return snapshot / files[0]
     shards = _shard_folder(files)
     if shards is not None:
         return snapshot / shards
     listed = ", ".join(files[:8]) + (f", ... ({len(files) - 8} more)" if len(files) > 8 else "")
-    raise ConfigError(f"{key}: {hub_id}: the dataset holds several data files ({listed}); name "
-                      f"the one to read: {key}={dataclasses.replace(hub_id, path=files[0])}")
+    raise ConfigError(
+        f"{key}: {hub_id}: the dataset holds several data files ({listed}); name "
+        f"the one to read: {key}={dataclasses.replace(hub_id, path=files[0])}"
+    )
 
 
 def _shard_folder(files: list[str]) -> str | None:

@@ -46,16 +46,22 @@ class SlurmConfig:
     requeues: int = 3
 
     def __post_init__(self) -> None:
-        _require(bool(_SLURM_TIME.match(self.time)),
-                 f"launcher.slurm.time must be [D-]HH:MM:SS, got {self.time!r}")
+        _require(
+            bool(_SLURM_TIME.match(self.time)),
+            f"launcher.slurm.time must be [D-]HH:MM:SS, got {self.time!r}",
+        )
         _require(self.stop_before_limit_s >= 1, "launcher.slurm.stop_before_limit_s must be >= 1")
         _require(self.requeues >= 0, "launcher.slurm.requeues must be >= 0")
-        _require(self.job_dir is None or self.job_dir.startswith("/"),
-                 "launcher.slurm.job_dir must be an absolute path on the shared filesystem")
+        _require(
+            self.job_dir is None or self.job_dir.startswith("/"),
+            "launcher.slurm.job_dir must be an absolute path on the shared filesystem",
+        )
         for mount in self.container_mounts:
             source, _, target = mount.partition(":")
-            _require(source.startswith("/") and target.startswith("/"),
-                     f"launcher.slurm.container_mounts: {mount!r} is not SRC:DST (absolute)")
+            _require(
+                source.startswith("/") and target.startswith("/"),
+                f"launcher.slurm.container_mounts: {mount!r} is not SRC:DST (absolute)",
+            )
 
     @property
     def image(self) -> str:
@@ -76,11 +82,15 @@ class RayClusterConfig:
     port: int = 6379
 
     def __post_init__(self) -> None:
-        _require(self.nodes >= 0 and self.gpus_per_node >= 0,
-                 "launcher.ray.nodes and launcher.ray.gpus_per_node must be >= 0")
-        _require(1024 <= self.port <= 65535 and not 10001 <= self.port <= 19999,
-                 "launcher.ray.port must be in [1024, 65535] and outside 10001-19999 (the Ray "
-                 "client server's and workers' ports)")
+        _require(
+            self.nodes >= 0 and self.gpus_per_node >= 0,
+            "launcher.ray.nodes and launcher.ray.gpus_per_node must be >= 0",
+        )
+        _require(
+            1024 <= self.port <= 65535 and not 10001 <= self.port <= 19999,
+            "launcher.ray.port must be in [1024, 65535] and outside 10001-19999 (the Ray "
+            "client server's and workers' ports)",
+        )
 
 
 @dataclass
@@ -108,17 +118,25 @@ class ExpertServerConfig:
 
     def __post_init__(self) -> None:
         where = f"launcher.experts[{self.name}]"
-        _require(bool(re.match(r"^[a-z0-9][a-z0-9-]*$", self.name)),
-                 f"{where}: name must be lowercase letters, digits and dashes")
-        _require(self.engine in ("vllm", "trtllm"),
-                 f"{where}.engine must be vllm|trtllm, got {self.engine!r}")
-        _require(self.served_model_name is None or self.engine == "vllm",
-                 f"{where}.served_model_name is vLLM's (trtllm-serve names the model itself)")
+        _require(
+            bool(re.match(r"^[a-z0-9][a-z0-9-]*$", self.name)),
+            f"{where}: name must be lowercase letters, digits and dashes",
+        )
+        _require(
+            self.engine in ("vllm", "trtllm"),
+            f"{where}.engine must be vllm|trtllm, got {self.engine!r}",
+        )
+        _require(
+            self.served_model_name is None or self.engine == "vllm",
+            f"{where}.served_model_name is vLLM's (trtllm-serve names the model itself)",
+        )
         _require(self.tp >= 1, f"{where}.tp must be >= 1")
         _require(1024 <= self.port <= 65535, f"{where}.port must be in [1024, 65535]")
-        _require(bool(_ENDPOINT_KEY.match(self.endpoint)),
-                 f"{where}.endpoint must be tools.endpoints.<alias> or reward.judge_base_url, "
-                 f"got {self.endpoint!r}")
+        _require(
+            bool(_ENDPOINT_KEY.match(self.endpoint)),
+            f"{where}.endpoint must be tools.endpoints.<alias> or reward.judge_base_url, "
+            f"got {self.endpoint!r}",
+        )
 
     @property
     def model_name(self) -> str:
@@ -159,30 +177,47 @@ class LauncherConfig:
     experts: list[ExpertServerConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _require(self.executor in ("local", "slurm"),
-                 f"launcher.executor must be local|slurm, got {self.executor!r}")
-        _require(self.job in ("train", "sft", "grpo"),
-                 f"launcher.job must be train|sft|grpo, got {self.job!r}")
-        _require(self.nodes >= 1 and self.gpus_per_node >= 0,
-                 "launcher.nodes must be >= 1 and launcher.gpus_per_node >= 0")
+        _require(
+            self.executor in ("local", "slurm"),
+            f"launcher.executor must be local|slurm, got {self.executor!r}",
+        )
+        _require(
+            self.job in ("train", "sft", "grpo"),
+            f"launcher.job must be train|sft|grpo, got {self.job!r}",
+        )
+        _require(
+            self.nodes >= 1 and self.gpus_per_node >= 0,
+            "launcher.nodes must be >= 1 and launcher.gpus_per_node >= 0",
+        )
         _require(self.gpu_memory_gib > 0, "launcher.gpu_memory_gib must be > 0")
-        _require(self.container in ("pyxis", "none"),
-                 f"launcher.container must be pyxis|none, got {self.container!r}")
+        _require(
+            self.container in ("pyxis", "none"),
+            f"launcher.container must be pyxis|none, got {self.container!r}",
+        )
         _require(1024 <= self.rdzv_port <= 65535, "launcher.rdzv_port must be in [1024, 65535]")
         _require(self.startup_timeout_s > 0, "launcher.startup_timeout_s must be > 0")
         for name in [*self.env, *self.secret_env]:
             _require(bool(_ENV_NAME.match(name)), f"launcher: {name!r} is not a variable name")
         leaked = [name for name in self.env if any(m in name.upper() for m in SECRET_MARKERS)]
-        _require(not leaked, f"launcher.env: {', '.join(leaked)} look like secrets: name them in "
-                 "launcher.secret_env (passed from your environment) instead of giving values")
+        _require(
+            not leaked,
+            f"launcher.env: {', '.join(leaked)} look like secrets: name them in "
+            "launcher.secret_env (passed from your environment) instead of giving values",
+        )
         names = [expert.name for expert in self.experts]
         endpoints = [expert.endpoint for expert in self.experts]
-        _require(len(set(names)) == len(names) and len(set(endpoints)) == len(endpoints),
-                 "launcher.experts: names and endpoints must be unique")
+        _require(
+            len(set(names)) == len(names) and len(set(endpoints)) == len(endpoints),
+            "launcher.experts: names and endpoints must be unique",
+        )
         if self.executor == "local":
             _require(self.nodes == 1, "launcher.executor=local runs on one node (launcher.nodes=1)")
-            _require(not self.experts and self.ray is None,
-                     "launcher.experts and launcher.ray run on SLURM only (launcher.executor=slurm)")
+            _require(
+                not self.experts and self.ray is None,
+                "launcher.experts and launcher.ray run on SLURM only (launcher.executor=slurm)",
+            )
         else:
-            _require(self.slurm.job_dir is not None,
-                     "launcher.executor=slurm needs launcher.slurm.job_dir")
+            _require(
+                self.slurm.job_dir is not None,
+                "launcher.executor=slurm needs launcher.slurm.job_dir",
+            )

@@ -79,58 +79,94 @@ class ModelConfig:
     recompute_granularity: Optional[str] = None
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-                     "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_query_groups",
+            "kv_channels",
+            "ffn_hidden_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             _require(getattr(self, name) > 0, f"model.{name} must be positive")
-        _require(self.num_attention_heads % self.num_query_groups == 0,
-                 "model.num_attention_heads must be a multiple of model.num_query_groups")
-        _require(self.params_dtype in ("float32", "bfloat16", "float16"),
-                 f"model.params_dtype must be float32|bfloat16|float16, got {self.params_dtype!r}")
-        _require(self.transformer_impl in ("local", "transformer_engine"),
-                 f"model.transformer_impl must be local|transformer_engine, "
-                 f"got {self.transformer_impl!r}")
-        _require(self.fp8 in (None, "hybrid", "e4m3"),
-                 f"model.fp8 must be null|hybrid|e4m3, got {self.fp8!r}")
-        _require(self.fp8 is None or self.transformer_impl == "transformer_engine",
-                 "model.fp8 requires model.transformer_impl=transformer_engine")
-        _require(self.fp8_recipe in ("delayed", "tensorwise", "blockwise", "mxfp8"),
-                 f"model.fp8_recipe must be delayed|tensorwise|blockwise|mxfp8, "
-                 f"got {self.fp8_recipe!r}")
+        _require(
+            self.num_attention_heads % self.num_query_groups == 0,
+            "model.num_attention_heads must be a multiple of model.num_query_groups",
+        )
+        _require(
+            self.params_dtype in ("float32", "bfloat16", "float16"),
+            f"model.params_dtype must be float32|bfloat16|float16, got {self.params_dtype!r}",
+        )
+        _require(
+            self.transformer_impl in ("local", "transformer_engine"),
+            f"model.transformer_impl must be local|transformer_engine, "
+            f"got {self.transformer_impl!r}",
+        )
+        _require(
+            self.fp8 in (None, "hybrid", "e4m3"),
+            f"model.fp8 must be null|hybrid|e4m3, got {self.fp8!r}",
+        )
+        _require(
+            self.fp8 is None or self.transformer_impl == "transformer_engine",
+            "model.fp8 requires model.transformer_impl=transformer_engine",
+        )
+        _require(
+            self.fp8_recipe in ("delayed", "tensorwise", "blockwise", "mxfp8"),
+            f"model.fp8_recipe must be delayed|tensorwise|blockwise|mxfp8, got {self.fp8_recipe!r}",
+        )
         self._check_fp8_options()
-        _require(self.recompute_granularity in (None, "full", "selective"),
-                 "model.recompute_granularity must be null|full|selective")
+        _require(
+            self.recompute_granularity in (None, "full", "selective"),
+            "model.recompute_granularity must be null|full|selective",
+        )
 
     def _check_fp8_options(self) -> None:
         """What megatron-core / Transformer Engine would reject later (at build time or in the
         first forward pass, with less helpful messages), checked when the config is loaded."""
-        _require(self.fp8_amax_compute_algo in ("max", "most_recent"),
-                 f"model.fp8_amax_compute_algo must be max|most_recent, "
-                 f"got {self.fp8_amax_compute_algo!r}")
+        _require(
+            self.fp8_amax_compute_algo in ("max", "most_recent"),
+            f"model.fp8_amax_compute_algo must be max|most_recent, "
+            f"got {self.fp8_amax_compute_algo!r}",
+        )
         _require(self.fp8_amax_history_len >= 1, "model.fp8_amax_history_len must be >= 1")
         _require(self.fp8_margin >= 0, "model.fp8_margin must be >= 0")
         for name in ("fp8_param", "first_last_layers_bf16"):
-            _require(not getattr(self, name) or self.fp8 is not None,
-                     f"model.{name} requires model.fp8 (hybrid|e4m3)")
-        _require(self.fp8_wgrad or self.fp8 is not None,
-                 "model.fp8_wgrad=false requires model.fp8 (hybrid|e4m3)")
+            _require(
+                not getattr(self, name) or self.fp8 is not None,
+                f"model.{name} requires model.fp8 (hybrid|e4m3)",
+            )
+        _require(
+            self.fp8_wgrad or self.fp8 is not None,
+            "model.fp8_wgrad=false requires model.fp8 (hybrid|e4m3)",
+        )
         # The distributed optimizer keeps FP32 main weights only for 16-bit models; FP8 weights of
         # an FP32 model would be updated in place, in FP8.
-        _require(not self.fp8_param or self.params_dtype in ("bfloat16", "float16"),
-                 "model.fp8_param requires model.params_dtype=bfloat16|float16")
-        _require(not self.first_last_layers_bf16 or self.fp8_recipe != "delayed",
-                 "model.first_last_layers_bf16 is not supported with model.fp8_recipe=delayed "
-                 "(use tensorwise|blockwise|mxfp8)")
+        _require(
+            not self.fp8_param or self.params_dtype in ("bfloat16", "float16"),
+            "model.fp8_param requires model.params_dtype=bfloat16|float16",
+        )
+        _require(
+            not self.first_last_layers_bf16 or self.fp8_recipe != "delayed",
+            "model.first_last_layers_bf16 is not supported with model.fp8_recipe=delayed "
+            "(use tensorwise|blockwise|mxfp8)",
+        )
         for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
-            _require(0 <= getattr(self, name) <= self.num_layers,
-                     f"model.{name} must be in [0, model.num_layers]")
+            _require(
+                0 <= getattr(self, name) <= self.num_layers,
+                f"model.{name} must be in [0, model.num_layers]",
+            )
         if self.fp8 is not None:
             # TE's FP8 GEMMs need every weight's input dimension to be a multiple of 16.
-            for name, size in (("hidden_size", self.hidden_size),
-                               ("ffn_hidden_size", self.ffn_hidden_size),
-                               ("num_attention_heads * kv_channels",
-                                self.num_attention_heads * self.kv_channels)):
-                _require(size % 16 == 0,
-                         f"model.fp8 needs model.{name} to be a multiple of 16, got {size}")
+            for name, size in (
+                ("hidden_size", self.hidden_size),
+                ("ffn_hidden_size", self.ffn_hidden_size),
+                ("num_attention_heads * kv_channels", self.num_attention_heads * self.kv_channels),
+            ):
+                _require(
+                    size % 16 == 0,
+                    f"model.fp8 needs model.{name} to be a multiple of 16, got {size}",
+                )
 
     def num_parameters(self) -> int:
         """Parameter count of the unsharded model."""
@@ -189,5 +225,6 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         _require_file(self.path, "tokenizer.path")
         _require(self.vocab_size >= 512, "tokenizer.vocab_size must be >= 512")
-        _require(self.chat_format in CHAT_FORMATS,
-                 f"tokenizer.chat_format must be one of {CHAT_FORMATS}")
+        _require(
+            self.chat_format in CHAT_FORMATS, f"tokenizer.chat_format must be one of {CHAT_FORMATS}"
+        )

@@ -27,10 +27,16 @@ class OptimizerConfig:
     grad_clip: float = 1.0
 
     def check(self, section: str) -> None:
-        _require(self.lr > 0 and 0 <= self.min_lr <= self.lr,
-                 f"{section}.lr must be > 0 and 0 <= {section}.min_lr <= {section}.lr")
+        _require(
+            self.lr > 0 and 0 <= self.min_lr <= self.lr,
+            f"{section}.lr must be > 0 and 0 <= {section}.min_lr <= {section}.lr",
+        )
         _require(self.warmup_steps >= 0, f"{section}.warmup_steps must be >= 0")
-        _require(self.weight_decay >= 0 and self.grad_clip > 0,
-                 f"{section}.weight_decay must be >= 0 and {section}.grad_clip > 0")
-        _require(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1,
-                 f"{section}.adam_beta1 and adam_beta2 must be in [0, 1)")
+        _require(
+            self.weight_decay >= 0 and self.grad_clip > 0,
+            f"{section}.weight_decay must be >= 0 and {section}.grad_clip > 0",
+        )
+        _require(
+            0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1,
+            f"{section}.adam_beta1 and adam_beta2 must be in [0, 1)",
+        )

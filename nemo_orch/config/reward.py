@@ -58,8 +58,9 @@ class RewardConfig:
     endpoint_max_retries: int = 2
     endpoint_batch_size: int = 64
     # weighted: weight of each component's group-baselined value
-    weights: dict[str, float] = field(default_factory=lambda: {
-        "outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2})
+    weights: dict[str, float] = field(
+        default_factory=lambda: {"outcome": 1.0, "cost": 0.3, "latency": 0.1, "preference": 0.2}
+    )
     # linear: alpha * outcome - beta * usd/usd_reference - gamma * s/seconds_reference + delta * pref
     linear_alpha: float = 0.6
     # linear: the cost coefficient (USD over usd_reference).
@@ -88,29 +89,48 @@ class RewardConfig:
     min_group_std: float = 1e-6
 
     def __post_init__(self) -> None:
-        _require(self.combination in ("toolorchestra", "weighted", "linear", "preference"),
-                 f"reward.combination must be toolorchestra|weighted|linear|preference, "
-                 f"got {self.combination!r}")
-        _require(self.numeric_rel_tol >= 0 and self.numeric_abs_tol >= 0,
-                 "reward.numeric_rel_tol and reward.numeric_abs_tol must be >= 0")
+        _require(
+            self.combination in ("toolorchestra", "weighted", "linear", "preference"),
+            f"reward.combination must be toolorchestra|weighted|linear|preference, "
+            f"got {self.combination!r}",
+        )
+        _require(
+            self.numeric_rel_tol >= 0 and self.numeric_abs_tol >= 0,
+            "reward.numeric_rel_tol and reward.numeric_abs_tol must be >= 0",
+        )
         _require(self.max_answer_words >= 1, "reward.max_answer_words must be >= 1")
-        _require(self.judge_base_url is None or self.judge_model is not None,
-                 "reward.judge_base_url needs reward.judge_model")
-        _require(self.judge_max_retries >= 0 and self.judge_timeout_s > 0,
-                 "reward.judge_max_retries must be >= 0 and reward.judge_timeout_s > 0")
-        _require(self.judge_template in JUDGE_TEMPLATES,
-                 f"reward.judge_template must be {'|'.join(JUDGE_TEMPLATES)}, "
-                 f"got {self.judge_template!r}")
+        _require(
+            self.judge_base_url is None or self.judge_model is not None,
+            "reward.judge_base_url needs reward.judge_model",
+        )
+        _require(
+            self.judge_max_retries >= 0 and self.judge_timeout_s > 0,
+            "reward.judge_max_retries must be >= 0 and reward.judge_timeout_s > 0",
+        )
+        _require(
+            self.judge_template in JUDGE_TEMPLATES,
+            f"reward.judge_template must be {'|'.join(JUDGE_TEMPLATES)}, "
+            f"got {self.judge_template!r}",
+        )
         parse_dialect(self.judge_dialect, "reward.judge_dialect")
-        _require(self.endpoint is None or self.judge_base_url is None,
-                 "reward.endpoint scores on a reward server, which has its own judge: set "
-                 "reward.judge_base_url there, not here")
-        _require(self.endpoint_max_retries >= 0 and self.endpoint_timeout_s > 0
-                 and self.endpoint_batch_size >= 1,
-                 "reward.endpoint_max_retries must be >= 0, reward.endpoint_timeout_s > 0 and "
-                 "reward.endpoint_batch_size >= 1")
-        _require(self.usd_reference > 0 and self.seconds_reference > 0,
-                 "reward.usd_reference and reward.seconds_reference must be > 0")
-        _require(self.advantage_clip > 0 and self.advantage_eps > 0,
-                 "reward.advantage_clip and reward.advantage_eps must be > 0")
+        _require(
+            self.endpoint is None or self.judge_base_url is None,
+            "reward.endpoint scores on a reward server, which has its own judge: set "
+            "reward.judge_base_url there, not here",
+        )
+        _require(
+            self.endpoint_max_retries >= 0
+            and self.endpoint_timeout_s > 0
+            and self.endpoint_batch_size >= 1,
+            "reward.endpoint_max_retries must be >= 0, reward.endpoint_timeout_s > 0 and "
+            "reward.endpoint_batch_size >= 1",
+        )
+        _require(
+            self.usd_reference > 0 and self.seconds_reference > 0,
+            "reward.usd_reference and reward.seconds_reference must be > 0",
+        )
+        _require(
+            self.advantage_clip > 0 and self.advantage_eps > 0,
+            "reward.advantage_clip and reward.advantage_eps must be > 0",
+        )
         _require(self.min_group_std >= 0, "reward.min_group_std must be >= 0")

@@ -26,8 +26,10 @@ class RayConfig:
     max_replacements: int = 3
 
     def __post_init__(self) -> None:
-        _require(self.num_workers >= 1 and self.num_scorers >= 1,
-                 "rollout.ray.num_workers and rollout.ray.num_scorers must be >= 1")
+        _require(
+            self.num_workers >= 1 and self.num_scorers >= 1,
+            "rollout.ray.num_workers and rollout.ray.num_scorers must be >= 1",
+        )
         _require(self.num_cpus_per_worker > 0, "rollout.ray.num_cpus_per_worker must be > 0")
         # Ray refuses an object store under 75 MiB.
         _require(self.object_store_mb >= 75, "rollout.ray.object_store_mb must be >= 75")
@@ -128,42 +130,74 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _require(self.tokens_per_second > 0, "rollout.tokens_per_second must be > 0")
-        _require(self.backend in ("local", "ray"),
-                 f"rollout.backend must be local|ray, got {self.backend!r}")
-        _require(self.backend == "local" or self.engine in ("hf", "openai"),
-                 f"rollout.backend=ray runs the CPU and served engines (hf|openai); "
-                 f"rollout.engine={self.engine} needs rollout.backend=local")
-        _require(self.engine in ("hf", "trtllm", "vllm", "openai"),
-                 f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}")
-        _require(self.engine != "openai" or (self.base_url and self.model_name),
-                 "rollout.engine=openai needs rollout.base_url and rollout.model_name")
-        _require(parse_dialect(self.dialect, "rollout.dialect").sampling,
-                 "rollout.dialect: the policy is sampled (temperature, top_p); its dialect "
-                 "must take sampling parameters")
-        _require(self.colocate or self.engine in ("trtllm", "vllm"),
-                 f"rollout.colocate=false only applies to the GPU engines (trtllm|vllm); "
-                 f"rollout.engine={self.engine} has no GPUs to give back")
+        _require(
+            self.backend in ("local", "ray"),
+            f"rollout.backend must be local|ray, got {self.backend!r}",
+        )
+        _require(
+            self.backend == "local" or self.engine in ("hf", "openai"),
+            f"rollout.backend=ray runs the CPU and served engines (hf|openai); "
+            f"rollout.engine={self.engine} needs rollout.backend=local",
+        )
+        _require(
+            self.engine in ("hf", "trtllm", "vllm", "openai"),
+            f"rollout.engine must be hf|trtllm|vllm|openai, got {self.engine!r}",
+        )
+        _require(
+            self.engine != "openai" or (self.base_url and self.model_name),
+            "rollout.engine=openai needs rollout.base_url and rollout.model_name",
+        )
+        _require(
+            parse_dialect(self.dialect, "rollout.dialect").sampling,
+            "rollout.dialect: the policy is sampled (temperature, top_p); its dialect "
+            "must take sampling parameters",
+        )
+        _require(
+            self.colocate or self.engine in ("trtllm", "vllm"),
+            f"rollout.colocate=false only applies to the GPU engines (trtllm|vllm); "
+            f"rollout.engine={self.engine} has no GPUs to give back",
+        )
         _require(self.engine_tp >= 1, "rollout.engine_tp must be >= 1")
-        _require(self.engine_dtype in ("bfloat16", "float16", "float32"),
-                 f"rollout.engine_dtype must be bfloat16|float16|float32, got "
-                 f"{self.engine_dtype!r}")
-        _require(0 < self.gpu_memory_utilization <= 1,
-                 "rollout.gpu_memory_utilization must be in (0, 1]")
+        _require(
+            self.engine_dtype in ("bfloat16", "float16", "float32"),
+            f"rollout.engine_dtype must be bfloat16|float16|float32, got {self.engine_dtype!r}",
+        )
+        _require(
+            0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in (0, 1]"
+        )
         _require(self.sleep_level in (1, 2), "rollout.sleep_level must be 1 or 2")
         _require_file(self.policy, "rollout.policy")
-        for name in ("refit_bucket_mb", "engine_threads", "group_size", "max_turns",
-                     "max_new_tokens", "max_observation_tokens", "max_concurrent_episodes",
-                     "max_batch_size"):
+        for name in (
+            "refit_bucket_mb",
+            "engine_threads",
+            "group_size",
+            "max_turns",
+            "max_new_tokens",
+            "max_observation_tokens",
+            "max_concurrent_episodes",
+            "max_batch_size",
+        ):
             _require(getattr(self, name) >= 1, f"rollout.{name} must be >= 1")
-        _require(self.max_context_tokens is None or self.max_context_tokens > 2,
-                 "rollout.max_context_tokens must be > 2")
-        _require(self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0,
-                 "rollout.temperature must be >= 0, rollout.top_p in (0, 1], rollout.top_k >= 0")
-        _require(self.answer_format in ("tag", "tool"),
-                 f"rollout.answer_format must be tag|tool, got {self.answer_format!r}")
-        _require(self.multiple_calls in ("first", "parallel"),
-                 f"rollout.multiple_calls must be first|parallel, got {self.multiple_calls!r}")
-        _require(self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
-                 "rollout prices must be >= 0")
-        _require(0 <= self.max_infra_error_rate <= 1,
-                 "rollout.max_infra_error_rate must be in [0, 1]")
+        _require(
+            self.max_context_tokens is None or self.max_context_tokens > 2,
+            "rollout.max_context_tokens must be > 2",
+        )
+        _require(
+            self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0,
+            "rollout.temperature must be >= 0, rollout.top_p in (0, 1], rollout.top_k >= 0",
+        )
+        _require(
+            self.answer_format in ("tag", "tool"),
+            f"rollout.answer_format must be tag|tool, got {self.answer_format!r}",
+        )
+        _require(
+            self.multiple_calls in ("first", "parallel"),
+            f"rollout.multiple_calls must be first|parallel, got {self.multiple_calls!r}",
+        )
+        _require(
+            self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
+            "rollout prices must be >= 0",
+        )
+        _require(
+            0 <= self.max_infra_error_rate <= 1, "rollout.max_infra_error_rate must be in [0, 1]"
+        )

@@ -28,8 +28,10 @@ class RunConfig:
     wandb_mode: str = "offline"
 
     def __post_init__(self) -> None:
-        _require(self.wandb_mode in ("online", "offline"),
-                 f"run.wandb_mode must be online|offline, got {self.wandb_mode!r}")
+        _require(
+            self.wandb_mode in ("online", "offline"),
+            f"run.wandb_mode must be online|offline, got {self.wandb_mode!r}",
+        )
 
     @property
     def dir(self) -> Path:

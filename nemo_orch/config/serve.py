@@ -44,15 +44,25 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         ports = [self.http_port, self.grpc_port] + (
-            [] if self.metrics_port is None else [self.metrics_port])
-        _require(all(0 <= port <= 65535 for port in ports),
-                 "serve.http_port, serve.grpc_port and serve.metrics_port must be in [0, 65535]")
+            [] if self.metrics_port is None else [self.metrics_port]
+        )
+        _require(
+            all(0 <= port <= 65535 for port in ports),
+            "serve.http_port, serve.grpc_port and serve.metrics_port must be in [0, 65535]",
+        )
         nonzero = [port for port in ports if port]
-        _require(len(set(nonzero)) == len(nonzero),
-                 "serve.http_port, serve.grpc_port and serve.metrics_port must differ")
-        _require(self.max_batch_size >= 1 and self.max_queue_delay_us >= 0,
-                 "serve.max_batch_size must be >= 1 and serve.max_queue_delay_us >= 0")
+        _require(
+            len(set(nonzero)) == len(nonzero),
+            "serve.http_port, serve.grpc_port and serve.metrics_port must differ",
+        )
+        _require(
+            self.max_batch_size >= 1 and self.max_queue_delay_us >= 0,
+            "serve.max_batch_size must be >= 1 and serve.max_queue_delay_us >= 0",
+        )
         _require(self.max_item_bytes >= 1, "serve.max_item_bytes must be >= 1")
         _require(1 <= self.shutdown_timeout_s <= 30, "serve.shutdown_timeout_s must be in [1, 30]")
-        _require(self.mcp_transport in MCP_TRANSPORTS, f"serve.mcp_transport must be one of "
-                 f"{', '.join(MCP_TRANSPORTS)}, got {self.mcp_transport!r}")
+        _require(
+            self.mcp_transport in MCP_TRANSPORTS,
+            f"serve.mcp_transport must be one of "
+            f"{', '.join(MCP_TRANSPORTS)}, got {self.mcp_transport!r}",
+        )

@@ -52,20 +52,38 @@ class SynthConfig:
     concurrency: int = 4
 
     def __post_init__(self) -> None:
-        _require(self.base_url is None or self.model is not None,
-                 "synth.base_url needs synth.model")
-        for name in ("num_domains", "records_per_table", "num_purposes", "tasks_per_purpose",
-                     "max_actions", "max_tokens", "concurrency"):
+        _require(
+            self.base_url is None or self.model is not None, "synth.base_url needs synth.model"
+        )
+        for name in (
+            "num_domains",
+            "records_per_table",
+            "num_purposes",
+            "tasks_per_purpose",
+            "max_actions",
+            "max_tokens",
+            "concurrency",
+        ):
             _require(getattr(self, name) >= 1, f"synth.{name} must be >= 1")
-        _require(self.evolve_rounds >= 0 and self.max_retries >= 0,
-                 "synth.evolve_rounds and synth.max_retries must be >= 0")
-        _require(self.max_llm_calls is None or self.max_llm_calls >= 1,
-                 "synth.max_llm_calls must be null or >= 1")
-        _require(self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
-                 "synth prices must be >= 0")
-        _require(self.max_usd is None or (self.max_usd > 0 and self.input_usd_per_million
-                                          + self.output_usd_per_million > 0),
-                 "synth.max_usd must be > 0 and needs a price (synth.*_usd_per_million)")
-        _require(self.temperature >= 0 and self.timeout_s > 0,
-                 "synth.temperature must be >= 0 and synth.timeout_s > 0")
+        _require(
+            self.evolve_rounds >= 0 and self.max_retries >= 0,
+            "synth.evolve_rounds and synth.max_retries must be >= 0",
+        )
+        _require(
+            self.max_llm_calls is None or self.max_llm_calls >= 1,
+            "synth.max_llm_calls must be null or >= 1",
+        )
+        _require(
+            self.input_usd_per_million >= 0 and self.output_usd_per_million >= 0,
+            "synth prices must be >= 0",
+        )
+        _require(
+            self.max_usd is None
+            or (self.max_usd > 0 and self.input_usd_per_million + self.output_usd_per_million > 0),
+            "synth.max_usd must be > 0 and needs a price (synth.*_usd_per_million)",
+        )
+        _require(
+            self.temperature >= 0 and self.timeout_s > 0,
+            "synth.temperature must be >= 0 and synth.timeout_s > 0",
+        )
         parse_dialect(self.dialect, "synth.dialect")

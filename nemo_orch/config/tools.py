@@ -54,19 +54,30 @@ class McpServerConfig:
     orchestrator: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.name.isidentifier(), f"tools.mcp: name must be an identifier, got "
-                 f"{self.name!r}")
-        _require((self.command is None) != (self.url is None),
-                 f"tools.mcp.{self.name}: give command (stdio) or url (streamable HTTP), one")
-        _require(self.url is None or self.url.startswith(("http://", "https://")),
-                 f"tools.mcp.{self.name}.url must be an http(s) URL, got {self.url!r}")
-        _require(self.timeout_s > 0 and self.connect_timeout_s > 0 and self.latency_hint_s >= 0
-                 and self.per_call_usd >= 0
-                 and all(v >= 0 for v in [*self.prices.values(), *self.latencies.values()]),
-                 f"tools.mcp.{self.name}: timeout_s and connect_timeout_s must be > 0, prices "
-                 "and latencies >= 0")
-        _require(self.restarts >= 0 and self.cooldown_s >= 0,
-                 f"tools.mcp.{self.name}.restarts and cooldown_s must be >= 0")
+        _require(
+            self.name.isidentifier(), f"tools.mcp: name must be an identifier, got {self.name!r}"
+        )
+        _require(
+            (self.command is None) != (self.url is None),
+            f"tools.mcp.{self.name}: give command (stdio) or url (streamable HTTP), one",
+        )
+        _require(
+            self.url is None or self.url.startswith(("http://", "https://")),
+            f"tools.mcp.{self.name}.url must be an http(s) URL, got {self.url!r}",
+        )
+        _require(
+            self.timeout_s > 0
+            and self.connect_timeout_s > 0
+            and self.latency_hint_s >= 0
+            and self.per_call_usd >= 0
+            and all(v >= 0 for v in [*self.prices.values(), *self.latencies.values()]),
+            f"tools.mcp.{self.name}: timeout_s and connect_timeout_s must be > 0, prices "
+            "and latencies >= 0",
+        )
+        _require(
+            self.restarts >= 0 and self.cooldown_s >= 0,
+            f"tools.mcp.{self.name}.restarts and cooldown_s must be >= 0",
+        )
 
 
 @dataclass
@@ -108,17 +119,26 @@ class ToolsConfig:
     def __post_init__(self) -> None:
         for key in ("declarations", "domains"):
             for index, path in enumerate(getattr(self, key)):
-                _require(resolve_conf_path(path).exists(),
-                         f"tools.{key}[{index}]: no such file or directory: {path}")
-        _require(self.cache_entries >= 0 and self.cache_mb >= 0,
-                 "tools.cache_entries and tools.cache_mb must be >= 0")
+                _require(
+                    resolve_conf_path(path).exists(),
+                    f"tools.{key}[{index}]: no such file or directory: {path}",
+                )
+        _require(
+            self.cache_entries >= 0 and self.cache_mb >= 0,
+            "tools.cache_entries and tools.cache_mb must be >= 0",
+        )
         _require(self.simulated_latency_s >= 0, "tools.simulated_latency_s must be >= 0")
-        _require(self.timing in ("measured", "modeled"),
-                 f"tools.timing must be measured|modeled, got {self.timing!r}")
+        _require(
+            self.timing in ("measured", "modeled"),
+            f"tools.timing must be measured|modeled, got {self.timing!r}",
+        )
         for model, prices in self.prices.items():
-            _require(len(prices) == 2 and all(price >= 0 for price in prices),
-                     f"tools.prices.{model} must be [input, output] USD per million tokens, "
-                     "both >= 0")
+            _require(
+                len(prices) == 2 and all(price >= 0 for price in prices),
+                f"tools.prices.{model} must be [input, output] USD per million tokens, both >= 0",
+            )
         for alias, url in self.endpoints.items():
-            _require(url.startswith(("http://", "https://")),
-                     f"tools.endpoints.{alias} must be an http(s) URL, got {url!r}")
+            _require(
+                url.startswith(("http://", "https://")),
+                f"tools.endpoints.{alias} must be an http(s) URL, got {url!r}",
+            )

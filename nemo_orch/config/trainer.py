@@ -34,10 +34,14 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "trainer.max_steps must be >= 1")
         _require(self.micro_batch_size >= 1, "trainer.micro_batch_size must be >= 1")
-        _require(self.global_batch_size % self.micro_batch_size == 0,
-                 "trainer.global_batch_size must be a multiple of trainer.micro_batch_size")
+        _require(
+            self.global_batch_size % self.micro_batch_size == 0,
+            "trainer.global_batch_size must be a multiple of trainer.micro_batch_size",
+        )
         self.optim.check("trainer.optim")
         _require(self.save_interval >= 1, "trainer.save_interval must be >= 1")
-        _require(self.num_threads >= 0,
-                 "trainer.num_threads must be >= 0 (0: this machine's CPUs over its ranks)")
+        _require(
+            self.num_threads >= 0,
+            "trainer.num_threads must be >= 0 (0: this machine's CPUs over its ranks)",
+        )
         _require_file(self.init_from, "trainer.init_from")

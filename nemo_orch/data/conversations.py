@@ -102,8 +102,9 @@ def validate_conversation(conversation: Any, where: str) -> dict[str, Any]:
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
     """Read and validate a JSONL conversation file; blank lines are skipped."""
-    return [validate_conversation(record, where)
-            for where, record in read_jsonl(path, "conversation")]
+    return [
+        validate_conversation(record, where) for where, record in read_jsonl(path, "conversation")
+    ]
 
 
 def write_conversations(path: str | Path, conversations: Iterable[dict[str, Any]]) -> None:

@@ -42,10 +42,19 @@ from nemo_orch.data.jsonl import DataError
 
 OPERATIONS = ("get", "find", "list", "update", "create", "delete", "increment")
 WRITE_OPERATIONS = frozenset({"update", "create", "delete", "increment"})
-_FIELD_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float,
-                                 "boolean": bool}
-_TOOL_KEYS = {"name", "description", "op", "table", "match", "args", "set", "require", "field",
-              "minimum"}
+_FIELD_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool}
+_TOOL_KEYS = {
+    "name",
+    "description",
+    "op",
+    "table",
+    "match",
+    "args",
+    "set",
+    "require",
+    "field",
+    "minimum",
+}
 
 Database = dict[str, dict[str, dict[str, Any]]]
 
@@ -104,10 +113,18 @@ class ToolDef:
         return self.op in WRITE_OPERATIONS
 
     def to_json(self) -> dict[str, Any]:
-        record = {"name": self.name, "description": self.description, "op": self.op,
-                  "table": self.table, "match": list(self.match), "args": list(self.args),
-                  "set": self.set, "require": self.require, "field": self.field,
-                  "minimum": self.minimum}
+        record = {
+            "name": self.name,
+            "description": self.description,
+            "op": self.op,
+            "table": self.table,
+            "match": list(self.match),
+            "args": list(self.args),
+            "set": self.set,
+            "require": self.require,
+            "field": self.field,
+            "minimum": self.minimum,
+        }
         return {key: value for key, value in record.items() if value not in (None, [])}
 
 
@@ -120,8 +137,9 @@ def _field_spec(raw: Any, where: str) -> FieldSpec:
     kind = raw.get("type", "string")
     if kind not in _FIELD_TYPES:
         raise DataError(f"{where}: unknown field type {kind!r} (one of {sorted(_FIELD_TYPES)})")
-    if enum is not None and (kind != "string" or not enum
-                             or not all(isinstance(v, str) for v in enum)):
+    if enum is not None and (
+        kind != "string" or not enum or not all(isinstance(v, str) for v in enum)
+    ):
         raise DataError(f"{where}: enum must be a non-empty list of strings on a string field")
     return FieldSpec(kind, None if enum is None else tuple(enum), raw.get("ref"))
 
@@ -130,8 +148,9 @@ class DomainSpec:
     """A validated domain declaration: tables, tools (each with a pydantic argument model) and
     the policy the agent must follow. Build with :meth:`from_json`."""
 
-    def __init__(self, name: str, policy: str, tables: dict[str, TableSpec],
-                 tools: list[ToolDef]) -> None:
+    def __init__(
+        self, name: str, policy: str, tables: dict[str, TableSpec], tools: list[ToolDef]
+    ) -> None:
         self.name, self.policy, self.tables = name, policy, tables
         self.tools = {tool.name: tool for tool in tools}
         self._fields = {tool.name: self._argument_fields(tool) for tool in tools}
@@ -147,18 +166,23 @@ class DomainSpec:
             at = f"{where}: table {table_name!r}"
             if not isinstance(table, dict) or not isinstance(table.get("fields"), dict):
                 raise DataError(f"{at}: needs key and fields")
-            fields = {name: _field_spec(value, f"{at} field {name!r}")
-                      for name, value in table["fields"].items()}
+            fields = {
+                name: _field_spec(value, f"{at} field {name!r}")
+                for name, value in table["fields"].items()
+            }
             if table.get("key") not in fields:
                 raise DataError(f"{at}: key {table.get('key')!r} is not one of its fields")
             tables[table_name] = TableSpec(table["key"], fields, table.get("id_prefix", ""))
         for table_name, table in tables.items():
             for name, spec in table.fields.items():
                 if spec.ref is not None and spec.ref not in tables:
-                    raise DataError(f"{where}: {table_name}.{name} refers to unknown table "
-                                    f"{spec.ref!r}")
-        tools = [cls._tool(raw_tool, tables, f"{where}: tool #{index}")
-                 for index, raw_tool in enumerate(raw["tools"])]
+                    raise DataError(
+                        f"{where}: {table_name}.{name} refers to unknown table {spec.ref!r}"
+                    )
+        tools = [
+            cls._tool(raw_tool, tables, f"{where}: tool #{index}")
+            for index, raw_tool in enumerate(raw["tools"])
+        ]
         names = [tool.name for tool in tools]
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
@@ -181,9 +205,18 @@ class DomainSpec:
         table = tables.get(raw.get("table"))
         if table is None:
             raise DataError(f"{where}: unknown table {raw.get('table')!r}")
-        tool = ToolDef(name, raw.get("description", ""), raw["op"], raw["table"],
-                       tuple(raw.get("match", ())), tuple(raw.get("args", ())), raw.get("set"),
-                       raw.get("require"), raw.get("field"), raw.get("minimum"))
+        tool = ToolDef(
+            name,
+            raw.get("description", ""),
+            raw["op"],
+            raw["table"],
+            tuple(raw.get("match", ())),
+            tuple(raw.get("args", ())),
+            raw.get("set"),
+            raw.get("require"),
+            raw.get("field"),
+            raw.get("minimum"),
+        )
         named = [*tool.match, *tool.args, *(tool.set or {}), *(tool.require or {})]
         if tool.field is not None:
             named.append(tool.field)
@@ -192,24 +225,32 @@ class DomainSpec:
             raise DataError(f"{where}: fields {missing} are not in table {tool.table!r}")
         if tool.op == "find" and not tool.match:
             raise DataError(f"{where}: find needs match fields")
-        if tool.op == "increment" and (tool.field is None
-                                       or table.fields[tool.field].type not in ("integer",
-                                                                                "number")):
+        if tool.op == "increment" and (
+            tool.field is None or table.fields[tool.field].type not in ("integer", "number")
+        ):
             raise DataError(f"{where}: increment needs a numeric field")
         if tool.op == "update" and not (tool.args or tool.set):
             raise DataError(f"{where}: update needs args or set")
         if tool.op == "create" and table.key in tool.args:
-            raise DataError(f"{where}: create assigns the key itself; do not take it as an "
-                            "argument")
+            raise DataError(
+                f"{where}: create assigns the key itself; do not take it as an argument"
+            )
         return tool
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "policy": self.policy,
-                "tables": {name: {"key": table.key, "id_prefix": table.id_prefix,
-                                  "fields": {field: spec.to_json()
-                                             for field, spec in table.fields.items()}}
-                           for name, table in self.tables.items()},
-                "tools": [tool.to_json() for tool in self.tools.values()]}
+        return {
+            "name": self.name,
+            "policy": self.policy,
+            "tables": {
+                name: {
+                    "key": table.key,
+                    "id_prefix": table.id_prefix,
+                    "fields": {field: spec.to_json() for field, spec in table.fields.items()},
+                }
+                for name, table in self.tables.items()
+            },
+            "tools": [tool.to_json() for tool in self.tools.values()],
+        }
 
     # ------------------------------------------------------------------ arguments
     def _argument_fields(self, tool: ToolDef) -> dict[str, FieldSpec]:
@@ -228,16 +269,24 @@ class DomainSpec:
     def _argument_model(self, name: str) -> type[pydantic.BaseModel]:
         fields = {field: (spec.python_type(), ...) for field, spec in self._fields[name].items()}
         return pydantic.create_model(  # strict: "3" is not an integer, as in a JSON schema
-            f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid", strict=True),
-            **fields)
+            f"{name}_arguments",
+            __config__=pydantic.ConfigDict(extra="forbid", strict=True),
+            **fields,
+        )
 
     def parameters(self, name: str) -> dict[str, Any]:
         """The tool's JSON-schema ``parameters`` (what the agent sees)."""
         schema = self._models[name].model_json_schema()
-        properties = {field: {key: value for key, value in prop.items() if key != "title"}
-                      for field, prop in schema["properties"].items()}
-        return {"type": "object", "properties": properties,
-                "required": schema.get("required", []), "additionalProperties": False}
+        properties = {
+            field: {key: value for key, value in prop.items() if key != "title"}
+            for field, prop in schema["properties"].items()
+        }
+        return {
+            "type": "object",
+            "properties": properties,
+            "required": schema.get("required", []),
+            "additionalProperties": False,
+        }
 
     def validate_arguments(self, name: str, arguments: Any) -> dict[str, Any]:
         """The arguments as the tool's model accepts them; :class:`ActionError` otherwise."""
@@ -247,14 +296,21 @@ class DomainSpec:
             raise ActionError(f"{name}: arguments must be an object")
         # JSON numbers: an integer is a valid number (strict mode would refuse 3 for float).
         fields = self._fields[name]
-        coerced = {key: float(value) if key in fields and fields[key].type == "number"
-                   and isinstance(value, int) and not isinstance(value, bool) else value
-                   for key, value in arguments.items()}
+        coerced = {
+            key: float(value)
+            if key in fields
+            and fields[key].type == "number"
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+            else value
+            for key, value in arguments.items()
+        }
         try:
             return self._models[name].model_validate(coerced).model_dump()
         except pydantic.ValidationError as error:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
-                                 for e in error.errors())
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in error.errors()
+            )
             raise ActionError(f"{name}: {problems}") from None
 
     # ------------------------------------------------------------------ state
@@ -274,8 +330,10 @@ class DomainSpec:
                     raise DataError(f"{at}: its {table.key} is {record[table.key]!r}")
                 for field, spec in table.fields.items():
                     if not fits(record[field], spec):
-                        raise DataError(f"{at}.{field}: {record[field]!r} is not a {spec.type}"
-                                        + (f" in {list(spec.enum)}" if spec.enum else ""))
+                        raise DataError(
+                            f"{at}.{field}: {record[field]!r} is not a {spec.type}"
+                            + (f" in {list(spec.enum)}" if spec.enum else "")
+                        )
         return database
 
     def execute(self, database: Database, name: str, arguments: Any) -> Any:
@@ -286,8 +344,11 @@ class DomainSpec:
         table = self.tables[tool.table]
         records = database.setdefault(tool.table, {})
         if tool.op in ("find", "list"):
-            matching = [record for record in records.values()
-                        if all(record[field] == arguments[field] for field in tool.match)]
+            matching = [
+                record
+                for record in records.values()
+                if all(record[field] == arguments[field] for field in tool.match)
+            ]
             if tool.op == "find":
                 if not matching:
                     raise ActionError(f"{name}: no {tool.table} record matches {arguments}")
@@ -310,8 +371,10 @@ class DomainSpec:
             raise ActionError(f"{name}: no {tool.table} record with {table.key} {key!r}")
         for field, required in (tool.require or {}).items():
             if record[field] != required:
-                raise ActionError(f"{name}: {tool.table} {key!r} has {field} {record[field]!r};"
-                                  f" this needs {required!r}")
+                raise ActionError(
+                    f"{name}: {tool.table} {key!r} has {field} {record[field]!r};"
+                    f" this needs {required!r}"
+                )
         if tool.op == "get":
             return dict(record)
         if tool.op == "delete":
@@ -320,8 +383,9 @@ class DomainSpec:
         if tool.op == "increment":
             value = record[tool.field] + arguments["amount"]
             if tool.minimum is not None and value < tool.minimum:
-                raise ActionError(f"{name}: {tool.field} would fall to {value}, below "
-                                  f"{tool.minimum}")
+                raise ActionError(
+                    f"{name}: {tool.field} would fall to {value}, below {tool.minimum}"
+                )
             record[tool.field] = round(value, 2) if isinstance(value, float) else value
             return dict(record)
         for field in tool.args:
@@ -335,7 +399,8 @@ def fits(value: Any, spec: FieldSpec) -> bool:
     if spec.type == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if not isinstance(value, _FIELD_TYPES[spec.type]) or (
-            spec.type == "integer" and isinstance(value, bool)):
+        spec.type == "integer" and isinstance(value, bool)
+    ):
         return False
     return spec.enum is None or value in spec.enum
 
@@ -375,8 +440,10 @@ class Domain:
         """A private copy of the initial database, with a task's ``update`` merged in (a
         tau2 ``initialization_data.agent_data``: nested objects merge, other values replace)."""
         # Fields hold scalars only (check_database), so copying each record is a deep copy.
-        database = {table: {key: dict(record) for key, record in records.items()}
-                    for table, records in self.database.items()}
+        database = {
+            table: {key: dict(record) for key, record in records.items()}
+            for table, records in self.database.items()
+        }
         if update:
             _merge(database, copy.deepcopy(update))
             self.spec.check_database(database, f"domain {self.name}: updated database")

@@ -92,8 +92,10 @@ class EvaluationCriteria(_Schema):
     env_assertions: Optional[list[EnvAssertion]] = None
     communicate_info: Optional[list[str]] = None
     nl_assertions: Optional[list[str]] = None
-    reward_basis: list[Literal["DB", "ENV_ASSERTION", "NL_ASSERTION", "ACTION",
-                               "COMMUNICATE"]] = ["DB", "COMMUNICATE"]
+    reward_basis: list[Literal["DB", "ENV_ASSERTION", "NL_ASSERTION", "ACTION", "COMMUNICATE"]] = [
+        "DB",
+        "COMMUNICATE",
+    ]
 
 
 class InitializationData(_Schema):
@@ -143,8 +145,10 @@ class DomainTask(_Schema):
         no one to ask for more)."""
         scenario = self.user_scenario
         instructions = scenario.instructions
-        lines = ["The customer's scenario, stated up front (\"you\" is the customer; there is "
-                 "no one to ask for more):"]
+        lines = [
+            'The customer\'s scenario, stated up front ("you" is the customer; there is '
+            "no one to ask for more):"
+        ]
         if scenario.persona:
             lines.append(f"Persona: {scenario.persona}")
         if isinstance(instructions, str):
@@ -168,8 +172,9 @@ def task_from_record(record: Any, where: str) -> DomainTask:
     except pydantic.ValidationError as error:
         first = error.errors()[0]
         location = ".".join(map(str, first["loc"])) or "task"
-        raise DataError(f"{where}: {location}: {first['msg']} ({error.error_count()} "
-                        "problem(s))") from None
+        raise DataError(
+            f"{where}: {location}: {first['msg']} ({error.error_count()} problem(s))"
+        ) from None
 
 
 def _array_records(path: Path, text: str) -> Iterable[tuple[str, Any]]:
@@ -197,8 +202,9 @@ def read_domain_tasks(path: str | Path) -> list[DomainTask]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: cannot read the task file: {error}") from None
-    records = (_array_records(path, text) if text.lstrip().startswith("[")
-               else read_jsonl(path, "task"))
+    records = (
+        _array_records(path, text) if text.lstrip().startswith("[") else read_jsonl(path, "task")
+    )
     tasks, seen = [], set()
     for where, record in records:
         task = task_from_record(record, where)
@@ -243,8 +249,7 @@ class Replay:
     errors: list[str]
 
 
-def replay(domain: Domain, task: DomainTask, calls: Iterable[tuple[str, dict[str, Any]]]
-           ) -> Replay:
+def replay(domain: Domain, task: DomainTask, calls: Iterable[tuple[str, dict[str, Any]]]) -> Replay:
     """Run ``calls`` in order on a fresh database set up for ``task``."""
     database = domain.fresh_database(task.database_update())
     errors = []
@@ -267,10 +272,14 @@ def communicated(fact: str, text: str) -> bool:
 
 def _called(action: Action, calls: Sequence[tuple[str, dict[str, Any]]]) -> bool:
     keys = action.compare_args
-    return any(name == action.name and all(
-        arguments.get(key) == action.arguments.get(key)
-        for key in (keys if keys is not None else action.arguments))
-        for name, arguments in calls)
+    return any(
+        name == action.name
+        and all(
+            arguments.get(key) == action.arguments.get(key)
+            for key in (keys if keys is not None else action.arguments)
+        )
+        for name, arguments in calls
+    )
 
 
 def unscorable(task: DomainTask) -> str | None:
@@ -285,8 +294,9 @@ def unscorable(task: DomainTask) -> str | None:
     return None
 
 
-def score_episode(domain: Domain, task: DomainTask, calls: Sequence[tuple[str, dict[str, Any]]],
-                  told: str) -> DomainScore:
+def score_episode(
+    domain: Domain, task: DomainTask, calls: Sequence[tuple[str, dict[str, Any]]], told: str
+) -> DomainScore:
     """Score an episode's tool ``calls`` and what it ``told`` the user (see the module
     docstring); :class:`DataError` for a task it cannot score (:func:`unscorable`).
     Natural-language assertions outside the reward basis are counted, not checked."""
@@ -300,31 +310,57 @@ def score_episode(domain: Domain, task: DomainTask, calls: Sequence[tuple[str, d
     basis = set(criteria.reward_basis)
     db_match = episode.state_hash == gold.state_hash
     missing_facts = [fact for fact in task.facts if not communicated(fact, told)]
-    missing_actions = [action.name for action in task.gold_actions
-                       if action.requestor == "assistant" and not _called(action, calls)]
-    passed = ((db_match or "DB" not in basis)
-              and (not missing_facts or "COMMUNICATE" not in basis)
-              and (not missing_actions or "ACTION" not in basis))
-    return DomainScore(float(passed), db_match, gold.state_hash != initial, missing_facts,
-                       missing_actions if "ACTION" in basis else [], gold.errors,
-                       len(criteria.nl_assertions or []))
+    missing_actions = [
+        action.name
+        for action in task.gold_actions
+        if action.requestor == "assistant" and not _called(action, calls)
+    ]
+    passed = (
+        (db_match or "DB" not in basis)
+        and (not missing_facts or "COMMUNICATE" not in basis)
+        and (not missing_actions or "ACTION" not in basis)
+    )
+    return DomainScore(
+        float(passed),
+        db_match,
+        gold.state_hash != initial,
+        missing_facts,
+        missing_actions if "ACTION" in basis else [],
+        gold.errors,
+        len(criteria.nl_assertions or []),
+    )
 
 
 # ---------------------------------------------------------------------- training rows
-def to_task_row(domain: Domain, task: DomainTask, preference: dict[str, float] | None = None,
-                instruction: str | None = None, extra_tools: Sequence[str] = ()) -> Task:
+def to_task_row(
+    domain: Domain,
+    task: DomainTask,
+    preference: dict[str, float] | None = None,
+    instruction: str | None = None,
+    extra_tools: Sequence[str] = (),
+) -> Task:
     """The orchestrator row of a domain task: the domain policy as the system prompt, the user
     scenario (and the preference instruction, when given) as the question, the domain's tools
     plus ``extra_tools`` (e.g. experts), and what the rewards need in ``metadata``: the scorer
     (``database``), the domain, the task itself, its preference vector and difficulty."""
-    question = task.scenario_text() if instruction is None else (
-        f"{task.scenario_text()}\n{instruction}")
+    question = (
+        task.scenario_text() if instruction is None else (f"{task.scenario_text()}\n{instruction}")
+    )
     metadata: dict[str, Any] = {
-        "benchmark": "toolscale", "scorer": "database", "domain": domain.name,
-        "difficulty": len(task.gold_actions), "domain_task": task.to_json()}
+        "benchmark": "toolscale",
+        "scorer": "database",
+        "domain": domain.name,
+        "difficulty": len(task.gold_actions),
+        "domain_task": task.to_json(),
+    }
     if preference is not None:
         metadata["preference"] = preference
     if instruction is not None:
         metadata["instruction"] = instruction
-    return Task(id=f"{domain.name}/{task.id}", question=question, system=domain.spec.policy,
-                tools=(*domain.spec.tools, *extra_tools), metadata=metadata)
+    return Task(
+        id=f"{domain.name}/{task.id}",
+        question=question,
+        system=domain.spec.policy,
+        tools=(*domain.spec.tools, *extra_tools),
+        metadata=metadata,
+    )

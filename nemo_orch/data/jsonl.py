@@ -12,8 +12,9 @@ class DataError(ValueError):
     """Malformed data; the message says where (file and line, or record index)."""
 
 
-def read_jsonl(path: str | Path, what: str,
-               error: type[Exception] = DataError) -> Iterator[tuple[str, Any]]:
+def read_jsonl(
+    path: str | Path, what: str, error: type[Exception] = DataError
+) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` for each non-blank line, ``where`` being ``file:line``. An unreadable
     file, a line that is not JSON or a file with no records raises ``error`` naming it."""
     path = Path(path)

@@ -37,8 +37,15 @@ from typing import Any
 from nemo_orch.data.conversations import validate_conversation
 from nemo_orch.data.jsonl import DataError, read_jsonl
 
-__all__ = ["DataError", "Pair", "PairTokens", "SideTokens", "read_pairs", "validate_pair",
-           "write_pairs"]
+__all__ = [
+    "DataError",
+    "Pair",
+    "PairTokens",
+    "SideTokens",
+    "read_pairs",
+    "validate_pair",
+    "write_pairs",
+]
 
 SIDES = ("chosen", "rejected")
 
@@ -74,19 +81,34 @@ class Pair:
         return {"messages": self.prompt + getattr(self, side), "tools": self.tools}
 
     def to_json(self) -> dict[str, Any]:
-        record = {"id": self.id, "prompt": self.prompt, "chosen": self.chosen,
-                  "rejected": self.rejected, "tools": self.tools,
-                  "chosen_reward": self.chosen_reward, "rejected_reward": self.rejected_reward}
+        record = {
+            "id": self.id,
+            "prompt": self.prompt,
+            "chosen": self.chosen,
+            "rejected": self.rejected,
+            "tools": self.tools,
+            "chosen_reward": self.chosen_reward,
+            "rejected_reward": self.rejected_reward,
+        }
         if self.tokens is not None:
-            record["tokens"] = {"prompt": self.tokens.prompt, **{
-                side: {"ids": getattr(self.tokens, side).ids,
-                       "loss_mask": getattr(self.tokens, side).loss_mask} for side in SIDES}}
+            record["tokens"] = {
+                "prompt": self.tokens.prompt,
+                **{
+                    side: {
+                        "ids": getattr(self.tokens, side).ids,
+                        "loss_mask": getattr(self.tokens, side).loss_mask,
+                    }
+                    for side in SIDES
+                },
+            }
         return record
 
 
 def _token_ids(value: Any, where: str) -> list[int]:
-    if not (isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                            and i >= 0 for i in value)):
+    if not (
+        isinstance(value, list)
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+    ):
         raise DataError(f"{where} must be a list of token ids (integers >= 0)")
     return value
 
@@ -96,8 +118,11 @@ def _side_tokens(value: Any, where: str) -> SideTokens:
         raise DataError(f"{where} must be an object with 'ids' and 'loss_mask'")
     ids = _token_ids(value.get("ids"), f"{where}.ids")
     mask = value.get("loss_mask")
-    if not (isinstance(mask, list) and len(mask) == len(ids)
-            and all(flag in (0, 1) and not isinstance(flag, bool) for flag in mask)):
+    if not (
+        isinstance(mask, list)
+        and len(mask) == len(ids)
+        and all(flag in (0, 1) and not isinstance(flag, bool) for flag in mask)
+    ):
         raise DataError(f"{where}.loss_mask must be a list of 0/1, one per id")
     if not any(mask):
         raise DataError(f"{where}: no policy token (loss_mask has no 1), nothing to compare")
@@ -106,11 +131,11 @@ def _side_tokens(value: Any, where: str) -> SideTokens:
 
 def _pair_tokens(value: Any, where: str) -> PairTokens:
     if not isinstance(value, dict):
-        raise DataError(f"{where}: 'tokens' must be an object with 'prompt', 'chosen' and "
-                        "'rejected'")
+        raise DataError(
+            f"{where}: 'tokens' must be an object with 'prompt', 'chosen' and 'rejected'"
+        )
     prompt = _token_ids(value.get("prompt"), f"{where}: tokens.prompt")
-    chosen, rejected = (_side_tokens(value.get(side), f"{where}: tokens.{side}")
-                        for side in SIDES)
+    chosen, rejected = (_side_tokens(value.get(side), f"{where}: tokens.{side}") for side in SIDES)
     if chosen == rejected:
         raise DataError(f"{where}: the chosen and rejected tokens are the same")
     return PairTokens(prompt, chosen, rejected)
@@ -127,8 +152,9 @@ def validate_pair(record: Any, where: str) -> Pair:
     """Check one pair and return it with its messages normalized; errors are prefixed by
     ``where``."""
     if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object with 'id', 'prompt', 'chosen' and "
-                        "'rejected'")
+        raise DataError(
+            f"{where}: expected a JSON object with 'id', 'prompt', 'chosen' and 'rejected'"
+        )
     missing = [key for key in ("id", "prompt", *SIDES) if key not in record]
     if missing:
         raise DataError(f"{where}: missing {', '.join(repr(key) for key in missing)}")
@@ -141,28 +167,35 @@ def validate_pair(record: Any, where: str) -> Pair:
         first = record[side][0]
         role = first.get("role") if isinstance(first, dict) else None
         if role != "assistant":
-            raise DataError(f"{where}: '{side}' must start with the assistant's message, which "
-                            f"answers the prompt (got {role!r})")
+            raise DataError(
+                f"{where}: '{side}' must start with the assistant's message, which "
+                f"answers the prompt (got {role!r})"
+            )
     # Each side is checked as the conversation it makes: its tool calls against the pair's
     # tools, its message indices counted from the prompt's first.
     tools = record.get("tools") or []
-    conversations = {side: validate_conversation({"messages": record["prompt"] + record[side],
-                                                  "tools": tools}, f"{where}: {side}")
-                     for side in SIDES}
+    conversations = {
+        side: validate_conversation(
+            {"messages": record["prompt"] + record[side], "tools": tools}, f"{where}: {side}"
+        )
+        for side in SIDES
+    }
     prompt_size = len(record["prompt"])
     prompt = conversations["chosen"]["messages"][:prompt_size]
     chosen, rejected = (conversations[side]["messages"][prompt_size:] for side in SIDES)
     if chosen == rejected:
-        raise DataError(f"{where}: 'chosen' and 'rejected' are the same, so neither is "
-                        "preferred")
+        raise DataError(f"{where}: 'chosen' and 'rejected' are the same, so neither is preferred")
     chosen_reward = _reward(record, "chosen_reward", where)
     rejected_reward = _reward(record, "rejected_reward", where)
     if None not in (chosen_reward, rejected_reward) and chosen_reward < rejected_reward:
-        raise DataError(f"{where}: chosen_reward {chosen_reward} is below rejected_reward "
-                        f"{rejected_reward}: the sides are swapped")
+        raise DataError(
+            f"{where}: chosen_reward {chosen_reward} is below rejected_reward "
+            f"{rejected_reward}: the sides are swapped"
+        )
     tokens = None if record.get("tokens") is None else _pair_tokens(record["tokens"], where)
-    return Pair(record["id"], prompt, chosen, rejected, tools, chosen_reward, rejected_reward,
-                tokens)
+    return Pair(
+        record["id"], prompt, chosen, rejected, tools, chosen_reward, rejected_reward, tokens
+    )
 
 
 def read_pairs(path: str | Path) -> list[Pair]:
@@ -173,7 +206,9 @@ def read_pairs(path: str | Path) -> list[Pair]:
 def write_pairs(path: str | Path, pairs: Iterable[Pair]) -> None:
     """Validate and write pairs as JSONL (creating parent directories)."""
     path = Path(path)
-    lines = [json.dumps(validate_pair(pair.to_json(), f"pair {i}").to_json(), ensure_ascii=False)
-             for i, pair in enumerate(pairs)]
+    lines = [
+        json.dumps(validate_pair(pair.to_json(), f"pair {i}").to_json(), ensure_ascii=False)
+        for i, pair in enumerate(pairs)
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -20,8 +20,9 @@ def _parquet_rows(path: Path, columns: Collection[str] | None) -> list[dict[str,
     try:
         import pyarrow.parquet as pq
     except ImportError as error:
-        raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow): "
-                        f"{error}") from None
+        raise DataError(
+            f"{path}: reading parquet needs pyarrow (pip install pyarrow): {error}"
+        ) from None
     try:
         if columns is not None:
             names = set(pq.read_schema(path).names)
@@ -63,12 +64,14 @@ def _located_rows(path: Path, columns: Collection[str] | None) -> Iterable[tuple
         return ((f"{path}[row {i}]", row) for i, row in enumerate(_json_rows(path)))
     if suffix == ".parquet":
         return ((f"{path}[row {i}]", row) for i, row in enumerate(_parquet_rows(path, columns)))
-    raise DataError(f"{path}: unknown benchmark file type {path.suffix!r}; expected .jsonl, "
-                    ".json or .parquet")
+    raise DataError(
+        f"{path}: unknown benchmark file type {path.suffix!r}; expected .jsonl, .json or .parquet"
+    )
 
 
-def read_records(path: str | Path,
-                 columns: Collection[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+def read_records(
+    path: str | Path, columns: Collection[str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
     """``(where, row)`` for every row of a ``.jsonl``, ``.json`` or ``.parquet`` file (or of a
     directory's row files), ``where`` naming the row for error messages.
     ``columns`` limits what parquet decodes (HLE's image columns are most of its bytes); rows of
@@ -78,8 +81,9 @@ def read_records(path: str | Path,
     for file in row_files(path):
         for where, row in _located_rows(file, columns):
             if not isinstance(row, dict):
-                raise DataError(f"{where}: a benchmark row must be a JSON object, not "
-                                f"{type(row).__name__}")
+                raise DataError(
+                    f"{where}: a benchmark row must be a JSON object, not {type(row).__name__}"
+                )
             records.append((where, row))
     if not records:
         raise DataError(f"{path}: no benchmark rows")

@@ -76,11 +76,13 @@ class SFTDataset(Dataset[dict[str, torch.Tensor]]):
             if len(ids) > seq_length + 1:
                 self.num_dropped += 1
                 continue
-            self.samples.append({
-                "tokens": torch.tensor(ids[:-1], dtype=torch.long),
-                "labels": torch.tensor(ids[1:], dtype=torch.long),
-                "loss_mask": torch.tensor(mask[1:], dtype=torch.float),
-            })
+            self.samples.append(
+                {
+                    "tokens": torch.tensor(ids[:-1], dtype=torch.long),
+                    "labels": torch.tensor(ids[1:], dtype=torch.long),
+                    "loss_mask": torch.tensor(mask[1:], dtype=torch.float),
+                }
+            )
         if not self.samples:
             raise DataError(
                 f"all {len(conversations)} conversations are longer than seq_length + 1 = "
@@ -108,14 +110,20 @@ def global_batch(dataset: Sized, step: int, global_batch_size: int, seed: int) -
     return order[offset : offset + global_batch_size].tolist()
 
 
-def collate(samples: Sequence[dict[str, torch.Tensor]], length: int,
-            pad_id: int) -> dict[str, torch.Tensor]:
+def collate(
+    samples: Sequence[dict[str, torch.Tensor]], length: int, pad_id: int
+) -> dict[str, torch.Tensor]:
     """Pad samples to ``length`` (tokens and labels with ``pad_id``, the loss mask with 0),
     stack them into ``[batch, length]`` tensors and add ``position_ids``."""
     fills = {"tokens": pad_id, "labels": pad_id, "loss_mask": 0}
-    batch = {key: torch.stack([torch.nn.functional.pad(sample[key],
-                                                       (0, length - len(sample[key])),
-                                                       value=fill) for sample in samples])
-             for key, fill in fills.items()}
+    batch = {
+        key: torch.stack(
+            [
+                torch.nn.functional.pad(sample[key], (0, length - len(sample[key])), value=fill)
+                for sample in samples
+            ]
+        )
+        for key, fill in fills.items()
+    }
     batch["position_ids"] = torch.arange(length).repeat(len(samples), 1)
     return batch

@@ -31,11 +31,17 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        record = {"id": self.id, "question": self.question, "system": self.system,
-                  "tools": None if self.tools is None else list(self.tools),
-                  "answer": self.answer, "metadata": self.metadata,
-                  "allowed_documents": None if self.allowed_documents is None
-                  else sorted(self.allowed_documents)}
+        record = {
+            "id": self.id,
+            "question": self.question,
+            "system": self.system,
+            "tools": None if self.tools is None else list(self.tools),
+            "answer": self.answer,
+            "metadata": self.metadata,
+            "allowed_documents": None
+            if self.allowed_documents is None
+            else sorted(self.allowed_documents),
+        }
         return {key: value for key, value in record.items() if value is not None}
 
 
@@ -62,12 +68,16 @@ def task_from_json(record: Any, where: str) -> Task:
     tools = record.get("tools")
     documents = record.get("allowed_documents")
     return Task(
-        id=record["id"], question=record["question"], system=record.get("system"),
+        id=record["id"],
+        question=record["question"],
+        system=record.get("system"),
         tools=None if tools is None else tuple(_strings(tools, "tools", where)),
         answer=record.get("answer"),
-        allowed_documents=None if documents is None else frozenset(
-            _strings(documents, "allowed_documents", where)),
-        metadata=record.get("metadata", {}))
+        allowed_documents=None
+        if documents is None
+        else frozenset(_strings(documents, "allowed_documents", where)),
+        metadata=record.get("metadata", {}),
+    )
 
 
 def read_tasks(path: str | Path) -> list[Task]:

@@ -17,8 +17,10 @@ def build_environment(config: Config, source: EnvSourceConfig | None = None) -> 
     """The environment of ``source`` (None: ``env`` itself, which must be one source)."""
     source = config.env if source is None else source
     if source.kind == "mixture":
-        raise ConfigError("env: a mixture has several environments; this command runs one "
-                          "(pick a source: env=NAME)")
+        raise ConfigError(
+            "env: a mixture has several environments; this command runs one "
+            "(pick a source: env=NAME)"
+        )
     val_fraction = config.env.val_fraction
     if source.kind == "offline":
         from nemo_orch.envs.offline import OfflineEnvironment
@@ -44,5 +46,7 @@ def build_environment(config: Config, source: EnvSourceConfig | None = None) -> 
 def build_mixture(config: Config) -> Mixture:
     """Every source of ``env`` with its weight."""
     sources = config.env.source_list()
-    return Mixture([build_environment(config, source) for source in sources],
-                   [source.weight for source in sources])
+    return Mixture(
+        [build_environment(config, source) for source in sources],
+        [source.weight for source in sources],
+    )

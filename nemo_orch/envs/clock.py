@@ -42,7 +42,8 @@ INSTANT = datetime.datetime(2024, 5, 15, 15, 0, 0)
 DOMAIN_PACKAGE = "tau2.domains"
 
 _instant: contextvars.ContextVar[datetime.datetime | None] = contextvars.ContextVar(
-    "domain_clock_instant", default=None)
+    "domain_clock_instant", default=None
+)
 
 
 class _StandIn(type):
@@ -73,8 +74,7 @@ class _Datetime(datetime.datetime, metaclass=_StandIn):
         instant = _instant.get()
         if instant is None:
             return datetime.datetime.now(tz)
-        return instant if tz is None else instant.replace(tzinfo=datetime.UTC
-                                                          ).astimezone(tz)
+        return instant if tz is None else instant.replace(tzinfo=datetime.UTC).astimezone(tz)
 
     @classmethod
     def utcnow(cls) -> Any:
@@ -121,8 +121,11 @@ def _time() -> float:
 
 def _time_ns() -> int:
     instant = _instant.get()
-    return time.time_ns() if instant is None else (
-        instant - _EPOCH) // datetime.timedelta(microseconds=1) * 1000
+    return (
+        time.time_ns()
+        if instant is None
+        else (instant - _EPOCH) // datetime.timedelta(microseconds=1) * 1000
+    )
 
 
 def _module_copy(module: types.ModuleType, **replaced: Any) -> types.ModuleType:
@@ -133,11 +136,17 @@ def _module_copy(module: types.ModuleType, **replaced: Any) -> types.ModuleType:
 
 
 # What a domain module's global is (by identity) -> what it becomes.
-_REPLACEMENTS: dict[int, tuple[Any, Any]] = {id(real): (real, stand_in) for real, stand_in in (
-    (datetime, _module_copy(datetime, datetime=_Datetime, date=_Date)),
-    (datetime.datetime, _Datetime), (datetime.date, _Date),
-    (time, _module_copy(time, time=_time, time_ns=_time_ns)),
-    (time.time, _time), (time.time_ns, _time_ns))}
+_REPLACEMENTS: dict[int, tuple[Any, Any]] = {
+    id(real): (real, stand_in)
+    for real, stand_in in (
+        (datetime, _module_copy(datetime, datetime=_Datetime, date=_Date)),
+        (datetime.datetime, _Datetime),
+        (datetime.date, _Date),
+        (time, _module_copy(time, time=_time, time_ns=_time_ns)),
+        (time.time, _time),
+        (time.time_ns, _time_ns),
+    )
+}
 # sys.modules' size and last module at the last scan. An import since adds a module at its end
 # (a dict: insertion order), so the two differ unless that import was undone, and the module held
 # here cannot be freed for another to take its id. A scan takes ~1 ms with torch imported (4,000

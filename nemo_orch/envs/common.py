@@ -19,18 +19,26 @@ class OutcomeScoredEnvironment(Environment):
     reward endpoint configured under ``reward.*`` applies; ``notes["judge"]`` names it in every
     report."""
 
-    def __init__(self, config: Config, source: EnvSourceConfig, declarations: Sequence[str],
-                 domains: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        config: Config,
+        source: EnvSourceConfig,
+        declarations: Sequence[str],
+        domains: Sequence[str] = (),
+    ) -> None:
         from nemo_orch.reward.builders import build_scorer
         from nemo_orch.reward.judge import judge_description
 
         self.name, self.limit = source.label, source.limit
         self.notes = {"judge": judge_description(config.reward)}
         self.retrieval = source.retrieval
-        self.tools_config = dataclasses.replace(config.tools, declarations=list(declarations),
-                                                domains=[*config.tools.domains, *domains])
-        self.scorer = build_scorer(dataclasses.replace(config, tools=self.tools_config),
-                                   judge_in_flight=config.eval.max_requests_per_endpoint)
+        self.tools_config = dataclasses.replace(
+            config.tools, declarations=list(declarations), domains=[*config.tools.domains, *domains]
+        )
+        self.scorer = build_scorer(
+            dataclasses.replace(config, tools=self.tools_config),
+            judge_in_flight=config.eval.max_requests_per_endpoint,
+        )
 
     def toolbox(self) -> Toolbox:
         from nemo_orch.rollout.builders import build_toolbox

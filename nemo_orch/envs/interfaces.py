@@ -133,8 +133,15 @@ class Environment(abc.ABC):
     def gold_plan(self, task: Task) -> GoldPlan:
         raise NotImplementedError(f"{self.name} tasks have no gold actions")
 
-    def baseline(self, kind: str, tasks: Sequence[Task], toolbox: Toolbox, tokenizer: Any,
-                 settings: RolloutConfig, seed: int) -> Agent:
+    def baseline(
+        self,
+        kind: str,
+        tasks: Sequence[Task],
+        toolbox: Toolbox,
+        tokenizer: Any,
+        settings: RolloutConfig,
+        seed: int,
+    ) -> Agent:
         """The baseline agent ``kind`` (one of :attr:`baselines`) for an evaluation of
         ``tasks`` with ``toolbox``, its episodes rendered with ``tokenizer``."""
         raise NotImplementedError(f"{self.name} has no baseline agent {kind!r}")
@@ -161,11 +168,12 @@ class Environment(abc.ABC):
 def in_validation(task_id: str, val_fraction: float) -> bool:
     """Whether a task of a training pool is held out for validation (a hash of its id)."""
     digest = hashlib.sha256(task_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2 ** 64 < val_fraction
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
-def split_pool(pool: Sequence[Task], split: str, val_fraction: float,
-               test: Sequence[Task] | None = None) -> list[Task]:
+def split_pool(
+    pool: Sequence[Task], split: str, val_fraction: float, test: Sequence[Task] | None = None
+) -> list[Task]:
     """The tasks of ``split`` from a training ``pool`` (``test``: the evaluation tasks; None:
     the whole pool)."""
     if split == "test":

@@ -36,7 +36,13 @@ class Mixture:
         """``count`` tasks of ``split``, by source (sources that drew none are left out)."""
         if len(self.environments) == 1:
             return [Draw(self.environments[0], self.environments[0].tasks(split, count, seed))]
-        picks = Counter(random.Random(seed).choices(range(len(self.environments)),
-                                                    weights=self.weights, k=count))
-        return [Draw(env, env.tasks(split, picks[index], derive_seed(seed, env.name)))
-                for index, env in enumerate(self.environments) if picks[index]]
+        picks = Counter(
+            random.Random(seed).choices(
+                range(len(self.environments)), weights=self.weights, k=count
+            )
+        )
+        return [
+            Draw(env, env.tasks(split, picks[index], derive_seed(seed, env.name)))
+            for index, env in enumerate(self.environments)
+            if picks[index]
+        ]

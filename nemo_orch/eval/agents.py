@@ -54,16 +54,33 @@ class PolicyAgent:
     """The policy through the episode runner; concurrent episodes share ``batcher``, so their
     prompts are generated in batches. ``users``: the environment's user, where one answers."""
 
-    def __init__(self, batcher: GenerationBatcher, toolbox: Toolbox,
-                 tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
-                 users: UserFactory | None = None) -> None:
-        self.batcher, self.toolbox, self.tokenizer, self.settings = (batcher, toolbox, tokenizer,
-                                                                     settings)
+    def __init__(
+        self,
+        batcher: GenerationBatcher,
+        toolbox: Toolbox,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: RolloutConfig,
+        users: UserFactory | None = None,
+    ) -> None:
+        self.batcher, self.toolbox, self.tokenizer, self.settings = (
+            batcher,
+            toolbox,
+            tokenizer,
+            settings,
+        )
         self.users = users
 
     async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
-        return await Episode(task, sample, self.batcher, self.toolbox, self.tokenizer,
-                             self.settings, seed=seed, users=self.users).run()
+        return await Episode(
+            task,
+            sample,
+            self.batcher,
+            self.toolbox,
+            self.tokenizer,
+            self.settings,
+            seed=seed,
+            users=self.users,
+        ).run()
 
 
 def expert_prices(toolbox: Toolbox) -> dict[str, dict[str, float]]:
@@ -74,15 +91,20 @@ def expert_prices(toolbox: Toolbox) -> dict[str, dict[str, float]]:
     tools = ORCHESTRA_TOOLS if offers_orchestra(toolbox.tools) else (EXPERT_TOOL,)
     pricing = {tool: getattr(toolbox.tools.get(tool), "pricing", None) for tool in tools}
     if not all(pricing.values()):
-        raise ConfigError(f"the fixed routers hand tasks to the models of the tool "
-                          f"{EXPERT_TOOL!r} or of the answer tool, which these tools lack "
-                          f"(tools: {', '.join(toolbox.tools)})")
-    return {tool: {alias: price.per_output_token for alias, price in models.items()}
-            for tool, models in pricing.items()}
+        raise ConfigError(
+            f"the fixed routers hand tasks to the models of the tool "
+            f"{EXPERT_TOOL!r} or of the answer tool, which these tools lack "
+            f"(tools: {', '.join(toolbox.tools)})"
+        )
+    return {
+        tool: {alias: price.per_output_token for alias, price in models.items()}
+        for tool, models in pricing.items()
+    }
 
 
-def choose_expert(kind: str, prices: dict[str, float], task: Task, seed: int,
-                  tool: str = "") -> str:
+def choose_expert(
+    kind: str, prices: dict[str, float], task: Task, seed: int, tool: str = ""
+) -> str:
     """The model the router ``kind`` chooses for ``task`` among ``prices`` (one tool's
     models); ties go to the first alias declared."""
     if kind == "fixed:cheapest":
@@ -100,9 +122,14 @@ class RouterAgent:
     the task (the environment's :meth:`~nemo_orch.envs.Environment.routed_tools`), choosing
     the model of each."""
 
-    def __init__(self, kind: str, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
-                 settings: RolloutConfig,
-                 routed_tools: Callable[[Task], tuple[str, ...]]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        toolbox: Toolbox,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: RolloutConfig,
+        routed_tools: Callable[[Task], tuple[str, ...]],
+    ) -> None:
         self.kind, self.toolbox, self.tokenizer = kind, toolbox, tokenizer
         self.routed_tools = routed_tools
         self.prices = expert_prices(toolbox)
@@ -114,8 +141,9 @@ class RouterAgent:
         tools = (EXPERT_TOOL,) if EXPERT_TOOL in self.prices else self.routed_tools(task)
         calls = []
         for tool in tools:
-            arguments: dict[str, Any] = {"model": choose_expert(self.kind, self.prices[tool],
-                                                                task, seed, tool)}
+            arguments: dict[str, Any] = {
+                "model": choose_expert(self.kind, self.prices[tool], task, seed, tool)
+            }
             if self.asks_question:
                 arguments["question"] = task.question
             calls.append((tool, arguments))
@@ -124,8 +152,9 @@ class RouterAgent:
     async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         replies = RouterReplies(self.route(task, seed))
         policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
-        return await Episode(task, sample, policy, self.toolbox, self.tokenizer, self.settings,
-                             seed=seed).run()
+        return await Episode(
+            task, sample, policy, self.toolbox, self.tokenizer, self.settings, seed=seed
+        ).run()
 
 
 class GoldReplayAgent:
@@ -137,36 +166,62 @@ class GoldReplayAgent:
     Every action runs; one that fails ends the episode as ``gold_error`` (the gold plan and
     the tools disagree: nothing to score or to learn from)."""
 
-    def __init__(self, plan: Callable[[Task], GoldPlan], toolbox: Toolbox,
-                 user_toolbox: Toolbox | None = None) -> None:
+    def __init__(
+        self,
+        plan: Callable[[Task], GoldPlan],
+        toolbox: Toolbox,
+        user_toolbox: Toolbox | None = None,
+    ) -> None:
         self.plan, self.toolbox, self.user_toolbox = plan, toolbox, user_toolbox
 
     async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         started = time.perf_counter()
         plan = self.plan(task)
-        context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample), seed=seed,
-                              task=task)
+        context = ToolContext(
+            task_id=task.id, episode_id=episode_id(task.id, sample), seed=seed, task=task
+        )
         turns = []
         messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
-            {"role": "user", "content": task.question}]
+            {"role": "user", "content": task.question}
+        ]
         for index, action in enumerate(plan.actions):
             toolbox = self.toolbox if action.requestor == "assistant" else self.user_toolbox
             if toolbox is None:
-                raise ConfigError(f"task {task.id}: a gold action of the {action.requestor} "
-                                  "but no toolbox for it")
+                raise ConfigError(
+                    f"task {task.id}: a gold action of the {action.requestor} but no toolbox for it"
+                )
             # One action per message, as the episode runner's turns.
-            result = await toolbox.call(action.name, action.arguments,
-                                        dataclasses.replace(context, turn=index))
-            turns.append(TurnRecord(index, 0, 0, 0.0, 0.0, "stop", calls=[
-                CallRecord.of(action.name, action.arguments, result)]))
+            result = await toolbox.call(
+                action.name, action.arguments, dataclasses.replace(context, turn=index)
+            )
+            turns.append(
+                TurnRecord(
+                    index,
+                    0,
+                    0,
+                    0.0,
+                    0.0,
+                    "stop",
+                    calls=[CallRecord.of(action.name, action.arguments, result)],
+                )
+            )
             if action.requestor == "assistant":
-                messages += [{"role": "assistant",
-                              "content": call_text((action.name, action.arguments))},
-                             {"role": "tool", "content": result.observation}]
+                messages += [
+                    {"role": "assistant", "content": call_text((action.name, action.arguments))},
+                    {"role": "tool", "content": result.observation},
+                ]
         turns.append(TurnRecord(len(turns), 0, 0, 0.0, 0.0, "stop"))
         messages.append({"role": "assistant", "content": f"<answer>{plan.final_message}</answer>"})
         offered = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
         failed = any(call.error is not None for turn in turns for call in turn.calls)
-        return Trajectory.without_tokens(task.id, sample, seed, messages, offered.schemas(), turns,
-                                         "gold_error" if failed else "answer",
-                                         plan.final_message, time.perf_counter() - started)
+        return Trajectory.without_tokens(
+            task.id,
+            sample,
+            seed,
+            messages,
+            offered.schemas(),
+            turns,
+            "gold_error" if failed else "answer",
+            plan.final_message,
+            time.perf_counter() - started,
+        )

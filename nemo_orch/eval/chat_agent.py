@@ -45,8 +45,9 @@ class _Reply:
     format_errors: list[str]
 
 
-def _standard_call(entry: dict[str, Any], call_id: str,
-                   fmt: TurnFormat) -> tuple[ToolCall, dict[str, Any]]:
+def _standard_call(
+    entry: dict[str, Any], call_id: str, fmt: TurnFormat
+) -> tuple[ToolCall, dict[str, Any]]:
     """One standard ``tool_calls`` entry (as the client normalizes it: a named function call,
     its arguments a string), checked like a markup call, and its canonical form to send back in
     the assistant message (the id set)."""
@@ -56,11 +57,16 @@ def _standard_call(entry: dict[str, Any], call_id: str,
     try:
         arguments = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError as error:
-        return ToolCall(name, None, f"the arguments of {name} are not valid JSON "
-                        f"({error.msg} at character {error.pos})", "malformed_json"), echo
+        return ToolCall(
+            name,
+            None,
+            f"the arguments of {name} are not valid JSON ({error.msg} at character {error.pos})",
+            "malformed_json",
+        ), echo
     if not isinstance(arguments, dict):
-        return ToolCall(name, None, f"the arguments of {name} must be a JSON object",
-                        "bad_call_shape"), echo
+        return ToolCall(
+            name, None, f"the arguments of {name} must be a JSON object", "bad_call_shape"
+        ), echo
     return fmt.check(name, arguments), echo
 
 
@@ -80,8 +86,12 @@ def _read_reply(reply: ChatResult, fmt: TurnFormat, turn: int) -> _Reply:
     message = {"role": "assistant", "content": reply.text}
     parsed = parse_turn(reply.text, fmt)
     if parsed.calls:
-        return _Reply(message, [(f"call_{turn}_{i}", c) for i, c in enumerate(parsed.calls)],
-                      None, list(parsed.format_errors))
+        return _Reply(
+            message,
+            [(f"call_{turn}_{i}", c) for i, c in enumerate(parsed.calls)],
+            None,
+            list(parsed.format_errors),
+        )
     if parsed.answer is not None:
         return _Reply(message, [], parsed.answer, list(parsed.format_errors))
     # No call and no closed answer tag: a plain answer (a chat model need not use the tag);
@@ -98,11 +108,18 @@ class ChatAgent:
     server-counted usage is billed at it. ``max_turns`` bounds the requests of an episode.
     """
 
-    def __init__(self, client: OpenAIClient, toolbox: Toolbox, pricing: Pricing, *,
-                 max_turns: int, max_tokens: int = 1024, temperature: float = 0.0) -> None:
+    def __init__(
+        self,
+        client: OpenAIClient,
+        toolbox: Toolbox,
+        pricing: Pricing,
+        *,
+        max_turns: int,
+        max_tokens: int = 1024,
+        temperature: float = 0.0,
+    ) -> None:
         if max_turns < 1 or max_tokens < 1 or temperature < 0:
-            raise ValueError("ChatAgent needs max_turns >= 1, max_tokens >= 1 and "
-                             "temperature >= 0")
+            raise ValueError("ChatAgent needs max_turns >= 1, max_tokens >= 1 and temperature >= 0")
         self.client, self.toolbox, self.pricing = client, toolbox, pricing
         self.max_turns, self.max_tokens, self.temperature = max_turns, max_tokens, temperature
 
@@ -113,8 +130,13 @@ class ChatAgent:
         toolbox = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
         schemas = toolbox.schemas()
         fmt = TurnFormat.for_tools(schemas, lenient=toolbox.lenient())
-        context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample),
-                              allowed_documents=task.allowed_documents, seed=seed, task=task)
+        context = ToolContext(
+            task_id=task.id,
+            episode_id=episode_id(task.id, sample),
+            allowed_documents=task.allowed_documents,
+            seed=seed,
+            task=task,
+        )
         messages: list[dict[str, Any]] = []
         if task.system:
             messages.append({"role": "system", "content": task.system})
@@ -124,17 +146,35 @@ class ChatAgent:
         for turn in range(self.max_turns):
             request_start = time.perf_counter()
             try:
-                reply = await self.client.chat(messages, tools=schemas or None,
-                                               max_tokens=self.max_tokens,
-                                               temperature=self.temperature, seed=seed)
+                reply = await self.client.chat(
+                    messages,
+                    tools=schemas or None,
+                    max_tokens=self.max_tokens,
+                    temperature=self.temperature,
+                    seed=seed,
+                )
             except OpenAIError as error:  # retries are spent: this episode ends, not the run
-                turns.append(TurnRecord(turn, 0, 0, time.perf_counter() - request_start, 0.0,
-                                        f"error: {type(error).__name__}: {error}"))
+                turns.append(
+                    TurnRecord(
+                        turn,
+                        0,
+                        0,
+                        time.perf_counter() - request_start,
+                        0.0,
+                        f"error: {type(error).__name__}: {error}",
+                    )
+                )
                 termination = "engine_error"
                 break
             usage = Usage(reply.input_tokens, reply.output_tokens)
-            record = TurnRecord(turn, reply.input_tokens, reply.output_tokens, reply.latency_s,
-                                self.pricing.cost(usage, 0.0), reply.finish_reason)
+            record = TurnRecord(
+                turn,
+                reply.input_tokens,
+                reply.output_tokens,
+                reply.latency_s,
+                self.pricing.cost(usage, 0.0),
+                reply.finish_reason,
+            )
             turns.append(record)
             read = _read_reply(reply, fmt, turn)
             record.format_errors = read.format_errors
@@ -144,27 +184,48 @@ class ChatAgent:
                 break
             observations = tuple(m["content"] for m in messages if m["role"] == "tool")
             results = await self._run_calls(
-                toolbox, dataclasses.replace(context, observations=observations, turn=turn,
-                                             message=read.message.get("content") or None),
-                read, record)
-            messages.extend({"role": "tool", "tool_call_id": call_id,
-                             "content": result.observation}
-                            for (call_id, _), result in zip(read.calls, results))
+                toolbox,
+                dataclasses.replace(
+                    context,
+                    observations=observations,
+                    turn=turn,
+                    message=read.message.get("content") or None,
+                ),
+                read,
+                record,
+            )
+            messages.extend(
+                {"role": "tool", "tool_call_id": call_id, "content": result.observation}
+                for (call_id, _), result in zip(read.calls, results)
+            )
             final = next((r.answer for r in results if r.answer is not None), None)
             if final is not None:
                 termination, answer = "answer", final
                 break
-        return Trajectory.without_tokens(task.id, sample, seed, messages, schemas, turns,
-                                         termination, answer, time.perf_counter() - started)
+        return Trajectory.without_tokens(
+            task.id,
+            sample,
+            seed,
+            messages,
+            schemas,
+            turns,
+            termination,
+            answer,
+            time.perf_counter() - started,
+        )
 
     @staticmethod
-    async def _run_calls(toolbox: Toolbox, context: ToolContext, read: _Reply,
-                         record: TurnRecord) -> list[ToolResult]:
+    async def _run_calls(
+        toolbox: Toolbox, context: ToolContext, read: _Reply, record: TurnRecord
+    ) -> list[ToolResult]:
         """Run the valid calls concurrently and ledger every call; per call, its result (an
         error result for a call that could not run)."""
         valid = [call for _, call in read.calls if call.valid]
-        results = iter(await asyncio.gather(*(toolbox.call(call.name, call.arguments, context)
-                                              for call in valid)))
+        results = iter(
+            await asyncio.gather(
+                *(toolbox.call(call.name, call.arguments, context) for call in valid)
+            )
+        )
         outcomes: list[ToolResult] = []
         for _, call in read.calls:
             if not call.valid:

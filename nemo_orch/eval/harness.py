@@ -75,13 +75,17 @@ def check_agents(agents: list[str], benchmark: Environment) -> None:
     if unknown:
         raise ConfigError(f"unknown agent {unknown[0]!r}; agents: {', '.join(AGENT_KINDS)}")
     if GOLD_REPLAY in agents and not benchmark.has_gold_plan:
-        raise ConfigError(f"--agent gold-replay needs gold actions, which {benchmark.name} "
-                          "tasks do not have (toolscale and tau2 do)")
+        raise ConfigError(
+            f"--agent gold-replay needs gold actions, which {benchmark.name} "
+            "tasks do not have (toolscale and tau2 do)"
+        )
     for agent in agents:
         if agent not in (ORCHESTRATOR, MONOLITH, GOLD_REPLAY, *ROUTERS, *benchmark.baselines):
-            raise ConfigError(f"--agent {agent} is a baseline of another environment; "
-                              f"{benchmark.name}'s own baselines: "
-                              f"{', '.join(benchmark.baselines) or 'none'}")
+            raise ConfigError(
+                f"--agent {agent} is a baseline of another environment; "
+                f"{benchmark.name}'s own baselines: "
+                f"{', '.join(benchmark.baselines) or 'none'}"
+            )
 
 
 # ---------------------------------------------------------------------------- the cache
@@ -107,20 +111,25 @@ class EpisodeCache:
                 kept.append(json.loads(line))
             except json.JSONDecodeError:
                 if number < len(lines) - 1:  # only the last line can be cut by a kill
-                    raise ConfigError(f"{self.path}:{number}: not JSON; remove the file or set "
-                                      "eval.resume=false") from None
+                    raise ConfigError(
+                        f"{self.path}:{number}: not JSON; remove the file or set eval.resume=false"
+                    ) from None
                 log.warning("%s: dropping the last line, cut short by a kill", self.path)
         if len(kept) < 2:  # a fingerprint alone (a start that failed): nothing to keep
             self._write_all([{"fingerprint": self.fingerprint}])
             return
         if kept[0].get("fingerprint") != self.fingerprint:
-            raise ConfigError(f"{self.path} holds results of another evaluation (other "
-                              "settings, tasks or seed); set eval.resume=false to start over, "
-                              "or choose another eval.out_dir")
+            raise ConfigError(
+                f"{self.path} holds results of another evaluation (other "
+                "settings, tasks or seed); set eval.resume=false to start over, "
+                "or choose another eval.out_dir"
+            )
         # An episode a failure outside the agent decided says nothing of it: it runs again.
-        self.records = {example_key(record["task_id"], record["trial"]): record
-                        for record in kept[1:]
-                        if not EpisodeResult(**record["result"]).decided_by_infrastructure}
+        self.records = {
+            example_key(record["task_id"], record["trial"]): record
+            for record in kept[1:]
+            if not EpisodeResult(**record["result"]).decided_by_infrastructure
+        }
         self._write_all(kept)  # without a cut line, so appends start on a fresh line
 
     def _write_all(self, records: list[dict[str, Any]]) -> None:
@@ -141,27 +150,53 @@ def example_key(task_id: str, trial: int) -> str:
     return f"{task_id}@{trial}"
 
 
-def fingerprint(config: Config, benchmark: Environment, tasks: list[Task], system: System,
-                seed: int) -> str:
+def fingerprint(
+    config: Config, benchmark: Environment, tasks: list[Task], system: System, seed: int
+) -> str:
     """What decides a system's results; concurrency and output paths do not."""
-    relevant = {"benchmark": benchmark.name, "agent": system.kind, "system": system.name,
-                "weights": system.weights, "seed": seed, "env": asdict(config.env),
-                "tasks": [task.id for task in tasks], "trials": config.eval.num_trials,
-                "temperature": config.eval.temperature,
-                "tools": asdict(config.tools), "reward": asdict(config.reward),
-                "rollout": {k: v for k, v in asdict(config.rollout).items()
-                            if k not in ("max_concurrent_episodes", "max_batch_size")},
-                "monolith": asdict(config.eval.monolith) if system.kind == MONOLITH else None}
+    relevant = {
+        "benchmark": benchmark.name,
+        "agent": system.kind,
+        "system": system.name,
+        "weights": system.weights,
+        "seed": seed,
+        "env": asdict(config.env),
+        "tasks": [task.id for task in tasks],
+        "trials": config.eval.num_trials,
+        "temperature": config.eval.temperature,
+        "tools": asdict(config.tools),
+        "reward": asdict(config.reward),
+        "rollout": {
+            k: v
+            for k, v in asdict(config.rollout).items()
+            if k not in ("max_concurrent_episodes", "max_batch_size")
+        },
+        "monolith": asdict(config.eval.monolith) if system.kind == MONOLITH else None,
+    }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def episode_record(index: int, trial: int, seed: int, task: Task, trajectory: Trajectory,
-                   scored: Scored, result: EpisodeResult) -> dict[str, Any]:
+def episode_record(
+    index: int,
+    trial: int,
+    seed: int,
+    task: Task,
+    trajectory: Trajectory,
+    scored: Scored,
+    result: EpisodeResult,
+) -> dict[str, Any]:
     episode = {k: v for k, v in trajectory.to_json().items() if k not in _TOKEN_FIELDS}
-    return {"task_id": task.id, "trial": trial, "index": index, "seed": seed,
-            "result": asdict(result),
-            "outcome": asdict(scored.outcome), "details": scored.details,
-            "reference": task.answer, "episode": episode}
+    return {
+        "task_id": task.id,
+        "trial": trial,
+        "index": index,
+        "seed": seed,
+        "result": asdict(result),
+        "outcome": asdict(scored.outcome),
+        "details": scored.details,
+        "reference": task.answer,
+        "episode": episode,
+    }
 
 
 # ---------------------------------------------------------------------------- agents
@@ -199,44 +234,44 @@ def _tokenizer(resources: Resources) -> Any:
         config = resources.config
         directory = config.tokenizer_dir
         if not (directory / "tokenizer.json").is_file():
-            raise ConfigError(f"no tokenizer at {directory}: the episode runner needs the "
-                              "policy's (set tokenizer.path, or run `make train` first)")
+            raise ConfigError(
+                f"no tokenizer at {directory}: the episode runner needs the "
+                "policy's (set tokenizer.path, or run `make train` first)"
+            )
         resources.tokenizer = load_tokenizer(directory)
     return resources.tokenizer
 
 
 @contextlib.asynccontextmanager
-async def _agent(system: System, resources: Resources, toolbox: Toolbox
-                 ) -> AsyncIterator[Agent]:
+async def _agent(system: System, resources: Resources, toolbox: Toolbox) -> AsyncIterator[Agent]:
     config, benchmark, kind = resources.config, resources.benchmark, system.kind
     # An orchestrator's context is its policy's (see rollout_settings).
-    settings = dataclasses.replace(rollout_settings(config, system.engine),
-                                   temperature=config.eval.temperature)
+    settings = dataclasses.replace(
+        rollout_settings(config, system.engine), temperature=config.eval.temperature
+    )
     if kind == ORCHESTRATOR:
         from nemo_orch.rollout.runner import GenerationBatcher
 
         batcher = GenerationBatcher(system.engine, settings.max_batch_size)
         try:
-            yield PolicyAgent(batcher, toolbox, _tokenizer(resources), settings,
-                              benchmark.users())
+            yield PolicyAgent(batcher, toolbox, _tokenizer(resources), settings, benchmark.users())
         finally:
             await batcher.close()
     elif kind in ROUTERS:
-        yield RouterAgent(kind, toolbox, _tokenizer(resources), settings,
-                          benchmark.routed_tools)
+        yield RouterAgent(kind, toolbox, _tokenizer(resources), settings, benchmark.routed_tools)
     elif kind == GOLD_REPLAY:
         yield GoldReplayAgent(benchmark.gold_plan, toolbox, benchmark.user_toolbox())
     elif kind in benchmark.baselines:
-        yield benchmark.baseline(kind, resources.tasks, toolbox, _tokenizer(resources),
-                                 settings, resources.seed)
+        yield benchmark.baseline(
+            kind, resources.tasks, toolbox, _tokenizer(resources), settings, resources.seed
+        )
     else:
         async with _monolith(config, resources, toolbox) as agent:
             yield agent
 
 
 @contextlib.asynccontextmanager
-async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
-                    ) -> AsyncIterator[Agent]:
+async def _monolith(config: Config, resources: Resources, toolbox: Toolbox) -> AsyncIterator[Agent]:
     from nemo_orch.clients.openai import OpenAIClient
     from nemo_orch.eval.chat_agent import ChatAgent
     from nemo_orch.tools.base import Pricing, ToolError
@@ -249,32 +284,52 @@ async def _monolith(config: Config, resources: Resources, toolbox: Toolbox
         try:
             pricing = model_pricing(monolith.model, config.tools.prices)
         except ToolError:  # its remedy names a tool's option, not the monolith's
-            raise ConfigError(f"eval.monolith.model={monolith.model} has no price in the price "
-                              "table: set eval.monolith.usd_per_million=[INPUT,OUTPUT] (USD per "
-                              "million tokens), or add the model to tools.prices") from None
+            raise ConfigError(
+                f"eval.monolith.model={monolith.model} has no price in the price "
+                "table: set eval.monolith.usd_per_million=[INPUT,OUTPUT] (USD per "
+                "million tokens), or add the model to tools.prices"
+            ) from None
     async with contextlib.AsyncExitStack() as stack:
         if monolith.tools is not None:
-            tools = await stack.enter_async_context(build_toolbox(dataclasses.replace(
-                config.tools, declarations=list(monolith.tools), domains=[])))
+            tools = await stack.enter_async_context(
+                build_toolbox(
+                    dataclasses.replace(config.tools, declarations=list(monolith.tools), domains=[])
+                )
+            )
         else:
             # Tools a benchmark lacks (tau2 and toolscale have no experts) are simply not there.
-            tools = toolbox.subset([name for name in toolbox.tools
-                                    if name not in monolith.drop_tools])
+            tools = toolbox.subset(
+                [name for name in toolbox.tools if name not in monolith.drop_tools]
+            )
         if offers_orchestra(tools.tools):
-            raise ConfigError("the monolith would get ToolOrchestra's composite tools, which "
-                              "hand the task to experts: give it basic tools with "
-                              "eval.monolith.tools (e.g. [tools/offline/search.yaml, "
-                              "tools/offline/python_sandbox.yaml])")
+            raise ConfigError(
+                "the monolith would get ToolOrchestra's composite tools, which "
+                "hand the task to experts: give it basic tools with "
+                "eval.monolith.tools (e.g. [tools/offline/search.yaml, "
+                "tools/offline/python_sandbox.yaml])"
+            )
         base_url = monolith.base_url
         if base_url is None:
             base_url = stack.enter_context(_simulated_monolith(config, resources, toolbox)).url
-        client = OpenAIClient(base_url, monolith.model, dialect=monolith.dialect,
-                              name="eval.monolith", api_key_env=monolith.api_key_env,
-                              timeout_s=monolith.timeout_s, max_retries=monolith.max_retries,
-                              max_in_flight=config.eval.max_requests_per_endpoint)
+        client = OpenAIClient(
+            base_url,
+            monolith.model,
+            dialect=monolith.dialect,
+            name="eval.monolith",
+            api_key_env=monolith.api_key_env,
+            timeout_s=monolith.timeout_s,
+            max_retries=monolith.max_retries,
+            max_in_flight=config.eval.max_requests_per_endpoint,
+        )
         stack.push_async_callback(client.aclose)
-        yield ChatAgent(client, tools, pricing, max_turns=config.rollout.max_turns,
-                        max_tokens=monolith.max_tokens, temperature=monolith.temperature)
+        yield ChatAgent(
+            client,
+            tools,
+            pricing,
+            max_turns=config.rollout.max_turns,
+            max_tokens=monolith.max_tokens,
+            temperature=monolith.temperature,
+        )
 
 
 def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) -> Any:
@@ -285,21 +340,36 @@ def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) 
 
     monolith = config.eval.monolith
     # The answering experts: the expert tool itself, or the part behind `answer`.
-    expert = next((tool for tool in [*toolbox.tools.values(), *toolbox.parts]
-                   if isinstance(tool, SimulatedExpert) and tool.writes == "answer"), None)
+    expert = next(
+        (
+            tool
+            for tool in [*toolbox.tools.values(), *toolbox.parts]
+            if isinstance(tool, SimulatedExpert) and tool.writes == "answer"
+        ),
+        None,
+    )
     if not resources.benchmark.simulated_monolith or expert is None:
-        raise ConfigError("eval.monolith.base_url is required: only the offline benchmark "
-                          "(with its simulated experts) has a simulated monolith")
+        raise ConfigError(
+            "eval.monolith.base_url is required: only the offline benchmark "
+            "(with its simulated experts) has a simulated monolith"
+        )
     if monolith.simulate not in expert.models:
-        raise ConfigError(f"eval.monolith.simulate: no simulated expert {monolith.simulate!r} "
-                          f"(experts: {', '.join(expert.models)})")
-    return start_simulated_chat_server(resources.tasks, expert.models[monolith.simulate],
-                                       monolith.model, time_scale=monolith.time_scale)
+        raise ConfigError(
+            f"eval.monolith.simulate: no simulated expert {monolith.simulate!r} "
+            f"(experts: {', '.join(expert.models)})"
+        )
+    return start_simulated_chat_server(
+        resources.tasks,
+        expert.models[monolith.simulate],
+        monolith.model,
+        time_scale=monolith.time_scale,
+    )
 
 
 # ---------------------------------------------------------------------------- running
-def _oracle(kind: str, benchmark: Environment, toolbox: Toolbox,
-            resources: Resources) -> Oracle | None:
+def _oracle(
+    kind: str, benchmark: Environment, toolbox: Toolbox, resources: Resources
+) -> Oracle | None:
     """The oracle that judges a routing agent's preference adherence, where the environment's
     tasks carry preferences and it knows their best routes. A monolith does not route."""
     if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS, *benchmark.baselines):
@@ -310,8 +380,14 @@ def _oracle(kind: str, benchmark: Environment, toolbox: Toolbox,
 Handler = Callable[[int, int, Task, Trajectory, Scored, Oracle | None], None]
 
 
-async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, Task]],
-                    concurrency: int, handle: Handler, stage: str) -> None:
+async def _roll_out(
+    system: System,
+    resources: Resources,
+    todo: list[tuple[int, Task]],
+    concurrency: int,
+    handle: Handler,
+    stage: str,
+) -> None:
     """Episode ``index`` of each ``(index, task)`` of ``todo`` (trial ``index // tasks`` of its
     task, seed ``resources.seed + index``), ``concurrency`` at once, scored by the environment
     and handed to ``handle`` with its seed and the oracle of a routing agent (see
@@ -332,23 +408,35 @@ async def _roll_out(system: System, resources: Resources, todo: list[tuple[int, 
             handle(index, seed, task, trajectory, scored, oracle)
             progress.update(1)
 
-        with tqdm(total=len(todo), desc=f"{stage}: {system.name}", unit="episode",
-                  dynamic_ncols=True) as progress:
+        with tqdm(
+            total=len(todo), desc=f"{stage}: {system.name}", unit="episode", dynamic_ncols=True
+        ) as progress:
             await asyncio.gather(*(one(index, task) for index, task in todo))
 
 
 def _cache_into(cache: EpisodeCache) -> Handler:
-    def append(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
-               oracle: Oracle | None) -> None:
+    def append(
+        index: int,
+        seed: int,
+        task: Task,
+        trajectory: Trajectory,
+        scored: Scored,
+        oracle: Oracle | None,
+    ) -> None:
         result = EpisodeResult.from_trajectory(
-            trajectory, scored.outcome.correct,
+            trajectory,
+            scored.outcome.correct,
             infra_failure=infra_failure(trajectory, scored.outcome),
-            pref_adherence=(None if oracle is None
-                            else oracle.preference_adherence(task, trajectory)),
-            budget_usd=task_budget(task), preference=task.metadata.get("preference_name"))
+            pref_adherence=(
+                None if oracle is None else oracle.preference_adherence(task, trajectory)
+            ),
+            budget_usd=task_budget(task),
+            preference=task.metadata.get("preference_name"),
+        )
         # The episode's sample is its trial (see _roll_out).
-        cache.append(episode_record(index, trajectory.sample, seed, task, trajectory, scored,
-                                    result))
+        cache.append(
+            episode_record(index, trajectory.sample, seed, task, trajectory, scored, result)
+        )
 
     return append
 
@@ -365,8 +453,13 @@ class Evaluation:
         return [EpisodeResult(**record["result"]) for record in self.records[system]]
 
 
-def evaluate(config: Config, benchmark: Environment, systems: list[System], directory: Path,
-             tokenizer: Any = None) -> Evaluation:
+def evaluate(
+    config: Config,
+    benchmark: Environment,
+    systems: list[System],
+    directory: Path,
+    tokenizer: Any = None,
+) -> Evaluation:
     """Every system on the test tasks of ``benchmark``, each example cached in
     ``<directory>/episodes/<system>.jsonl`` the moment it is scored (resumable)."""
     check_agents([system.kind for system in systems], benchmark)
@@ -379,22 +472,35 @@ def evaluate(config: Config, benchmark: Environment, systems: list[System], dire
     resources = Resources(config, benchmark, tasks, seed, tokenizer)
     records = {}
     for system in systems:
-        cache = EpisodeCache(directory / EPISODES / f"{system.name.replace(':', '-')}.jsonl",
-                             fingerprint(config, benchmark, tasks, system, seed),
-                             config.eval.resume)
-        examples = [(trial * len(tasks) + index, example_key(task.id, trial), task)
-                    for trial in range(config.eval.num_trials)
-                    for index, task in enumerate(tasks)]
+        cache = EpisodeCache(
+            directory / EPISODES / f"{system.name.replace(':', '-')}.jsonl",
+            fingerprint(config, benchmark, tasks, system, seed),
+            config.eval.resume,
+        )
+        examples = [
+            (trial * len(tasks) + index, example_key(task.id, trial), task)
+            for trial in range(config.eval.num_trials)
+            for index, task in enumerate(tasks)
+        ]
         todo = [(index, task) for index, key, task in examples if key not in cache.records]
         if todo:
-            asyncio.run(_roll_out(system, resources, todo, config.eval.concurrency,
-                                  _cache_into(cache), f"eval {benchmark.name}"))
+            asyncio.run(
+                _roll_out(
+                    system,
+                    resources,
+                    todo,
+                    config.eval.concurrency,
+                    _cache_into(cache),
+                    f"eval {benchmark.name}",
+                )
+            )
         records[system.name] = [cache.records[key] for _, key, _ in examples]
     return Evaluation(tasks, records)
 
 
-def successful_episodes(config: Config, benchmark: Environment, system: System, count: int,
-                        tokenizer: Any = None) -> list[Trajectory]:
+def successful_episodes(
+    config: Config, benchmark: Environment, system: System, count: int, tokenizer: Any = None
+) -> list[Trajectory]:
     """The episodes of ``system`` on ``count`` tasks of the environment's train split that the
     environment scores correct, in task order (the reference's positive samples for SFT), and
     whose route serves the task's preference at least ``data.demo_min_adherence`` well where
@@ -409,15 +515,34 @@ def successful_episodes(config: Config, benchmark: Environment, system: System, 
     resources = Resources(config, benchmark, tasks, config.run.seed, tokenizer)
     correct: dict[int, Trajectory] = {}
 
-    def keep(index: int, seed: int, task: Task, trajectory: Trajectory, scored: Scored,
-             oracle: Oracle | None) -> None:
-        if (scored.outcome.correct and infra_failure(trajectory, scored.outcome) is None
-                and (oracle is None or oracle.preference_adherence(task, trajectory)
-                     >= config.data.demo_min_adherence)):
+    def keep(
+        index: int,
+        seed: int,
+        task: Task,
+        trajectory: Trajectory,
+        scored: Scored,
+        oracle: Oracle | None,
+    ) -> None:
+        if (
+            scored.outcome.correct
+            and infra_failure(trajectory, scored.outcome) is None
+            and (
+                oracle is None
+                or oracle.preference_adherence(task, trajectory) >= config.data.demo_min_adherence
+            )
+        ):
             correct[index] = trajectory
 
-    asyncio.run(_roll_out(system, resources, list(enumerate(tasks)),
-                          config.rollout.max_concurrent_episodes, keep, "demonstrations"))
+    asyncio.run(
+        _roll_out(
+            system,
+            resources,
+            list(enumerate(tasks)),
+            config.rollout.max_concurrent_episodes,
+            keep,
+            "demonstrations",
+        )
+    )
     return [correct[index] for index in sorted(correct)]
 
 
@@ -437,8 +562,9 @@ def _policy_identity(config: Config) -> str | None:
     from nemo_orch.models.hf_mapping import HF_CONFIG
 
     policy = config.rollout.policy
-    if config.rollout.engine == "openai" or (policy is not None
-                                             and (Path(policy) / HF_CONFIG).is_file()):
+    if config.rollout.engine == "openai" or (
+        policy is not None and (Path(policy) / HF_CONFIG).is_file()
+    ):
         return None
     return checkpoint.identity(policy or checkpoint.checkpoints_dir(config))
 
@@ -455,22 +581,28 @@ def _trained_with(config: Config, agents: list[str]) -> Callable[[str, str], boo
 
     if ORCHESTRATOR not in agents or _policy_identity(config) is None:
         return lambda tool, server: False
-    saved = OmegaConf.load(checkpoint.open_checkpoint(
-        config.rollout.policy or checkpoint.checkpoints_dir(config)).config_path)
+    saved = OmegaConf.load(
+        checkpoint.open_checkpoint(
+            config.rollout.policy or checkpoint.checkpoints_dir(config)
+        ).config_path
+    )
     # A checkpoint saved before tools.mcp existed trained with no MCP server.
     servers = {entry.name: entry for entry in OmegaConf.select(saved, "tools.mcp", default=[])}
 
     def trained(tool: str, server: str) -> bool:
         entry = servers.get(server)
-        return entry is not None and (
-            entry.allow is None or tool in {tool_name(server, name) for name in entry.allow}
-        ) and tool not in {tool_name(server, name) for name in entry.deny}
+        return (
+            entry is not None
+            and (entry.allow is None or tool in {tool_name(server, name) for name in entry.allow})
+            and tool not in {tool_name(server, name) for name in entry.deny}
+        )
 
     return trained
 
 
-def untrained_mcp_tools(evaluation: Evaluation, trained: Callable[[str, str], bool]
-                        ) -> list[dict[str, Any]]:
+def untrained_mcp_tools(
+    evaluation: Evaluation, trained: Callable[[str, str], bool]
+) -> list[dict[str, Any]]:
     """The tools offered that came from MCP servers and were not ``trained`` with, each with
     its server and its (successful) calls by system, in name order."""
     rows: dict[str, dict[str, Any]] = {}
@@ -479,8 +611,14 @@ def untrained_mcp_tools(evaluation: Evaluation, trained: Callable[[str, str], bo
             # A record cached before tool sources were recorded names none.
             for tool, server in record["episode"].get("tool_sources", {}).items():
                 if not trained(tool, server):
-                    row = rows.setdefault(tool, {"tool": tool, "server": server,
-                                                 **{name: 0 for name in evaluation.records}})
+                    row = rows.setdefault(
+                        tool,
+                        {
+                            "tool": tool,
+                            "server": server,
+                            **{name: 0 for name in evaluation.records},
+                        },
+                    )
                     row[system] += record["result"]["tool_calls"].get(tool, 0)
     return [rows[tool] for tool in sorted(rows)]
 
@@ -497,16 +635,22 @@ def run(config: Config, agents: list[str], tokenizer: Any = None) -> EvalSummary
     if ORCHESTRATOR in agents:
         from nemo_orch.rollout.builders import build_engine
 
-        engine, tokenizer = build_engine(config,
-                                         max_requests=config.eval.max_requests_per_endpoint)
-    systems = [System(kind, kind, engine, _policy_identity(config)) if kind == ORCHESTRATOR
-               else System(kind, kind) for kind in agents]
+        engine, tokenizer = build_engine(config, max_requests=config.eval.max_requests_per_endpoint)
+    systems = [
+        System(kind, kind, engine, _policy_identity(config))
+        if kind == ORCHESTRATOR
+        else System(kind, kind)
+        for kind in agents
+    ]
     directory = out_dir(config, benchmark.name)
     evaluation = evaluate(config, benchmark, systems, directory, tokenizer)
     (directory / "config.yaml").write_text(config_lib.to_yaml(config))
     untrained = untrained_mcp_tools(evaluation, _trained_with(config, agents))
     path = report_lib.write_report(
-        directory, benchmark.name, {kind: evaluation.results(kind) for kind in agents},
-        notes={**benchmark.notes, UNTRAINED_MCP_TOOLS: untrained})
+        directory,
+        benchmark.name,
+        {kind: evaluation.results(kind) for kind in agents},
+        notes={**benchmark.notes, UNTRAINED_MCP_TOOLS: untrained},
+    )
     summaries = json.loads(path.read_text())["systems"]
     return EvalSummary(benchmark.name, path, summaries, time.perf_counter() - started)

@@ -59,26 +59,43 @@ class EpisodeResult:
     preference: str | None = None
 
     @classmethod
-    def from_trajectory(cls, trajectory: Any, correct: bool,
-                        infra_failure: InfraFailure | None = None,
-                        pref_adherence: float | None = None,
-                        budget_usd: float | None = None,
-                        preference: str | None = None) -> EpisodeResult:
+    def from_trajectory(
+        cls,
+        trajectory: Any,
+        correct: bool,
+        infra_failure: InfraFailure | None = None,
+        pref_adherence: float | None = None,
+        budget_usd: float | None = None,
+        preference: str | None = None,
+    ) -> EpisodeResult:
         """From a :class:`~nemo_orch.rollout.episode.Trajectory` and the failure outside the
         system that decided it (see :func:`nemo_orch.reward.scoring.infra_failure`): its
         ledger's USD (orchestrator and tools), its tool and generation seconds, calls by kind
         and format errors, and whether it kept to ``budget_usd`` (not ended for it, nor over
         it)."""
-        within = None if budget_usd is None else (trajectory.termination != "budget"
-                                                  and trajectory.cost_usd <= budget_usd)
+        within = (
+            None
+            if budget_usd is None
+            else (trajectory.termination != "budget" and trajectory.cost_usd <= budget_usd)
+        )
         reason = None if infra_failure is None else infra_failure.reason
-        return cls(trajectory.task_id, correct, trajectory.cost_usd,
-                   trajectory.tool_seconds + trajectory.generation_seconds,
-                   len(trajectory.turns), trajectory.tool_counts(),
-                   sum(trajectory.format_errors.values()), pref_adherence,
-                   reason == "judge_error", within, trajectory.sample, reason == "user_error",
-                   None if infra_failure is None else asdict(infra_failure),
-                   trajectory.call_kinds(), preference)
+        return cls(
+            trajectory.task_id,
+            correct,
+            trajectory.cost_usd,
+            trajectory.tool_seconds + trajectory.generation_seconds,
+            len(trajectory.turns),
+            trajectory.tool_counts(),
+            sum(trajectory.format_errors.values()),
+            pref_adherence,
+            reason == "judge_error",
+            within,
+            trajectory.sample,
+            reason == "user_error",
+            None if infra_failure is None else asdict(infra_failure),
+            trajectory.call_kinds(),
+            preference,
+        )
 
     @property
     def decided_by_infrastructure(self) -> bool:
@@ -113,8 +130,10 @@ def pass_hat_k(trials: int, successes: int, k: int) -> float:
     """The chance that ``k`` trials drawn from a task's ``trials``, ``successes`` of them
     right, are all right: tau2-bench's pass^k of one task (``comb(s, k) / comb(n, k)``)."""
     if not 1 <= k <= trials or not 0 <= successes <= trials:
-        raise ValueError(f"pass^k needs 1 <= k <= trials and 0 <= successes <= trials, got "
-                         f"k={k}, trials={trials}, successes={successes}")
+        raise ValueError(
+            f"pass^k needs 1 <= k <= trials and 0 <= successes <= trials, got "
+            f"k={k}, trials={trials}, successes={successes}"
+        )
     return math.comb(successes, k) / math.comb(trials, k)
 
 
@@ -133,13 +152,17 @@ def pass_hat_ks(results: Sequence[EpisodeResult]) -> dict[str, float]:
     if len(trials) != 1:
         raise ValueError(f"pass^k needs as many trials of every task, got {sorted(trials)}")
     (count,) = trials
-    return {str(k): statistics.mean(pass_hat_k(count, sum(outcomes), k)
-                                    for outcomes in by_task.values())
-            for k in range(1, count + 1)}
+    return {
+        str(k): statistics.mean(
+            pass_hat_k(count, sum(outcomes), k) for outcomes in by_task.values()
+        )
+        for k in range(1, count + 1)
+    }
 
 
-def call_kind_counts(results: Sequence[EpisodeResult]) -> tuple[dict[str, int],
-                                                                 dict[str, dict[str, int]]]:
+def call_kind_counts(
+    results: Sequence[EpisodeResult],
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """The calls of ``results`` by kind (every kind, in :data:`~nemo_orch.call_kinds.KINDS`
     order) and by tool and kind (the kinds each tool had)."""
     by_tool: dict[str, Counter[str]] = {}
@@ -147,15 +170,22 @@ def call_kind_counts(results: Sequence[EpisodeResult]) -> tuple[dict[str, int],
         for tool, kinds in result.call_kinds.items():
             by_tool.setdefault(tool, Counter()).update(kinds)
     totals = sum(by_tool.values(), Counter())
-    return ({str(kind): totals[kind] for kind in KINDS},
-            {tool: {str(kind): kinds[kind] for kind in KINDS if kinds[kind]}
-             for tool, kinds in sorted(by_tool.items())})
+    return (
+        {str(kind): totals[kind] for kind in KINDS},
+        {
+            tool: {str(kind): kinds[kind] for kind in KINDS if kinds[kind]}
+            for tool, kinds in sorted(by_tool.items())
+        },
+    )
 
 
 def _legacy_failure(result: EpisodeResult) -> dict[str, str]:
     """The failure of a result cached before failures were recorded whole."""
-    return asdict(InfraFailure("user_error", "the user", "") if result.user_error
-                  else InfraFailure("judge_error", "the judge", ""))
+    return asdict(
+        InfraFailure("user_error", "the user", "")
+        if result.user_error
+        else InfraFailure("judge_error", "the judge", "")
+    )
 
 
 def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
@@ -188,23 +218,28 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         return statistics.mean(values) if values else None
 
     return {
-        "tasks": len(results), "scored": len(scored), "correct": correct,
+        "tasks": len(results),
+        "scored": len(scored),
+        "correct": correct,
         "accuracy": correct / len(scored) if scored else None,
         "accuracy_ci95": [low, high],
-        "usd_per_task": mean(usd), "usd_p90": percentile(usd, 90) if usd else None,
+        "usd_per_task": mean(usd),
+        "usd_p90": percentile(usd, 90) if usd else None,
         "seconds_per_task": mean(seconds),
         "seconds_p90": percentile(seconds, 90) if seconds else None,
         "calls_per_task": total_calls / len(scored) if scored else None,
         "tool_mix": {name: count / total_calls for name, count in sorted(calls.items())},
         "format_error_rate": sum(r.format_errors for r in scored) / max(turns, 1),
         # Every call, of every episode, by kind and by tool and kind.
-        "call_kinds": kinds, "calls_by_tool": by_tool,
+        "call_kinds": kinds,
+        "calls_by_tool": by_tool,
         "failed_calls_per_task": (sum(kinds.values()) - kinds[CallKind.OK]) / len(results),
         "infra_decided": len(decided),
         # Which episodes a failure outside the system decided, as ``<task>@<trial>``, and how.
         "infra_decided_episodes": [
             {"episode": f"{r.task_id}@{r.trial}", **(r.infra_failure or _legacy_failure(r))}
-            for r in decided],
+            for r in decided
+        ],
         "judge_errors": sum(result.judge_error for result in results),
         "user_errors": sum(result.user_error for result in results),
         # Which episodes a failing user ended, as ``<task>@<trial>``.
@@ -215,9 +250,13 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         "pass_hat_k": pass_hat_ks(results),
         # Per stated preference: its scored episodes' accuracy and USD per task.
         "by_preference": {
-            name: {"tasks": len(group), "accuracy": statistics.mean(r.correct for r in group),
-                   "usd_per_task": statistics.mean(r.usd for r in group)}
-            for name, group in sorted(stated.items())},
+            name: {
+                "tasks": len(group),
+                "accuracy": statistics.mean(r.correct for r in group),
+                "usd_per_task": statistics.mean(r.usd for r in group),
+            }
+            for name, group in sorted(stated.items())
+        },
     }
 
 
@@ -225,10 +264,16 @@ def pareto_front(points: Mapping[str, tuple[float | None, float | None]]) -> lis
     """The systems no other beats on both cost (lower) and accuracy (higher), cheapest first
     (a system with no scored episode, its point None, is on no front)."""
     points = {name: point for name, point in points.items() if None not in point}
-    front = [name for name, (usd, accuracy) in points.items()
-             if not any(other_usd <= usd and other_accuracy >= accuracy
-                        and (other_usd, other_accuracy) != (usd, accuracy)
-                        for other_usd, other_accuracy in points.values())]
+    front = [
+        name
+        for name, (usd, accuracy) in points.items()
+        if not any(
+            other_usd <= usd
+            and other_accuracy >= accuracy
+            and (other_usd, other_accuracy) != (usd, accuracy)
+            for other_usd, other_accuracy in points.values()
+        )
+    ]
     return sorted(front, key=lambda name: points[name][0])
 
 
@@ -238,10 +283,12 @@ def _figure(value: float | None, digits: int) -> str:
 
 
 def _table(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str]) -> list[str]:
-    lines = ["| system | tasks | accuracy (95% CI) | decided by infra. | USD/task | USD p90 | "
-             "s/task | s p90 | calls/task | failed calls/task | format errors/turn | "
-             "judge errors | pref. adherence |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| system | tasks | accuracy (95% CI) | decided by infra. | USD/task | USD p90 | "
+        "s/task | s p90 | calls/task | failed calls/task | format errors/turn | "
+        "judge errors | pref. adherence |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, row in systems.items():
         low, high = row["accuracy_ci95"]
         adherence = "" if row["pref_adherence"] is None else f"{row['pref_adherence']:.3f}"
@@ -254,7 +301,8 @@ def _table(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str]) -> li
             f"{_figure(row['seconds_per_task'], 2)} | {_figure(row['seconds_p90'], 2)} | "
             f"{_figure(row['calls_per_task'], 2)} | "
             f"{_figure(row.get('failed_calls_per_task', 0.0), 2)} | "
-            f"{row['format_error_rate']:.3f} | {row['judge_errors']} | {adherence} |")
+            f"{row['format_error_rate']:.3f} | {row['judge_errors']} | {adherence} |"
+        )
     return lines
 
 
@@ -265,19 +313,31 @@ def by_preference(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
     names = sorted({name for row in systems.values() for name in row.get("by_preference", {})})
     if not names:
         return []
-    lines = ["", "Per stated preference (accuracy / USD per task; * on that preference's "
-             "cost-accuracy Pareto front):", "",
-             "| preference | tasks | " + " | ".join(systems) + " |",
-             "|---|---:|" + "---|" * len(systems)]
+    lines = [
+        "",
+        "Per stated preference (accuracy / USD per task; * on that preference's "
+        "cost-accuracy Pareto front):",
+        "",
+        "| preference | tasks | " + " | ".join(systems) + " |",
+        "|---|---:|" + "---|" * len(systems),
+    ]
     for preference in names:
-        rows = {system: row["by_preference"][preference] for system, row in systems.items()
-                if preference in row.get("by_preference", {})}
-        front = pareto_front({system: (row["usd_per_task"], row["accuracy"])
-                              for system, row in rows.items()})
+        rows = {
+            system: row["by_preference"][preference]
+            for system, row in systems.items()
+            if preference in row.get("by_preference", {})
+        }
+        front = pareto_front(
+            {system: (row["usd_per_task"], row["accuracy"]) for system, row in rows.items()}
+        )
         tasks = max(row["tasks"] for row in rows.values())
-        cells = [f"{rows[system]['accuracy']:.3f} / {rows[system]['usd_per_task']:.6f}"
-                 + (" *" if system in front else "") if system in rows else ""
-                 for system in systems]
+        cells = [
+            f"{rows[system]['accuracy']:.3f} / {rows[system]['usd_per_task']:.6f}"
+            + (" *" if system in front else "")
+            if system in rows
+            else ""
+            for system in systems
+        ]
         lines.append(f"| {preference} | {tasks} | " + " | ".join(cells) + " |")
     return lines
 
@@ -286,15 +346,23 @@ def calls_by_kind(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Each system's calls by tool and kind (markdown lines; none where no call was made)."""
     if not any(row["calls_by_tool"] for row in systems.values()):
         return []
-    return ["", "Calls by tool and kind:", "",
-            "| system | tool | " + " | ".join(KINDS) + " |", "|---|---|" + "---:|" * len(KINDS),
-            *[f"| {name} | {tool} | " + " | ".join(str(kinds.get(kind, 0)) for kind in KINDS)
-              + " |" for name, row in systems.items()
-              for tool, kinds in row["calls_by_tool"].items()]]
+    return [
+        "",
+        "Calls by tool and kind:",
+        "",
+        "| system | tool | " + " | ".join(KINDS) + " |",
+        "|---|---|" + "---:|" * len(KINDS),
+        *[
+            f"| {name} | {tool} | " + " | ".join(str(kinds.get(kind, 0)) for kind in KINDS) + " |"
+            for name, row in systems.items()
+            for tool, kinds in row["calls_by_tool"].items()
+        ],
+    ]
 
 
-def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
-           out_dir: Path) -> list[Path]:
+def _plots(
+    systems: Mapping[str, Mapping[str, Any]], front: Sequence[str], out_dir: Path
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -305,13 +373,21 @@ def _plots(systems: Mapping[str, Mapping[str, Any]], front: Sequence[str],
         if row["accuracy"] is None:  # no episode scored: no point
             continue
         low, high = row["accuracy_ci95"]
-        axes.errorbar(row["usd_per_task"], row["accuracy"],
-                      yerr=[[max(0.0, row["accuracy"] - low)], [max(0.0, high - row["accuracy"])]],
-                      fmt="o",
-                      capsize=3, label=name)
-    axes.plot([systems[name]["usd_per_task"] for name in front],
-              [systems[name]["accuracy"] for name in front], "k--", linewidth=1,
-              label="Pareto front")
+        axes.errorbar(
+            row["usd_per_task"],
+            row["accuracy"],
+            yerr=[[max(0.0, row["accuracy"] - low)], [max(0.0, high - row["accuracy"])]],
+            fmt="o",
+            capsize=3,
+            label=name,
+        )
+    axes.plot(
+        [systems[name]["usd_per_task"] for name in front],
+        [systems[name]["accuracy"] for name in front],
+        "k--",
+        linewidth=1,
+        label="Pareto front",
+    )
     axes.set_xlabel("USD per task (mean)")
     axes.set_ylabel("accuracy (95% CI)")
     axes.legend(fontsize="small")
@@ -341,11 +417,19 @@ def _pass_hat_k(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if all(len(row["pass_hat_k"]) <= 1 for row in systems.values()):
         return []
     ks = max((row["pass_hat_k"] for row in systems.values()), key=len)
-    return ["", "| system | " + " | ".join(f"pass^{k}" for k in ks) + " |",
-            "|---|" + "---:|" * len(ks),
-            *[f"| {name} | " + " | ".join(f"{row['pass_hat_k'][k]:.3f}" if k in row["pass_hat_k"]
-                                         else "" for k in ks) + " |"
-              for name, row in systems.items()]]
+    return [
+        "",
+        "| system | " + " | ".join(f"pass^{k}" for k in ks) + " |",
+        "|---|" + "---:|" * len(ks),
+        *[
+            f"| {name} | "
+            + " | ".join(
+                f"{row['pass_hat_k'][k]:.3f}" if k in row["pass_hat_k"] else "" for k in ks
+            )
+            + " |"
+            for name, row in systems.items()
+        ],
+    ]
 
 
 def _infra_decided(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -354,10 +438,17 @@ def _infra_decided(systems: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for name, row in systems.items():
         decided = row.get("infra_decided_episodes", [])
         if decided:
-            lines += ["", f"Decided by infrastructure, {name}: {len(decided)} episodes, left "
-                      "out of its accuracy; a resumed evaluation runs them again.", "",
-                      *[f"- {item['episode']}: {item['reason']} at {item['endpoint']}: "
-                        f"{_cell(item['detail'])[:300]}" for item in decided]]
+            lines += [
+                "",
+                f"Decided by infrastructure, {name}: {len(decided)} episodes, left "
+                "out of its accuracy; a resumed evaluation runs them again.",
+                "",
+                *[
+                    f"- {item['episode']}: {item['reason']} at {item['endpoint']}: "
+                    f"{_cell(item['detail'])[:300]}"
+                    for item in decided
+                ],
+            ]
     return lines
 
 
@@ -373,18 +464,28 @@ def _notes(notes: Mapping[str, Any]) -> list[str]:
             continue
         if isinstance(value, list) and all(isinstance(item, dict) for item in value):
             columns = list(value[0])
-            lines += ["", f"{key}:", "", "| " + " | ".join(columns) + " |",
-                      "|" + "---|" * len(columns),
-                      *["| " + " | ".join(_cell(item.get(c, "")) for c in columns) + " |"
-                        for item in value]]
+            lines += [
+                "",
+                f"{key}:",
+                "",
+                "| " + " | ".join(columns) + " |",
+                "|" + "---|" * len(columns),
+                *[
+                    "| " + " | ".join(_cell(item.get(c, "")) for c in columns) + " |"
+                    for item in value
+                ],
+            ]
         else:
             lines += ["", f"{key}: {_cell(value)}"]
     return lines
 
 
-def write_report(out_dir: str | Path, benchmark: str,
-                 systems: Mapping[str, Sequence[EpisodeResult]],
-                 notes: Mapping[str, Any] | None = None) -> Path:
+def write_report(
+    out_dir: str | Path,
+    benchmark: str,
+    systems: Mapping[str, Sequence[EpisodeResult]],
+    notes: Mapping[str, Any] | None = None,
+) -> Path:
     """``report.json`` (the summaries, every episode and the ``notes``: what the benchmark
     left out and why, the MCP tools the policy did not train with), ``report.md``,
     ``pareto.png`` and ``tool_mix.png`` for the systems evaluated on ``benchmark``; returns the
@@ -393,21 +494,42 @@ def write_report(out_dir: str | Path, benchmark: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     notes = dict(notes or {})
     summaries = {name: summarize(results) for name, results in systems.items()}
-    front = pareto_front({name: (row["usd_per_task"], row["accuracy"])
-                          for name, row in summaries.items()})
+    front = pareto_front(
+        {name: (row["usd_per_task"], row["accuracy"]) for name, row in summaries.items()}
+    )
     plots = _plots(summaries, front, out_dir)
-    lines = [f"# {benchmark}", "", *_table(summaries, front), "",
-             "\\* on the cost-accuracy Pareto front.", *_pass_hat_k(summaries),
-             *by_preference(summaries), *calls_by_kind(summaries),
-             *_infra_decided(summaries), *_notes(notes),
-             "",
-             *[f"![{plot.stem}]({plot.name})" for plot in plots]]
+    lines = [
+        f"# {benchmark}",
+        "",
+        *_table(summaries, front),
+        "",
+        "\\* on the cost-accuracy Pareto front.",
+        *_pass_hat_k(summaries),
+        *by_preference(summaries),
+        *calls_by_kind(summaries),
+        *_infra_decided(summaries),
+        *_notes(notes),
+        "",
+        *[f"![{plot.stem}]({plot.name})" for plot in plots],
+    ]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n")
     path = out_dir / REPORT
-    path.write_text(json.dumps({
-        "benchmark": benchmark, "systems": summaries, "pareto_front": front, "notes": notes,
-        "episodes": {name: [asdict(result) for result in results]
-                     for name, results in systems.items()}}, indent=1) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "benchmark": benchmark,
+                "systems": summaries,
+                "pareto_front": front,
+                "notes": notes,
+                "episodes": {
+                    name: [asdict(result) for result in results]
+                    for name, results in systems.items()
+                },
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return path
 
 
@@ -425,6 +547,7 @@ def compare(run_dirs: Sequence[str | Path]) -> str:
             if key in systems:
                 raise ValueError(f"two runs named {run_dir.name!r} hold system {name!r}")
             systems[key] = row
-    front = pareto_front({name: (row["usd_per_task"], row["accuracy"])
-                          for name, row in systems.items()})
+    front = pareto_front(
+        {name: (row["usd_per_task"], row["accuracy"]) for name, row in systems.items()}
+    )
     return "\n".join(_table(systems, front)) + "\n"

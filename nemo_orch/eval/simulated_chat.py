@@ -67,8 +67,9 @@ def _offered_tools(body: dict) -> list[str]:
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise RequestError(f"tools[{index}] must be {{\"type\": \"function\", "
-                               f"\"function\": {{\"name\": ...}}}}")
+            raise RequestError(
+                f'tools[{index}] must be {{"type": "function", "function": {{"name": ...}}}}'
+            )
         names.append(function["name"])
     return names
 
@@ -76,32 +77,48 @@ def _offered_tools(body: dict) -> list[str]:
 class _SimulatedChat:
     """Request -> simulated reply, independent of HTTP."""
 
-    def __init__(self, tasks: list[Task], model: SimulatedModel, model_name: str,
-                 time_scale: float) -> None:
+    def __init__(
+        self, tasks: list[Task], model: SimulatedModel, model_name: str, time_scale: float
+    ) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         self.tasks: dict[str, Task] = {}
         for task in tasks:
             if task.answer is None:
-                raise ValueError(f"task {task.id!r} has no reference answer; the simulated "
-                                 "model only answers tasks with one")
+                raise ValueError(
+                    f"task {task.id!r} has no reference answer; the simulated "
+                    "model only answers tasks with one"
+                )
             known = self.tasks.setdefault(task.question, task)
             if known.answer != task.answer:
-                raise ValueError(f"tasks {known.id!r} and {task.id!r} ask the same question "
-                                 "with different answers")
+                raise ValueError(
+                    f"tasks {known.id!r} and {task.id!r} ask the same question "
+                    "with different answers"
+                )
         self.model, self.model_name, self.time_scale = model, model_name, time_scale
         self.created = int(time.time())
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                            "created": self.created,
-                                            "owned_by": "nemo-orch (simulated)"}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "nemo-orch (simulated)",
+                }
+            ],
+        }
 
     def chat(self, body: dict) -> dict:
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise RequestError(f"the model '{model}' does not exist; this server serves "
-                               f"'{self.model_name}'", 404, "not_found_error")
+            raise RequestError(
+                f"the model '{model}' does not exist; this server serves '{self.model_name}'",
+                404,
+                "not_found_error",
+            )
         messages = _messages(body)
         offered = _offered_tools(body)
         seed = 0 if body.get("seed") is None else body["seed"]
@@ -110,21 +127,28 @@ class _SimulatedChat:
         question = next((m["content"] for m in messages if m["role"] == "user"), None)
         task = self.tasks.get(question)
         if task is None:
-            raise RequestError("the simulated model only answers the benchmark's tasks: the "
-                               "first user message is not one of their questions")
+            raise RequestError(
+                "the simulated model only answers the benchmark's tasks: the "
+                "first user message is not one of their questions"
+            )
         observations = tuple(m["content"] or "" for m in messages if m["role"] == "tool")
         rng = random.Random(zlib.crc32(f"{seed}|{question}|{len(observations)}".encode()))
 
         route = task.metadata.get("evidence_route") or []
-        found = any(holds(text, evidence) for evidence, _ in evidence_items(task.metadata)
-                    for text in observations)
+        found = any(
+            holds(text, evidence)
+            for evidence, _ in evidence_items(task.metadata)
+            for text in observations
+        )
         step = route[len(observations)] if len(observations) < len(route) else None
         if not found and step is not None and step[0] in offered:
             name, arguments = step
-            call = {"id": f"call_{len(observations)}", "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(arguments)}}
-            message: dict[str, Any] = {"role": "assistant", "content": None,
-                                       "tool_calls": [call]}
+            call = {
+                "id": f"call_{len(observations)}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
             finish, completion_tokens = "tool_calls", TOOL_CALL_TOKENS
         else:
             context = ToolContext(task_id=task.id, task=task, observations=observations)
@@ -132,29 +156,51 @@ class _SimulatedChat:
             answer = task.answer if correct else wrong_answer(task.answer, rng)
             message = {"role": "assistant", "content": f"<answer>{answer}</answer>"}
             finish = "stop"
-            completion_tokens = max(1, round(rng.lognormvariate(
-                math.log(self.model.mean_output_tokens), self.model.output_tokens_sigma)))
+            completion_tokens = max(
+                1,
+                round(
+                    rng.lognormvariate(
+                        math.log(self.model.mean_output_tokens), self.model.output_tokens_sigma
+                    )
+                ),
+            )
         characters = sum(len(m["content"] or "") for m in messages)
         if offered:
             characters += len(json.dumps(body["tools"]))
         prompt_tokens = characters // 4
         # The time the real model would take to write its tokens.
         time.sleep(self.time_scale * completion_tokens / self.model.tokens_per_second)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                "created": int(time.time()), "model": self.model_name,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                             "logprobs": None}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
 
 
-def start_simulated_chat_server(tasks: list[Task], model: SimulatedModel, model_name: str, *,
-                                host: str = "127.0.0.1", port: int = 0,
-                                time_scale: float = 1.0) -> ServerHandle:
+def start_simulated_chat_server(
+    tasks: list[Task],
+    model: SimulatedModel,
+    model_name: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    time_scale: float = 1.0,
+) -> ServerHandle:
     """Serve a SIMULATED chat model that answers ``tasks`` (see the module docstring) at
     ``http://host:port/v1`` (``port=0``: a free port); ``time_scale`` scales the seconds it
     sleeps per reply (0: no sleep)."""
     service = _SimulatedChat(tasks, model, model_name, time_scale)
-    routes = {("GET", "/v1/models"): lambda _: service.models(),
-              ("POST", "/v1/chat/completions"): service.chat}
+    routes = {
+        ("GET", "/v1/models"): lambda _: service.models(),
+        ("POST", "/v1/chat/completions"): service.chat,
+    }
     return serve_json(routes, host, port, url_path="/v1", name="simulated-chat")

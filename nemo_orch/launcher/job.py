@@ -82,17 +82,29 @@ def ray_nodes(address: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nemo_orch.launcher.job",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--endpoint", action="append", default=[], metavar="KEY=URL",
-                        help="a server's base URL, waited for and passed as the override KEY=URL")
-    parser.add_argument("--ray", default=None, metavar="HOST:PORT",
-                        help="the Ray cluster's head, waited for and passed as RAY_ADDRESS")
-    parser.add_argument("--ray-nodes", type=int, default=1,
-                        help="the nodes the Ray cluster has once all joined")
+    parser = argparse.ArgumentParser(
+        prog="python -m nemo_orch.launcher.job", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="KEY=URL",
+        help="a server's base URL, waited for and passed as the override KEY=URL",
+    )
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="HOST:PORT",
+        help="the Ray cluster's head, waited for and passed as RAY_ADDRESS",
+    )
+    parser.add_argument(
+        "--ray-nodes", type=int, default=1, help="the nodes the Ray cluster has once all joined"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for all of it")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
-                        help="the nemo-orch command and its overrides")
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="the nemo-orch command and its overrides"
+    )
     args = parser.parse_args(argv)
     preemption.listen()
     deadline = time.monotonic() + args.timeout
@@ -106,8 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.ray is not None:
             address = expand(args.ray)
             if os.environ.get("RANK", "0") == "0":
-                wait_until(lambda: ray_nodes(address) >= args.ray_nodes,
-                           f"the Ray cluster at {address} ({args.ray_nodes} nodes)", deadline)
+                wait_until(
+                    lambda: ray_nodes(address) >= args.ray_nodes,
+                    f"the Ray cluster at {address} ({args.ray_nodes} nodes)",
+                    deadline,
+                )
             os.environ["RAY_ADDRESS"] = address
     except LaunchError as error:
         print(f"job: error: {error}", file=sys.stderr)

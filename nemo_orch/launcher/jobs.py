@@ -21,8 +21,20 @@ from nemo_orch.config import Config, ConfigError
 
 RECORD = "nemo_orch_job.json"
 # What ``--status`` shows of ``scontrol show job``, in this order.
-_FIELDS = ("JobId", "JobName", "JobState", "Reason", "ExitCode", "Restarts", "RunTime",
-           "TimeLimit", "SubmitTime", "StartTime", "EndTime", "NodeList")
+_FIELDS = (
+    "JobId",
+    "JobName",
+    "JobState",
+    "Reason",
+    "ExitCode",
+    "Restarts",
+    "RunTime",
+    "TimeLimit",
+    "SubmitTime",
+    "StartTime",
+    "EndTime",
+    "NodeList",
+)
 
 
 @dataclass(frozen=True)
@@ -37,29 +49,53 @@ class SubmittedJob:
 
     def state(self) -> dict[str, str]:
         """``scontrol show job``'s fields (``sacct``'s where it no longer knows the job)."""
-        shown = subprocess.run(["scontrol", "show", "job", "-o", self.job_id],
-                               capture_output=True, text=True)
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "-o", self.job_id], capture_output=True, text=True
+        )
         if shown.returncode == 0 and shown.stdout.strip():
             # A heterogeneous job has a line per component: the training is the first.
             return _key_values(shown.stdout.splitlines()[0])
         accounted = subprocess.run(
-            ["sacct", "-n", "-P", "-X", "-j", self.job_id,
-             "--format=JobID,JobName,State,ExitCode,Elapsed,Timelimit,Submit,Start,End,NodeList"],
-            capture_output=True, text=True)
+            [
+                "sacct",
+                "-n",
+                "-P",
+                "-X",
+                "-j",
+                self.job_id,
+                "--format=JobID,JobName,State,ExitCode,Elapsed,Timelimit,Submit,Start,End,NodeList",
+            ],
+            capture_output=True,
+            text=True,
+        )
         rows = [line.split("|") for line in accounted.stdout.splitlines() if line.strip()]
         if accounted.returncode != 0 or not rows:
-            raise ConfigError(f"SLURM knows no job {self.job_id} any more (scontrol: "
-                              f"{shown.stderr.strip() or 'no record'}; sacct: "
-                              f"{accounted.stderr.strip() or 'no record'})")
-        names = ("JobId", "JobName", "JobState", "ExitCode", "RunTime", "TimeLimit",
-                 "SubmitTime", "StartTime", "EndTime", "NodeList")
+            raise ConfigError(
+                f"SLURM knows no job {self.job_id} any more (scontrol: "
+                f"{shown.stderr.strip() or 'no record'}; sacct: "
+                f"{accounted.stderr.strip() or 'no record'})"
+            )
+        names = (
+            "JobId",
+            "JobName",
+            "JobState",
+            "ExitCode",
+            "RunTime",
+            "TimeLimit",
+            "SubmitTime",
+            "StartTime",
+            "EndTime",
+            "NodeList",
+        )
         return dict(zip(names, rows[-1]))
 
     def logs(self) -> list[Path]:
         """The batch script's log, then the training's, one per attempt in order."""
         train = self.experiment_dir / "train"
-        attempts = sorted(train.glob(f"log-*_{self.job_id}_*.out"),
-                          key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+        attempts = sorted(
+            train.glob(f"log-*_{self.job_id}_*.out"),
+            key=lambda path: int(path.stem.rsplit("_", 1)[1]),
+        )
         return [*sorted(train.glob(f"sbatch_*_{self.job_id}.out")), *attempts]
 
 

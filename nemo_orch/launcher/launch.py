@@ -53,16 +53,24 @@ def _nemo_run() -> Any:
     try:
         import nemo_run
     except ImportError as error:
-        raise ConfigError(f"nemo-orch launch needs NeMo-Run: pip install 'nemo-orch[launch]' "
-                          f"({error})") from None
+        raise ConfigError(
+            f"nemo-orch launch needs NeMo-Run: pip install 'nemo-orch[launch]' ({error})"
+        ) from None
     return nemo_run
 
 
 def expert_command(expert: ExpertServerConfig) -> list[str]:
     """The server's command line: OpenAI-compatible, on all interfaces of its node."""
     if expert.engine == "vllm":
-        command = ["vllm", "serve", expert.model, "--served-model-name", expert.model_name,
-                   "--tensor-parallel-size", str(expert.tp)]
+        command = [
+            "vllm",
+            "serve",
+            expert.model,
+            "--served-model-name",
+            expert.model_name,
+            "--tensor-parallel-size",
+            str(expert.tp),
+        ]
     else:
         command = ["trtllm-serve", expert.model, "--tp_size", str(expert.tp)]
     return [*command, "--host", "0.0.0.0", "--port", str(expert.port), *expert.extra_args]
@@ -79,6 +87,7 @@ def absolute_paths(overrides: list[str], here: Path) -> list[str]:
     directory, not ``here``, so a value naming a file or directory that exists relative to
     ``here`` (``trainer.init_from=runs/latest/sft/checkpoints``) becomes its absolute path, a
     link (``runs/latest``) resolved as it is now, when the job is submitted."""
+
     def absolute(override: str) -> str:
         key, equals, value = override.partition("=")
         if equals and value and not os.path.isabs(value) and (here / value).exists():
@@ -102,8 +111,12 @@ def job_arguments(config: Config, overrides: list[str]) -> list[str]:
     if launcher.job == "sft":  # a requeued job runs the same command: it continues its run
         overrides = [*overrides, "trainer.resume=true"]
     if launcher.ray is not None:
-        arguments += ["--ray", f"${{{RDZV_HOST}}}:{launcher.ray.port}",
-                      "--ray-nodes", str(1 + launcher.ray.nodes)]
+        arguments += [
+            "--ray",
+            f"${{{RDZV_HOST}}}:{launcher.ray.port}",
+            "--ray-nodes",
+            str(1 + launcher.ray.nodes),
+        ]
     return [*arguments, launcher.job, *overrides]
 
 
@@ -135,23 +148,39 @@ def torchrun_script(config: Config, job_args: list[str]) -> str:
     step, checkpoint, and exit for a requeue (:mod:`nemo_orch.train.preemption`). With
     ``launcher.ray``, the first node also runs the Ray head, stopped when the script ends."""
     launcher = config.launcher
-    torchrun = ["torchrun", f"--nnodes={launcher.nodes}",
-                f"--nproc-per-node={config.parallel.world_size // launcher.nodes}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=${{{RDZV_HOST}}}:{launcher.rdzv_port}",
-                "--rdzv-id=$SLURM_JOB_ID", "-m", "nemo_orch.launcher.job"]
+    torchrun = [
+        "torchrun",
+        f"--nnodes={launcher.nodes}",
+        f"--nproc-per-node={config.parallel.world_size // launcher.nodes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=${{{RDZV_HOST}}}:{launcher.rdzv_port}",
+        "--rdzv-id=$SLURM_JOB_ID",
+        "-m",
+        "nemo_orch.launcher.job",
+    ]
     command = " ".join(torchrun) + " " + shlex.join(job_args)
     if launcher.ray is None:
         return _IGNORE_STOP_SIGNAL + "exec " + command
-    head = _ray_start("--head", f"--port={launcher.ray.port}", "--num-gpus=0",
-                      "--include-dashboard=false")
-    return (_IGNORE_STOP_SIGNAL
-            + f'if [ "$SLURM_NODEID" = 0 ]; then\n  {head} &\n'
-            + "  trap \"kill $!\" EXIT\nfi\n" + command)
+    head = _ray_start(
+        "--head", f"--port={launcher.ray.port}", "--num-gpus=0", "--include-dashboard=false"
+    )
+    return (
+        _IGNORE_STOP_SIGNAL
+        + f'if [ "$SLURM_NODEID" = 0 ]; then\n  {head} &\n'
+        + '  trap "kill $!" EXIT\nfi\n'
+        + command
+    )
 
 
-def _slurm_executor(config: Config, *, nodes: int, gpus_per_node: int, image: str,
-                    job_name_prefix: str, env: dict[str, str]) -> Any:
+def _slurm_executor(
+    config: Config,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    image: str,
+    job_name_prefix: str,
+    env: dict[str, str],
+) -> Any:
     """One task per node (torchrun starts the ranks), in the pyxis container unless
     ``launcher.container`` is ``none``; stopped ``stop_before_limit_s`` before its time limit
     and requeued (NeMo-Run's retries: the batch script requeues a job that exits non-zero)."""
@@ -159,19 +188,30 @@ def _slurm_executor(config: Config, *, nodes: int, gpus_per_node: int, image: st
     launcher, slurm = config.launcher, config.launcher.slurm
     container = {}
     if launcher.container == "pyxis":
-        container = {"container_image": image, "container_mounts": list(slurm.container_mounts),
-                     "container_env": list(launcher.secret_env) or None,
-                     "srun_args": ["--no-container-mount-home"]}
+        container = {
+            "container_image": image,
+            "container_mounts": list(slurm.container_mounts),
+            "container_env": list(launcher.secret_env) or None,
+            "srun_args": ["--no-container-mount-home"],
+        }
     else:  # this interpreter's environment, as for the local executor
         env = {"PATH": f"{Path(sys.executable).parent}:$PATH", **env}
     return run.SlurmExecutor(
-        account=slurm.account, partition=slurm.partition, time=slurm.time, qos=slurm.qos,
-        job_name_prefix=job_name_prefix, nodes=nodes, ntasks_per_node=1,
-        gpus_per_node=gpus_per_node or None, **container,
+        account=slurm.account,
+        partition=slurm.partition,
+        time=slurm.time,
+        qos=slurm.qos,
+        job_name_prefix=job_name_prefix,
+        nodes=nodes,
+        ntasks_per_node=1,
+        gpus_per_node=gpus_per_node or None,
+        **container,
         signal=f"{_STOP_SIGNAL}@{slurm.stop_before_limit_s}",
-        retries=slurm.requeues, env_vars={**launcher.env, **env},
+        retries=slurm.requeues,
+        env_vars={**launcher.env, **env},
         tunnel=run.LocalTunnel(job_dir=f"{slurm.job_dir}/experiments"),
-        packager=run.Packager())
+        packager=run.Packager(),
+    )
 
 
 def _add_local(config: Config, overrides: list[str], experiment: Any) -> None:
@@ -179,10 +219,15 @@ def _add_local(config: Config, overrides: list[str], experiment: Any) -> None:
     run = _nemo_run()
     # torchrun and python from this interpreter's environment (a venv need not be on PATH)
     env = {"PATH": str(Path(sys.executable).parent), **config.launcher.env}
-    executor = run.LocalExecutor(ntasks_per_node=config.parallel.world_size, launcher="torchrun",
-                                 env_vars=env)
-    task = run.Script(path="nemo_orch.launcher.job", entrypoint="python", m=True,
-                      args=job_arguments(config, overrides))
+    executor = run.LocalExecutor(
+        ntasks_per_node=config.parallel.world_size, launcher="torchrun", env_vars=env
+    )
+    task = run.Script(
+        path="nemo_orch.launcher.job",
+        entrypoint="python",
+        m=True,
+        args=job_arguments(config, overrides),
+    )
     experiment.add(task, executor=executor, name=TRAIN_TASK)
 
 
@@ -200,8 +245,7 @@ def _write_secret(path: Path, secret: str) -> None:
         file.write(secret)
 
 
-def _add_slurm(config: Config, overrides: list[str], experiment: Any,
-               experiment_dir: Path) -> None:
+def _add_slurm(config: Config, overrides: list[str], experiment: Any, experiment_dir: Path) -> None:
     """Adds the training job (heterogeneous with the expert servers and the Ray workers, when
     there are) to ``experiment``."""
     run = _nemo_run()
@@ -209,30 +253,65 @@ def _add_slurm(config: Config, overrides: list[str], experiment: Any,
 
     launcher = config.launcher
     # The other components: (script, nodes, GPUs per node, image).
-    others = [(_IGNORE_STOP_SIGNAL + "exec " + shlex.join(expert_command(expert)), 1, expert.tp,
-               expert.container_image or launcher.slurm.image) for expert in launcher.experts]
+    others = [
+        (
+            _IGNORE_STOP_SIGNAL + "exec " + shlex.join(expert_command(expert)),
+            1,
+            expert.tp,
+            expert.container_image or launcher.slurm.image,
+        )
+        for expert in launcher.experts
+    ]
     if launcher.ray is not None and launcher.ray.nodes:
-        others.append((ray_worker_script(config), launcher.ray.nodes,
-                       launcher.ray.gpus_per_node, launcher.slurm.image))
+        others.append(
+            (
+                ray_worker_script(config),
+                launcher.ray.nodes,
+                launcher.ray.gpus_per_node,
+                launcher.slurm.image,
+            )
+        )
     # Batch-script variables (NeMo-Run's macros): the first training node (also the Ray head's)
     # and the others' first nodes. NeMo-Run substitutes them as string.Template: "$$" keeps a
     # "$" for the batch script.
-    env = {RDZV_HOST: ExecutorMacros.group_host(0) if others
-           else "$$" + ExecutorMacros.HEAD_NODE_IP_VAR}
-    env |= {HOST_VARIABLE.format(index): ExecutorMacros.group_host(index)
-            for index in range(1, len(others) + 1)}
+    env = {
+        RDZV_HOST: ExecutorMacros.group_host(0)
+        if others
+        else "$$" + ExecutorMacros.HEAD_NODE_IP_VAR
+    }
+    env |= {
+        HOST_VARIABLE.format(index): ExecutorMacros.group_host(index)
+        for index in range(1, len(others) + 1)
+    }
     if launcher.ray is not None:
-        env |= {"RAY_AUTH_MODE": "token",
-                "RAY_AUTH_TOKEN_PATH": str(ray_token_file(experiment_dir))}
+        env |= {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(ray_token_file(experiment_dir)),
+        }
     prefix = f"{config.run.name}-"
-    executors = [_slurm_executor(config, nodes=launcher.nodes,
-                                 gpus_per_node=launcher.gpus_per_node, image=launcher.slurm.image,
-                                 job_name_prefix=prefix, env=env)]
+    executors = [
+        _slurm_executor(
+            config,
+            nodes=launcher.nodes,
+            gpus_per_node=launcher.gpus_per_node,
+            image=launcher.slurm.image,
+            job_name_prefix=prefix,
+            env=env,
+        )
+    ]
     tasks = [run.Script(inline=torchrun_script(config, job_arguments(config, overrides)))]
     for script, nodes, gpus, image in others:
         tasks.append(run.Script(inline=script))
-        executors.append(_slurm_executor(config, nodes=nodes, gpus_per_node=gpus, image=image,
-                                         job_name_prefix=prefix, env=env))
+        executors.append(
+            _slurm_executor(
+                config,
+                nodes=nodes,
+                gpus_per_node=gpus,
+                image=image,
+                job_name_prefix=prefix,
+                env=env,
+            )
+        )
     if others:
         for executor in executors:
             executor.heterogeneous = True
@@ -271,8 +350,10 @@ def launch(config: Config, overrides: list[str], dryrun: bool) -> int:
     local = launcher.executor == "local"
     missing = [name for name in launcher.secret_env if name not in os.environ]
     if missing and not dryrun:
-        raise ConfigError(f"launcher.secret_env: {', '.join(missing)} not set in this "
-                          "environment (the job takes them from it)")
+        raise ConfigError(
+            f"launcher.secret_env: {', '.join(missing)} not set in this "
+            "environment (the job takes them from it)"
+        )
     overrides = absolute_paths(overrides, Path.cwd())
     experiment_id = f"{config.run.name}_{time.time_ns()}"  # NeMo-Run's form: title_id
     experiment_dir = Path(remote_experiment_dir(config, experiment_id))
@@ -283,9 +364,15 @@ def launch(config: Config, overrides: list[str], dryrun: bool) -> int:
             base_dir = str(Path(config.run.output_dir) / "nemo_run")
         else:  # on the login node, the same directory the jobs see (LocalTunnel)
             base_dir = launcher.slurm.job_dir
-        experiment = stack.enter_context(run.Experiment(
-            config.run.name, id=experiment_id, base_dir=base_dir, log_level="WARN",
-            clean_mode=dryrun))
+        experiment = stack.enter_context(
+            run.Experiment(
+                config.run.name,
+                id=experiment_id,
+                base_dir=base_dir,
+                log_level="WARN",
+                clean_mode=dryrun,
+            )
+        )
         if local:
             _add_local(config, overrides, experiment)
         else:
@@ -303,6 +390,8 @@ def launch(config: Config, overrides: list[str], dryrun: bool) -> int:
     # NeMo-Run's handle of a SLURM job ends with its id
     job = jobs.SubmittedJob(experiment.jobs[0].handle.rsplit("/", 1)[-1], experiment_dir)
     job.save()
-    print(f"launch: submitted SLURM job {job.job_id}; files and logs in {job.experiment_dir} "
-          f"(`nemo-orch launch --status|--logs` with the same overrides shows them)")
+    print(
+        f"launch: submitted SLURM job {job.job_id}; files and logs in {job.experiment_dir} "
+        f"(`nemo-orch launch --status|--logs` with the same overrides shows them)"
+    )
     return 0

@@ -72,13 +72,18 @@ class ParameterShare:
 
 def layer_gemm_parameters(model: ModelConfig) -> int:
     """A layer's GEMM weights, unsharded: QKV, attention output, SwiGLU fc1 (gate, up) and fc2."""
-    h, q, kv, d = (model.hidden_size, model.num_attention_heads, model.num_query_groups,
-                   model.kv_channels)
+    h, q, kv, d = (
+        model.hidden_size,
+        model.num_attention_heads,
+        model.num_query_groups,
+        model.kv_channels,
+    )
     return h * (q + 2 * kv) * d + q * d * h + 3 * h * model.ffn_hidden_size
 
 
-def parameter_share(model: ModelConfig, parallel: ParallelConfig, *,
-                    critic: bool = False) -> ParameterShare:
+def parameter_share(
+    model: ModelConfig, parallel: ParallelConfig, *, critic: bool = False
+) -> ParameterShare:
     """The largest pipeline stage's TP shard: ``num_layers / pp`` layers (GEMMs split over TP,
     norms replicated) and what the first stage adds before them (the vocab-parallel embedding)
     or the last after them (the final norm and the output layer: vocab-parallel, none of its own
@@ -98,13 +103,15 @@ def parameter_share(model: ModelConfig, parallel: ParallelConfig, *,
     else:
         output_layer = embedding
     last_stage_end = h + output_layer
-    ends = (embedding + last_stage_end if parallel.pp == 1
-            else max(embedding, last_stage_end))
+    ends = embedding + last_stage_end if parallel.pp == 1 else max(embedding, last_stage_end)
     total = layers * (gemm + norms) + ends
     fp8_layers = 0
     if model.fp8 is not None:
-        kept = (model.num_layers_at_start_in_bf16 + model.num_layers_at_end_in_bf16
-                if model.first_last_layers_bf16 else 0)
+        kept = (
+            model.num_layers_at_start_in_bf16 + model.num_layers_at_end_in_bf16
+            if model.first_last_layers_bf16
+            else 0
+        )
         fp8_layers = max(0, layers - kept)
     return ParameterShare(total=total, fp8_gemm=fp8_layers * gemm)
 
@@ -123,8 +130,9 @@ def optimizer_bytes(model: ModelConfig, parallel: ParallelConfig, share: Paramet
     return share.total * per_parameter // shards
 
 
-def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
-                           micro_batch_size: int) -> float:
+def layer_activation_bytes(
+    model: ModelConfig, parallel: ParallelConfig, seq_length: int, micro_batch_size: int
+) -> float:
     """One layer's saved activations for one micro-batch (16-bit), per token:
 
     - the inputs of the two RMSNorms and of the QKV and fc1 GEMMs: ``8h`` (sharded over TP with
@@ -150,15 +158,19 @@ def layer_activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_len
     per_token = 8 * h / sequence_shards + (2 * q + 6 * f) / t
     qkv_output = 2 * (q + 2 * kv)
     if model.transformer_impl == "local" and model.recompute_granularity is None:
-        per_token += (6 * q + 6 * model.num_attention_heads * seq_length
-                      + (qkv_output if model.qk_layernorm else 0)) / t
+        per_token += (
+            6 * q
+            + 6 * model.num_attention_heads * seq_length
+            + (qkv_output if model.qk_layernorm else 0)
+        ) / t
     else:
         per_token += (qkv_output + 2 * (q + kv)) / t
     return seq_length * micro_batch_size * per_token
 
 
-def output_activation_bytes(model: ModelConfig, parallel: ParallelConfig, tokens: int, *,
-                            critic: bool = False) -> float:
+def output_activation_bytes(
+    model: ModelConfig, parallel: ParallelConfig, tokens: int, *, critic: bool = False
+) -> float:
     """What the last stage's output layer and loss keep for ``tokens`` at the end of the forward
     pass: the final norm's input ``2h`` (over TP with sequence parallelism), then the policy's
     output GEMM input ``2h`` (saved as sharded, gathered again in the backward pass) and its
@@ -172,9 +184,15 @@ def output_activation_bytes(model: ModelConfig, parallel: ParallelConfig, tokens
     return tokens * (4 * h / sequence_shards + 6 * model.vocab_size / parallel.tp)
 
 
-def activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
-                     micro_batch_size: int, num_microbatches: int, *,
-                     critic: bool = False) -> float:
+def activation_bytes(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    seq_length: int,
+    micro_batch_size: int,
+    num_microbatches: int,
+    *,
+    critic: bool = False,
+) -> float:
     """The stage holding the most: 1F1B keeps ``min(pp, micro-batches)`` micro-batches of its
     ``num_layers / pp`` layers in flight on the first stage. On top of them, at the end of the
     forward pass, the output layer and loss (:func:`output_activation_bytes`; ``critic``: PPO's
@@ -185,15 +203,19 @@ def activation_bytes(model: ModelConfig, parallel: ParallelConfig, seq_length: i
     peak = output_activation_bytes(model, parallel, seq_length * micro_batch_size, critic=critic)
     if model.recompute_granularity == "full":
         recomputed = dataclasses.replace(model, recompute_granularity=None)
-        peak = max(peak, layer_activation_bytes(recomputed, parallel, seq_length,
-                                                micro_batch_size))
+        peak = max(peak, layer_activation_bytes(recomputed, parallel, seq_length, micro_batch_size))
     return layers * layer_activation_bytes(model, parallel, seq_length, micro_batch_size) + peak
 
 
 def kv_bytes_per_token(model: ModelConfig, engine_tp: int, dtype: str) -> int:
     """Keys and values of every layer for one token, on one of the engine's TP GPUs."""
-    return (model.num_layers * 2 * (model.num_query_groups // engine_tp) * model.kv_channels
-            * DTYPE_BYTES[dtype])
+    return (
+        model.num_layers
+        * 2
+        * (model.num_query_groups // engine_tp)
+        * model.kv_channels
+        * DTYPE_BYTES[dtype]
+    )
 
 
 @dataclass(frozen=True)
@@ -238,17 +260,26 @@ class MemoryEstimate:
         return self.resident + self.runtime + max(self.peak_activations, self.refit) + engine
 
 
-def training_estimate(model: ModelConfig, parallel: ParallelConfig, seq_length: int,
-                      micro_batch_size: int, num_microbatches: int, *,
-                      critic: bool = False) -> MemoryEstimate:
+def training_estimate(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    seq_length: int,
+    micro_batch_size: int,
+    num_microbatches: int,
+    *,
+    critic: bool = False,
+) -> MemoryEstimate:
     """One model trained on these GPUs: the policy or (``critic``) PPO's critic."""
     share = parameter_share(model, parallel, critic=critic)
     return MemoryEstimate(
-        weights=weight_bytes(model, share), gradients=share.total * GRAD_BYTES,
+        weights=weight_bytes(model, share),
+        gradients=share.total * GRAD_BYTES,
         optimizer=optimizer_bytes(model, parallel, share),
-        activations=activation_bytes(model, parallel, seq_length, micro_batch_size,
-                                     num_microbatches, critic=critic),
-        runtime=0 if critic else RUNTIME_OVERHEAD_BYTES)
+        activations=activation_bytes(
+            model, parallel, seq_length, micro_batch_size, num_microbatches, critic=critic
+        ),
+        runtime=0 if critic else RUNTIME_OVERHEAD_BYTES,
+    )
 
 
 def separate_engine(config: Config) -> bool:
@@ -259,22 +290,27 @@ def separate_engine(config: Config) -> bool:
 def _with_engine(estimate: MemoryEstimate, config: Config, gpu_bytes: float) -> MemoryEstimate:
     """``estimate`` plus the engine's weight shard and the KV cache it takes of what is left."""
     rollout = config.rollout
-    engine_weights = (config.model.num_parameters() * DTYPE_BYTES[rollout.engine_dtype]
-                      // rollout.engine_tp)
+    engine_weights = (
+        config.model.num_parameters() * DTYPE_BYTES[rollout.engine_dtype] // rollout.engine_tp
+    )
     if rollout.engine == "trtllm":
         free = gpu_bytes - estimate.resident - estimate.runtime - engine_weights
         kv_cache = max(0.0, rollout.gpu_memory_utilization * free)
     else:
         kv_cache = max(0.0, rollout.gpu_memory_utilization * gpu_bytes - engine_weights)
     per_token = kv_bytes_per_token(config.model, rollout.engine_tp, rollout.engine_dtype)
-    return dataclasses.replace(estimate, engine_weights=engine_weights, kv_cache=kv_cache,
-                               kv_tokens=int(kv_cache // per_token),
-                               engine_asleep_in_training=rollout.engine == "vllm"
-                               and not separate_engine(config))
+    return dataclasses.replace(
+        estimate,
+        engine_weights=engine_weights,
+        kv_cache=kv_cache,
+        kv_tokens=int(kv_cache // per_token),
+        engine_asleep_in_training=rollout.engine == "vllm" and not separate_engine(config),
+    )
 
 
-def with_colocated_engine(estimate: MemoryEstimate, config: Config,
-                          gpu_bytes: float) -> MemoryEstimate:
+def with_colocated_engine(
+    estimate: MemoryEstimate, config: Config, gpu_bytes: float
+) -> MemoryEstimate:
     """``estimate`` plus the rollout engine when it shares the training GPUs (else unchanged)."""
     if not config.rollout.colocate or config.rollout.engine not in ("trtllm", "vllm"):
         return estimate
@@ -284,24 +320,33 @@ def with_colocated_engine(estimate: MemoryEstimate, config: Config,
 def engine_estimate(config: Config, gpu_bytes: float) -> MemoryEstimate:
     """One of the ``rollout.engine_tp`` GPUs of an engine that has GPUs of its own: its weight
     shard and KV cache, nothing of training."""
-    return _with_engine(MemoryEstimate(weights=0, gradients=0, optimizer=0, activations=0.0),
-                        config, gpu_bytes)
+    return _with_engine(
+        MemoryEstimate(weights=0, gradients=0, optimizer=0, activations=0.0), config, gpu_bytes
+    )
 
 
 def refit_bytes(config: Config) -> int:
     """The refit's transient bytes on the first rank (see the module docstring)."""
     model = config.model
     h, d = model.hidden_size, model.kv_channels
-    layer = (h * (model.num_attention_heads + 2 * model.num_query_groups) * d
-             + model.num_attention_heads * d * h + 3 * h * model.ffn_hidden_size)
+    layer = (
+        h * (model.num_attention_heads + 2 * model.num_query_groups) * d
+        + model.num_attention_heads * d * h
+        + 3 * h * model.ffn_hidden_size
+    )
     largest = max(model.vocab_size * h, layer) * DTYPE_BYTES[model.params_dtype]
     return 2 * max(config.rollout.refit_bucket_mb << 20, largest)
 
 
 def sft_estimate(config: Config) -> MemoryEstimate:
     """The SFT stage: ``data.seq_length`` x ``trainer.micro_batch_size``, no engine."""
-    return training_estimate(config.model, config.parallel, config.data.seq_length,
-                             config.trainer.micro_batch_size, config.num_microbatches)
+    return training_estimate(
+        config.model,
+        config.parallel,
+        config.data.seq_length,
+        config.trainer.micro_batch_size,
+        config.num_microbatches,
+    )
 
 
 def grpo_microbatches(config: Config) -> int:
@@ -315,8 +360,13 @@ def grpo_estimate(config: Config, gpu_bytes: float) -> MemoryEstimate:
     """The GRPO stage: whole trajectories of up to the rollout's context budget x
     ``grpo.micro_batch_size``, with the colocated engine and, with ``grpo.algo=ppo``, the critic
     (the policy's trunk and layout, trained on the same micro-batches)."""
-    shape = (config.model, config.parallel, config.resolved_rollout().max_context_tokens,
-             config.grpo.micro_batch_size, grpo_microbatches(config))
+    shape = (
+        config.model,
+        config.parallel,
+        config.resolved_rollout().max_context_tokens,
+        config.grpo.micro_batch_size,
+        grpo_microbatches(config),
+    )
     training = dataclasses.replace(training_estimate(*shape), refit=refit_bytes(config))
     if config.grpo.algo == "ppo":
         training = dataclasses.replace(training, critic=training_estimate(*shape, critic=True))

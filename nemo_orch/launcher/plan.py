@@ -34,49 +34,67 @@ def layout_problems(config: Config) -> list[str]:
     engine_gpus = rollout.engine_tp if separate_engine(config) else 0
     if launcher.gpus_per_node and parallel.world_size + engine_gpus != gpus:
         engine = f" + rollout.engine_tp = {engine_gpus} engine GPUs" if engine_gpus else ""
-        problems.append(f"parallel: tp x pp x dp = {parallel.world_size} ranks{engine}, but the "
-                        f"launcher gives {launcher.nodes} nodes x {launcher.gpus_per_node} GPUs "
-                        f"= {gpus}")
+        problems.append(
+            f"parallel: tp x pp x dp = {parallel.world_size} ranks{engine}, but the "
+            f"launcher gives {launcher.nodes} nodes x {launcher.gpus_per_node} GPUs "
+            f"= {gpus}"
+        )
     if engine_gpus and launcher.nodes > 1:
-        problems.append("rollout.colocate=false: the engine runs on the first node's last "
-                        f"rollout.engine_tp GPUs beside the training ranks, so launcher.nodes must "
-                        f"be 1 (got {launcher.nodes})")
+        problems.append(
+            "rollout.colocate=false: the engine runs on the first node's last "
+            f"rollout.engine_tp GPUs beside the training ranks, so launcher.nodes must "
+            f"be 1 (got {launcher.nodes})"
+        )
     for name in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
         if getattr(model, name) % parallel.tp:
-            problems.append(f"model.{name} ({getattr(model, name)}) is not divisible by "
-                            f"parallel.tp ({parallel.tp})")
+            problems.append(
+                f"model.{name} ({getattr(model, name)}) is not divisible by "
+                f"parallel.tp ({parallel.tp})"
+            )
     samples = grpo.prompts_per_step * rollout.group_size
     per_update = grpo.mini_batches * parallel.dp * grpo.micro_batch_size
     if samples % per_update:
-        problems.append(f"GRPO: grpo.prompts_per_step x rollout.group_size = {samples} samples "
-                        f"do not split into grpo.mini_batches x parallel.dp x "
-                        f"grpo.micro_batch_size = {per_update}")
+        problems.append(
+            f"GRPO: grpo.prompts_per_step x rollout.group_size = {samples} samples "
+            f"do not split into grpo.mini_batches x parallel.dp x "
+            f"grpo.micro_batch_size = {per_update}"
+        )
     if rollout.engine in ("trtllm", "vllm"):
         problems += _engine_problems(config)
     if model.fp8 is not None:
         problems += _fp8_problems(config)
     if launcher.ray is not None and rollout.backend != "ray":
-        problems.append("launcher.ray starts a Ray cluster that rollout.backend="
-                        f"{rollout.backend} does not use (rollout.backend=ray)")
+        problems.append(
+            "launcher.ray starts a Ray cluster that rollout.backend="
+            f"{rollout.backend} does not use (rollout.backend=ray)"
+        )
     if launcher.ray is not None and rollout.backend == "ray" and rollout.ray.address != "auto":
-        problems.append("rollout.ray.address must be auto to join launcher.ray's cluster (the "
-                        "job gets its RAY_ADDRESS)")
+        problems.append(
+            "rollout.ray.address must be auto to join launcher.ray's cluster (the "
+            "job gets its RAY_ADDRESS)"
+        )
     for expert in launcher.experts:
         if expert.tp > launcher.gpus_per_node:
-            problems.append(f"launcher.experts[{expert.name}].tp ({expert.tp}) exceeds "
-                            f"launcher.gpus_per_node ({launcher.gpus_per_node})")
+            problems.append(
+                f"launcher.experts[{expert.name}].tp ({expert.tp}) exceeds "
+                f"launcher.gpus_per_node ({launcher.gpus_per_node})"
+            )
     return problems
 
 
 def _engine_problems(config: Config) -> list[str]:
     model, rollout, launcher = config.model, config.rollout, config.launcher
     tp = rollout.engine_tp
-    problems = [f"model.{name} ({getattr(model, name)}) is not divisible by rollout.engine_tp "
-                f"({tp})" for name in ("num_attention_heads", "num_query_groups")
-                if getattr(model, name) % tp]
+    problems = [
+        f"model.{name} ({getattr(model, name)}) is not divisible by rollout.engine_tp ({tp})"
+        for name in ("num_attention_heads", "num_query_groups")
+        if getattr(model, name) % tp
+    ]
     if rollout.colocate and launcher.gpus_per_node and launcher.gpus_per_node % tp:
-        problems.append(f"rollout.engine_tp ({tp}) does not divide launcher.gpus_per_node "
-                        f"({launcher.gpus_per_node}) the colocated engines share")
+        problems.append(
+            f"rollout.engine_tp ({tp}) does not divide launcher.gpus_per_node "
+            f"({launcher.gpus_per_node}) the colocated engines share"
+        )
     return problems
 
 
@@ -85,13 +103,20 @@ def _fp8_problems(config: Config) -> list[str]:
     problems = []
     if config.launcher.gpus_per_node == 0:
         problems.append("model.fp8 needs GPUs (Hopper or newer): launcher.gpus_per_node is 0")
-    shards = {"ffn_hidden_size / parallel.tp": model.ffn_hidden_size // tp,
-              "num_attention_heads x kv_channels / parallel.tp":
-                  model.num_attention_heads * model.kv_channels // tp,
-              "num_query_groups x kv_channels / parallel.tp":
-                  model.num_query_groups * model.kv_channels // tp}
-    problems += [f"model.fp8: {name} = {size} is not a multiple of {FP8_ALIGNMENT}"
-                 for name, size in shards.items() if size % FP8_ALIGNMENT]
+    shards = {
+        "ffn_hidden_size / parallel.tp": model.ffn_hidden_size // tp,
+        "num_attention_heads x kv_channels / parallel.tp": model.num_attention_heads
+        * model.kv_channels
+        // tp,
+        "num_query_groups x kv_channels / parallel.tp": model.num_query_groups
+        * model.kv_channels
+        // tp,
+    }
+    problems += [
+        f"model.fp8: {name} = {size} is not a multiple of {FP8_ALIGNMENT}"
+        for name, size in shards.items()
+        if size % FP8_ALIGNMENT
+    ]
     return problems
 
 
@@ -116,10 +141,13 @@ class Plan:
 
 def plan(config: Config) -> Plan:
     gpu_bytes = config.launcher.gpu_memory_gib * GIB
-    return Plan(sft=sft_estimate(config), grpo=grpo_estimate(config, gpu_bytes),
-                gpu_bytes=gpu_bytes,
-                min_kv_tokens=config.resolved_rollout().max_context_tokens,
-                engine=engine_estimate(config, gpu_bytes) if separate_engine(config) else None)
+    return Plan(
+        sft=sft_estimate(config),
+        grpo=grpo_estimate(config, gpu_bytes),
+        gpu_bytes=gpu_bytes,
+        min_kv_tokens=config.resolved_rollout().max_context_tokens,
+        engine=engine_estimate(config, gpu_bytes) if separate_engine(config) else None,
+    )
 
 
 def _gib(value: float) -> str:
@@ -136,8 +164,12 @@ def _row_value(estimate: MemoryEstimate, name: str) -> float:
 
 def report(config: Config, result: Plan) -> list[str]:
     """The table ``nemo-orch plan`` prints."""
-    model, parallel, launcher, rollout = (config.model, config.parallel, config.launcher,
-                                          config.rollout)
+    model, parallel, launcher, rollout = (
+        config.model,
+        config.parallel,
+        config.launcher,
+        config.rollout,
+    )
     grpo, algo = result.grpo, config.grpo.algo
     count = model.num_parameters()
     params = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
@@ -146,9 +178,11 @@ def report(config: Config, result: Plan) -> list[str]:
     context = config.resolved_rollout().max_context_tokens
     engine = "none on these GPUs"
     if grpo.engine_weights or result.engine:
-        engine = (f"{rollout.engine} TP{rollout.engine_tp} {rollout.engine_dtype}, "
-                  f"gpu_memory_utilization {rollout.gpu_memory_utilization}"
-                  + (f", on {rollout.engine_tp} GPUs of its own" if result.engine else ""))
+        engine = (
+            f"{rollout.engine} TP{rollout.engine_tp} {rollout.engine_dtype}, "
+            f"gpu_memory_utilization {rollout.gpu_memory_utilization}"
+            + (f", on {rollout.engine_tp} GPUs of its own" if result.engine else "")
+        )
     lines = [
         f"plan: {config.run.name}: {model.preset} ({params} parameters, "
         f"{model.params_dtype}, {fp8}), {launcher.nodes} node(s) x {launcher.gpus_per_node} "
@@ -164,8 +198,10 @@ def report(config: Config, result: Plan) -> list[str]:
     shards = parallel.dp if parallel.use_distributed_optimizer else 1
     # A trained model's states; PPO's critic has the same rows.
     states = [
-        ("weights" + (" (+ FP8 GEMM copies)" if model.fp8 and not model.fp8_param else ""),
-         "weights"),
+        (
+            "weights" + (" (+ FP8 GEMM copies)" if model.fp8 and not model.fp8_param else ""),
+            "weights",
+        ),
         ("gradients (fp32 buffers)", "gradients"),
         (f"optimizer (Adam{main}, /DP{shards})", "optimizer"),
     ]
@@ -180,22 +216,28 @@ def report(config: Config, result: Plan) -> list[str]:
         ("runtime (CUDA context, NCCL, fragmentation)", "runtime"),
     ]
     for label, name in rows:
-        lines.append(f"  {label:46} {_gib(_row_value(result.sft, name))} "
-                     f"{_gib(_row_value(grpo, name))}")
+        lines.append(
+            f"  {label:46} {_gib(_row_value(result.sft, name))} {_gib(_row_value(grpo, name))}"
+        )
     peak = "peak (vLLM sleeps while training)" if grpo.engine_asleep_in_training else "total"
     lines.append(f"  {peak:46} {_gib(result.sft.total)} {_gib(grpo.total)}")
     if grpo.critic:
         larger = "critic" if grpo.critic.activations > grpo.activations else "policy"
-        lines.append(f"  activations: the {larger}'s count (the policy and the critic train in "
-                     "turn, never at once)")
+        lines.append(
+            f"  activations: the {larger}'s count (the policy and the critic train in "
+            "turn, never at once)"
+        )
     if result.engine:
-        lines.append(f"  {'engine GPU: weights + KV cache + runtime':46} {'':8} "
-                     f"{_gib(result.engine.total)}")
+        lines.append(
+            f"  {'engine GPU: weights + KV cache + runtime':46} {'':8} {_gib(result.engine.total)}"
+        )
     with_kv = result.engine or grpo
     if with_kv.engine_weights:
-        lines.append(f"  KV cache: {with_kv.kv_tokens:,} tokens = "
-                     f"{with_kv.kv_tokens / context:.1f} contexts of {context} tokens "
-                     f"(needs >= 1)")
+        lines.append(
+            f"  KV cache: {with_kv.kv_tokens:,} tokens = "
+            f"{with_kv.kv_tokens / context:.1f} contexts of {context} tokens "
+            f"(needs >= 1)"
+        )
     verdict = "fits" if result.fits() else "does not fit"
     lines.append(f"  {verdict} on a {launcher.gpu_memory_gib:g} GiB GPU (launcher.gpu_memory_gib)")
     return lines

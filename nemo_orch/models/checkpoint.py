@@ -95,8 +95,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         manifest = json.loads((path / MANIFEST).read_text())
         return Checkpoint(path=path, step=int(manifest["step"]), manifest=manifest)
     except (OSError, ValueError, KeyError) as error:
-        raise CheckpointError(f"{path}: incomplete or corrupt checkpoint "
-                              f"({MANIFEST} unreadable: {error})") from None
+        raise CheckpointError(
+            f"{path}: incomplete or corrupt checkpoint ({MANIFEST} unreadable: {error})"
+        ) from None
 
 
 def identity(path: str | Path) -> str:
@@ -111,13 +112,24 @@ def latest_checkpoint(directory: Path) -> Checkpoint | None:
     """The highest complete ``step_<N>`` under ``directory``; partial saves are ignored."""
     if not directory.is_dir():
         return None
-    steps = sorted((int(m.group(1)), p) for p in directory.iterdir()
-                   if (m := _STEP_DIR.match(p.name)) and (p / MANIFEST).exists())
+    steps = sorted(
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / MANIFEST).exists()
+    )
     return open_checkpoint(steps[-1][1]) if steps else None
 
 
-def save(config: Config, step: int, module, optimizer=None, scheduler=None, *,
-         tokenizer_dir: Path | None = None, directory: Path | None = None) -> Path:
+def save(
+    config: Config,
+    step: int,
+    module,
+    optimizer=None,
+    scheduler=None,
+    *,
+    tokenizer_dir: Path | None = None,
+    directory: Path | None = None,
+) -> Path:
     """Collectively save a model stage (and, for training, its optimizer and LR schedule) as
     ``step_<step>`` under ``directory`` (default: the run's ``checkpoints/``)."""
     from megatron.core import dist_checkpointing
@@ -173,9 +185,11 @@ def _materialize_optimizer_state(optimizer) -> None:
         for group in adam.param_groups:
             for param in group["params"]:
                 if not adam.state[param]:
-                    adam.state[param].update(step=torch.tensor(0.0),
-                                             exp_avg=torch.zeros_like(param),
-                                             exp_avg_sq=torch.zeros_like(param))
+                    adam.state[param].update(
+                        step=torch.tensor(0.0),
+                        exp_avg=torch.zeros_like(param),
+                        exp_avg_sq=torch.zeros_like(param),
+                    )
 
 
 def _restore_adam_steps(optimizer) -> None:
@@ -195,8 +209,12 @@ def _with_own_entries(state: dict, module, skip: str | None) -> dict:
     The former are Transformer Engine's FP8 scaling metadata of modules whose checkpoint came
     from the local spec, which has none to give; a strict ``load_state_dict`` would reject their
     absence. The latter were not asked for (e.g. a critic's head, started from a policy)."""
-    own = {name: value for name, value in module.state_dict().items() if name not in state and (
-        name.endswith(EXTRA_STATE) or (skip is not None and name.startswith(skip)))}
+    own = {
+        name: value
+        for name, value in module.state_dict().items()
+        if name not in state
+        and (name.endswith(EXTRA_STATE) or (skip is not None and name.startswith(skip)))
+    }
     return {**state, **own}
 
 
@@ -207,38 +225,46 @@ def _reading(checkpoint: Checkpoint) -> Iterator[None]:
         yield
     # torch.distributed.checkpoint's CheckpointException derives from BaseException.
     except (Exception, DCPException) as error:
-        raise CheckpointError(f"{checkpoint.path}: cannot load checkpoint "
-                              f"({type(error).__name__}: {str(error)[:300]})") from None
+        raise CheckpointError(
+            f"{checkpoint.path}: cannot load checkpoint "
+            f"({type(error).__name__}: {str(error)[:300]})"
+        ) from None
 
 
 @torch.no_grad()
-def load(checkpoint: Checkpoint, module, optimizer=None, scheduler=None, *,
-         skip: str | None = None) -> None:
+def load(
+    checkpoint: Checkpoint, module, optimizer=None, scheduler=None, *, skip: str | None = None
+) -> None:
     """Collectively restore a model stage (and optimizer/schedule) from any TP/PP layout; the
     model's state under ``skip`` (a name prefix) is not read and keeps its values."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     if optimizer is not None and "optimizer" not in checkpoint.manifest.get("contents", []):
-        raise CheckpointError(f"{checkpoint.path}: holds model weights only, no optimizer state; "
-                              f"start from it with trainer.init_from instead of resuming")
+        raise CheckpointError(
+            f"{checkpoint.path}: holds model weights only, no optimizer state; "
+            f"start from it with trainer.init_from instead of resuming"
+        )
     model_state = module.sharded_state_dict(metadata=_SHARDING)
     if skip is not None:
-        model_state = {key: value for key, value in model_state.items()
-                       if not key.startswith(skip)}
+        model_state = {key: value for key, value in model_state.items() if not key.startswith(skip)}
     request = {"model": model_state}
     if optimizer is not None:
         _materialize_optimizer_state(optimizer)
-        request["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
-                                                            metadata=_SHARDING)
+        request["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=True, metadata=_SHARDING
+        )
     with _reading(checkpoint):
         # RETURN_UNEXPECTED drops what the checkpoint lacks from the request and names it.
-        loaded, _, absent = dist_checkpointing.load(request, str(checkpoint.path),
-                                                    strict=StrictHandling.RETURN_UNEXPECTED)
+        loaded, _, absent = dist_checkpointing.load(
+            request, str(checkpoint.path), strict=StrictHandling.RETURN_UNEXPECTED
+        )
     missing = sorted(key for key in absent if not key.endswith(EXTRA_STATE))
     if missing:
-        raise CheckpointError(f"{checkpoint.path}: the checkpoint has no {missing[:5]} "
-                              f"({len(missing)} missing); was it written for another model?")
+        raise CheckpointError(
+            f"{checkpoint.path}: the checkpoint has no {missing[:5]} "
+            f"({len(missing)} missing); was it written for another model?"
+        )
     module.load_state_dict(_with_own_entries(loaded["model"], module, skip))
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
@@ -261,8 +287,9 @@ class ModelTensors:
         self._storage = FileSystemReader(str(checkpoint.path))
         with _reading(checkpoint):
             entries = self._storage.read_metadata().state_dict_metadata
-        self._tensors = {key: entry for key, entry in entries.items()
-                         if isinstance(entry, TensorStorageMetadata)}  # not _extra_state bytes
+        self._tensors = {
+            key: entry for key, entry in entries.items() if isinstance(entry, TensorStorageMetadata)
+        }  # not _extra_state bytes
         self._layer_keys = [key for key in self._tensors if key.startswith(LAYERS_PREFIX)]
         self.num_layers = self._tensors[self._layer_keys[0]].size[0] if self._layer_keys else 0
 
@@ -275,19 +302,25 @@ class ModelTensors:
         """Decoder layer ``index``'s weights, named as in a one-rank model's state dict
         (``decoder.layers.<index>.<name>``)."""
         if not 0 <= index < self.num_layers:
-            raise CheckpointError(f"{self.checkpoint.path}: no decoder layer {index} "
-                                  f"(the checkpoint has {self.num_layers})")
+            raise CheckpointError(
+                f"{self.checkpoint.path}: no decoder layer {index} "
+                f"(the checkpoint has {self.num_layers})"
+            )
         slices = self._read(self._layer_keys, index)
-        return {f"{LAYERS_PREFIX}{index}.{key.removeprefix(LAYERS_PREFIX)}": tensor[0]
-                for key, tensor in slices.items()}
+        return {
+            f"{LAYERS_PREFIX}{index}.{key.removeprefix(LAYERS_PREFIX)}": tensor[0]
+            for key, tensor in slices.items()
+        }
 
     def tensors(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
         """Whole tensors by checkpoint key (``embedding.word_embeddings.weight``, ...)."""
         keys = list(keys)
         missing = sorted(set(keys) - self._tensors.keys())
         if missing:
-            raise CheckpointError(f"{self.checkpoint.path}: the checkpoint has no {missing}; "
-                                  f"was it written for another model?")
+            raise CheckpointError(
+                f"{self.checkpoint.path}: the checkpoint has no {missing}; "
+                f"was it written for another model?"
+            )
         return self._read(keys, None)
 
     def _read(self, keys: list[str], layer: int | None) -> dict[str, torch.Tensor]:
@@ -301,8 +334,9 @@ class ModelTensors:
         with _reading(self.checkpoint), warnings.catch_warnings():
             # One process by design: torch warns that, without a process group, it assumes so.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=self._storage, planner=_SlicePlanner(offsets),
-                     no_dist=True)
+            dcp.load(
+                state, storage_reader=self._storage, planner=_SlicePlanner(offsets), no_dist=True
+            )
         return state
 
 
@@ -317,10 +351,12 @@ class _SlicePlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         reads = []
         for key, tensor in self.state_dict.items():
-            chunk = ChunkStorageMetadata(offsets=torch.Size(self._offsets[key]),
-                                         sizes=tensor.size())
-            reads += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key],
-                                                      [chunk])
+            chunk = ChunkStorageMetadata(
+                offsets=torch.Size(self._offsets[key]), sizes=tensor.size()
+            )
+            reads += create_read_items_for_chunk_list(
+                key, self.metadata.state_dict_metadata[key], [chunk]
+            )
         return LoadPlan(reads)
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:

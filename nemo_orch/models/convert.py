@@ -56,12 +56,14 @@ def checkpoint_config(ckpt: checkpoint.Checkpoint, overrides: list[str] = ()) ->
         saved = OmegaConf.load(ckpt.config_path)
         sections = {"model": saved.model, "tokenizer": saved.tokenizer}
     except Exception as error:  # a YAML or key error of any kind
-        raise checkpoint.CheckpointError(f"{ckpt.config_path}: no readable model and tokenizer "
-                                         f"sections ({error})") from None
+        raise checkpoint.CheckpointError(
+            f"{ckpt.config_path}: no readable model and tokenizer sections ({error})"
+        ) from None
     if ckpt.tokenizer_path.is_dir():
         sections["tokenizer"].path = str(ckpt.tokenizer_path.resolve())
-    tree = OmegaConf.merge(config_lib.compose(overrides=["parallel.tp=1", "parallel.pp=1",
-                                                         "parallel.dp=1"]), sections)
+    tree = OmegaConf.merge(
+        config_lib.compose(overrides=["parallel.tp=1", "parallel.pp=1", "parallel.dp=1"]), sections
+    )
     try:
         tree.merge_with_dotlist(list(overrides))
     except Exception as error:  # an override of any kind
@@ -75,14 +77,18 @@ def _export_tokenizer(ckpt: checkpoint.Checkpoint, config: Config) -> Path | Non
     a warning, when there is none (e.g. a checkpoint imported from an HF directory without one)."""
     if config.tokenizer.path is not None:
         return Path(config.tokenizer.path)
-    log.warning("%s has no tokenizer and tokenizer.path is not set: the export gets no tokenizer "
-                "files and no special-token ids, so generate() will not stop at the end of a "
-                "turn; export again with tokenizer.path=<the policy's tokenizer>", ckpt.path)
+    log.warning(
+        "%s has no tokenizer and tokenizer.path is not set: the export gets no tokenizer "
+        "files and no special-token ids, so generate() will not stop at the end of a "
+        "turn; export again with tokenizer.path=<the policy's tokenizer>",
+        ckpt.path,
+    )
     return None
 
 
-def hf_weight_groups(ckpt: checkpoint.Checkpoint,
-                     model: ModelConfig) -> Iterator[dict[str, torch.Tensor]]:
+def hf_weight_groups(
+    ckpt: checkpoint.Checkpoint, model: ModelConfig
+) -> Iterator[dict[str, torch.Tensor]]:
     """A checkpoint's weights in HF naming, read and converted as the embeddings, final norm and
     LM head, then one decoder layer at a time; each tensor checked against ``model``'s shapes.
 
@@ -90,41 +96,62 @@ def hf_weight_groups(ckpt: checkpoint.Checkpoint,
     """
     tensors = checkpoint.ModelTensors(ckpt)
     if tensors.num_layers != model.num_layers:
-        raise checkpoint.CheckpointError(f"{ckpt.path}: {tensors.num_layers} decoder layers, "
-                                         f"the config's model has {model.num_layers}")
-    ends = tensors.tensors(["embedding.word_embeddings.weight", "decoder.final_layernorm.weight",
-                            *([] if model.share_embeddings_and_output_weights
-                              else ["output_layer.weight"])])
+        raise checkpoint.CheckpointError(
+            f"{ckpt.path}: {tensors.num_layers} decoder layers, "
+            f"the config's model has {model.num_layers}"
+        )
+    ends = tensors.tensors(
+        [
+            "embedding.word_embeddings.weight",
+            "decoder.final_layernorm.weight",
+            *([] if model.share_embeddings_and_output_weights else ["output_layer.weight"]),
+        ]
+    )
     yield _checked_shapes(ckpt, model, megatron_ends_to_hf([ends], [ends], model))
     del ends  # the tensors as read, which would otherwise live through every layer
     for layer in range(model.num_layers):
         yield _checked_shapes(ckpt, model, _hf_layer(tensors, layer, model))
 
 
-def _hf_layer(tensors: checkpoint.ModelTensors, layer: int,
-              model: ModelConfig) -> dict[str, torch.Tensor]:
+def _hf_layer(
+    tensors: checkpoint.ModelTensors, layer: int, model: ModelConfig
+) -> dict[str, torch.Tensor]:
     try:
         # A checkpoint's norms carry TE's fused names whichever spec saved it.
-        return megatron_layer_to_hf([tensors.layer(layer)], layer, layer, model,
-                                    "transformer_engine")
+        return megatron_layer_to_hf(
+            [tensors.layer(layer)], layer, layer, model, "transformer_engine"
+        )
     except KeyError as missing:
-        raise checkpoint.CheckpointError(f"{tensors.checkpoint.path}: the checkpoint has no "
-                                         f"{missing}; was it written for another model?") from None
+        raise checkpoint.CheckpointError(
+            f"{tensors.checkpoint.path}: the checkpoint has no "
+            f"{missing}; was it written for another model?"
+        ) from None
 
 
-def _checked_shapes(ckpt: checkpoint.Checkpoint, model: ModelConfig,
-                    group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _checked_shapes(
+    ckpt: checkpoint.Checkpoint, model: ModelConfig, group: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     for name, tensor in group.items():
         expected = hf_parameter_shape(model, name)
         if tuple(tensor.shape) != expected:
-            raise checkpoint.CheckpointError(f"{ckpt.path}: {name} has shape "
-                                             f"{tuple(tensor.shape)}, the config's model "
-                                             f"expects {expected}")
+            raise checkpoint.CheckpointError(
+                f"{ckpt.path}: {name} has shape "
+                f"{tuple(tensor.shape)}, the config's model "
+                f"expects {expected}"
+            )
     return group
 
 
-def export(checkpoint_path: str, fmt: str, out: str, *, tp: int = 1, dtype: str | None = None,
-           max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, overrides: list[str] = ()) -> Path:
+def export(
+    checkpoint_path: str,
+    fmt: str,
+    out: str,
+    *,
+    tp: int = 1,
+    dtype: str | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    overrides: list[str] = (),
+) -> Path:
     """Write an HF directory or a TensorRT-LLM checkpoint (``tp`` rank files) from a checkpoint.
 
     The HF directory's weights go in safetensors shards of at most ``max_shard_size`` (one
@@ -145,17 +172,27 @@ def export(checkpoint_path: str, fmt: str, out: str, *, tp: int = 1, dtype: str 
     groups = hf_weight_groups(ckpt, config.model)
     out_dir = Path(out)
     if fmt == "hf":
-        special_tokens = (special_token_ids(load_tokenizer(tokenizer_dir))
-                          if tokenizer_dir is not None else None)
-        write_hf_checkpoint(out_dir, groups, config.model, dtype=qwen3.DTYPES[dtype],
-                            max_shard_size=max_shard_size, special_tokens=special_tokens)
+        special_tokens = (
+            special_token_ids(load_tokenizer(tokenizer_dir)) if tokenizer_dir is not None else None
+        )
+        write_hf_checkpoint(
+            out_dir,
+            groups,
+            config.model,
+            dtype=qwen3.DTYPES[dtype],
+            max_shard_size=max_shard_size,
+            special_tokens=special_tokens,
+        )
     else:
         hf = {name: tensor for group in groups for name, tensor in group.items()}
         trtllm.save_trtllm_checkpoint(out_dir, hf, config.model, tp=tp, dtype=dtype)
     if tokenizer_dir is not None:
         copy_tokenizer(tokenizer_dir, out_dir)
-    (out_dir / EXPORT_MANIFEST).write_text(json.dumps(
-        {"source": str(ckpt.path), "step": ckpt.step, "format": fmt, "dtype": dtype, "tp": tp}))
+    (out_dir / EXPORT_MANIFEST).write_text(
+        json.dumps(
+            {"source": str(ckpt.path), "step": ckpt.step, "format": fmt, "dtype": dtype, "tp": tp}
+        )
+    )
     return out_dir
 
 
@@ -175,9 +212,16 @@ class EngineExport:
     build_seconds: float
 
 
-def export_engine(checkpoint_path: str, out: str, *, tp: int = 1, dtype: str | None = None,
-                  max_batch_size: int = DEFAULT_ENGINE_MAX_BATCH_SIZE,
-                  max_seq_len: int | None = None, overrides: list[str] = ()) -> EngineExport:
+def export_engine(
+    checkpoint_path: str,
+    out: str,
+    *,
+    tp: int = 1,
+    dtype: str | None = None,
+    max_batch_size: int = DEFAULT_ENGINE_MAX_BATCH_SIZE,
+    max_seq_len: int | None = None,
+    overrides: list[str] = (),
+) -> EngineExport:
     """A TensorRT-LLM checkpoint in ``out/checkpoint`` and its engine in ``out/engine``.
 
     Everything that can be checked up front (``trtllm-build`` on PATH, a CUDA GPU, the build
@@ -191,22 +235,39 @@ def export_engine(checkpoint_path: str, out: str, *, tp: int = 1, dtype: str | N
     dtype = _resolve_dtype(config, dtype)
     max_seq_len = max_seq_len or config.model.max_position_embeddings
     if max_seq_len > config.model.max_position_embeddings:
-        raise ConfigError(f"--max-seq-len {max_seq_len} exceeds the model's "
-                          f"max_position_embeddings ({config.model.max_position_embeddings})")
+        raise ConfigError(
+            f"--max-seq-len {max_seq_len} exceeds the model's "
+            f"max_position_embeddings ({config.model.max_position_embeddings})"
+        )
     out_dir = Path(out)
     checkpoint_dir, engine_dir = out_dir / "checkpoint", out_dir / "engine"
     command = trtllm.trtllm_build_command(
-        checkpoint_dir, engine_dir, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-        workers=min(tp, max(torch.cuda.device_count(), 1)), executable=executable)
-    export(checkpoint_path, "trtllm", str(checkpoint_dir), tp=tp, dtype=dtype,
-           overrides=overrides)
+        checkpoint_dir,
+        engine_dir,
+        max_batch_size=max_batch_size,
+        max_seq_len=max_seq_len,
+        workers=min(tp, max(torch.cuda.device_count(), 1)),
+        executable=executable,
+    )
+    export(checkpoint_path, "trtllm", str(checkpoint_dir), tp=tp, dtype=dtype, overrides=overrides)
     seconds = trtllm.build_engine(command)
     if config.tokenizer.path is not None:
         copy_tokenizer(config.tokenizer.path, engine_dir)
-    (out_dir / EXPORT_MANIFEST).write_text(json.dumps(
-        {"source": str(ckpt.path), "step": ckpt.step, "format": "trtllm-engine", "dtype": dtype,
-         "tp": tp, "max_batch_size": max_batch_size, "max_seq_len": max_seq_len,
-         "build_seconds": round(seconds, 3), "command": command}))
+    (out_dir / EXPORT_MANIFEST).write_text(
+        json.dumps(
+            {
+                "source": str(ckpt.path),
+                "step": ckpt.step,
+                "format": "trtllm-engine",
+                "dtype": dtype,
+                "tp": tp,
+                "max_batch_size": max_batch_size,
+                "max_seq_len": max_seq_len,
+                "build_seconds": round(seconds, 3),
+                "command": command,
+            }
+        )
+    )
     return EngineExport(checkpoint_dir, engine_dir, seconds)
 
 
@@ -218,13 +279,15 @@ def import_hf(hf_dir: str, out: str, overrides: list[str] = ()) -> Path:
     model = model_config_from_hf(hf_config, base.model)
     source = Path(hf_dir)
     tokenizer_dir = source if (source / "tokenizer.json").exists() else None
-    config = config_lib.replace(base, model=model,
-                                tokenizer=config_lib.TokenizerConfig(
-                                    path=str(source) if tokenizer_dir else None))
+    config = config_lib.replace(
+        base,
+        model=model,
+        tokenizer=config_lib.TokenizerConfig(path=str(source) if tokenizer_dir else None),
+    )
     hf = HFCheckpoint(hf_dir)
     with distributed.parallel_session(config.parallel, config.run.seed):
-        module = qwen3.build_model(config.model, config.parallel, pre_process=True,
-                                   post_process=True)
+        module = qwen3.build_model(
+            config.model, config.parallel, pre_process=True, post_process=True
+        )
         weights.load_hf_weights(module, hf, config.model)
-        return checkpoint.save(config, 0, module, tokenizer_dir=tokenizer_dir,
-                               directory=Path(out))
+        return checkpoint.save(config, 0, module, tokenizer_dir=tokenizer_dir, directory=Path(out))

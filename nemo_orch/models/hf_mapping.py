@@ -30,8 +30,17 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 # huggingface_hub's sharding default; transformers 5's save_pretrained default (50GB) would
 # leave an 8B model in one 16 GB file.
 DEFAULT_MAX_SHARD_SIZE = "5GB"
-_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 @dataclass(frozen=True)
@@ -62,9 +71,11 @@ def _layer_names(transformer_impl: str) -> dict[str, str]:
     fused_norms = transformer_impl == "transformer_engine"
     return {
         "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight"
-        if fused_norms else "input_layernorm.weight",
+        if fused_norms
+        else "input_layernorm.weight",
         "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"
-        if fused_norms else "pre_mlp_layernorm.weight",
+        if fused_norms
+        else "pre_mlp_layernorm.weight",
         "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
         "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
     }
@@ -74,10 +85,17 @@ def hf_parameter_names(model: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not model.share_embeddings_and_output_weights:
         names.append("lm_head.weight")
-    per_layer = ["input_layernorm.weight", "post_attention_layernorm.weight",
-                 "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                 "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                 "mlp.down_proj.weight"]
+    per_layer = [
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ]
     if model.qk_layernorm:
         per_layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
     names += [f"model.layers.{i}.{s}" for i in range(model.num_layers) for s in per_layer]
@@ -87,10 +105,19 @@ def hf_parameter_names(model: ModelConfig) -> list[str]:
 def hf_parameter_shape(model: ModelConfig, name: str) -> tuple[int, ...]:
     h, d, f = model.hidden_size, model.kv_channels, model.ffn_hidden_size
     q, kv = model.num_attention_heads * d, model.num_query_groups * d
-    shapes = {"embed_tokens.weight": (model.vocab_size, h), "lm_head.weight": (model.vocab_size, h),
-              "q_proj.weight": (q, h), "k_proj.weight": (kv, h), "v_proj.weight": (kv, h),
-              "o_proj.weight": (h, q), "gate_proj.weight": (f, h), "up_proj.weight": (f, h),
-              "down_proj.weight": (h, f), "q_norm.weight": (d,), "k_norm.weight": (d,)}
+    shapes = {
+        "embed_tokens.weight": (model.vocab_size, h),
+        "lm_head.weight": (model.vocab_size, h),
+        "q_proj.weight": (q, h),
+        "k_proj.weight": (kv, h),
+        "v_proj.weight": (kv, h),
+        "o_proj.weight": (h, q),
+        "gate_proj.weight": (f, h),
+        "up_proj.weight": (f, h),
+        "down_proj.weight": (h, f),
+        "q_norm.weight": (d,),
+        "k_norm.weight": (d,),
+    }
     suffix = ".".join(name.split(".")[-2:])
     return shapes.get(suffix, (h,))  # every other parameter is a hidden-size norm
 
@@ -117,7 +144,9 @@ class SeededHFWeights(Mapping[str, torch.Tensor]):
         std = self._model.init_method_std
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             std /= (2.0 * self._model.num_layers) ** 0.5
-        generator = torch.Generator().manual_seed(self._seed * 1_000_003 + zlib.crc32(name.encode()))
+        generator = torch.Generator().manual_seed(
+            self._seed * 1_000_003 + zlib.crc32(name.encode())
+        )
         return torch.randn(shape, generator=generator) * std
 
     def __iter__(self) -> Iterator[str]:
@@ -131,8 +160,9 @@ def _tp_chunk(tensor: torch.Tensor, layout: Layout, dim: int) -> torch.Tensor:
     return torch.chunk(tensor, layout.tp_size, dim=dim)[layout.tp_rank].contiguous()
 
 
-def _fuse_qkv(model: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              layout: Layout) -> torch.Tensor:
+def _fuse_qkv(
+    model: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout
+) -> torch.Tensor:
     d, groups = model.kv_channels, model.num_query_groups
     heads_per_group = model.num_attention_heads // groups
     hidden = q.shape[-1]
@@ -152,15 +182,20 @@ def _split_qkv(model: ModelConfig, fused: torch.Tensor) -> tuple[torch.Tensor, .
     return q.reshape(-1, hidden), k.reshape(-1, hidden), v.reshape(-1, hidden)
 
 
-def hf_to_megatron(hf: Mapping[str, torch.Tensor], model: ModelConfig, layout: Layout,
-                   transformer_impl: str | None = None) -> dict[str, torch.Tensor]:
+def hf_to_megatron(
+    hf: Mapping[str, torch.Tensor],
+    model: ModelConfig,
+    layout: Layout,
+    transformer_impl: str | None = None,
+) -> dict[str, torch.Tensor]:
     """The state dict of one Megatron rank, cut from full HF tensors (read lazily by key)."""
     impl = transformer_impl or model.transformer_impl
     tied = model.share_embeddings_and_output_weights
     out: dict[str, torch.Tensor] = {}
     if layout.is_first_stage:
-        out["embedding.word_embeddings.weight"] = _tp_chunk(hf["model.embed_tokens.weight"],
-                                                             layout, 0)
+        out["embedding.word_embeddings.weight"] = _tp_chunk(
+            hf["model.embed_tokens.weight"], layout, 0
+        )
     for local, layer in enumerate(layout.layers(model.num_layers)):
         src, dst = f"model.layers.{layer}.", f"decoder.layers.{local}."
         for hf_suffix, mg_suffix in _layer_names(impl).items():
@@ -168,13 +203,22 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], model: ModelConfig, layout: L
                 continue
             out[dst + mg_suffix] = hf[src + hf_suffix].clone()
         out[dst + "self_attention.linear_qkv.weight"] = _fuse_qkv(
-            model, hf[src + "self_attn.q_proj.weight"], hf[src + "self_attn.k_proj.weight"],
-            hf[src + "self_attn.v_proj.weight"], layout)
+            model,
+            hf[src + "self_attn.q_proj.weight"],
+            hf[src + "self_attn.k_proj.weight"],
+            hf[src + "self_attn.v_proj.weight"],
+            layout,
+        )
         out[dst + "self_attention.linear_proj.weight"] = _tp_chunk(
-            hf[src + "self_attn.o_proj.weight"], layout, 1)
+            hf[src + "self_attn.o_proj.weight"], layout, 1
+        )
         out[dst + "mlp.linear_fc1.weight"] = torch.cat(
-            [_tp_chunk(hf[src + "mlp.gate_proj.weight"], layout, 0),
-             _tp_chunk(hf[src + "mlp.up_proj.weight"], layout, 0)], dim=0)
+            [
+                _tp_chunk(hf[src + "mlp.gate_proj.weight"], layout, 0),
+                _tp_chunk(hf[src + "mlp.up_proj.weight"], layout, 0),
+            ],
+            dim=0,
+        )
         out[dst + "mlp.linear_fc2.weight"] = _tp_chunk(hf[src + "mlp.down_proj.weight"], layout, 1)
     if layout.is_last_stage:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
@@ -185,9 +229,13 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], model: ModelConfig, layout: L
     return out
 
 
-def megatron_layer_to_hf(stage: list[Mapping[str, torch.Tensor]], local: int, layer: int,
-                         model: ModelConfig, transformer_impl: str | None = None
-                         ) -> dict[str, torch.Tensor]:
+def megatron_layer_to_hf(
+    stage: list[Mapping[str, torch.Tensor]],
+    local: int,
+    layer: int,
+    model: ModelConfig,
+    transformer_impl: str | None = None,
+) -> dict[str, torch.Tensor]:
     """Full HF tensors of global decoder layer ``layer`` from one pipeline stage's state dicts
     (``stage[tp_rank]``), where it is layer ``local``."""
     impl = transformer_impl or model.transformer_impl
@@ -201,8 +249,9 @@ def megatron_layer_to_hf(stage: list[Mapping[str, torch.Tensor]], local: int, la
         if hf_suffix.startswith("self_attn.") and not model.qk_layernorm:
             continue
         hf[dst + hf_suffix] = stage[0][src + mg_suffix].clone()
-    per_rank = [_split_qkv(model, shard[src + "self_attention.linear_qkv.weight"])
-                for shard in stage]
+    per_rank = [
+        _split_qkv(model, shard[src + "self_attention.linear_qkv.weight"]) for shard in stage
+    ]
     for index, name in enumerate(("q_proj", "k_proj", "v_proj")):
         hf[dst + f"self_attn.{name}.weight"] = torch.cat([p[index] for p in per_rank])
     hf[dst + "self_attn.o_proj.weight"] = cat("self_attention.linear_proj.weight", 1)
@@ -213,15 +262,20 @@ def megatron_layer_to_hf(stage: list[Mapping[str, torch.Tensor]], local: int, la
     return hf
 
 
-def megatron_embedding_to_hf(first_stage: list[Mapping[str, torch.Tensor]]
-                             ) -> dict[str, torch.Tensor]:
+def megatron_embedding_to_hf(
+    first_stage: list[Mapping[str, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
     """The full HF embeddings from the first pipeline stage's state dicts (``[tp_rank]``)."""
-    return {"model.embed_tokens.weight": torch.cat(
-        [shard["embedding.word_embeddings.weight"] for shard in first_stage])}
+    return {
+        "model.embed_tokens.weight": torch.cat(
+            [shard["embedding.word_embeddings.weight"] for shard in first_stage]
+        )
+    }
 
 
-def megatron_head_to_hf(last_stage: list[Mapping[str, torch.Tensor]], model: ModelConfig
-                        ) -> dict[str, torch.Tensor]:
+def megatron_head_to_hf(
+    last_stage: list[Mapping[str, torch.Tensor]], model: ModelConfig
+) -> dict[str, torch.Tensor]:
     """The full HF final norm and (untied) LM head from the last pipeline stage's state dicts
     (``[tp_rank]``)."""
     hf = {"model.norm.weight": last_stage[0]["decoder.final_layernorm.weight"].clone()}
@@ -230,16 +284,21 @@ def megatron_head_to_hf(last_stage: list[Mapping[str, torch.Tensor]], model: Mod
     return hf
 
 
-def megatron_ends_to_hf(first_stage: list[Mapping[str, torch.Tensor]],
-                        last_stage: list[Mapping[str, torch.Tensor]],
-                        model: ModelConfig) -> dict[str, torch.Tensor]:
+def megatron_ends_to_hf(
+    first_stage: list[Mapping[str, torch.Tensor]],
+    last_stage: list[Mapping[str, torch.Tensor]],
+    model: ModelConfig,
+) -> dict[str, torch.Tensor]:
     """Full HF embeddings, final norm and (untied) LM head from the first and last pipeline
     stages' state dicts (``stage[tp_rank]``)."""
     return megatron_embedding_to_hf(first_stage) | megatron_head_to_hf(last_stage, model)
 
 
-def megatron_to_hf(stages: list[list[Mapping[str, torch.Tensor]]], model: ModelConfig,
-                   transformer_impl: str | None = None) -> dict[str, torch.Tensor]:
+def megatron_to_hf(
+    stages: list[list[Mapping[str, torch.Tensor]]],
+    model: ModelConfig,
+    transformer_impl: str | None = None,
+) -> dict[str, torch.Tensor]:
     """Full HF tensors from every rank's state dict, ``stages[pp_rank][tp_rank]``."""
     pp_size, tp_size = len(stages), len(stages[0])
     hf = megatron_ends_to_hf(stages[0], stages[-1], model)
@@ -250,8 +309,11 @@ def megatron_to_hf(stages: list[list[Mapping[str, torch.Tensor]]], model: ModelC
     return hf
 
 
-def hf_config_dict(model: ModelConfig, torch_dtype: str | None = None,
-                   special_tokens: SpecialTokenIds | None = None) -> dict:
+def hf_config_dict(
+    model: ModelConfig,
+    torch_dtype: str | None = None,
+    special_tokens: SpecialTokenIds | None = None,
+) -> dict:
     """``config.json`` of the equivalent ``Qwen3ForCausalLM``, with the bos and eos ids of the
     tokenizer's ``special_tokens`` as Qwen3's own has them.
 
@@ -281,17 +343,21 @@ def hf_config_dict(model: ModelConfig, torch_dtype: str | None = None,
         "torch_dtype": torch_dtype or model.params_dtype,
     }
     if special_tokens is not None:
-        config |= {"bos_token_id": special_tokens.end_of_text,
-                   "eos_token_id": special_tokens.end_of_turn}
+        config |= {
+            "bos_token_id": special_tokens.end_of_text,
+            "eos_token_id": special_tokens.end_of_turn,
+        }
     return config
 
 
 def generation_config_dict(special_tokens: SpecialTokenIds) -> dict:
     """``generation_config.json`` as Qwen3's, without its sampling defaults: generation stops at
     ``<|im_end|>`` (or ``<|endoftext|>``) and pads with ``<|endoftext|>``."""
-    return {"bos_token_id": special_tokens.end_of_text,
-            "eos_token_id": [special_tokens.end_of_turn, special_tokens.end_of_text],
-            "pad_token_id": special_tokens.end_of_text}
+    return {
+        "bos_token_id": special_tokens.end_of_text,
+        "eos_token_id": [special_tokens.end_of_turn, special_tokens.end_of_text],
+        "pad_token_id": special_tokens.end_of_text,
+    }
 
 
 def build_hf_model(model: ModelConfig, attn_implementation: str | None = None) -> torch.nn.Module:
@@ -299,22 +365,38 @@ def build_hf_model(model: ModelConfig, attn_implementation: str | None = None) -
     weights into it next)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    fields = {key: value for key, value in hf_config_dict(model).items()
-              if key not in ("architectures", "model_type", "torch_dtype")}
+    fields = {
+        key: value
+        for key, value in hf_config_dict(model).items()
+        if key not in ("architectures", "model_type", "torch_dtype")
+    }
     if attn_implementation is not None:
         fields["attn_implementation"] = attn_implementation
     return Qwen3ForCausalLM(Qwen3Config(**fields))
 
 
-ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-                       "kv_channels", "ffn_hidden_size", "vocab_size", "rotary_base",
-                       "layernorm_epsilon", "qk_layernorm", "share_embeddings_and_output_weights")
+ARCHITECTURE_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "ffn_hidden_size",
+    "vocab_size",
+    "rotary_base",
+    "layernorm_epsilon",
+    "qk_layernorm",
+    "share_embeddings_and_output_weights",
+)
 
 
 def architecture_mismatch(a: ModelConfig, b: ModelConfig) -> list[str]:
     """``field: a != b`` for each architecture field on which two model configs differ."""
-    return [f"{name}: {getattr(a, name)} != {getattr(b, name)}" for name in ARCHITECTURE_FIELDS
-            if getattr(a, name) != getattr(b, name)]
+    return [
+        f"{name}: {getattr(a, name)} != {getattr(b, name)}"
+        for name in ARCHITECTURE_FIELDS
+        if getattr(a, name) != getattr(b, name)
+    ]
 
 
 def model_config_from_hf(hf_config: Mapping, base: ModelConfig) -> ModelConfig:
@@ -322,8 +404,9 @@ def model_config_from_hf(hf_config: Mapping, base: ModelConfig) -> ModelConfig:
     from dataclasses import replace
 
     if hf_config.get("model_type") != "qwen3":
-        raise ValueError(f"expected an HF Qwen3 config (model_type 'qwen3'), "
-                         f"got {hf_config.get('model_type')!r}")
+        raise ValueError(
+            f"expected an HF Qwen3 config (model_type 'qwen3'), got {hf_config.get('model_type')!r}"
+        )
     rope = hf_config.get("rope_theta") or hf_config.get("rope_parameters", {}).get("rope_theta")
     return replace(
         base,
@@ -387,8 +470,9 @@ def parse_size(size: int | str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(size), re.IGNORECASE)
     value = int(float(match[1]) * _SIZE_UNITS[(match[2] or "B").upper()]) if match else 0
     if value <= 0:
-        raise ConfigError(f"max shard size must be a positive size like 5GB, 500MiB or a byte "
-                          f"count, got {size!r}")
+        raise ConfigError(
+            f"max shard size must be a positive size like 5GB, 500MiB or a byte count, got {size!r}"
+        )
     return value
 
 
@@ -439,16 +523,24 @@ class _ShardWriter:
             file = f"model-{index + 1:05d}-of-{count:05d}.safetensors"
             self._partial(index).rename(self.directory / file)
             weight_map.update(dict.fromkeys(names, file))
-        index = {"metadata": {"total_parameters": self.total_parameters,
-                              "total_size": self.total_size}, "weight_map": weight_map}
+        index = {
+            "metadata": {"total_parameters": self.total_parameters, "total_size": self.total_size},
+            "weight_map": weight_map,
+        }
         (self.directory / SAFETENSORS_INDEX).write_text(
-            json.dumps(index, indent=2, sort_keys=True) + "\n")
+            json.dumps(index, indent=2, sort_keys=True) + "\n"
+        )
 
 
-def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, torch.Tensor]],
-                        model: ModelConfig, *, dtype: torch.dtype | None = None,
-                        max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-                        special_tokens: SpecialTokenIds | None = None) -> Path:
+def write_hf_checkpoint(
+    directory: str | Path,
+    groups: Iterable[Mapping[str, torch.Tensor]],
+    model: ModelConfig,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    special_tokens: SpecialTokenIds | None = None,
+) -> Path:
     """Write ``config.json`` + safetensors weights loadable by ``Qwen3ForCausalLM``, as HF's
     ``save_pretrained`` lays them out: ``model.safetensors`` when the weights fit one shard of
     ``max_shard_size``, else ``model-0000i-of-0000N.safetensors`` and
@@ -478,16 +570,23 @@ def write_hf_checkpoint(directory: str | Path, groups: Iterable[Mapping[str, tor
         del group  # freed, but for the shard still filling, before the next one is built
     shards.close()
     (directory / HF_CONFIG).write_text(
-        json.dumps(hf_config_dict(model, dtype_name, special_tokens), indent=2))
+        json.dumps(hf_config_dict(model, dtype_name, special_tokens), indent=2)
+    )
     if special_tokens is not None:
         (directory / GENERATION_CONFIG).write_text(
-            json.dumps(generation_config_dict(special_tokens), indent=2))
+            json.dumps(generation_config_dict(special_tokens), indent=2)
+        )
     return directory
 
 
-def save_hf_checkpoint(directory: str | Path, weights: Mapping[str, torch.Tensor],
-                       model: ModelConfig, dtype: torch.dtype | None = None,
-                       special_tokens: SpecialTokenIds | None = None) -> Path:
+def save_hf_checkpoint(
+    directory: str | Path,
+    weights: Mapping[str, torch.Tensor],
+    model: ModelConfig,
+    dtype: torch.dtype | None = None,
+    special_tokens: SpecialTokenIds | None = None,
+) -> Path:
     """:func:`write_hf_checkpoint` of one mapping of weights, at the default shard size."""
-    return write_hf_checkpoint(directory, [weights], model, dtype=dtype,
-                               special_tokens=special_tokens)
+    return write_hf_checkpoint(
+        directory, [weights], model, dtype=dtype, special_tokens=special_tokens
+    )

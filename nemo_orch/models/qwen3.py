@@ -23,51 +23,69 @@ def check_runtime(model: ModelConfig) -> None:
     """Fail early, with the reason, when the config asks for what this machine lacks."""
     if model.transformer_impl == "transformer_engine":
         if not torch.cuda.is_available():
-            raise ConfigError("model.transformer_impl=transformer_engine needs a CUDA GPU; "
-                              "use model.transformer_impl=local on CPU")
+            raise ConfigError(
+                "model.transformer_impl=transformer_engine needs a CUDA GPU; "
+                "use model.transformer_impl=local on CPU"
+            )
         if importlib.util.find_spec("transformer_engine") is None:
-            raise ConfigError("model.transformer_impl=transformer_engine needs Transformer Engine "
-                              "(pip install 'nemo-orch[gpu]' or an NGC PyTorch container)")
+            raise ConfigError(
+                "model.transformer_impl=transformer_engine needs Transformer Engine "
+                "(pip install 'nemo-orch[gpu]' or an NGC PyTorch container)"
+            )
     if model.fp8 is not None:
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         if capability is None or capability < (8, 9):
             raise ConfigError("model.fp8 needs an FP8-capable GPU (Ada/Hopper or newer)")
         if model.fp8_recipe == "mxfp8" and capability < (10, 0):
-            raise ConfigError("model.fp8_recipe=mxfp8 needs a Blackwell GPU; use delayed or "
-                              "tensorwise (or blockwise on Hopper) before Blackwell")
+            raise ConfigError(
+                "model.fp8_recipe=mxfp8 needs a Blackwell GPU; use delayed or "
+                "tensorwise (or blockwise on Hopper) before Blackwell"
+            )
 
 
 def _check_fp8_layout(model: ModelConfig, parallel: ParallelConfig) -> None:
     """FP8 constraints that involve the parallel layout (the rest are checked in ModelConfig)."""
     if model.fp8_param and not parallel.use_distributed_optimizer:
-        raise ConfigError("model.fp8_param needs parallel.use_distributed_optimizer=true (it "
-                          "keeps the FP32 main weights of the FP8 parameters)")
+        raise ConfigError(
+            "model.fp8_param needs parallel.use_distributed_optimizer=true (it "
+            "keeps the FP32 main weights of the FP8 parameters)"
+        )
     if model.first_last_layers_bf16:
         per_stage = model.num_layers // parallel.pp
         for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
             if getattr(model, name) > per_stage:
-                raise ConfigError(f"model.{name}={getattr(model, name)} exceeds the "
-                                  f"{per_stage} layers of a pipeline stage (counted per stage)")
+                raise ConfigError(
+                    f"model.{name}={getattr(model, name)} exceeds the "
+                    f"{per_stage} layers of a pipeline stage (counted per stage)"
+                )
 
 
 def _fused_softmax_available() -> bool:
     """Whether the local spec's fused masked-softmax kernels (built by Apex; NGC containers have
     them) are importable. Megatron imports them unguarded when the fusion is on, so without them
     a bf16 local-spec model on a GPU would fail in its first attention."""
-    return all(importlib.util.find_spec(name) is not None for name in (
-        "scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda"))
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda")
+    )
 
 
 def fp8_options(model: ModelConfig) -> dict:
     """The ``TransformerConfig`` FP8 fields (none when FP8 is off: Megatron's defaults)."""
     if model.fp8 is None:
         return {}
-    return dict(fp8=model.fp8, fp8_recipe=model.fp8_recipe, fp8_margin=model.fp8_margin,
-                fp8_amax_history_len=model.fp8_amax_history_len,
-                fp8_amax_compute_algo=model.fp8_amax_compute_algo, fp8_param=model.fp8_param,
-                fp8_wgrad=model.fp8_wgrad, first_last_layers_bf16=model.first_last_layers_bf16,
-                num_layers_at_start_in_bf16=model.num_layers_at_start_in_bf16,
-                num_layers_at_end_in_bf16=model.num_layers_at_end_in_bf16)
+    return dict(
+        fp8=model.fp8,
+        fp8_recipe=model.fp8_recipe,
+        fp8_margin=model.fp8_margin,
+        fp8_amax_history_len=model.fp8_amax_history_len,
+        fp8_amax_compute_algo=model.fp8_amax_compute_algo,
+        fp8_param=model.fp8_param,
+        fp8_wgrad=model.fp8_wgrad,
+        first_last_layers_bf16=model.first_last_layers_bf16,
+        num_layers_at_start_in_bf16=model.num_layers_at_start_in_bf16,
+        num_layers_at_end_in_bf16=model.num_layers_at_end_in_bf16,
+    )
 
 
 def transformer_config(model: ModelConfig, parallel: ParallelConfig):
@@ -126,9 +144,11 @@ def layer_spec(model: ModelConfig):
 
     if model.transformer_impl == "transformer_engine":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            qk_layernorm=model.qk_layernorm)
+            qk_layernorm=model.qk_layernorm
+        )
     spec = gpt_layer_specs.get_gpt_layer_local_spec(
-        qk_layernorm=model.qk_layernorm, normalization="RMSNorm")
+        qk_layernorm=model.qk_layernorm, normalization="RMSNorm"
+    )
     if not torch.cuda.is_available():
         from nemo_orch.models.sdpa_attention import SDPAttention
 
@@ -138,8 +158,9 @@ def layer_spec(model: ModelConfig):
     return spec
 
 
-def build_model(model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool,
-                post_process: bool):
+def build_model(
+    model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool, post_process: bool
+):
     """One pipeline stage of the policy (the whole model when pp=1). Weights are uninitialized."""
     from megatron.core.models.gpt import GPTModel
 
@@ -189,25 +210,36 @@ class ValueHead(torch.nn.Module):
         self.register_buffer("return_mean", torch.zeros((), dtype=torch.float64))
         self.register_buffer("return_var", torch.ones((), dtype=torch.float64))
 
-    def forward(self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None,
-                runtime_gather_output: bool | None = None) -> tuple[torch.Tensor, None]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        runtime_gather_output: bool | None = None,
+    ) -> tuple[torch.Tensor, None]:
         if self.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden_states = gather_from_sequence_parallel_region(
-                hidden_states, tensor_parallel_output_grad=False)
+                hidden_states, tensor_parallel_output_grad=False
+            )
         return F.linear(hidden_states, self.weight, self.bias).squeeze(-1).float(), None
 
 
-def build_critic(model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool,
-                 post_process: bool):
+def build_critic(
+    model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool, post_process: bool
+):
     """One pipeline stage of PPO's critic: the policy's trunk (embeddings untied: the critic
     has no vocabulary projection to tie them to) with a :class:`ValueHead` on the last stage."""
-    gpt = build_model(dataclasses.replace(model, share_embeddings_and_output_weights=False),
-                      parallel, pre_process=pre_process, post_process=post_process)
+    gpt = build_model(
+        dataclasses.replace(model, share_embeddings_and_output_weights=False),
+        parallel,
+        pre_process=pre_process,
+        post_process=post_process,
+    )
     if post_process:
-        gpt.output_layer = ValueHead(model.hidden_size, DTYPES[model.params_dtype],
-                                     parallel.sequence_parallel)
+        gpt.output_layer = ValueHead(
+            model.hidden_size, DTYPES[model.params_dtype], parallel.sequence_parallel
+        )
         if torch.cuda.is_available():
             gpt.output_layer.cuda(torch.cuda.current_device())
     return gpt

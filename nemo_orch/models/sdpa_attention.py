@@ -26,28 +26,45 @@ class SDPAttention(DotProductAttention):
     docstring); query ``[sq, b, np, hn]``, key and value ``[sk, b, ng, hn]``, output
     ``[sq, b, np * hn]``."""
 
-    def _fused(self, attention_mask: Optional[torch.Tensor],
-               attn_mask_type: Optional[AttnMaskType]) -> bool:
-        return (attention_mask is None
-                and (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
-                and not self.config.apply_query_key_layer_scaling
-                and self.softmax_offset is None and self.attention_dropout.p == 0.0
-                and self.scale_mask_softmax.window_size is None)
+    def _fused(
+        self, attention_mask: Optional[torch.Tensor], attn_mask_type: Optional[AttnMaskType]
+    ) -> bool:
+        return (
+            attention_mask is None
+            and (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
+            and not self.config.apply_query_key_layer_scaling
+            and self.softmax_offset is None
+            and self.attention_dropout.p == 0.0
+            and self.scale_mask_softmax.window_size is None
+        )
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: Optional[torch.Tensor],
-                attn_mask_type: Optional[AttnMaskType] = None,
-                attention_bias: Optional[torch.Tensor] = None,
-                packed_seq_params: Optional[PackedSeqParams] = None) -> torch.Tensor:
-        if attention_bias is not None or packed_seq_params is not None or not self._fused(
-                attention_mask, attn_mask_type):
-            return super().forward(query, key, value, attention_mask, attn_mask_type,
-                                   attention_bias, packed_seq_params)
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[torch.Tensor] = None,
+        packed_seq_params: Optional[PackedSeqParams] = None,
+    ) -> torch.Tensor:
+        if (
+            attention_bias is not None
+            or packed_seq_params is not None
+            or not self._fused(attention_mask, attn_mask_type)
+        ):
+            return super().forward(
+                query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
+            )
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         # [s, b, heads, hn] -> [b, heads, s, hn]
         context = F.scaled_dot_product_attention(
-            query.permute(1, 2, 0, 3), key.permute(1, 2, 0, 3), value.permute(1, 2, 0, 3),
-            is_causal=True, scale=self.softmax_scale, enable_gqa=groups > 1)
+            query.permute(1, 2, 0, 3),
+            key.permute(1, 2, 0, 3),
+            value.permute(1, 2, 0, 3),
+            is_causal=True,
+            scale=self.softmax_scale,
+            enable_gqa=groups > 1,
+        )
         sequence, batch = query.shape[0], query.shape[1]
-        return context.permute(2, 0, 1, 3).reshape(sequence, batch,
-                                                   self.hidden_size_per_partition)
+        return context.permute(2, 0, 1, 3).reshape(sequence, batch, self.hidden_size_per_partition)

@@ -212,7 +212,10 @@ def _split_special_tokens(texts: Iterable[str]) -> Iterator[str]:
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, min_frequency: int, out_dir: str | Path,
+    texts: Iterable[str],
+    vocab_size: int,
+    min_frequency: int,
+    out_dir: str | Path,
     chat_format: str = "qwen3",
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts``, save it in HF format to ``out_dir`` with
@@ -293,8 +296,9 @@ def _write_portable_config(source: Path, out: Path) -> None:
         config["chat_template"] = (source / _CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
     # Left beside the key, an earlier file (e.g. a previous export's) would be read instead.
     (out / _CHAT_TEMPLATE_FILE).unlink(missing_ok=True)
-    (out / _TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
-                                        encoding="utf-8")
+    (out / _TOKENIZER_CONFIG).write_text(
+        json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -338,8 +342,10 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialTokenIds:
     """The ids of ``tokenizer``'s vocabulary for :data:`EOS_TOKEN` and :data:`PAD_TOKEN`, the
     eos and pad :func:`load_tokenizer` sets on any tokenizer (a base Qwen3 one's own eos is
     ``<|endoftext|>``)."""
-    return SpecialTokenIds(end_of_turn=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-                           end_of_text=tokenizer.convert_tokens_to_ids(PAD_TOKEN))
+    return SpecialTokenIds(
+        end_of_turn=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        end_of_text=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+    )
 
 
 @dataclass(frozen=True)
@@ -354,7 +360,8 @@ class _Controls:
 
 # Per tokenizer object, dropped with it (an id-keyed cache would outlive it and be reused).
 _CONTROLS: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, _Controls] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def control_strings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
@@ -398,15 +405,20 @@ def _controls(tokenizer: PreTrainedTokenizerBase) -> _Controls:
     strings = tuple(sorted(s for s in candidates if len(s) > 1 and not s.isspace()))
     marked = [s for s in strings if ESCAPE_MARK in s]
     if marked:
-        raise TokenizerError(f"control strings {marked} contain the escape mark "
-                             f"{ESCAPE_MARK!r}: escaping could form new ones")
+        raise TokenizerError(
+            f"control strings {marked} contain the escape mark "
+            f"{ESCAPE_MARK!r}: escaping could form new ones"
+        )
     # One alternative per first character, the rest as a lookahead: the match consumes only
     # that character, so occurrences overlapping it are still found.
     rests: dict[str, set[str]] = defaultdict(set)
     for string in strings:
         rests[string[0]].add(string[1:])
-    pattern = re.compile("|".join(
-        f"{re.escape(first)}(?={'|'.join(re.escape(rest) for rest in sorted(rests[first]))})"
-        for first in sorted(rests)))
+    pattern = re.compile(
+        "|".join(
+            f"{re.escape(first)}(?={'|'.join(re.escape(rest) for rest in sorted(rests[first]))})"
+            for first in sorted(rests)
+        )
+    )
     cached = _CONTROLS[tokenizer] = _Controls(key, strings, pattern)
     return cached

@@ -23,22 +23,28 @@ from nemo_orch.models.hf_mapping import (
 def rank_layout() -> Layout:
     from megatron.core import parallel_state as ps
 
-    return Layout(tp_size=ps.get_tensor_model_parallel_world_size(),
-                  tp_rank=ps.get_tensor_model_parallel_rank(),
-                  pp_size=ps.get_pipeline_model_parallel_world_size(),
-                  pp_rank=ps.get_pipeline_model_parallel_rank())
+    return Layout(
+        tp_size=ps.get_tensor_model_parallel_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_size=ps.get_pipeline_model_parallel_world_size(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+    )
 
 
 def parameter_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Parameters by name (Megatron's ``_extra_state`` entries and wrappers' prefixes dropped)."""
     while hasattr(module, "module"):  # DDP / Float16Module wrappers
         module = module.module
-    return {name: tensor.detach() for name, tensor in module.state_dict().items()
-            if not name.endswith("_extra_state")}
+    return {
+        name: tensor.detach()
+        for name, tensor in module.state_dict().items()
+        if not name.endswith("_extra_state")
+    }
 
 
-def load_parameters(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
-                    skip: str | None = None) -> None:
+def load_parameters(
+    module: torch.nn.Module, state: Mapping[str, torch.Tensor], skip: str | None = None
+) -> None:
     """Copy a full local state into the module; every parameter must be covered exactly, but
     those named under ``skip`` (a prefix), which keep their values and take nothing."""
     own = parameter_state(module)
@@ -47,18 +53,26 @@ def load_parameters(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
         state = {name: tensor for name, tensor in state.items() if not name.startswith(skip)}
     missing, unexpected = own.keys() - state.keys(), state.keys() - own.keys()
     if missing or unexpected:
-        raise KeyError(f"state does not match the model: missing {sorted(missing)[:5]}, "
-                       f"unexpected {sorted(unexpected)[:5]}")
+        raise KeyError(
+            f"state does not match the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
     with torch.no_grad():
         for name, tensor in own.items():
             if tensor.shape != state[name].shape:
-                raise ValueError(f"{name}: shape {tuple(state[name].shape)} does not match the "
-                                 f"model's {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"{name}: shape {tuple(state[name].shape)} does not match the "
+                    f"model's {tuple(tensor.shape)}"
+                )
             tensor.copy_(state[name])
 
 
-def load_hf_weights(module: torch.nn.Module, hf: Mapping[str, torch.Tensor],
-                    model: ModelConfig, skip: str | None = None) -> None:
+def load_hf_weights(
+    module: torch.nn.Module,
+    hf: Mapping[str, torch.Tensor],
+    model: ModelConfig,
+    skip: str | None = None,
+) -> None:
     """Load full HF-named weights into this rank's shard of the policy (those of the module's
     state under ``skip``, a name prefix, excepted: see :func:`load_parameters`)."""
     load_parameters(module, hf_to_megatron(hf, model, rank_layout()), skip)
@@ -76,8 +90,9 @@ class _Unit:
     layer: int = -1
     local: int = -1
 
-    def to_hf(self, stage: list[dict[str, torch.Tensor]], model: ModelConfig
-              ) -> dict[str, torch.Tensor]:
+    def to_hf(
+        self, stage: list[dict[str, torch.Tensor]], model: ModelConfig
+    ) -> dict[str, torch.Tensor]:
         """Its full HF tensors from its stage's parameters (``stage[tp_rank]``)."""
         if self.kind == "embedding":
             return megatron_embedding_to_hf(stage)
@@ -89,25 +104,37 @@ class _Unit:
 def _local_shapes(model: ModelConfig, layout: Layout) -> dict[str, torch.Size]:
     """The shape of each parameter of the rank at ``layout`` (the mapping run on meta tensors,
     so nothing is allocated)."""
-    meta = {name: torch.empty(hf_parameter_shape(model, name), device="meta")
-            for name in hf_parameter_names(model)}
+    meta = {
+        name: torch.empty(hf_parameter_shape(model, name), device="meta")
+        for name in hf_parameter_names(model)
+    }
     return {name: tensor.shape for name, tensor in hf_to_megatron(meta, model, layout).items()}
 
 
-def _refit_plan(model: ModelConfig, tp_size: int, pp_size: int
-                ) -> tuple[list[_Unit], list[dict[str, torch.Size]]]:
+def _refit_plan(
+    model: ModelConfig, tp_size: int, pp_size: int
+) -> tuple[list[_Unit], list[dict[str, torch.Size]]]:
     """The units in refit order (embeddings, layers, head) and each stage's parameter shapes
     (those of every TP rank of a stage are equal)."""
-    shapes = [_local_shapes(model, Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=stage))
-              for stage in range(pp_size)]
+    shapes = [
+        _local_shapes(model, Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=stage))
+        for stage in range(pp_size)
+    ]
     last = pp_size - 1
     units = [_Unit("embedding", 0, ["embedding.word_embeddings.weight"])]
     for stage in range(pp_size):
         layout = Layout(tp_size=tp_size, pp_size=pp_size, pp_rank=stage)
         for local, layer in enumerate(layout.layers(model.num_layers)):
             prefix = f"decoder.layers.{local}."
-            units.append(_Unit("layer", stage, [name for name in shapes[stage]
-                                                if name.startswith(prefix)], layer, local))
+            units.append(
+                _Unit(
+                    "layer",
+                    stage,
+                    [name for name in shapes[stage] if name.startswith(prefix)],
+                    layer,
+                    local,
+                )
+            )
     # (With tied embeddings and PP the last stage's output layer is a copy: not sent.)
     head = ["decoder.final_layernorm.weight"]
     if not model.share_embeddings_and_output_weights:
@@ -116,15 +143,19 @@ def _refit_plan(model: ModelConfig, tp_size: int, pp_size: int
     return units, shapes
 
 
-def _buckets(units: list[_Unit], shapes: list[dict[str, torch.Size]], tp_size: int,
-             element_size: int, bucket_bytes: int) -> list[list[_Unit]]:
+def _buckets(
+    units: list[_Unit],
+    shapes: list[dict[str, torch.Size]],
+    tp_size: int,
+    element_size: int,
+    bucket_bytes: int,
+) -> list[list[_Unit]]:
     """Consecutive units, as many as fit ``bucket_bytes`` of full (all TP ranks') tensors; a
     unit larger than that makes a bucket of its own."""
     buckets: list[list[_Unit]] = []
     filled = 0
     for unit in units:
-        size = tp_size * element_size * sum(shapes[unit.stage][name].numel()
-                                            for name in unit.names)
+        size = tp_size * element_size * sum(shapes[unit.stage][name].numel() for name in unit.names)
         if not buckets or filled + size > bucket_bytes:
             buckets.append([])
             filled = 0
@@ -133,8 +164,9 @@ def _buckets(units: list[_Unit], shapes: list[dict[str, torch.Size]], tp_size: i
     return buckets
 
 
-def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes: int
-                      ) -> Iterator[dict[str, torch.Tensor]]:
+def hf_weight_buckets(
+    module: torch.nn.Module, model: ModelConfig, bucket_bytes: int
+) -> Iterator[dict[str, torch.Tensor]]:
     """The policy's full HF-named weights, bucket by bucket, on global rank 0 (the first rank of
     the first data-parallel replica); every rank of the job calls it and iterates it to the end.
 
@@ -164,16 +196,23 @@ def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes:
     dtype = next(iter(local.values())).dtype
     units, shapes = _refit_plan(model, layout.tp_size, layout.pp_size)
     for bucket in _buckets(units, shapes, layout.tp_size, dtype.itemsize, bucket_bytes):
-        names = {stage: [name for unit in bucket if unit.stage == stage for name in unit.names]
-                 for stage in range(layout.pp_size)}
+        names = {
+            stage: [name for unit in bucket if unit.stage == stage for name in unit.names]
+            for stage in range(layout.pp_size)
+        }
         if dist.get_rank() != receiver:
             if names[layout.pp_rank]:
-                dist.send(torch.cat([local[name].reshape(-1).to(dtype)
-                                     for name in names[layout.pp_rank]]), receiver)
+                dist.send(
+                    torch.cat(
+                        [local[name].reshape(-1).to(dtype) for name in names[layout.pp_rank]]
+                    ),
+                    receiver,
+                )
             continue
         # states[stage][tp_rank]: the bucket's parameters of that rank
         states: list[list[dict[str, torch.Tensor]]] = [
-            [{} for _ in range(layout.tp_size)] for _ in range(layout.pp_size)]
+            [{} for _ in range(layout.tp_size)] for _ in range(layout.pp_size)
+        ]
         for stage, stage_names in names.items():
             if not stage_names:
                 continue
@@ -186,7 +225,8 @@ def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes:
                 dist.recv(flat, owner[(stage, tp_rank)])
                 states[stage][tp_rank] = {
                     name: part.view(shapes[stage][name])
-                    for name, part in zip(stage_names, flat.split(sizes))}
+                    for name, part in zip(stage_names, flat.split(sizes))
+                }
         hf: dict[str, torch.Tensor] = {}
         for unit in bucket:
             hf |= unit.to_hf(states[unit.stage], model)
@@ -194,8 +234,9 @@ def hf_weight_buckets(module: torch.nn.Module, model: ModelConfig, bucket_bytes:
         yield hf
 
 
-def gather_hf_weights(module: torch.nn.Module, model: ModelConfig, bucket_mb: int
-                      ) -> dict[str, torch.Tensor] | None:
+def gather_hf_weights(
+    module: torch.nn.Module, model: ModelConfig, bucket_mb: int
+) -> dict[str, torch.Tensor] | None:
     """Full HF-named weights on global rank 0 (None elsewhere), from one data-parallel replica,
     moved in buckets of ``bucket_mb`` MiB (:func:`hf_weight_buckets`); on CPU."""
     hf: dict[str, torch.Tensor] = {}

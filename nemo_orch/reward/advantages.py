@@ -37,8 +37,9 @@ def group_advantages(rewards: Sequence[float], config: RewardConfig) -> list[flo
     return advantages
 
 
-def step_advantages(states: Sequence[Sequence[Hashable]], rewards: Sequence[float],
-                    config: RewardConfig) -> list[list[float]]:
+def step_advantages(
+    states: Sequence[Sequence[Hashable]], rewards: Sequence[float], config: RewardConfig
+) -> list[list[float]]:
     """Credit per call (GiGPO's step-level advantage, Feng et al. 2025): the turns of one
     group's episodes that start from the same state (``states[i][t]``: episode ``i``'s state
     before its turn ``t``, e.g. its tokens so far) form a step group, and each turn's advantage
@@ -67,15 +68,17 @@ def trajectory_drop_reason(breakdown: RewardBreakdown, config: RewardConfig) -> 
     return None
 
 
-def group_drop_reason(breakdowns: Sequence[RewardBreakdown], config: RewardConfig,
-                      group_baseline: bool = True) -> str | None:
+def group_drop_reason(
+    breakdowns: Sequence[RewardBreakdown], config: RewardConfig, group_baseline: bool = True
+) -> str | None:
     """Why this group does not train: ``empty`` (no trajectory left after the per-trajectory
     filters) or, where the group is the baseline (GRPO; not PPO, whose critic learns from any
     reward), ``low_std`` (reward spread below ``min_group_std``: no signal); None keeps it."""
     if all(trajectory_drop_reason(b, config) for b in breakdowns):
         return "empty"
     if group_baseline and statistics.pstdev([b.reward for b in breakdowns]) < (
-            config.min_group_std):
+        config.min_group_std
+    ):
         return "low_std"
     return None
 
@@ -90,10 +93,12 @@ class SamplingStats:
     dropped: dict[str, int] = field(default_factory=dict)
 
 
-async def fill_batch(make_groups: Callable[[int, int], Awaitable[list[Group]]],
-                     needed_groups: int, max_rounds: int,
-                     drop_reason: Callable[[Group], str | None]
-                     ) -> tuple[list[Group], SamplingStats]:
+async def fill_batch(
+    make_groups: Callable[[int, int], Awaitable[list[Group]]],
+    needed_groups: int,
+    max_rounds: int,
+    drop_reason: Callable[[Group], str | None],
+) -> tuple[list[Group], SamplingStats]:
     """Keep the groups ``drop_reason`` accepts (returns None for) until ``needed_groups`` are
     kept or ``max_rounds`` rounds have run; then return what there is (maybe a smaller batch).
 

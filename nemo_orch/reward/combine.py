@@ -88,8 +88,9 @@ def _standardize(values: Sequence[float], eps: float) -> list[float]:
     return [(value - mean) / (std + eps) for value in values]
 
 
-def _toolorchestra(features: list[Features], preference: dict[str, float],
-                   config: RewardConfig) -> list[dict[str, float]]:
+def _toolorchestra(
+    features: list[Features], preference: dict[str, float], config: RewardConfig
+) -> list[dict[str, float]]:
     terms: list[dict[str, float]] = [{} for _ in features]
     for name, weight in preference.items():
         sign = 1.0 if weight >= 0 else -1.0
@@ -99,12 +100,15 @@ def _toolorchestra(features: list[Features], preference: dict[str, float],
     return terms
 
 
-def _weighted(features: list[Features], preference: dict[str, float],
-              config: RewardConfig) -> list[dict[str, float]]:
+def _weighted(
+    features: list[Features], preference: dict[str, float], config: RewardConfig
+) -> list[dict[str, float]]:
     unknown = config.weights.keys() - WEIGHTED_COMPONENTS.keys()
     if unknown:
-        raise ValueError(f"reward.weights has unknown components {sorted(unknown)}; "
-                         f"known: {sorted(WEIGHTED_COMPONENTS)}")
+        raise ValueError(
+            f"reward.weights has unknown components {sorted(unknown)}; "
+            f"known: {sorted(WEIGHTED_COMPONENTS)}"
+        )
     terms: list[dict[str, float]] = [{} for _ in features]
     for name, weight in config.weights.items():
         read = WEIGHTED_COMPONENTS[name]
@@ -114,30 +118,56 @@ def _weighted(features: list[Features], preference: dict[str, float],
     return terms
 
 
-def _linear(features: list[Features], preference: dict[str, float],
-            config: RewardConfig) -> list[dict[str, float]]:
-    return [{"term:outcome": config.linear_alpha * f.outcome,
-             "term:cost": -config.linear_beta * f.usd / config.usd_reference,
-             "term:latency": -config.linear_gamma * f.seconds / config.seconds_reference,
-             "term:preference": config.linear_delta * preference_match(f, preference)}
-            for f in features]
+def _linear(
+    features: list[Features], preference: dict[str, float], config: RewardConfig
+) -> list[dict[str, float]]:
+    return [
+        {
+            "term:outcome": config.linear_alpha * f.outcome,
+            "term:cost": -config.linear_beta * f.usd / config.usd_reference,
+            "term:latency": -config.linear_gamma * f.seconds / config.seconds_reference,
+            "term:preference": config.linear_delta * preference_match(f, preference),
+        }
+        for f in features
+    ]
 
 
-def _preference(features: list[Features], preference: dict[str, float],
-                config: RewardConfig) -> list[dict[str, float]]:
-    return [{f"term:{name}": value for name, value in preference_terms(
-        preference, f.outcome > 0, f.usd, f.seconds, f.calls, config.usd_reference,
-        config.seconds_reference).items()} for f in features]
+def _preference(
+    features: list[Features], preference: dict[str, float], config: RewardConfig
+) -> list[dict[str, float]]:
+    return [
+        {
+            f"term:{name}": value
+            for name, value in preference_terms(
+                preference,
+                f.outcome > 0,
+                f.usd,
+                f.seconds,
+                f.calls,
+                config.usd_reference,
+                config.seconds_reference,
+            ).items()
+        }
+        for f in features
+    ]
 
 
-COMBINATIONS: dict[str, Callable[[list[Features], dict[str, float], RewardConfig],
-                                 list[dict[str, float]]]] = {
-    "toolorchestra": _toolorchestra, "weighted": _weighted, "linear": _linear,
-    "preference": _preference}
+COMBINATIONS: dict[
+    str, Callable[[list[Features], dict[str, float], RewardConfig], list[dict[str, float]]]
+] = {
+    "toolorchestra": _toolorchestra,
+    "weighted": _weighted,
+    "linear": _linear,
+    "preference": _preference,
+}
 
 
-def score_group(task: Task, trajectories: Sequence[Trajectory],
-                outcomes: Sequence[OutcomeResult], config: RewardConfig) -> list[RewardBreakdown]:
+def score_group(
+    task: Task,
+    trajectories: Sequence[Trajectory],
+    outcomes: Sequence[OutcomeResult],
+    config: RewardConfig,
+) -> list[RewardBreakdown]:
     """The rewards of one task's group (``outcomes[i]`` judges ``trajectories[i]``'s answer)."""
     if len(trajectories) != len(outcomes):
         raise ValueError(f"{len(trajectories)} trajectories but {len(outcomes)} outcomes")
@@ -146,18 +176,25 @@ def score_group(task: Task, trajectories: Sequence[Trajectory],
     preference = task_preference(task)
     features = [extract_features(task, t, o) for t, o in zip(trajectories, outcomes)]
     terms = COMBINATIONS[config.combination](features, preference, config)
-    call_keys = sorted({key for f in features for key in f.calls}
-                       | {key for key in preference if key.startswith(CALL_PREFIXES)})
+    call_keys = sorted(
+        {key for f in features for key in f.calls}
+        | {key for key in preference if key.startswith(CALL_PREFIXES)}
+    )
     breakdowns = []
     for f, term in zip(features, terms):
         reward = sum(term.values())
         components = {
-            "reward": reward, "outcome": f.outcome, "usd": f.usd, "seconds": f.seconds,
+            "reward": reward,
+            "outcome": f.outcome,
+            "usd": f.usd,
+            "seconds": f.seconds,
             "preference_match": preference_match(f, preference),
-            "format_errors": float(f.format_errors), "answered": float(f.answered),
+            "format_errors": float(f.format_errors),
+            "answered": float(f.answered),
             "over_budget": float(f.over_budget),
             **{f"outcome_method:{m}": float(f.method == m) for m in OUTCOME_METHODS},
             **{key: float(f.calls.get(key, 0)) for key in call_keys},
-            **term}
+            **term,
+        }
         breakdowns.append(RewardBreakdown(reward, components))
     return breakdowns

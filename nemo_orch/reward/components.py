@@ -37,21 +37,34 @@ PREFERENCE_PHRASES: dict[str, tuple[str, ...]] = {
         "Get it right, whatever it takes.",
         "Use the strongest model available when in doubt.",
     ),
-    "no_search": ("Do not use web search.", "Web search is not allowed for this task.",
-                  "Do not search."),
+    "no_search": (
+        "Do not use web search.",
+        "Web search is not allowed for this task.",
+        "Do not search.",
+    ),
     "neutral": ("Answer concisely.", "Be brief.", "Only the final answer is graded."),
     "no_code": ("Do not run code.", "Code execution is not allowed for this task."),
     # Said with a budget the task states (``budget_usd``).
     "budget": ("Stay within the budget.", "Do not go over the budget."),
 }
 # Calls whose avoidance has phrasings of its own.
-_AVOIDED_CALL_PHRASES = {"tool:python_sandbox": "no_code", "tool:enhance_reasoning": "no_code",
-                         "tool:web_search": "no_search", "tool:search": "no_search"}
+_AVOIDED_CALL_PHRASES = {
+    "tool:python_sandbox": "no_code",
+    "tool:enhance_reasoning": "no_code",
+    "tool:web_search": "no_search",
+    "tool:search": "no_search",
+}
 
 
-def preference_terms(preference: Mapping[str, float], correct: bool, usd: float, seconds: float,
-                     calls: Mapping[str, int], usd_reference: float,
-                     seconds_reference: float) -> dict[str, float]:
+def preference_terms(
+    preference: Mapping[str, float],
+    correct: bool,
+    usd: float,
+    seconds: float,
+    calls: Mapping[str, int],
+    usd_reference: float,
+    seconds_reference: float,
+) -> dict[str, float]:
     """Each feature's term of the preference vector on a fixed scale: all 0 if wrong, else
     ``w_accuracy``, ``-w_cost * usd / usd_reference``, ``-w_latency * seconds /
     seconds_reference`` and ``w * [called]`` per ``tool:``/``model:`` feature (``calls``: counts
@@ -109,11 +122,15 @@ def extract_features(task: Task, trajectory: Trajectory, outcome: OutcomeResult)
             if isinstance(model, str):
                 calls[f"model:{model}"] += 1
     return Features(
-        outcome=float(outcome.correct and not over_budget), usd=usd,
+        outcome=float(outcome.correct and not over_budget),
+        usd=usd,
         seconds=trajectory.tool_seconds + trajectory.generation_seconds,
         format_errors=sum(trajectory.format_errors.values()),
-        answered=bool((trajectory.answer or "").strip()), over_budget=over_budget,
-        method=outcome.method, calls=dict(calls))
+        answered=bool((trajectory.answer or "").strip()),
+        over_budget=over_budget,
+        method=outcome.method,
+        calls=dict(calls),
+    )
 
 
 def task_preference(task: Task) -> dict[str, float]:
@@ -127,10 +144,14 @@ def check_preference(preference: Any) -> dict[str, float]:
         raise ValueError(f"a preference must be an object of feature weights, got {preference!r}")
     checked = {}
     for key, weight in preference.items():
-        if not (key in BASE_PREFERENCES or (isinstance(key, str) and key.startswith(CALL_PREFIXES)
-                                            and key.split(":", 1)[1])):
-            raise ValueError(f"unknown preference feature {key!r}: use {BASE_PREFERENCES} or "
-                             f"tool:<name> / model:<alias>")
+        if not (
+            key in BASE_PREFERENCES
+            or (isinstance(key, str) and key.startswith(CALL_PREFIXES) and key.split(":", 1)[1])
+        ):
+            raise ValueError(
+                f"unknown preference feature {key!r}: use {BASE_PREFERENCES} or "
+                f"tool:<name> / model:<alias>"
+            )
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise ValueError(f"preference weight of {key!r} must be a number, got {weight!r}")
         checked[key] = float(weight)
@@ -141,16 +162,20 @@ def preference_match(features: Features, preference: Mapping[str, float]) -> flo
     """The share of the vector's call constraints the trajectory respects: an avoided (negative
     weight) tool or model never called, a wanted (positive weight) one called at least once.
     1.0 when the vector constrains no calls."""
-    constraints = [(key, weight) for key, weight in preference.items()
-                   if key.startswith(CALL_PREFIXES) and weight != 0]
+    constraints = [
+        (key, weight)
+        for key, weight in preference.items()
+        if key.startswith(CALL_PREFIXES) and weight != 0
+    ]
     if not constraints:
         return 1.0
     respected = sum((features.calls.get(key, 0) > 0) == (weight > 0) for key, weight in constraints)
     return respected / len(constraints)
 
 
-def preference_instruction(preference: Mapping[str, float],
-                           rng: random.Random | None = None) -> str:
+def preference_instruction(
+    preference: Mapping[str, float], rng: random.Random | None = None
+) -> str:
     """The instruction that tells the policy what ``preference`` rewards: one sentence per
     constraint in a fixed order (cost against accuracy, latency, then calls by name), each in a
     phrasing of :data:`PREFERENCE_PHRASES` where there is one (the first, or one drawn with
@@ -171,8 +196,11 @@ def preference_instruction(preference: Mapping[str, float],
         kind, name = key.split(":", 1)
         noun = "tool" if kind == "tool" else "model"
         if preference[key] < 0:
-            sentences.append(phrase(_AVOIDED_CALL_PHRASES[key]) if key in _AVOIDED_CALL_PHRASES
-                             else f"Do not use the {name} {noun}.")
+            sentences.append(
+                phrase(_AVOIDED_CALL_PHRASES[key])
+                if key in _AVOIDED_CALL_PHRASES
+                else f"Do not use the {name} {noun}."
+            )
         elif preference[key] > 0:
             sentences.append(f"Use the {name} {noun}.")
     if not sentences and accuracy > 0:

@@ -32,8 +32,15 @@ from nemo_orch.config.reward import RewardConfig
 Parser = Callable[[str], tuple[bool | None, str]]
 
 PLACEHOLDERS = frozenset({"question", "reference", "response"})
-TEMPLATE_KEYS = ("description", "system", "prompt", "parser", "temperature", "max_tokens",
-                 "response_format")
+TEMPLATE_KEYS = (
+    "description",
+    "system",
+    "prompt",
+    "parser",
+    "temperature",
+    "max_tokens",
+    "response_format",
+)
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
 _VERDICT = re.compile(r"\b(incorrect|wrong|yes|no|(?:not\s+)?(?:correct|right))\b")
@@ -51,8 +58,9 @@ def parse_verdict(text: str) -> bool | None:
 
 def _verdict(text: str) -> tuple[bool | None, str]:
     verdict = parse_verdict(text)
-    return verdict, (text[:200] if verdict is not None
-                     else "no correct/incorrect/yes/no/right/wrong word")
+    return verdict, (
+        text[:200] if verdict is not None else "no correct/incorrect/yes/no/right/wrong word"
+    )
 
 
 def _correct_tag(text: str) -> tuple[bool | None, str]:
@@ -82,17 +90,26 @@ def _hle_structured(text: str) -> tuple[bool | None, str]:
     if not _HLE_REQUIRED <= keys or not keys <= _HLE_REQUIRED | {"strict"}:
         return None, f"fields {sorted(keys)}, not {sorted(_HLE_REQUIRED)} (+ strict)"
     answer, confidence = reply["extracted_final_answer"], reply["confidence"]
-    if not (isinstance(answer, str) and isinstance(reply["reasoning"], str)
-            and reply["correct"] in ("yes", "no")
-            and isinstance(confidence, int) and not isinstance(confidence, bool)
-            and 0 <= confidence <= 100 and reply.get("strict", True) is True):
+    if not (
+        isinstance(answer, str)
+        and isinstance(reply["reasoning"], str)
+        and reply["correct"] in ("yes", "no")
+        and isinstance(confidence, int)
+        and not isinstance(confidence, bool)
+        and 0 <= confidence <= 100
+        and reply.get("strict", True) is True
+    ):
         return None, "a field has the wrong type or value"
-    return reply["correct"] == "yes", (f"extracted_final_answer={answer[:150]!r}, "
-                                       f"confidence={confidence}")
+    return reply["correct"] == "yes", (
+        f"extracted_final_answer={answer[:150]!r}, confidence={confidence}"
+    )
 
 
-PARSERS: dict[str, Parser] = {"verdict": _verdict, "correct_tag": _correct_tag,
-                              "hle_structured": _hle_structured}
+PARSERS: dict[str, Parser] = {
+    "verdict": _verdict,
+    "correct_tag": _correct_tag,
+    "hle_structured": _hle_structured,
+}
 
 
 @dataclass(frozen=True)
@@ -126,14 +143,16 @@ def _placeholders(prompt: str) -> set[str]:
     names = set()
     for _, field, spec, conversion in string.Formatter().parse(prompt):
         if field is not None:
-            names.add(field + (f"!{conversion}" if conversion else "")
-                      + (f":{spec}" if spec else ""))
+            names.add(
+                field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            )
     return names
 
 
 def read_judge_template(path: Path) -> JudgeTemplate:
     """The judge template in the YAML file ``path`` (named by its stem), validated: a
     :class:`ConfigError` names the file and the key at fault."""
+
     def check(condition: bool, key: str, problem: str) -> None:
         if not condition:
             raise ConfigError(f"judge template {path}: {key}: {problem}")
@@ -141,47 +160,85 @@ def read_judge_template(path: Path) -> JudgeTemplate:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as error:
-        raise ConfigError(f"judge template {path}: cannot read it "
-                          f"({error.strerror or error})") from None
+        raise ConfigError(
+            f"judge template {path}: cannot read it ({error.strerror or error})"
+        ) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"judge template {path}: not valid YAML ({error})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"judge template {path}: must be a mapping of {', '.join(TEMPLATE_KEYS)}")
     for key in raw:
-        check(key in TEMPLATE_KEYS, str(key), f"unknown key (the keys are "
-              f"{', '.join(TEMPLATE_KEYS)})")
+        check(
+            key in TEMPLATE_KEYS, str(key), f"unknown key (the keys are {', '.join(TEMPLATE_KEYS)})"
+        )
     for key in TEMPLATE_KEYS:
         check(key in raw, key, "missing (write null for none)")
     description, system, prompt = raw["description"], raw["system"], raw["prompt"]
-    check(isinstance(description, str) and bool(description.strip()) and "\n" not in
-          description.strip(), "description", "must be one non-empty line")
-    check(system is None or (isinstance(system, str) and bool(system.strip())), "system",
-          "must be a non-empty string or null (no system message)")
+    check(
+        isinstance(description, str)
+        and bool(description.strip())
+        and "\n" not in description.strip(),
+        "description",
+        "must be one non-empty line",
+    )
+    check(
+        system is None or (isinstance(system, str) and bool(system.strip())),
+        "system",
+        "must be a non-empty string or null (no system message)",
+    )
     check(isinstance(prompt, str), "prompt", "must be a string")
     try:
         names = _placeholders(prompt)
     except ValueError as error:  # an unmatched brace
-        raise ConfigError(f"judge template {path}: prompt: not a str.format template ({error}); "
-                          f"write a literal brace as {{{{ or }}}}") from None
-    check(names == PLACEHOLDERS, "prompt",
-          f"must use exactly {{question}}, {{reference}} and {{response}}; it uses "
-          f"{', '.join('{' + name + '}' for name in sorted(names)) or 'none'}")
-    check(isinstance(raw["parser"], str) and raw["parser"] in PARSERS, "parser",
-          f"{raw['parser']!r} is not one of {', '.join(PARSERS)}")
+        raise ConfigError(
+            f"judge template {path}: prompt: not a str.format template ({error}); "
+            f"write a literal brace as {{{{ or }}}}"
+        ) from None
+    check(
+        names == PLACEHOLDERS,
+        "prompt",
+        f"must use exactly {{question}}, {{reference}} and {{response}}; it uses "
+        f"{', '.join('{' + name + '}' for name in sorted(names)) or 'none'}",
+    )
+    check(
+        isinstance(raw["parser"], str) and raw["parser"] in PARSERS,
+        "parser",
+        f"{raw['parser']!r} is not one of {', '.join(PARSERS)}",
+    )
     temperature, max_tokens = raw["temperature"], raw["max_tokens"]
-    check(temperature is None or (isinstance(temperature, (int, float))
-                                  and not isinstance(temperature, bool) and temperature >= 0),
-          "temperature", "must be a number >= 0 or null (not sent)")
-    check(max_tokens is None or (isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
-                                 and max_tokens >= 1),
-          "max_tokens", "must be an integer >= 1 or null (not sent)")
+    check(
+        temperature is None
+        or (
+            isinstance(temperature, (int, float))
+            and not isinstance(temperature, bool)
+            and temperature >= 0
+        ),
+        "temperature",
+        "must be a number >= 0 or null (not sent)",
+    )
+    check(
+        max_tokens is None
+        or (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1),
+        "max_tokens",
+        "must be an integer >= 1 or null (not sent)",
+    )
     response_format = raw["response_format"]
-    check(response_format is None or (isinstance(response_format, dict)
-                                      and isinstance(response_format.get("type"), str)),
-          "response_format", "must be a mapping with a 'type' (the OpenAI request field) or null")
-    return JudgeTemplate(path.stem, description.strip(), system, prompt, raw["parser"],
-                         None if temperature is None else float(temperature), max_tokens,
-                         response_format)
+    check(
+        response_format is None
+        or (isinstance(response_format, dict) and isinstance(response_format.get("type"), str)),
+        "response_format",
+        "must be a mapping with a 'type' (the OpenAI request field) or null",
+    )
+    return JudgeTemplate(
+        path.stem,
+        description.strip(),
+        system,
+        prompt,
+        raw["parser"],
+        None if temperature is None else float(temperature),
+        max_tokens,
+        response_format,
+    )
 
 
 def load_judge_template(name: str) -> JudgeTemplate:
@@ -196,5 +253,7 @@ def judge_description(config: RewardConfig) -> str:
     if config.judge_base_url is None:
         return "none: exact and numeric matching only (reward.judge_base_url unset)"
     template = load_judge_template(config.judge_template)
-    return (f"{template.name} ({template.description}) by {config.judge_model} at "
-            f"{config.judge_base_url}")
+    return (
+        f"{template.name} ({template.description}) by {config.judge_model} at "
+        f"{config.judge_base_url}"
+    )

@@ -32,8 +32,16 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.reward.judge import JudgeTemplate, load_judge_template
 
 # How an outcome was decided; every one is logged as its own component.
-OUTCOME_METHODS = ("empty", "too_long", "exact", "numeric", "judge", "no_match", "judge_error",
-                   "database")
+OUTCOME_METHODS = (
+    "empty",
+    "too_long",
+    "exact",
+    "numeric",
+    "judge",
+    "no_match",
+    "judge_error",
+    "database",
+)
 
 _ANSWER_PREFIX = re.compile(r"^\s*(?:final\s+)?answer\s*:\s*", re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
@@ -41,8 +49,10 @@ _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
 # fraction bar between digits. SQuAD normalization would turn "-3.5" and "35" into the same string.
 _NUMERIC_PUNCTUATION = re.compile(r"(?:(?<![\w.])-(?=\d)|(?<=\d)[./](?=\d))")
 _PUNCTUATION = frozenset(string.punctuation)
-_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+|(?<=\d))"
-                     r"(?:\s*/\s*\d+(?![\d.]))?(?:[eE][-+]?\d+)?")
+_NUMBER = re.compile(
+    r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+|(?<=\d))"
+    r"(?:\s*/\s*\d+(?![\d.]))?(?:[eE][-+]?\d+)?"
+)
 
 
 def normalize_answer(text: str) -> str:
@@ -51,8 +61,9 @@ def normalize_answer(text: str) -> str:
     are kept, so different numbers never normalize to the same string."""
     text = _ANSWER_PREFIX.sub("", text).lower()
     kept = {match.start() for match in _NUMERIC_PUNCTUATION.finditer(text)}
-    text = "".join(char for index, char in enumerate(text)
-                   if char not in _PUNCTUATION or index in kept)
+    text = "".join(
+        char for index, char in enumerate(text) if char not in _PUNCTUATION or index in kept
+    )
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
@@ -100,8 +111,9 @@ class AnswerScorer(Protocol):
     """What scores answers: :class:`OutcomeScorer` in-process, or
     :class:`~nemo_orch.reward.remote.RemoteOutcomeScorer` on a reward server."""
 
-    async def score(self, task: Task, answer: str | None,
-                    calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult: ...
+    async def score(
+        self, task: Task, answer: str | None, calls: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> OutcomeResult: ...
 
 
 class OutcomeScorer:
@@ -115,27 +127,37 @@ class OutcomeScorer:
     Judge failures are not cached: the next score asks again.
     """
 
-    def __init__(self, config: RewardConfig, client: OpenAIClient | None = None,
-                 domains: Mapping[str, Domain] | None = None,
-                 judge_in_flight: int | None = None) -> None:
+    def __init__(
+        self,
+        config: RewardConfig,
+        client: OpenAIClient | None = None,
+        domains: Mapping[str, Domain] | None = None,
+        judge_in_flight: int | None = None,
+    ) -> None:
         self.config = config
         self.domains = dict(domains or {})
         self._domain_tasks: dict[str, DomainTask] = {}
         if client is None and config.judge_base_url is not None:
-            client = OpenAIClient(config.judge_base_url, config.judge_model,
-                                  dialect=config.judge_dialect, name="reward.judge",
-                                  api_key_env=config.judge_api_key_env,
-                                  timeout_s=config.judge_timeout_s,
-                                  max_retries=config.judge_max_retries,
-                                  max_in_flight=judge_in_flight)
+            client = OpenAIClient(
+                config.judge_base_url,
+                config.judge_model,
+                dialect=config.judge_dialect,
+                name="reward.judge",
+                api_key_env=config.judge_api_key_env,
+                timeout_s=config.judge_timeout_s,
+                max_retries=config.judge_max_retries,
+                max_in_flight=judge_in_flight,
+            )
         self.client = client
         self.judge: JudgeTemplate | None = (
-            None if client is None else load_judge_template(config.judge_template))
+            None if client is None else load_judge_template(config.judge_template)
+        )
         self._verdicts: dict[tuple[str, str], OutcomeResult] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[OutcomeResult]] = {}
 
-    async def score(self, task: Task, answer: str | None,
-                    calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult:
+    async def score(
+        self, task: Task, answer: str | None, calls: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> OutcomeResult:
         """The outcome of ``answer`` (None: the episode gave none) for ``task``; ``calls`` are
         the episode's tool calls, which a domain task is scored on."""
         if task.metadata.get("scorer") == "database":
@@ -145,21 +167,26 @@ class OutcomeScorer:
             return OutcomeResult(False, "empty")
         words = len(answer.split())
         if words > self.config.max_answer_words:
-            return OutcomeResult(False, "too_long",
-                                 f"{words} words > max_answer_words={self.config.max_answer_words}")
+            return OutcomeResult(
+                False,
+                "too_long",
+                f"{words} words > max_answer_words={self.config.max_answer_words}",
+            )
         if task.answer is None:
             return OutcomeResult(False, "no_match", "the task has no reference answer")
         if exact_match(answer, task.answer):
             return OutcomeResult(True, "exact")
-        if numeric_match(answer, task.answer, self.config.numeric_rel_tol,
-                         self.config.numeric_abs_tol):
+        if numeric_match(
+            answer, task.answer, self.config.numeric_rel_tol, self.config.numeric_abs_tol
+        ):
             return OutcomeResult(True, "numeric")
         if self.client is None:
             return OutcomeResult(False, "no_match")
         return await self._judged(task, answer)
 
-    def _database(self, task: Task, answer: str,
-                  calls: Sequence[tuple[str, dict[str, Any]]]) -> OutcomeResult:
+    def _database(
+        self, task: Task, answer: str, calls: Sequence[tuple[str, dict[str, Any]]]
+    ) -> OutcomeResult:
         name = task.metadata["domain"]
         if name not in self.domains:
             raise ValueError(f"task {task.id}: domain {name!r} is not loaded (tools.domains)")
@@ -168,9 +195,11 @@ class OutcomeScorer:
             domain_task = DomainTask.model_validate(task.metadata["domain_task"])
             self._domain_tasks[task.id] = domain_task
         score = score_episode(self.domains[name], domain_task, calls, answer)
-        problems = ([] if score.db_match else ["the database differs from the gold state"]) + [
-            f"not communicated: {fact!r}" for fact in score.missing_facts] + [
-            f"not called: {action}" for action in score.missing_actions]
+        problems = (
+            ([] if score.db_match else ["the database differs from the gold state"])
+            + [f"not communicated: {fact!r}" for fact in score.missing_facts]
+            + [f"not called: {action}" for action in score.missing_actions]
+        )
         return OutcomeResult(score.reward == 1.0, "database", "; ".join(problems))
 
     async def _judged(self, task: Task, answer: str) -> OutcomeResult:
@@ -195,12 +224,16 @@ class OutcomeScorer:
     async def _ask_judge(self, task: Task, answer: str) -> OutcomeResult:
         judge = self.judge
         assert self.client is not None and judge is not None and task.answer is not None
-        extra = None if judge.response_format is None else {
-            "response_format": judge.response_format}
+        extra = (
+            None if judge.response_format is None else {"response_format": judge.response_format}
+        )
         try:
             reply = await self.client.chat(
                 judge.messages(task.question, task.answer, answer),
-                max_tokens=judge.max_tokens, temperature=judge.temperature, extra=extra)
+                max_tokens=judge.max_tokens,
+                temperature=judge.temperature,
+                extra=extra,
+            )
         except EndpointRefusal:
             raise  # a judge that refuses its dialect would fail every answer alike
         except Exception as error:  # any failure of the judge is a wrong answer, never a crash
@@ -210,6 +243,7 @@ class OutcomeScorer:
         if unusable is not None and verdict is None:  # a verdict before the cut still stands
             return OutcomeResult(False, "judge_error", f"the judge {unusable[1]} ({unusable[0]})")
         if verdict is None:
-            return OutcomeResult(False, "judge_error",
-                                 f"no verdict ({detail}) in {reply.text[:200]!r}")
+            return OutcomeResult(
+                False, "judge_error", f"no verdict ({detail}) in {reply.text[:200]!r}"
+            )
         return OutcomeResult(verdict, "judge", detail)

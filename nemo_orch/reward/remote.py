@@ -25,8 +25,12 @@ from nemo_orch.reward.outcome import OutcomeResult
 
 REWARD_MODEL = "reward"
 REWARD_INPUTS = ("problem", "prediction", "reference", "metadata")
-REWARD_OUTPUTS: dict[str, type] = {"score": np.float32, "correct": np.bool_, "method": bytes,
-                                   "detail": bytes}
+REWARD_OUTPUTS: dict[str, type] = {
+    "score": np.float32,
+    "correct": np.bool_,
+    "method": bytes,
+    "detail": bytes,
+}
 # What a client reads in the served model's configuration (its ``parameters``).
 REWARD_DESCRIPTIONS = {
     "model": "Outcome scoring: is the prediction a right answer to the problem?",
@@ -34,7 +38,7 @@ REWARD_DESCRIPTIONS = {
     "prediction": "UTF-8: the final answer (empty: none)",
     "reference": "UTF-8: the reference answer (empty: none)",
     "metadata": "JSON object: id (string, required), metadata (object, the task's), "
-                "has_reference (bool), calls ([[tool, arguments], ...], the episode's calls)",
+    "has_reference (bool), calls ([[tool, arguments], ...], the episode's calls)",
     "score": "1.0 when right, else 0.0",
     "correct": "true when right",
     "method": "how it was decided: exact, numeric, judge, judge_error, database, ...",
@@ -42,13 +46,22 @@ REWARD_DESCRIPTIONS = {
 }
 
 
-def reward_item(task: Task, answer: str | None,
-                calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> dict[str, str]:
+def reward_item(
+    task: Task, answer: str | None, calls: Sequence[tuple[str, dict[str, Any]]] = ()
+) -> dict[str, str]:
     """The model's inputs for one answer to ``task``."""
-    metadata = {"id": task.id, "metadata": task.metadata, "has_reference": task.answer is not None,
-                "calls": [[name, arguments] for name, arguments in calls]}
-    return {"problem": task.question, "prediction": answer or "", "reference": task.answer or "",
-            "metadata": json.dumps(metadata, ensure_ascii=False)}
+    metadata = {
+        "id": task.id,
+        "metadata": task.metadata,
+        "has_reference": task.answer is not None,
+        "calls": [[name, arguments] for name, arguments in calls],
+    }
+    return {
+        "problem": task.question,
+        "prediction": answer or "",
+        "reference": task.answer or "",
+        "metadata": json.dumps(metadata, ensure_ascii=False),
+    }
 
 
 def parse_reward_item(item: dict[str, str]) -> tuple[Task, str, list[tuple[str, dict[str, Any]]]]:
@@ -64,12 +77,20 @@ def parse_reward_item(item: dict[str, str]) -> tuple[Task, str, list[tuple[str, 
     if not isinstance(task_metadata, dict):
         raise ValueError("metadata.metadata must be an object")
     if not isinstance(calls, list) or not all(
-            isinstance(call, list) and len(call) == 2 and isinstance(call[0], str)
-            and isinstance(call[1], dict) for call in calls):
+        isinstance(call, list)
+        and len(call) == 2
+        and isinstance(call[0], str)
+        and isinstance(call[1], dict)
+        for call in calls
+    ):
         raise ValueError("metadata.calls must be a list of [name, arguments] pairs")
     has_reference = metadata.get("has_reference", True)
-    task = Task(id=metadata["id"], question=item["problem"], metadata=task_metadata,
-                answer=item["reference"] if has_reference else None)
+    task = Task(
+        id=metadata["id"],
+        question=item["problem"],
+        metadata=task_metadata,
+        answer=item["reference"] if has_reference else None,
+    )
     return task, item["prediction"], [(name, arguments) for name, arguments in calls]
 
 
@@ -82,25 +103,38 @@ class RemoteOutcomeScorer:
     breaker or retry budget cuts its requests short: a run cannot train without rewards, so
     they wait out a restarting server within their retries."""
 
-    def __init__(self, endpoint: str, *, timeout_s: float, max_retries: int,
-                 max_in_flight: int | None = None, batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout_s: float,
+        max_retries: int,
+        max_in_flight: int | None = None,
+        batch_size: int = 64,
+    ) -> None:
         from nemo_orch.clients.breaker import UNGUARDED
         from nemo_orch.clients.kserve import KServeClient
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.client = KServeClient(endpoint, REWARD_MODEL, timeout_s=timeout_s,
-                                   max_retries=max_retries, max_in_flight=max_in_flight,
-                                   guard=UNGUARDED)
+        self.client = KServeClient(
+            endpoint,
+            REWARD_MODEL,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            max_in_flight=max_in_flight,
+            guard=UNGUARDED,
+        )
         self.batch_size = batch_size
         # Answers waiting for the next request, per event loop (futures belong to one loop).
         self._waiting: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, list[tuple[dict[str, str], asyncio.Future[dict]]]] = (
-            weakref.WeakKeyDictionary())
+            asyncio.AbstractEventLoop, list[tuple[dict[str, str], asyncio.Future[dict]]]
+        ] = weakref.WeakKeyDictionary()
         self._requests: set[asyncio.Task[None]] = set()
 
-    async def score(self, task: Task, answer: str | None,
-                    calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult:
+    async def score(
+        self, task: Task, answer: str | None, calls: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> OutcomeResult:
         loop = asyncio.get_running_loop()
         waiting = self._waiting.setdefault(loop, [])
         answered: asyncio.Future[dict] = loop.create_future()
@@ -114,7 +148,7 @@ class RemoteOutcomeScorer:
     def _send_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
         waiting = self._waiting.pop(loop, [])
         for start in range(0, len(waiting), self.batch_size):
-            request = loop.create_task(self._request(waiting[start:start + self.batch_size]))
+            request = loop.create_task(self._request(waiting[start : start + self.batch_size]))
             self._requests.add(request)  # the loop keeps only a weak reference to a task
             request.add_done_callback(self._requests.discard)
 

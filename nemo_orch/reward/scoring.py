@@ -28,6 +28,7 @@ def infra_failure(trajectory: Trajectory, outcome: OutcomeResult) -> InfraFailur
 
 def by_answer(scorer: AnswerScorer) -> OutcomeFn:
     """Episodes scored by their answer and calls, as an :class:`AnswerScorer` reads them."""
+
     async def outcome(task: Task, trajectory: Trajectory) -> OutcomeResult:
         return await scorer.score(task, trajectory.answer, trajectory.calls())
 
@@ -46,8 +47,12 @@ class ScoredGroup:
     masked: list[tuple[Trajectory, InfraFailure]] = field(default_factory=list)
 
 
-async def score_groups(tasks: Sequence[Task], groups: Sequence[Sequence[Trajectory]],
-                       config: RewardConfig, outcome: OutcomeFn) -> list[ScoredGroup]:
+async def score_groups(
+    tasks: Sequence[Task],
+    groups: Sequence[Sequence[Trajectory]],
+    config: RewardConfig,
+    outcome: OutcomeFn,
+) -> list[ScoredGroup]:
     """Every group scored (``groups[i]`` are ``tasks[i]``'s trajectories). All episodes are
     scored concurrently (judge calls overlap); then the episodes a failure outside the policy
     decided are masked, and each group's others are combined on their own, as if the masked
@@ -55,23 +60,30 @@ async def score_groups(tasks: Sequence[Task], groups: Sequence[Sequence[Trajecto
     if len(tasks) != len(groups):
         raise ValueError(f"{len(tasks)} tasks but {len(groups)} groups")
 
-    async def judged(task: Task, trajectory: Trajectory
-                     ) -> tuple[OutcomeResult | None, InfraFailure | None]:
+    async def judged(
+        task: Task, trajectory: Trajectory
+    ) -> tuple[OutcomeResult | None, InfraFailure | None]:
         failure = trajectory.infra_failure()
         if failure is not None:  # decided already: its answer is worth no judge's call
             return None, failure
         result = await outcome(task, trajectory)
         return result, infra_failure(trajectory, result)
 
-    judgements = await asyncio.gather(*(asyncio.gather(*(judged(task, t) for t in group))
-                                        for task, group in zip(tasks, groups)))
+    judgements = await asyncio.gather(
+        *(asyncio.gather(*(judged(task, t) for t in group)) for task, group in zip(tasks, groups))
+    )
     scored = []
     for task, group, judged_group in zip(tasks, groups, judgements):
-        kept = [(t, result) for t, (result, failure) in zip(group, judged_group)
-                if failure is None]
-        scored.append(ScoredGroup(
-            [t for t, _ in kept],
-            score_group(task, [t for t, _ in kept], [result for _, result in kept], config),
-            [(t, failure) for t, (_, failure) in zip(group, judged_group)
-             if failure is not None]))
+        kept = [(t, result) for t, (result, failure) in zip(group, judged_group) if failure is None]
+        scored.append(
+            ScoredGroup(
+                [t for t, _ in kept],
+                score_group(task, [t for t, _ in kept], [result for _, result in kept], config),
+                [
+                    (t, failure)
+                    for t, (_, failure) in zip(group, judged_group)
+                    if failure is not None
+                ],
+            )
+        )
     return scored

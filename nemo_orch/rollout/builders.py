@@ -44,18 +44,25 @@ def build_toolbox(tools: ToolsConfig, retrieval: RetrievalConfig | None = None) 
     ``retrieval``: the setting ``search``'s document retrieval runs under (an environment's
     ``env.retrieval``; None: the defaults, web search only)."""
     build = BuildSettings(tools.prices, tools.endpoints, retrieval)
-    offered, parts = offered_and_parts(load_declarations([resolve_conf_path(p)
-                                                          for p in tools.declarations]), build)
+    offered, parts = offered_and_parts(
+        load_declarations([resolve_conf_path(p) for p in tools.declarations]), build
+    )
     domain = [tool for loaded in build_domains(tools).values() for tool in domain_tools(loaded)]
     sources = []
     if tools.mcp:
         from nemo_orch.tools.mcp import mcp_source  # the mcp SDK loads only where configured
 
         sources = [mcp_source(server) for server in tools.mcp]
-    return Toolbox([*offered, *domain], cache_entries=tools.cache_entries,
-                   cache_bytes=tools.cache_mb << 20, parts=parts, show_prices=tools.show_prices,
-                   simulated_latency_s=tools.simulated_latency_s,
-                   modeled_time=tools.timing == "modeled", sources=sources)
+    return Toolbox(
+        [*offered, *domain],
+        cache_entries=tools.cache_entries,
+        cache_bytes=tools.cache_mb << 20,
+        parts=parts,
+        show_prices=tools.show_prices,
+        simulated_latency_s=tools.simulated_latency_s,
+        modeled_time=tools.timing == "modeled",
+        sources=sources,
+    )
 
 
 def declared_specs(tools: ToolsConfig) -> list[ToolSpec]:
@@ -83,16 +90,17 @@ def _policy_dir(config: Config, scratch: Path) -> Path:
         return Path(config.rollout.policy)
     source = config.rollout.policy or checkpoint.checkpoints_dir(config)
     if config.rollout.policy is None and checkpoint.latest_checkpoint(Path(source)) is None:
-        raise ConfigError(f"rollout.policy is not set and {source} holds no checkpoint: train "
-                          "first (make train) or point rollout.policy at a checkpoint or an HF "
-                          "directory")
+        raise ConfigError(
+            f"rollout.policy is not set and {source} holds no checkpoint: train "
+            "first (make train) or point rollout.policy at a checkpoint or an HF "
+            "directory"
+        )
     from nemo_orch.models import convert
 
     return convert.export(str(source), "hf", str(scratch / "policy"))
 
 
-def build_engine(config: Config, max_requests: int = 8
-                 ) -> tuple[Engine, PreTrainedTokenizerBase]:
+def build_engine(config: Config, max_requests: int = 8) -> tuple[Engine, PreTrainedTokenizerBase]:
     """The policy's generation engine and the tokenizer its token ids belong to; a served
     policy gets at most ``max_requests`` requests in flight."""
     from nemo_orch.models.tokenizer import load_tokenizer
@@ -104,8 +112,9 @@ def build_engine(config: Config, max_requests: int = 8
         with tempfile.TemporaryDirectory(prefix="nemo-orch-policy-") as scratch:
             directory = _policy_dir(config, Path(scratch))
             tokenizer = load_tokenizer(directory)
-            return HFEngine.from_pretrained(directory, tokenizer=tokenizer,
-                                            base=config.model), tokenizer
+            return HFEngine.from_pretrained(
+                directory, tokenizer=tokenizer, base=config.model
+            ), tokenizer
     if rollout.engine in GPU_ENGINES:
         _require_gpu_engine(rollout.engine)  # before exporting a checkpoint for nothing
 
@@ -120,12 +129,19 @@ def build_engine(config: Config, max_requests: int = 8
     from nemo_orch.rollout.engines.openai import OpenAIEngine
 
     if config.tokenizer.path is None:
-        raise ConfigError("rollout.engine=openai needs tokenizer.path (the served model's "
-                          "tokenizer) to keep token-level trajectories")
+        raise ConfigError(
+            "rollout.engine=openai needs tokenizer.path (the served model's "
+            "tokenizer) to keep token-level trajectories"
+        )
     tokenizer = load_tokenizer(config.tokenizer.path)
-    client = OpenAIClient(rollout.base_url, rollout.model_name, dialect=rollout.dialect,
-                          name="rollout (the policy)", api_key_env=rollout.api_key_env,
-                          max_in_flight=max_requests)
+    client = OpenAIClient(
+        rollout.base_url,
+        rollout.model_name,
+        dialect=rollout.dialect,
+        name="rollout (the policy)",
+        api_key_env=rollout.api_key_env,
+        max_in_flight=max_requests,
+    )
     return OpenAIEngine(client, tokenizer, concurrency=max_requests), tokenizer
 
 
@@ -134,12 +150,14 @@ def rollout_settings(config: Config, engine: Engine | None) -> RolloutConfig:
     context budget is the positions of the policy the engine loaded (its ``model_config``: a
     checkpoint or HF directory decides its own shape, whatever ``model.*`` says), else of
     ``model.*`` (a served model, or no engine)."""
-    return config.resolved_rollout(getattr(engine, "model_config", config.model)
-                                   .max_position_embeddings)
+    return config.resolved_rollout(
+        getattr(engine, "model_config", config.model).max_position_embeddings
+    )
 
 
-def build_rollout_engine(config: Config, weights: Mapping[str, torch.Tensor],
-                         tokenizer: PreTrainedTokenizerBase) -> Engine:
+def build_rollout_engine(
+    config: Config, weights: Mapping[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase
+) -> Engine:
     """GRPO's engine, started from the policy's full HF-named ``weights`` and refit from them
     after every step. A GPU engine loads them from an HF directory written to a scratch
     directory, which lives as long as the engine."""
@@ -149,8 +167,10 @@ def build_rollout_engine(config: Config, weights: Mapping[str, torch.Tensor],
 
         return HFEngine(config.model, weights, tokenizer=tokenizer)
     if rollout.engine not in GPU_ENGINES:
-        raise ConfigError(f"GRPO cannot train through rollout.engine={rollout.engine}: a served "
-                          "model cannot be refit; use rollout=hf|trtllm|vllm")
+        raise ConfigError(
+            f"GRPO cannot train through rollout.engine={rollout.engine}: a served "
+            "model cannot be refit; use rollout=hf|trtllm|vllm"
+        )
     _require_gpu_engine(rollout.engine)
 
     def start(scratch: Path) -> TRTLLMEngine | VLLMEngine:
@@ -158,9 +178,13 @@ def build_rollout_engine(config: Config, weights: Mapping[str, torch.Tensor],
         from nemo_orch.models.tokenizer import save_tokenizer, special_token_ids
         from nemo_orch.rollout.engines.base import ENGINE_DTYPES
 
-        save_hf_checkpoint(scratch, weights, config.model,
-                           dtype=ENGINE_DTYPES[rollout.engine_dtype],
-                           special_tokens=special_token_ids(tokenizer))
+        save_hf_checkpoint(
+            scratch,
+            weights,
+            config.model,
+            dtype=ENGINE_DTYPES[rollout.engine_dtype],
+            special_tokens=special_token_ids(tokenizer),
+        )
         save_tokenizer(tokenizer, scratch)
         return _gpu_engine(config, scratch, tokenizer, refit=True)
 
@@ -192,27 +216,40 @@ def _tokenizer_dir(config: Config, directory: Path) -> Path:
     return Path(config.tokenizer.path)
 
 
-def _gpu_engine(config: Config, directory: Path, tokenizer: PreTrainedTokenizerBase, *,
-                refit: bool) -> TRTLLMEngine | VLLMEngine:
+def _gpu_engine(
+    config: Config, directory: Path, tokenizer: PreTrainedTokenizerBase, *, refit: bool
+) -> TRTLLMEngine | VLLMEngine:
     rollout = config.rollout
     if rollout.engine == "trtllm":
         from nemo_orch.rollout.engines.trtllm import TRTLLMEngine
 
-        return TRTLLMEngine(directory, tokenizer, tensor_parallel_size=rollout.engine_tp,
-                            dtype=rollout.engine_dtype,
-                            free_gpu_memory_fraction=rollout.gpu_memory_utilization,
-                            max_batch_size=rollout.max_batch_size, refit=refit)
+        return TRTLLMEngine(
+            directory,
+            tokenizer,
+            tensor_parallel_size=rollout.engine_tp,
+            dtype=rollout.engine_dtype,
+            free_gpu_memory_fraction=rollout.gpu_memory_utilization,
+            max_batch_size=rollout.max_batch_size,
+            refit=refit,
+        )
     from nemo_orch.rollout.engines.vllm import VLLMEngine
 
-    return VLLMEngine(directory, tokenizer, tensor_parallel_size=rollout.engine_tp,
-                      dtype=rollout.engine_dtype,
-                      gpu_memory_utilization=rollout.gpu_memory_utilization,
-                      seed=config.run.seed, max_batch_size=rollout.max_batch_size,
-                      sleep_mode=rollout.colocate, sleep_level=rollout.sleep_level)
+    return VLLMEngine(
+        directory,
+        tokenizer,
+        tensor_parallel_size=rollout.engine_tp,
+        dtype=rollout.engine_dtype,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        seed=config.run.seed,
+        max_batch_size=rollout.max_batch_size,
+        sleep_mode=rollout.colocate,
+        sleep_level=rollout.sleep_level,
+    )
 
 
-def _in_scratch_dir(start: Callable[[Path], TRTLLMEngine | VLLMEngine]
-                    ) -> TRTLLMEngine | VLLMEngine:
+def _in_scratch_dir(
+    start: Callable[[Path], TRTLLMEngine | VLLMEngine],
+) -> TRTLLMEngine | VLLMEngine:
     """The engine ``start(scratch)`` builds in a fresh scratch directory, which is removed when
     the engine is garbage-collected (or at exit): a GPU library may read its model directory
     after it has started."""

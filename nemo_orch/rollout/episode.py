@@ -58,6 +58,7 @@ from nemo_orch.tools.registry import Toolbox
 # spaces is the longest in practice): the prefix of an observation that can hold its kept tokens.
 _MAX_CHARS_PER_TOKEN = 64
 
+
 def episode_id(task_id: str, sample: int = 0) -> str:
     """The id of a task's ``sample``-th episode: per-episode state (a domain's database, a tau2
     environment) is keyed by it."""
@@ -70,8 +71,9 @@ def task_budget(task: Task) -> float | None:
     return None if budget is None else float(budget)
 
 
-def initial_messages(task: Task, tokenizer: PreTrainedTokenizerBase,
-                     greeting: str | None = None) -> list[dict[str, Any]]:
+def initial_messages(
+    task: Task, tokenizer: PreTrainedTokenizerBase, greeting: str | None = None
+) -> list[dict[str, Any]]:
     """An episode's first messages: the task's system prompt and question, markup escaped; the
     question followed by the task's budget, when it has one. With a user, the agent's
     ``greeting`` instead of the question: the user speaks next."""
@@ -91,9 +93,12 @@ def prompt_length(task: Task, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBa
     """The tokens of a task's first prompt (system prompt, tools, question): what must fit the
     policy's context before it writes anything."""
     schemas = (toolbox if task.tools is None else toolbox.subset(task.tools)).schemas()
-    text = tokenizer.apply_chat_template(initial_messages(task, tokenizer),
-                                         tools=schemas or None, tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        initial_messages(task, tokenizer),
+        tools=schemas or None,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -187,9 +192,19 @@ class CallRecord:
     @classmethod
     def of(cls, tool: str, arguments: dict[str, Any], result: ToolResult) -> CallRecord:
         """The record of a call that ran and produced ``result``."""
-        return cls(tool, arguments, result.cost_usd, result.latency_s, result.cached,
-                   result.error, result.usage.input_tokens, result.usage.output_tokens,
-                   result.trajectory, result.usage.reasoning_tokens, result.kind)
+        return cls(
+            tool,
+            arguments,
+            result.cost_usd,
+            result.latency_s,
+            result.cached,
+            result.error,
+            result.usage.input_tokens,
+            result.usage.output_tokens,
+            result.trajectory,
+            result.usage.reasoning_tokens,
+            result.kind,
+        )
 
     @property
     def endpoint(self) -> str:
@@ -255,14 +270,36 @@ class Trajectory:
     forced_mask: list[int] = field(default_factory=list)
 
     @classmethod
-    def without_tokens(cls, task_id: str, sample: int, seed: int, messages: list[dict[str, Any]],
-                       tools: list[dict[str, Any]], turns: list[TurnRecord], termination: str,
-                       answer: str | None, wall_seconds: float) -> Trajectory:
+    def without_tokens(
+        cls,
+        task_id: str,
+        sample: int,
+        seed: int,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        turns: list[TurnRecord],
+        termination: str,
+        answer: str | None,
+        wall_seconds: float,
+    ) -> Trajectory:
         """The episode of an agent that is not a token-level policy (a chat endpoint, a gold
         replay): the same messages and ledger, no token record."""
-        return cls(task_id, sample, messages, tools, token_ids=[], loss_mask=[], decision_mask=[],
-                   logprobs=[], prompt_length=0, turns=turns, termination=termination,
-                   answer=answer, wall_seconds=wall_seconds, seed=seed)
+        return cls(
+            task_id,
+            sample,
+            messages,
+            tools,
+            token_ids=[],
+            loss_mask=[],
+            decision_mask=[],
+            logprobs=[],
+            prompt_length=0,
+            turns=turns,
+            termination=termination,
+            answer=answer,
+            wall_seconds=wall_seconds,
+            seed=seed,
+        )
 
     @property
     def cost_usd(self) -> float:
@@ -286,8 +323,12 @@ class Trajectory:
     def calls(self) -> list[tuple[str, dict[str, Any]]]:
         """Every well-formed tool call of the episode, in order (what a domain task is scored
         on: the database replays them)."""
-        return [(call.tool, call.arguments) for turn in self.turns for call in turn.calls
-                if call.tool is not None and call.arguments is not None]
+        return [
+            (call.tool, call.arguments)
+            for turn in self.turns
+            for call in turn.calls
+            if call.tool is not None and call.arguments is not None
+        ]
 
     @property
     def format_errors(self) -> dict[str, int]:
@@ -296,8 +337,14 @@ class Trajectory:
 
     def tool_counts(self) -> dict[str, int]:
         """The calls that succeeded (kind ``ok``), by tool."""
-        return dict(Counter(call.tool for turn in self.turns for call in turn.calls
-                            if call.tool is not None and call.error is None))
+        return dict(
+            Counter(
+                call.tool
+                for turn in self.turns
+                for call in turn.calls
+                if call.tool is not None and call.error is None
+            )
+        )
 
     def call_kinds(self) -> dict[str, dict[str, int]]:
         """Every call, by tool (``?`` where the policy wrote no readable name) and
@@ -306,8 +353,10 @@ class Trajectory:
         for turn in self.turns:
             for call in turn.calls:
                 counts.setdefault(call.tool or "?", Counter())[call.kind] += 1
-        return {tool: {str(kind): count for kind, count in kinds.items()}
-                for tool, kinds in counts.items()}
+        return {
+            tool: {str(kind): count for kind, count in kinds.items()}
+            for tool, kinds in counts.items()
+        }
 
     def infra_failure(self) -> InfraFailure | None:
         """The failure outside the policy that decided this episode (None: none did): the
@@ -316,35 +365,49 @@ class Trajectory:
         whatever came after it: masking only the episodes that then went wrong would favour
         the flaky endpoints (their failures hidden, their luck kept)."""
         if self.termination == "engine_error":
-            return InfraFailure("engine_error", "the policy",
-                                self.turns[-1].finish_reason if self.turns else "")
+            return InfraFailure(
+                "engine_error", "the policy", self.turns[-1].finish_reason if self.turns else ""
+            )
         if self.termination == "user_error":
-            return InfraFailure("user_error", "the user",
-                                (self.user.error if self.user is not None else None) or "")
-        failed = [call for turn in self.turns for call in turn.calls
-                  if call.kind != CallKind.OK]
+            return InfraFailure(
+                "user_error", "the user", (self.user.error if self.user is not None else None) or ""
+            )
+        failed = [call for turn in self.turns for call in turn.calls if call.kind != CallKind.OK]
         if self.termination == "gold_error":
             call = failed[0]
             return InfraFailure("gold_error", call.endpoint, f"{call.kind}: {call.error}")
         infra = next((call for call in failed if call.kind == CallKind.INFRA_ERROR), None)
-        return None if infra is None else InfraFailure("infra_error", infra.endpoint,
-                                                       infra.error or "")
+        return (
+            None
+            if infra is None
+            else InfraFailure("infra_error", infra.endpoint, infra.error or "")
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "task_id": self.task_id, "sample": self.sample, "seed": self.seed,
+            "task_id": self.task_id,
+            "sample": self.sample,
+            "seed": self.seed,
             "messages": self.messages,
-            "termination": self.termination, "answer": self.answer,
-            "num_tokens": len(self.token_ids), "prompt_tokens": self.prompt_length,
-            "policy_tokens": sum(self.loss_mask), "cost_usd": self.cost_usd,
-            "tool_seconds": self.tool_seconds, "generation_seconds": self.generation_seconds,
-            "wall_seconds": self.wall_seconds, "format_errors": self.format_errors,
-            "tool_counts": self.tool_counts(), "call_kinds": self.call_kinds(),
+            "termination": self.termination,
+            "answer": self.answer,
+            "num_tokens": len(self.token_ids),
+            "prompt_tokens": self.prompt_length,
+            "policy_tokens": sum(self.loss_mask),
+            "cost_usd": self.cost_usd,
+            "tool_seconds": self.tool_seconds,
+            "generation_seconds": self.generation_seconds,
+            "wall_seconds": self.wall_seconds,
+            "format_errors": self.format_errors,
+            "tool_counts": self.tool_counts(),
+            "call_kinds": self.call_kinds(),
             "tool_sources": self.tool_sources,
             "user": None if self.user is None else asdict(self.user),
             "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
-            "token_ids": self.token_ids, "loss_mask": self.loss_mask,
-            "decision_mask": self.decision_mask, "logprobs": self.logprobs,
+            "token_ids": self.token_ids,
+            "loss_mask": self.loss_mask,
+            "decision_mask": self.decision_mask,
+            "logprobs": self.logprobs,
             "forced_mask": self.forced_mask,
         }
 
@@ -374,8 +437,9 @@ class _Conversation:
 
     async def tell(self, message: str) -> tuple[str | None, str | None]:
         """The user's reply to ``message`` and what ended the conversation (None: nothing)."""
-        reply = await self.user.reply(message, self.user.max_steps - self.steps,
-                                      self.user.max_errors - self.errors)
+        reply = await self.user.reply(
+            message, self.user.max_steps - self.steps, self.user.max_errors - self.errors
+        )
         self.usage.add(reply)
         self.steps += reply.steps
         self.errors += reply.errors
@@ -414,7 +478,7 @@ class _History:
         self.forced += [0] * len(ids)
 
     def mark_decision(self, start: int, count: int) -> None:
-        self.decisions[start:start + count] = [1] * count
+        self.decisions[start : start + count] = [1] * count
 
 
 class Episode:
@@ -433,46 +497,68 @@ class Episode:
 
     ``users`` (tau2's customer) makes it a conversation: see the module docstring."""
 
-    def __init__(self, task: Task, sample: int, policy: PolicyClient, toolbox: Toolbox,
-                 tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
-                 seed: int = 0, forced_choice: Choice | None = None,
-                 explore_models: float = 0.0, users: UserFactory | None = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        sample: int,
+        policy: PolicyClient,
+        toolbox: Toolbox,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: RolloutConfig,
+        seed: int = 0,
+        forced_choice: Choice | None = None,
+        explore_models: float = 0.0,
+        users: UserFactory | None = None,
+    ) -> None:
         if settings.max_context_tokens is None:
-            raise RolloutError("rollout.max_context_tokens must be resolved (see "
-                               "Config.resolved_rollout)")
+            raise RolloutError(
+                "rollout.max_context_tokens must be resolved (see Config.resolved_rollout)"
+            )
         self.task, self.sample, self.policy, self.settings = task, sample, policy, settings
-        self.orchestrator_pricing = Pricing.per_million_tokens(settings.input_usd_per_million,
-                                                               settings.output_usd_per_million)
+        self.orchestrator_pricing = Pricing.per_million_tokens(
+            settings.input_usd_per_million, settings.output_usd_per_million
+        )
         self.tokenizer = tokenizer
         # The tools on offer now, for the whole episode (a tool source may change its list
         # meanwhile: see Toolbox.refresh).
         self.toolbox = toolbox.subset(toolbox.tools if task.tools is None else task.tools)
         self.schemas = self.toolbox.schemas()
-        self.format = TurnFormat.for_tools(self.schemas, answer_format=settings.answer_format,
-                                           multiple_calls=settings.multiple_calls,
-                                           lenient=self.toolbox.lenient())
-        self.context = ToolContext(task_id=task.id, episode_id=episode_id(task.id, sample),
-                                   allowed_documents=task.allowed_documents, seed=seed,
-                                   task=task)
+        self.format = TurnFormat.for_tools(
+            self.schemas,
+            answer_format=settings.answer_format,
+            multiple_calls=settings.multiple_calls,
+            lenient=self.toolbox.lenient(),
+        )
+        self.context = ToolContext(
+            task_id=task.id,
+            episode_id=episode_id(task.id, sample),
+            allowed_documents=task.allowed_documents,
+            seed=seed,
+            task=task,
+        )
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.forced_ids = [] if forced_choice is None else self._decision_prefix(forced_choice)
         self.explore_models = explore_models
         self.user = None if users is None else users(task, self.context)
-        self.messages = initial_messages(task, tokenizer,
-                                         None if self.user is None else self.user.greeting)
+        self.messages = initial_messages(
+            task, tokenizer, None if self.user is None else self.user.greeting
+        )
         # A conversation is bounded by tau2's limits and the context alone (module docstring).
         unbounded = self.user is not None
         self.max_turns = None if unbounded else settings.max_turns
-        self.max_new_tokens = (settings.max_context_tokens if unbounded
-                               else settings.max_new_tokens)
-        self.max_observation_tokens = (settings.max_context_tokens if unbounded
-                                       else settings.max_observation_tokens)
+        self.max_new_tokens = settings.max_context_tokens if unbounded else settings.max_new_tokens
+        self.max_observation_tokens = (
+            settings.max_context_tokens if unbounded else settings.max_observation_tokens
+        )
 
     # ------------------------------------------------------------------ rendering
     def _render(self, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            self.messages, tools=self.schemas or None, tokenize=False,
-            add_generation_prompt=generation_prompt)
+            self.messages,
+            tools=self.schemas or None,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+        )
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -491,34 +577,47 @@ class Episode:
         kept = self.tokenizer.decode(history.ids, skip_special_tokens=False) + "\n" * after_turn
         rendered = self._render(generation_prompt=not after_turn)
         if kept != rendered:
-            at = next((i for i, (a, b) in enumerate(zip(kept, rendered)) if a != b),
-                      min(len(kept), len(rendered)))
-            raise RolloutError(f"episode {self.context.episode_id}: kept tokens and the chat "
-                               f"template disagree at character {at}: "
-                               f"{kept[at:at + 40]!r} vs {rendered[at:at + 40]!r}")
-        blanked = [message if message["role"] == "assistant" else {**message, "content": ""}
-                   for message in self.messages]
+            at = next(
+                (i for i, (a, b) in enumerate(zip(kept, rendered)) if a != b),
+                min(len(kept), len(rendered)),
+            )
+            raise RolloutError(
+                f"episode {self.context.episode_id}: kept tokens and the chat "
+                f"template disagree at character {at}: "
+                f"{kept[at : at + 40]!r} vs {rendered[at : at + 40]!r}"
+            )
+        blanked = [
+            message if message["role"] == "assistant" else {**message, "content": ""}
+            for message in self.messages
+        ]
         written = self.tokenizer.apply_chat_template(
-            blanked, tools=self.schemas or None, tokenize=False,
-            add_generation_prompt=not after_turn)
+            blanked,
+            tools=self.schemas or None,
+            tokenize=False,
+            add_generation_prompt=not after_turn,
+        )
         for string in control_strings(self.tokenizer):
             if (found := kept.count(string)) != (expected := written.count(string)):
-                raise RolloutError(f"episode {self.context.episode_id}: {string!r} occurs "
-                                   f"{found} times in the kept tokens but {expected} in the "
-                                   f"chat template's own rendering: markup from an observation "
-                                   f"or the task was not escaped")
+                raise RolloutError(
+                    f"episode {self.context.episode_id}: {string!r} occurs "
+                    f"{found} times in the kept tokens but {expected} in the "
+                    f"chat template's own rendering: markup from an observation "
+                    f"or the task was not escaped"
+                )
 
     def _truncate_observation(self, text: str) -> str:
         """At most ``max_observation_tokens`` of a tool's output (in a conversation: what the
         context holds). Only a prefix long enough to hold them is tokenized: a tool that returns
         megabytes must not stall the event loop every episode shares."""
         limit = self.max_observation_tokens
-        head = text[:limit * _MAX_CHARS_PER_TOKEN]
+        head = text[: limit * _MAX_CHARS_PER_TOKEN]
         ids = self._encode(head)
         if len(ids) <= limit and len(head) == len(text):
             return text
-        return (self.tokenizer.decode(ids[:limit])
-                + f"\n[observation truncated: {len(text)} characters, showing {limit} tokens]")
+        return (
+            self.tokenizer.decode(ids[:limit])
+            + f"\n[observation truncated: {len(text)} characters, showing {limit} tokens]"
+        )
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> Trajectory:
@@ -543,9 +642,12 @@ class Episode:
             forced = self.forced_ids if turn_index == 0 else []
             params = SamplingParams(
                 max_new_tokens=max(1, min(self.max_new_tokens, room - 1)),
-                temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k,
                 stop_token_ids=(self.eos_id,),
-                seed=derive_seed(self.context.seed, "turn", turn_index))
+                seed=derive_seed(self.context.seed, "turn", turn_index),
+            )
             generation_start = time.perf_counter()
             try:
                 generation = await self._generate(history, forced, params)
@@ -555,19 +657,35 @@ class Episode:
             except EndpointRefusal:
                 raise  # the policy's endpoint refuses what it is asked: no episode can run
             except Exception as error:  # an engine failure ends this episode, not the batch
-                turns.append(TurnRecord(turn_index, len(history.ids), 0, 0.0, 0.0,
-                                        f"error: {type(error).__name__}: {error}"))
+                turns.append(
+                    TurnRecord(
+                        turn_index,
+                        len(history.ids),
+                        0,
+                        0.0,
+                        0.0,
+                        f"error: {type(error).__name__}: {error}",
+                    )
+                )
                 termination = "engine_error"
                 break
-            record = self._turn_record(turn_index, len(history.ids), generation,
-                                       self._turn_seconds(generation, generation_start))
+            record = self._turn_record(
+                turn_index,
+                len(history.ids),
+                generation,
+                self._turn_seconds(generation, generation_start),
+            )
             turns.append(record)
             turn_start = len(history.ids)
             text = self._add_generation(history, generation, len(forced))
             parsed = parse_turn(text, self.format)
             record.format_errors = list(parsed.format_errors)
-            history.mark_decision(turn_start, self._decision_tokens(
-                history.ids[turn_start:], text, decision_end(text, parsed, self.format)))
+            history.mark_decision(
+                turn_start,
+                self._decision_tokens(
+                    history.ids[turn_start:], text, decision_end(text, parsed, self.format)
+                ),
+            )
             message = None if conversation is None else self._message_to_user(text, parsed)
             if message is not None:
                 record.format_errors = []  # a message to the user is no missing call
@@ -599,21 +717,37 @@ class Episode:
                 break
         if turns:  # a conversation the user ended at its opening has only the prompt
             self._check_agreement(history)
-        return Trajectory(self.task.id, self.sample, self.messages, self.schemas, history.ids,
-                          history.mask, history.decisions, history.logprobs, prompt_length,
-                          turns, termination, answer, time.perf_counter() - started,
-                          None if conversation is None else conversation.usage,
-                          self.context.seed, self.toolbox.source_of, history.forced)
+        return Trajectory(
+            self.task.id,
+            self.sample,
+            self.messages,
+            self.schemas,
+            history.ids,
+            history.mask,
+            history.decisions,
+            history.logprobs,
+            prompt_length,
+            turns,
+            termination,
+            answer,
+            time.perf_counter() - started,
+            None if conversation is None else conversation.usage,
+            self.context.seed,
+            self.toolbox.source_of,
+            history.forced,
+        )
 
-    async def _talk(self, history: _History, conversation: _Conversation, record: TurnRecord,
-                    message: str) -> str | None:
+    async def _talk(
+        self, history: _History, conversation: _Conversation, record: TurnRecord, message: str
+    ) -> str | None:
         """Send the turn's ``message`` to the user and append the reply as the next
         observation; what ended the conversation, if anything."""
         ended = conversation.agent_turn(record)
         if ended is None:
             reply, ended = await conversation.tell(message)
         if ended is None and not self._append_messages(
-                history, [{"role": "user", "content": self._observation(reply)}]):
+            history, [{"role": "user", "content": self._observation(reply)}]
+        ):
             return "context_limit"
         return ended
 
@@ -636,7 +770,7 @@ class Episode:
         ids = self._encode(text)
         # Read as the valid call it starts (its other arguments are the policy's to write).
         end = decision_end(text, ParsedTurn(calls=[ToolCall(*choice)]), self.format)
-        return ids[:self._decision_tokens(ids, text, end)]
+        return ids[: self._decision_tokens(ids, text, end)]
 
     def _decision_tokens(self, turn_ids: list[int], text: str, end: int) -> int:
         """How many of the turn's tokens it takes to write its first ``end`` characters (all of
@@ -655,24 +789,38 @@ class Episode:
             return len(generation.token_ids) / self.settings.tokens_per_second
         return time.perf_counter() - started
 
-    def _turn_record(self, turn: int, context_tokens: int, generation: Generation,
-                     seconds: float) -> TurnRecord:
+    def _turn_record(
+        self, turn: int, context_tokens: int, generation: Generation, seconds: float
+    ) -> TurnRecord:
         pricing = self.orchestrator_pricing
-        cost = (pricing.per_input_token * context_tokens
-                + pricing.per_output_token * len(generation.token_ids))
-        return TurnRecord(turn, context_tokens, len(generation.token_ids), seconds, cost,
-                          generation.finish_reason, policy_version=generation.policy_version)
+        cost = pricing.per_input_token * context_tokens + pricing.per_output_token * len(
+            generation.token_ids
+        )
+        return TurnRecord(
+            turn,
+            context_tokens,
+            len(generation.token_ids),
+            seconds,
+            cost,
+            generation.finish_reason,
+            policy_version=generation.policy_version,
+        )
 
-    async def _generate(self, history: _History, forced: list[int],
-                        params: SamplingParams) -> Generation:
+    async def _generate(
+        self, history: _History, forced: list[int], params: SamplingParams
+    ) -> Generation:
         """The turn's tokens: ``forced`` (logprob 0), then what the policy samples after them."""
-        params = dataclasses.replace(params,
-                                     max_new_tokens=max(1, params.max_new_tokens - len(forced)))
+        params = dataclasses.replace(
+            params, max_new_tokens=max(1, params.max_new_tokens - len(forced))
+        )
         generation = await self.policy.generate(history.ids + forced, params)
         if not forced:
             return generation
-        return dataclasses.replace(generation, token_ids=forced + list(generation.token_ids),
-                                   logprobs=[0.0] * len(forced) + list(generation.logprobs))
+        return dataclasses.replace(
+            generation,
+            token_ids=forced + list(generation.token_ids),
+            logprobs=[0.0] * len(forced) + list(generation.logprobs),
+        )
 
     def _redrawn_choice(self, generation: Generation, turn_index: int) -> Choice | None:
         """With chance ``explore_models``, the turn's first call with another value of its
@@ -687,18 +835,21 @@ class Episode:
         if call is None:
             return None
         name, chosen = choice_of(call.name, call.arguments, self.format)
-        others = [(tool, arguments) for tool, arguments in choices(self.format)
-                  if tool == name and arguments != chosen]
+        others = [
+            (tool, arguments)
+            for tool, arguments in choices(self.format)
+            if tool == name and arguments != chosen
+        ]
         return rng.choice(others) if chosen and others else None
 
     def _turn_text(self, ids: Sequence[int]) -> str:
         """What a turn's tokens say, its closing eos left out."""
         ids = list(ids)
-        return self.tokenizer.decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids,
-                                     skip_special_tokens=False)
+        return self.tokenizer.decode(
+            ids[:-1] if ids and ids[-1] == self.eos_id else ids, skip_special_tokens=False
+        )
 
-    def _add_generation(self, history: _History, generation: Generation,
-                        forced: int = 0) -> str:
+    def _add_generation(self, history: _History, generation: Generation, forced: int = 0) -> str:
         """Append the turn's tokens, the first ``forced`` of them exploration's (closing the
         turn with a template eos if the engine hit its length limit) and the assistant
         message; returns the turn's text."""
@@ -710,15 +861,21 @@ class Episode:
         self.messages.append({"role": "assistant", "content": text})
         return text
 
-    async def _run_calls(self, parsed: ParsedTurn, record: TurnRecord,
-                         text: str) -> list[ToolResult]:
+    async def _run_calls(
+        self, parsed: ParsedTurn, record: TurnRecord, text: str
+    ) -> list[ToolResult]:
         valid = [call for call in parsed.calls if call.valid]
         context = dataclasses.replace(
-            self.context, observations=tuple(
-                message["content"] for message in self.messages if message["role"] == "tool"),
-            turn=record.turn, message=text_beside_calls(text))
-        results = await asyncio.gather(*(self.toolbox.call(call.name, call.arguments, context)
-                                         for call in valid))
+            self.context,
+            observations=tuple(
+                message["content"] for message in self.messages if message["role"] == "tool"
+            ),
+            turn=record.turn,
+            message=text_beside_calls(text),
+        )
+        results = await asyncio.gather(
+            *(self.toolbox.call(call.name, call.arguments, context) for call in valid)
+        )
         by_call = iter(results)
         for call in parsed.calls:
             if not call.valid:
@@ -730,18 +887,25 @@ class Episode:
     def _observation(self, text: str) -> str:
         return self._truncate_observation(escape_markup(text, self.tokenizer))
 
-    def _add_observations(self, history: _History, parsed: ParsedTurn,
-                          results: list[ToolResult]) -> bool:
+    def _add_observations(
+        self, history: _History, parsed: ParsedTurn, results: list[ToolResult]
+    ) -> bool:
         """One tool message per call (its output or its error), then the turn-level format
         error if any (see :meth:`_append_messages`)."""
         by_call = iter(results)
-        observations = [next(by_call).observation if call.valid else f"Error: {call.error}"
-                        for call in parsed.calls]
+        observations = [
+            next(by_call).observation if call.valid else f"Error: {call.error}"
+            for call in parsed.calls
+        ]
         if parsed.error is not None:
             observations.append(f"Error: {parsed.error}")
-        return self._append_messages(history, [
-            {"role": "tool", "content": self._observation(observation)}
-            for observation in observations])
+        return self._append_messages(
+            history,
+            [
+                {"role": "tool", "content": self._observation(observation)}
+                for observation in observations
+            ],
+        )
 
     def _append_messages(self, history: _History, messages: list[dict[str, Any]]) -> bool:
         """Append observations (tool outputs, the user's reply) after the assistant's turn as
@@ -753,11 +917,13 @@ class Episode:
         # `before` ends with the "\n" that follows the assistant's eos; the kept tokens end at
         # the eos, so the delta starts with that newline.
         if not after.startswith(before) or not before.endswith("\n"):
-            raise RolloutError("the chat template does not render observations as an "
-                               "append-only continuation; they cannot be cut from it")
-        observation_ids = self._encode(after[len(before) - 1:])
+            raise RolloutError(
+                "the chat template does not render observations as an "
+                "append-only continuation; they cannot be cut from it"
+            )
+        observation_ids = self._encode(after[len(before) - 1 :])
         if len(history.ids) + len(observation_ids) + 2 > self.settings.max_context_tokens:
-            del self.messages[-len(messages):]
+            del self.messages[-len(messages) :]
             return False
         history.add_template(observation_ids)
         self._check_agreement(history)

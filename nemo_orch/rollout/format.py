@@ -28,13 +28,13 @@ MULTIPLE_CALL_POLICIES = ("first", "parallel")
 
 # Kinds of format error, each counted separately.
 FORMAT_ERRORS = (
-    "malformed_json",      # the text inside <tool_call> is not JSON
-    "bad_call_shape",      # JSON, but not {"name": str, "arguments": object}
-    "unclosed_tag",        # <tool_call> or <answer> without its closing tag
-    "unknown_tool",        # a name that is not among the offered tools
-    "invalid_arguments",   # missing / undeclared / mistyped argument
-    "no_call",             # neither a tool call nor an answer
-    "multiple_calls",      # several calls where only the first is run
+    "malformed_json",  # the text inside <tool_call> is not JSON
+    "bad_call_shape",  # JSON, but not {"name": str, "arguments": object}
+    "unclosed_tag",  # <tool_call> or <answer> without its closing tag
+    "unknown_tool",  # a name that is not among the offered tools
+    "invalid_arguments",  # missing / undeclared / mistyped argument
+    "no_call",  # neither a tool call nor an answer
+    "multiple_calls",  # several calls where only the first is run
 )
 
 # An unclosed think block runs to the end of the turn; the newlines after a closed one are the
@@ -66,8 +66,12 @@ class ToolCall:
         return self.error is None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "arguments": self.arguments, "error": self.error,
-                "error_kind": self.error_kind}
+        return {
+            "name": self.name,
+            "arguments": self.arguments,
+            "error": self.error,
+            "error_kind": self.error_kind,
+        }
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,12 @@ class ParsedTurn:
     spans: list[tuple[int, int]] = field(default_factory=list, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"calls": [c.to_json() for c in self.calls], "answer": self.answer,
-                "error": self.error, "format_errors": self.format_errors}
+        return {
+            "calls": [c.to_json() for c in self.calls],
+            "answer": self.answer,
+            "error": self.error,
+            "format_errors": self.format_errors,
+        }
 
 
 @dataclass(frozen=True)
@@ -114,14 +122,22 @@ class TurnFormat:
         """A call of ``name`` with ``arguments`` (a JSON object), as it will run, or with the
         error that keeps it from running (an unknown tool, arguments its schema rejects)."""
         if name not in self.schemas:
-            return ToolCall(name, arguments, f"unknown tool {name!r}; available tools: "
-                            f"{', '.join(self.schemas)}", "unknown_tool")
+            return ToolCall(
+                name,
+                arguments,
+                f"unknown tool {name!r}; available tools: {', '.join(self.schemas)}",
+                "unknown_tool",
+            )
         if name in self.lenient:
             return ToolCall(name, arguments)
         problems = argument_errors(self.schemas[name], arguments)
         if problems:
-            return ToolCall(name, arguments, f"invalid arguments for {name}: "
-                            f"{'; '.join(problems)}", "invalid_arguments")
+            return ToolCall(
+                name,
+                arguments,
+                f"invalid arguments for {name}: {'; '.join(problems)}",
+                "invalid_arguments",
+            )
         return ToolCall(name, integral(self.schemas[name], arguments))
 
 
@@ -130,8 +146,13 @@ def _depth(value: Any) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         value, level = stack.pop()
-        children = (value.values() if isinstance(value, dict)
-                    else value if isinstance(value, list) else None)
+        children = (
+            value.values()
+            if isinstance(value, dict)
+            else value
+            if isinstance(value, list)
+            else None
+        )
         if children is not None:
             deepest = max(deepest, level)
             stack.extend((child, level + 1) for child in children)
@@ -139,8 +160,12 @@ def _depth(value: Any) -> int:
 
 
 def _malformed(problem: str) -> ToolCall:
-    return ToolCall(None, None, f"the tool call is not valid JSON ({problem}); write "
-                    "{\"name\": ..., \"arguments\": {...}}", "malformed_json")
+    return ToolCall(
+        None,
+        None,
+        f'the tool call is not valid JSON ({problem}); write {{"name": ..., "arguments": {{...}}}}',
+        "malformed_json",
+    )
 
 
 def _decode(text: str, start: int) -> tuple[Any, int, str | None]:
@@ -161,10 +186,17 @@ def _decode(text: str, start: int) -> tuple[Any, int, str | None]:
 
 
 def _parse_call(payload: Any, fmt: TurnFormat) -> ToolCall:
-    if (not isinstance(payload, dict) or not isinstance(payload.get("name"), str)
-            or not isinstance(payload.get("arguments", {}), dict)):
-        return ToolCall(None, None, "a tool call must be a JSON object {\"name\": <string>, "
-                        "\"arguments\": <object>}", "bad_call_shape")
+    if (
+        not isinstance(payload, dict)
+        or not isinstance(payload.get("name"), str)
+        or not isinstance(payload.get("arguments", {}), dict)
+    ):
+        return ToolCall(
+            None,
+            None,
+            'a tool call must be a JSON object {"name": <string>, "arguments": <object>}',
+            "bad_call_shape",
+        )
     return fmt.check(payload["name"], payload.get("arguments", {}))
 
 
@@ -191,8 +223,13 @@ def _read_call(text: str, start: int) -> CallSpan:
         return CallSpan(start, close + len(CLOSE_CALL), payload)
     close = text.find(CLOSE_CALL, body)
     if close == -1:
-        return CallSpan(start, len(text), broken=ToolCall(
-            None, None, f"a {OPEN_CALL} is not closed with {CLOSE_CALL}", "unclosed_tag"))
+        return CallSpan(
+            start,
+            len(text),
+            broken=ToolCall(
+                None, None, f"a {OPEN_CALL} is not closed with {CLOSE_CALL}", "unclosed_tag"
+            ),
+        )
     if problem is None:  # valid JSON, then something else before the closing tag
         problem = f"extra data after the JSON at character {end - body}"
     return CallSpan(start, close + len(CLOSE_CALL), broken=_malformed(problem))
@@ -230,7 +267,7 @@ def without_calls(text: str) -> str:
     OpenAI server returns as ``content``."""
     pieces, position = [], 0
     for span in call_spans(text):
-        pieces.append(text[position:span.start].removesuffix("\n"))
+        pieces.append(text[position : span.start].removesuffix("\n"))
         position = span.end
     return "".join(pieces) + text[position:]
 
@@ -254,22 +291,31 @@ def parse_turn(text: str, fmt: TurnFormat) -> ParsedTurn:
         if answers and not calls:
             return ParsedTurn(answer=answers[-1].strip(), format_errors=errors)
         if "<answer>" in visible and not answers and not calls:
-            return ParsedTurn(error="an <answer> is not closed with </answer>",
-                              format_errors=["unclosed_tag"])
+            return ParsedTurn(
+                error="an <answer> is not closed with </answer>", format_errors=["unclosed_tag"]
+            )
 
     if not calls:
-        expected = ("a <tool_call> or a final <answer>…</answer>" if fmt.answer_format == "tag"
-                    else "a <tool_call> (call the answer tool to finish)")
-        return ParsedTurn(error=f"no tool call or answer found; write {expected}",
-                          format_errors=["no_call"])
+        expected = (
+            "a <tool_call> or a final <answer>…</answer>"
+            if fmt.answer_format == "tag"
+            else "a <tool_call> (call the answer tool to finish)"
+        )
+        return ParsedTurn(
+            error=f"no tool call or answer found; write {expected}", format_errors=["no_call"]
+        )
     if len(calls) > 1 and fmt.multiple_calls == "first":
         first = calls[0]
-        note = (f"only the first of {len(calls)} tool calls was run; make one call per turn")
-        return ParsedTurn(calls=[first], error=note,
-                          format_errors=errors[: 1 if first.error_kind else 0]
-                          + ["multiple_calls"], spans=[(spans[0].start, spans[0].end)])
-    return ParsedTurn(calls=calls, format_errors=errors,
-                      spans=[(span.start, span.end) for span in spans])
+        note = f"only the first of {len(calls)} tool calls was run; make one call per turn"
+        return ParsedTurn(
+            calls=[first],
+            error=note,
+            format_errors=errors[: 1 if first.error_kind else 0] + ["multiple_calls"],
+            spans=[(spans[0].start, spans[0].end)],
+        )
+    return ParsedTurn(
+        calls=calls, format_errors=errors, spans=[(span.start, span.end) for span in spans]
+    )
 
 
 # A routing choice: a tool and the values of its choice (``enum``) arguments.
@@ -278,8 +324,7 @@ Choice = tuple[str, dict[str, Any]]
 
 def _choice_argument(schema: dict[str, Any]) -> str | None:
     """A tool's first choice argument: the first property with an ``enum``."""
-    return next((key for key, spec in schema.get("properties", {}).items() if "enum" in spec),
-                None)
+    return next((key for key, spec in schema.get("properties", {}).items() if "enum" in spec), None)
 
 
 def choices(fmt: TurnFormat) -> list[Choice]:
@@ -321,12 +366,15 @@ def decision_end(text: str, parsed: ParsedTurn, fmt: TurnFormat) -> int:
     spans = parsed.spans or [(0, len(text))] * len(parsed.calls)
     for call, (start, stop) in zip(parsed.calls, spans):
         properties = fmt.schemas[call.name].get("properties", {})
-        pieces = [("name", call.name)] + [(key, value) for key, value in call.arguments.items()
-                                          if "enum" in properties.get(key, {})]
+        pieces = [("name", call.name)] + [
+            (key, value)
+            for key, value in call.arguments.items()
+            if "enum" in properties.get(key, {})
+        ]
         for key, value in pieces:
-            found = re.compile(re.escape(json.dumps(key)) + r"\s*:\s*"
-                               + re.escape(json.dumps(value))).search(
-                                   text, max(position, start), stop)
+            found = re.compile(
+                re.escape(json.dumps(key)) + r"\s*:\s*" + re.escape(json.dumps(value))
+            ).search(text, max(position, start), stop)
             if found is None:  # written in a form json.dumps does not produce: all of it
                 return len(text)
             end = max(end, found.end())

@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 
 # A worker's engine and tokenizer, built inside the worker from the weights the pool holds
 # (None: the pool holds none and the engine loads its own).
-EngineFactory = Callable[[Mapping[str, torch.Tensor] | None],
-                         tuple[Engine, PreTrainedTokenizerBase]]
+EngineFactory = Callable[
+    [Mapping[str, torch.Tensor] | None], tuple[Engine, PreTrainedTokenizerBase]
+]
 LOOPBACK = "127.0.0.1"
 
 
@@ -80,6 +81,7 @@ def weights_engine(config: Config, tokenizer: PreTrainedTokenizerBase) -> Engine
 
 
 # ----------------------------------------------------------------------------- Ray itself
+
 
 @contextlib.contextmanager
 def _loopback_node() -> Iterator[None]:
@@ -111,12 +113,17 @@ def connect(settings: RayConfig) -> bool:
         ray.init(address=settings.address)
         return True
     with _loopback_node():
-        ray.init(address="local", object_store_memory=settings.object_store_mb << 20,
-                 include_dashboard=False, _node_ip_address=LOOPBACK)
+        ray.init(
+            address="local",
+            object_store_memory=settings.object_store_mb << 20,
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,
+        )
     return True
 
 
 # ----------------------------------------------------------------------------- the actors
+
 
 @ray.remote
 class RolloutWorker:
@@ -131,15 +138,21 @@ class RolloutWorker:
         self.settings, self.num_threads = settings, num_threads
         self.lost: list[str] = []
 
-    def start(self, make_engine: EngineFactory, weights: Mapping[str, torch.Tensor] | None,
-              executor: ActorHandle, offered: tuple[list[ToolSpec], dict[str, str]],
-              version: int | None = None) -> None:
+    def start(
+        self,
+        make_engine: EngineFactory,
+        weights: Mapping[str, torch.Tensor] | None,
+        executor: ActorHandle,
+        offered: tuple[list[ToolSpec], dict[str, str]],
+        version: int | None = None,
+    ) -> None:
         self.executor, self.offered = executor, offered
         self.toolbox = executor_toolbox(executor, offered, self.lost)
         self.engine, self.tokenizer = make_engine(weights)
         # torch's thread count is per thread: the engine's is set where it runs
-        self.batcher = GenerationBatcher(self.engine, self.settings.max_batch_size, version,
-                                         self.num_threads)
+        self.batcher = GenerationBatcher(
+            self.engine, self.settings.max_batch_size, version, self.num_threads
+        )
 
     async def run(self, jobs: list[EpisodeJob]) -> list[Trajectory]:
         # A chunk is offered the tools on offer when it starts (an MCP server may have
@@ -151,14 +164,16 @@ class RolloutWorker:
         if offered != self.offered:
             self.offered = offered
             self.toolbox = executor_toolbox(self.executor, offered, self.lost)
-        trajectories = await run_episodes(jobs, self.batcher, self.toolbox, self.tokenizer,
-                                          self.settings)
+        trajectories = await run_episodes(
+            jobs, self.batcher, self.toolbox, self.tokenizer, self.settings
+        )
         if self.lost:
             raise ToolExecutorLost(self.lost[0])
         return trajectories
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor],
-                             version: int | None = None) -> None:
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int | None = None
+    ) -> None:
         await self.batcher.update_weights(weights, version)
 
 
@@ -169,8 +184,9 @@ class ScorerActor:
     def __init__(self, make_scorer: Callable[[], AnswerScorer]) -> None:
         self.scorer = make_scorer()
 
-    async def score(self, task: Task, answer: str | None,
-                    calls: list[tuple[str, dict[str, Any]]]) -> OutcomeResult:
+    async def score(
+        self, task: Task, answer: str | None, calls: list[tuple[str, dict[str, Any]]]
+    ) -> OutcomeResult:
         return await self.scorer.score(task, answer, calls)
 
 
@@ -181,8 +197,9 @@ class ActorScorer:
     def __init__(self, actors: Sequence[ActorHandle]) -> None:
         self.actors = list(actors)
 
-    async def score(self, task: Task, answer: str | None,
-                    calls: Sequence[tuple[str, dict[str, Any]]] = ()) -> OutcomeResult:
+    async def score(
+        self, task: Task, answer: str | None, calls: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> OutcomeResult:
         actor = self.actors[zlib.crc32(task.id.encode()) % len(self.actors)]
         try:
             return await actor.score.remote(task, answer, list(calls))
@@ -194,6 +211,7 @@ class ActorScorer:
 
 # ----------------------------------------------------------------------------- the pool
 
+
 @dataclass
 class _Unit:
     worker: ActorHandle
@@ -203,7 +221,7 @@ class _Unit:
 def _chunks(jobs: list[EpisodeJob], samples_per_task: int, parts: int) -> list[list[EpisodeJob]]:
     """``jobs`` cut into at most ``parts`` runs of whole groups, as even as they go."""
     size = max(1, math.ceil(len(jobs) // samples_per_task / parts)) * samples_per_task
-    return [jobs[start:start + size] for start in range(0, len(jobs), size)]
+    return [jobs[start : start + size] for start in range(0, len(jobs), size)]
 
 
 class RayRolloutPool:
@@ -213,11 +231,15 @@ class RayRolloutPool:
     in the object store once and handed to every worker's ``make_engine``; ``version``: the
     update count behind them (which stamps the turns written with them; None: unversioned)."""
 
-    def __init__(self, settings: RolloutConfig, make_engine: EngineFactory,
-                 make_toolbox: Callable[[], Toolbox],
-                 make_scorer: Callable[[], AnswerScorer] | None = None,
-                 weights: Mapping[str, torch.Tensor] | None = None,
-                 version: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: RolloutConfig,
+        make_engine: EngineFactory,
+        make_toolbox: Callable[[], Toolbox],
+        make_scorer: Callable[[], AnswerScorer] | None = None,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        version: int | None = None,
+    ) -> None:
         self.settings, self.ray = settings, settings.ray
         self._make_engine, self._make_toolbox = make_engine, make_toolbox
         self._make_scorer, self._initial_weights = make_scorer, weights
@@ -244,26 +266,36 @@ class RayRolloutPool:
         needed = self.ray.num_workers * self.ray.num_cpus_per_worker
         available = ray.cluster_resources().get("CPU", 0.0)
         if needed > available:
-            raise ConfigError(f"rollout.ray: {self.ray.num_workers} workers x "
-                              f"{self.ray.num_cpus_per_worker:g} CPUs need {needed:g} CPUs; the "
-                              f"Ray cluster has {available:g}")
-        log.info("rollout workers: %d on the Ray cluster at %s (%g CPUs)", self.ray.num_workers,
-                 ray.get_runtime_context().gcs_address, available)
+            raise ConfigError(
+                f"rollout.ray: {self.ray.num_workers} workers x "
+                f"{self.ray.num_cpus_per_worker:g} CPUs need {needed:g} CPUs; the "
+                f"Ray cluster has {available:g}"
+            )
+        log.info(
+            "rollout workers: %d on the Ray cluster at %s (%g CPUs)",
+            self.ray.num_workers,
+            ray.get_runtime_context().gcs_address,
+            available,
+        )
         if self._initial_weights is not None:
             self._weights = ray.put(self._initial_weights)
-        started = await asyncio.gather(*(self._start_unit()
-                                         for _ in range(self.ray.num_workers)),
-                                       return_exceptions=True)
+        started = await asyncio.gather(
+            *(self._start_unit() for _ in range(self.ray.num_workers)), return_exceptions=True
+        )
         self.units = [unit for unit in started if isinstance(unit, _Unit)]
         for error in started:
             if not isinstance(error, _Unit):
                 raise error
         if self._make_scorer is not None:
-            self.scorer = ActorScorer([
-                ScorerActor.options(max_restarts=self.ray.max_replacements,
-                                    max_task_retries=self.ray.max_replacements
-                                    ).remote(self._make_scorer)
-                for _ in range(self.ray.num_scorers)])
+            self.scorer = ActorScorer(
+                [
+                    ScorerActor.options(
+                        max_restarts=self.ray.max_replacements,
+                        max_task_retries=self.ray.max_replacements,
+                    ).remote(self._make_scorer)
+                    for _ in range(self.ray.num_scorers)
+                ]
+            )
 
     async def close(self) -> None:
         await asyncio.gather(*(self._stop_unit(unit) for unit in self.units))
@@ -274,13 +306,17 @@ class RayRolloutPool:
             ray.shutdown()
 
     async def _start_unit(self) -> _Unit:
-        unit = _Unit(RolloutWorker.options(num_cpus=self.ray.num_cpus_per_worker).remote(
-                         self.settings, max(1, int(self.ray.num_cpus_per_worker))),
-                     ToolExecutor.remote(self._make_toolbox))
+        unit = _Unit(
+            RolloutWorker.options(num_cpus=self.ray.num_cpus_per_worker).remote(
+                self.settings, max(1, int(self.ray.num_cpus_per_worker))
+            ),
+            ToolExecutor.remote(self._make_toolbox),
+        )
         try:
             offered = await unit.executor.start.remote()
-            await unit.worker.start.remote(self._make_engine, self._weights, unit.executor,
-                                           offered, self.version)
+            await unit.worker.start.remote(
+                self._make_engine, self._weights, unit.executor, offered, self.version
+            )
         except BaseException as error:
             await self._stop_unit(unit)
             if isinstance(error, RayTaskError) and error.cause is not None:
@@ -296,9 +332,15 @@ class RayRolloutPool:
         ray.kill(unit.worker)
         ray.kill(unit.executor)
 
-    async def run(self, tasks: Sequence[Task], samples_per_task: int, *, seed: int = 0,
-                  forced_choices: Mapping[tuple[int, int], Choice] | None = None,
-                  explore_models: float = 0.0) -> list[Trajectory]:
+    async def run(
+        self,
+        tasks: Sequence[Task],
+        samples_per_task: int,
+        *,
+        seed: int = 0,
+        forced_choices: Mapping[tuple[int, int], Choice] | None = None,
+        explore_models: float = 0.0,
+    ) -> list[Trajectory]:
         """What :func:`~nemo_orch.rollout.runner.run_rollouts` returns for the same arguments,
         with the episodes spread over the workers. A dead unit is replaced and its chunk run
         again, at most ``rollout.ray.max_replacements`` times in this call."""
@@ -322,18 +364,26 @@ class RayRolloutPool:
                     except (RayActorError, ToolExecutorLost) as error:
                         replaced += 1
                         if replaced > self.ray.max_replacements:
-                            raise RolloutError(f"rollout workers or their tool executors died "
-                                               f"{replaced} times in one rollout (rollout.ray."
-                                               f"max_replacements={self.ray.max_replacements}):"
-                                               f" {error}") from error
-                        log.warning("rollout worker %d lost (%s): replacing it and running its "
-                                    "%d episodes again", index, error, len(chunk))
+                            raise RolloutError(
+                                f"rollout workers or their tool executors died "
+                                f"{replaced} times in one rollout (rollout.ray."
+                                f"max_replacements={self.ray.max_replacements}):"
+                                f" {error}"
+                            ) from error
+                        log.warning(
+                            "rollout worker %d lost (%s): replacing it and running its "
+                            "%d episodes again",
+                            index,
+                            error,
+                            len(chunk),
+                        )
                         await self._replace(index)
                         queue.appendleft(chunk)
                     else:
-                        finished.update((job.index, trajectory)
-                                        for job, trajectory in zip(chunk, trajectories,
-                                                                   strict=True))
+                        finished.update(
+                            (job.index, trajectory)
+                            for job, trajectory in zip(chunk, trajectories, strict=True)
+                        )
                     idle.append(index)
         finally:
             for future in running:
@@ -345,25 +395,37 @@ class RayRolloutPool:
         self.units[index] = await self._start_unit()
         self.replacements += 1
 
-    def update_weights(self, weights: Mapping[str, torch.Tensor],
-                       version: int | None = None) -> None:
+    def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int | None = None
+    ) -> None:
         """Refit every worker from one object-store copy of ``weights`` (after ``version``
         updates), into the episodes in flight; a worker that died meanwhile is replaced by the
         next :meth:`run`, built from these weights."""
         self._weights, self.version = ray.put(weights), version
-        for call in [unit.worker.update_weights.remote(self._weights, version)
-                     for unit in self.units]:
+        for call in [
+            unit.worker.update_weights.remote(self._weights, version) for unit in self.units
+        ]:
             try:
                 ray.get(call)
             except RayActorError as error:
                 log.warning("a rollout worker died before its refit: %s", error)
 
 
-def build_ray_pool(config: Config, make_engine: EngineFactory,
-                   weights: Mapping[str, torch.Tensor] | None = None, *,
-                   scoring: bool = True, version: int | None = None) -> RayRolloutPool:
+def build_ray_pool(
+    config: Config,
+    make_engine: EngineFactory,
+    weights: Mapping[str, torch.Tensor] | None = None,
+    *,
+    scoring: bool = True,
+    version: int | None = None,
+) -> RayRolloutPool:
     """The pool of ``rollout.ray`` with the configured tools and (``scoring``) reward, not yet
     started."""
-    return RayRolloutPool(config.resolved_rollout(), make_engine,
-                          partial(build_toolbox, config.tools),
-                          partial(build_scorer, config) if scoring else None, weights, version)
+    return RayRolloutPool(
+        config.resolved_rollout(),
+        make_engine,
+        partial(build_toolbox, config.tools),
+        partial(build_scorer, config) if scoring else None,
+        weights,
+        version,
+    )

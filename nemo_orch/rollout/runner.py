@@ -57,14 +57,27 @@ class GenerationBatcher:
     stamped with the ``version`` of the weights that wrote it (None: not versioned).
     """
 
-    def __init__(self, engine: Engine, max_batch_size: int = 64, version: int | None = None,
-                 engine_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch_size: int = 64,
+        version: int | None = None,
+        engine_threads: int | None = None,
+    ) -> None:
         self.engine, self.max_batch_size, self.version = engine, max_batch_size, version
         # None: the loop's default executor
-        self._engine_thread = None if engine_threads is None else (
-            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine",
-                                                  initializer=torch.set_num_threads,
-                                                  initargs=(engine_threads,)))
+        self._engine_thread = (
+            None
+            if engine_threads is None
+            else (
+                concurrent.futures.ThreadPoolExecutor(
+                    1,
+                    thread_name_prefix="engine",
+                    initializer=torch.set_num_threads,
+                    initargs=(engine_threads,),
+                )
+            )
+        )
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -119,21 +132,24 @@ class GenerationBatcher:
                     # A call fails as a whole (e.g. one prompt too long for the engine): each
                     # prompt alone again (its own seed: the same sample), so only the episodes
                     # at fault get the error.
-                    await asyncio.gather(*(self._answer([request], params)
-                                           for request in batch))
+                    await asyncio.gather(*(self._answer([request], params) for request in batch))
             self._wakeup.clear()
 
-    async def _answer(self, batch: list[tuple[list[int], int, asyncio.Future]],
-                      params: SamplingParams) -> None:
+    async def _answer(
+        self, batch: list[tuple[list[int], int, asyncio.Future]], params: SamplingParams
+    ) -> None:
         """One engine call for ``batch``; its futures get the generations. A failed call
         raises, but for a single request, whose episode gets the error (and decides what it
         means)."""
         prompts = [prompt for prompt, _, _ in batch]
         try:
             async with self._engine_lock:
-                generations = [replace(generation, policy_version=self.version) for generation
-                               in await self._call_engine(prompts, params,
-                                                          [seed for _, seed, _ in batch])]
+                generations = [
+                    replace(generation, policy_version=self.version)
+                    for generation in await self._call_engine(
+                        prompts, params, [seed for _, seed, _ in batch]
+                    )
+                ]
         except Exception as error:
             if len(batch) > 1:
                 raise
@@ -147,8 +163,9 @@ class GenerationBatcher:
             if not future.done():
                 future.set_result(generation)
 
-    async def _call_engine(self, prompts: list[list[int]], params: SamplingParams,
-                           seeds: list[int]) -> list[Generation]:
+    async def _call_engine(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]
+    ) -> list[Generation]:
         agenerate = getattr(self.engine, "agenerate", None)
         if agenerate is not None:
             return await agenerate(prompts, params, seeds)
@@ -183,23 +200,43 @@ class EpisodeJob:
     explore_models: float = 0.0
 
 
-def episode_jobs(tasks: Sequence[Task], samples_per_task: int, seed: int = 0,
-                 forced_choices: Mapping[tuple[int, int], Choice] | None = None,
-                 explore_models: float = 0.0) -> list[EpisodeJob]:
+def episode_jobs(
+    tasks: Sequence[Task],
+    samples_per_task: int,
+    seed: int = 0,
+    forced_choices: Mapping[tuple[int, int], Choice] | None = None,
+    explore_models: float = 0.0,
+) -> list[EpisodeJob]:
     """Every task ``samples_per_task`` times, in (task, sample) order; episode ``i`` gets seed
     ``seed + i`` whoever runs it (a Ray worker gets the same seeds as this process), and its
     turns sample with seeds derived from it (:class:`~nemo_orch.rollout.episode.Episode`)."""
     forced_choices = forced_choices or {}
-    pairs = [(task_index, sample) for task_index in range(len(tasks))
-             for sample in range(samples_per_task)]
-    return [EpisodeJob(index, tasks[task_index], sample, seed + index,
-                       forced_choices.get((task_index, sample)), explore_models)
-            for index, (task_index, sample) in enumerate(pairs)]
+    pairs = [
+        (task_index, sample)
+        for task_index in range(len(tasks))
+        for sample in range(samples_per_task)
+    ]
+    return [
+        EpisodeJob(
+            index,
+            tasks[task_index],
+            sample,
+            seed + index,
+            forced_choices.get((task_index, sample)),
+            explore_models,
+        )
+        for index, (task_index, sample) in enumerate(pairs)
+    ]
 
 
-async def run_episodes(jobs: Sequence[EpisodeJob], policy: PolicyClient, toolbox: Toolbox,
-                       tokenizer: PreTrainedTokenizerBase, settings: RolloutConfig,
-                       users: UserFactory | None = None) -> list[Trajectory]:
+async def run_episodes(
+    jobs: Sequence[EpisodeJob],
+    policy: PolicyClient,
+    toolbox: Toolbox,
+    tokenizer: PreTrainedTokenizerBase,
+    settings: RolloutConfig,
+    users: UserFactory | None = None,
+) -> list[Trajectory]:
     """Run ``jobs``, at most ``settings.max_concurrent_episodes`` at once (each with its user,
     where ``users`` makes one); trajectories come back in the jobs' order. The toolbox's
     sources are listed again first where they changed, once: every episode of a rollout (every
@@ -209,21 +246,37 @@ async def run_episodes(jobs: Sequence[EpisodeJob], policy: PolicyClient, toolbox
 
     async def one(job: EpisodeJob) -> Trajectory:
         async with slots:
-            episode = Episode(job.task, job.sample, policy, toolbox, tokenizer, settings,
-                              seed=job.seed, forced_choice=job.forced_choice,
-                              explore_models=job.explore_models, users=users)
+            episode = Episode(
+                job.task,
+                job.sample,
+                policy,
+                toolbox,
+                tokenizer,
+                settings,
+                seed=job.seed,
+                forced_choice=job.forced_choice,
+                explore_models=job.explore_models,
+                users=users,
+            )
             return await episode.run()
 
     return list(await asyncio.gather(*(one(job) for job in jobs)))
 
 
-async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Engine,
-                       toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
-                       settings: RolloutConfig, *, seed: int = 0,
-                       batcher: GenerationBatcher | None = None,
-                       forced_choices: Mapping[tuple[int, int], Choice] | None = None,
-                       explore_models: float = 0.0,
-                       users: UserFactory | None = None) -> list[Trajectory]:
+async def run_rollouts(
+    tasks: Sequence[Task],
+    samples_per_task: int,
+    engine: Engine,
+    toolbox: Toolbox,
+    tokenizer: PreTrainedTokenizerBase,
+    settings: RolloutConfig,
+    *,
+    seed: int = 0,
+    batcher: GenerationBatcher | None = None,
+    forced_choices: Mapping[tuple[int, int], Choice] | None = None,
+    explore_models: float = 0.0,
+    users: UserFactory | None = None,
+) -> list[Trajectory]:
     """Run every task ``samples_per_task`` times (a GRPO group each), at most
     ``settings.max_concurrent_episodes`` at once; trajectories come back in (task, sample)
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
@@ -232,9 +285,14 @@ async def run_rollouts(tasks: Sequence[Task], samples_per_task: int, engine: Eng
     own_batcher = batcher is None
     batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
     try:
-        return await run_episodes(episode_jobs(tasks, samples_per_task, seed, forced_choices,
-                                               explore_models),
-                                  batcher, toolbox, tokenizer, settings, users)
+        return await run_episodes(
+            episode_jobs(tasks, samples_per_task, seed, forced_choices, explore_models),
+            batcher,
+            toolbox,
+            tokenizer,
+            settings,
+            users,
+        )
     finally:
         if own_batcher:
             await batcher.close()

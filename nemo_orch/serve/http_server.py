@@ -48,8 +48,9 @@ Route = Callable[[dict], dict | EventStream]
 class RequestError(Exception):
     """A request the server refuses: answered with ``status`` and an OpenAI error body."""
 
-    def __init__(self, message: str, status: int = 400,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self, message: str, status: int = 400, kind: str = "invalid_request_error"
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
@@ -66,8 +67,9 @@ def _error_body(message: str, kind: str, code: int) -> dict:
 INTERNAL_ERROR = _error_body("internal server error", "server_error", 500)
 
 
-def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
-             metrics: ServeMetrics | None) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    routes: Mapping[tuple[str, str], Route], api_key: str | None, metrics: ServeMetrics | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: clients reuse their connections
 
@@ -83,8 +85,12 @@ def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
             code = self._answer(method, path)
             if metrics is not None:
                 label = path if (method, path) in routes else "unknown"
-                metrics.observe(label, _status(code), time.perf_counter() - started,
-                                None if code < 400 else str(code))
+                metrics.observe(
+                    label,
+                    _status(code),
+                    time.perf_counter() - started,
+                    None if code < 400 else str(code),
+                )
 
         def _answer(self, method: str, path: str) -> int:
             """Answer the request; returns the status sent."""
@@ -96,8 +102,7 @@ def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
                 if api_key is not None and (method, path) != ("GET", "/health"):
                     given = self.headers.get("Authorization", "")
                     if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                        raise RequestError("missing or wrong API key", 401,
-                                           "authentication_error")
+                        raise RequestError("missing or wrong API key", 401, "authentication_error")
                 answer = route(body)
             except RequestError as error:
                 return self._reply(error.status, _error_body(str(error), error.kind, error.status))
@@ -170,8 +175,11 @@ def _handler(routes: Mapping[tuple[str, str], Route], api_key: str | None,
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
 
         def _client_left(self) -> None:
-            log.debug("%s %s: the client closed the connection before the reply ended",
-                      self.command, self.path)
+            log.debug(
+                "%s %s: the client closed the connection before the reply ended",
+                self.command,
+                self.path,
+            )
             self.close_connection = True
 
         def log_message(self, format: str, *args: Any) -> None:
@@ -199,14 +207,23 @@ class ServerHandle:
     """A running server; ``url`` is ``http://host:port`` plus the server's base path. Closing
     also stops its metrics export, if any."""
 
-    def __init__(self, server: ThreadingHTTPServer, url_path: str, name: str,
-                 metrics: ServeMetrics | None = None) -> None:
+    def __init__(
+        self,
+        server: ThreadingHTTPServer,
+        url_path: str,
+        name: str,
+        metrics: ServeMetrics | None = None,
+    ) -> None:
         self._server = server
         self.metrics = metrics
         self.host, self.port = server.server_address[:2]
         self.url = f"http://{self.host}:{self.port}{url_path}"
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"{name}-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"{name}-{self.port}",
+            daemon=True,
+        )
         self._thread.start()
 
     def wait(self) -> None:
@@ -229,9 +246,16 @@ class ServerHandle:
         self.close()
 
 
-def serve_json(routes: Mapping[tuple[str, str], Route], host: str = "127.0.0.1", port: int = 0,
-               *, api_key: str | None = None, url_path: str = "", name: str = "json-server",
-               metrics: ServeMetrics | None = None) -> ServerHandle:
+def serve_json(
+    routes: Mapping[tuple[str, str], Route],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    api_key: str | None = None,
+    url_path: str = "",
+    name: str = "json-server",
+    metrics: ServeMetrics | None = None,
+) -> ServerHandle:
     """Serve ``routes`` (plus ``GET /health``) in background threads; ``port=0``: a free port.
     ``metrics`` counts the requests (export them with ``metrics.serve``)."""
     routes = {("GET", "/health"): lambda _: {"status": "ok"}, **routes}

@@ -68,10 +68,14 @@ ORCHESTRATION_SCHEMA: dict[str, Any] = {
         "seed": {"type": "integer"},
         "turns": {"type": "integer"},
         "messages": {"type": "array", "items": {"type": "object"}},
-        "ledger": {"type": "object",
-                   "properties": {"cost_usd": {"type": "number", "minimum": 0},
-                                  "calls": {"type": "array", "items": {"type": "object"}}},
-                   "required": ["cost_usd", "calls"]},
+        "ledger": {
+            "type": "object",
+            "properties": {
+                "cost_usd": {"type": "number", "minimum": 0},
+                "calls": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["cost_usd", "calls"],
+        },
     },
     "required": ["answer", "finish_reason", "seed", "turns", "messages", "ledger"],
 }
@@ -86,18 +90,22 @@ def mcp_server(orchestration: Orchestration, metrics: ServeMetrics | None = None
     name = orchestration.service.model_name
     server = Server(f"nemo-orch-{name}")
     solve = types.Tool(
-        name=SOLVE, inputSchema=SOLVE_PARAMETERS, outputSchema=ORCHESTRATION_SCHEMA,
+        name=SOLVE,
+        inputSchema=SOLVE_PARAMETERS,
+        outputSchema=ORCHESTRATION_SCHEMA,
         description=f"Solve a task with the orchestrator {name}: it calls its own tools and "
-                    "expert models as it sees fit and answers, with the cost in USD of "
-                    "everything it used and the calls it made.")
+        "expert models as it sees fit and answers, with the cost in USD of "
+        "everything it used and the calls it made.",
+    )
 
     @server.list_tools()
     async def list_tools() -> list[types.Tool]:
         return [solve]
 
     @server.call_tool()
-    async def call_tool(tool: str, arguments: dict[str, Any]
-                        ) -> tuple[list[types.TextContent], dict[str, Any]]:
+    async def call_tool(
+        tool: str, arguments: dict[str, Any]
+    ) -> tuple[list[types.TextContent], dict[str, Any]]:
         if tool != SOLVE:
             raise ValueError(f"unknown tool {tool!r}; this server offers {SOLVE}")
         started, status = time.perf_counter(), "error"
@@ -136,9 +144,15 @@ class _Authorized:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 refused = JSONResponse(
-                    {"error": {"message": "missing or wrong API key", "type":
-                               "authentication_error"}}, status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"})
+                    {
+                        "error": {
+                            "message": "missing or wrong API key",
+                            "type": "authentication_error",
+                        }
+                    },
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await refused(scope, receive, send)
                 return
         await self.manager.handle_request(scope, receive, send)
@@ -150,8 +164,9 @@ class McpHttpServer:
     HTTP server (waiting ``serve.shutdown_timeout_s`` for requests in flight), then the
     orchestration (as long again for its episodes) and the metrics."""
 
-    def __init__(self, orchestration: Orchestration, serve: ServeConfig,
-                 api_key: str | None) -> None:
+    def __init__(
+        self, orchestration: Orchestration, serve: ServeConfig, api_key: str | None
+    ) -> None:
         self._orchestration, self._shutdown_timeout_s = orchestration, serve.shutdown_timeout_s
         self._metrics = ServeMetrics("mcp")
         try:
@@ -167,24 +182,34 @@ class McpHttpServer:
         from starlette.routing import Route
 
         manager = StreamableHTTPSessionManager(
-            app=mcp_server(self._orchestration, self._metrics), stateless=True)
-        app = Starlette(routes=[Route(MCP_PATH, endpoint=_Authorized(manager, api_key))],
-                        lifespan=lambda _: manager.run())
+            app=mcp_server(self._orchestration, self._metrics), stateless=True
+        )
+        app = Starlette(
+            routes=[Route(MCP_PATH, endpoint=_Authorized(manager, api_key))],
+            lifespan=lambda _: manager.run(),
+        )
         # Bound here, so a taken port fails this call (and port 0 is known at once).
         listening = socket.create_server((serve.host, serve.http_port))
         self.host, self.port = listening.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}{MCP_PATH}"
-        self._server = uvicorn.Server(uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=serve.shutdown_timeout_s))
-        self._thread = threading.Thread(target=self._server.run, args=([listening],),
-                                        name=f"mcp-{self.port}", daemon=True)
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app, log_level="warning", timeout_graceful_shutdown=serve.shutdown_timeout_s
+            )
+        )
+        self._thread = threading.Thread(
+            target=self._server.run, args=([listening],), name=f"mcp-{self.port}", daemon=True
+        )
         self._thread.start()
         while not self._server.started:
             if not self._thread.is_alive():
                 raise RuntimeError(f"serve mcp: the HTTP server on {self.url} did not start")
             time.sleep(0.01)
-        self.metrics_port = (None if serve.metrics_port is None
-                             else self._metrics.serve(serve.host, serve.metrics_port))
+        self.metrics_port = (
+            None
+            if serve.metrics_port is None
+            else self._metrics.serve(serve.host, serve.metrics_port)
+        )
 
     def wait(self) -> None:
         while self._thread.is_alive():
@@ -203,8 +228,13 @@ class McpHttpServer:
         self.close()
 
 
-def orchestration_of(engine: Engine, tokenizer: PreTrainedTokenizerBase, toolbox: Toolbox,
-                     settings: RolloutConfig, model_name: str) -> Orchestration:
+def orchestration_of(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    toolbox: Toolbox,
+    settings: RolloutConfig,
+    model_name: str,
+) -> Orchestration:
     """An :class:`Orchestration` (its toolbox started) of the policy ``engine`` served as
     ``model_name``, episodes under ``settings``."""
     return Orchestration(OpenAIService(engine, tokenizer, model_name), toolbox, settings)
@@ -220,7 +250,9 @@ def serve_mcp_stdio(orchestration: Orchestration, stdout: io.TextIOBase | None =
 
     async def serve() -> None:
         async with stdio_server(stdout=None if stdout is None else anyio.wrap_file(stdout)) as (
-                read, write):
+            read,
+            write,
+        ):
             await server.run(read, write, server.create_initialization_options())
 
     asyncio.run(serve())
@@ -256,5 +288,6 @@ def start_mcp_http(config: Config) -> McpHttpServer:
     :func:`~nemo_orch.serve.orchestrator.served_policy` of ``config``, served as ``run.name``
     under ``serve.*``."""
     api_key = api_key_of(config.serve.api_key_env)  # before the (slow) engine
-    return McpHttpServer(orchestration_of(*served_policy(config), config.run.name),
-                         config.serve, api_key)
+    return McpHttpServer(
+        orchestration_of(*served_policy(config), config.run.name), config.serve, api_key
+    )

@@ -13,8 +13,24 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                     10.0, 30.0, 60.0, 120.0)
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -25,21 +41,39 @@ class ServeMetrics:
         self.registry = CollectorRegistry()
         labels = {"registry": self.registry}
         self.requests = Counter(
-            "nemo_orch_serve_requests", f"Requests answered by the {server} server, by outcome "
+            "nemo_orch_serve_requests",
+            f"Requests answered by the {server} server, by outcome "
             "(ok, bad_request: the client's fault, error: the server's)",
-            ["model", "status"], **labels)
+            ["model", "status"],
+            **labels,
+        )
         self.errors = Counter(
-            "nemo_orch_serve_errors", "Requests that failed, by reason", ["model", "reason"],
-            **labels)
+            "nemo_orch_serve_errors",
+            "Requests that failed, by reason",
+            ["model", "reason"],
+            **labels,
+        )
         self.latency = Histogram(
-            "nemo_orch_serve_request_seconds", "Seconds from receiving a request (a batch, for "
-            "Triton models) to its answer", ["model"], buckets=LATENCY_BUCKETS_S, **labels)
+            "nemo_orch_serve_request_seconds",
+            "Seconds from receiving a request (a batch, for Triton models) to its answer",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            **labels,
+        )
         self.batch_requests = Histogram(
-            "nemo_orch_serve_batch_requests", "Requests merged into one batch", ["model"],
-            buckets=BATCH_BUCKETS, **labels)
+            "nemo_orch_serve_batch_requests",
+            "Requests merged into one batch",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            **labels,
+        )
         self.batch_items = Histogram(
-            "nemo_orch_serve_batch_items", "Items (rows) in one batch", ["model"],
-            buckets=BATCH_BUCKETS, **labels)
+            "nemo_orch_serve_batch_items",
+            "Items (rows) in one batch",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            **labels,
+        )
         self._http: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 

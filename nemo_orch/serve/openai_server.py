@@ -62,12 +62,15 @@ NO_PARAMETERS = {"type": "object", "properties": {}}
 # Markup the parser cannot read as a call: the whole reply is content (as with vLLM).
 _UNREADABLE_CALLS = ("malformed_json", "bad_call_shape", "unclosed_tag")
 STREAM_OPTIONS = ("include_usage",)
-STREAMED_LOGPROBS = ("logprobs are not streamed by this server: a stream's pieces are cut from "
-                     "the finished text, not tokens")
+STREAMED_LOGPROBS = (
+    "logprobs are not streamed by this server: a stream's pieces are cut from "
+    "the finished text, not tokens"
+)
 
 
-def request_field(body: dict, name: str, types: type | tuple[type, ...],
-                  default: Any = None) -> Any:
+def request_field(
+    body: dict, name: str, types: type | tuple[type, ...], default: Any = None
+) -> Any:
     """``body[name]`` checked to be of ``types`` (a bool is no number); missing or null:
     ``default``."""
     value = body.get(name, default)
@@ -81,8 +84,11 @@ def request_field(body: dict, name: str, types: type | tuple[type, ...],
 
 
 def _is_token_list(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 class _SerialEngine:
@@ -92,8 +98,9 @@ class _SerialEngine:
         self.engine = engine
         self.lock = threading.Lock()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
         with self.lock:
             return self.engine.generate(prompts, params, seeds)
 
@@ -107,12 +114,20 @@ def _tools(body: dict) -> list[dict] | None:
         return None
     checked = []
     for index, tool in enumerate(tools):
-        function = (tool.get("function") if isinstance(tool, dict)
-                    and tool.get("type") == "function" else None)
-        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
-                and function["name"]):
-            raise RequestError(f'tools[{index}] must be {{"type": "function", "function": '
-                               f'{{"name": <string>, "parameters": <JSON schema>}}}}')
+        function = (
+            tool.get("function")
+            if isinstance(tool, dict) and tool.get("type") == "function"
+            else None
+        )
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and function["name"]
+        ):
+            raise RequestError(
+                f'tools[{index}] must be {{"type": "function", "function": '
+                f'{{"name": <string>, "parameters": <JSON schema>}}}}'
+            )
         parameters = function.get("parameters", NO_PARAMETERS)
         if not isinstance(parameters, dict):
             raise RequestError(f"tools[{index}].function.parameters must be a JSON schema object")
@@ -124,23 +139,31 @@ def _incoming_call(call: Any, where: str) -> dict:
     """An assistant message's tool call as the chat templates render it: arguments as an
     object (a JSON string is decoded), so it reads as the policy writes calls."""
     function = call.get("function") if isinstance(call, dict) else None
-    if not (isinstance(function, dict) and isinstance(function.get("name"), str)
-            and function["name"]):
-        raise RequestError(f'{where} must be {{"type": "function", "function": {{"name": '
-                           f'<string>, "arguments": <JSON object or its string>}}}}')
+    if not (
+        isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
+    ):
+        raise RequestError(
+            f'{where} must be {{"type": "function", "function": {{"name": '
+            f'<string>, "arguments": <JSON object or its string>}}}}'
+        )
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as error:
-            raise RequestError(f"{where}.function.arguments is not valid JSON ({error.msg} at "
-                               f"character {error.pos})") from None
+            raise RequestError(
+                f"{where}.function.arguments is not valid JSON ({error.msg} at "
+                f"character {error.pos})"
+            ) from None
         except RecursionError:
             raise RequestError(f"{where}.function.arguments nests too deeply") from None
     if not isinstance(arguments, dict):
         raise RequestError(f"{where}.function.arguments must be a JSON object")
-    return {**call, "type": "function",
-            "function": {"name": function["name"], "arguments": arguments}}
+    return {
+        **call,
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
 
 
 def _chat_messages(messages: Any) -> list[dict]:
@@ -166,8 +189,15 @@ def _chat_messages(messages: Any) -> list[dict]:
             raise RequestError(f"{where}: only assistant messages carry tool_calls")
         if not isinstance(calls, list):
             raise RequestError(f"{where}.tool_calls must be a list")
-        clean.append({**message, "content": content, "tool_calls": [
-            _incoming_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)]})
+        clean.append(
+            {
+                **message,
+                "content": content,
+                "tool_calls": [
+                    _incoming_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)
+                ],
+            }
+        )
     return clean
 
 
@@ -181,9 +211,14 @@ def _outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
     calls = parse_turn(text, fmt).calls
     if any(call.error_kind in _UNREADABLE_CALLS for call in calls):
         return []
-    return [{"id": f"call_{turn}_{index}", "type": "function",
-             "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
-            for index, call in enumerate(calls)]
+    return [
+        {
+            "id": f"call_{turn}_{index}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+        }
+        for index, call in enumerate(calls)
+    ]
 
 
 # ---------------------------------------------------------------------- streaming
@@ -197,8 +232,9 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
         raise RequestError("'stream_options' is only allowed with 'stream': true")
     unknown = sorted(set(options) - set(STREAM_OPTIONS))
     if unknown:
-        raise RequestError(f"stream_options {unknown} are not supported; supported: "
-                           f"{', '.join(STREAM_OPTIONS)}")
+        raise RequestError(
+            f"stream_options {unknown} are not supported; supported: {', '.join(STREAM_OPTIONS)}"
+        )
     return True, request_field(options, "include_usage", bool, False)
 
 
@@ -217,10 +253,22 @@ def _message_deltas(message: dict) -> list[dict]:
         deltas += ({"content": piece} for piece in _pieces(message["content"]))
     for index, call in enumerate(message.get("tool_calls", ())):
         function = call["function"]
-        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": call["type"],
-                                       "function": {"name": function["name"]}}]})
-        deltas += ({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
-                   for piece in _pieces(function["arguments"]))
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": call["type"],
+                        "function": {"name": function["name"]},
+                    }
+                ]
+            }
+        )
+        deltas += (
+            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+            for piece in _pieces(function["arguments"])
+        )
     return deltas
 
 
@@ -236,21 +284,36 @@ def _completion_pieces(choice: dict) -> list[dict]:
     return [*({"text": piece} for piece in _pieces(choice["text"])), {"text": ""}]
 
 
-def _chunks(response: dict, kind: str, pieces: Callable[[dict], list[dict]],
-            include_usage: bool) -> Iterator[dict]:
+def _chunks(
+    response: dict, kind: str, pieces: Callable[[dict], list[dict]], include_usage: bool
+) -> Iterator[dict]:
     """A finished ``response`` as the chunks of its stream (``object: kind``, the response's id,
     created and model): a chunk per piece of each choice (``pieces(choice)``), the last one with
     the choice's ``finish_reason``. With ``include_usage``, a final chunk of no choices carries
     the usage and the others ``usage: null``, as OpenAI streams them."""
-    head = {"id": response["id"], "object": kind, "created": response["created"],
-            "model": response["model"]}
+    head = {
+        "id": response["id"],
+        "object": kind,
+        "created": response["created"],
+        "model": response["model"],
+    }
     usage = {"usage": None} if include_usage else {}
     for choice in response["choices"]:
         parts = pieces(choice)
         for number, part in enumerate(parts, 1):
             finish_reason = choice["finish_reason"] if number == len(parts) else None
-            yield {**head, "choices": [{"index": choice["index"], **part, "logprobs": None,
-                                        "finish_reason": finish_reason}], **usage}
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": choice["index"],
+                        **part,
+                        "logprobs": None,
+                        "finish_reason": finish_reason,
+                    }
+                ],
+                **usage,
+            }
     if include_usage:
         yield {**head, "choices": [], "usage": response["usage"]}
 
@@ -260,28 +323,41 @@ class OpenAIService:
     :func:`~nemo_orch.serve.http_server.serve_json`. ``engine`` is the served engine behind the
     lock every request takes."""
 
-    def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase,
-                 model_name: str) -> None:
+    def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase, model_name: str) -> None:
         self.engine = _SerialEngine(engine)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.created = int(time.time())
 
     def routes(self) -> dict:
-        return {("GET", "/v1/models"): lambda _: self.models(),
-                ("POST", "/v1/chat/completions"): self.chat,
-                ("POST", "/v1/completions"): self.completions}
+        return {
+            ("GET", "/v1/models"): lambda _: self.models(),
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/completions"): self.completions,
+        }
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                            "created": self.created, "owned_by": "nemo-orch"}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "nemo-orch",
+                }
+            ],
+        }
 
     def check_model(self, body: dict) -> None:
         """A request naming another model is a 404 (as with OpenAI); naming none is fine."""
         model = request_field(body, "model", str)
         if model is not None and model != self.model_name:
-            raise RequestError(f"the model '{model}' does not exist; this server serves "
-                               f"'{self.model_name}'", 404, "not_found_error")
+            raise RequestError(
+                f"the model '{model}' does not exist; this server serves '{self.model_name}'",
+                404,
+                "not_found_error",
+            )
 
     def _check_common(self, body: dict) -> None:
         self.check_model(body)
@@ -289,9 +365,11 @@ class OpenAIService:
         refused = {
             "n > 1": request_field(body, "n", int, 1) != 1,
             "best_of > 1": request_field(body, "best_of", int, 1) != 1,
-            "echo": bool(body.get("echo")), "logit_bias": bool(body.get("logit_bias")),
+            "echo": bool(body.get("echo")),
+            "logit_bias": bool(body.get("logit_bias")),
             "presence_penalty": bool(request_field(body, "presence_penalty", number, 0)),
-            "frequency_penalty": bool(request_field(body, "frequency_penalty", number, 0))}
+            "frequency_penalty": bool(request_field(body, "frequency_penalty", number, 0)),
+        }
         unsupported = [name for name, used in refused.items() if used]
         if unsupported:
             raise RequestError(f"not supported by this server: {', '.join(unsupported)}")
@@ -299,7 +377,8 @@ class OpenAIService:
     def _sampling(self, body: dict, default_max_tokens: int) -> tuple[SamplingParams, bool]:
         """Sampling parameters of a request and whether stop strings stay in the text."""
         max_tokens = request_field(body, "max_completion_tokens", int) or request_field(
-            body, "max_tokens", int, default_max_tokens)
+            body, "max_tokens", int, default_max_tokens
+        )
         stop = request_field(body, "stop", (str, list), [])
         stop = [stop] if isinstance(stop, str) else stop
         if not all(isinstance(s, str) and s for s in stop):
@@ -317,8 +396,10 @@ class OpenAIService:
                 temperature=float(request_field(body, "temperature", (int, float), 1.0)),
                 top_p=float(request_field(body, "top_p", (int, float), 1.0)),
                 top_k=0 if top_k == -1 else top_k,  # vLLM spells "disabled" -1
-                stop_token_ids=tuple(dict.fromkeys(stop_ids)), stop_strings=tuple(stop),
-                seed=request_field(body, "seed", int))
+                stop_token_ids=tuple(dict.fromkeys(stop_ids)),
+                stop_strings=tuple(stop),
+                seed=request_field(body, "seed", int),
+            )
         except EngineError as error:
             raise RequestError(str(error)) from None
         return params, request_field(body, "include_stop_str_in_output", bool, False)
@@ -333,13 +414,16 @@ class OpenAIService:
     def _text(generation: Generation, keep_stop: bool) -> str:
         stop = generation.extra.get("stop")
         if isinstance(stop, str) and not keep_stop and stop in generation.text:
-            return generation.text[:generation.text.index(stop)]
+            return generation.text[: generation.text.index(stop)]
         return generation.text
 
     @staticmethod
     def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
 
     def _token_strings(self, generation: Generation, as_ids: bool) -> list[str]:
         if as_ids:
@@ -353,53 +437,81 @@ class OpenAIService:
         tools = _tools(body)
         tool_choice = request_field(body, "tool_choice", (str, dict), "auto")
         if tool_choice not in TOOL_CHOICES:
-            raise RequestError(f"tool_choice {json.dumps(tool_choice)} is not supported: use "
-                               f"\"auto\" or \"none\"")
+            raise RequestError(
+                f'tool_choice {json.dumps(tool_choice)} is not supported: use "auto" or "none"'
+            )
         parallel = request_field(body, "parallel_tool_calls", bool, True)
         if request_field(body, "top_logprobs", int, 0):
-            raise RequestError("top_logprobs is not supported: only the sampled tokens' "
-                               "logprobs are available")
+            raise RequestError(
+                "top_logprobs is not supported: only the sampled tokens' logprobs are available"
+            )
         want_logprobs = request_field(body, "logprobs", bool, False)
         if stream and want_logprobs:
             raise RequestError(STREAMED_LOGPROBS)
         # What the client's system, user and tool messages hold is text, never a turn marker
         # of the chat template (as the episode runner treats observations).
-        messages = [message if message["role"] == "assistant" or not message["content"] else
-                    {**message, "content": escape_markup(message["content"], self.tokenizer)}
-                    for message in messages]
+        messages = [
+            message
+            if message["role"] == "assistant" or not message["content"]
+            else {**message, "content": escape_markup(message["content"], self.tokenizer)}
+            for message in messages
+        ]
         prompt = self.tokenizer.encode(self._render(messages, tools), add_special_tokens=False)
         params, keep_stop = self._sampling(body, DEFAULT_CHAT_MAX_TOKENS)
         generation = self._generate([prompt], params)[0]
         logprobs = None
         if want_logprobs:
-            logprobs = {"content": [
-                {"token": token, "logprob": value, "bytes": list(token.encode()),
-                 "top_logprobs": []}
-                for token, value in zip(self._token_strings(generation, False),
-                                        generation.logprobs)]}
+            logprobs = {
+                "content": [
+                    {
+                        "token": token,
+                        "logprob": value,
+                        "bytes": list(token.encode()),
+                        "top_logprobs": [],
+                    }
+                    for token, value in zip(
+                        self._token_strings(generation, False), generation.logprobs
+                    )
+                ]
+            }
         text = self._text(generation, keep_stop)
         message, finish_reason = {"role": "assistant", "content": text}, generation.finish_reason
         if tools and tool_choice == "auto":
             turn = sum(m["role"] == "assistant" for m in messages)
             calls = _outgoing_calls(text, turn, parallel)
             if calls:
-                message = {"role": "assistant", "content": without_calls(text) or None,
-                           "tool_calls": calls}
+                message = {
+                    "role": "assistant",
+                    "content": without_calls(text) or None,
+                    "tool_calls": calls,
+                }
                 finish_reason = "tool_calls"
-        response = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                    "created": int(time.time()), "model": self.model_name,
-                    "choices": [{"index": 0, "finish_reason": finish_reason,
-                                 "logprobs": logprobs, "message": message}],
-                    "usage": self._usage(len(prompt), len(generation.token_ids))}
+        response = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": finish_reason,
+                    "logprobs": logprobs,
+                    "message": message,
+                }
+            ],
+            "usage": self._usage(len(prompt), len(generation.token_ids)),
+        }
         if stream:
-            return EventStream(_chunks(response, "chat.completion.chunk", _chat_pieces,
-                                       include_usage))
+            return EventStream(
+                _chunks(response, "chat.completion.chunk", _chat_pieces, include_usage)
+            )
         return response
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools,
-                                                      add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
         except Exception as error:  # jinja errors: unknown role, malformed tool call, ...
             raise RequestError(f"cannot render the conversation: {error}") from None
 
@@ -408,8 +520,10 @@ class OpenAIService:
         stream, include_usage = _stream_options(body)
         logprobs_n = request_field(body, "logprobs", int)
         if logprobs_n:
-            raise RequestError("logprobs > 0 is not supported: only the sampled tokens' "
-                               "logprobs are available (logprobs=0)")
+            raise RequestError(
+                "logprobs > 0 is not supported: only the sampled tokens' "
+                "logprobs are available (logprobs=0)"
+            )
         if stream and logprobs_n is not None:
             raise RequestError(STREAMED_LOGPROBS)
         prompts = self._prompts(body.get("prompt"))
@@ -423,17 +537,34 @@ class OpenAIService:
                 tokens = self._token_strings(generation, as_ids)
                 pieces = self._token_strings(generation, False)
                 offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
-                logprobs = {"tokens": tokens, "token_logprobs": generation.logprobs,
-                            "top_logprobs": None, "text_offset": offsets}
-            choices.append({"index": index, "text": self._text(generation, keep_stop),
-                            "logprobs": logprobs, "finish_reason": generation.finish_reason})
-        response = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                    "created": int(time.time()), "model": self.model_name, "choices": choices,
-                    "usage": self._usage(sum(map(len, prompts)),
-                                         sum(len(g.token_ids) for g in generations))}
+                logprobs = {
+                    "tokens": tokens,
+                    "token_logprobs": generation.logprobs,
+                    "top_logprobs": None,
+                    "text_offset": offsets,
+                }
+            choices.append(
+                {
+                    "index": index,
+                    "text": self._text(generation, keep_stop),
+                    "logprobs": logprobs,
+                    "finish_reason": generation.finish_reason,
+                }
+            )
+        response = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": self._usage(
+                sum(map(len, prompts)), sum(len(g.token_ids) for g in generations)
+            ),
+        }
         if stream:
-            return EventStream(_chunks(response, "text_completion", _completion_pieces,
-                                       include_usage))
+            return EventStream(
+                _chunks(response, "text_completion", _completion_pieces, include_usage)
+            )
         return response
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
@@ -449,16 +580,24 @@ class OpenAIService:
             elif _is_token_list(item):
                 out.append(item)
             else:
-                raise RequestError("'prompt' must be a non-empty string, a list of token ids or "
-                                   "a list of them")
+                raise RequestError(
+                    "'prompt' must be a non-empty string, a list of token ids or a list of them"
+                )
         return out
 
 
-def start_server(engine: Engine, tokenizer: PreTrainedTokenizerBase, model_name: str,
-                 host: str = "127.0.0.1", port: int = 0, *,
-                 api_key: str | None = None) -> ServerHandle:
+def start_server(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    api_key: str | None = None,
+) -> ServerHandle:
     """Serve ``engine`` in background threads (``port=0``: a free port); with ``api_key``, every
     route but ``/health`` requires ``Authorization: Bearer <api_key>``."""
     service = OpenAIService(engine, tokenizer, model_name)
-    return serve_json(service.routes(), host, port, api_key=api_key, url_path="/v1",
-                      name="openai-server")
+    return serve_json(
+        service.routes(), host, port, api_key=api_key, url_path="/v1", name="openai-server"
+    )

@@ -86,16 +86,32 @@ def _ledger(trajectory: Trajectory) -> dict:
         "cost_usd": trajectory.cost_usd,
         "orchestrator_cost_usd": sum(turn.orchestrator_cost_usd for turn in turns),
         "latency_s": trajectory.wall_seconds,
-        "generation_s": trajectory.generation_seconds, "tool_s": trajectory.tool_seconds,
-        "tokens": {"input": sum(turn.input_tokens for turn in turns),
-                   "output": sum(turn.output_tokens for turn in turns)},
-        "format_errors": trajectory.format_errors, "call_kinds": trajectory.call_kinds(),
-        "calls": [{"turn": turn.turn, "tool": call.tool, "arguments": call.arguments,
-                   "cost_usd": call.cost_usd, "latency_s": call.seconds, "cached": call.cached,
-                   "error": call.error, "kind": call.kind, "input_tokens": call.input_tokens,
-                   "output_tokens": call.output_tokens,
-                   "reasoning_tokens": call.reasoning_tokens, "trajectory": call.trajectory}
-                  for turn in turns for call in turn.calls],
+        "generation_s": trajectory.generation_seconds,
+        "tool_s": trajectory.tool_seconds,
+        "tokens": {
+            "input": sum(turn.input_tokens for turn in turns),
+            "output": sum(turn.output_tokens for turn in turns),
+        },
+        "format_errors": trajectory.format_errors,
+        "call_kinds": trajectory.call_kinds(),
+        "calls": [
+            {
+                "turn": turn.turn,
+                "tool": call.tool,
+                "arguments": call.arguments,
+                "cost_usd": call.cost_usd,
+                "latency_s": call.seconds,
+                "cached": call.cached,
+                "error": call.error,
+                "kind": call.kind,
+                "input_tokens": call.input_tokens,
+                "output_tokens": call.output_tokens,
+                "reasoning_tokens": call.reasoning_tokens,
+                "trajectory": call.trajectory,
+            }
+            for turn in turns
+            for call in turn.calls
+        ],
     }
 
 
@@ -107,8 +123,10 @@ class Orchestration:
 
     def __init__(self, service: OpenAIService, toolbox: Toolbox, settings: RolloutConfig) -> None:
         if settings.max_context_tokens is None:
-            raise ConfigError("the orchestrator needs rollout.max_context_tokens resolved "
-                              "(Config.resolved_rollout)")
+            raise ConfigError(
+                "the orchestrator needs rollout.max_context_tokens resolved "
+                "(Config.resolved_rollout)"
+            )
         self.service, self.toolbox, self.settings = service, toolbox, settings
         self._episodes: set[asyncio.Task] = set()  # touched on the loop only
         self._loop = LoopThread("orchestrator-loop")
@@ -125,21 +143,38 @@ class Orchestration:
         try:
             trajectory = future.result()
         except concurrent.futures.CancelledError:
-            raise RequestError("the server stopped before the episode ended", 503,
-                               "server_error") from None
+            raise RequestError(
+                "the server stopped before the episode ended", 503, "server_error"
+            ) from None
         except EndpointRefusal as error:
-            raise RequestError(f"an endpoint refuses what it is asked: {error}", 502,
-                               "upstream_error") from None
+            raise RequestError(
+                f"an endpoint refuses what it is asked: {error}", 502, "upstream_error"
+            ) from None
         failure = trajectory.infra_failure()
         if failure is not None and trajectory.answer is None:
-            log.warning("orchestrate %s: no answer, %s; the episode: %s", task.id, failure,
-                        json.dumps(trajectory.messages, ensure_ascii=False)[:4000])
-            raise RequestError(f"no answer: the episode was decided by a failure outside the "
-                               f"policy, {failure}", 503, "upstream_unavailable")
-        return {"id": task.id, "object": "orchestration", "created": int(time.time()),
-                "model": self.service.model_name, "seed": seed, "answer": trajectory.answer,
-                "finish_reason": trajectory.termination, "turns": len(trajectory.turns),
-                "messages": trajectory.messages, "ledger": _ledger(trajectory)}
+            log.warning(
+                "orchestrate %s: no answer, %s; the episode: %s",
+                task.id,
+                failure,
+                json.dumps(trajectory.messages, ensure_ascii=False)[:4000],
+            )
+            raise RequestError(
+                f"no answer: the episode was decided by a failure outside the policy, {failure}",
+                503,
+                "upstream_unavailable",
+            )
+        return {
+            "id": task.id,
+            "object": "orchestration",
+            "created": int(time.time()),
+            "model": self.service.model_name,
+            "seed": seed,
+            "answer": trajectory.answer,
+            "finish_reason": trajectory.termination,
+            "turns": len(trajectory.turns),
+            "messages": trajectory.messages,
+            "ledger": _ledger(trajectory),
+        }
 
     def _request(self, body: dict) -> tuple[Task, int, RolloutConfig]:
         """The task, seed and settings of a request. ``preference`` (feature weights, see
@@ -158,13 +193,16 @@ class Orchestration:
             raise RequestError(str(error)) from None
         unknown_tools = [name for name in task.tools or () if name not in self.toolbox.tools]
         if unknown_tools:
-            raise RequestError(f"unknown tools {unknown_tools}; served: "
-                               f"{', '.join(self.toolbox.tools)}")
+            raise RequestError(
+                f"unknown tools {unknown_tools}; served: {', '.join(self.toolbox.tools)}"
+            )
         if preference is not None:
             instruction = preference_instruction(preference)
             task = dataclasses.replace(
-                task, question=f"{task.question}\n{instruction}" if instruction else task.question,
-                metadata={"preference": preference, "instruction": instruction})
+                task,
+                question=f"{task.question}\n{instruction}" if instruction else task.question,
+                metadata={"preference": preference, "instruction": instruction},
+            )
         seed = request_field(body, "seed", int)
         if seed is None:
             seed = secrets.randbelow(MAX_SEED + 1)
@@ -172,15 +210,23 @@ class Orchestration:
             raise RequestError(f"'seed' must be in [0, {MAX_SEED}]")
         max_turns = request_field(body, "max_turns", int, self.settings.max_turns)
         if not 1 <= max_turns <= self.settings.max_turns:
-            raise RequestError(f"'max_turns' must be in [1, {self.settings.max_turns}] "
-                               "(rollout.max_turns)")
+            raise RequestError(
+                f"'max_turns' must be in [1, {self.settings.max_turns}] (rollout.max_turns)"
+            )
         return task, seed, dataclasses.replace(self.settings, max_turns=max_turns)
 
     async def _episode(self, task: Task, seed: int, settings: RolloutConfig) -> Trajectory:
         self._episodes.add(asyncio.current_task())
         try:
-            (trajectory,) = await run_rollouts([task], 1, self.service.engine, self.toolbox,
-                                               self.service.tokenizer, settings, seed=seed)
+            (trajectory,) = await run_rollouts(
+                [task],
+                1,
+                self.service.engine,
+                self.toolbox,
+                self.service.tokenizer,
+                settings,
+                seed=seed,
+            )
             return trajectory
         finally:
             self._episodes.discard(asyncio.current_task())
@@ -205,8 +251,13 @@ class OrchestratorServer:
     ``metrics_port`` is where ``/metrics`` is exported (None: not exported). Closing stops the
     HTTP server, waits for the episodes in flight, closes the tools and stops the metrics."""
 
-    def __init__(self, http: ServerHandle, orchestration: Orchestration,
-                 metrics_port: int | None, shutdown_timeout_s: float) -> None:
+    def __init__(
+        self,
+        http: ServerHandle,
+        orchestration: Orchestration,
+        metrics_port: int | None,
+        shutdown_timeout_s: float,
+    ) -> None:
         self.http, self._orchestration = http, orchestration
         self.host, self.port, self.url = http.host, http.port, http.url
         self.metrics_port, self._shutdown_timeout_s = metrics_port, shutdown_timeout_s
@@ -225,9 +276,16 @@ class OrchestratorServer:
         self.close()
 
 
-def serve_orchestrator(engine: Engine, tokenizer: PreTrainedTokenizerBase, toolbox: Toolbox,
-                       settings: RolloutConfig, serve: ServeConfig, model_name: str, *,
-                       api_key: str | None = None) -> OrchestratorServer:
+def serve_orchestrator(
+    engine: Engine,
+    tokenizer: PreTrainedTokenizerBase,
+    toolbox: Toolbox,
+    settings: RolloutConfig,
+    serve: ServeConfig,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+) -> OrchestratorServer:
     """Start ``toolbox`` and serve the OpenAI routes of ``engine`` plus ``POST /v1/orchestrate``
     (episodes under ``settings``) on ``serve.host:serve.http_port``, every route counted and
     timed in metrics exported on ``serve.metrics_port`` (null: not exported; 0: a free port).
@@ -237,12 +295,18 @@ def serve_orchestrator(engine: Engine, tokenizer: PreTrainedTokenizerBase, toolb
     metrics = ServeMetrics("orchestrator")
     http = None
     try:
-        http = serve_json({**service.routes(),
-                           ("POST", "/v1/orchestrate"): orchestration.orchestrate},
-                          serve.host, serve.http_port, api_key=api_key, url_path="/v1",
-                          name="orchestrator", metrics=metrics)
-        metrics_port = (None if serve.metrics_port is None
-                        else metrics.serve(serve.host, serve.metrics_port))
+        http = serve_json(
+            {**service.routes(), ("POST", "/v1/orchestrate"): orchestration.orchestrate},
+            serve.host,
+            serve.http_port,
+            api_key=api_key,
+            url_path="/v1",
+            name="orchestrator",
+            metrics=metrics,
+        )
+        metrics_port = (
+            None if serve.metrics_port is None else metrics.serve(serve.host, serve.metrics_port)
+        )
     except BaseException:
         if http is not None:
             http.close()
@@ -257,24 +321,30 @@ def api_key_of(variable: str | None) -> str | None:
         return None
     key = os.environ.get(variable)
     if not key:
-        raise ConfigError(f"serve.api_key_env={variable}, but the environment variable "
-                          f"{variable} is not set (or empty)")
+        raise ConfigError(
+            f"serve.api_key_env={variable}, but the environment variable "
+            f"{variable} is not set (or empty)"
+        )
     return key
 
 
-def served_policy(config: Config) -> tuple[Engine, PreTrainedTokenizerBase, Toolbox,
-                                           RolloutConfig]:
+def served_policy(config: Config) -> tuple[Engine, PreTrainedTokenizerBase, Toolbox, RolloutConfig]:
     """What an orchestrator server serves: the policy's engine and tokenizer as ``nemo-orch
     rollout`` builds them (``rollout.*``: a checkpoint, an HF directory, an OpenAI endpoint or
     a GPU engine), the configured tools (not started) and the episodes' settings."""
     engine, tokenizer = builders.build_engine(config)
-    return (engine, tokenizer, builders.build_toolbox(config.tools),
-            builders.rollout_settings(config, engine))
+    return (
+        engine,
+        tokenizer,
+        builders.build_toolbox(config.tools),
+        builders.rollout_settings(config, engine),
+    )
 
 
 def start_orchestrator(config: Config) -> OrchestratorServer:
     """``nemo-orch serve orchestrator``: the :func:`served_policy` of ``config``, served as
     ``run.name`` under ``serve.*``."""
     api_key = api_key_of(config.serve.api_key_env)  # before the (slow) engine
-    return serve_orchestrator(*served_policy(config), config.serve, config.run.name,
-                              api_key=api_key)
+    return serve_orchestrator(
+        *served_policy(config), config.serve, config.run.name, api_key=api_key
+    )

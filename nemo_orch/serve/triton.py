@@ -98,8 +98,9 @@ def _parameters(model: TextModel) -> dict[str, str]:
     """The model's descriptions as Triton configuration parameters: ``description`` (the
     model's), ``input.<name>`` and ``output.<name>``; Triton's inputs and outputs have no field
     of their own for it."""
-    described = {"description": model.descriptions["model"]} if "model" in model.descriptions \
-        else {}
+    described = (
+        {"description": model.descriptions["model"]} if "model" in model.descriptions else {}
+    )
     described |= {f"input.{name}": model.descriptions[name] for name in model.inputs}
     described |= {f"output.{name}": model.descriptions[name] for name in model.outputs}
     return described | {f"output.{ERROR_OUTPUT}": ERROR_DESCRIPTION}
@@ -115,8 +116,10 @@ def _quiet_client_teardown() -> None:
 
     def hook(unraisable: Any) -> None:
         owner = getattr(unraisable.object, "__qualname__", "")
-        if not (owner == "InferenceServerClient.__del__"
-                and type(unraisable.exc_value).__name__ == "InvalidThreadUseError"):
+        if not (
+            owner == "InferenceServerClient.__del__"
+            and type(unraisable.exc_value).__name__ == "InvalidThreadUseError"
+        ):
             previous(unraisable)
 
     hook.nemo_orch_quiet = True
@@ -145,8 +148,9 @@ class _Request:
 class _Batcher:
     """The infer function PyTriton calls with the requests Triton merged into one batch."""
 
-    def __init__(self, model: TextModel, loop: LoopThread, metrics: ServeMetrics,
-                 max_item_bytes: int) -> None:
+    def __init__(
+        self, model: TextModel, loop: LoopThread, metrics: ServeMetrics, max_item_bytes: int
+    ) -> None:
         self.model, self.loop, self.metrics = model, loop, metrics
         self.max_item_bytes = max_item_bytes
 
@@ -170,7 +174,7 @@ class _Batcher:
         answers, start = [], 0
         for request in parsed:
             count = len(request.items)
-            answers.append(self._arrays(rows[start:start + count], request))
+            answers.append(self._arrays(rows[start : start + count], request))
             start += count
         self._observe(parsed, started)
         return answers
@@ -178,7 +182,9 @@ class _Batcher:
     def _parse(self, request: Any) -> _Request:
         size = next(iter(request.values())).shape[0]  # Triton checked every input has it
         try:
-            columns = {name: self._texts(name, request.data.get(name)) for name in self.model.inputs}
+            columns = {
+                name: self._texts(name, request.data.get(name)) for name in self.model.inputs
+            }
             counts = {len(values) for values in columns.values()}
             if len(counts) != 1:
                 raise BadRequest("every input must carry the same number of items")
@@ -195,27 +201,35 @@ class _Batcher:
             if not isinstance(value, bytes):
                 raise BadRequest(f"input '{name}' must be BYTES (UTF-8 text)")
             if len(value) > self.max_item_bytes:
-                raise BadRequest(f"input '{name}' item {index}: {len(value)} bytes > "
-                                 f"max_item_bytes={self.max_item_bytes}")
+                raise BadRequest(
+                    f"input '{name}' item {index}: {len(value)} bytes > "
+                    f"max_item_bytes={self.max_item_bytes}"
+                )
             try:
                 texts.append(value.decode("utf-8"))
             except UnicodeDecodeError as error:
-                raise BadRequest(f"input '{name}' item {index} is not valid UTF-8 "
-                                 f"({error.reason} at byte {error.start})") from None
+                raise BadRequest(
+                    f"input '{name}' item {index} is not valid UTF-8 "
+                    f"({error.reason} at byte {error.start})"
+                ) from None
         return texts
 
     def _arrays(self, rows: list[dict[str, Any]], request: _Request) -> dict[str, np.ndarray]:
         if request.error is not None:  # refused, but merged with good requests: see the module
             shape = (request.size, 1)
-            return {ERROR_OUTPUT: np.full(shape, request.error.encode(), dtype=object),
-                    **{name: np.full(shape, b"", dtype=object) if dtype is TEXT
-                       else np.zeros(shape, dtype=dtype)
-                       for name, dtype in self.model.outputs.items()}}
+            return {
+                ERROR_OUTPUT: np.full(shape, request.error.encode(), dtype=object),
+                **{
+                    name: np.full(shape, b"", dtype=object)
+                    if dtype is TEXT
+                    else np.zeros(shape, dtype=dtype)
+                    for name, dtype in self.model.outputs.items()
+                },
+            }
         arrays = {ERROR_OUTPUT: np.array([[b""] for _ in rows], dtype=object)}
         for name, dtype in self.model.outputs.items():
             if dtype is TEXT:
-                arrays[name] = np.array([[str(row[name]).encode()] for row in rows],
-                                        dtype=object)
+                arrays[name] = np.array([[str(row[name]).encode()] for row in rows], dtype=object)
             else:
                 arrays[name] = np.array([[row[name]] for row in rows], dtype=dtype)
         return arrays
@@ -239,7 +253,8 @@ def _repository(directory: Path, models: Sequence[TextModel]) -> Path:
     for model in models:
         (directory / model.name / "1").mkdir(parents=True)
         (directory / model.name / "config.pbtxt").write_text(
-            f'name: "{model.name}"\nbackend: "python"\n')
+            f'name: "{model.name}"\nbackend: "python"\n'
+        )
     return directory
 
 
@@ -291,8 +306,10 @@ def _answer_errors_in_one_line(bound: Any) -> None:
     key = next(name for name in files if name.endswith("/model.py"))
     proxy = files[key].decode()
     if proxy.count(_PROXY_RAISES) != 1:
-        raise RuntimeError("PyTriton's proxy model is not 0.5.0's (pinned, PLATFORM.md): "
-                           "nemo_orch/serve/triton.py cannot answer its errors in one line")
+        raise RuntimeError(
+            "PyTriton's proxy model is not 0.5.0's (pinned, PLATFORM.md): "
+            "nemo_orch/serve/triton.py cannot answer its errors in one line"
+        )
     files[key] = (proxy.replace(_PROXY_RAISES, _PROXY_ANSWERS) + _ONE_LINE_ERRORS).encode()
     bound.get_proxy_model_files = lambda: files
 
@@ -302,8 +319,12 @@ class TritonServer:
     resources, stops the models' loop and the metrics export, and removes PyTriton's
     workspace."""
 
-    def __init__(self, models: Sequence[TextModel], config: ServeConfig,
-                 resources: Sequence[AbstractAsyncContextManager] = ()) -> None:
+    def __init__(
+        self,
+        models: Sequence[TextModel],
+        config: ServeConfig,
+        resources: Sequence[AbstractAsyncContextManager] = (),
+    ) -> None:
         from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
         from pytriton.triton import Triton, TritonConfig
 
@@ -314,14 +335,17 @@ class TritonServer:
         self.host = config.host
         self._resources = AsyncExitStack()
         self.metrics = ServeMetrics("triton")
-        self.workspace = Path(tempfile.mkdtemp(prefix="nemo-orch-triton-",
-                                               dir=config.workspace_root))
+        self.workspace = Path(
+            tempfile.mkdtemp(prefix="nemo-orch-triton-", dir=config.workspace_root)
+        )
         longest = max(len(_socket_name(model.name)) for model in self.models)
         if len(str(self.workspace / "t")) + 1 + longest > MAX_SOCKET_PATH:
             self.workspace.rmdir()
-            raise ConfigError(f"serve.workspace_root: PyTriton's sockets under {self.workspace} "
-                              f"would be longer than {MAX_SOCKET_PATH} characters, the limit of "
-                              "a UNIX socket path; choose a shorter directory")
+            raise ConfigError(
+                f"serve.workspace_root: PyTriton's sockets under {self.workspace} "
+                f"would be longer than {MAX_SOCKET_PATH} characters, the limit of "
+                "a UNIX socket path; choose a shorter directory"
+            )
         self.loop = LoopThread("triton-models")
         self._triton = None
         try:
@@ -330,11 +354,15 @@ class TritonServer:
             ensure_libpython()
             _quiet_client_teardown()
             triton_config = TritonConfig(
-                http_address=config.host, http_port=config.http_port,
-                grpc_address=config.host, grpc_port=config.grpc_port,
-                allow_metrics=False, exit_timeout_secs=config.shutdown_timeout_s,
+                http_address=config.host,
+                http_port=config.http_port,
+                grpc_address=config.host,
+                grpc_port=config.grpc_port,
+                allow_metrics=False,
+                exit_timeout_secs=config.shutdown_timeout_s,
                 log_file=self.workspace / "tritonserver.log",
-                model_repository=_repository(self.workspace / "models", self.models))
+                model_repository=_repository(self.workspace / "models", self.models),
+            )
             # PyTriton makes its workspace itself; the short name keeps its socket paths short.
             self._triton = Triton(config=triton_config, workspace=self.workspace / "t")
             for model in self.models:
@@ -342,20 +370,30 @@ class TritonServer:
                     model_name=model.name,
                     infer_func=_Batcher(model, self.loop, self.metrics, config.max_item_bytes),
                     inputs=[Tensor(name=name, dtype=TEXT, shape=(1,)) for name in model.inputs],
-                    outputs=[Tensor(name=ERROR_OUTPUT, dtype=TEXT, shape=(1,))] + [
+                    outputs=[Tensor(name=ERROR_OUTPUT, dtype=TEXT, shape=(1,))]
+                    + [
                         Tensor(name=name, dtype=dtype, shape=(1,))
-                        for name, dtype in model.outputs.items()],
-                    config=ModelConfig(max_batch_size=config.max_batch_size,
-                                       batcher=DynamicBatcher(
-                                           max_queue_delay_microseconds=config.max_queue_delay_us)),
-                    strict=True)
-                bound = next(m for m in self._triton._model_manager.models
-                             if m.model_name == model.name)
+                        for name, dtype in model.outputs.items()
+                    ],
+                    config=ModelConfig(
+                        max_batch_size=config.max_batch_size,
+                        batcher=DynamicBatcher(
+                            max_queue_delay_microseconds=config.max_queue_delay_us
+                        ),
+                    ),
+                    strict=True,
+                )
+                bound = next(
+                    m for m in self._triton._model_manager.models if m.model_name == model.name
+                )
                 _describe(bound, model)
                 _answer_errors_in_one_line(bound)
             self._triton.run()
-            self.metrics_port = (None if config.metrics_port is None
-                                 else self.metrics.serve(config.host, config.metrics_port))
+            self.metrics_port = (
+                None
+                if config.metrics_port is None
+                else self.metrics.serve(config.host, config.metrics_port)
+            )
         except BaseException:
             self.close()
             raise
@@ -379,8 +417,11 @@ class TritonServer:
         self.close()
 
 
-def serve_models(models: Sequence[TextModel], config: ServeConfig,
-                 resources: Sequence[AbstractAsyncContextManager] = ()) -> TritonServer:
+def serve_models(
+    models: Sequence[TextModel],
+    config: ServeConfig,
+    resources: Sequence[AbstractAsyncContextManager] = (),
+) -> TritonServer:
     """Start ``models`` in one Triton server on ``config.host``, after entering ``resources``
     (what the models use, e.g. a toolbox) on their event loop; returns once Triton answers.
     Stop it with ``close`` (or ``with``)."""

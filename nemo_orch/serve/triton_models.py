@@ -38,8 +38,10 @@ def reward_model(config: Config) -> TextModel:
 
     scorer = build_scorer(config)
     if not isinstance(scorer, OutcomeScorer):
-        raise ConfigError("reward.endpoint is set: this server would forward to another reward "
-                          "server; unset it here")
+        raise ConfigError(
+            "reward.endpoint is set: this server would forward to another reward "
+            "server; unset it here"
+        )
 
     def parse(item: dict[str, str]) -> tuple:
         try:
@@ -48,10 +50,18 @@ def reward_model(config: Config) -> TextModel:
             raise BadRequest(str(error)) from None
 
     async def run(items: list[tuple]) -> list[dict[str, Any]]:
-        results = await asyncio.gather(*(scorer.score(task, answer, calls)
-                                         for task, answer, calls in items))
-        return [{"score": float(result.correct), "correct": result.correct,
-                 "method": result.method, "detail": result.detail} for result in results]
+        results = await asyncio.gather(
+            *(scorer.score(task, answer, calls) for task, answer, calls in items)
+        )
+        return [
+            {
+                "score": float(result.correct),
+                "correct": result.correct,
+                "method": result.method,
+                "detail": result.detail,
+            }
+            for result in results
+        ]
 
     return TextModel(REWARD_MODEL, REWARD_INPUTS, REWARD_OUTPUTS, parse, run, REWARD_DESCRIPTIONS)
 
@@ -79,18 +89,22 @@ def tool_model(toolbox: Toolbox, name: str) -> TextModel:
             raise BadRequest(f"'context' is malformed: {error}") from None
 
     async def run(items: list[tuple]) -> list[dict[str, Any]]:
-        results = await asyncio.gather(*(toolbox.call(name, arguments, context)
-                                         for arguments, context in items))
-        return [{TOOL_OUTPUT: json.dumps(result.to_json(), ensure_ascii=False)}
-                for result in results]
+        results = await asyncio.gather(
+            *(toolbox.call(name, arguments, context) for arguments, context in items)
+        )
+        return [
+            {TOOL_OUTPUT: json.dumps(result.to_json(), ensure_ascii=False)} for result in results
+        ]
 
     description = {"model": " ".join(toolbox.specs[name].description.split())}
-    return TextModel(name, TOOL_INPUTS, {TOOL_OUTPUT: bytes}, parse, run,
-                     TOOL_DESCRIPTIONS | description)
+    return TextModel(
+        name, TOOL_INPUTS, {TOOL_OUTPUT: bytes}, parse, run, TOOL_DESCRIPTIONS | description
+    )
 
 
-def tool_models(config: Config, names: Sequence[str]
-                ) -> tuple[list[TextModel], list[AbstractAsyncContextManager]]:
+def tool_models(
+    config: Config, names: Sequence[str]
+) -> tuple[list[TextModel], list[AbstractAsyncContextManager]]:
     """The configured tools ``names`` as Triton models, and their toolbox (to be started by the
     server: sandbox workers, indexes)."""
     from nemo_orch.rollout.builders import build_toolbox

@@ -61,8 +61,12 @@ class Pricing:
         return cls(per_input_token=input_usd / 1e6, per_output_token=output_usd / 1e6)
 
     def cost(self, usage: Usage, seconds: float) -> float:
-        return (self.per_call + self.per_input_token * usage.input_tokens
-                + self.per_output_token * usage.output_tokens + self.per_second * seconds)
+        return (
+            self.per_call
+            + self.per_input_token * usage.input_tokens
+            + self.per_output_token * usage.output_tokens
+            + self.per_second * seconds
+        )
 
     @property
     def usd_per_million_tokens(self) -> list[float]:
@@ -80,9 +84,11 @@ class Usage:
     reasoning_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.input_tokens + other.input_tokens,
-                     self.output_tokens + other.output_tokens,
-                     self.reasoning_tokens + other.reasoning_tokens)
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -114,11 +120,14 @@ class ToolSpec:
         except ToolSchemaError as error:
             raise ToolError(f"tool {self.name!r}: parameters are {error}") from None
         if self.max_concurrency < 1 or self.timeout_s <= 0 or self.latency_hint_s < 0:
-            raise ToolError(f"tool {self.name!r}: max_concurrency must be >= 1, timeout_s > 0 "
-                            "and latency_hint_s >= 0")
+            raise ToolError(
+                f"tool {self.name!r}: max_concurrency must be >= 1, timeout_s > 0 "
+                "and latency_hint_s >= 0"
+            )
 
-    def schema(self, prices: Mapping[str, Pricing] | None = None,
-               call_fee: bool = False) -> dict[str, Any]:
+    def schema(
+        self, prices: Mapping[str, Pricing] | None = None, call_fee: bool = False
+    ) -> dict[str, Any]:
         """The OpenAI function-calling form, as listed to the policy. With ``prices`` (by model
         alias), the choices of a ``model``-like argument show theirs, as ToolOrchestra's tool
         descriptions do: ``prices`` ([input, output] USD per million tokens by alias) beside the
@@ -126,20 +135,30 @@ class ToolSpec:
         description. With ``call_fee``, the description ends with the tool's fee per call, if
         it has one (a web search's, an MCP tool's)."""
         description, parameters = self.description, self.parameters
-        priced = {name: [alias for alias in schema.get("enum", []) if alias in prices]
-                  for name, schema in parameters.get("properties", {}).items()} if prices else {}
+        priced = (
+            {
+                name: [alias for alias in schema.get("enum", []) if alias in prices]
+                for name, schema in parameters.get("properties", {}).items()
+            }
+            if prices
+            else {}
+        )
         priced = {name: aliases for name, aliases in priced.items() if aliases}
         if priced:
             properties = dict(parameters["properties"])
             for name, aliases in priced.items():
-                properties[name] = {**properties[name], "prices": {
-                    alias: prices[alias].usd_per_million_tokens for alias in aliases}}
+                properties[name] = {
+                    **properties[name],
+                    "prices": {alias: prices[alias].usd_per_million_tokens for alias in aliases},
+                }
                 description += f" The {name} prices: USD per million input/output tokens."
             parameters = {**parameters, "properties": properties}
         if call_fee and self.pricing.per_call:
             description += f" Each call costs USD {self.pricing.per_call:g}."
-        return {"type": "function", "function": {"name": self.name, "description": description,
-                                                 "parameters": parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": description, "parameters": parameters},
+        }
 
 
 @dataclass(frozen=True)
@@ -176,10 +195,17 @@ class ToolResult:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {"output": self.output, "error": self.error, "kind": self.kind,
-                "cost_usd": self.cost_usd, "latency_s": self.latency_s, "cached": self.cached,
-                "answer": self.answer, "usage": dataclasses.asdict(self.usage),
-                "trajectory": self.trajectory}
+        return {
+            "output": self.output,
+            "error": self.error,
+            "kind": self.kind,
+            "cost_usd": self.cost_usd,
+            "latency_s": self.latency_s,
+            "cached": self.cached,
+            "answer": self.answer,
+            "usage": dataclasses.asdict(self.usage),
+            "trajectory": self.trajectory,
+        }
 
 
 @dataclass(frozen=True)
@@ -217,13 +243,24 @@ def seconds_since(spec: ToolSpec, started: float, context: ToolContext) -> float
     return billed_seconds(spec, time.perf_counter() - started, context)
 
 
-def billed_result(spec: ToolSpec, started: float, context: ToolContext, output: str = "",
-                  error: str | None = None, kind: CallKind | None = None) -> ToolResult:
+def billed_result(
+    spec: ToolSpec,
+    started: float,
+    context: ToolContext,
+    output: str = "",
+    error: str | None = None,
+    kind: CallKind | None = None,
+) -> ToolResult:
     """The result of a call that started at ``started``, billed for its seconds
     (:func:`seconds_since`) at ``spec.pricing``."""
     seconds = seconds_since(spec, started, context)
-    return ToolResult(output=output, error=error, latency_s=seconds,
-                      cost_usd=spec.pricing.cost(Usage(), seconds), kind=kind)
+    return ToolResult(
+        output=output,
+        error=error,
+        latency_s=seconds,
+        cost_usd=spec.pricing.cost(Usage(), seconds),
+        kind=kind,
+    )
 
 
 @runtime_checkable

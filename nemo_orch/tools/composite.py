@@ -53,9 +53,14 @@ def extract_final_answer(text: str) -> str:
 
 def _combine(expert: ToolResult, executed: ToolResult, output: str) -> ToolResult:
     """The expert's writing run by the executor: billed for both, ending as the run did."""
-    return ToolResult(output=output, error=executed.error, kind=executed.kind,
-                      usage=expert.usage, cost_usd=expert.cost_usd + executed.cost_usd,
-                      latency_s=expert.latency_s + executed.latency_s)
+    return ToolResult(
+        output=output,
+        error=executed.error,
+        kind=executed.kind,
+        usage=expert.usage,
+        cost_usd=expert.cost_usd + executed.cost_usd,
+        latency_s=expert.latency_s + executed.latency_s,
+    )
 
 
 # We do not have every expert's tokenizer: budgets count ~4 characters per token, about what
@@ -66,14 +71,16 @@ CHARS_PER_TOKEN = 4
 def check_context_budget(max_context_tokens: int | None) -> None:
     """An expert's ``max_context_tokens`` must be None (no budget) or an integer >= 1."""
     if max_context_tokens is not None and (
-            not isinstance(max_context_tokens, int) or isinstance(max_context_tokens, bool)
-            or max_context_tokens < 1):
-        raise ToolError(f"max_context_tokens must be null or an integer >= 1, got "
-                        f"{max_context_tokens!r}")
+        not isinstance(max_context_tokens, int)
+        or isinstance(max_context_tokens, bool)
+        or max_context_tokens < 1
+    ):
+        raise ToolError(
+            f"max_context_tokens must be null or an integer >= 1, got {max_context_tokens!r}"
+        )
 
 
-def fit_observations(observations: tuple[str, ...],
-                     max_tokens: int | None) -> tuple[str, ...]:
+def fit_observations(observations: tuple[str, ...], max_tokens: int | None) -> tuple[str, ...]:
     """What an expert with a context budget of ``max_tokens`` (None: no budget) sees of the
     episode's observations, estimating a token as :data:`CHARS_PER_TOKEN` characters. The most
     recent are the most relevant, so the oldest whole observations are dropped first and the
@@ -86,7 +93,7 @@ def fit_observations(observations: tuple[str, ...],
     for observation in reversed(observations):
         if len(observation) > room:
             if room:
-                kept.append(observation[len(observation) - room:])
+                kept.append(observation[len(observation) - room :])
             break
         kept.append(observation)
         room -= len(observation)
@@ -118,8 +125,9 @@ class _Composite(BaseTool):
 
     prompt: str = "{question}"
 
-    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
-                 prompt: str | None = None) -> None:
+    def __init__(
+        self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str, prompt: str | None = None
+    ) -> None:
         super().__init__(spec)
         self.expert = resolve(expert)
         if prompt is not None:
@@ -133,12 +141,14 @@ class _Composite(BaseTool):
         return self.expert.pricing if isinstance(self.expert, PricedModels) else {}
 
     async def _ask(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        budget = (self.expert.context_budget(arguments["model"])
-                  if isinstance(self.expert, BudgetedExpert) else None)
+        budget = (
+            self.expert.context_budget(arguments["model"])
+            if isinstance(self.expert, BudgetedExpert)
+            else None
+        )
         asked = arguments.get("question") or (context.task.question if context.task else "")
         question = self.prompt.format(question=asked, context=context_text(context, budget))
-        return await self.expert.call({"model": arguments["model"], "question": question},
-                                      context)
+        return await self.expert.call({"model": arguments["model"], "question": question}, context)
 
 
 def first_line(text: str) -> str:
@@ -153,8 +163,14 @@ class _ExpertThenTool(_Composite):
     argument: str
     extract: Callable[[str], str]
 
-    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool], expert: str,
-                 executor: str, prompt: str | None = None) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        resolve: Callable[[str], Tool],
+        expert: str,
+        executor: str,
+        prompt: str | None = None,
+    ) -> None:
         super().__init__(spec, resolve, expert, prompt)
         self.executor = resolve(executor)
 
@@ -164,39 +180,54 @@ class _ExpertThenTool(_Composite):
             return written
         value = self.extract(written.output)
         if not value:
-            return _combine(written, ToolResult(error=f"the expert wrote no {self.argument}",
-                                                kind=CallKind.EMPTY), "")
+            return _combine(
+                written,
+                ToolResult(error=f"the expert wrote no {self.argument}", kind=CallKind.EMPTY),
+                "",
+            )
         ran = await self.executor.call({self.argument: value}, context)
-        return _combine(written, ran, f"{self.argument.capitalize()}:\n{value}\n"
-                        f"Result:\n{ran.observation}")
+        return _combine(
+            written, ran, f"{self.argument.capitalize()}:\n{value}\nResult:\n{ran.observation}"
+        )
 
 
 class ExpertSearch(_ExpertThenTool):
     """The expert writes the query; ``executor`` (a retriever or web search) runs it."""
 
     argument, extract = "query", staticmethod(first_line)
-    prompt = ("Write one short search query that would find the information needed to answer "
-              "this question. Reply with the query only.{context}\n\nQuestion: {question}")
+    prompt = (
+        "Write one short search query that would find the information needed to answer "
+        "this question. Reply with the query only.{context}\n\nQuestion: {question}"
+    )
 
 
 class ExpertCode(_ExpertThenTool):
     """The expert writes Python; ``executor`` (the sandbox) runs it."""
 
     argument, extract = "code", staticmethod(extract_code)
-    prompt = ("Write a Python program that prints the information needed to answer this "
-              "question. Reply with one ```python code block.{context}\n\nQuestion: {question}")
+    prompt = (
+        "Write a Python program that prints the information needed to answer this "
+        "question. Reply with one ```python code block.{context}\n\nQuestion: {question}"
+    )
 
 
 class ExpertAnswer(_Composite):
     """The expert answers; the episode ends with that answer."""
 
-    prompt = ("Answer the question. Put the final answer inside <answer></answer>.{context}"
-              "\n\nQuestion: {question}")
+    prompt = (
+        "Answer the question. Put the final answer inside <answer></answer>.{context}"
+        "\n\nQuestion: {question}"
+    )
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         replied = await self._ask(arguments, context)
         if replied.error is not None:
             return replied
         final = extract_final_answer(replied.output)
-        return ToolResult(output=replied.output, usage=replied.usage, cost_usd=replied.cost_usd,
-                          latency_s=replied.latency_s, answer=final)
+        return ToolResult(
+            output=replied.output,
+            usage=replied.usage,
+            cost_usd=replied.cost_usd,
+            latency_s=replied.latency_s,
+            answer=final,
+        )

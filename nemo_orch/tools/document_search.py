@@ -40,26 +40,39 @@ class DocumentSearch(BaseTool):
     run when fewer than ``fallback_below`` documents pass (its results then follow theirs) or
     when there is no index."""
 
-    def __init__(self, spec: ToolSpec, resolve: Callable[[str], Tool],
-                 fallback: str | None = None, build: BuildSettings = BuildSettings()) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        resolve: Callable[[str], Tool],
+        fallback: str | None = None,
+        build: BuildSettings = BuildSettings(),
+    ) -> None:
         super().__init__(spec)
         self.setting = build.retrieval or RetrievalConfig()
         self.fallback = None if fallback is None else resolve(fallback)
         if self.setting.index is None and self.setting.scope != "open":
-            raise ToolError(f"{spec.name}: retrieval scope {self.setting.scope} filters a local "
-                            "index: set env.retrieval.index")
+            raise ToolError(
+                f"{spec.name}: retrieval scope {self.setting.scope} filters a local "
+                "index: set env.retrieval.index"
+            )
         if self.setting.index is None and self.fallback is None:
-            raise ToolError(f"{spec.name}: no local index (env.retrieval.index) and no fallback "
-                            "web search: nothing could run a query")
+            raise ToolError(
+                f"{spec.name}: no local index (env.retrieval.index) and no fallback "
+                "web search: nothing could run a query"
+            )
         self._batcher: SearchBatcher | None = None  # over the index, once loaded
         self._loading = asyncio.Lock()
 
     async def start(self) -> None:
         async with self._loading:
             if self.setting.index is not None and self._batcher is None:
-                self._batcher = SearchBatcher(await asyncio.to_thread(
-                    load_index, resolve_conf_path(self.setting.index),
-                    self.setting.encoder.options()))
+                self._batcher = SearchBatcher(
+                    await asyncio.to_thread(
+                        load_index,
+                        resolve_conf_path(self.setting.index),
+                        self.setting.encoder.options(),
+                    )
+                )
 
     async def _hits(self, query: str, allowed: frozenset[str] | None) -> list[Hit]:
         setting = self.setting
@@ -70,11 +83,12 @@ class DocumentSearch(BaseTool):
         # best, then those listed (the reference's order: a listed document outside the depth
         # is not found).
         restrict = allowed if setting.scope == "oracle" else None
-        hits = await self._batcher.search(query, setting.depth, restrict, setting.mode,
-                                          setting.score_threshold)
+        hits = await self._batcher.search(
+            query, setting.depth, restrict, setting.mode, setting.score_threshold
+        )
         if setting.scope == "whitelist" and allowed is not None:
             hits = [hit for hit in hits if hit.id in allowed]
-        return hits[:setting.top_k]
+        return hits[: setting.top_k]
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         start = time.perf_counter()
@@ -82,17 +96,29 @@ class DocumentSearch(BaseTool):
         if not isinstance(query, str) or not query.strip():
             return ToolResult(error="argument 'query' must be a non-empty string")
         setting = self.setting
-        hits = [] if setting.index is None else await self._hits(query,
-                                                                 context.allowed_documents)
-        if self.fallback is None or (setting.index is not None
-                                     and len(hits) >= setting.fallback_below):
-            return ToolResult(output=format_hits(hits, setting.max_chars_per_doc),
-                              latency_s=time.perf_counter() - start)
+        hits = [] if setting.index is None else await self._hits(query, context.allowed_documents)
+        if self.fallback is None or (
+            setting.index is not None and len(hits) >= setting.fallback_below
+        ):
+            return ToolResult(
+                output=format_hits(hits, setting.max_chars_per_doc),
+                latency_s=time.perf_counter() - start,
+            )
         # Too few documents passed: the web's results follow those that did.
         web = await self.fallback.call({"query": query}, context)
         if not hits:
-            return ToolResult(output=web.output, error=web.error, kind=web.kind, usage=web.usage,
-                              cost_usd=web.cost_usd, latency_s=time.perf_counter() - start)
-        return ToolResult(output=f"{format_hits(hits, setting.max_chars_per_doc)}\n"
-                          f"Web search:\n{web.observation}", usage=web.usage,
-                          cost_usd=web.cost_usd, latency_s=time.perf_counter() - start)
+            return ToolResult(
+                output=web.output,
+                error=web.error,
+                kind=web.kind,
+                usage=web.usage,
+                cost_usd=web.cost_usd,
+                latency_s=time.perf_counter() - start,
+            )
+        return ToolResult(
+            output=f"{format_hits(hits, setting.max_chars_per_doc)}\n"
+            f"Web search:\n{web.observation}",
+            usage=web.usage,
+            cost_usd=web.cost_usd,
+            latency_s=time.perf_counter() - start,
+        )

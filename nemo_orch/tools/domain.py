@@ -52,8 +52,11 @@ class EpisodeStates(Generic[State]):
         self._states[key] = state
         if len(self._states) > self.max_episodes:
             evicted, _ = self._states.popitem(last=False)
-            logger.warning("dropped the state of episode %r (more than %d episodes alive)",
-                           evicted, self.max_episodes)
+            logger.warning(
+                "dropped the state of episode %r (more than %d episodes alive)",
+                evicted,
+                self.max_episodes,
+            )
         return state
 
     def release(self, episode_id: str, seed: int) -> None:
@@ -63,8 +66,10 @@ class EpisodeStates(Generic[State]):
 def _database_maker(domain: Domain) -> Callable[[ToolContext], Database]:
     def make(context: ToolContext) -> Database:
         if context.task is None or "domain_task" not in context.task.metadata:
-            raise ActionError(f"{domain.name} tools need a domain task (a row made by "
-                              "nemo_orch.data.domain_tasks.to_task_row)")
+            raise ActionError(
+                f"{domain.name} tools need a domain task (a row made by "
+                "nemo_orch.data.domain_tasks.to_task_row)"
+            )
         task = DomainTask.model_validate(context.task.metadata["domain_task"])
         return domain.fresh_database(task.database_update())
 
@@ -74,28 +79,40 @@ def _database_maker(domain: Domain) -> Callable[[ToolContext], Database]:
 class DomainTool(BaseTool):
     """One declared domain tool; never raises from :meth:`call`."""
 
-    def __init__(self, spec: ToolSpec, domain: Domain,
-                 databases: EpisodeStates[Database]) -> None:
+    def __init__(self, spec: ToolSpec, domain: Domain, databases: EpisodeStates[Database]) -> None:
         super().__init__(spec)
         self.domain, self.databases = domain, databases
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         try:
             database = self.databases.get(context)
-            return ToolResult(output=result_text(
-                self.domain.spec.execute(database, self.spec.name, arguments)))
+            return ToolResult(
+                output=result_text(self.domain.spec.execute(database, self.spec.name, arguments))
+            )
         except ActionError as error:
             return ToolResult(error=str(error))
 
 
-def domain_tools(domain: Domain, pricing: Pricing = Pricing(),
-                 max_episodes: int = 4096) -> list[DomainTool]:
+def domain_tools(
+    domain: Domain, pricing: Pricing = Pricing(), max_episodes: int = 4096
+) -> list[DomainTool]:
     """Every tool of ``domain``, sharing one store of episode databases. Domain tools act on
     state, so their results are never cached (``deterministic`` false)."""
     databases = EpisodeStates(_database_maker(domain), max_episodes)
-    return [DomainTool(ToolSpec(name, tool.description, domain.spec.parameters(name),
-                                pricing=pricing, deterministic=False), domain, databases)
-            for name, tool in domain.spec.tools.items()]
+    return [
+        DomainTool(
+            ToolSpec(
+                name,
+                tool.description,
+                domain.spec.parameters(name),
+                pricing=pricing,
+                deterministic=False,
+            ),
+            domain,
+            databases,
+        )
+        for name, tool in domain.spec.tools.items()
+    ]
 
 
 def build_domains(tools: ToolsConfig) -> dict[str, Domain]:

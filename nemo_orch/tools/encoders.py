@@ -75,8 +75,9 @@ class HashingEncoder:
     name = "hashing"
     _VERSION = 1
 
-    def __init__(self, dim: int = 384, ngram_range: tuple[int, int] = (3, 5),
-                 cache_size: int = 1 << 18) -> None:
+    def __init__(
+        self, dim: int = 384, ngram_range: tuple[int, int] = (3, 5), cache_size: int = 1 << 18
+    ) -> None:
         if dim < 2:
             raise RetrievalError(f"hashing encoder: dim must be >= 2, got {dim}")
         low, high = ngram_range
@@ -88,8 +89,12 @@ class HashingEncoder:
         self._word_features = lru_cache(maxsize=cache_size)(self._features)
 
     def describe(self) -> dict[str, Any]:
-        return {"type": self.name, "version": self._VERSION, "dim": self.dim,
-                "ngram_range": list(self.ngram_range)}
+        return {
+            "type": self.name,
+            "version": self._VERSION,
+            "dim": self.dim,
+            "ngram_range": list(self.ngram_range),
+        }
 
     def _bucket(self, feature: str) -> tuple[int, float]:
         value = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
@@ -98,7 +103,9 @@ class HashingEncoder:
     def _features(self, word: str) -> tuple[np.ndarray, np.ndarray]:
         padded = f"<{word}>"
         low, high = self.ngram_range
-        grams = [padded[i:i + n] for n in range(low, high + 1) for i in range(len(padded) - n + 1)]
+        grams = [
+            padded[i : i + n] for n in range(low, high + 1) for i in range(len(padded) - n + 1)
+        ]
         # No corpus statistics, so no IDF: word length stands in for rarity (longer words are
         # rarer, Zipf's law of abbreviation). The word and all its n-grams weigh alike.
         weight = (min(len(word), 12) / 5.0) ** 2
@@ -142,15 +149,17 @@ class EncoderSettings:
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:
-            raise RetrievalError(f"encoder pooling must be one of {', '.join(POOLINGS)}, got "
-                                 f"{self.pooling!r}")
+            raise RetrievalError(
+                f"encoder pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"
+            )
 
 
 # The settings retrieval encoders were trained with. Qwen3-Embedding's query instruction is the
 # one ToolOrchestra's retrieval service writes (its model card's format, "Instruct: ...\nQuery:").
 ENCODER_PRESETS: dict[str, EncoderSettings] = {
     "qwen3-embedding": EncoderSettings(
-        "last_token", "Instruct: Given a search query, retrieve relevant passages\nQuery:"),
+        "last_token", "Instruct: Given a search query, retrieve relevant passages\nQuery:"
+    ),
     "e5": EncoderSettings("mean", "query: ", "passage: "),
     "bge": EncoderSettings("cls", "Represent this sentence for searching relevant passages: "),
 }
@@ -160,8 +169,9 @@ def encoder_settings(preset: str | None = None, **overrides: Any) -> EncoderSett
     """A preset's settings (None: mean pooling, no prefixes) with ``overrides`` (None values
     are not overrides)."""
     if preset is not None and preset not in ENCODER_PRESETS:
-        raise RetrievalError(f"unknown encoder preset {preset!r}; presets: "
-                             f"{', '.join(ENCODER_PRESETS)}")
+        raise RetrievalError(
+            f"unknown encoder preset {preset!r}; presets: {', '.join(ENCODER_PRESETS)}"
+        )
     base = asdict(ENCODER_PRESETS[preset]) if preset else {}
     return EncoderSettings(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
@@ -194,15 +204,21 @@ class HFEncoder:
 
     name = "hf"
 
-    def __init__(self, model_dir: str | Path, settings: EncoderSettings = EncoderSettings(),
-                 max_length: int = 512, batch_size: int = 32) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        settings: EncoderSettings = EncoderSettings(),
+        max_length: int = 512,
+        batch_size: int = 32,
+    ) -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").is_file():
-            raise RetrievalError(f"{self.model_dir}: not a Hugging Face model directory "
-                                 "(no config.json)")
+            raise RetrievalError(
+                f"{self.model_dir}: not a Hugging Face model directory (no config.json)"
+            )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
             self.model = AutoModel.from_pretrained(self.model_dir, local_files_only=True)
@@ -224,8 +240,14 @@ class HFEncoder:
         # Empty prefixes are left out, so a mean-pooled index built before prefixes existed
         # still loads.
         settings = {key: value for key, value in asdict(self.settings).items() if value != ""}
-        return {"type": self.name, "model_type": self.model.config.model_type, "dim": self.dim,
-                **settings, "max_length": self.max_length, "fingerprint": self._fingerprint}
+        return {
+            "type": self.name,
+            "model_type": self.model.config.model_type,
+            "dim": self.dim,
+            **settings,
+            "max_length": self.max_length,
+            "fingerprint": self._fingerprint,
+        }
 
     def _pool(self, hidden: Any, mask: Any) -> Any:
         torch = self._torch
@@ -246,13 +268,17 @@ class HFEncoder:
         chunks = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                batch = self.tokenizer([prefix + text for text in texts[start:start +
-                                                                        self.batch_size]],
-                                       padding=True, truncation=True, max_length=self.max_length,
-                                       return_tensors="pt")
+                batch = self.tokenizer(
+                    [prefix + text for text in texts[start : start + self.batch_size]],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                )
                 mask = batch["attention_mask"].to(self.device)
-                hidden = self.model(input_ids=batch["input_ids"].to(self.device),
-                                    attention_mask=mask).last_hidden_state
+                hidden = self.model(
+                    input_ids=batch["input_ids"].to(self.device), attention_mask=mask
+                ).last_hidden_state
                 chunks.append(self._pool(hidden, mask).float().cpu().numpy())
         if not chunks:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -267,19 +293,33 @@ def make_encoder(encoder: str | Path | Mapping[str, Any] | Encoder) -> Encoder:
         return encoder
     if isinstance(encoder, Mapping):
         options = dict(encoder)
-        unknown = options.keys() - {"model_dir", "preset", "pooling", "query_prefix",
-                                    "document_prefix", "max_length", "batch_size"}
+        unknown = options.keys() - {
+            "model_dir",
+            "preset",
+            "pooling",
+            "query_prefix",
+            "document_prefix",
+            "max_length",
+            "batch_size",
+        }
         if unknown or "model_dir" not in options:
-            raise RetrievalError(f"encoder options need model_dir and take preset, pooling, "
-                                 f"query_prefix, document_prefix, max_length, batch_size; got "
-                                 f"{sorted(options)}")
-        settings = encoder_settings(options.pop("preset", None), **{
-            key: options.pop(key, None) for key in ("pooling", "query_prefix",
-                                                   "document_prefix")})
+            raise RetrievalError(
+                f"encoder options need model_dir and take preset, pooling, "
+                f"query_prefix, document_prefix, max_length, batch_size; got "
+                f"{sorted(options)}"
+            )
+        settings = encoder_settings(
+            options.pop("preset", None),
+            **{
+                key: options.pop(key, None)
+                for key in ("pooling", "query_prefix", "document_prefix")
+            },
+        )
         return HFEncoder(options.pop("model_dir"), settings, **options)
     if str(encoder) == "hashing":
         return HashingEncoder()
     if Path(encoder).is_dir():
         return HFEncoder(encoder)
-    raise RetrievalError(f"encoder {str(encoder)!r} is neither 'hashing' nor a local Hugging Face "
-                         "model directory")
+    raise RetrievalError(
+        f"encoder {str(encoder)!r} is neither 'hashing' nor a local Hugging Face model directory"
+    )

@@ -42,8 +42,7 @@ class ToolExecutor:
         await self.toolbox.refresh()
         return list(self.toolbox.specs.values()), dict(self.toolbox.source_of)
 
-    async def call(self, name: str, arguments: dict[str, Any],
-                   context: ToolContext) -> ToolResult:
+    async def call(self, name: str, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         return await self.toolbox.call(name, arguments, context)
 
     async def close(self) -> None:
@@ -57,8 +56,11 @@ class ExecutorTool(BaseTool):
     not the tools' and run the episodes again."""
 
     def __init__(self, spec: ToolSpec, executor: ActorHandle, lost: list[str]) -> None:
-        super().__init__(dataclasses.replace(spec, deterministic=False,
-                                             timeout_s=spec.timeout_s + EXECUTOR_GRACE_S))
+        super().__init__(
+            dataclasses.replace(
+                spec, deterministic=False, timeout_s=spec.timeout_s + EXECUTOR_GRACE_S
+            )
+        )
         self.executor, self.lost = executor, lost
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
@@ -66,12 +68,14 @@ class ExecutorTool(BaseTool):
             return await self.executor.call.remote(self.spec.name, arguments, context)
         except RayActorError as error:
             self.lost.append(f"{type(error).__name__}: {error}")
-            return ToolResult(error=f"{self.spec.name}: the tool executor died",
-                              kind=CallKind.INFRA_ERROR)
+            return ToolResult(
+                error=f"{self.spec.name}: the tool executor died", kind=CallKind.INFRA_ERROR
+            )
 
 
-def executor_toolbox(executor: ActorHandle, offered: tuple[list[ToolSpec], dict[str, str]],
-                     lost: list[str]) -> Toolbox:
+def executor_toolbox(
+    executor: ActorHandle, offered: tuple[list[ToolSpec], dict[str, str]], lost: list[str]
+) -> Toolbox:
     """A toolbox of :class:`ExecutorTool` for what ``executor.offered`` returned."""
     specs, source_of = offered
     toolbox = Toolbox([ExecutorTool(spec, executor, lost) for spec in specs], cache_entries=0)

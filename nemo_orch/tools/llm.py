@@ -64,10 +64,16 @@ class LLMTool(BaseTool):
     ``refused`` or ``infra_error`` (:attr:`~nemo_orch.clients.http.HTTPError.kind`).
     """
 
-    def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
-                 system_prompt: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 2, guard: dict[str, Any] | None = None,
-                 build: BuildSettings = BuildSettings()) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        models: dict[str, dict[str, Any]],
+        system_prompt: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        guard: dict[str, Any] | None = None,
+        build: BuildSettings = BuildSettings(),
+    ) -> None:
         super().__init__(spec)
         if not models:
             raise ToolError(f"{spec.name}: no expert models configured")
@@ -87,16 +93,22 @@ class LLMTool(BaseTool):
             except (TypeError, ToolError) as error:
                 raise ToolError(f"{spec.name}: model {alias!r}: {error}") from None
             self.endpoints[alias] = endpoint
-            self.pricing[alias] = (Pricing.per_million_tokens(*endpoint.usd_per_million)
-                                   if endpoint.usd_per_million
-                                   else model_pricing(endpoint.model, build.prices))
+            self.pricing[alias] = (
+                Pricing.per_million_tokens(*endpoint.usd_per_million)
+                if endpoint.usd_per_million
+                else model_pricing(endpoint.model, build.prices)
+            )
             # The key is read at the first request: a missing one fails that alias's calls only.
-            self.clients[alias] = OpenAIClient(endpoint.base_url, endpoint.model,
-                                               dialect=endpoint.dialect,
-                                               name=f"tool {spec.name}, model {alias!r}",
-                                               api_key_env=endpoint.api_key_env,
-                                               timeout_s=timeout_s, max_retries=max_retries,
-                                               guard=settings)
+            self.clients[alias] = OpenAIClient(
+                endpoint.base_url,
+                endpoint.model,
+                dialect=endpoint.dialect,
+                name=f"tool {spec.name}, model {alias!r}",
+                api_key_env=endpoint.api_key_env,
+                timeout_s=timeout_s,
+                max_retries=max_retries,
+                guard=settings,
+            )
 
     async def close(self) -> None:
         for client in self.clients.values():
@@ -108,28 +120,40 @@ class LLMTool(BaseTool):
         endpoint = self.endpoints.get(alias)
         return None if endpoint is None else endpoint.max_context_tokens
 
-    async def ask(self, alias: str, question: str,
-                  context: ToolContext = ToolContext()) -> ToolResult:
+    async def ask(
+        self, alias: str, question: str, context: ToolContext = ToolContext()
+    ) -> ToolResult:
         """The expert's reply to ``question``, priced, timed as ``context`` says
         (:func:`billed_seconds`) and of its kind (see the class docstring)."""
         endpoint = self.endpoints.get(alias)
         if endpoint is None:
-            return ToolResult(error=f"unknown model {alias!r}; choose one of "
-                              f"{sorted(self.endpoints)}")
-        messages = ([{"role": "system", "content": self.system_prompt}]
-                    if self.system_prompt else []) + [{"role": "user", "content": question}]
+            return ToolResult(
+                error=f"unknown model {alias!r}; choose one of {sorted(self.endpoints)}"
+            )
+        messages = (
+            [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        ) + [{"role": "user", "content": question}]
         try:
-            reply = await self.clients[alias].chat(messages, max_tokens=endpoint.max_tokens,
-                                                   temperature=endpoint.temperature)
+            reply = await self.clients[alias].chat(
+                messages, max_tokens=endpoint.max_tokens, temperature=endpoint.temperature
+            )
         except OpenAIError as error:
             return ToolResult(error=f"expert {alias!r} failed: {error}", kind=error.kind)
         usage = Usage(reply.input_tokens, reply.output_tokens, reply.reasoning_tokens)
         seconds = billed_seconds(self.spec, reply.latency_s, context)
         cost = self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(usage, seconds)
         unusable = reply.unusable(endpoint.max_tokens)
-        return ToolResult(output=reply.text, usage=usage, cost_usd=cost, latency_s=seconds,
-                          **({} if unusable is None else {
-                              "kind": unusable[0], "error": f"expert {alias!r} {unusable[1]}"}))
+        return ToolResult(
+            output=reply.text,
+            usage=usage,
+            cost_usd=cost,
+            latency_s=seconds,
+            **(
+                {}
+                if unusable is None
+                else {"kind": unusable[0], "error": f"expert {alias!r} {unusable[1]}"}
+            ),
+        )
 
     async def call(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         return await self.ask(arguments["model"], arguments["question"], context)

@@ -88,9 +88,11 @@ class McpServer:
         self.restarts = 0  # connections made again, in all
         # Failed or lost connections in a row: the first opens the circuit, and each restart
         # adds one more before it does.
-        self.guard = EndpointGuard(GuardSettings(failures=config.restarts + 1,
-                                                 cooldown_s=config.cooldown_s,
-                                                 retry_ratio=None))
+        self.guard = EndpointGuard(
+            GuardSettings(
+                failures=config.restarts + 1, cooldown_s=config.cooldown_s, retry_ratio=None
+            )
+        )
 
     def _on_this_loop(self) -> None:
         """A connection belongs to the event loop that made it: a toolbox started again on
@@ -106,21 +108,30 @@ class McpServer:
             from mcp import StdioServerParameters
             from mcp.client.stdio import stdio_client
 
-            return stdio_client(StdioServerParameters(
-                command=self.config.command, args=list(self.config.args),
-                env={name: os.environ[name] for name in self.config.env if name in os.environ}))
+            return stdio_client(
+                StdioServerParameters(
+                    command=self.config.command,
+                    args=list(self.config.args),
+                    env={name: os.environ[name] for name in self.config.env if name in os.environ},
+                )
+            )
         from mcp.client.streamable_http import streamablehttp_client
 
-        missing = [variable for variable in self.config.headers.values()
-                   if variable not in os.environ]
+        missing = [
+            variable for variable in self.config.headers.values() if variable not in os.environ
+        ]
         if missing:
-            raise ToolError(f"tools.mcp.{self.config.name}: the environment has no "
-                            f"{', '.join(missing)} (its headers' values)")
-        headers = {header: os.environ[variable]
-                   for header, variable in self.config.headers.items()}
-        return streamablehttp_client(self.config.url, headers=headers,
-                                     timeout=self.config.connect_timeout_s,
-                                     sse_read_timeout=self.config.timeout_s)
+            raise ToolError(
+                f"tools.mcp.{self.config.name}: the environment has no "
+                f"{', '.join(missing)} (its headers' values)"
+            )
+        headers = {header: os.environ[variable] for header, variable in self.config.headers.items()}
+        return streamablehttp_client(
+            self.config.url,
+            headers=headers,
+            timeout=self.config.connect_timeout_s,
+            sse_read_timeout=self.config.timeout_s,
+        )
 
     async def _on_message(self, message: Any) -> None:
         """The session's messages from the server: a changed tool list is noted (listing it
@@ -128,7 +139,8 @@ class McpServer:
         from mcp.types import ServerNotification, ToolListChangedNotification
 
         if isinstance(message, ServerNotification) and isinstance(
-                message.root, ToolListChangedNotification):
+            message.root, ToolListChangedNotification
+        ):
             self.tools_changed = True
 
     async def _serve(self, ready: asyncio.Future) -> None:
@@ -136,8 +148,10 @@ class McpServer:
 
         stop, connected = self._stop, False
         try:
-            async with self._transport() as (read, write, *_), \
-                    ClientSession(read, write, message_handler=self._on_message) as session:
+            async with (
+                self._transport() as (read, write, *_),
+                ClientSession(read, write, message_handler=self._on_message) as session,
+            ):
                 await session.initialize()
                 self._session = session
                 ready.set_result(None)
@@ -145,8 +159,9 @@ class McpServer:
                 await stop.wait()
         except asyncio.CancelledError:
             if not ready.done():
-                ready.set_exception(ToolError(f"tools.mcp.{self.config.name}: the connection "
-                                              "was cancelled"))
+                ready.set_exception(
+                    ToolError(f"tools.mcp.{self.config.name}: the connection was cancelled")
+                )
             raise
         except Exception as error:  # whoever waits to connect is told; later, the next call is
             if not ready.done():
@@ -176,12 +191,15 @@ class McpServer:
                 await asyncio.wait_for(ready, self.config.connect_timeout_s)
             except Exception as error:
                 await self._disconnect()
-                problem = (f"no connection within {self.config.connect_timeout_s:g} s "
-                           "(connect_timeout_s)" if isinstance(error, TimeoutError)
-                           else failure(error))
+                problem = (
+                    f"no connection within {self.config.connect_timeout_s:g} s (connect_timeout_s)"
+                    if isinstance(error, TimeoutError)
+                    else failure(error)
+                )
                 self.guard.failed(problem)
-                raise ToolError(f"tools.mcp.{self.config.name}: cannot connect: "
-                                f"{problem}") from None
+                raise ToolError(
+                    f"tools.mcp.{self.config.name}: cannot connect: {problem}"
+                ) from None
             except BaseException:
                 self.guard.abandoned()
                 raise
@@ -205,8 +223,9 @@ class McpServer:
         self.tools_changed = False
         return list((await self._session.list_tools()).tools)
 
-    async def call(self, tool: str, arguments: dict[str, Any],
-                   meta: dict[str, Any] | None = None) -> Any:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> Any:
         """``tools/call`` (``meta``: the request's ``_meta``). A connection found closed
         before the request went out (a server that died since) is made again, once; one that
         closes during the call fails the call, and the next call reconnects (the request may
@@ -219,9 +238,14 @@ class McpServer:
             await self.connect()
             session = self._session
             try:
-                result = await self._while_connected(session.call_tool(
-                    tool, arguments, read_timeout_seconds=timedelta(seconds=self.config.timeout_s),
-                    meta=meta))
+                result = await self._while_connected(
+                    session.call_tool(
+                        tool,
+                        arguments,
+                        read_timeout_seconds=timedelta(seconds=self.config.timeout_s),
+                        meta=meta,
+                    )
+                )
             except (anyio.ClosedResourceError, anyio.BrokenResourceError) as error:
                 await self._drop(session, error)
                 if attempt:
@@ -280,31 +304,50 @@ class McpTool(BaseTool):
         started = time.perf_counter()
         try:
             # A sub-orchestrator's episode gets its seed from the caller's call.
-            meta = ({SEED_META: sub_seed(context, self.spec.name, arguments)}
-                    if self.server.config.orchestrator else None)
+            meta = (
+                {SEED_META: sub_seed(context, self.spec.name, arguments)}
+                if self.server.config.orchestrator
+                else None
+            )
             result = await self.server.call(self.remote_name, arguments, meta)
         except Exception as error:  # a failed transport or server: this call's error
-            return billed_result(self.spec, started, context,
-                                 error=f"{self.spec.name} failed: {failure(error)}",
-                                 kind=_kind_of_failure(error))
+            return billed_result(
+                self.spec,
+                started,
+                context,
+                error=f"{self.spec.name} failed: {failure(error)}",
+                kind=_kind_of_failure(error),
+            )
         texts, others = read_content(result.content)
         text = "\n".join(texts)
         if not text and result.structuredContent is not None:
             text = json.dumps(result.structuredContent, ensure_ascii=False)
         if result.isError:  # a declared orchestrator states whether it failed or refused
-            return billed_result(self.spec, started, context,
-                                 error=text or f"{self.spec.name} reported an error",
-                                 kind=(failure_kind(text) if self.server.config.orchestrator
-                                       else CallKind.TOOL_ERROR))
+            return billed_result(
+                self.spec,
+                started,
+                context,
+                error=text or f"{self.spec.name} reported an error",
+                kind=(
+                    failure_kind(text) if self.server.config.orchestrator else CallKind.TOOL_ERROR
+                ),
+            )
         if self.server.config.orchestrator:
-            return sub_orchestration_result(self.spec, started, context,
-                                            result.structuredContent, text)
+            return sub_orchestration_result(
+                self.spec, started, context, result.structuredContent, text
+            )
         described = f"[{'; '.join(others)}]" if others else ""
         if not text:
-            return billed_result(self.spec, started, context, kind=CallKind.EMPTY, error=(
-                f"{self.spec.name} returned no text: {described or 'no content at all'}"))
-        return billed_result(self.spec, started, context,
-                             f"{text}\n{described}" if described else text)
+            return billed_result(
+                self.spec,
+                started,
+                context,
+                kind=CallKind.EMPTY,
+                error=(f"{self.spec.name} returned no text: {described or 'no content at all'}"),
+            )
+        return billed_result(
+            self.spec, started, context, f"{text}\n{described}" if described else text
+        )
 
 
 def _kind_of_failure(error: Exception) -> CallKind:
@@ -330,8 +373,10 @@ def read_content(content: list[Any]) -> tuple[list[str], list[str]]:
         elif kind == "resource" and isinstance(getattr(item.resource, "text", None), str):
             texts.append(item.resource.text)
         elif kind == "resource":
-            others.append(f"resource {item.resource.uri} ({_mime(item.resource)}"
-                          f"{_size(getattr(item.resource, 'blob', None))})")
+            others.append(
+                f"resource {item.resource.uri} ({_mime(item.resource)}"
+                f"{_size(getattr(item.resource, 'blob', None))})"
+            )
         elif kind == "resource_link":
             size = "" if item.size is None else f", {item.size:,} bytes"
             others.append(f"resource link {item.uri} ({_mime(item)}{size})")
@@ -362,8 +407,11 @@ def tool_name(server: str, tool: str) -> str:
 
 def _taken(config: McpServerConfig, listed: list[Any]) -> list[Any]:
     """The listed tools the configuration takes: allowed and not denied."""
-    return [tool for tool in listed if (config.allow is None or tool.name in config.allow)
-            and tool.name not in config.deny]
+    return [
+        tool
+        for tool in listed
+        if (config.allow is None or tool.name in config.allow) and tool.name not in config.deny
+    ]
 
 
 class McpToolSource:
@@ -377,14 +425,21 @@ class McpToolSource:
 
     def _tools(self, listed: list[Any]) -> list[McpTool]:
         config = self.config
-        return [McpTool(ToolSpec(
-            name=tool_name(config.name, tool.name),
-            description=tool.description or tool.name,
-            parameters={"type": "object", **(tool.inputSchema or {})},
-            pricing=Pricing(per_call=config.prices.get(tool.name, config.per_call_usd)),
-            latency_hint_s=config.latencies.get(tool.name, config.latency_hint_s),
-            timeout_s=config.timeout_s), self.server, tool.name)
-            for tool in _taken(config, listed)]
+        return [
+            McpTool(
+                ToolSpec(
+                    name=tool_name(config.name, tool.name),
+                    description=tool.description or tool.name,
+                    parameters={"type": "object", **(tool.inputSchema or {})},
+                    pricing=Pricing(per_call=config.prices.get(tool.name, config.per_call_usd)),
+                    latency_hint_s=config.latencies.get(tool.name, config.latency_hint_s),
+                    timeout_s=config.timeout_s,
+                ),
+                self.server,
+                tool.name,
+            )
+            for tool in _taken(config, listed)
+        ]
 
     @property
     def changed(self) -> bool:
@@ -404,6 +459,7 @@ def mcp_source(config: McpServerConfig) -> McpToolSource:
     """The tools ``config``'s server lists, as the toolbox's (allowed and not denied), from a
     connection of their own made here; raises :class:`ToolError` when the server cannot be
     reached or lists none of the allowed tools."""
+
     async def listed() -> list[Any]:
         server = McpServer(config)
         try:
@@ -417,6 +473,8 @@ def mcp_source(config: McpServerConfig) -> McpToolSource:
     finally:
         loop.stop()
     if not _taken(config, remote):
-        raise ToolError(f"tools.mcp.{config.name}: no tool taken of the {len(remote)} it lists "
-                        f"({', '.join(tool.name for tool in remote)})")
+        raise ToolError(
+            f"tools.mcp.{config.name}: no tool taken of the {len(remote)} it lists "
+            f"({', '.join(tool.name for tool in remote)})"
+        )
     return McpToolSource(config, remote)

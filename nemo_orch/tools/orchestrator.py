@@ -28,13 +28,14 @@ from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec, Us
 SOLVE_PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "question": {"type": "string", "minLength": 1,
-                     "description": "The task, stated in full."},
+        "question": {"type": "string", "minLength": 1, "description": "The task, stated in full."},
         "preference": {
-            "type": "object", "additionalProperties": {"type": "number"},
+            "type": "object",
+            "additionalProperties": {"type": "number"},
             "description": "Optional feature weights of the answer wanted: accuracy, cost, "
-                           "latency, tool:<name> or model:<alias> (negative: avoid), e.g. "
-                           '{"accuracy": 1, "cost": 1}.'},
+            "latency, tool:<name> or model:<alias> (negative: avoid), e.g. "
+            '{"accuracy": 1, "cost": 1}.',
+        },
     },
     "required": ["question"],
     "additionalProperties": False,
@@ -64,22 +65,30 @@ def failure_kind(text: str) -> CallKind:
 
 
 def _non_negative_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value >= 0)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def orchestration_text(body: dict[str, Any]) -> str:
     """An orchestration as text, for a reader of text only (an MCP client, the calling policy):
     its answer, then its bill."""
     ledger = body["ledger"]
-    head = (body["answer"] if body.get("answer") is not None
-            else f"No answer ({body.get('finish_reason')}).")
+    head = (
+        body["answer"]
+        if body.get("answer") is not None
+        else f"No answer ({body.get('finish_reason')})."
+    )
     called = ", ".join(str(call.get("tool")) for call in ledger["calls"]) or "none"
     return f"{head}\n[cost ${ledger['cost_usd']:.6f}; calls: {called}]"
 
 
-def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContext, body: Any,
-                             observation: str | None = None) -> ToolResult:
+def sub_orchestration_result(
+    spec: ToolSpec, started: float, context: ToolContext, body: Any, observation: str | None = None
+) -> ToolResult:
     """The result of a call a sub-orchestrator answered with ``body`` (an orchestration: the
     ``/v1/orchestrate`` answer) and ``observation`` (what the caller's policy reads; None:
     :func:`orchestration_text`): billed at ``spec.pricing`` for its seconds (a per-call fee, by
@@ -88,13 +97,25 @@ def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContex
     is an error observation: what the call cost is unknown, and a caller must not get its
     answer for free."""
     ledger = body.get("ledger") if isinstance(body, dict) else None
-    if not (isinstance(ledger, dict) and _non_negative_number(ledger.get("cost_usd"))
-            and isinstance(ledger.get("calls"), list) and isinstance(body.get("messages"), list)):
-        return billed_result(spec, started, context, kind=CallKind.INFRA_ERROR, error=(
-            f"{spec.name}: the orchestrator's result carries no ledger (an object with "
-            "messages and ledger.cost_usd and ledger.calls)"))
-    billed = billed_result(spec, started, context,
-                           orchestration_text(body) if observation is None else observation)
+    if not (
+        isinstance(ledger, dict)
+        and _non_negative_number(ledger.get("cost_usd"))
+        and isinstance(ledger.get("calls"), list)
+        and isinstance(body.get("messages"), list)
+    ):
+        return billed_result(
+            spec,
+            started,
+            context,
+            kind=CallKind.INFRA_ERROR,
+            error=(
+                f"{spec.name}: the orchestrator's result carries no ledger (an object with "
+                "messages and ledger.cost_usd and ledger.calls)"
+            ),
+        )
+    billed = billed_result(
+        spec, started, context, orchestration_text(body) if observation is None else observation
+    )
     tokens = ledger.get("tokens") if isinstance(ledger.get("tokens"), dict) else {}
     calls = [call for call in ledger["calls"] if isinstance(call, dict)]
 
@@ -102,12 +123,16 @@ def sub_orchestration_result(spec: ToolSpec, started: float, context: ToolContex
         counts = [tokens.get(kind), *(call.get(f"{kind}_tokens") for call in calls)]
         return sum(int(count) for count in counts if _non_negative_number(count))
 
-    trajectory = {key: body.get(key) for key in ("id", "model", "seed", "answer",
-                                                  "finish_reason", "turns", "messages", "ledger")}
-    return dataclasses.replace(billed, cost_usd=billed.cost_usd + float(ledger["cost_usd"]),
-                               usage=Usage(spent("input"), spent("output"),
-                                           spent("reasoning")),
-                               trajectory=trajectory)
+    trajectory = {
+        key: body.get(key)
+        for key in ("id", "model", "seed", "answer", "finish_reason", "turns", "messages", "ledger")
+    }
+    return dataclasses.replace(
+        billed,
+        cost_usd=billed.cost_usd + float(ledger["cost_usd"]),
+        usage=Usage(spent("input"), spent("output"), spent("reasoning")),
+        trajectory=trajectory,
+    )
 
 
 # Where an MCP call carries the sub-orchestrator's seed: the request's ``_meta`` (the policy's
@@ -132,15 +157,22 @@ class OrchestratorTool(BaseTool):
     that failed may still have run its episode, and spent; it is not repeated unless asked).
     The episode's seed derives from the caller's call, so a caller's episode replays whole."""
 
-    def __init__(self, spec: ToolSpec, base_url: str, model: str | None = None,
-                 api_key_env: str | None = None, timeout_s: float = 600.0,
-                 max_retries: int = 0) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        base_url: str,
+        model: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 600.0,
+        max_retries: int = 0,
+    ) -> None:
         from nemo_orch.clients.http import JSONClient
 
         super().__init__(spec)
         self.model = model
-        self.client = JSONClient(base_url, api_key_env=api_key_env, timeout_s=timeout_s,
-                                 max_retries=max_retries)
+        self.client = JSONClient(
+            base_url, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries
+        )
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -155,6 +187,11 @@ class OrchestratorTool(BaseTool):
         try:
             body = await self.client.request("POST", "/orchestrate", request)
         except HTTPError as error:  # unreachable, refused or timed out: this call's error
-            return billed_result(self.spec, started, context,
-                                 error=f"{self.spec.name} failed: {error}", kind=error.kind)
+            return billed_result(
+                self.spec,
+                started,
+                context,
+                error=f"{self.spec.name} failed: {error}",
+                kind=error.kind,
+            )
         return sub_orchestration_result(self.spec, started, context, body)

@@ -41,5 +41,7 @@ def model_pricing(model: str, prices: Mapping[str, Sequence[float]] | None = Non
     for name, prices in table.items():
         if model.endswith("/" + name):
             return Pricing.per_million_tokens(*prices)
-    raise ToolError(f"no price for model {model!r}; known: {sorted(table)} (add it to the "
-                    "tool's `prices` option)")
+    raise ToolError(
+        f"no price for model {model!r}; known: {sorted(table)} (add it to the "
+        "tool's `prices` option)"
+    )

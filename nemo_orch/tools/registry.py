@@ -62,8 +62,16 @@ from nemo_orch.tools.schema import argument_errors, integral
 
 logger = logging.getLogger(__name__)
 
-_SPEC_KEYS = {"name", "description", "parameters", "pricing", "latency_hint_s", "deterministic",
-              "max_concurrency", "timeout_s"}
+_SPEC_KEYS = {
+    "name",
+    "description",
+    "parameters",
+    "pricing",
+    "latency_hint_s",
+    "deterministic",
+    "max_concurrency",
+    "timeout_s",
+}
 _BUILD_KEYS = {"class", "endpoint", "options", "part"}
 DECLARATION_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -131,8 +139,9 @@ def load_declarations(paths: Iterable[str | Path]) -> list[ToolDeclaration]:
         declaration = load_declaration(file)
         name = declaration.spec.name
         if name in declarations:
-            raise ToolError(f"tool {name!r} is declared twice: {declarations[name].source} and "
-                            f"{file}")
+            raise ToolError(
+                f"tool {name!r} is declared twice: {declarations[name].source} and {file}"
+            )
         declarations[name] = declaration
     return list(declarations.values())
 
@@ -145,8 +154,9 @@ def _import(class_path: str, source: Path) -> type:
         raise ToolError(f"{source}: cannot import {class_path!r}: {error}") from None
 
 
-def build_tools(declarations: Sequence[ToolDeclaration],
-                build: BuildSettings = BuildSettings()) -> list[Tool]:
+def build_tools(
+    declarations: Sequence[ToolDeclaration], build: BuildSettings = BuildSettings()
+) -> list[Tool]:
     """Instantiate every declared tool. A class whose constructor takes ``resolve`` gets a
     function from a tool name to its built instance (how composite tools reach their parts);
     one that takes ``build`` gets the job's ``build`` settings (prices, endpoints, retrieval)."""
@@ -169,15 +179,18 @@ def build_tools(declarations: Sequence[ToolDeclaration],
     return [resolve(d.spec.name) for d in declarations]
 
 
-def _build(declaration: ToolDeclaration, resolve: Callable[[str], Tool],
-           build: BuildSettings) -> Tool:
+def _build(
+    declaration: ToolDeclaration, resolve: Callable[[str], Tool], build: BuildSettings
+) -> Tool:
     if declaration.endpoint is not None:
         from nemo_orch.tools.remote import RemoteTool
 
         return RemoteTool(declaration.spec, declaration.endpoint, **declaration.options)
     cls = _import(declaration.class_path, declaration.source)
-    options = {key: _resolve_file(value, declaration.source.parent)
-               for key, value in declaration.options.items()}
+    options = {
+        key: _resolve_file(value, declaration.source.parent)
+        for key, value in declaration.options.items()
+    }
     parameters = inspect.signature(cls).parameters
     if "resolve" in parameters:
         options["resolve"] = resolve
@@ -186,11 +199,14 @@ def _build(declaration: ToolDeclaration, resolve: Callable[[str], Tool],
     try:
         tool = cls(declaration.spec, **options)
     except (TypeError, ValueError) as error:
-        raise ToolError(f"{declaration.source}: cannot build {declaration.class_path}: "
-                        f"{error}") from None
+        raise ToolError(
+            f"{declaration.source}: cannot build {declaration.class_path}: {error}"
+        ) from None
     if not isinstance(tool, Tool):
-        raise ToolError(f"{declaration.source}: {declaration.class_path} is not a Tool "
-                        "(needs spec, async call/start/close)")
+        raise ToolError(
+            f"{declaration.source}: {declaration.class_path} is not a Tool "
+            "(needs spec, async call/start/close)"
+        )
     return tool
 
 
@@ -260,10 +276,17 @@ class Toolbox:
     :meth:`subset` it started with).
     """
 
-    def __init__(self, tools: Sequence[Tool], cache_entries: int = 4096,
-                 cache_bytes: int = 64 << 20, parts: Sequence[Tool] = (),
-                 show_prices: bool = True, simulated_latency_s: float = 0.0,
-                 modeled_time: bool = False, sources: Sequence[ToolSource] = ()) -> None:
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        cache_entries: int = 4096,
+        cache_bytes: int = 64 << 20,
+        parts: Sequence[Tool] = (),
+        show_prices: bool = True,
+        simulated_latency_s: float = 0.0,
+        modeled_time: bool = False,
+        sources: Sequence[ToolSource] = (),
+    ) -> None:
         self.fixed, self.sources = list(tools), list(sources)
         # The source each tool a source offers came from, by tool name.
         self.source_of: dict[str, str] = {}
@@ -280,8 +303,9 @@ class Toolbox:
             if tool.spec.name in offered:
                 raise ToolError(f"two tools are named {tool.spec.name!r}")
             offered[tool.spec.name] = tool
-        self.source_of = {tool.spec.name: source.name for source in self.sources
-                          for tool in source.tools}
+        self.source_of = {
+            tool.spec.name: source.name for source in self.sources for tool in source.tools
+        }
         return offered
 
     async def refresh(self) -> None:
@@ -294,8 +318,12 @@ class Toolbox:
             try:
                 await source.relist()
             except Exception as error:  # the old list stays on offer
-                logger.warning("tool source %s: its tools changed but cannot be listed again: "
-                               "%s: %s", source.name, type(error).__name__, error)
+                logger.warning(
+                    "tool source %s: its tools changed but cannot be listed again: %s: %s",
+                    source.name,
+                    type(error).__name__,
+                    error,
+                )
         if changed:
             try:
                 self.tools = self._offered()
@@ -309,16 +337,20 @@ class Toolbox:
     def schemas(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """OpenAI function schemas, in declaration order (or the order of ``names``)."""
         chosen = [self.tools[name] for name in (self.tools if names is None else names)]
-        return [tool.spec.schema(tool.pricing if self.show_prices
-                                 and isinstance(tool, PricedModels) else None,
-                                 call_fee=self.show_prices)
-                for tool in chosen]
+        return [
+            tool.spec.schema(
+                tool.pricing if self.show_prices and isinstance(tool, PricedModels) else None,
+                call_fee=self.show_prices,
+            )
+            for tool in chosen
+        ]
 
     def lenient(self) -> frozenset[str]:
         """The tools that get every call and answer a bad one themselves
         (``ToolSpec.strict_arguments`` False)."""
-        return frozenset(name for name, tool in self.tools.items()
-                         if not tool.spec.strict_arguments)
+        return frozenset(
+            name for name, tool in self.tools.items() if not tool.spec.strict_arguments
+        )
 
     def subset(self, names: Iterable[str]) -> Toolbox:
         """A toolbox over some of these tools that shares their instances and the cache: the
@@ -327,25 +359,27 @@ class Toolbox:
         unknown = [n for n in names if n not in self.tools]
         if unknown:
             raise ToolError(f"unknown tools {unknown}; declared: {sorted(self.tools)}")
-        subset = Toolbox([self.tools[n] for n in names], parts=self.parts,
-                         show_prices=self.show_prices,
-                         simulated_latency_s=self.simulated_latency_s,
-                         modeled_time=self.modeled_time)
+        subset = Toolbox(
+            [self.tools[n] for n in names],
+            parts=self.parts,
+            show_prices=self.show_prices,
+            simulated_latency_s=self.simulated_latency_s,
+            modeled_time=self.modeled_time,
+        )
         subset.cache, subset._limits = self.cache, self._limits
-        subset.source_of = {name: self.source_of[name] for name in names
-                            if name in self.source_of}
+        subset.source_of = {name: self.source_of[name] for name in names if name in self.source_of}
         return subset
 
     async def start(self) -> None:
         """Warm up pooled tools (sandbox workers, indexes) and connect the sources before the
         first episode."""
-        await asyncio.gather(*(tool.start() for tool in [*self.fixed, *self.parts,
-                                                         *self.sources]))
+        await asyncio.gather(*(tool.start() for tool in [*self.fixed, *self.parts, *self.sources]))
 
     async def close(self) -> None:
-        await asyncio.gather(*(tool.close() for tool in [*self.fixed, *self.parts,
-                                                         *self.sources]),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(tool.close() for tool in [*self.fixed, *self.parts, *self.sources]),
+            return_exceptions=True,
+        )
 
     async def __aenter__(self) -> Toolbox:
         await self.start()
@@ -359,8 +393,9 @@ class Toolbox:
             self._limits[name] = asyncio.Semaphore(self.tools[name].spec.max_concurrency)
         return self._limits[name]
 
-    async def call(self, name: str, arguments: dict[str, Any],
-                   context: ToolContext = ToolContext()) -> ToolResult:
+    async def call(
+        self, name: str, arguments: dict[str, Any], context: ToolContext = ToolContext()
+    ) -> ToolResult:
         """Run one call. Every failure (unknown tool, invalid arguments, timeout, exception
         inside the tool) comes back as a result with ``error`` set, but an endpoint refusing
         what it was declared to take (:class:`EndpointRefusal`), which stops the run."""
@@ -376,8 +411,11 @@ class Toolbox:
             arguments = integral(tool.spec.parameters, arguments)
         key = None
         if tool.spec.deterministic:
-            allowed = None if context.allowed_documents is None else tuple(
-                sorted(context.allowed_documents))
+            allowed = (
+                None
+                if context.allowed_documents is None
+                else tuple(sorted(context.allowed_documents))
+            )
             key = (name, canonical_arguments(arguments), allowed)
             hit = self.cache.get(key)
             if hit is not None:
@@ -397,35 +435,47 @@ class Toolbox:
             try:
                 result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
             except TimeoutError:
-                return billed_result(spec, start, context,
-                                     error=f"{spec.name} timed out after {spec.timeout_s:g} s",
-                                     kind=CallKind.INFRA_ERROR)
+                return billed_result(
+                    spec,
+                    start,
+                    context,
+                    error=f"{spec.name} timed out after {spec.timeout_s:g} s",
+                    kind=CallKind.INFRA_ERROR,
+                )
             except EndpointRefusal:
                 raise  # every call would fail alike: the configuration's error, not the call's
             except Exception as error:  # a broken tool must not end the episode
                 logger.exception("tool %s raised", spec.name)
-                return ToolResult(error=f"{spec.name} failed: {type(error).__name__}: {error}",
-                                  latency_s=seconds_since(spec, start, context),
-                                  kind=CallKind.INFRA_ERROR)
+                return ToolResult(
+                    error=f"{spec.name} failed: {type(error).__name__}: {error}",
+                    latency_s=seconds_since(spec, start, context),
+                    kind=CallKind.INFRA_ERROR,
+                )
         if not isinstance(result, ToolResult):
-            return ToolResult(error=f"{spec.name} returned {type(result).__name__}, not a "
-                              "ToolResult", kind=CallKind.INFRA_ERROR)
+            return ToolResult(
+                error=f"{spec.name} returned {type(result).__name__}, not a ToolResult",
+                kind=CallKind.INFRA_ERROR,
+            )
         if result.latency_s == 0.0:
             result = dataclasses.replace(result, latency_s=seconds_since(spec, start, context))
         return result
 
 
-def offered_and_parts(declarations: Sequence[ToolDeclaration],
-                      build: BuildSettings = BuildSettings()) -> tuple[list[Tool], list[Tool]]:
+def offered_and_parts(
+    declarations: Sequence[ToolDeclaration], build: BuildSettings = BuildSettings()
+) -> tuple[list[Tool], list[Tool]]:
     """The declared tools built (with the job's ``build`` settings), split into those offered
     to the policy and composites' parts."""
     built = build_tools(declarations, build)
-    return ([tool for tool, d in zip(built, declarations) if not d.part],
-            [tool for tool, d in zip(built, declarations) if d.part])
+    return (
+        [tool for tool, d in zip(built, declarations) if not d.part],
+        [tool for tool, d in zip(built, declarations) if d.part],
+    )
 
 
-def load_toolbox(paths: Iterable[str | Path], cache_entries: int = 4096,
-                 cache_bytes: int = 64 << 20) -> Toolbox:
+def load_toolbox(
+    paths: Iterable[str | Path], cache_entries: int = 4096, cache_bytes: int = 64 << 20
+) -> Toolbox:
     """Declarations -> built tools -> a toolbox (not started)."""
     offered, parts = offered_and_parts(load_declarations(paths))
     return Toolbox(offered, cache_entries, cache_bytes, parts)

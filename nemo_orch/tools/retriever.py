@@ -105,8 +105,9 @@ def read_corpus(path: str | Path) -> list[Document]:
         if title is not None and not isinstance(title, str):
             raise RetrievalError(f"{where}: 'title' must be a string")
         if doc_id in first_seen:
-            raise RetrievalError(f"{where}: duplicate id {doc_id!r} (first at "
-                                 f"{first_seen[doc_id]})")
+            raise RetrievalError(
+                f"{where}: duplicate id {doc_id!r} (first at {first_seen[doc_id]})"
+            )
         first_seen[doc_id] = where
         docs.append(Document(doc_id, text, title or None))
     return docs
@@ -145,11 +146,15 @@ def check_search(mode: str, score_threshold: float | None, has_sparse: bool = Tr
     if mode not in MODES:
         raise RetrievalError(f"unknown search mode {mode!r} ({', '.join(MODES)})")
     if score_threshold is not None and mode != "dense":
-        raise RetrievalError(f"a score threshold applies to the dense cosine score: search with "
-                             f"mode dense, not {mode} (its scores are fused ranks or BM25's)")
+        raise RetrievalError(
+            f"a score threshold applies to the dense cosine score: search with "
+            f"mode dense, not {mode} (its scores are fused ranks or BM25's)"
+        )
     if mode != "dense" and not has_sparse:
-        raise RetrievalError(f"the index is dense-only (no BM25 side): search with mode dense, "
-                             f"not {mode}, or import it with a BM25 side (index import --bm25)")
+        raise RetrievalError(
+            f"the index is dense-only (no BM25 side): search with mode dense, "
+            f"not {mode}, or import it with a BM25 side (index import --bm25)"
+        )
 
 
 class RetrievalIndex:
@@ -160,9 +165,16 @@ class RetrievalIndex:
     component's list goes before fusion.
     """
 
-    def __init__(self, docs: list[Document], dense: faiss.Index, sparse: bm25s.BM25 | None,
-                 encoder: Encoder, manifest: dict[str, Any], rrf_k: float = 60.0,
-                 candidates: int = 100) -> None:
+    def __init__(
+        self,
+        docs: list[Document],
+        dense: faiss.Index,
+        sparse: bm25s.BM25 | None,
+        encoder: Encoder,
+        manifest: dict[str, Any],
+        rrf_k: float = 60.0,
+        candidates: int = 100,
+    ) -> None:
         if rrf_k <= 0 or candidates < 1:
             raise RetrievalError("rrf_k must be > 0 and candidates >= 1")
         self.docs, self.dense, self.sparse = docs, dense, sparse
@@ -181,11 +193,18 @@ class RetrievalIndex:
         return self.sparse is not None
 
     @staticmethod
-    def _manifest(docs: list[Document], encoder: Encoder, corpus_sha256: str,
-                  sparse: bool) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, "encoder": encoder.describe(),
-                "dim": encoder.dim, "num_docs": len(docs), "corpus_sha256": corpus_sha256,
-                "sparse": sparse, **({"bm25": dict(_BM25_PARAMS)} if sparse else {})}
+    def _manifest(
+        docs: list[Document], encoder: Encoder, corpus_sha256: str, sparse: bool
+    ) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "encoder": encoder.describe(),
+            "dim": encoder.dim,
+            "num_docs": len(docs),
+            "corpus_sha256": corpus_sha256,
+            "sparse": sparse,
+            **({"bm25": dict(_BM25_PARAMS)} if sparse else {}),
+        }
 
     @staticmethod
     def _bm25(docs: list[Document]) -> bm25s.BM25:
@@ -194,20 +213,30 @@ class RetrievalIndex:
         return sparse
 
     @classmethod
-    def build(cls, docs: list[Document], encoder: Encoder, corpus_sha256: str = "",
-              **options: Any) -> RetrievalIndex:
+    def build(
+        cls, docs: list[Document], encoder: Encoder, corpus_sha256: str = "", **options: Any
+    ) -> RetrievalIndex:
         """Embed and index ``docs`` in memory."""
         texts = [doc.indexed_text for doc in docs]
         dense = faiss.IndexFlatIP(encoder.dim)
         for start in range(0, len(texts), _ENCODE_BATCH):
-            vectors = np.ascontiguousarray(encoder.encode(texts[start:start + _ENCODE_BATCH]),
-                                           dtype=np.float32)
+            vectors = np.ascontiguousarray(
+                encoder.encode(texts[start : start + _ENCODE_BATCH]), dtype=np.float32
+            )
             if vectors.shape != (min(_ENCODE_BATCH, len(texts) - start), encoder.dim):
-                raise RetrievalError(f"encoder {encoder.name} returned shape {vectors.shape}, "
-                                     f"expected (batch, {encoder.dim})")
+                raise RetrievalError(
+                    f"encoder {encoder.name} returned shape {vectors.shape}, "
+                    f"expected (batch, {encoder.dim})"
+                )
             dense.add(vectors)
-        return cls(docs, dense, cls._bm25(docs), encoder,
-                   cls._manifest(docs, encoder, corpus_sha256, sparse=True), **options)
+        return cls(
+            docs,
+            dense,
+            cls._bm25(docs),
+            encoder,
+            cls._manifest(docs, encoder, corpus_sha256, sparse=True),
+            **options,
+        )
 
     def save(self, out_dir: str | Path) -> Path:
         out_dir = Path(out_dir)
@@ -222,35 +251,46 @@ class RetrievalIndex:
         return out_dir
 
     @classmethod
-    def load(cls, directory: str | Path, encoder: EncoderChoice = "hashing",
-             **options: Any) -> RetrievalIndex:
+    def load(
+        cls, directory: str | Path, encoder: EncoderChoice = "hashing", **options: Any
+    ) -> RetrievalIndex:
         directory = Path(directory)
         try:
             manifest = json.loads((directory / MANIFEST).read_text())
         except (OSError, json.JSONDecodeError) as error:
-            raise RetrievalError(f"{directory}: not a retrieval index (cannot read {MANIFEST}: "
-                                 f"{error})") from None
+            raise RetrievalError(
+                f"{directory}: not a retrieval index (cannot read {MANIFEST}: {error})"
+            ) from None
         if manifest.get("format_version") != FORMAT_VERSION:
-            raise RetrievalError(f"{directory}: index format {manifest.get('format_version')!r}, "
-                                 f"this version reads {FORMAT_VERSION}; rebuild the index")
+            raise RetrievalError(
+                f"{directory}: index format {manifest.get('format_version')!r}, "
+                f"this version reads {FORMAT_VERSION}; rebuild the index"
+            )
         encoder = make_encoder(encoder)
         if manifest.get("encoder") != encoder.describe():
             raise RetrievalError(
                 f"{directory}: the index was built with encoder {manifest.get('encoder')}, but "
                 f"the configured encoder is {encoder.describe()}; use that encoder or rebuild "
-                "the index")
+                "the index"
+            )
         try:
             dense = faiss.read_index(str(directory / DENSE_FILE))
-            sparse = (bm25s.BM25.load(str(directory / SPARSE_DIR), show_progress=False)
-                      if manifest.get("sparse", True) else None)
+            sparse = (
+                bm25s.BM25.load(str(directory / SPARSE_DIR), show_progress=False)
+                if manifest.get("sparse", True)
+                else None
+            )
             with (directory / DOCS_FILE).open(encoding="utf-8") as handle:
-                docs = [Document(r["id"], r["text"], r.get("title"))
-                        for r in map(json.loads, handle)]
+                docs = [
+                    Document(r["id"], r["text"], r.get("title")) for r in map(json.loads, handle)
+                ]
         except (OSError, RuntimeError, ValueError, KeyError) as error:
             raise RetrievalError(f"{directory}: damaged index: {error}") from None
         if not len(docs) == dense.ntotal == manifest.get("num_docs"):
-            raise RetrievalError(f"{directory}: damaged index: {len(docs)} docs, {dense.ntotal} "
-                                 f"vectors, manifest says {manifest.get('num_docs')}")
+            raise RetrievalError(
+                f"{directory}: damaged index: {len(docs)} docs, {dense.ntotal} "
+                f"vectors, manifest says {manifest.get('num_docs')}"
+            )
         return cls(docs, dense, sparse, encoder, manifest, **options)
 
     # -- search
@@ -258,8 +298,9 @@ class RetrievalIndex:
     def _rows(self, allowed_ids: Iterable[str] | None) -> np.ndarray | None:
         if allowed_ids is None:
             return None
-        return np.array(sorted({self._row[i] for i in allowed_ids if i in self._row}),
-                        dtype=np.int64)
+        return np.array(
+            sorted({self._row[i] for i in allowed_ids if i in self._row}), dtype=np.int64
+        )
 
     def _gpu(self) -> faiss.Index | None:
         """A GPU copy of the dense index, made on first use when faiss-gpu sees a GPU."""
@@ -270,8 +311,9 @@ class RetrievalIndex:
                     self._gpu_index = faiss.index_cpu_to_all_gpus(self.dense)
             return self._gpu_index
 
-    def _dense_search(self, vectors: np.ndarray, depth: int,
-                      rows: np.ndarray | None) -> list[list[tuple[int, float]]]:
+    def _dense_search(
+        self, vectors: np.ndarray, depth: int, rows: np.ndarray | None
+    ) -> list[list[tuple[int, float]]]:
         """The ``depth`` best rows of each vector: one FAISS search for the whole batch."""
         if rows is None:
             gpu = self._gpu() if depth <= 2048 else None  # the GPU flat index's k limit
@@ -285,11 +327,18 @@ class RetrievalIndex:
             # hits come back whenever k allowed docs exist.
             params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(rows))
             scores, labels = self.dense.search(vectors, depth, params=params)
-        return [[(int(label), float(score)) for label, score in zip(row_labels, row_scores)
-                 if label >= 0] for row_labels, row_scores in zip(labels, scores)]
+        return [
+            [
+                (int(label), float(score))
+                for label, score in zip(row_labels, row_scores)
+                if label >= 0
+            ]
+            for row_labels, row_scores in zip(labels, scores)
+        ]
 
-    def _sparse_search(self, query: str, depth: int,
-                       rows: np.ndarray | None) -> list[tuple[int, float]]:
+    def _sparse_search(
+        self, query: str, depth: int, rows: np.ndarray | None
+    ) -> list[tuple[int, float]]:
         assert self.sparse is not None  # checked by check_search
         token_ids = self.sparse.get_tokens_ids(tokenize(query))
         if not token_ids:
@@ -305,17 +354,27 @@ class RetrievalIndex:
         order = sorted(candidates.tolist(), key=lambda row: (-scores[row], row))
         return [(row, float(scores[row])) for row in order]
 
-    def search(self, query: str, k: int = 5, allowed_ids: Iterable[str] | None = None,
-               mode: Mode = "hybrid", score_threshold: float | None = None) -> list[Hit]:
+    def search(
+        self,
+        query: str,
+        k: int = 5,
+        allowed_ids: Iterable[str] | None = None,
+        mode: Mode = "hybrid",
+        score_threshold: float | None = None,
+    ) -> list[Hit]:
         """The ``k`` best documents for ``query``, restricted to ``allowed_ids`` when given
         (unknown ids are ignored). ``mode`` picks one component alone; ``score_threshold``
         (dense mode only) keeps hits whose cosine score is above it."""
         return self.search_many([query], k, [allowed_ids], mode, score_threshold)[0]
 
-    def search_many(self, queries: Sequence[str], k: int = 5,
-                    allowed_ids: Sequence[Iterable[str] | None] | None = None,
-                    mode: Mode = "hybrid",
-                    score_threshold: float | None = None) -> list[list[Hit]]:
+    def search_many(
+        self,
+        queries: Sequence[str],
+        k: int = 5,
+        allowed_ids: Sequence[Iterable[str] | None] | None = None,
+        mode: Mode = "hybrid",
+        score_threshold: float | None = None,
+    ) -> list[list[Hit]]:
         """:meth:`search` for a batch: the queries are encoded in one call, and those searching
         the whole index share one FAISS search (a restricted one is searched on its own rows).
         ``allowed_ids``: one whitelist (or None) per query; None: no query is restricted."""
@@ -328,8 +387,9 @@ class RetrievalIndex:
         depths = [min(pool, max(k, self.candidates) if mode == "hybrid" else k) for pool in pools]
         dense: list[list[tuple[int, float]]] = [[] for _ in queries]
         if mode != "sparse" and queries:
-            vectors = np.ascontiguousarray(self.encoder.encode(list(queries), query=True),
-                                           dtype=np.float32)
+            vectors = np.ascontiguousarray(
+                self.encoder.encode(list(queries), query=True), dtype=np.float32
+            )
             open_ones = [i for i, restricted in enumerate(rows) if restricted is None]
             if open_ones and depths[open_ones[0]] > 0:
                 found = self._dense_search(vectors[open_ones], depths[open_ones[0]], None)
@@ -337,20 +397,24 @@ class RetrievalIndex:
                     dense[i] = ranked
             for i, restricted in enumerate(rows):
                 if restricted is not None and depths[i] > 0:
-                    dense[i] = self._dense_search(vectors[i:i + 1], depths[i], restricted)[0]
+                    dense[i] = self._dense_search(vectors[i : i + 1], depths[i], restricted)[0]
         results = []
         for i, query in enumerate(queries):
             if k < 1 or depths[i] == 0:
                 results.append([])
                 continue
             sparse = self._sparse_search(query, depths[i], rows[i]) if mode != "dense" else []
-            ranked = dense[i] if score_threshold is None else [
-                (row, score) for row, score in dense[i] if score > score_threshold]
+            ranked = (
+                dense[i]
+                if score_threshold is None
+                else [(row, score) for row, score in dense[i] if score > score_threshold]
+            )
             results.append(self._fuse(ranked, sparse, k, mode))
         return results
 
-    def _fuse(self, dense: list[tuple[int, float]], sparse: list[tuple[int, float]], k: int,
-              mode: str) -> list[Hit]:
+    def _fuse(
+        self, dense: list[tuple[int, float]], sparse: list[tuple[int, float]], k: int, mode: str
+    ) -> list[Hit]:
         found: dict[int, dict[str, Any]] = {}
         for component, ranked in (("dense", dense), ("sparse", sparse)):
             for rank, (row, score) in enumerate(ranked, start=1):
@@ -378,8 +442,9 @@ def _write_docs(docs: Sequence[Document], path: Path) -> None:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def build_index(corpus_path: str | Path, out_dir: str | Path,
-                encoder: EncoderChoice = "hashing") -> Path:
+def build_index(
+    corpus_path: str | Path, out_dir: str | Path, encoder: EncoderChoice = "hashing"
+) -> Path:
     """Build a retrieval index from a JSONL corpus and write it to ``out_dir`` (returned)."""
     corpus_path = Path(corpus_path)
     docs = read_corpus(corpus_path)
@@ -387,8 +452,13 @@ def build_index(corpus_path: str | Path, out_dir: str | Path,
     return index.save(out_dir)
 
 
-def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
-                 encoder: EncoderChoice, bm25: bool = False) -> Path:
+def import_index(
+    faiss_path: str | Path,
+    corpus_path: str | Path,
+    out_dir: str | Path,
+    encoder: EncoderChoice,
+    bm25: bool = False,
+) -> Path:
     """An existing FAISS index (row i embeds line i of its JSONL corpus, e.g. the reference's
     wiki or HLE index) as an index of ours in ``out_dir``: the FAISS file is linked (copied
     across file systems), the corpus rewritten as ``docs.jsonl``, the manifest names
@@ -401,17 +471,23 @@ def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str |
     except RuntimeError as error:
         raise RetrievalError(f"{faiss_path}: not a FAISS index: {error}") from None
     if dense.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise RetrievalError(f"{faiss_path}: the index scores by FAISS metric "
-                             f"{dense.metric_type}, not inner product (METRIC_INNER_PRODUCT = "
-                             f"{faiss.METRIC_INNER_PRODUCT}); retrieval ranks by cosine")
+        raise RetrievalError(
+            f"{faiss_path}: the index scores by FAISS metric "
+            f"{dense.metric_type}, not inner product (METRIC_INNER_PRODUCT = "
+            f"{faiss.METRIC_INNER_PRODUCT}); retrieval ranks by cosine"
+        )
     model = make_encoder(encoder)
     if dense.d != model.dim:
-        raise RetrievalError(f"dimension mismatch: {faiss_path} holds {dense.d}-dimensional "
-                             f"vectors, the encoder {model.describe()['type']} writes {model.dim}")
+        raise RetrievalError(
+            f"dimension mismatch: {faiss_path} holds {dense.d}-dimensional "
+            f"vectors, the encoder {model.describe()['type']} writes {model.dim}"
+        )
     docs = read_corpus(corpus_path)
     if dense.ntotal != len(docs):
-        raise RetrievalError(f"size mismatch: {faiss_path} holds {dense.ntotal} vectors, "
-                             f"{corpus_path} {len(docs)} documents")
+        raise RetrievalError(
+            f"size mismatch: {faiss_path} holds {dense.ntotal} vectors, "
+            f"{corpus_path} {len(docs)} documents"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)
     target = out_dir / DENSE_FILE
@@ -429,8 +505,12 @@ def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str |
     return out_dir
 
 
-def load_index(directory: str | Path, encoder: EncoderChoice = "hashing",
-               rrf_k: float = 60.0, candidates: int = 100) -> RetrievalIndex:
+def load_index(
+    directory: str | Path,
+    encoder: EncoderChoice = "hashing",
+    rrf_k: float = 60.0,
+    candidates: int = 100,
+) -> RetrievalIndex:
     """Load an index written by :func:`build_index` or :func:`import_index`; ``encoder`` must be
     the one it was built with (compared by ``describe()``)."""
     return RetrievalIndex.load(directory, encoder, rrf_k=rrf_k, candidates=candidates)
@@ -461,13 +541,19 @@ class SearchBatcher:
         self.index, self.max_batch = index, max_batch
         # Futures belong to one event loop; a tool may be called from several (one at a time).
         self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Search]] = (
-            weakref.WeakKeyDictionary())
+            weakref.WeakKeyDictionary()
+        )
         self._drains: set[asyncio.Task[None]] = set()
         self.batches = self.searches = 0  # how well batching works, for benchmarks
 
-    async def search(self, query: str, k: int, allowed: frozenset[str] | None = None,
-                     mode: Mode = "hybrid",
-                     score_threshold: float | None = None) -> list[Hit]:
+    async def search(
+        self,
+        query: str,
+        k: int,
+        allowed: frozenset[str] | None = None,
+        mode: Mode = "hybrid",
+        score_threshold: float | None = None,
+    ) -> list[Hit]:
         loop = asyncio.get_running_loop()
         waiting = self._waiting.setdefault(loop, [])
         request = _Search(query, k, allowed, mode, score_threshold, loop.create_future())
@@ -480,16 +566,22 @@ class SearchBatcher:
 
     async def _drain(self, waiting: list[_Search]) -> None:
         while waiting:
-            batch = waiting[:self.max_batch]
+            batch = waiting[: self.max_batch]
             groups: dict[tuple, list[_Search]] = {}
             for request in batch:
-                groups.setdefault((request.k, request.mode, request.score_threshold),
-                                  []).append(request)
+                groups.setdefault((request.k, request.mode, request.score_threshold), []).append(
+                    request
+                )
             for (k, mode, threshold), requests in groups.items():
                 try:
                     found = await asyncio.to_thread(
-                        self.index.search_many, [r.query for r in requests], k,
-                        [r.allowed for r in requests], mode, threshold)
+                        self.index.search_many,
+                        [r.query for r in requests],
+                        k,
+                        [r.allowed for r in requests],
+                        mode,
+                        threshold,
+                    )
                 except Exception as error:  # each caller gets the failure, the drain goes on
                     for request in requests:
                         if not request.future.done():
@@ -502,7 +594,7 @@ class SearchBatcher:
                         request.future.set_result(hits)
             # Removed only once searched, so callers arriving meanwhile see a non-empty list
             # and leave the scheduling to this drain.
-            del waiting[:len(batch)]
+            del waiting[: len(batch)]
 
 
 def format_hits(hits: Sequence[Hit], max_chars_per_doc: int) -> str:
@@ -523,14 +615,20 @@ def default_spec() -> ToolSpec:
     """The retriever as the policy sees it; deterministic, so the toolbox may cache results."""
     return ToolSpec(
         name="retriever",
-        description=("Search the local document collection. Returns the most relevant passages, "
-                     "each as '[doc-id] text'."),
+        description=(
+            "Search the local document collection. Returns the most relevant passages, "
+            "each as '[doc-id] text'."
+        ),
         parameters={
             "type": "object",
             "properties": {
                 "query": {"type": "string", "description": "What to search for."},
-                "top_k": {"type": "integer", "minimum": 1, "maximum": 20,
-                          "description": "How many passages to return (default 5)."},
+                "top_k": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 20,
+                    "description": "How many passages to return (default 5).",
+                },
             },
             "required": ["query"],
         },
@@ -549,27 +647,43 @@ class Retriever(BaseTool):
     an expert is. Concurrent calls search in batches of up to ``max_batch``
     (:class:`SearchBatcher`; 1: one search at a time)."""
 
-    def __init__(self, spec: ToolSpec | None = None, *, index_dir: str | Path | None = None,
-                 corpus: str | Path | None = None, encoder: EncoderChoice = "hashing",
-                 top_k: int = 5, max_top_k: int = 20, max_chars_per_doc: int = 400,
-                 rrf_k: float = 60.0, candidates: int = 100, mode: Mode = "hybrid",
-                 question_as_query: bool = False, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec | None = None,
+        *,
+        index_dir: str | Path | None = None,
+        corpus: str | Path | None = None,
+        encoder: EncoderChoice = "hashing",
+        top_k: int = 5,
+        max_top_k: int = 20,
+        max_chars_per_doc: int = 400,
+        rrf_k: float = 60.0,
+        candidates: int = 100,
+        mode: Mode = "hybrid",
+        question_as_query: bool = False,
+        max_batch: int = 256,
+    ) -> None:
         super().__init__(spec or default_spec())
         if (index_dir is None) == (corpus is None):
             raise RetrievalError("retriever: give exactly one of index_dir or corpus")
         check_search(mode, None)
         self.mode, self.question_as_query = mode, question_as_query
         if not 1 <= top_k <= max_top_k or max_chars_per_doc < 1:
-            raise RetrievalError("retriever: need 1 <= top_k <= max_top_k and "
-                                 "max_chars_per_doc >= 1")
+            raise RetrievalError(
+                "retriever: need 1 <= top_k <= max_top_k and max_chars_per_doc >= 1"
+            )
         self.top_k, self.max_top_k, self.max_chars_per_doc = top_k, max_top_k, max_chars_per_doc
         if index_dir is not None:
             self.index = load_index(index_dir, encoder, rrf_k=rrf_k, candidates=candidates)
         else:
             corpus = Path(corpus)
-            self.index = RetrievalIndex.build(read_corpus(corpus), make_encoder(encoder),
-                                              corpus_sha256=_sha256(corpus), rrf_k=rrf_k,
-                                              candidates=candidates)
+            self.index = RetrievalIndex.build(
+                read_corpus(corpus),
+                make_encoder(encoder),
+                corpus_sha256=_sha256(corpus),
+                rrf_k=rrf_k,
+                candidates=candidates,
+            )
         check_search(mode, None, self.index.has_sparse)
         self.batcher = SearchBatcher(self.index, max_batch)
 
@@ -582,12 +696,15 @@ class Retriever(BaseTool):
         top_k = arguments.get("top_k", self.top_k)
         if not errors and (not isinstance(query, str) or not query.strip()):
             errors.append("argument 'query' must be a non-empty string")
-        if not errors and (isinstance(top_k, bool) or not isinstance(top_k, int)
-                           or not 1 <= top_k <= self.max_top_k):
+        if not errors and (
+            isinstance(top_k, bool)
+            or not isinstance(top_k, int)
+            or not 1 <= top_k <= self.max_top_k
+        ):
             errors.append(f"argument 'top_k' must be an integer in [1, {self.max_top_k}]")
         if errors:
-            return ToolResult(error="; ".join(errors),
-                              latency_s=seconds_since(self.spec, start, context))
+            return ToolResult(
+                error="; ".join(errors), latency_s=seconds_since(self.spec, start, context)
+            )
         hits = await self.batcher.search(query, top_k, context.allowed_documents, self.mode)
-        return billed_result(self.spec, start, context,
-                             format_hits(hits, self.max_chars_per_doc))
+        return billed_result(self.spec, start, context, format_hits(hits, self.max_chars_per_doc))

@@ -73,24 +73,26 @@ def _describe(error: ValidationError) -> list[str]:
         return _describe(best_match(error.context))
     if not error.absolute_path and error.validator == "required":
         present = error.instance if isinstance(error.instance, dict) else {}
-        return [f"missing argument {name!r}" for name in error.validator_value
-                if name not in present]
+        return [
+            f"missing argument {name!r}" for name in error.validator_value if name not in present
+        ]
     if not error.absolute_path and error.validator == "additionalProperties":
         declared = error.schema.get("properties", {})
-        return [f"undeclared argument {name!r}" for name in error.instance
-                if name not in declared]
+        return [f"undeclared argument {name!r}" for name in error.instance if name not in declared]
     where = _where(error) or "arguments"
     if error.validator == "type":
         expected = error.validator_value
         listed = " or ".join(expected) if isinstance(expected, list) else expected
         return [f"argument {where!r} should be of type {listed}, got {error.instance!r}"]
     if error.validator == "enum":
-        return [f"argument {where!r} must be one of {error.validator_value}, "
-                f"got {error.instance!r}"]
+        return [
+            f"argument {where!r} must be one of {error.validator_value}, got {error.instance!r}"
+        ]
     bound = _BOUNDS.get(str(error.validator))
     if bound is not None:
-        return [f"argument {where!r} must be {bound} {error.validator_value}, "
-                f"got {error.instance!r}"]
+        return [
+            f"argument {where!r} must be {bound} {error.validator_value}, got {error.instance!r}"
+        ]
     return [f"argument {where!r}: {error.message}"]
 
 
@@ -110,8 +112,9 @@ def argument_errors(parameters: dict[str, Any], arguments: dict[str, Any]) -> li
                 if name not in error.schema.get("properties", {}):
                     found[order[name]] = ((0, 0, ""), f"undeclared argument {name!r}")
         else:
-            position = order.get(error.absolute_path[0], len(order)) if error.absolute_path \
-                else len(order)
+            position = (
+                order.get(error.absolute_path[0], len(order)) if error.absolute_path else len(order)
+            )
             rank = (len(error.absolute_path), error.validator != "type", _where(error))
             message = _describe(error)[0]
             if position not in found or rank < found[position][0]:
@@ -124,6 +127,13 @@ def integral(parameters: dict[str, Any], arguments: dict[str, Any]) -> dict[str,
     has one number type (``50.0`` is ``50``, which :func:`argument_errors` accepts), Python
     code that indexes or counts with it has two."""
     properties = parameters.get("properties", {})
-    return {name: int(value) if (isinstance(value, float) and value.is_integer()
-                                 and properties.get(name, {}).get("type") == "integer")
-            else value for name, value in arguments.items()}
+    return {
+        name: int(value)
+        if (
+            isinstance(value, float)
+            and value.is_integer()
+            and properties.get(name, {}).get("type") == "integer"
+        )
+        else value
+        for name, value in arguments.items()
+    }

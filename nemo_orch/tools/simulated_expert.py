@@ -69,8 +69,9 @@ class SimulatedModel:
         if not all(0 <= p <= 1 for p in [*self.accuracy.values(), self.distraction]):
             raise ToolError(f"{self.counterpart}: accuracies and distraction must be in [0, 1]")
         if self.mean_output_tokens < 1 or self.tokens_per_second <= 0:
-            raise ToolError(f"{self.counterpart}: mean_output_tokens must be >= 1 and "
-                            "tokens_per_second > 0")
+            raise ToolError(
+                f"{self.counterpart}: mean_output_tokens must be >= 1 and tokens_per_second > 0"
+            )
         try:
             check_context_budget(self.max_context_tokens)
         except ToolError as error:
@@ -101,10 +102,17 @@ def reading(metadata: dict[str, Any], observations: tuple[str, ...]) -> tuple[st
     present (else the task's ``difficulty``; default ``easy``) and how many observations hold
     no evidence at all."""
     items = evidence_items(metadata)
-    present = next((level for text, level in items
-                    if any(holds(observation, text) for observation in observations)), None)
-    unrelated = sum(not any(holds(observation, text) for text, _ in items)
-                    for observation in observations)
+    present = next(
+        (
+            level
+            for text, level in items
+            if any(holds(observation, text) for observation in observations)
+        ),
+        None,
+    )
+    unrelated = sum(
+        not any(holds(observation, text) for text, _ in items) for observation in observations
+    )
     return present or metadata.get("difficulty", "easy"), unrelated
 
 
@@ -129,8 +137,9 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
 WRITES = ("answer", "query", "code")
 
 
-def writing_chances(writes: str, model: SimulatedModel, metadata: dict[str, Any],
-                    observations: tuple[str, ...]) -> dict[str, float]:
+def writing_chances(
+    writes: str, model: SimulatedModel, metadata: dict[str, Any], observations: tuple[str, ...]
+) -> dict[str, float]:
     """What a query writer or coder handed ``observations`` may write for a task, each kind
     (``right``, ``wrong``, ``blind``) with its chance: the one rule the simulation draws from
     and the offline oracle enumerates."""
@@ -138,8 +147,7 @@ def writing_chances(writes: str, model: SimulatedModel, metadata: dict[str, Any]
         p = model.accuracy_on("easy")
         return {"right": p, "wrong": 1 - p}
     code = metadata["code"]
-    if code["needs"] and not any(holds(observation, code["needs"])
-                                 for observation in observations):
+    if code["needs"] and not any(holds(observation, code["needs"]) for observation in observations):
         return {"blind": 1.0}
     if code["right"] is None:
         return {"wrong": 1.0}
@@ -152,20 +160,28 @@ class SimulatedExpert(BaseTool):
     task's question, as when the expert is handed the task; a composite tool's prompt, which
     already carries the episode's context)."""
 
-    def __init__(self, spec: ToolSpec, models: dict[str, dict[str, Any]],
-                 prompt_overhead_tokens: int = 60, ends_episode: bool = False,
-                 writes: str = "answer", build: BuildSettings = BuildSettings()) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        models: dict[str, dict[str, Any]],
+        prompt_overhead_tokens: int = 60,
+        ends_episode: bool = False,
+        writes: str = "answer",
+        build: BuildSettings = BuildSettings(),
+    ) -> None:
         super().__init__(spec)
         if writes not in WRITES:
-            raise ToolError(f"{spec.name}: writes must be one of {', '.join(WRITES)}, got "
-                            f"{writes!r}")
+            raise ToolError(
+                f"{spec.name}: writes must be one of {', '.join(WRITES)}, got {writes!r}"
+            )
         self.writes = writes
         try:
             self.models = {alias: SimulatedModel(**options) for alias, options in models.items()}
         except TypeError as error:
             raise ToolError(f"{spec.name}: bad simulated model options: {error}") from None
-        self.pricing = {alias: model_pricing(m.counterpart, build.prices)
-                        for alias, m in self.models.items()}
+        self.pricing = {
+            alias: model_pricing(m.counterpart, build.prices) for alias, m in self.models.items()
+        }
         self.prompt_overhead_tokens = prompt_overhead_tokens
         self.ends_episode = ends_episode
 
@@ -180,8 +196,10 @@ class SimulatedExpert(BaseTool):
         if model is None:
             return ToolResult(error=f"unknown model {alias!r}; choose one of {sorted(self.models)}")
         if context.task is None or context.task.answer is None:
-            return ToolResult(error="the simulated expert only answers tasks with a reference "
-                              "answer (offline demo)")
+            return ToolResult(
+                error="the simulated expert only answers tasks with a reference "
+                "answer (offline demo)"
+            )
         question = arguments.get("question") or context.task.question
         # What fits its context is all it reads, pays for and can find the evidence in.
         observations = fit_observations(context.observations, model.max_context_tokens)
@@ -189,33 +207,51 @@ class SimulatedExpert(BaseTool):
         # query, the same program, right or wrong alike); different samples differ.
         rng = random.Random(zlib.crc32(f"{context.seed}|{context.episode_id}|{alias}".encode()))
         output, answer = self._write(model, context.task, observations, rng)
-        output_tokens = max(1, round(rng.lognormvariate(
-            math.log(model.mean_output_tokens), model.output_tokens_sigma)))
+        output_tokens = max(
+            1,
+            round(
+                rng.lognormvariate(math.log(model.mean_output_tokens), model.output_tokens_sigma)
+            ),
+        )
         # A composite's prompt already holds the context it was handed.
-        context_tokens = (0 if "question" in arguments else
-                          sum(len(observation) for observation in observations) // CHARS_PER_TOKEN)
-        usage = Usage(input_tokens=self.prompt_overhead_tokens + len(question) // 4
-                      + context_tokens, output_tokens=output_tokens)
+        context_tokens = (
+            0
+            if "question" in arguments
+            else sum(len(observation) for observation in observations) // CHARS_PER_TOKEN
+        )
+        usage = Usage(
+            input_tokens=self.prompt_overhead_tokens + len(question) // 4 + context_tokens,
+            output_tokens=output_tokens,
+        )
         # Simulated time: reported, not slept, so the demo runs fast.
         seconds = output_tokens / model.tokens_per_second
-        return ToolResult(output=output, usage=usage, latency_s=seconds,
-                          cost_usd=self.pricing[alias].cost(usage, 0.0)
-                          + self.spec.pricing.cost(Usage(), 0.0),
-                          answer=answer if self.ends_episode else None)
+        return ToolResult(
+            output=output,
+            usage=usage,
+            latency_s=seconds,
+            cost_usd=self.pricing[alias].cost(usage, 0.0) + self.spec.pricing.cost(Usage(), 0.0),
+            answer=answer if self.ends_episode else None,
+        )
 
-    def _write(self, model: SimulatedModel, task: Any, observations: tuple[str, ...],
-               rng: random.Random) -> tuple[str, str | None]:
+    def _write(
+        self, model: SimulatedModel, task: Any, observations: tuple[str, ...], rng: random.Random
+    ) -> tuple[str, str | None]:
         """Its reply, and the answer in it (None unless it writes answers)."""
         metadata = task.metadata
         if self.writes != "answer":
             chances = writing_chances(self.writes, model, metadata, observations)
             # A draw only where there is a choice: right with its chance, else wrong.
-            kind = (next(iter(chances)) if len(chances) == 1
-                    else "right" if rng.random() < chances["right"] else "wrong")
+            kind = (
+                next(iter(chances))
+                if len(chances) == 1
+                else "right"
+                if rng.random() < chances["right"]
+                else "wrong"
+            )
             if self.writes == "query":
                 return metadata["query"][0 if kind == "right" else 1], None
             return f"```python\n{metadata['code'][kind]}\n```", None
         level, unrelated = reading(metadata, observations)
-        correct = rng.random() < model.accuracy_on(level) * model.distraction ** unrelated
+        correct = rng.random() < model.accuracy_on(level) * model.distraction**unrelated
         answer = task.answer if correct else wrong_answer(task.answer, rng)
         return f"Answer: {answer}", answer

@@ -58,14 +58,20 @@ def default_spec(search_depth: str = "basic") -> ToolSpec:
         raise ToolError(f"web_search: search_depth must be one of {sorted(CREDITS_PER_SEARCH)}")
     return ToolSpec(
         name="web_search",
-        description=("Search the web. Returns the top results, each with its title, URL and a "
-                     "relevant excerpt."),
+        description=(
+            "Search the web. Returns the top results, each with its title, URL and a "
+            "relevant excerpt."
+        ),
         parameters={
             "type": "object",
             "properties": {
                 "query": {"type": "string", "description": "The search query."},
-                "max_results": {"type": "integer", "minimum": 1, "maximum": 20,
-                                "description": "How many results to return (default 5)."},
+                "max_results": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 20,
+                    "description": "How many results to return (default 5).",
+                },
             },
             "required": ["query"],
         },
@@ -79,27 +85,50 @@ def default_spec(search_depth: str = "basic") -> ToolSpec:
 class WebSearch(BaseTool):
     """Tavily web search with timeouts, bounded retries and a key that never leaks."""
 
-    def __init__(self, spec: ToolSpec | None = None, *, api_key_env: str = DEFAULT_KEY_ENV,
-                 base_url: str = DEFAULT_BASE_URL, search_depth: str = "basic",
-                 max_results: int = 5, max_chars_per_result: int = 500,
-                 request_timeout_s: float = 15.0, max_retries: int = 2,
-                 backoff_base_s: float = 0.5, backoff_max_s: float = 8.0,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec | None = None,
+        *,
+        api_key_env: str = DEFAULT_KEY_ENV,
+        base_url: str = DEFAULT_BASE_URL,
+        search_depth: str = "basic",
+        max_results: int = 5,
+        max_chars_per_result: int = 500,
+        request_timeout_s: float = 15.0,
+        max_retries: int = 2,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        seed: int | None = None,
+    ) -> None:
         super().__init__(spec or default_spec(search_depth))
         if search_depth not in CREDITS_PER_SEARCH:
             raise ToolError(f"web_search: search_depth must be one of {sorted(CREDITS_PER_SEARCH)}")
-        if (max_results < 1 or max_chars_per_result < 1 or request_timeout_s <= 0
-                or max_retries < 0 or backoff_base_s < 0 or backoff_max_s < backoff_base_s):
-            raise ToolError("web_search: need max_results, max_chars_per_result >= 1, "
-                            "request_timeout_s > 0, max_retries >= 0 and "
-                            "0 <= backoff_base_s <= backoff_max_s")
+        if (
+            max_results < 1
+            or max_chars_per_result < 1
+            or request_timeout_s <= 0
+            or max_retries < 0
+            or backoff_base_s < 0
+            or backoff_max_s < backoff_base_s
+        ):
+            raise ToolError(
+                "web_search: need max_results, max_chars_per_result >= 1, "
+                "request_timeout_s > 0, max_retries >= 0 and "
+                "0 <= backoff_base_s <= backoff_max_s"
+            )
         self.api_key_env = api_key_env
         self.search_depth = search_depth
         self.max_results = max_results
         self.max_chars_per_result = max_chars_per_result
-        self.client = JSONClient(base_url, api_key_env=api_key_env, timeout_s=request_timeout_s,
-                                 max_retries=max_retries, backoff_s=backoff_base_s,
-                                 max_backoff_s=backoff_max_s, seed=seed)
+        self.client = JSONClient(
+            base_url,
+            api_key_env=api_key_env,
+            timeout_s=request_timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_base_s,
+            max_backoff_s=backoff_max_s,
+            seed=seed,
+        )
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -110,18 +139,21 @@ class WebSearch(BaseTool):
             payload = await self.client.request("POST", "search", body)
         except HTTPError as error:
             if error.status in (401, 403):
-                raise _SearchFailed(f"Tavily rejected the API key in ${self.api_key_env} "
-                                    f"(HTTP {error.status})", error.kind) from None
+                raise _SearchFailed(
+                    f"Tavily rejected the API key in ${self.api_key_env} (HTTP {error.status})",
+                    error.kind,
+                ) from None
             if error.status is not None and error.status < 400:
-                raise _SearchFailed("Tavily sent a response that is not JSON",
-                                    error.kind) from None
+                raise _SearchFailed("Tavily sent a response that is not JSON", error.kind) from None
             if error.kind == CallKind.REFUSED:
-                raise _SearchFailed(f"Tavily refused the request (HTTP {error.status}): "
-                                    f"{error}", error.kind) from None
+                raise _SearchFailed(
+                    f"Tavily refused the request (HTTP {error.status}): {error}", error.kind
+                ) from None
             raise _SearchFailed(f"web search failed: {error}", error.kind) from None
         if not isinstance(payload, dict) or not isinstance(payload.get("results"), list):
-            raise _SearchFailed("Tavily sent a response without a 'results' list",
-                                CallKind.INFRA_ERROR)
+            raise _SearchFailed(
+                "Tavily sent a response without a 'results' list", CallKind.INFRA_ERROR
+            )
         return payload
 
     def _format(self, payload: dict[str, Any], max_results: int) -> str:
@@ -134,7 +166,7 @@ class WebSearch(BaseTool):
             title = " ".join(str(result.get("title") or "(untitled)").split())
             content = " ".join(str(result.get("content") or "").split())
             if len(content) > self.max_chars_per_result:
-                content = content[:self.max_chars_per_result].rstrip() + "..."
+                content = content[: self.max_chars_per_result].rstrip() + "..."
             lines.append(f"[{number}] {title} ({result.get('url') or 'no url'})\n{content}")
         return "\n".join(lines) if lines else "No results found."
 
@@ -145,23 +177,35 @@ class WebSearch(BaseTool):
         max_results = arguments.get("max_results", self.max_results)
         if not errors and (not isinstance(query, str) or not query.strip()):
             errors.append("argument 'query' must be a non-empty string")
-        if not errors and (isinstance(max_results, bool) or not isinstance(max_results, int)
-                           or max_results < 1):
+        if not errors and (
+            isinstance(max_results, bool) or not isinstance(max_results, int) or max_results < 1
+        ):
             errors.append("argument 'max_results' must be a positive integer")
         if errors:
-            return ToolResult(error="; ".join(errors), latency_s=seconds_since(self.spec, start, context))
+            return ToolResult(
+                error="; ".join(errors), latency_s=seconds_since(self.spec, start, context)
+            )
         if not os.environ.get(self.api_key_env, "").strip():
-            return ToolResult(error=f"web search is not configured: set the environment "
-                                    f"variable {self.api_key_env} to a Tavily API key",
-                              latency_s=seconds_since(self.spec, start, context),
-                              kind=CallKind.INFRA_ERROR)
-        body = {"query": query.strip(), "max_results": max_results,
-                "search_depth": self.search_depth}
+            return ToolResult(
+                error=f"web search is not configured: set the environment "
+                f"variable {self.api_key_env} to a Tavily API key",
+                latency_s=seconds_since(self.spec, start, context),
+                kind=CallKind.INFRA_ERROR,
+            )
+        body = {
+            "query": query.strip(),
+            "max_results": max_results,
+            "search_depth": self.search_depth,
+        }
         try:
             payload = await self._search(body)
         except _SearchFailed as error:
             logger.warning("web_search failed: %s", error)
-            return ToolResult(error=str(error), kind=error.kind,
-                              latency_s=seconds_since(self.spec, start, context))
-        return billed_result(self.spec, start, context,
-                             self.client.scrub(self._format(payload, max_results)))
+            return ToolResult(
+                error=str(error),
+                kind=error.kind,
+                latency_s=seconds_since(self.spec, start, context),
+            )
+        return billed_result(
+            self.spec, start, context, self.client.scrub(self._format(payload, max_results))
+        )

@@ -17,8 +17,9 @@ def stage_index(stages: list[CurriculumStage], rewards: list[float]) -> int:
         if index >= len(stages) - 1:
             break
         stage = stages[index]
-        if ((stage.until_step is not None and step >= stage.until_step)
-                or (stage.until_reward is not None and reward >= stage.until_reward)):
+        if (stage.until_step is not None and step >= stage.until_step) or (
+            stage.until_reward is not None and reward >= stage.until_reward
+        ):
             index += 1
     return index
 
@@ -32,5 +33,7 @@ def check_tools(stages: list[CurriculumStage], declared: list[str]) -> None:
     for index, stage in enumerate(stages):
         unknown = sorted(set(stage.tools or ()) - set(declared))
         if unknown:
-            raise ConfigError(f"grpo.curriculum[{index}].tools: {', '.join(unknown)} not "
-                              f"declared (declared: {', '.join(declared)})")
+            raise ConfigError(
+                f"grpo.curriculum[{index}].tools: {', '.join(unknown)} not "
+                f"declared (declared: {', '.join(declared)})"
+            )

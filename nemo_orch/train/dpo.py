@@ -75,39 +75,54 @@ class DPOSummary:
 def policy_config(config: Config) -> Config:
     """The config the Megatron policy is built from for this stage: the optimizer of
     ``dpo.optim``, its schedule over ``dpo.max_steps``."""
-    return dataclasses.replace(config, trainer=dataclasses.replace(
-        config.trainer, optim=config.dpo.optim, max_steps=config.dpo.max_steps))
+    return dataclasses.replace(
+        config,
+        trainer=dataclasses.replace(
+            config.trainer, optim=config.dpo.optim, max_steps=config.dpo.max_steps
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- pairs from rollouts
+
 
 def rollout_config(config: Config) -> Config:
     """GRPO's rollouts as one sampling round of ``dpo.tasks`` tasks with the policy's own
     choices: no refill of groups without spread (a task gives a pair or it does not), no
     validation, no forced exploration."""
-    grpo = dataclasses.replace(config.grpo, prompts_per_step=config.dpo.tasks,
-                               dynamic_sampling=False, val_interval=0, explore_share=0.0,
-                               explore_models=0.0)
+    grpo = dataclasses.replace(
+        config.grpo,
+        prompts_per_step=config.dpo.tasks,
+        dynamic_sampling=False,
+        val_interval=0,
+        explore_share=0.0,
+        explore_models=0.0,
+    )
     return dataclasses.replace(config, grpo=grpo)
 
 
 def prompt_messages(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase) -> int:
     """How many of the trajectory's leading messages its prompt tokens hold: those whose
     rendering (with the generation prompt) is the prompt's text."""
-    prompt = tokenizer.decode(trajectory.token_ids[:trajectory.prompt_length],
-                              skip_special_tokens=False)
+    prompt = tokenizer.decode(
+        trajectory.token_ids[: trajectory.prompt_length], skip_special_tokens=False
+    )
     for size in range(1, len(trajectory.messages) + 1):
         rendered = tokenizer.apply_chat_template(
-            trajectory.messages[:size], tools=trajectory.tools or None, tokenize=False,
-            add_generation_prompt=True)
+            trajectory.messages[:size],
+            tools=trajectory.tools or None,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         if rendered == prompt:
             return size
-    raise RolloutError(f"episode {trajectory.task_id}#{trajectory.sample}: no leading messages "
-                       "render as its prompt tokens")
+    raise RolloutError(
+        f"episode {trajectory.task_id}#{trajectory.sample}: no leading messages "
+        "render as its prompt tokens"
+    )
 
 
-def group_pair(group: Group, min_margin: float, tokenizer: PreTrainedTokenizerBase
-               ) -> Pair | None:
+def group_pair(group: Group, min_margin: float, tokenizer: PreTrainedTokenizerBase) -> Pair | None:
     """The pair of one task's scored group, None if it has none: the best episode (the first
     of them in sample order) is chosen, the worst of those that continue the same prompt with
     other tokens is rejected, if its reward is ``min_margin`` or more below. The extremes give
@@ -117,31 +132,49 @@ def group_pair(group: Group, min_margin: float, tokenizer: PreTrainedTokenizerBa
     differs (a user who opened differently); episodes without a policy token (an engine failure
     at the first turn) take no part, nor do those a failure outside the policy decided (which
     rollouts mask out of their groups already: a failing endpoint, user or judge)."""
-    episodes = [(trajectory, breakdown.reward) for trajectory, breakdown
-                in zip(group.trajectories, group.breakdowns)
-                if any(trajectory.loss_mask) and trajectory.infra_failure() is None]
+    episodes = [
+        (trajectory, breakdown.reward)
+        for trajectory, breakdown in zip(group.trajectories, group.breakdowns)
+        if any(trajectory.loss_mask) and trajectory.infra_failure() is None
+    ]
     if not episodes:
         return None
     chosen, chosen_reward = max(episodes, key=lambda episode: episode[1])
-    prompt = chosen.token_ids[:chosen.prompt_length]
-    rivals = [(trajectory, reward) for trajectory, reward in episodes
-              if trajectory.token_ids[:trajectory.prompt_length] == prompt
-              and trajectory.token_ids != chosen.token_ids]
+    prompt = chosen.token_ids[: chosen.prompt_length]
+    rivals = [
+        (trajectory, reward)
+        for trajectory, reward in episodes
+        if trajectory.token_ids[: trajectory.prompt_length] == prompt
+        and trajectory.token_ids != chosen.token_ids
+    ]
     if not rivals:
         return None
     rejected, rejected_reward = min(rivals, key=lambda episode: episode[1])
     if chosen_reward - rejected_reward < min_margin:
         return None
     size = prompt_messages(chosen, tokenizer)
-    tokens = PairTokens(prompt, *(SideTokens(t.token_ids[t.prompt_length:],
-                                             t.loss_mask[t.prompt_length:])
-                                  for t in (chosen, rejected)))
-    return Pair(group.task.id, chosen.messages[:size], chosen.messages[size:],
-                rejected.messages[size:], chosen.tools, chosen_reward, rejected_reward, tokens)
+    tokens = PairTokens(
+        prompt,
+        *(
+            SideTokens(t.token_ids[t.prompt_length :], t.loss_mask[t.prompt_length :])
+            for t in (chosen, rejected)
+        ),
+    )
+    return Pair(
+        group.task.id,
+        chosen.messages[:size],
+        chosen.messages[size:],
+        rejected.messages[size:],
+        chosen.tools,
+        chosen_reward,
+        rejected_reward,
+        tokens,
+    )
 
 
-def rollout_pairs(rollouts: Rollouts, min_margin: float,
-                  tokenizer: PreTrainedTokenizerBase) -> tuple[list[Pair], int]:
+def rollout_pairs(
+    rollouts: Rollouts, min_margin: float, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[Pair], int]:
     """One round of ``rollouts`` (built from :func:`rollout_config`): the pairs of its groups
     and how many tasks were rolled out."""
     groups = rollouts.step(0, None).generated
@@ -149,8 +182,9 @@ def rollout_pairs(rollouts: Rollouts, min_margin: float,
     return pairs, len(groups)
 
 
-def prepare_pairs(config: Config, tokenizer: PreTrainedTokenizerBase,
-                  reference: ReferenceModel) -> Path:
+def prepare_pairs(
+    config: Config, tokenizer: PreTrainedTokenizerBase, reference: ReferenceModel
+) -> Path:
     """The pair file: ``dpo.pairs_path``, else the stage's ``pairs.jsonl``, which rank 0 writes
     once (atomically; a resumed run reads it back) from the rollouts of the ``reference``, the
     starting policy, while the other ranks wait."""
@@ -171,7 +205,8 @@ def prepare_pairs(config: Config, tokenizer: PreTrainedTokenizerBase,
                 f"none of the {tasks} env={config.env.label} tasks' {config.rollout.group_size} "
                 f"episodes had rewards dpo.min_margin={dpo.min_margin} apart: no pairs; roll out "
                 "more tasks (dpo.tasks) or episodes (rollout.group_size), or lower "
-                "dpo.min_margin")
+                "dpo.min_margin"
+            )
         partial = path.with_suffix(".partial")
         write_pairs(partial, pairs)
         partial.rename(path)
@@ -182,37 +217,51 @@ def prepare_pairs(config: Config, tokenizer: PreTrainedTokenizerBase,
 
 # ----------------------------------------------------------------------------- samples
 
+
 def _sample(ids: list[int], mask: list[int]) -> Sample:
-    return {"tokens": torch.tensor(ids[:-1], dtype=torch.long),
-            "labels": torch.tensor(ids[1:], dtype=torch.long),
-            "loss_mask": torch.tensor(mask[1:], dtype=torch.float)}
+    return {
+        "tokens": torch.tensor(ids[:-1], dtype=torch.long),
+        "labels": torch.tensor(ids[1:], dtype=torch.long),
+        "loss_mask": torch.tensor(mask[1:], dtype=torch.float),
+    }
 
 
-def pair_sequences(tokenizer: PreTrainedTokenizerBase, pair: Pair, where: str
-                   ) -> list[tuple[list[int], list[int]]]:
+def pair_sequences(
+    tokenizer: PreTrainedTokenizerBase, pair: Pair, where: str
+) -> list[tuple[list[int], list[int]]]:
     """The chosen and the rejected sequence as (token ids, loss mask), the mask 1 on the
     side's policy tokens only. A pair with ``tokens`` keeps them (its prompt must be this
     tokenizer's rendering of the prompt messages); the others are rendered with the chat
     template, the loss on the sides' assistant tokens."""
     if pair.tokens is not None:
         prompt = pair.tokens.prompt
-        rendered = tokenizer.apply_chat_template(pair.prompt, tools=pair.tools or None,
-                                                 tokenize=False, add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            pair.prompt, tools=pair.tools or None, tokenize=False, add_generation_prompt=True
+        )
         if tokenizer.decode(prompt, skip_special_tokens=False) != rendered:
-            raise DataError(f"{where}: tokens.prompt does not decode to the prompt messages' "
-                            "rendering: the tokens are another tokenizer's, or another prompt's")
-        return [(prompt + side.ids, [0] * len(prompt) + side.loss_mask)
-                for side in (pair.tokens.chosen, pair.tokens.rejected)]
-    prompt = list(tokenizer.apply_chat_template(pair.prompt, tools=pair.tools or None,
-                                                tokenize=True, return_dict=True)["input_ids"])
+            raise DataError(
+                f"{where}: tokens.prompt does not decode to the prompt messages' "
+                "rendering: the tokens are another tokenizer's, or another prompt's"
+            )
+        return [
+            (prompt + side.ids, [0] * len(prompt) + side.loss_mask)
+            for side in (pair.tokens.chosen, pair.tokens.rejected)
+        ]
+    prompt = list(
+        tokenizer.apply_chat_template(
+            pair.prompt, tools=pair.tools or None, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
     sequences = []
     for side in SIDES:
         ids, mask = tokenize_conversation(tokenizer, pair.conversation(side))
-        if ids[:len(prompt)] != prompt:
-            raise DataError(f"{where}: the chat template does not render the prompt as the "
-                            f"start of the {side} conversation")
+        if ids[: len(prompt)] != prompt:
+            raise DataError(
+                f"{where}: the chat template does not render the prompt as the "
+                f"start of the {side} conversation"
+            )
         # An assistant message inside the prompt is context, not something to compare.
-        mask = [0] * len(prompt) + mask[len(prompt):]
+        mask = [0] * len(prompt) + mask[len(prompt) :]
         if not any(mask):
             raise DataError(f"{where}: the {side} side has no assistant token to compare")
         sequences.append((ids, mask))
@@ -223,8 +272,13 @@ class PairDataset(Dataset[tuple[Sample, Sample]]):
     """(chosen, rejected) samples, one per pair whose two sequences fit in ``max_length`` inputs
     (the rest are dropped and counted: a truncated side would compare what was never written)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[Pair],
-                 max_length: int, source: Path) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        pairs: Sequence[Pair],
+        max_length: int,
+        source: Path,
+    ) -> None:
         if tokenizer.pad_token_id is None:
             raise DataError("the tokenizer has no pad token")
         self.pad_id = tokenizer.pad_token_id
@@ -232,15 +286,18 @@ class PairDataset(Dataset[tuple[Sample, Sample]]):
         self.pairs: list[tuple[Sample, Sample]] = []
         for pair in pairs:
             (chosen, chosen_mask), (rejected, rejected_mask) = pair_sequences(
-                tokenizer, pair, f"{source}: pair {pair.id}")
+                tokenizer, pair, f"{source}: pair {pair.id}"
+            )
             # max_length inputs predict max_length labels: one token more than a side holds.
             if max(len(chosen), len(rejected)) > max_length + 1:
                 self.num_dropped += 1
                 continue
             self.pairs.append((_sample(chosen, chosen_mask), _sample(rejected, rejected_mask)))
         if not self.pairs:
-            raise DataError(f"{source}: all {len(pairs)} pairs are longer than the policy's "
-                            f"{max_length} positions")
+            raise DataError(
+                f"{source}: all {len(pairs)} pairs are longer than the policy's "
+                f"{max_length} positions"
+            )
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -249,16 +306,21 @@ class PairDataset(Dataset[tuple[Sample, Sample]]):
         return self.pairs[index]
 
 
-def micro_batches(pairs: Sequence[tuple[Sample, Sample]], micro_batch_size: int, pad_id: int,
-                  max_length: int) -> list[Batch]:
+def micro_batches(
+    pairs: Sequence[tuple[Sample, Sample]], micro_batch_size: int, pad_id: int, max_length: int
+) -> list[Batch]:
     """Micro-batches of ``micro_batch_size`` pairs, [2 x pairs, s]: chosen at row 2i, rejected
     at 2i + 1 (the loss pairs them up). All are padded to one length: a pipeline's micro-batches
     must share their shape."""
-    length = padded_length((len(side["tokens"]) for pair in pairs for side in pair),
-                           cap=max_length)
-    return [collate([side for pair in pairs[start:start + micro_batch_size] for side in pair],
-                    length, pad_id)
-            for start in range(0, len(pairs), micro_batch_size)]
+    length = padded_length((len(side["tokens"]) for pair in pairs for side in pair), cap=max_length)
+    return [
+        collate(
+            [side for pair in pairs[start : start + micro_batch_size] for side in pair],
+            length,
+            pad_id,
+        )
+        for start in range(0, len(pairs), micro_batch_size)
+    ]
 
 
 def add_reference_sums(batches: list[Batch], reference: ReferenceModel) -> None:
@@ -271,6 +333,7 @@ def add_reference_sums(batches: list[Batch], reference: ReferenceModel) -> None:
 
 # ----------------------------------------------------------------------------- the loop
 
+
 def run(config: Config) -> DPOSummary:
     """DPO from ``trainer.init_from`` into ``config.run.dir``, in its own process group. A pair
     file is read first, so a bad one fails before any model is built."""
@@ -279,8 +342,7 @@ def run(config: Config) -> DPOSummary:
         return train(config, context, pairs)
 
 
-def train(config: Config, context: ParallelContext, pairs: list[Pair] | None = None
-          ) -> DPOSummary:
+def train(config: Config, context: ParallelContext, pairs: list[Pair] | None = None) -> DPOSummary:
     """DPO inside a running parallel session (see :func:`run`); ``pairs``: those of
     ``dpo.pairs_path`` when already read."""
     config = policy_config(config)
@@ -295,11 +357,17 @@ def train(config: Config, context: ParallelContext, pairs: list[Pair] | None = N
     load_start_weights(reference.module, config.model, Path(config.trainer.init_from))
     pairs_path = prepare_pairs(config, tokenizer, reference)
     max_length = config.model.max_position_embeddings
-    dataset = PairDataset(tokenizer, read_pairs(pairs_path) if pairs is None else pairs,
-                          max_length, pairs_path)
+    dataset = PairDataset(
+        tokenizer, read_pairs(pairs_path) if pairs is None else pairs, max_length, pairs_path
+    )
     loss_fn = dpo_token_loss(dpo)
-    metrics = MetricsLogger.for_stage(config, "dpo", enabled=context.is_logging_rank,
-                                      start_step=start_step, max_steps=dpo.max_steps)
+    metrics = MetricsLogger.for_stage(
+        config,
+        "dpo",
+        enabled=context.is_logging_rank,
+        start_step=start_step,
+        max_steps=dpo.max_steps,
+    )
     per_rank = dpo.global_batch_size // config.parallel.dp
     records: list[dict[str, Any]] = []
     saved = resumed.path if resumed is not None else None
@@ -307,22 +375,42 @@ def train(config: Config, context: ParallelContext, pairs: list[Pair] | None = N
         for step in range(start_step + 1, dpo.max_steps + 1):
             faults.maybe_kill("step", step)
             indices = global_batch(dataset, step, dpo.global_batch_size, config.run.seed)
-            mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
-            batches = micro_batches([dataset[i] for i in mine], dpo.micro_batch_size,
-                                    dataset.pad_id, max_length)
+            mine = indices[context.dp_rank * per_rank : (context.dp_rank + 1) * per_rank]
+            batches = micro_batches(
+                [dataset[i] for i in mine], dpo.micro_batch_size, dataset.pad_id, max_length
+            )
             add_reference_sums(batches, reference)
             result = policy.train_step(batches, loss_fn)
-            record = {"loss": result.loss, **result.metrics, "grad_norm": result.grad_norm,
-                      "lr": result.lr, "pairs": result.num_tokens,
-                      "tokens": sum(batch["tokens"].numel() for batch in batches)
-                      * config.parallel.dp}
+            record = {
+                "loss": result.loss,
+                **result.metrics,
+                "grad_norm": result.grad_norm,
+                "lr": result.lr,
+                "pairs": result.num_tokens,
+                "tokens": sum(batch["tokens"].numel() for batch in batches) * config.parallel.dp,
+            }
             metrics.log(step, record)
             records.append(record)
             if step % dpo.save_interval == 0 or step == dpo.max_steps:
-                saved = checkpoint.save(config, step, policy.module, policy.optimizer,
-                                        policy.scheduler, tokenizer_dir=config.tokenizer_dir)
+                saved = checkpoint.save(
+                    config,
+                    step,
+                    policy.module,
+                    policy.optimizer,
+                    policy.scheduler,
+                    tokenizer_dir=config.tokenizer_dir,
+                )
     first, last = (records[0], records[-1]) if records else ({}, {})
-    return DPOSummary(start_step, max(start_step, dpo.max_steps), pairs_path, len(dataset),
-                      dataset.num_dropped, first.get("loss"), last.get("loss"),
-                      first.get("rewards/accuracies"), last.get("rewards/accuracies"), saved,
-                      config.run.dir)
+    return DPOSummary(
+        start_step,
+        max(start_step, dpo.max_steps),
+        pairs_path,
+        len(dataset),
+        dataset.num_dropped,
+        first.get("loss"),
+        last.get("loss"),
+        first.get("rewards/accuracies"),
+        last.get("rewards/accuracies"),
+        saved,
+        config.run.dir,
+    )

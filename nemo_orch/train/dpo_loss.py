@@ -26,15 +26,17 @@ from nemo_orch.config import DPOConfig
 from nemo_orch.train.policy import Batch, TokenLoss, TokenLossFn
 
 
-def preference_losses(chosen_logratios: torch.Tensor, rejected_logratios: torch.Tensor,
-                      config: DPOConfig) -> torch.Tensor:
+def preference_losses(
+    chosen_logratios: torch.Tensor, rejected_logratios: torch.Tensor, config: DPOConfig
+) -> torch.Tensor:
     """Per-pair loss from the log-ratios log pi - log ref of each side's sequence."""
     margin = chosen_logratios - rejected_logratios
     if config.loss_type == "ipo":
         return (margin - 1 / (2 * config.beta)) ** 2
     smoothing = config.label_smoothing
-    return (-(1 - smoothing) * F.logsigmoid(config.beta * margin)
-            - smoothing * F.logsigmoid(-config.beta * margin))
+    return -(1 - smoothing) * F.logsigmoid(config.beta * margin) - smoothing * F.logsigmoid(
+        -config.beta * margin
+    )
 
 
 def sequence_logprobs(logprobs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -57,12 +59,17 @@ def dpo_token_loss(config: DPOConfig) -> TokenLossFn:
         losses = preference_losses(chosen, rejected, config)
         with torch.no_grad():
             chosen_rewards, rejected_rewards = config.beta * chosen, config.beta * rejected
-            per_pair = {"rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
-                        "rewards/margins": chosen_rewards - rejected_rewards,
-                        "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
-                        "logps/chosen": logprobs[0::2], "logps/rejected": logprobs[1::2]}
+            per_pair = {
+                "rewards/chosen": chosen_rewards,
+                "rewards/rejected": rejected_rewards,
+                "rewards/margins": chosen_rewards - rejected_rewards,
+                "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
+                "logps/chosen": logprobs[0::2],
+                "logps/rejected": logprobs[1::2],
+            }
             sums = {key: value.detach().sum() for key, value in per_pair.items()}
-        return TokenLoss(losses.sum(), torch.tensor(len(losses), dtype=torch.int,
-                                                    device=losses.device), sums)
+        return TokenLoss(
+            losses.sum(), torch.tensor(len(losses), dtype=torch.int, device=losses.device), sums
+        )
 
     return token_loss

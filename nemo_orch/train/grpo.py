@@ -100,12 +100,14 @@ def policy_config(config: Config) -> Config:
     ``grpo.optim``, its schedule over GRPO's optimizer steps."""
     grpo = config.grpo
     trainer = dataclasses.replace(
-        config.trainer, optim=grpo.optim,
+        config.trainer,
+        optim=grpo.optim,
         max_steps=grpo.max_steps * grpo.updates_per_step * grpo.mini_batches,
-        micro_batch_size=grpo.micro_batch_size, global_batch_size=grpo.micro_batch_size
-        * config.parallel.dp, save_interval=grpo.save_interval)
+        micro_batch_size=grpo.micro_batch_size,
+        global_batch_size=grpo.micro_batch_size * config.parallel.dp,
+        save_interval=grpo.save_interval,
+    )
     return dataclasses.replace(config, trainer=trainer)
-
 
 
 def samples_of(groups: list[Group], config: Config) -> list[Sample]:
@@ -120,19 +122,31 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
         rewards = [b.reward for b in group.breakdowns]
         advantages = group_advantages(rewards, config.reward)
         spans = [_turn_spans(t.loss_mask) for t in group.trajectories]
-        steps = step_advantages([[tuple(t.token_ids[:start]) for start, _ in turns]
-                                 for t, turns in zip(group.trajectories, spans)],
-                                rewards, config.reward) if weight else [None] * len(spans)
+        steps = (
+            step_advantages(
+                [
+                    [tuple(t.token_ids[:start]) for start, _ in turns]
+                    for t, turns in zip(group.trajectories, spans)
+                ],
+                rewards,
+                config.reward,
+            )
+            if weight
+            else [None] * len(spans)
+        )
         for trajectory, breakdown, advantage, turns, credit in zip(
-                group.trajectories, group.breakdowns, advantages, spans, steps):
+            group.trajectories, group.breakdowns, advantages, spans, steps
+        ):
             if trajectory_drop_reason(breakdown, config.reward) or not any(trajectory.loss_mask):
                 continue
-            ids, mask, logprobs = (trajectory.token_ids, trajectory.loss_mask,
-                                   trajectory.logprobs)
-            driven = (trajectory.decision_mask if config.grpo.advantage_tokens == "decisions"
-                      else mask)
-            sampled = [flag * (1 - forced) for flag, forced
-                       in zip(mask, trajectory.forced_mask or [0] * len(mask))]
+            ids, mask, logprobs = (trajectory.token_ids, trajectory.loss_mask, trajectory.logprobs)
+            driven = (
+                trajectory.decision_mask if config.grpo.advantage_tokens == "decisions" else mask
+            )
+            sampled = [
+                flag * (1 - forced)
+                for flag, forced in zip(mask, trajectory.forced_mask or [0] * len(mask))
+            ]
             sample_id = f"{trajectory.task_id}/{trajectory.sample}"
             if config.grpo.sample_mode == "trajectory":
                 per_token = None
@@ -140,16 +154,35 @@ def samples_of(groups: list[Group], config: Config) -> list[Sample]:
                     per_token = [0.0] * len(ids)
                     for (start, end), turn_credit in zip(turns, credit):
                         per_token[start:end] = [weight * turn_credit] * (end - start)
-                samples.append(Sample(ids, mask, logprobs, advantage, driven, sample_id,
-                                      breakdown.reward, sampled, per_token))
+                samples.append(
+                    Sample(
+                        ids,
+                        mask,
+                        logprobs,
+                        advantage,
+                        driven,
+                        sample_id,
+                        breakdown.reward,
+                        sampled,
+                        per_token,
+                    )
+                )
                 continue
             for turn, (start, end) in enumerate(turns):
                 turn_mask = [1 if start <= i < end else 0 for i in range(end)]
                 turn_advantage = advantage + (weight * credit[turn] if credit else 0.0)
-                samples.append(Sample(ids[:end], turn_mask, logprobs[:end], turn_advantage,
-                                      [a * b for a, b in zip(turn_mask, driven)],
-                                      f"{sample_id}/{turn}", breakdown.reward,
-                                      [a * b for a, b in zip(turn_mask, sampled)]))
+                samples.append(
+                    Sample(
+                        ids[:end],
+                        turn_mask,
+                        logprobs[:end],
+                        turn_advantage,
+                        [a * b for a, b in zip(turn_mask, driven)],
+                        f"{sample_id}/{turn}",
+                        breakdown.reward,
+                        [a * b for a, b in zip(turn_mask, sampled)],
+                    )
+                )
     return samples
 
 
@@ -164,8 +197,9 @@ def _turn_spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int,
-                  one_length: bool = False) -> list[Batch]:
+def micro_batches(
+    samples: list[Sample], micro_batch_size: int, pad_id: int, one_length: bool = False
+) -> list[Batch]:
     """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label.
 
     Samples are grouped by length and each micro-batch is padded to its longest, so one long
@@ -176,32 +210,44 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_id: int,
     step_length = padded_length(len(s.token_ids) - 1 for s in samples)
     batches = []
     for start in range(0, len(samples), micro_batch_size):
-        chunk = samples[start:start + micro_batch_size]
-        length = step_length if one_length else padded_length(len(s.token_ids) - 1
-                                                              for s in chunk)
+        chunk = samples[start : start + micro_batch_size]
+        length = step_length if one_length else padded_length(len(s.token_ids) - 1 for s in chunk)
 
-        def column(values: list[list[float]], fill: float, dtype: torch.dtype,
-                   length: int = length) -> torch.Tensor:
-            return torch.tensor([row + [fill] * (length - len(row)) for row in values],
-                                dtype=dtype)
+        def column(
+            values: list[list[float]], fill: float, dtype: torch.dtype, length: int = length
+        ) -> torch.Tensor:
+            return torch.tensor([row + [fill] * (length - len(row)) for row in values], dtype=dtype)
 
         mask = column([s.loss_mask[1:] for s in chunk], 0, torch.float)
         advantage_mask = column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
-        batches.append({
-            "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
-            "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
-            "loss_mask": mask,
-            "kl_mask": column([(s.loss_mask if s.sampled_mask is None else s.sampled_mask)[1:]
-                               for s in chunk], 0, torch.float),
-            "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
-            "advantage_mask": advantage_mask,
-            "advantages": advantage_mask * (
-                torch.tensor([[s.advantage] for s in chunk])
-                + column([(s.step_advantages or [0.0] * len(s.token_ids))[1:] for s in chunk],
-                         0.0, torch.float)),
-            "rewards": _on_last_token(mask, [s.reward for s in chunk]),
-            "position_ids": torch.arange(length).repeat(len(chunk), 1),
-        })
+        batches.append(
+            {
+                "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
+                "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
+                "loss_mask": mask,
+                "kl_mask": column(
+                    [
+                        (s.loss_mask if s.sampled_mask is None else s.sampled_mask)[1:]
+                        for s in chunk
+                    ],
+                    0,
+                    torch.float,
+                ),
+                "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
+                "advantage_mask": advantage_mask,
+                "advantages": advantage_mask
+                * (
+                    torch.tensor([[s.advantage] for s in chunk])
+                    + column(
+                        [(s.step_advantages or [0.0] * len(s.token_ids))[1:] for s in chunk],
+                        0.0,
+                        torch.float,
+                    )
+                ),
+                "rewards": _on_last_token(mask, [s.reward for s in chunk]),
+                "position_ids": torch.arange(length).repeat(len(chunk), 1),
+            }
+        )
     return batches
 
 
@@ -219,13 +265,14 @@ def _even_split(samples: list[Sample], parts: int, rng: random.Random) -> list[l
     samples = samples[:]
     rng.shuffle(samples)
     size = len(samples) // parts
-    return [samples[i * size:(i + 1) * size] for i in range(parts)]
+    return [samples[i * size : (i + 1) * size] for i in range(parts)]
 
 
 # ----------------------------------------------------------------------------- metrics
 
 
 # ----------------------------------------------------------------------------- the loop
+
 
 def _start(policy: Policy, config: Config) -> checkpoint.Checkpoint | None:
     """Resume from this stage's latest checkpoint (returned), or start from
@@ -255,15 +302,22 @@ def start_model(config: Config, command: str = "grpo") -> Config:
     names."""
     init_from, tokenizer_dir = start_point(config, command)
     architecture = start_architecture(init_from, config.model)
-    changed = [f"{name} {getattr(config.model, name)} -> {value}"
-               for name, value in architecture.items() if getattr(config.model, name) != value]
+    changed = [
+        f"{name} {getattr(config.model, name)} -> {value}"
+        for name, value in architecture.items()
+        if getattr(config.model, name) != value
+    ]
     if changed:
         log.info("model.* from the starting weights %s: %s", init_from, ", ".join(changed))
-    tokenizer = dataclasses.replace(config.tokenizer, path=str(tokenizer_dir),
-                                    vocab_size=len(load_tokenizer(tokenizer_dir)))
-    return config_lib.replace(config, model=dataclasses.replace(config.model, **architecture),
-                              tokenizer=tokenizer, trainer=dataclasses.replace(
-                                  config.trainer, init_from=str(init_from)))
+    tokenizer = dataclasses.replace(
+        config.tokenizer, path=str(tokenizer_dir), vocab_size=len(load_tokenizer(tokenizer_dir))
+    )
+    return config_lib.replace(
+        config,
+        model=dataclasses.replace(config.model, **architecture),
+        tokenizer=tokenizer,
+        trainer=dataclasses.replace(config.trainer, init_from=str(init_from)),
+    )
 
 
 def start_point(config: Config, command: str = "grpo") -> tuple[Path, Path]:
@@ -271,8 +325,10 @@ def start_point(config: Config, command: str = "grpo") -> tuple[Path, Path]:
     tokenizer their token ids belong to: the checkpoint's own, the HF directory's, else
     ``tokenizer.path``."""
     if config.trainer.init_from is None:
-        raise ConfigError(f"nemo-orch {command} needs trainer.init_from: a nemo-orch checkpoint "
-                          "(e.g. runs/tiny-sft/sft/checkpoints) or an HF model directory")
+        raise ConfigError(
+            f"nemo-orch {command} needs trainer.init_from: a nemo-orch checkpoint "
+            "(e.g. runs/tiny-sft/sft/checkpoints) or an HF model directory"
+        )
     source = Path(config.trainer.init_from)
     if (source / "tokenizer.json").is_file():
         return source, source
@@ -300,22 +356,32 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     reference = ReferenceModel(config, context)
     # The reference is the stage's starting point (the SFT policy), also on resume.
     load_start_weights(reference.module, config.model, Path(config.trainer.init_from))
-    critic = (ppo.start_critic(config, context, resumed.step if resumed is not None else None)
-              if grpo.algo == "ppo" else None)
-    hf = weights.gather_hf_weights(policy.module, config.model,
-                                   config.rollout.refit_bucket_mb)
+    critic = (
+        ppo.start_critic(config, context, resumed.step if resumed is not None else None)
+        if grpo.algo == "ppo"
+        else None
+    )
+    hf = weights.gather_hf_weights(policy.module, config.model, config.rollout.refit_bucket_mb)
     # What a resumed run needs from the steps before it: every step's mean reward (the
     # curriculum's stage depends on them) and the last step's choices (exploration's).
     logged = logged_steps(config.run.dir, start_step)
     history = [record.get("reward", math.nan) for record in logged]
     # Rank 0 rolls out; every rank trains on what it broadcasts.
     rollouts = build_rollouts(config, tokenizer, hf, logged) if distributed.is_writer() else None
-    metrics = MetricsLogger.for_stage(config, grpo.algo, enabled=context.is_logging_rank,
-                                      start_step=start_step, max_steps=grpo.max_steps,
-                                      shown=("reward", "kl", "loss"))
+    metrics = MetricsLogger.for_stage(
+        config,
+        grpo.algo,
+        enabled=context.is_logging_rank,
+        start_step=start_step,
+        max_steps=grpo.max_steps,
+        shown=("reward", "kl", "loss"),
+    )
     # PPO with the KL in the reward: none in the policy loss.
-    loss_fn = grpo_token_loss(dataclasses.replace(grpo, kl_coef=0.0) if grpo.ppo is not None
-                              and grpo.ppo.use_kl_in_reward else grpo)
+    loss_fn = grpo_token_loss(
+        dataclasses.replace(grpo, kl_coef=0.0)
+        if grpo.ppo is not None and grpo.ppo.use_kl_in_reward
+        else grpo
+    )
     rewards, saved = [], resumed.path if resumed is not None else None
     before_update = None  # the weights before the last update (with grpo.kl_guard)
     ahead = grpo.async_grpo.enabled
@@ -323,20 +389,35 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
     preemption.listen()
     with rollouts or contextlib.nullcontext(), contextlib.closing(metrics):
         if rollouts is not None and ahead:
-            rollouts.run_ahead(start_step + 1, grpo.max_steps,
-                               lambda: curriculum.stage_tools(grpo.curriculum, history))
+            rollouts.run_ahead(
+                start_step + 1,
+                grpo.max_steps,
+                lambda: curriculum.stage_tools(grpo.curriculum, history),
+            )
         for step in range(start_step + 1, grpo.max_steps + 1):
             faults.maybe_kill("step", step)
             started = time.perf_counter()
             shared = [None]
             if rollouts is not None:
-                batch = (rollouts.take(step) if ahead else
-                         rollouts.step(step, curriculum.stage_tools(grpo.curriculum, history)))
-                shared = [(samples_of(batch.kept, config), {
-                    **batch.metrics(config.reward),
-                    "curriculum/stage": curriculum.stage_index(grpo.curriculum, history)})]
-                trained_log.add(step, [sample.sample_id for sample in shared[0][0]],
-                                [group.task.id for group in batch.dropped_stale])
+                batch = (
+                    rollouts.take(step)
+                    if ahead
+                    else rollouts.step(step, curriculum.stage_tools(grpo.curriculum, history))
+                )
+                shared = [
+                    (
+                        samples_of(batch.kept, config),
+                        {
+                            **batch.metrics(config.reward),
+                            "curriculum/stage": curriculum.stage_index(grpo.curriculum, history),
+                        },
+                    )
+                ]
+                trained_log.add(
+                    step,
+                    [sample.sample_id for sample in shared[0][0]],
+                    [group.task.id for group in batch.dropped_stale],
+                )
                 rollouts.sleep()
             if dist.get_world_size() > 1:
                 dist.broadcast_object_list(shared, src=0)
@@ -345,22 +426,36 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
 
             train_started = time.perf_counter()
             start = policy.copy_weights() if grpo.kl_guard is not None else None
-            trained = _update(policy, reference, loss_fn, samples, config, step,
-                              context.dp_rank, tokenizer.pad_token_id, rollback=before_update,
-                              critic=critic)
+            trained = _update(
+                policy,
+                reference,
+                loss_fn,
+                samples,
+                config,
+                step,
+                context.dp_rank,
+                tokenizer.pad_token_id,
+                rollback=before_update,
+                critic=critic,
+            )
             if "skipped_update" not in trained:  # what the guard rolls back to
                 before_update = start
             train_seconds = time.perf_counter() - train_started
 
             step_metrics.update(trained)
-            step_metrics.update({"time/rollout_s": rollout_seconds,
-                                 "time/train_s": train_seconds,
-                                 "samples": len(samples)})
+            step_metrics.update(
+                {
+                    "time/rollout_s": rollout_seconds,
+                    "time/train_s": train_seconds,
+                    "samples": len(samples),
+                }
+            )
             # Before the refit: rollouts run ahead read the curriculum's stage from it.
             history.append(step_metrics.get("reward", math.nan))
             refit_started = time.perf_counter()
-            stream = weights.hf_weight_buckets(policy.module, config.model,
-                                               config.rollout.refit_bucket_mb << 20)
+            stream = weights.hf_weight_buckets(
+                policy.module, config.model, config.rollout.refit_bucket_mb << 20
+            )
             if rollouts is not None:
                 rollouts.refit(stream, version=step)
             else:
@@ -375,33 +470,57 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
             if step % grpo.save_interval == 0 or step == grpo.max_steps or stopping:
                 if critic is not None:
                     ppo.save_critic(config, step, critic)
-                saved = checkpoint.save(config, step, policy.module, policy.optimizer,
-                                        policy.scheduler, tokenizer_dir=config.tokenizer_dir)
+                saved = checkpoint.save(
+                    config,
+                    step,
+                    policy.module,
+                    policy.optimizer,
+                    policy.scheduler,
+                    tokenizer_dir=config.tokenizer_dir,
+                )
             if stopping:
                 raise preemption.StopRequested(step, saved)
-    return GRPOSummary(start_step, max(start_step, grpo.max_steps),
-                       rewards[0] if rewards else None, rewards[-1] if rewards else None,
-                       saved, config.run.dir)
+    return GRPOSummary(
+        start_step,
+        max(start_step, grpo.max_steps),
+        rewards[0] if rewards else None,
+        rewards[-1] if rewards else None,
+        saved,
+        config.run.dir,
+    )
 
 
 def _check_backend(config: Config) -> None:
     """What runs only on one source of declared tools: Ray's workers build the configured
     tools (no domain's, no tau2's), and exploration forces choices of one toolbox."""
     sources = config.env.source_list()
-    if config.rollout.backend == "ray" and (len(sources) > 1 or sources[0].kind not in (
-            "offline", "qa", "tasks")):
-        raise ConfigError("rollout.backend=ray runs one environment with declared tools only "
-                          "(env=offline|qa|tasks); use rollout.backend=local for "
-                          f"env={config.env.label}")
+    if config.rollout.backend == "ray" and (
+        len(sources) > 1 or sources[0].kind not in ("offline", "qa", "tasks")
+    ):
+        raise ConfigError(
+            "rollout.backend=ray runs one environment with declared tools only "
+            "(env=offline|qa|tasks); use rollout.backend=local for "
+            f"env={config.env.label}"
+        )
     if config.grpo.explore_share > 0 and len(sources) > 1:
-        raise ConfigError("grpo.explore_share forces routing choices of one toolbox: it needs a "
-                          "single environment, not a mixture")
+        raise ConfigError(
+            "grpo.explore_share forces routing choices of one toolbox: it needs a "
+            "single environment, not a mixture"
+        )
 
 
-def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: list[Sample],
-            config: Config, step: int, dp_rank: int, pad_id: int,
-            rollback: list[torch.Tensor] | None = None,
-            critic: Critic | None = None) -> dict[str, float]:
+def _update(
+    policy: Policy,
+    reference: ReferenceModel,
+    loss_fn: Any,
+    samples: list[Sample],
+    config: Config,
+    step: int,
+    dp_rank: int,
+    pad_id: int,
+    rollback: list[torch.Tensor] | None = None,
+    critic: Critic | None = None,
+) -> dict[str, float]:
     """``updates_per_step`` passes of ``mini_batches`` optimizer steps over this DP rank's share
     of the samples, with old and reference logprobs computed before the first update; none with
     ``grpo.kl_guard`` passed by the samples' mean KL to the reference before it
@@ -420,19 +539,20 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
     # The trainer's old logprobs, unless the engine's are the old ones or, with one update per
     # batch, this pass's own detached values are (see grpo_loss): that saves a forward pass.
     trainer_old = grpo.old_logprobs == "trainer" and not (
-        grpo.updates_per_step == 1 and grpo.mini_batches == 1)
+        grpo.updates_per_step == 1 and grpo.mini_batches == 1
+    )
     guarded = grpo.kl_guard is not None
     kl_sums = torch.zeros(2, dtype=torch.float64)  # the guard's KL sum and token count
     minis = []
     split = random.Random(derive_seed(config.run.seed, "mini", step))
     for mini in _even_split(samples, grpo.mini_batches, split):
         mine = _even_split(mini, dp, random.Random(0))[dp_rank]
-        mine = mine[:len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
-        batches = micro_batches(mine, grpo.micro_batch_size, pad_id,
-                                one_length=config.parallel.pp > 1)
+        mine = mine[: len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
+        batches = micro_batches(
+            mine, grpo.micro_batch_size, pad_id, one_length=config.parallel.pp > 1
+        )
         none = [None] * len(batches)
-        olds = (policy.forward_logprobs(batches) if trainer_old or guarded or kl_in_reward
-                else none)
+        olds = policy.forward_logprobs(batches) if trainer_old or guarded or kl_in_reward else none
         refs = reference.forward_logprobs(batches) if grpo.kl_coef > 0 or guarded else none
         values = critic.forward_values(batches) if critic is not None else none
         for batch, old, ref, value in zip(batches, olds, refs, values):
@@ -445,8 +565,11 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
                 batch["ref_logprobs"] = ref
             if value is not None:
                 batch["values"] = value
-            kl = (kl_penalty(old, ref, grpo.kl_type) * batch["kl_mask"] if old is not None
-                  and ref is not None and (kl_in_reward or guarded) else None)
+            kl = (
+                kl_penalty(old, ref, grpo.kl_type) * batch["kl_mask"]
+                if old is not None and ref is not None and (kl_in_reward or guarded)
+                else None
+            )
             if kl_in_reward and kl is not None:
                 batch["reward_kl"] = kl
             if guarded and kl is not None:
@@ -486,5 +609,8 @@ def _update(policy: Policy, reference: ReferenceModel, loss_fn: Any, samples: li
                 totals["critic/grad_norm"].append(result.grad_norm)
                 for key, value in result.metrics.items():
                     totals[key].append(value)
-    return {**{key: statistics.mean(values) for key, values in totals.items()},
-            "tokens": tokens, **guard}
+    return {
+        **{key: statistics.mean(values) for key, values in totals.items()},
+        "tokens": tokens,
+        **guard,
+    }

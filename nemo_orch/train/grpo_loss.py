@@ -46,8 +46,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str)
 
 
 def clipped_surrogate(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-    config: GRPOConfig,
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, config: GRPOConfig
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token policy loss -min(r A, clip(r) A) (dual-clipped at -dual_clip A where A < 0), the
     ratio r, and where each bound was active (``clip_frac_low``/``high``/``dual``)."""
@@ -61,8 +60,11 @@ def clipped_surrogate(
     cap = -advantages * config.dual_clip
     dual = negative & (loss > cap) if config.dual_clip > 0 else torch.zeros_like(negative)
     loss = torch.where(dual, cap, loss)
-    active = {"clip_frac_high": bound_active & ~negative, "clip_frac_low": bound_active & negative,
-              "clip_frac_dual": dual}
+    active = {
+        "clip_frac_high": bound_active & ~negative,
+        "clip_frac_low": bound_active & negative,
+        "clip_frac_dual": dual,
+    }
     return loss, ratio, active
 
 
@@ -77,21 +79,26 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
         mask = batch["loss_mask"].float()
         logprobs = -token_losses.float()
         old_logprobs = batch["old_logprobs"] if "old_logprobs" in batch else logprobs.detach()
-        surrogate, ratio, active = clipped_surrogate(logprobs, old_logprobs,
-                                                     batch["advantages"], config)
+        surrogate, ratio, active = clipped_surrogate(
+            logprobs, old_logprobs, batch["advantages"], config
+        )
         per_token: dict[str, torch.Tensor] = {}
         if config.importance_sampling_cap is not None:
-            behaviour = (old_logprobs - batch["engine_logprobs"]).detach().clamp(
-                -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp()
+            behaviour = (
+                (old_logprobs - batch["engine_logprobs"])
+                .detach()
+                .clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+                .exp()
+            )
             weight = behaviour.clamp(max=config.importance_sampling_cap)
             surrogate = surrogate * weight
-            per_token.update(is_weight_mean=weight,
-                             is_truncated_frac=(behaviour > weight).float())
+            per_token.update(is_weight_mean=weight, is_truncated_frac=(behaviour > weight).float())
         loss = surrogate
         per_token["policy_loss"] = surrogate
         if config.kl_coef > 0 or "ref_logprobs" in batch:
             kl = kl_penalty(logprobs, batch["ref_logprobs"], config.kl_type) * batch.get(
-                "kl_mask", mask)
+                "kl_mask", mask
+            )
             loss = loss + config.kl_coef * kl
             per_token.update(kl=kl, kl_loss=config.kl_coef * kl)
         with torch.no_grad():
@@ -100,8 +107,7 @@ def grpo_token_loss(config: GRPOConfig) -> TokenLossFn:
             if "engine_logprobs" in batch:
                 # Against the trainer's: this pass's where the old ones are the engine's.
                 trainer = logprobs if config.old_logprobs == "engine" else old_logprobs
-                per_token["engine_logprob_abs_diff"] = (batch["engine_logprobs"]
-                                                        - trainer).abs()
+                per_token["engine_logprob_abs_diff"] = (batch["engine_logprobs"] - trainer).abs()
             sums = {key: (value.detach() * mask).sum() for key, value in per_token.items()}
             maxima = {"ratio_max": ratio.masked_fill(mask == 0, 0.0).max()}
         return TokenLoss((loss * mask).sum(), mask.sum().to(torch.int), sums, maxima)

@@ -117,15 +117,25 @@ class StepBatch:
     trainer_idle_seconds: float | None = None
 
     def metrics(self, reward: RewardConfig) -> dict[str, float]:
-        ahead = {} if self.trainer_idle_seconds is None else {
-            "async/dropped_groups": len(self.dropped_stale),
-            "async/rollout_idle_s": self.rollout_idle_seconds,
-            "async/trainer_idle_s": self.trainer_idle_seconds,
-            **{f"async/age_{age}": count for age, count in sorted(self.ages.items())}}
-        return {**rollout_metrics(self.generated, self.stats), **self.environments,
-                "explore/forced_episodes": self.forced_episodes,
-                "sampling/skipped_context": self.skipped_context, **self.validation, **ahead,
-                **{f"choices/{key}": count for key, count in self.choices.items()}}
+        ahead = (
+            {}
+            if self.trainer_idle_seconds is None
+            else {
+                "async/dropped_groups": len(self.dropped_stale),
+                "async/rollout_idle_s": self.rollout_idle_seconds,
+                "async/trainer_idle_s": self.trainer_idle_seconds,
+                **{f"async/age_{age}": count for age, count in sorted(self.ages.items())},
+            }
+        )
+        return {
+            **rollout_metrics(self.generated, self.stats),
+            **self.environments,
+            "explore/forced_episodes": self.forced_episodes,
+            "sampling/skipped_context": self.skipped_context,
+            **self.validation,
+            **ahead,
+            **{f"choices/{key}": count for key, count in self.choices.items()},
+        }
 
     @property
     def masked(self) -> list[InfraFailure]:
@@ -142,13 +152,17 @@ class StepBatch:
         by_endpoint: dict[tuple[str, str], list[InfraFailure]] = defaultdict(list)
         for failure in masked:
             by_endpoint[failure.endpoint, failure.reason].append(failure)
-        named = "; ".join(f"{endpoint}: {len(failures)} x {reason} ({failures[0].detail[:160]})"
-                          for (endpoint, reason), failures in sorted(
-                              by_endpoint.items(), key=lambda item: -len(item[1])))
+        named = "; ".join(
+            f"{endpoint}: {len(failures)} x {reason} ({failures[0].detail[:160]})"
+            for (endpoint, reason), failures in sorted(
+                by_endpoint.items(), key=lambda item: -len(item[1])
+            )
+        )
         raise InfrastructureError(
             f"{len(masked)} of the {episodes} episodes of step {step} were decided by "
             f"infrastructure failures ({len(masked) / episodes:.0%} > "
-            f"rollout.max_infra_error_rate={max_rate:g}), rather than trained on: {named}")
+            f"rollout.max_infra_error_rate={max_rate:g}), rather than trained on: {named}"
+        )
 
 
 @dataclass
@@ -195,20 +209,35 @@ class Rollouts:
     made in the step before the first one (a resumed run's, from its log); ``version`` is the
     number of updates behind the engine's weights, which stamps every turn it writes."""
 
-    def __init__(self, config: Config, engine: Any, tokenizer: Any, mixture: Mixture,
-                 toolboxes: list[Any], pool: RayRolloutPool | None = None,
-                 previous_choices: Counter | None = None, version: int = 0) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: Any,
+        tokenizer: Any,
+        mixture: Mixture,
+        toolboxes: list[Any],
+        pool: RayRolloutPool | None = None,
+        previous_choices: Counter | None = None,
+        version: int = 0,
+    ) -> None:
         self.config, self.engine, self.tokenizer, self.pool = config, engine, tokenizer, pool
-        self.mixture, self.toolboxes = mixture, dict(zip(
-            (environment.name for environment in mixture.environments), toolboxes))
+        self.mixture, self.toolboxes = (
+            mixture,
+            dict(zip((environment.name for environment in mixture.environments), toolboxes)),
+        )
         self.settings = config.resolved_rollout()
         self.format = TurnFormat.for_tools(toolboxes[0].schemas())
         self.previous_choices = previous_choices or Counter()
         # A colocated GPU engine gives the GPUs back while the policy trains (RolloutConfig).
         self.colocated = config.rollout.colocate and isinstance(engine, Sleepable)
         # One batcher for the run: its engine calls and weight updates take turns.
-        self.batcher = None if pool is not None else GenerationBatcher(
-            engine, self.settings.max_batch_size, version, config.rollout.engine_threads)
+        self.batcher = (
+            None
+            if pool is not None
+            else GenerationBatcher(
+                engine, self.settings.max_batch_size, version, config.rollout.engine_threads
+            )
+        )
         self._loop: LoopThread | None = None  # started on entering
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
@@ -220,9 +249,14 @@ class Rollouts:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        (self.config.run.dir / NOTES).write_text(json.dumps(
-            {environment.name: environment.notes for environment in self.mixture.environments},
-            indent=1, default=str) + "\n")
+        (self.config.run.dir / NOTES).write_text(
+            json.dumps(
+                {environment.name: environment.notes for environment in self.mixture.environments},
+                indent=1,
+                default=str,
+            )
+            + "\n"
+        )
         try:
             self._call(self._each("close"))
         finally:
@@ -241,8 +275,7 @@ class Rollouts:
         if self.pool is not None:
             await getattr(self.pool, method)()
             return
-        await asyncio.gather(*(getattr(toolbox, method)()
-                               for toolbox in self.toolboxes.values()))
+        await asyncio.gather(*(getattr(toolbox, method)() for toolbox in self.toolboxes.values()))
         if method == "close":
             await self.batcher.close()
 
@@ -269,8 +302,9 @@ class Rollouts:
             batch.validation = await self.validate()
         return batch
 
-    def run_ahead(self, first_step: int, last_step: int,
-                  tools: Callable[[], list[str] | None]) -> None:
+    def run_ahead(
+        self, first_step: int, last_step: int, tools: Callable[[], list[str] | None]
+    ) -> None:
         """Roll out steps ``first_step``..``last_step`` on the loop, each as soon as the
         engine's weights are at most ``max_trajectory_age_steps`` updates older than those
         that will train on it (so up to ``max_trajectory_age_steps + 1`` steps' episodes are in
@@ -331,7 +365,10 @@ class Rollouts:
         if self.pool is not None:
             self.pool.update_weights(
                 {name: tensor for bucket in weights for name, tensor in bucket.items()}
-                if not isinstance(weights, Mapping) else weights, version)
+                if not isinstance(weights, Mapping)
+                else weights,
+                version,
+            )
         self._call(self._refit(weights, version))
 
     async def _refit(self, weights: WeightUpdate, version: int) -> None:
@@ -351,20 +388,26 @@ class Rollouts:
         for environment in self.mixture.environments:
             probe = environment.tasks("train", PROBE_TASKS, self.config.run.seed)
             if not probe:
-                raise ConfigError(f"env {environment.name}: no training tasks (its train split "
-                                  "is empty: see env.val_fraction and env.limit)")
-            shortest = min(prompt_length(task, self.toolboxes[environment.name],
-                                         self.tokenizer) for task in probe)
+                raise ConfigError(
+                    f"env {environment.name}: no training tasks (its train split "
+                    "is empty: see env.val_fraction and env.limit)"
+                )
+            shortest = min(
+                prompt_length(task, self.toolboxes[environment.name], self.tokenizer)
+                for task in probe
+            )
             if shortest + self.settings.max_new_tokens > self.settings.max_context_tokens:
                 raise ConfigError(
                     f"env {environment.name}: no task's prompt fits the policy's context of "
                     f"{self.settings.max_context_tokens} tokens with rollout.max_new_tokens="
                     f"{self.settings.max_new_tokens} (the shortest of {len(probe)} takes "
                     f"{shortest} tokens: system prompt, tools and question); use a policy with "
-                    "more positions (model.max_position_embeddings) or shorter tasks")
+                    "more positions (model.max_position_embeddings) or shorter tasks"
+                )
 
-    def tasks(self, step: int, round_index: int, count: int,
-              tools: list[str] | None = None) -> list[Draw]:
+    def tasks(
+        self, step: int, round_index: int, count: int, tools: list[str] | None = None
+    ) -> list[Draw]:
         """The step's tasks by source, each renamed ``s<step>r<round>-<index>`` (per-episode
         state is keyed by task id: a task drawn again later is a new episode) and offering
         ``tools`` (None: all), without those whose prompt does not fit the context (noted in
@@ -390,8 +433,11 @@ class Rollouts:
         its environment states, as many as it drew (its share of the step stays)."""
         if not self.config.grpo.preference_sets:
             return drawn.tasks
-        return [task for drawn_task in drawn.tasks for task in
-                drawn.environment.under_each_preference(drawn_task)][:len(drawn.tasks)]
+        return [
+            task
+            for drawn_task in drawn.tasks
+            for task in drawn.environment.under_each_preference(drawn_task)
+        ][: len(drawn.tasks)]
 
     def forced_choices(self, num_tasks: int, previous: Counter) -> dict[tuple[int, int], Choice]:
         """The last ``explore_share`` of each group's samples start with the choice the policy
@@ -415,30 +461,53 @@ class Rollouts:
         calls = [call for call in trajectory.turns[0].calls if call.error is None]
         return choice_of(calls[0].tool, calls[0].arguments, self.format) if calls else None
 
-    async def _run(self, draws: list[Draw], seed: int,
-                   forced: dict[tuple[int, int], Choice]) -> list[Trajectory]:
+    async def _run(
+        self, draws: list[Draw], seed: int, forced: dict[tuple[int, int], Choice]
+    ) -> list[Trajectory]:
         """Every draw's groups, each source on its toolbox, the episodes numbered across the
         step as one call would (episode ``i`` gets seed ``seed + i``)."""
         size = self.settings.group_size
         if self.pool is not None:
-            return await self.pool.run(draws[0].tasks, size, seed=seed, forced_choices=forced,
-                                       explore_models=self.config.grpo.explore_models)
+            return await self.pool.run(
+                draws[0].tasks,
+                size,
+                seed=seed,
+                forced_choices=forced,
+                explore_models=self.config.grpo.explore_models,
+            )
         runs, start = [], 0
         for drawn in draws:
-            mine = {(task - start, sample): choice for (task, sample), choice in forced.items()
-                    if start <= task < start + len(drawn.tasks)}
-            runs.append(run_rollouts(drawn.tasks, size, self.engine,
-                                     self.toolboxes[drawn.environment.name], self.tokenizer,
-                                     self.settings, seed=seed + start * size,
-                                     batcher=self.batcher, forced_choices=mine,
-                                     explore_models=self.config.grpo.explore_models,
-                                     users=drawn.environment.users()))
+            mine = {
+                (task - start, sample): choice
+                for (task, sample), choice in forced.items()
+                if start <= task < start + len(drawn.tasks)
+            }
+            runs.append(
+                run_rollouts(
+                    drawn.tasks,
+                    size,
+                    self.engine,
+                    self.toolboxes[drawn.environment.name],
+                    self.tokenizer,
+                    self.settings,
+                    seed=seed + start * size,
+                    batcher=self.batcher,
+                    forced_choices=mine,
+                    explore_models=self.config.grpo.explore_models,
+                    users=drawn.environment.users(),
+                )
+            )
             start += len(drawn.tasks)
         return [t for trajectories in await asyncio.gather(*runs) for t in trajectories]
 
-    async def groups(self, step: int, round_index: int, count: int,
-                     tools: list[str] | None = None,
-                     previous: Counter | None = None) -> _Round:
+    async def groups(
+        self,
+        step: int,
+        round_index: int,
+        count: int,
+        tools: list[str] | None = None,
+        previous: Counter | None = None,
+    ) -> _Round:
         """One sampling round: ``count`` tasks' groups, scored, with what exploration forced
         (after the ``previous`` step's choices) and what the policy chose itself."""
         draws = self.tasks(step, round_index, count, tools)
@@ -448,7 +517,7 @@ class Rollouts:
         forced = self.forced_choices(len(tasks), previous or Counter())
         trajectories = await self._run(draws, seed, forced)
         size = self.settings.group_size
-        grouped = [trajectories[i * size:(i + 1) * size] for i in range(len(tasks))]
+        grouped = [trajectories[i * size : (i + 1) * size] for i in range(len(tasks))]
         made: Counter = Counter()
         for task_index, group in enumerate(grouped):
             for sample, trajectory in enumerate(group):
@@ -459,10 +528,11 @@ class Rollouts:
         # baseline among themselves; a group left with none is dropped, and refilled by
         # dynamic sampling where it is on).
         environments = {task.id: environment for task, environment in zip(tasks, sources)}
-        scored = await score_groups(tasks, grouped, self.config.reward,
-                                    self._outcome(environments))
-        groups = [Group.of(task, group, environment.name)
-                  for task, group, environment in zip(tasks, scored, sources)]
+        scored = await score_groups(tasks, grouped, self.config.reward, self._outcome(environments))
+        groups = [
+            Group.of(task, group, environment.name)
+            for task, group, environment in zip(tasks, scored, sources)
+        ]
         return _Round(groups, made, len(forced), count - len(tasks))
 
     def _outcome(self, environments: dict[str, Environment]) -> OutcomeFn:
@@ -482,28 +552,46 @@ class Rollouts:
         settings = dataclasses.replace(self.settings, temperature=0.0)
         metrics = {}
         for environment in self.mixture.environments:
-            tasks = [dataclasses.replace(task, id=f"val-{index:05d}") for index, task in
-                     enumerate(environment.tasks("validation", self.config.grpo.val_tasks,
-                                                 self.config.run.seed))]
+            tasks = [
+                dataclasses.replace(task, id=f"val-{index:05d}")
+                for index, task in enumerate(
+                    environment.tasks(
+                        "validation", self.config.grpo.val_tasks, self.config.run.seed
+                    )
+                )
+            ]
             tasks = [task for task in tasks if self.fits(task, environment.name)]
             if not tasks:
                 continue
-            trajectories = await run_rollouts(tasks, 1, self.engine,
-                                              self.toolboxes[environment.name], self.tokenizer,
-                                              settings, seed=self.config.run.seed,
-                                              batcher=self.batcher, users=environment.users())
-            scored = await asyncio.gather(*(environment.score(task, trajectory) for
-                                            task, trajectory in zip(tasks, trajectories)))
+            trajectories = await run_rollouts(
+                tasks,
+                1,
+                self.engine,
+                self.toolboxes[environment.name],
+                self.tokenizer,
+                settings,
+                seed=self.config.run.seed,
+                batcher=self.batcher,
+                users=environment.users(),
+            )
+            scored = await asyncio.gather(
+                *(
+                    environment.score(task, trajectory)
+                    for task, trajectory in zip(tasks, trajectories)
+                )
+            )
             prefix = f"val/{environment.name}"
-            decided = [infra_failure(t, result.outcome) is not None
-                       for t, result in zip(trajectories, scored)]
-            kept = [(t, result) for t, result, out in zip(trajectories, scored, decided)
-                    if not out]
+            decided = [
+                infra_failure(t, result.outcome) is not None
+                for t, result in zip(trajectories, scored)
+            ]
+            kept = [(t, result) for t, result, out in zip(trajectories, scored, decided) if not out]
             metrics[f"{prefix}/tasks"] = len(tasks)
             metrics[f"{prefix}/infra_decided"] = sum(decided)
             if kept:
                 metrics[f"{prefix}/accuracy"] = statistics.mean(
-                    float(result.outcome.correct) for _, result in kept)
+                    float(result.outcome.correct) for _, result in kept
+                )
                 metrics[f"{prefix}/usd_per_task"] = statistics.mean(t.cost_usd for t, _ in kept)
         return metrics
 
@@ -515,41 +603,56 @@ class Rollouts:
         rounds: list[_Round] = []
 
         async def more(count: int, round_index: int) -> list[Group]:
-            rounds.append(await self.groups(step, round_index, count, tools,
-                                            self.previous_choices))
+            rounds.append(await self.groups(step, round_index, count, tools, self.previous_choices))
             return rounds[-1].groups
 
         kept, stats = await fill_batch(
-            more, grpo.prompts_per_step, grpo.max_sampling_rounds if grpo.dynamic_sampling else 1,
-            lambda group: group_drop_reason(group.breakdowns, self.config.reward,
-                                            group_baseline=grpo.algo == "grpo"))
+            more,
+            grpo.prompts_per_step,
+            grpo.max_sampling_rounds if grpo.dynamic_sampling else 1,
+            lambda group: group_drop_reason(
+                group.breakdowns, self.config.reward, group_baseline=grpo.algo == "grpo"
+            ),
+        )
         choices = sum((r.choices for r in rounds), Counter())
         self.previous_choices = choices
         generated = [group for r in rounds for group in r.groups]
-        batch = StepBatch(kept, generated, stats, choices,
-                          sum(r.forced_episodes for r in rounds),
-                          sum(r.skipped_context for r in rounds),
-                          environment_metrics(self.mixture.environments, generated, kept,
-                                              self.config.reward))
+        batch = StepBatch(
+            kept,
+            generated,
+            stats,
+            choices,
+            sum(r.forced_episodes for r in rounds),
+            sum(r.skipped_context for r in rounds),
+            environment_metrics(self.mixture.environments, generated, kept, self.config.reward),
+        )
         batch.check_infrastructure(step, self.settings.max_infra_error_rate)
         return batch
 
 
-def build_rollouts(config: Config, tokenizer: Any, hf: dict[str, torch.Tensor],
-                   logged: list[dict[str, Any]]) -> Rollouts:
+def build_rollouts(
+    config: Config, tokenizer: Any, hf: dict[str, torch.Tensor], logged: list[dict[str, Any]]
+) -> Rollouts:
     """Rank 0's :class:`Rollouts` for ``config``: its engine (or Ray pool) started from the
     policy's ``hf`` weights, its environments and their toolboxes, and the choices of the last
     ``logged`` step (a resumed run's, whose weights have had ``len(logged)`` updates), checked:
     every source has tasks that fit the context, and the curriculum names offered tools."""
-    pool = (_ray_pool(config, hf, tokenizer, len(logged)) if config.rollout.backend == "ray"
-            else None)
+    pool = (
+        _ray_pool(config, hf, tokenizer, len(logged)) if config.rollout.backend == "ray" else None
+    )
     engine = build_rollout_engine(config, hf, tokenizer) if pool is None else None
     mixture = build_mixture(config)
     toolboxes = [environment.toolbox() for environment in mixture.environments]
-    previous = Counter({key.removeprefix("choices/"): count for key, count in
-                        (logged[-1] if logged else {}).items() if key.startswith("choices/")})
-    rollouts = Rollouts(config, engine, tokenizer, mixture, toolboxes, pool, previous,
-                        version=len(logged))
+    previous = Counter(
+        {
+            key.removeprefix("choices/"): count
+            for key, count in (logged[-1] if logged else {}).items()
+            if key.startswith("choices/")
+        }
+    )
+    rollouts = Rollouts(
+        config, engine, tokenizer, mixture, toolboxes, pool, previous, version=len(logged)
+    )
     rollouts.check_sources()
     curriculum.check_tools(config.grpo.curriculum, list(toolboxes[0].tools))
     return rollouts
@@ -573,25 +676,34 @@ def episode_stats(trajectories: list[Trajectory]) -> dict[str, float]:
     turns = sum(len(t.turns) for t in trajectories)
     return {
         "usd_per_task": statistics.mean(t.cost_usd for t in trajectories),
-        "seconds_per_task": statistics.mean(t.tool_seconds + t.generation_seconds
-                                            for t in trajectories),
+        "seconds_per_task": statistics.mean(
+            t.tool_seconds + t.generation_seconds for t in trajectories
+        ),
         "format_error_rate": sum(sum(t.format_errors.values()) for t in trajectories)
         / max(turns, 1),
     }
 
 
-def environment_metrics(environments: list[Environment], generated: list[Group],
-                        kept: list[Group], reward: RewardConfig) -> dict[str, float]:
+def environment_metrics(
+    environments: list[Environment], generated: list[Group], kept: list[Group], reward: RewardConfig
+) -> dict[str, float]:
     """What each environment reports of the step's groups of its tasks (every group generated;
     the kept ones with the group advantages they train with)."""
     trained = {id(group) for group in kept}
     metrics: dict[str, float] = {}
     for environment in environments:
-        groups = [EpisodeGroup(group.task, group.trajectories,
-                               [b.reward for b in group.breakdowns],
-                               group_advantages([b.reward for b in group.breakdowns], reward)
-                               if id(group) in trained else None)
-                  for group in generated if group.source == environment.name]
+        groups = [
+            EpisodeGroup(
+                group.task,
+                group.trajectories,
+                [b.reward for b in group.breakdowns],
+                group_advantages([b.reward for b in group.breakdowns], reward)
+                if id(group) in trained
+                else None,
+            )
+            for group in generated
+            if group.source == environment.name
+        ]
         if groups:
             metrics.update(environment.rollout_metrics(groups))
     return metrics
@@ -602,20 +714,22 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     the masked episodes too, is counted by kind (``calls/<kind>``,
     ``call_rate/<kind>``) and the failed ones by tool (``call_errors``); the masked episodes by
     the failure that decided them (``masked/<reason>``) and their share (``masked/rate``)."""
-    metrics: dict[str, float] = {"sampling/rounds": stats.rounds,
-                                 **_call_metrics(groups)}
+    metrics: dict[str, float] = {"sampling/rounds": stats.rounds, **_call_metrics(groups)}
     episodes = [(g.task, t, b) for g in groups for t, b in zip(g.trajectories, g.breakdowns)]
     if not episodes:
         return {**metrics, "sampling/kept": 0}
-    metrics.update({
-        "reward": statistics.mean(b.reward for _, _, b in episodes),
-        "accuracy": statistics.mean(b.components["outcome"] for _, _, b in episodes),
-        **episode_stats([t for _, t, _ in episodes]),
-        "answered": statistics.mean(float(t.answer is not None) for _, t, _ in episodes),
-        "turns": statistics.mean(len(t.turns) for _, t, _ in episodes),
-        "sampling/generated": stats.generated, "sampling/kept": stats.kept,
-        **{f"sampling/dropped_{reason}": count for reason, count in stats.dropped.items()},
-    })
+    metrics.update(
+        {
+            "reward": statistics.mean(b.reward for _, _, b in episodes),
+            "accuracy": statistics.mean(b.components["outcome"] for _, _, b in episodes),
+            **episode_stats([t for _, t, _ in episodes]),
+            "answered": statistics.mean(float(t.answer is not None) for _, t, _ in episodes),
+            "turns": statistics.mean(len(t.turns) for _, t, _ in episodes),
+            "sampling/generated": stats.generated,
+            "sampling/kept": stats.kept,
+            **{f"sampling/dropped_{reason}": count for reason, count in stats.dropped.items()},
+        }
+    )
     metrics.update(_source_metrics(groups))
     return metrics
 
@@ -628,16 +742,19 @@ def _call_metrics(groups: list[Group]) -> dict[str, float]:
     kinds = Counter(call.kind for call in calls)
     # Calls that did not end ok: refused arguments, a tool that raised or timed out, an endpoint
     # that failed; each became an observation of its kind, not a crash.
-    failed = Counter(call.tool for call in calls
-                     if call.tool is not None and call.error is not None)
+    failed = Counter(
+        call.tool for call in calls if call.tool is not None and call.error is not None
+    )
     masked = Counter(failure.reason for g in groups for _, failure in g.masked)
-    return {**{f"calls/{kind}": kinds[kind] for kind in KINDS},
-            **{f"call_rate/{kind}": kinds[kind] / max(len(calls), 1) for kind in KINDS},
-            "call_errors": sum(failed.values()),
-            **{f"call_errors/{name}": count for name, count in failed.items()},
-            "masked/episodes": sum(masked.values()),
-            "masked/rate": sum(masked.values()) / max(len(everything), 1),
-            **{f"masked/{reason}": count for reason, count in masked.items()}}
+    return {
+        **{f"calls/{kind}": kinds[kind] for kind in KINDS},
+        **{f"call_rate/{kind}": kinds[kind] / max(len(calls), 1) for kind in KINDS},
+        "call_errors": sum(failed.values()),
+        **{f"call_errors/{name}": count for name, count in failed.items()},
+        "masked/episodes": sum(masked.values()),
+        "masked/rate": sum(masked.values()) / max(len(everything), 1),
+        **{f"masked/{reason}": count for reason, count in masked.items()},
+    }
 
 
 def _source_metrics(groups: list[Group]) -> dict[str, float]:
@@ -652,35 +769,47 @@ def _source_metrics(groups: list[Group]) -> dict[str, float]:
         prefix = f"source/{source}"
         metrics[f"{prefix}/share"] = len(episodes) / total
         metrics[f"{prefix}/reward"] = statistics.mean(b.reward for _, b in episodes)
-        metrics[f"{prefix}/accuracy"] = statistics.mean(b.components["outcome"]
-                                                        for _, b in episodes)
+        metrics[f"{prefix}/accuracy"] = statistics.mean(
+            b.components["outcome"] for _, b in episodes
+        )
         metrics[f"{prefix}/usd_per_task"] = statistics.mean(t.cost_usd for t, _ in episodes)
         calls: Counter = Counter()
         for trajectory, _ in episodes:
             calls.update(trajectory.tool_counts())
-        metrics.update({f"{prefix}/tool/{name}": count / len(episodes)
-                        for name, count in calls.items()})
+        metrics.update(
+            {f"{prefix}/tool/{name}": count / len(episodes) for name, count in calls.items()}
+        )
     return metrics
 
 
-def _stopped(config: Config, step: int,
-             error: HTTPError | InfrastructureError) -> HTTPError | InfrastructureError:
+def _stopped(
+    config: Config, step: int, error: HTTPError | InfrastructureError
+) -> HTTPError | InfrastructureError:
     """``error`` again, saying that the run stopped in ``step`` and where running it again
     resumes."""
     latest = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
-    resumes = (f"from {latest.path} (step {latest.step})" if latest is not None
-               else "from the start (no step was checkpointed)")
-    message = (f"GRPO stopped in step {step}: {error}. Run the same command again to resume "
-               f"{resumes}.")
-    return (HTTPError(message, error.status) if isinstance(error, HTTPError)
-            else InfrastructureError(message))
+    resumes = (
+        f"from {latest.path} (step {latest.step})"
+        if latest is not None
+        else "from the start (no step was checkpointed)"
+    )
+    message = (
+        f"GRPO stopped in step {step}: {error}. Run the same command again to resume {resumes}."
+    )
+    return (
+        HTTPError(message, error.status)
+        if isinstance(error, HTTPError)
+        else InfrastructureError(message)
+    )
 
 
-def _ray_pool(config: Config, hf: dict[str, torch.Tensor], tokenizer: Any,
-              version: int) -> RayRolloutPool:
+def _ray_pool(
+    config: Config, hf: dict[str, torch.Tensor], tokenizer: Any, version: int
+) -> RayRolloutPool:
     """The Ray rollout pool (imported only then: Ray is heavy), its engines built from ``hf``
     (after ``version`` updates)."""
     from nemo_orch.rollout import ray_workers
 
-    return ray_workers.build_ray_pool(config, ray_workers.weights_engine(config, tokenizer), hf,
-                                      version=version)
+    return ray_workers.build_ray_pool(
+        config, ray_workers.weights_engine(config, tokenizer), hf, version=version
+    )

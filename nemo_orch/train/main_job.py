@@ -81,8 +81,10 @@ def run(config: Config) -> MainJobSummary:
     from nemo_orch.eval import main_job_report
 
     if config.env.kind != "offline":
-        raise ConfigError(f"nemo-orch train is the offline main job (env=offline); train on "
-                          f"env={config.env.label} with nemo-orch grpo")
+        raise ConfigError(
+            f"nemo-orch train is the offline main job (env=offline); train on "
+            f"env={config.env.label} with nemo-orch grpo"
+        )
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     with distributed.parallel_session(config.parallel, config.run.seed) as context:
@@ -106,8 +108,11 @@ def run(config: Config) -> MainJobSummary:
         seconds[algo] = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        policies = {"sft": sft_summary.checkpoint, **_other_policies(config),
-                    algo: rl_summary.checkpoint}
+        policies = {
+            "sft": sft_summary.checkpoint,
+            **_other_policies(config),
+            algo: rl_summary.checkpoint,
+        }
         report = _evaluate(config, context, policies, tokenizer, toolscale_dir)
         seconds["eval"] = time.perf_counter() - mark
         if report is not None:
@@ -128,8 +133,13 @@ def _other_policies(config: Config) -> dict[str, Path]:
     return found
 
 
-def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, Path],
-              tokenizer: Any, toolscale_dir: Path | None) -> dict[str, Any] | None:
+def _evaluate(
+    config: Config,
+    context: ParallelContext,
+    checkpoints: dict[str, Path],
+    tokenizer: Any,
+    toolscale_dir: Path | None,
+) -> dict[str, Any] | None:
     """The SFT and RL policies (their final ``checkpoints``, SFT's first and this run's RL
     stage's last) on held-out tasks, greedy, next to the oracle, through the harness, the
     policies' weights handed over in memory (rank 0's report; every rank gathers); and the gold
@@ -142,42 +152,62 @@ def _evaluate(config: Config, context: ParallelContext, checkpoints: dict[str, P
 
     policies, sources = {}, {}
     for name, source in checkpoints.items():
-        module = qwen3.build_model(config.model, config.parallel,
-                                   pre_process=context.is_first_stage,
-                                   post_process=context.is_last_stage)
+        module = qwen3.build_model(
+            config.model,
+            config.parallel,
+            pre_process=context.is_first_stage,
+            post_process=context.is_last_stage,
+        )
         checkpoint.load(checkpoint.open_checkpoint(source), module)
-        policies[name] = weights.gather_hf_weights(module, config.model,
-                                                   config.rollout.refit_bucket_mb)
+        policies[name] = weights.gather_hf_weights(
+            module, config.model, config.rollout.refit_bucket_mb
+        )
         sources[name] = checkpoint.identity(source)  # a cached episode is of these weights only
     if not distributed.is_writer():
         return None
-    systems = {name: harness.System(name, ORCHESTRATOR,
-                                    HFEngine(config.model, hf, tokenizer=tokenizer),
-                                    sources[name])
-               for name, hf in policies.items()}
+    systems = {
+        name: harness.System(
+            name, ORCHESTRATOR, HFEngine(config.model, hf, tokenizer=tokenizer), sources[name]
+        )
+        for name, hf in policies.items()
+    }
     # Greedy, as many episodes at once as a rollout batches.
-    config = dataclasses.replace(config, eval=dataclasses.replace(
-        config.eval, temperature=0.0, concurrency=config.rollout.max_concurrent_episodes))
+    config = dataclasses.replace(
+        config,
+        eval=dataclasses.replace(
+            config.eval, temperature=0.0, concurrency=config.rollout.max_concurrent_episodes
+        ),
+    )
     offline = build_environment(config)
-    evaluation = harness.evaluate(config, offline, list(systems.values()),
-                                  config.run.dir / EVAL / offline.name, tokenizer)
+    evaluation = harness.evaluate(
+        config, offline, list(systems.values()), config.run.dir / EVAL / offline.name, tokenizer
+    )
     table = offline.oracle(offline.toolbox(), tokenizer)  # prices and schemas: not started
     report: dict[str, Any] = {
         name: main_job_report.policy_row(evaluation.tasks, evaluation.records[name], table)
-        for name in policies}
+        for name in policies
+    }
     report["oracle"] = table.report(evaluation.tasks)
     for name in policies:
         if name != "sft":
             report[name]["gap_closed"] = main_job_report.gap_closed(report, name)
     report["eval_tasks"] = len(evaluation.tasks)
     if toolscale_dir is not None:
-        source = EnvSourceConfig(kind="toolscale", path=str(toolscale_dir),
-                                 limit=config.data.toolscale_eval_tasks)
+        source = EnvSourceConfig(
+            kind="toolscale", path=str(toolscale_dir), limit=config.data.toolscale_eval_tasks
+        )
         domains = build_environment(config, source)
-        evaluation = harness.evaluate(config, domains, [harness.System(GOLD_REPLAY, GOLD_REPLAY)],
-                                      config.run.dir / EVAL / TOOLSCALE, tokenizer)
-        report["toolscale"] = {name: main_job_report.by_domain(evaluation.tasks, records)
-                               for name, records in evaluation.records.items()}
+        evaluation = harness.evaluate(
+            config,
+            domains,
+            [harness.System(GOLD_REPLAY, GOLD_REPLAY)],
+            config.run.dir / EVAL / TOOLSCALE,
+            tokenizer,
+        )
+        report["toolscale"] = {
+            name: main_job_report.by_domain(evaluation.tasks, records)
+            for name, records in evaluation.records.items()
+        }
     return report
 
 
@@ -192,31 +222,45 @@ def summary_lines(summary: MainJobSummary) -> list[str]:
     """What ``nemo-orch train`` prints at the end."""
     from nemo_orch.eval import main_job_report
 
-    lines = [f"train: run {summary.run_dir} ("
-             + ", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items()) + ")"]
+    lines = [
+        f"train: run {summary.run_dir} ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items())
+        + ")"
+    ]
     if summary.report is not None:
-        lines.append(f"  {'policy':8} {'reward':>8} {'exp.rew':>8} {'accuracy':>9} "
-                     f"{'usd/task':>10} {'pref.adh':>9} {'or.route':>9} {'in.budget':>9} "
-                     f"{'fmt.err':>8}")
+        lines.append(
+            f"  {'policy':8} {'reward':>8} {'exp.rew':>8} {'accuracy':>9} "
+            f"{'usd/task':>10} {'pref.adh':>9} {'or.route':>9} {'in.budget':>9} "
+            f"{'fmt.err':>8}"
+        )
         names = main_job_report.policies(summary.report)
         for name in names:
             row = summary.report[name]
             budget = row.get("within_budget")
-            lines.append(f"  {name:8} {row['reward']:8.3f} {row['expected_reward']:8.3f} "
-                         f"{row['accuracy']:9.3f} {row['usd_per_task']:10.6f} "
-                         f"{row['pref_adherence']:9.3f} {row['oracle_route_share']:9.3f} "
-                         f"{'' if budget is None else format(budget, '.3f'):>9} "
-                         f"{row['format_error_rate']:8.3f}")
+            lines.append(
+                f"  {name:8} {row['reward']:8.3f} {row['expected_reward']:8.3f} "
+                f"{row['accuracy']:9.3f} {row['usd_per_task']:10.6f} "
+                f"{row['pref_adherence']:9.3f} {row['oracle_route_share']:9.3f} "
+                f"{'' if budget is None else format(budget, '.3f'):>9} "
+                f"{row['format_error_rate']:8.3f}"
+            )
         for name in main_job_report.trained(summary.report):
             closed = summary.report[name]["gap_closed"]
-            missed = [target.name for target in main_job_report.targets(summary.report, name)
-                      if not target.met]
-            lines.append(f"  {name.upper()} closed "
-                         + ("no gap" if closed is None else f"{closed:.0%}")
-                         + " of the SFT -> oracle gap in expected reward; targets "
-                         + ("all met" if not missed else "missed: " + ", ".join(missed)))
+            missed = [
+                target.name
+                for target in main_job_report.targets(summary.report, name)
+                if not target.met
+            ]
+            lines.append(
+                f"  {name.upper()} closed "
+                + ("no gap" if closed is None else f"{closed:.0%}")
+                + " of the SFT -> oracle gap in expected reward; targets "
+                + ("all met" if not missed else "missed: " + ", ".join(missed))
+            )
         for agent, domains in summary.report.get("toolscale", {}).items():
-            lines.append(f"  ToolScale domain tasks, {agent}: accuracy " + ", ".join(
-                f"{domain} {row['accuracy']:.2f}" for domain, row in domains.items()))
+            lines.append(
+                f"  ToolScale domain tasks, {agent}: accuracy "
+                + ", ".join(f"{domain} {row['accuracy']:.2f}" for domain, row in domains.items())
+            )
         lines.append(f"  report {summary.run_dir / 'report.md'}")
     return lines

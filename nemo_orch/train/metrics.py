@@ -20,8 +20,11 @@ def truncate_after(path: Path, step: int) -> None:
     """Drop the records past ``step`` of a per-step JSONL file (what a resumed run redoes)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= step
+    ]
     path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -40,8 +43,10 @@ class TrainedLog:
     def add(self, step: int, samples: list[str], dropped_groups: list[str]) -> None:
         if self.enabled:
             with self.path.open("a") as f:
-                f.write(json.dumps({"step": step, "samples": samples,
-                                    "dropped_groups": dropped_groups}) + "\n")
+                f.write(
+                    json.dumps({"step": step, "samples": samples, "dropped_groups": dropped_groups})
+                    + "\n"
+                )
 
 
 class MetricsLogger:
@@ -53,10 +58,20 @@ class MetricsLogger:
     ``online``, with the key from ``WANDB_API_KEY``). The progress bar is named ``stage`` and
     shows the ``shown`` metrics of the last step and its tokens/s."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool, start_step: int, max_steps: int,
-                 stage: str | None = None, shown: tuple[str, ...] = ("loss",),
-                 wandb_project: str | None = None, wandb_mode: str = "offline",
-                 run_name: str | None = None, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        enabled: bool,
+        start_step: int,
+        max_steps: int,
+        stage: str | None = None,
+        shown: tuple[str, ...] = ("loss",),
+        wandb_project: str | None = None,
+        wandb_mode: str = "offline",
+        run_name: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.enabled, self.shown = enabled, shown
         self.path = run_dir / METRICS_FILE
         self._writer = None
@@ -69,25 +84,45 @@ class MetricsLogger:
         run_dir.mkdir(parents=True, exist_ok=True)
         if wandb_project is not None:
             # First, so a missing package fails before anything else is opened.
-            self._wandb = _start_wandb(run_dir, project=wandb_project, mode=wandb_mode,
-                                       name=run_name, config=config)
+            self._wandb = _start_wandb(
+                run_dir, project=wandb_project, mode=wandb_mode, name=run_name, config=config
+            )
         truncate_after(self.path, start_step)
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
-        self._bar = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                         desc=stage)
+        self._writer = SummaryWriter(
+            log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1
+        )
+        self._bar = tqdm(
+            total=max_steps, initial=start_step, unit="step", dynamic_ncols=True, desc=stage
+        )
 
     @classmethod
-    def for_stage(cls, config: Any, stage: str, *, enabled: bool, start_step: int,
-                  max_steps: int, shown: tuple[str, ...] = ("loss",)) -> MetricsLogger:
+    def for_stage(
+        cls,
+        config: Any,
+        stage: str,
+        *,
+        enabled: bool,
+        start_step: int,
+        max_steps: int,
+        shown: tuple[str, ...] = ("loss",),
+    ) -> MetricsLogger:
         """The logger of a training stage (``stage``: sft, grpo, dpo): its run directory and
         ``run.*`` W&B settings, with the resolved config on the W&B run."""
         run = config.run
-        return cls(run.dir, enabled=enabled, start_step=start_step, max_steps=max_steps,
-                   stage=stage, shown=shown, wandb_project=run.wandb_project,
-                   wandb_mode=run.wandb_mode, run_name=run.name,
-                   config=dataclasses.asdict(config))
+        return cls(
+            run.dir,
+            enabled=enabled,
+            start_step=start_step,
+            max_steps=max_steps,
+            stage=stage,
+            shown=shown,
+            wandb_project=run.wandb_project,
+            wandb_mode=run.wandb_mode,
+            run_name=run.name,
+            config=dataclasses.asdict(config),
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step; ``tokens`` (processed, padding included) also yields tokens/s since
@@ -106,9 +141,12 @@ class MetricsLogger:
             self._writer.add_scalar(tag, value, step)
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
-        self._bar.set_postfix({**{key: f"{metrics[key]:.4f}" for key in self.shown
-                                  if key in metrics},
-                               "tok_s": f"{metrics.get('tokens_per_s', 0):.0f}"})
+        self._bar.set_postfix(
+            {
+                **{key: f"{metrics[key]:.4f}" for key in self.shown if key in metrics},
+                "tok_s": f"{metrics.get('tokens_per_s', 0):.0f}",
+            }
+        )
         self._bar.update(1)
 
     def close(self) -> None:
@@ -125,15 +163,25 @@ def wandb_run_id(run_dir: Path) -> str:
     return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
-def _start_wandb(run_dir: Path, *, project: str, mode: str, name: str | None,
-                 config: dict[str, Any] | None):
+def _start_wandb(
+    run_dir: Path, *, project: str, mode: str, name: str | None, config: dict[str, Any] | None
+):
     try:
         import wandb  # optional dependency: only runs that set run.wandb_project need it
     except ImportError:
-        raise ImportError("run.wandb_project is set but the wandb package is not installed: "
-                          "pip install -r requirements.txt (or pip install wandb)") from None
-    return wandb.init(project=project, name=name, dir=str(run_dir), mode=mode, config=config,
-                      id=wandb_run_id(run_dir), resume="allow")
+        raise ImportError(
+            "run.wandb_project is set but the wandb package is not installed: "
+            "pip install -r requirements.txt (or pip install wandb)"
+        ) from None
+    return wandb.init(
+        project=project,
+        name=name,
+        dir=str(run_dir),
+        mode=mode,
+        config=config,
+        id=wandb_run_id(run_dir),
+        resume="allow",
+    )
 
 
 def logged_steps(run_dir: Path, through_step: int) -> list[dict[str, Any]]:

@@ -50,30 +50,31 @@ def masked_token_loss(token_losses: torch.Tensor, batch: Batch) -> TokenLoss:
 
 @dataclass
 class StepResult:
-    loss: float          # mean per-token loss over the global batch
-    num_tokens: int      # loss tokens in the global batch
+    loss: float  # mean per-token loss over the global batch
+    num_tokens: int  # loss tokens in the global batch
     grad_norm: float
     lr: float
     # the loss function's metrics: token means (sums / num_tokens) and maxima, global batch
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def forward_logprobs(model: torch.nn.Module,
-                     micro_batches: list[Batch]) -> list[torch.Tensor | None]:
+def forward_logprobs(
+    model: torch.nn.Module, micro_batches: list[Batch]
+) -> list[torch.Tensor | None]:
     """Log-probabilities of the labels, [b, s] per micro-batch (0 where ``loss_mask`` is not
     set), from a forward-only pass (see :func:`forward_only`)."""
     return forward_only(model, micro_batches, labels=True)
 
 
-def forward_values(model: torch.nn.Module,
-                   micro_batches: list[Batch]) -> list[torch.Tensor | None]:
+def forward_values(model: torch.nn.Module, micro_batches: list[Batch]) -> list[torch.Tensor | None]:
     """A critic's values, [b, s] per micro-batch (position ``i``: the value of the state before
     label ``i``), from a forward-only pass (see :func:`forward_only`)."""
     return forward_only(model, micro_batches, labels=False)
 
 
-def forward_only(model: torch.nn.Module, micro_batches: list[Batch],
-                 labels: bool) -> list[torch.Tensor | None]:
+def forward_only(
+    model: torch.nn.Module, micro_batches: list[Batch], labels: bool
+) -> list[torch.Tensor | None]:
     """The last stage's output per micro-batch, [b, s]: label log-probabilities (``labels``) or
     the model's own output (a critic's values), from a forward-only pass.
 
@@ -90,8 +91,11 @@ def forward_only(model: torch.nn.Module, micro_batches: list[Batch],
 
         def collect(result: torch.Tensor):  # per-token cross entropy, or values
             kept = -result if labels else result
-            return (result.sum(), torch.zeros((), dtype=torch.int),
-                    {"output": kept.detach().float()})
+            return (
+                result.sum(),
+                torch.zeros((), dtype=torch.int),
+                {"output": kept.detach().float()},
+            )
 
         return output, collect
 
@@ -123,8 +127,9 @@ def _stage_output(stage: torch.nn.Module, batch: Batch, labels: bool) -> torch.T
     return stage(batch["tokens"], batch["position_ids"], None)
 
 
-def _masked_label_losses(stage: torch.nn.Module, model: torch.nn.Module,
-                         batch: Batch) -> torch.Tensor:
+def _masked_label_losses(
+    stage: torch.nn.Module, model: torch.nn.Module, batch: Batch
+) -> torch.Tensor:
     """Per-token cross entropy of the labels, [b, s], at the positions ``loss_mask`` sets and 0
     elsewhere: the output layer and the (vocabulary-parallel) cross entropy run on those
     positions alone, not on the prompt's, whose log-probabilities nothing reads. The values are
@@ -146,8 +151,11 @@ def _masked_label_losses(stage: torch.nn.Module, model: torch.nn.Module,
     if sequence_parallel:
         hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
     positions = batch["loss_mask"].transpose(0, 1) > 0  # [s, b], as the hidden states
-    weight = (model.shared_embedding_or_output_weight()
-              if model.share_embeddings_and_output_weights else None)
+    weight = (
+        model.shared_embedding_or_output_weight()
+        if model.share_embeddings_and_output_weights
+        else None
+    )
     output_layer.sequence_parallel = False
     try:
         logits, _ = output_layer(hidden[positions].unsqueeze(1), weight=weight)  # [n, 1, v/tp]
@@ -155,8 +163,11 @@ def _masked_label_losses(stage: torch.nn.Module, model: torch.nn.Module,
         output_layer.sequence_parallel = sequence_parallel
     labels = batch["labels"].transpose(0, 1)[positions].unsqueeze(0)  # [1, n]
     losses = model.compute_language_model_loss(labels, logits)[0]  # [n]
-    return torch.zeros(positions.shape, dtype=losses.dtype, device=losses.device).masked_scatter(
-        positions, losses).transpose(0, 1)
+    return (
+        torch.zeros(positions.shape, dtype=losses.dtype, device=losses.device)
+        .masked_scatter(positions, losses)
+        .transpose(0, 1)
+    )
 
 
 class Policy:
@@ -180,7 +191,8 @@ class Policy:
             config=stage.config,
             ddp_config=DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True,
-                use_distributed_optimizer=config.parallel.use_distributed_optimizer),
+                use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+            ),
             module=stage,
         )
         self.transformer_config.finalize_model_grads_func = finalize_model_grads
@@ -189,25 +201,42 @@ class Policy:
         optim = trainer.optim
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
-                optimizer="adam", lr=optim.lr, min_lr=optim.min_lr,
-                weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
-                adam_beta2=optim.adam_beta2, clip_grad=optim.grad_clip,
-                bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
-                use_distributed_optimizer=config.parallel.use_distributed_optimizer),
+                optimizer="adam",
+                lr=optim.lr,
+                min_lr=optim.min_lr,
+                weight_decay=optim.weight_decay,
+                adam_beta1=optim.adam_beta1,
+                adam_beta2=optim.adam_beta2,
+                clip_grad=optim.grad_clip,
+                bf16=dtype == torch.bfloat16,
+                fp16=dtype == torch.float16,
+                params_dtype=dtype,
+                use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+            ),
             [self.model],
         )
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0, max_lr=optim.lr, min_lr=optim.min_lr,
+            self.optimizer,
+            init_lr=0.0,
+            max_lr=optim.lr,
+            min_lr=optim.min_lr,
             lr_warmup_steps=optim.warmup_steps,
             lr_decay_steps=max(trainer.max_steps, optim.warmup_steps + 1),
-            lr_decay_style="cosine", start_wd=optim.weight_decay, end_wd=optim.weight_decay,
-            wd_incr_steps=trainer.max_steps, wd_incr_style="constant")
+            lr_decay_style="cosine",
+            start_wd=optim.weight_decay,
+            end_wd=optim.weight_decay,
+            wd_incr_steps=trainer.max_steps,
+            wd_incr_style="constant",
+        )
 
     @staticmethod
     def build_stage(config: Config, context: ParallelContext) -> torch.nn.Module:
-        return qwen3.build_model(config.model, config.parallel,
-                                 pre_process=context.is_first_stage,
-                                 post_process=context.is_last_stage)
+        return qwen3.build_model(
+            config.model,
+            config.parallel,
+            pre_process=context.is_first_stage,
+            post_process=context.is_last_stage,
+        )
 
     @property
     def module(self) -> torch.nn.Module:
@@ -236,8 +265,9 @@ class Policy:
                 parameter.copy_(saved)
         self.optimizer.reload_model_params()
 
-    def train_step(self, micro_batches: list[Batch],
-                   token_loss: TokenLossFn = masked_token_loss) -> StepResult:
+    def train_step(
+        self, micro_batches: list[Batch], token_loss: TokenLossFn = masked_token_loss
+    ) -> StepResult:
         """Forward/backward over this DP rank's micro-batches, then one optimizer step."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -256,9 +286,13 @@ class Policy:
         _, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(increment=1)
         loss_sum, num_tokens, metrics = self._global_totals([entry["loss"] for entry in losses])
-        return StepResult(loss=loss_sum / max(num_tokens, 1), num_tokens=num_tokens,
-                          grad_norm=float(grad_norm or 0.0),
-                          lr=self.optimizer.param_groups[0]["lr"], metrics=metrics)
+        return StepResult(
+            loss=loss_sum / max(num_tokens, 1),
+            num_tokens=num_tokens,
+            grad_norm=float(grad_norm or 0.0),
+            lr=self.optimizer.param_groups[0]["lr"],
+            metrics=metrics,
+        )
 
     def _forward_step(self, token_loss: TokenLossFn, data_iterator, model):
         batch = next(data_iterator)
@@ -311,9 +345,12 @@ class Critic(Policy):
 
     @staticmethod
     def build_stage(config: Config, context: ParallelContext) -> torch.nn.Module:
-        return qwen3.build_critic(config.model, config.parallel,
-                                  pre_process=context.is_first_stage,
-                                  post_process=context.is_last_stage)
+        return qwen3.build_critic(
+            config.model,
+            config.parallel,
+            pre_process=context.is_first_stage,
+            post_process=context.is_last_stage,
+        )
 
     def load_hf_weights(self, hf: Mapping[str, torch.Tensor]) -> None:
         """A policy's HF weights into the trunk; the head keeps its own."""
@@ -337,9 +374,12 @@ class ReferenceModel:
 
     def __init__(self, config: Config, context: ParallelContext) -> None:
         self.config = config
-        self.module = qwen3.build_model(config.model, config.parallel,
-                                        pre_process=context.is_first_stage,
-                                        post_process=context.is_last_stage)
+        self.module = qwen3.build_model(
+            config.model,
+            config.parallel,
+            pre_process=context.is_first_stage,
+            post_process=context.is_last_stage,
+        )
         self.module.requires_grad_(False).eval()
 
     def load_hf_weights(self, hf: Mapping[str, torch.Tensor]) -> None:
@@ -372,8 +412,9 @@ def start_architecture(source: Path, model: ModelConfig) -> dict[str, Any]:
         raise ConfigError(f"{saved}: no readable model section ({error})") from None
 
 
-def load_start_weights(module: torch.nn.Module, model: ModelConfig, source: Path,
-                       skip: str | None = None) -> None:
+def load_start_weights(
+    module: torch.nn.Module, model: ModelConfig, source: Path, skip: str | None = None
+) -> None:
     """A stage's starting weights (``trainer.init_from``): an HF model directory, whose
     architecture must be ``model``'s, or a nemo-orch checkpoint; the module's state under
     ``skip`` (a name prefix, e.g. a critic's head) keeps its own values."""
@@ -391,6 +432,8 @@ def load_start_weights(module: torch.nn.Module, model: ModelConfig, source: Path
     hf = HFCheckpoint(source)
     mismatch = architecture_mismatch(model, model_config_from_hf(hf.config, model))
     if mismatch:
-        raise ConfigError(f"trainer.init_from={source}: architecture differs from model.* "
-                          f"(config vs checkpoint: {'; '.join(mismatch)})")
+        raise ConfigError(
+            f"trainer.init_from={source}: architecture differs from model.* "
+            f"(config vs checkpoint: {'; '.join(mismatch)})"
+        )
     weights.load_hf_weights(module, hf, model, skip=skip)

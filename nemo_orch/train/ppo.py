@@ -35,8 +35,9 @@ CRITIC_DIR = "critic"  # <run>/critic/step_<N>: the critic's checkpoints, saved 
 WHITEN_EPS = 1e-8
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimates and returns, [b, s], over the positions ``mask`` sets.
 
     The recursion runs over those positions alone, in order: a masked position (an observation
@@ -57,8 +58,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, (advantages + values) * mask
 
 
-def global_moments(tensors: list[torch.Tensor], masks: list[torch.Tensor]
-                   ) -> tuple[float, float, float]:
+def global_moments(
+    tensors: list[torch.Tensor], masks: list[torch.Tensor]
+) -> tuple[float, float, float]:
     """Mean, variance and count of the masked entries of ``tensors`` over every rank's (a
     collective: ranks without any pass empty lists; a tensor-parallel group's ranks hold the
     same entries, which leaves the mean and variance as they are)."""
@@ -106,15 +108,17 @@ class ReturnStatistics:
         seen = float(head.return_count)
         total = seen + count
         delta = mean - float(head.return_mean)
-        combined = (float(head.return_var) * seen + variance * count
-                    + delta * delta * seen * count / total) / total
+        combined = (
+            float(head.return_var) * seen + variance * count + delta * delta * seen * count / total
+        ) / total
         head.return_count.fill_(total)
         head.return_mean.fill_(float(head.return_mean) + delta * count / total)
         head.return_var.fill_(max(combined, WHITEN_EPS))
 
 
-def attach_advantages(minis: list[list[Batch]], critic: Critic, ppo: PPOConfig,
-                      kl_coef: float) -> dict[str, float]:
+def attach_advantages(
+    minis: list[list[Batch]], critic: Critic, ppo: PPOConfig, kl_coef: float
+) -> dict[str, float]:
     """PPO's advantages and value targets into every micro-batch (a collective: every rank
     calls it with its micro-batches; those of the last pipeline stage carry ``values`` from the
     critic's forward pass, and ``reward_kl`` with ``use_kl_in_reward``).
@@ -139,10 +143,12 @@ def attach_advantages(minis: list[list[Batch]], critic: Critic, ppo: PPOConfig,
         returns.append(target)
         values.append(value)
     masks = [batch["loss_mask"] for batch in batches]
-    metrics = {"critic/advantage_mean": global_moments(advantages, masks)[0],
-               "critic/value_mean": global_moments(values, masks)[0]}
+    metrics = {
+        "critic/advantage_mean": global_moments(advantages, masks)[0],
+        "critic/value_mean": global_moments(values, masks)[0],
+    }
     return_mean, return_variance, count = global_moments(returns, masks)
-    metrics.update({"critic/return_mean": return_mean, "critic/return_std": return_variance ** 0.5})
+    metrics.update({"critic/return_mean": return_mean, "critic/return_std": return_variance**0.5})
     if ppo.whiten_advantages:
         advantages = whiten(advantages, masks)
     statistics.update(return_mean, return_variance, count)
@@ -174,15 +180,18 @@ def value_loss(ppo: PPOConfig) -> TokenLossFn:
             clipped_error = 0.5 * (clipped - batch["returns"]) ** 2
             loss = torch.maximum(error, clipped_error)
             clipped_more = (clipped_error > error).float()
-        sums = {"critic/value_loss": (loss.detach() * mask).sum(),
-                "critic/clip_frac": (clipped_more * mask).sum(),
-                "critic/squared_error": (2 * error.detach() * mask).sum()}
+        sums = {
+            "critic/value_loss": (loss.detach() * mask).sum(),
+            "critic/clip_frac": (clipped_more * mask).sum(),
+            "critic/squared_error": (2 * error.detach() * mask).sum(),
+        }
         return TokenLoss((loss * mask).sum(), mask.sum().to(torch.int), sums)
 
     return token_loss
 
 
 # ----------------------------------------------------------------------------- the critic
+
 
 def critic_dir(config: Config) -> Path:
     return config.run.dir / CRITIC_DIR
@@ -206,23 +215,30 @@ def start_critic(config: Config, context: ParallelContext, resumed_step: int | N
         if not path.is_dir():
             raise checkpoint.CheckpointError(
                 f"{path}: the critic's checkpoint of step {resumed_step}, where the policy "
-                "resumes, is missing")
-        checkpoint.load(checkpoint.open_checkpoint(path), critic.module, critic.optimizer,
-                        critic.scheduler)
+                "resumes, is missing"
+            )
+        checkpoint.load(
+            checkpoint.open_checkpoint(path), critic.module, critic.optimizer, critic.scheduler
+        )
         log.info("resumed the critic from %s", path)
     elif init_from is not None:
-        differs = {name: (value, getattr(config.model, name))
-                   for name, value in start_architecture(Path(init_from), config.model).items()
-                   if getattr(config.model, name) != value}
+        differs = {
+            name: (value, getattr(config.model, name))
+            for name, value in start_architecture(Path(init_from), config.model).items()
+            if getattr(config.model, name) != value
+        }
         if differs:
-            raise ConfigError(f"grpo.ppo.critic_init_from={init_from}: its architecture differs "
-                              "from the policy's (checkpoint vs policy: " + "; ".join(
-                                  f"{name} {saved} vs {own}"
-                                  for name, (saved, own) in differs.items()) + ")")
+            raise ConfigError(
+                f"grpo.ppo.critic_init_from={init_from}: its architecture differs "
+                "from the policy's (checkpoint vs policy: "
+                + "; ".join(f"{name} {saved} vs {own}" for name, (saved, own) in differs.items())
+                + ")"
+            )
         checkpoint.load(checkpoint.open_checkpoint(init_from), critic.module)
     else:
-        load_start_weights(critic.module, config.model, Path(config.trainer.init_from),
-                           skip=Critic.HEAD)
+        load_start_weights(
+            critic.module, config.model, Path(config.trainer.init_from), skip=Critic.HEAD
+        )
     critic.optimizer.reload_model_params()
     return critic
 
@@ -230,5 +246,11 @@ def start_critic(config: Config, context: ParallelContext, resumed_step: int | N
 def save_critic(config: Config, step: int, critic: Critic) -> Path:
     """The critic's checkpoint of ``step``, saved before the policy's (whose manifest marks the
     step complete: a run resumed from it finds the critic's)."""
-    return checkpoint.save(critic_config(config), step, critic.module, critic.optimizer,
-                           critic.scheduler, directory=critic_dir(config))
+    return checkpoint.save(
+        critic_config(config),
+        step,
+        critic.module,
+        critic.optimizer,
+        critic.scheduler,
+        directory=critic_dir(config),
+    )

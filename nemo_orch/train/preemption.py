@@ -24,8 +24,9 @@ class StopRequested(Exception):
     """The run stopped on request after ``step``, checkpointed in ``checkpoint``."""
 
     def __init__(self, step: int, checkpoint: Path) -> None:
-        super().__init__(f"stopped on request ({STOP_SIGNAL.name}) after step {step}; "
-                         f"checkpoint {checkpoint}")
+        super().__init__(
+            f"stopped on request ({STOP_SIGNAL.name}) after step {step}; checkpoint {checkpoint}"
+        )
         self.step = step
         self.checkpoint = checkpoint
 

@@ -53,8 +53,12 @@ def tokenizer_corpus(config: Config) -> list[dict]:
     if data.sft_path is not None:
         return read_conversations(data.sft_path)
     schemas = offered_schemas(config.tools)
-    return [{**conversation, "tools": schemas} for conversation in
-            offline.generate_conversations(data.num_offline_conversations, config.run.seed)]
+    return [
+        {**conversation, "tools": schemas}
+        for conversation in offline.generate_conversations(
+            data.num_offline_conversations, config.run.seed
+        )
+    ]
 
 
 def prepare_tokenizer(config: Config) -> Any:
@@ -65,18 +69,24 @@ def prepare_tokenizer(config: Config) -> Any:
     if config.tokenizer.path is None:
         if distributed.is_writer() and not (directory / "tokenizer.json").exists():
             chat_format = config.tokenizer.chat_format
-            texts = (tokenization.render_conversation(c["messages"], c["tools"],
-                                                      chat_format=chat_format)
-                     for c in tokenizer_corpus(config))
-            tokenization.train_tokenizer(texts,
-                                         vocab_size=config.tokenizer.vocab_size,
-                                         min_frequency=config.tokenizer.min_frequency,
-                                         out_dir=directory, chat_format=chat_format)
+            texts = (
+                tokenization.render_conversation(c["messages"], c["tools"], chat_format=chat_format)
+                for c in tokenizer_corpus(config)
+            )
+            tokenization.train_tokenizer(
+                texts,
+                vocab_size=config.tokenizer.vocab_size,
+                min_frequency=config.tokenizer.min_frequency,
+                out_dir=directory,
+                chat_format=chat_format,
+            )
         distributed.barrier()
     tokenizer = tokenization.load_tokenizer(directory)
     if len(tokenizer) > config.model.vocab_size:
-        raise ConfigError(f"tokenizer {directory} has {len(tokenizer)} tokens but "
-                          f"model.vocab_size is {config.model.vocab_size}")
+        raise ConfigError(
+            f"tokenizer {directory} has {len(tokenizer)} tokens but "
+            f"model.vocab_size is {config.model.vocab_size}"
+        )
     return tokenizer
 
 
@@ -92,13 +102,15 @@ def demonstrations(config: Config, tokenizer: Any) -> list[dict]:
     if data.demo_agent == ORCHESTRATOR:
         from nemo_orch.rollout.builders import build_engine
 
-        engine, tokenizer = build_engine(config,
-                                         max_requests=config.eval.max_requests_per_endpoint)
+        engine, tokenizer = build_engine(config, max_requests=config.eval.max_requests_per_endpoint)
     system = harness.System(data.demo_agent, data.demo_agent, engine)
-    episodes = harness.successful_episodes(config, build_environment(config), system,
-                                           2 * data.num_offline_conversations, tokenizer)
-    return [{"messages": episode.messages, "tools": episode.tools}
-            for episode in episodes[:data.num_offline_conversations]]
+    episodes = harness.successful_episodes(
+        config, build_environment(config), system, 2 * data.num_offline_conversations, tokenizer
+    )
+    return [
+        {"messages": episode.messages, "tools": episode.tools}
+        for episode in episodes[: data.num_offline_conversations]
+    ]
 
 
 def prepare_demonstrations(config: Config, tokenizer: Any) -> Path:
@@ -108,8 +120,10 @@ def prepare_demonstrations(config: Config, tokenizer: Any) -> Path:
     if distributed.is_writer() and not path.exists():
         conversations = demonstrations(config, tokenizer)
         if not conversations:
-            raise ConfigError(f"data.demo_agent={config.data.demo_agent} answered none of its "
-                              f"env={config.env.label} tasks right: no demonstrations")
+            raise ConfigError(
+                f"data.demo_agent={config.data.demo_agent} answered none of its "
+                f"env={config.env.label} tasks right: no demonstrations"
+            )
         partial = path.with_suffix(".partial")
         write_conversations(partial, conversations)
         partial.rename(path)
@@ -123,16 +137,19 @@ def load_conversations(config: Config, tokenizer: Any) -> list[dict]:
     conversations (``data.num_copy_conversations``)."""
     data = config.data
     path = data.sft_path or prepare_demonstrations(config, tokenizer)
-    return read_conversations(path) + offline.copy_conversations(data.num_copy_conversations,
-                                                                 config.run.seed + 1)
+    return read_conversations(path) + offline.copy_conversations(
+        data.num_copy_conversations, config.run.seed + 1
+    )
 
 
 def check_no_stale_run(config: Config) -> None:
     existing = checkpoint.latest_checkpoint(checkpoint.checkpoints_dir(config))
     if existing is not None and not config.trainer.resume:
-        raise ConfigError(f"{existing.path.parent} already holds checkpoints (latest step "
-                          f"{existing.step}); set trainer.resume=true to continue, or pick another "
-                          f"run.name")
+        raise ConfigError(
+            f"{existing.path.parent} already holds checkpoints (latest step "
+            f"{existing.step}); set trainer.resume=true to continue, or pick another "
+            f"run.name"
+        )
 
 
 def initialize_weights(policy: Policy, config: Config) -> checkpoint.Checkpoint | None:
@@ -170,8 +187,13 @@ def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummar
     resumed = initialize_weights(policy, config)
     start_step = resumed.step if resumed is not None else 0
     trainer = config.trainer
-    metrics = MetricsLogger.for_stage(config, "sft", enabled=context.is_logging_rank,
-                                      start_step=start_step, max_steps=trainer.max_steps)
+    metrics = MetricsLogger.for_stage(
+        config,
+        "sft",
+        enabled=context.is_logging_rank,
+        start_step=start_step,
+        max_steps=trainer.max_steps,
+    )
     per_rank = trainer.global_batch_size // config.parallel.dp
     losses, saved = [], resumed.path if resumed is not None else None
     preemption.listen()
@@ -179,30 +201,48 @@ def train(config: Config, context: ParallelContext, tokenizer: Any) -> SFTSummar
         for step in range(start_step + 1, trainer.max_steps + 1):
             faults.maybe_kill("step", step)
             indices = global_batch(dataset, step, trainer.global_batch_size, config.run.seed)
-            mine = indices[context.dp_rank * per_rank:(context.dp_rank + 1) * per_rank]
+            mine = indices[context.dp_rank * per_rank : (context.dp_rank + 1) * per_rank]
             samples = [dataset[i] for i in mine]
             # One length for the step: a pipeline's micro-batches must share their shape.
-            length = padded_length((len(s["tokens"]) for s in samples),
-                                   cap=config.data.seq_length)
-            micro_batches = [collate(samples[j:j + trainer.micro_batch_size], length,
-                                     dataset.pad_id)
-                             for j in range(0, per_rank, trainer.micro_batch_size)]
+            length = padded_length((len(s["tokens"]) for s in samples), cap=config.data.seq_length)
+            micro_batches = [
+                collate(samples[j : j + trainer.micro_batch_size], length, dataset.pad_id)
+                for j in range(0, per_rank, trainer.micro_batch_size)
+            ]
             result = policy.train_step(micro_batches)
             tokens = trainer.global_batch_size * length
-            metrics.log(step, {"loss": result.loss, "grad_norm": result.grad_norm,
-                               "lr": result.lr, "loss_tokens": result.num_tokens,
-                               "tokens": tokens})
+            metrics.log(
+                step,
+                {
+                    "loss": result.loss,
+                    "grad_norm": result.grad_norm,
+                    "lr": result.lr,
+                    "loss_tokens": result.num_tokens,
+                    "tokens": tokens,
+                },
+            )
             losses.append(result.loss)
             stopping = step < trainer.max_steps and preemption.agreed()
             if step % trainer.save_interval == 0 or step == trainer.max_steps or stopping:
-                saved = checkpoint.save(config, step, policy.module, policy.optimizer,
-                                        policy.scheduler, tokenizer_dir=config.tokenizer_dir)
+                saved = checkpoint.save(
+                    config,
+                    step,
+                    policy.module,
+                    policy.optimizer,
+                    policy.scheduler,
+                    tokenizer_dir=config.tokenizer_dir,
+                )
             if stopping:
                 raise preemption.StopRequested(step, saved)
     speeds = metrics.tokens_per_s[1:]  # the first step includes warm-up
     return SFTSummary(
-        start_step=start_step, end_step=max(start_step, trainer.max_steps),
-        first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
+        start_step=start_step,
+        end_step=max(start_step, trainer.max_steps),
+        first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None,
         mean_tokens_per_s=sum(speeds) / len(speeds) if speeds else None,
-        num_samples=len(dataset), num_dropped=dataset.num_dropped, checkpoint=saved,
-        run_dir=config.run.dir)
+        num_samples=len(dataset),
+        num_dropped=dataset.num_dropped,
+        checkpoint=saved,
+        run_dir=config.run.dir,
+    )

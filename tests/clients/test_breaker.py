@@ -29,8 +29,10 @@ def test_the_circuit_opens_cools_down_probes_and_closes():
     guard.failed("HTTP 503: overloaded")
     assert guard.is_open
     refused = guard.admit()
-    assert refused == ("circuit open after 2 failed requests in a row (last: HTTP 503: "
-                       "overloaded); tried again in 10.0 s")
+    assert refused == (
+        "circuit open after 2 failed requests in a row (last: HTTP 503: "
+        "overloaded); tried again in 10.0 s"
+    )
     clock.now = 9.5
     assert guard.admit().endswith("tried again in 0.5 s")
     clock.now = 10.0

@@ -53,24 +53,45 @@ def openai_key(monkeypatch):
 
 
 def ask(endpoint: SimulatedOpenAI, dialect, **sampling):
-    client = OpenAIClient(endpoint.url, endpoint.model, dialect=dialect, name="test endpoint",
-                          api_key_env="OPENAI_API_KEY", max_retries=0)
+    client = OpenAIClient(
+        endpoint.url,
+        endpoint.model,
+        dialect=dialect,
+        name="test endpoint",
+        api_key_env="OPENAI_API_KEY",
+        max_retries=0,
+    )
     return asyncio.run(client.chat(QUESTION, max_tokens=64, **sampling))
 
 
 SAMPLING = {"temperature": 0.0, "top_p": 0.9, "stop": ["\n\n"], "seed": 7}
 
 
-@pytest.mark.parametrize("dialect, expected", [
-    ("vllm", {"max_tokens": 64, **SAMPLING}),
-    ("openai-chat", {"max_completion_tokens": 64, **SAMPLING}),
-    ("openai-reasoning", {"max_completion_tokens": 64, "seed": 7}),
-    ({"preset": "openai-reasoning", "reasoning_effort": "high",
-      "extra_body": {"verbosity": "low"}},
-     {"max_completion_tokens": 64, "seed": 7, "reasoning_effort": "high", "verbosity": "low"}),
-    ({"output_cap": "max_completion_tokens", "extra_body": {"top_k": 20}},
-     {"max_completion_tokens": 64, **SAMPLING, "top_k": 20}),
-])
+@pytest.mark.parametrize(
+    "dialect, expected",
+    [
+        ("vllm", {"max_tokens": 64, **SAMPLING}),
+        ("openai-chat", {"max_completion_tokens": 64, **SAMPLING}),
+        ("openai-reasoning", {"max_completion_tokens": 64, "seed": 7}),
+        (
+            {
+                "preset": "openai-reasoning",
+                "reasoning_effort": "high",
+                "extra_body": {"verbosity": "low"},
+            },
+            {
+                "max_completion_tokens": 64,
+                "seed": 7,
+                "reasoning_effort": "high",
+                "verbosity": "low",
+            },
+        ),
+        (
+            {"output_cap": "max_completion_tokens", "extra_body": {"top_k": 20}},
+            {"max_completion_tokens": 64, **SAMPLING, "top_k": 20},
+        ),
+    ],
+)
 def test_each_dialect_asks_as_declared(chat_model, dialect, expected):
     chat_model.requests.clear()
     ask(chat_model, dialect, **SAMPLING)
@@ -84,18 +105,23 @@ def test_a_reasoning_model_answers_its_dialect_and_bills_its_reasoning(reasoning
     assert reply.output_tokens == REASONING_TOKENS + ANSWER_TOKENS  # reasoning is output
 
 
-@pytest.mark.parametrize("dialect, refused", [("vllm", "max_tokens"),
-                                              ("openai-chat", "temperature"),
-                                              ({"preset": "openai-reasoning",
-                                                "reasoning_effort": "extreme"},
-                                               "reasoning_effort")])
+@pytest.mark.parametrize(
+    "dialect, refused",
+    [
+        ("vllm", "max_tokens"),
+        ("openai-chat", "temperature"),
+        ({"preset": "openai-reasoning", "reasoning_effort": "extreme"}, "reasoning_effort"),
+    ],
+)
 def test_a_refused_parameter_names_itself_and_the_endpoint(reasoning_model, dialect, refused):
     reasoning_model.requests.clear()
     with pytest.raises(EndpointRefusal) as raised:
         ask(reasoning_model, dialect, **SAMPLING)
     message = str(raised.value)
-    assert message.startswith(f"test endpoint: the endpoint {reasoning_model.url} (model gpt-5) "
-                              f"refuses the request parameter {refused!r}")
+    assert message.startswith(
+        f"test endpoint: the endpoint {reasoning_model.url} (model gpt-5) "
+        f"refuses the request parameter {refused!r}"
+    )
     assert "openai-reasoning" in message and KEY not in message
     assert len(reasoning_model.requests) == 1  # a refusal is not retried
     assert isinstance(raised.value, ConfigError) and not isinstance(raised.value, OpenAIError)
@@ -104,29 +130,49 @@ def test_a_refused_parameter_names_itself_and_the_endpoint(reasoning_model, dial
 def test_other_refusals_stay_errors_of_the_call(reasoning_model):
     """A 400 naming no parameter the request sent (a context too long, an unknown model) fails
     that call only."""
-    client = OpenAIClient(reasoning_model.url, "gpt-5", dialect="openai-reasoning",
-                          api_key_env="OPENAI_API_KEY", max_retries=0)
+    client = OpenAIClient(
+        reasoning_model.url,
+        "gpt-5",
+        dialect="openai-reasoning",
+        api_key_env="OPENAI_API_KEY",
+        max_retries=0,
+    )
     with pytest.raises(OpenAIError) as raised:
         asyncio.run(client.request("POST", "embeddings", {"input": "x"}))
     assert not isinstance(raised.value, EndpointRefusal) and raised.value.status == 404
 
 
 SENT = {"model": "gpt-5", "messages": [], "max_tokens": 64, "temperature": 0.0}
-ERROR_WORDS = ["max_tokens", "temperature", "messages", "unsupported_parameter",
-               "unsupported_value", "invalid_value", "Unsupported parameter: 'max_tokens'",
-               "Unsupported value: 'messages'"]
+ERROR_WORDS = [
+    "max_tokens",
+    "temperature",
+    "messages",
+    "unsupported_parameter",
+    "unsupported_value",
+    "invalid_value",
+    "Unsupported parameter: 'max_tokens'",
+    "Unsupported value: 'messages'",
+]
 
 
 ERROR_FIELDS = ["error", "param", "code", "message", "type"]
 # OpenAI's error body, its fields drawn from what a refusal names and anything else.
-ERROR_BODIES = st.dictionaries(st.sampled_from(ERROR_FIELDS), json_values(
-    ERROR_FIELDS, ERROR_WORDS, allow_nan=True), max_size=5).map(lambda error: {"error": error})
+ERROR_BODIES = st.dictionaries(
+    st.sampled_from(ERROR_FIELDS),
+    json_values(ERROR_FIELDS, ERROR_WORDS, allow_nan=True),
+    max_size=5,
+).map(lambda error: {"error": error})
 
 
-@given(status=st.sampled_from([400, 401, 404, 422]), body=st.one_of(
-    st.binary(max_size=200),
-    st.one_of(ERROR_BODIES, json_values(ERROR_FIELDS, ERROR_WORDS, allow_nan=True)).map(
-        lambda value: json.dumps(value).encode())))
+@given(
+    status=st.sampled_from([400, 401, 404, 422]),
+    body=st.one_of(
+        st.binary(max_size=200),
+        st.one_of(ERROR_BODIES, json_values(ERROR_FIELDS, ERROR_WORDS, allow_nan=True)).map(
+            lambda value: json.dumps(value).encode()
+        ),
+    ),
+)
 @example(status=400, body=b'{"error": {"code": [], "param": ""}}')  # an unhashable code
 def test_any_error_body_is_read_as_a_refusal_only_when_it_names_a_sent_setting(status, body):
     """Whatever a server answers, reading it never raises, and a refusal is a 400 naming a
@@ -145,8 +191,9 @@ def test_the_simulated_endpoint_refuses_as_openai_does_for_the_official_client(r
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model="gpt-5", messages=QUESTION, max_tokens=64)
     assert (raised.value.param, raised.value.code) == ("max_tokens", "unsupported_parameter")
-    reply = client.chat.completions.create(model="gpt-5", messages=QUESTION,
-                                           max_completion_tokens=64, reasoning_effort="low")
+    reply = client.chat.completions.create(
+        model="gpt-5", messages=QUESTION, max_completion_tokens=64, reasoning_effort="low"
+    )
     assert reply.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
 
 
@@ -154,13 +201,14 @@ def test_bad_dialects_are_configuration_errors():
     assert parse_dialect("openai-reasoning", "x") == DIALECT_PRESETS["openai-reasoning"]
     assert parse_dialect({"reasoning_effort": "low"}, "x") == Dialect(reasoning_effort="low")
     for declared, message in (
-            ("gpt", "unknown dialect preset 'gpt'"),
-            ({"output_cap": "max_new_tokens"}, "output_cap must be one of"),
-            ({"sampling": "no"}, "sampling must be true or false"),
-            ({"stream": "yes"}, "stream must be true or false, got 'yes'"),
-            ({"extra_body": {"max_tokens": 5}}, "extra_body may not set max_tokens"),
-            ({"effort": "high"}, "unknown dialect field(s) effort"),
-            (7, "a dialect is a preset's name")):
+        ("gpt", "unknown dialect preset 'gpt'"),
+        ({"output_cap": "max_new_tokens"}, "output_cap must be one of"),
+        ({"sampling": "no"}, "sampling must be true or false"),
+        ({"stream": "yes"}, "stream must be true or false, got 'yes'"),
+        ({"extra_body": {"max_tokens": 5}}, "extra_body may not set max_tokens"),
+        ({"effort": "high"}, "unknown dialect field(s) effort"),
+        (7, "a dialect is a preset's name"),
+    ):
         with pytest.raises(ConfigError, match=f"^where: .*{re.escape(message)}"):
             parse_dialect(declared, "where")
     with pytest.raises(ConfigError, match="rollout.dialect: the policy is sampled"):
@@ -169,23 +217,41 @@ def test_bad_dialects_are_configuration_errors():
 
 def _expert_declaration(tmp_path, endpoint: SimulatedOpenAI, **options) -> str:
     path = tmp_path / f"ask_{len(options)}.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "ask", "description": "Ask an expert.", "class": "nemo_orch.tools.llm.LLMTool",
-        "parameters": {"type": "object", "required": ["model", "question"],
-                       "properties": {"model": {"type": "string"},
-                                      "question": {"type": "string"}}},
-        "options": {"max_retries": 0, "models": {"frontier": {
-            "base_url": endpoint.url, "model": "gpt-5", "api_key_env": "OPENAI_API_KEY",
-            "max_tokens": 4096, **options}}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ask",
+                "description": "Ask an expert.",
+                "class": "nemo_orch.tools.llm.LLMTool",
+                "parameters": {
+                    "type": "object",
+                    "required": ["model", "question"],
+                    "properties": {"model": {"type": "string"}, "question": {"type": "string"}},
+                },
+                "options": {
+                    "max_retries": 0,
+                    "models": {
+                        "frontier": {
+                            "base_url": endpoint.url,
+                            "model": "gpt-5",
+                            "api_key_env": "OPENAI_API_KEY",
+                            "max_tokens": 4096,
+                            **options,
+                        }
+                    },
+                },
+            }
+        )
+    )
     return str(path)
 
 
-def test_an_expert_tool_bills_reasoning_and_stops_the_run_on_a_refusal(tmp_path,
-                                                                       reasoning_model):
+def test_an_expert_tool_bills_reasoning_and_stops_the_run_on_a_refusal(tmp_path, reasoning_model):
     async def call(declaration: str):
         async with load_toolbox([declaration]) as toolbox:
-            return await toolbox.call("ask", {"model": "frontier", "question": "2 + 2?"},
-                                      ToolContext())
+            return await toolbox.call(
+                "ask", {"model": "frontier", "question": "2 + 2?"}, ToolContext()
+            )
 
     declared = _expert_declaration(tmp_path, reasoning_model, dialect="openai-reasoning")
     result = asyncio.run(call(declared))
@@ -201,9 +267,15 @@ def test_a_judge_that_refuses_its_dialect_stops_the_run(reasoning_model):
     task = Task(id="q", question="Capital of France?", answer="Paris")
 
     def scorer(dialect: str) -> OutcomeScorer:
-        return OutcomeScorer(RewardConfig(judge_base_url=reasoning_model.url, judge_model="gpt-5",
-                                          judge_api_key_env="OPENAI_API_KEY",
-                                          judge_max_retries=0, judge_dialect=dialect))
+        return OutcomeScorer(
+            RewardConfig(
+                judge_base_url=reasoning_model.url,
+                judge_model="gpt-5",
+                judge_api_key_env="OPENAI_API_KEY",
+                judge_max_retries=0,
+                judge_dialect=dialect,
+            )
+        )
 
     with pytest.raises(EndpointRefusal, match="^reward.judge: .*'max_tokens'"):
         asyncio.run(scorer("vllm").score(task, "The city of Paris, I think"))
@@ -211,25 +283,31 @@ def test_a_judge_that_refuses_its_dialect_stops_the_run(reasoning_model):
     assert verdict.method == "judge_error" and "no verdict" in verdict.detail  # it said "4"
 
 
-def test_the_reference_tools_reach_a_reasoning_model_with_its_parameters(tmp_path,
-                                                                         reasoning_model):
+def test_the_reference_tools_reach_a_reasoning_model_with_its_parameters(tmp_path, reasoning_model):
     """``tools=reference`` as shipped: answer-1 and reasoner-1 (gpt-5) ask the reasoning model
     with max_completion_tokens and no temperature; reasoner-1's program runs in the sandbox."""
+
     def reply(body: dict) -> str:
         asked = body["messages"][-1]["content"]
-        return ("```python\nprint(2 + 2)\n```" if "Python program" in asked
-                else "<answer>4</answer>")
+        return "```python\nprint(2 + 2)\n```" if "Python program" in asked else "<answer>4</answer>"
 
     with SimulatedOpenAI("gpt-5", reasoning=True, key=KEY, reply=reply) as gpt5:
-        config = config_lib.load(["tools=reference", f"+tools.endpoints.answer-1='{gpt5.url}'",
-                                  f"+tools.endpoints.reasoner-1='{gpt5.url}'"])
+        config = config_lib.load(
+            [
+                "tools=reference",
+                f"+tools.endpoints.answer-1='{gpt5.url}'",
+                f"+tools.endpoints.reasoner-1='{gpt5.url}'",
+            ]
+        )
         task = Task(id="sum", question="What is 2 + 2?", answer="4")
 
         async def plan():
             async with build_toolbox(config.tools) as toolbox:
                 context = ToolContext(task_id=task.id, task=task)
-                return [await toolbox.call(name, {"model": model}, context) for name, model in
-                        (("enhance_reasoning", "reasoner-1"), ("answer", "answer-1"))]
+                return [
+                    await toolbox.call(name, {"model": model}, context)
+                    for name, model in (("enhance_reasoning", "reasoner-1"), ("answer", "answer-1"))
+                ]
 
         program, answer = asyncio.run(plan())
     assert program.error is None and "4" in program.output
@@ -245,9 +323,16 @@ def test_a_run_whose_expert_refuses_exits_2_naming_it():
     """``nemo-orch tools call`` on ``tools=experts``: the math alias (an open model's server,
     vllm's dialect) pointed at a reasoning model is refused once; the command stops, exit 2."""
     with SimulatedOpenAI("gpt-5", reasoning=True, key=None) as reasoning_model:
-        refused = run_cli_here("tools", "call", "call_expert", "tools=experts",
-                               f"+tools.endpoints.math='{reasoning_model.url}'", "--args",
-                               json.dumps({"model": "math", "question": "2 + 2?"}), expect=2)
+        refused = run_cli_here(
+            "tools",
+            "call",
+            "call_expert",
+            "tools=experts",
+            f"+tools.endpoints.math='{reasoning_model.url}'",
+            "--args",
+            json.dumps({"model": "math", "question": "2 + 2?"}),
+            expect=2,
+        )
     assert len(reasoning_model.requests) == 1
     assert "tool call_expert, model 'math'" in refused.stderr
     assert "refuses the request parameter 'max_tokens'" in refused.stderr
@@ -262,8 +347,12 @@ def test_every_shipped_openai_reasoning_model_is_asked_in_its_dialect():
             if declaration.class_path == "nemo_orch.tools.llm.LLMTool":
                 for alias, options in declaration.options["models"].items():
                     declared[f"{name}/{declaration.spec.name}/{alias}"] = (
-                        options["model"], parse_dialect(options.get("dialect", "vllm"), alias))
+                        options["model"],
+                        parse_dialect(options.get("dialect", "vllm"), alias),
+                    )
     reasoning = {key for key, (model, _) in declared.items() if re.match(r"gpt-5|o\d", model)}
     assert len(reasoning) == 7  # frontier; answer-1/2, reasoner-1/2, search-1/2
-    assert all((dialect == DIALECT_PRESETS["openai-reasoning"]) == (key in reasoning)
-               for key, (_, dialect) in declared.items())
+    assert all(
+        (dialect == DIALECT_PRESETS["openai-reasoning"]) == (key in reasoning)
+        for key, (_, dialect) in declared.items()
+    )

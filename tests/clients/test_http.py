@@ -34,12 +34,16 @@ def test_options_are_checked():
 
 def test_a_servers_traceback_is_cut_to_its_innermost_message():
     # What Triton answers for a Python-backend model that raises (PyTriton 0.5.0 unpatched).
-    wrapped = ("Failed to process the request(s) for model instance 'm_0_0', message: "
-               "TritonModelException: Model execute error: Traceback (most recent call last):\n"
-               '  File "/srv/1/model.py", line 462, in execute\n'
-               "c_python_backend_utils.TritonModelException: Traceback (most recent call last):\n"
-               '  File "/srv/app.py", line 9, in __call__\n    raise ValueError(why)\n'
-               "ValueError: metadata must be a JSON object\n\n\nAt:\n  /srv/1/model.py(469)\n")
-    assert error_message(httpx.Response(400, json={"error": wrapped})) == \
-        "metadata must be a JSON object"
+    wrapped = (
+        "Failed to process the request(s) for model instance 'm_0_0', message: "
+        "TritonModelException: Model execute error: Traceback (most recent call last):\n"
+        '  File "/srv/1/model.py", line 462, in execute\n'
+        "c_python_backend_utils.TritonModelException: Traceback (most recent call last):\n"
+        '  File "/srv/app.py", line 9, in __call__\n    raise ValueError(why)\n'
+        "ValueError: metadata must be a JSON object\n\n\nAt:\n  /srv/1/model.py(469)\n"
+    )
+    assert (
+        error_message(httpx.Response(400, json={"error": wrapped}))
+        == "metadata must be a JSON object"
+    )
     assert error_message(httpx.Response(400, json={"error": "one line"})) == "one line"

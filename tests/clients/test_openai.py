@@ -27,9 +27,11 @@ class Stub(JSONServer):
         super().__init__(answer, url_path="/v1")
 
 
-CHAT_OK = {"model": "m", "choices": [{"message": {"role": "assistant", "content": "4"},
-                                      "finish_reason": "stop"}],
-           "usage": {"prompt_tokens": 7, "completion_tokens": 1}}
+CHAT_OK = {
+    "model": "m",
+    "choices": [{"message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 1},
+}
 
 
 def test_client_error_is_clear_and_not_retried():

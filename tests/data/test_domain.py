@@ -24,8 +24,10 @@ def test_offline_domains_have_ten_plus_read_and_write_tools():
 
 
 def test_state_hash_is_canonical(shop):
-    reordered = {table: dict(reversed(list(records.items())))
-                 for table, records in reversed(list(shop.database.items()))}
+    reordered = {
+        table: dict(reversed(list(records.items())))
+        for table, records in reversed(list(shop.database.items()))
+    }
     assert state_hash(reordered) == state_hash(shop.database)
     changed = shop.fresh_database()
     changed["customers"]["C1"]["zip"] = "00000"
@@ -45,31 +47,51 @@ def test_tool_parameters_are_typed_json_schema(shop):
 def test_reads_and_writes(shop):
     database = shop.fresh_database()
     order = next(o for o in database["orders"].values() if o["status"] == "pending")
-    assert shop.spec.execute(database, "get_order_details",
-                             {"order_id": order["order_id"]}) == order
-    cancelled = shop.spec.execute(database, "cancel_pending_order",
-                                  {"order_id": order["order_id"]})
+    assert (
+        shop.spec.execute(database, "get_order_details", {"order_id": order["order_id"]}) == order
+    )
+    cancelled = shop.spec.execute(database, "cancel_pending_order", {"order_id": order["order_id"]})
     assert cancelled["status"] == database["orders"][order["order_id"]]["status"] == "cancelled"
     customer = database["customers"]["C1"]
-    assert shop.spec.execute(database, "find_customer_id_by_name_zip", {
-        "first_name": customer["first_name"], "last_name": customer["last_name"],
-        "zip": customer["zip"]})[0] == "C1"
-    created = shop.spec.execute(database, "place_order", {
-        "customer_id": "C1", "product_id": "P1", "quantity": 2, "address": "1 Oak St",
-        "total": 10})
+    assert (
+        shop.spec.execute(
+            database,
+            "find_customer_id_by_name_zip",
+            {
+                "first_name": customer["first_name"],
+                "last_name": customer["last_name"],
+                "zip": customer["zip"],
+            },
+        )[0]
+        == "C1"
+    )
+    created = shop.spec.execute(
+        database,
+        "place_order",
+        {
+            "customer_id": "C1",
+            "product_id": "P1",
+            "quantity": 2,
+            "address": "1 Oak St",
+            "total": 10,
+        },
+    )
     assert created["order_id"] == f"#O{len(shop.database['orders']) + 1}"
     assert created["status"] == "pending" and created["total"] == 10.0
 
 
-@pytest.mark.parametrize("name, arguments, message", [
-    ("cancel_pending_order", {"order_id": 7}, "order_id"),
-    ("cancel_pending_order", {}, "order_id"),
-    ("cancel_pending_order", {"order_id": "#O1", "reason": "x"}, "reason"),
-    ("cancel_pending_order", {"order_id": "#O999"}, "no orders record"),
-    ("add_store_credit", {"customer_id": "C1", "amount": -10_000}, "below"),
-    ("add_store_credit", {"customer_id": "C1", "amount": "5"}, "amount"),
-    ("no_such_tool", {}, "unknown tool"),
-])
+@pytest.mark.parametrize(
+    "name, arguments, message",
+    [
+        ("cancel_pending_order", {"order_id": 7}, "order_id"),
+        ("cancel_pending_order", {}, "order_id"),
+        ("cancel_pending_order", {"order_id": "#O1", "reason": "x"}, "reason"),
+        ("cancel_pending_order", {"order_id": "#O999"}, "no orders record"),
+        ("add_store_credit", {"customer_id": "C1", "amount": -10_000}, "below"),
+        ("add_store_credit", {"customer_id": "C1", "amount": "5"}, "amount"),
+        ("no_such_tool", {}, "unknown tool"),
+    ],
+)
 def test_refused_calls_leave_the_state_untouched(shop, name, arguments, message):
     database = shop.fresh_database()
     before = state_hash(database)

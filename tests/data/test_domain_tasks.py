@@ -33,18 +33,25 @@ def tasks(shop):
 
 
 def task(shop, actions, facts=(), task_id="t"):
-    return DomainTask.model_validate({
-        "id": task_id, "user_scenario": {"instructions": {
-            "domain": "shop", "reason_for_call": "r", "task_instructions": "i"}},
-        "evaluation_criteria": {"actions": [{"action_id": str(n), "name": name,
-                                             "arguments": arguments}
-                                            for n, (name, arguments) in enumerate(actions)],
-                                "communicate_info": list(facts)}})
+    return DomainTask.model_validate(
+        {
+            "id": task_id,
+            "user_scenario": {
+                "instructions": {"domain": "shop", "reason_for_call": "r", "task_instructions": "i"}
+            },
+            "evaluation_criteria": {
+                "actions": [
+                    {"action_id": str(n), "name": name, "arguments": arguments}
+                    for n, (name, arguments) in enumerate(actions)
+                ],
+                "communicate_info": list(facts),
+            },
+        }
+    )
 
 
 def pending_order(shop) -> str:
-    return next(o["order_id"] for o in shop.database["orders"].values()
-                if o["status"] == "pending")
+    return next(o["order_id"] for o in shop.database["orders"].values() if o["status"] == "pending")
 
 
 def test_round_trip_jsonl_and_json_array(tasks, tmp_path):
@@ -60,18 +67,37 @@ def test_published_forms_load_as_they_are(tmp_path):
     """tau2's fields (persona, ticket, initial_state, nl_assertions, reward_basis), nested
     objects stored as JSON strings (as in the ToolScale parquet) and unknown fields, kept."""
     record = {
-        "id": "0", "description": json.dumps({"purpose": "p", "relevant_policies": None}),
-        "user_scenario": {"persona": "calm", "instructions": {
-            "domain": "retail", "reason_for_call": "refund", "known_info": "zip 1",
-            "unknown_info": None, "task_instructions": "be brief"}},
+        "id": "0",
+        "description": json.dumps({"purpose": "p", "relevant_policies": None}),
+        "user_scenario": {
+            "persona": "calm",
+            "instructions": {
+                "domain": "retail",
+                "reason_for_call": "refund",
+                "known_info": "zip 1",
+                "unknown_info": None,
+                "task_instructions": "be brief",
+            },
+        },
         "ticket": None,
         "initial_state": {"initialization_data": {"agent_data": {"orders": {}}}},
-        "evaluation_criteria": json.dumps({
-            "actions": [{"action_id": "0_0", "name": "get_order_details",
-                         "arguments": {"order_id": "#W1"}, "info": None}],
-            "communicate_info": ["10"], "nl_assertions": ["polite"],
-            "reward_basis": ["DB", "ACTION"]}),
-        "source": "toolscale-v1"}
+        "evaluation_criteria": json.dumps(
+            {
+                "actions": [
+                    {
+                        "action_id": "0_0",
+                        "name": "get_order_details",
+                        "arguments": {"order_id": "#W1"},
+                        "info": None,
+                    }
+                ],
+                "communicate_info": ["10"],
+                "nl_assertions": ["polite"],
+                "reward_basis": ["DB", "ACTION"],
+            }
+        ),
+        "source": "toolscale-v1",
+    }
     path = tmp_path / "public.json"
     path.write_text(json.dumps([record]))
     loaded = read_domain_tasks(path)[0]
@@ -80,8 +106,10 @@ def test_published_forms_load_as_they_are(tmp_path):
     assert loaded.gold_actions[0].requestor == "assistant"
     assert loaded.to_json()["source"] == "toolscale-v1"
     assert loaded.database_update() == {"orders": {}}
-    assert read_domain_tasks(path)[0].to_json() == DomainTask.model_validate(
-        loaded.to_json()).to_json()
+    assert (
+        read_domain_tasks(path)[0].to_json()
+        == DomainTask.model_validate(loaded.to_json()).to_json()
+    )
 
 
 def test_malformed_files_name_file_and_line(tasks, tmp_path):
@@ -114,24 +142,32 @@ def test_gold_scores_one_and_a_wrong_argument_scores_zero(shop, tasks):
     for drawn in tasks:
         assert score_episode(shop, drawn, gold_calls(drawn), " ".join(drawn.facts)).reward == 1.0
     order = pending_order(shop)
-    cancel = task(shop, [("get_order_details", {"order_id": order}),
-                         ("cancel_pending_order", {"order_id": order})])
-    other = next(o for o in shop.database["orders"] if shop.database["orders"][o]["status"]
-                 == "pending" and o != order)
+    cancel = task(
+        shop,
+        [("get_order_details", {"order_id": order}), ("cancel_pending_order", {"order_id": order})],
+    )
+    other = next(
+        o
+        for o in shop.database["orders"]
+        if shop.database["orders"][o]["status"] == "pending" and o != order
+    )
     wrong = score_episode(shop, cancel, [("cancel_pending_order", {"order_id": other})], "")
     assert (wrong.reward, wrong.db_match, wrong.writes) == (0.0, False, True)
     nothing = score_episode(shop, cancel, [], "I cancelled it.")
     assert nothing.reward == 0.0
     # A refused call changes nothing: the state is as if it were never made.
-    refused = score_episode(shop, cancel, [("cancel_pending_order", {"order_id": 12}),
-                                           ("cancel_pending_order", {"order_id": order})], "")
+    refused = score_episode(
+        shop,
+        cancel,
+        [("cancel_pending_order", {"order_id": 12}), ("cancel_pending_order", {"order_id": order})],
+        "",
+    )
     assert refused.reward == 1.0
 
 
 def test_no_write_task_is_flagged_and_rests_on_facts(shop):
     credit = shop.database["customers"]["C1"]["store_credit"]
-    read_only = task(shop, [("get_customer_details", {"customer_id": "C1"})],
-                     facts=[f"{credit:g}"])
+    read_only = task(shop, [("get_customer_details", {"customer_id": "C1"})], facts=[f"{credit:g}"])
     silent = score_episode(shop, read_only, [], "I don't know.")
     assert silent.writes is False and silent.db_match and silent.reward == 0.0
     assert silent.missing_facts == [f"{credit:g}"]
@@ -145,8 +181,9 @@ def test_action_basis_requires_the_gold_calls(shop):
     record["evaluation_criteria"]["reward_basis"] = ["ACTION"]
     strict = DomainTask.model_validate(record)
     assert score_episode(shop, strict, [], "x").missing_actions == ["get_order_details"]
-    assert score_episode(shop, strict, [("get_order_details", {"order_id": order})],
-                         "").reward == 1.0
+    assert (
+        score_episode(shop, strict, [("get_order_details", {"order_id": order})], "").reward == 1.0
+    )
 
 
 def test_every_validation_filter(shop):
@@ -155,10 +192,18 @@ def test_every_validation_filter(shop):
     cases = {
         "schema": task(shop, [("cancel_pending_order", {"order_id": 5})]),
         "execution": task(shop, [("cancel_pending_order", {"order_id": delivered})]),
-        "no_effect": task(shop, [("add_store_credit", {"customer_id": "C1", "amount": 5}),
-                                 ("add_store_credit", {"customer_id": "C1", "amount": -5})]),
-        "budget": task(shop, [("get_order_details", {"order_id": order})] * 12
-                       + [("cancel_pending_order", {"order_id": order})]),
+        "no_effect": task(
+            shop,
+            [
+                ("add_store_credit", {"customer_id": "C1", "amount": 5}),
+                ("add_store_credit", {"customer_id": "C1", "amount": -5}),
+            ],
+        ),
+        "budget": task(
+            shop,
+            [("get_order_details", {"order_id": order})] * 12
+            + [("cancel_pending_order", {"order_id": order})],
+        ),
     }
     unknown_tool = task(shop, [("refund_everything", {})])
     judged = task(shop, [("cancel_pending_order", {"order_id": order})]).to_json()
@@ -172,8 +217,7 @@ def test_every_validation_filter(shop):
     assert "doing nothing would pass" in rejection(shop, read_nothing, 12).reason
     keep = task(shop, [("cancel_pending_order", {"order_id": order})], task_id="keep")
     summary = ValidationSummary()
-    kept = list(validated(shop, [*cases.values(), unknown_tool, read_nothing, keep], 12,
-                          summary))
+    kept = list(validated(shop, [*cases.values(), unknown_tool, read_nothing, keep], 12, summary))
     assert [t.id for t in kept] == ["keep"]
     assert summary.dropped() == {"schema": 2, "execution": 1, "no_effect": 2, "budget": 1}
     assert (summary.seen, summary.kept) == (7, 1)
@@ -181,8 +225,13 @@ def test_every_validation_filter(shop):
 
 def test_task_row_for_the_orchestrator(shop, tasks):
     drawn = tasks[0]
-    row = to_task_row(shop, drawn, preference={"accuracy": 1.0, "cost": 0.5},
-                      instruction="Keep it cheap.", extra_tools=("call_expert",))
+    row = to_task_row(
+        shop,
+        drawn,
+        preference={"accuracy": 1.0, "cost": 0.5},
+        instruction="Keep it cheap.",
+        extra_tools=("call_expert",),
+    )
     assert row.id == f"shop/{drawn.id}" and row.system == shop.spec.policy
     assert row.question.endswith("Keep it cheap.")
     assert drawn.user_scenario.instructions.reason_for_call in row.question

@@ -17,14 +17,22 @@ def pair_record() -> dict[str, Any]:
     """A pair whose chosen side calls a tool (arguments as a JSON string, content null, as
     OpenAI writes them) and reads its result; the rejected side guesses."""
     call = {"type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}}
-    return {"id": "p1",
-            "prompt": [{"role": "system", "content": "Answer with <answer>."},
-                       {"role": "user", "content": "q"}],
-            "chosen": [{"role": "assistant", "content": None, "tool_calls": [call]},
-                       {"role": "tool", "content": "r"},
-                       {"role": "assistant", "content": "<answer>r</answer>"}],
-            "rejected": [{"role": "assistant", "content": "<answer>guess</answer>"}],
-            "tools": TOOLS, "chosen_reward": 1.0, "rejected_reward": 0.0}
+    return {
+        "id": "p1",
+        "prompt": [
+            {"role": "system", "content": "Answer with <answer>."},
+            {"role": "user", "content": "q"},
+        ],
+        "chosen": [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "r"},
+            {"role": "assistant", "content": "<answer>r</answer>"},
+        ],
+        "rejected": [{"role": "assistant", "content": "<answer>guess</answer>"}],
+        "tools": TOOLS,
+        "chosen_reward": 1.0,
+        "rejected_reward": 0.0,
+    }
 
 
 def test_pairs_are_normalized_like_conversations(tmp_path: Path) -> None:
@@ -35,15 +43,22 @@ def test_pairs_are_normalized_like_conversations(tmp_path: Path) -> None:
     assert pair.chosen[0]["tool_calls"][0]["function"]["arguments"] == {"query": "x"}
     assert [m["role"] for m in pair.prompt] == ["system", "user"]
     assert pair.tokens is None and (pair.chosen_reward, pair.rejected_reward) == (1.0, 0.0)
-    assert pair.conversation("rejected") == {"messages": pair.prompt + pair.rejected,
-                                             "tools": TOOLS}
+    assert pair.conversation("rejected") == {
+        "messages": pair.prompt + pair.rejected,
+        "tools": TOOLS,
+    }
 
 
 def test_round_trip_with_and_without_tokens(tmp_path: Path) -> None:
-    tokens = {"prompt": [1, 2, 3], "chosen": {"ids": [4, 5], "loss_mask": [1, 0]},
-              "rejected": {"ids": [6], "loss_mask": [1]}}
-    records = [pair_record(), {**pair_record(), "id": "p2", "tokens": tokens,
-                               "chosen_reward": None}]
+    tokens = {
+        "prompt": [1, 2, 3],
+        "chosen": {"ids": [4, 5], "loss_mask": [1, 0]},
+        "rejected": {"ids": [6], "loss_mask": [1]},
+    }
+    records = [
+        pair_record(),
+        {**pair_record(), "id": "p2", "tokens": tokens, "chosen_reward": None},
+    ]
     source = tmp_path / "source.jsonl"
     source.write_text("".join(json.dumps(record) + "\n" for record in records))
     pairs = read_pairs(source)
@@ -71,28 +86,40 @@ def _broken(edit: str) -> str:
     elif edit == "bad prompt message":
         record["prompt"][1]["role"] = "critic"
     elif edit == "tokens without a mask per id":
-        record["tokens"] = {"prompt": [1], "chosen": {"ids": [2, 3], "loss_mask": [1]},
-                            "rejected": {"ids": [4], "loss_mask": [1]}}
+        record["tokens"] = {
+            "prompt": [1],
+            "chosen": {"ids": [2, 3], "loss_mask": [1]},
+            "rejected": {"ids": [4], "loss_mask": [1]},
+        }
     elif edit == "tokens without a policy token":
-        record["tokens"] = {"prompt": [1], "chosen": {"ids": [2], "loss_mask": [1]},
-                            "rejected": {"ids": [4], "loss_mask": [0]}}
+        record["tokens"] = {
+            "prompt": [1],
+            "chosen": {"ids": [2], "loss_mask": [1]},
+            "rejected": {"ids": [4], "loss_mask": [0]},
+        }
     elif edit == "not json":
         return '{"id": "p1", "prompt": ['
     return json.dumps(record)
 
 
-@pytest.mark.parametrize("edit, message", [
-    ("missing side", "missing 'rejected'"),
-    ("empty side", "'chosen' must be a non-empty list of messages"),
-    ("side not answering the prompt", "'rejected' must start with the assistant's message"),
-    ("same sides", "'chosen' and 'rejected' are the same"),
-    ("swapped rewards", "chosen_reward 0.0 is below rejected_reward 1.0"),
-    ("undeclared tool", "chosen: messages[2]: call to 'browse', which is not among"),
-    ("bad prompt message", "messages[1]: a message must be an object with a role"),
-    ("tokens without a mask per id", "tokens.chosen.loss_mask must be a list of 0/1, one per id"),
-    ("tokens without a policy token", "tokens.rejected: no policy token"),
-    ("not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ("missing side", "missing 'rejected'"),
+        ("empty side", "'chosen' must be a non-empty list of messages"),
+        ("side not answering the prompt", "'rejected' must start with the assistant's message"),
+        ("same sides", "'chosen' and 'rejected' are the same"),
+        ("swapped rewards", "chosen_reward 0.0 is below rejected_reward 1.0"),
+        ("undeclared tool", "chosen: messages[2]: call to 'browse', which is not among"),
+        ("bad prompt message", "messages[1]: a message must be an object with a role"),
+        (
+            "tokens without a mask per id",
+            "tokens.chosen.loss_mask must be a list of 0/1, one per id",
+        ),
+        ("tokens without a policy token", "tokens.rejected: no policy token"),
+        ("not json", "not valid JSON"),
+    ],
+)
 def test_bad_pairs_name_file_and_line(tmp_path: Path, edit: str, message: str) -> None:
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(pair_record()) + "\n" + _broken(edit) + "\n")

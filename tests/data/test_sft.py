@@ -119,8 +119,7 @@ def test_collate(
     tiny_tokenizer: PreTrainedTokenizerBase, offline_conversations: list[dict[str, Any]]
 ) -> None:
     dataset = SFTDataset(tiny_tokenizer, offline_conversations[:8], seq_length=512)
-    batch = collate([dataset[i] for i in global_batch(dataset, 0, 3, seed=0)], 512,
-                    dataset.pad_id)
+    batch = collate([dataset[i] for i in global_batch(dataset, 0, 3, seed=0)], 512, dataset.pad_id)
     assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
         "tokens": ((3, 512), torch.long),
         "labels": ((3, 512), torch.long),

@@ -45,8 +45,20 @@ def test_the_reference_is_current_and_every_key_has_a_meaning() -> None:
 
 def test_the_reference_covers_every_section_and_key() -> None:
     sections = {section.path: section for section in config_reference.describe(Config)}
-    for name in ("run", "model", "trainer", "trainer.optim", "rollout", "rollout.ray", "tools",
-                 "grpo", "grpo.ppo", "grpo.curriculum[]", "env.sources[]", "launcher.experts[]"):
+    for name in (
+        "run",
+        "model",
+        "trainer",
+        "trainer.optim",
+        "rollout",
+        "rollout.ray",
+        "tools",
+        "grpo",
+        "grpo.ppo",
+        "grpo.curriculum[]",
+        "env.sources[]",
+        "launcher.experts[]",
+    ):
         assert name in sections
     keys = {key.path: key for section in sections.values() for key in section.keys}
     assert keys["grpo.kl_coef"].default == "`0.1`"
@@ -86,14 +98,17 @@ def test_a_stale_reference_fails_the_check_naming_the_key(edit: str) -> None:
     assert "stale" in problem and "rollout.top_k" in problem
 
 
-def test_the_command_writes_the_reference_and_checks_it(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_the_command_writes_the_reference_and_checks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     reference = tmp_path / "configuration.md"
     monkeypatch.setattr(config_reference, "REFERENCE", reference)
     assert config_reference.main([]) == 0
     assert config_reference.main(["--check"]) == 0
-    reference.write_text(reference.read_text().replace("| `run.seed` | `int` | `1234` |",
-                                                       "| `run.seed` | `int` | `7` |"))
+    reference.write_text(
+        reference.read_text().replace(
+            "| `run.seed` | `int` | `1234` |", "| `run.seed` | `int` | `7` |"
+        )
+    )
     assert config_reference.main(["--check"]) == 1
     assert "is stale (run.seed)" in capsys.readouterr().err

@@ -19,10 +19,13 @@ from support.cli_helpers import ENDED, TINY_MAIN_JOB, free_ports, job_state, run
 ROOT = Path(__file__).resolve().parents[2]
 # What makes the walkthrough's commands small here, by subcommand: the tiny run's shapes, four
 # held-out tasks, short turns.
-SMALL = {"eval": ["eval.tasks=4", "rollout.max_turns=2", "rollout.max_new_tokens=8"],
-         "serve": ["rollout.max_turns=2", "rollout.max_new_tokens=8"],
-         "launch": [override for override in TINY_MAIN_JOB
-                    if override.startswith(("model.", "tokenizer."))]}
+SMALL = {
+    "eval": ["eval.tasks=4", "rollout.max_turns=2", "rollout.max_new_tokens=8"],
+    "serve": ["rollout.max_turns=2", "rollout.max_new_tokens=8"],
+    "launch": [
+        override for override in TINY_MAIN_JOB if override.startswith(("model.", "tokenizer."))
+    ],
+}
 
 
 def walkthrough() -> tuple[list[list[str]], str]:
@@ -30,9 +33,13 @@ def walkthrough() -> tuple[list[list[str]], str]:
     client."""
     section = (ROOT / "README.md").read_text().split("\n## Walkthrough", 1)[1].split("\n## ")[0]
     blocks = re.findall(r"```(bash|python)\n(.*?)```", section, re.DOTALL)
-    commands = [shlex.split(line) for language, body in blocks if language == "bash"
-                for line in body.replace("\\\n", " ").splitlines()
-                if line.startswith("nemo-orch ")]
+    commands = [
+        shlex.split(line)
+        for language, body in blocks
+        if language == "bash"
+        for line in body.replace("\\\n", " ").splitlines()
+        if line.startswith("nemo-orch ")
+    ]
     (client,) = [body for language, body in blocks if language == "python"]
     return commands, client
 
@@ -50,8 +57,7 @@ def by_subcommand(commands: list[list[str]], name: str) -> list[list[str]]:
 def test_the_walkthrough_trains_evaluates_exports_serves_and_answers(tiny_main_job):
     directory, _ = tiny_main_job
     commands, client = walkthrough()
-    assert [command[1] for command in commands] == ["eval", "export", "export", "serve",
-                                                     "launch"]
+    assert [command[1] for command in commands] == ["eval", "export", "export", "serve", "launch"]
 
     (evaluate,) = by_subcommand(commands, "eval")
     evaluated = run(evaluate, directory).stdout
@@ -63,11 +69,19 @@ def test_the_walkthrough_trains_evaluates_exports_serves_and_answers(tiny_main_j
     run(to_hf, directory)
     hf_dir = directory / to_hf[to_hf.index("--out") + 1]
     loaded = subprocess.run(  # transformers, alone in a process, loads the export as it is
-        [sys.executable, "-c", "import sys, transformers as t; "
-         "m = t.AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
-         "k = t.AutoTokenizer.from_pretrained(sys.argv[1]); "
-         "print(type(m).__name__, m.config.vocab_size, len(k('What is 2 + 2?').input_ids))",
-         str(hf_dir)], capture_output=True, text=True, check=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, transformers as t; "
+            "m = t.AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
+            "k = t.AutoTokenizer.from_pretrained(sys.argv[1]); "
+            "print(type(m).__name__, m.config.vocab_size, len(k('What is 2 + 2?').input_ids))",
+            str(hf_dir),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     model, vocab_size, tokens = loaded.stdout.split()
     assert (model, vocab_size) == ("Qwen3ForCausalLM", "1024") and int(tokens) > 0
     run(to_trtllm, directory)
@@ -76,17 +90,27 @@ def test_the_walkthrough_trains_evaluates_exports_serves_and_answers(tiny_main_j
 
     (serve,) = by_subcommand(commands, "serve")
     (port,) = free_ports(1)
-    served = [argument.replace("serve.http_port=8000", f"serve.http_port={port}")
-              for argument in serve]
+    served = [
+        argument.replace("serve.http_port=8000", f"serve.http_port={port}") for argument in serve
+    ]
     server = subprocess.Popen(
-        [sys.executable, "-m", "nemo_orch.cli", *served[1:], *SMALL["serve"]], cwd=directory,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [sys.executable, "-m", "nemo_orch.cli", *served[1:], *SMALL["serve"]],
+        cwd=directory,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_until_up(f"http://127.0.0.1:{port}/v1/models", server)
         called = subprocess.run(  # as from the activated environment: nemo-orch on PATH
             [sys.executable, "-c", client.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
-            capture_output=True, text=True, timeout=120, cwd=directory,
-            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=directory,
+            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        )
         assert called.returncode == 0, called.stderr
     finally:
         server.terminate()
@@ -99,8 +123,9 @@ def assert_client_output(printed: str) -> None:
     then how the served episode ended, its answer and cost, and its first calls."""
     decision, episode, *calls = printed.strip().splitlines()
     assert decision.startswith("first call: "), printed
-    assert re.fullmatch(r"orchestrate: (answer|max_turns|context_limit), answer .+, USD \d\.\d{6}",
-                        episode), printed
+    assert re.fullmatch(
+        r"orchestrate: (answer|max_turns|context_limit), answer .+, USD \d\.\d{6}", episode
+    ), printed
     assert len(calls) <= 2 and all(call.startswith("  ") and " -> " in call for call in calls)
 
 

@@ -30,8 +30,9 @@ def answered(task: Task, answer: str) -> Trajectory:
 def test_train_and_validation_partition_a_file_by_task_id(tmp_path):
     path = tmp_path / "tasks.jsonl"
     write_tasks(path, [Task(id=f"t{i}", question=f"q{i}?", answer=str(i)) for i in range(200)])
-    env = build_environment(config_lib.load(["env=tasks", f"env.path={path}",
-                                             "env.val_fraction=0.25"]))
+    env = build_environment(
+        config_lib.load(["env=tasks", f"env.path={path}", "env.val_fraction=0.25"])
+    )
     train, validation = env.tasks("train", None, 0), env.tasks("validation", None, 0)
     assert {t.id for t in train} | {t.id for t in validation} == {f"t{i}" for i in range(200)}
     assert not {t.id for t in train} & {t.id for t in validation}
@@ -40,8 +41,9 @@ def test_train_and_validation_partition_a_file_by_task_id(tmp_path):
     # A draw is deterministic for its seed, distinct tasks, and the split does not depend on it.
     assert env.tasks("train", 8, 3) == env.tasks("train", 8, 3) != env.tasks("train", 8, 4)
     assert len({t.id for t in env.tasks("train", 8, 3)}) == 8
-    shuffled = build_environment(config_lib.load(["env=tasks", f"env.path={path}",
-                                                  "env.val_fraction=0.25", "env.limit=50"]))
+    shuffled = build_environment(
+        config_lib.load(["env=tasks", f"env.path={path}", "env.val_fraction=0.25", "env.limit=50"])
+    )
     assert {t.id for t in shuffled.tasks("validation", None, 0)} <= {t.id for t in validation}
 
 
@@ -81,9 +83,11 @@ def test_the_offline_world_is_the_main_jobs():
     assert env.preferences and env.tasks("test", None, 0) == held_out_tasks(20, ORCHESTRA)
     # GRPO's tasks of a step are make_tasks with the step's seed, as before environments.
     assert [t.question for t in env.tasks("train", 6, 99)] == [
-        t.question for t in make_tasks(6, 99, interface=ORCHESTRA)]
+        t.question for t in make_tasks(6, 99, interface=ORCHESTRA)
+    ]
     assert not {t.question for t in env.tasks("validation", 50, 0)} & {
-        t.question for t in env.tasks("test", None, 0)}
+        t.question for t in env.tasks("test", None, 0)
+    }
     with pytest.raises(ValueError, match="unbounded"):
         env.tasks("train", None, 0)
 
@@ -93,28 +97,58 @@ def test_qa_rows_read_with_configured_columns_and_bad_rows_named(tmp_path):
     tasks = env.tasks("test", None, 0)
     assert len(tasks) == 32 and tasks[0].id == "gt-000" and tasks[0].answer == "2156"
     custom = tmp_path / "mine.jsonl"
-    custom.write_text(json.dumps({"problem": "2+2?", "solution": 4, "docs": ["d1"]}) + "\n"
-                      + json.dumps({"problem": "3+3?"}) + "\n")
+    custom.write_text(
+        json.dumps({"problem": "2+2?", "solution": 4, "docs": ["d1"]})
+        + "\n"
+        + json.dumps({"problem": "3+3?"})
+        + "\n"
+    )
     with pytest.raises(DataError, match=r"mine.jsonl:2: answer or reference_answer"):
-        build_environment(config_lib.load(["env=qa", f"env.path={custom}",
-                                           "env.documents_column=docs",
-                                           "env.retrieval.scope=oracle"]))
+        build_environment(
+            config_lib.load(
+                [
+                    "env=qa",
+                    f"env.path={custom}",
+                    "env.documents_column=docs",
+                    "env.retrieval.scope=oracle",
+                ]
+            )
+        )
     custom.write_text(json.dumps({"problem": "2+2?", "solution": 4, "docs": ["d1"]}) + "\n")
-    (task,) = build_environment(config_lib.load(["env=qa", f"env.path={custom}",
-                                                 "env.documents_column=docs",
-                                                 "env.retrieval.scope=oracle"])
-                                ).tasks("test", None, 0)
+    (task,) = build_environment(
+        config_lib.load(
+            [
+                "env=qa",
+                f"env.path={custom}",
+                "env.documents_column=docs",
+                "env.retrieval.scope=oracle",
+            ]
+        )
+    ).tasks("test", None, 0)
     assert (task.id, task.question, task.answer, task.allowed_documents) == (
-        "qa-0", "2+2?", "4", frozenset({"d1"}))
+        "qa-0",
+        "2+2?",
+        "4",
+        frozenset({"d1"}),
+    )
     with pytest.raises(config_lib.ConfigError, match="read only by env.retrieval.scope=oracle"):
         config_lib.load(["env=qa", f"env.path={custom}", "env.documents_column=docs"])
 
 
 def _verdict(body: dict) -> dict:
-    return {"id": "j", "object": "chat.completion", "model": "judge",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "correct"}}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}
+    return {
+        "id": "j",
+        "object": "chat.completion",
+        "model": "judge",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "correct"},
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+    }
 
 
 def test_qa_scores_exact_first_then_asks_the_judge_on_localhost():
@@ -125,9 +159,16 @@ def test_qa_scores_exact_first_then_asks_the_judge_on_localhost():
         return _verdict(body)
 
     with serve_json({("POST", "/v1/chat/completions"): judge}, url_path="/v1") as server:
-        env = build_environment(config_lib.load([
-            "env=qa", f"env.path={QA_SAMPLE}", f"reward.judge_base_url={server.url}",
-            "reward.judge_model=judge"]))
+        env = build_environment(
+            config_lib.load(
+                [
+                    "env=qa",
+                    f"env.path={QA_SAMPLE}",
+                    f"reward.judge_base_url={server.url}",
+                    "reward.judge_model=judge",
+                ]
+            )
+        )
         task = env.tasks("test", 1, 0)[0]
         exact = asyncio.run(env.score(task, answered(task, task.answer)))
         assert isinstance(exact, Scored) and exact.outcome.correct and requests == []
@@ -142,9 +183,16 @@ def test_toolscale_counts_domains_and_replays_gold(toolscale_dir):
     assert task.tools and env.gold_plan(task).actions
     # Its own tools only by default; env.tools adds declared ones beside them.
     shop = [t for t in env.tasks("test", None, 0) if t.id.startswith("shop/")][0]
-    extra = build_environment(config_lib.load([
-        "env=toolscale", f"env.path={toolscale_dir}", "env.domain=shop",
-        "env.tools=[tools/offline]"])).tasks("test", None, 0)[0]
+    extra = build_environment(
+        config_lib.load(
+            [
+                "env=toolscale",
+                f"env.path={toolscale_dir}",
+                "env.domain=shop",
+                "env.tools=[tools/offline]",
+            ]
+        )
+    ).tasks("test", None, 0)[0]
     assert extra.id == shop.id
     assert extra.tools == (*shop.tools, "call_expert", "python_sandbox", "search")
 
@@ -162,8 +210,9 @@ def test_an_option_of_another_kind_and_moved_keys_are_refused():
 
 @pytest.mark.tau2
 def test_tau2_mock_has_one_task_set_for_every_split():
-    env = build_environment(config_lib.load(["env=tau2", "env.domain=mock",
-                                             "env.val_fraction=0.3"]))
+    env = build_environment(
+        config_lib.load(["env=tau2", "env.domain=mock", "env.val_fraction=0.3"])
+    )
     test, train = env.tasks("test", None, 0), env.tasks("train", None, 0)
     assert len(test) == 9 and 0 < len(train) < 9
     assert env.has_gold_plan and env.user_toolbox() is not None

@@ -23,7 +23,7 @@ import pytest
 from nemo_orch.envs.clock import DOMAIN_PACKAGE, INSTANT, domain_clock
 
 # A domain module reading the clock in every way the stand-ins cover.
-PROBE = '''
+PROBE = """
 import datetime
 import time
 from datetime import date
@@ -36,11 +36,19 @@ def readings():
             "module_now": datetime.datetime.now(), "date_today": date.today(),
             "module_date_today": datetime.date.today(), "time": time.time(), "epoch": epoch(),
             "time_ns": time.time_ns(), "now_utc": dt.now(datetime.timezone.utc)}
-'''
-FROZEN = {"utcnow": INSTANT, "now": INSTANT, "today": INSTANT, "module_now": INSTANT,
-          "date_today": INSTANT.date(), "module_date_today": INSTANT.date(),
-          "time": 1715785200.0, "epoch": 1715785200.0, "time_ns": 1715785200 * 10**9,
-          "now_utc": INSTANT.replace(tzinfo=datetime.UTC)}
+"""
+FROZEN = {
+    "utcnow": INSTANT,
+    "now": INSTANT,
+    "today": INSTANT,
+    "module_now": INSTANT,
+    "date_today": INSTANT.date(),
+    "module_date_today": INSTANT.date(),
+    "time": 1715785200.0,
+    "epoch": 1715785200.0,
+    "time_ns": 1715785200 * 10**9,
+    "now_utc": INSTANT.replace(tzinfo=datetime.UTC),
+}
 
 
 @pytest.fixture
@@ -54,8 +62,9 @@ def probe():
 
 
 def _is_real(readings: dict[str, Any]) -> bool:
-    return readings["date_today"] == datetime.date.today() and abs(
-        readings["time"] - time.time()) < 60
+    return (
+        readings["date_today"] == datetime.date.today() and abs(readings["time"] - time.time()) < 60
+    )
 
 
 def test_the_domains_clock_is_frozen_inside_the_scope_only(probe):
@@ -71,9 +80,13 @@ def test_the_stand_ins_make_real_datetimes(probe):
     """Domain code that builds, parses and type-checks dates gets real ones."""
     with domain_clock():
         stamp = probe.dt.utcnow()
-        made = [probe.dt(2024, 1, 2), probe.dt.fromisoformat("2024-01-02T03:04:05"),
-                probe.dt.strptime("2024", "%Y"), probe.date(2024, 1, 2),
-                probe.dt.combine(probe.date(2024, 1, 2), datetime.time(3))]
+        made = [
+            probe.dt(2024, 1, 2),
+            probe.dt.fromisoformat("2024-01-02T03:04:05"),
+            probe.dt.strptime("2024", "%Y"),
+            probe.date(2024, 1, 2),
+            probe.dt.combine(probe.date(2024, 1, 2), datetime.time(3)),
+        ]
     assert {type(value) for value in made} == {datetime.datetime, datetime.date}
     assert type(stamp) is datetime.datetime and isinstance(stamp, probe.dt)
     assert isinstance(datetime.date(2024, 1, 2), probe.date)
@@ -146,13 +159,13 @@ class ClockBankDB(DB):
 
     accounts: dict[str, Account] = Field(description="Accounts by id")
 '''
-STAMPS = '''
+STAMPS = """
 from datetime import datetime
 
 
 def utc_stamp() -> datetime:
     return datetime.utcnow()
-'''
+"""
 TOOLS = '''
 import datetime
 import time
@@ -214,24 +227,36 @@ DB_JSON = {"accounts": {"A1": {"account_id": "A1", "balance": 100.0, "entries": 
 
 
 def _task(task_id: str, tool: str) -> dict[str, Any]:
-    return {"id": task_id, "description": None, "initial_state": None,
-            "user_scenario": {"persona": None, "instructions": f"{tool} 20 on A1."},
-            "evaluation_criteria": {"actions": [{
-                "action_id": "0", "name": tool, "info": None,
-                "arguments": {"account_id": "A1", "amount": 20.0}}],
-                "communicate_info": [], "reward_basis": ["DB"]}}
+    return {
+        "id": task_id,
+        "description": None,
+        "initial_state": None,
+        "user_scenario": {"persona": None, "instructions": f"{tool} 20 on A1."},
+        "evaluation_criteria": {
+            "actions": [
+                {
+                    "action_id": "0",
+                    "name": tool,
+                    "info": None,
+                    "arguments": {"account_id": "A1", "amount": 20.0},
+                }
+            ],
+            "communicate_info": [],
+            "reward_basis": ["DB"],
+        },
+    }
 
 
 def write_clock_bank(parent: Path) -> Path:
     directory = parent / "clock_bank"
     directory.mkdir()
-    for name, text in (("data_model.py", DATA_MODEL), ("stamps.py", STAMPS),
-                       ("tools.py", TOOLS)):
+    for name, text in (("data_model.py", DATA_MODEL), ("stamps.py", STAMPS), ("tools.py", TOOLS)):
         (directory / name).write_text(textwrap.dedent(text))
     (directory / "db.json").write_text(json.dumps(DB_JSON))
     (directory / "policy.md").write_text("# Clock bank\n\nDo what the account holder asks.\n")
-    (directory / "tasks.json").write_text(json.dumps([_task("deposit", "deposit"),
-                                                      _task("withdraw", "withdraw")]))
+    (directory / "tasks.json").write_text(
+        json.dumps([_task("deposit", "deposit"), _task("withdraw", "withdraw")])
+    )
     return directory
 
 
@@ -259,17 +284,21 @@ def test_the_domains_tools_store_the_frozen_instant(clock_bank):
     environment = registry.get_env_constructor("clock_bank")()
     with domain_clock():
         for tool in ("deposit", "withdraw"):
-            response = environment.get_response(ToolCall(
-                id=tool, name=tool, arguments={"account_id": "A1", "amount": 5.0}))
+            response = environment.get_response(
+                ToolCall(id=tool, name=tool, arguments={"account_id": "A1", "amount": 5.0})
+            )
             assert not response.error, response.content
     entries = environment.tools.db.accounts["A1"].entries
     assert [(entry.kind, entry.at, entry.epoch) for entry in entries] == [
-        ("deposit", INSTANT, None), ("withdrawal", INSTANT, int(FROZEN["time"]))]
+        ("deposit", INSTANT, None),
+        ("withdrawal", INSTANT, int(FROZEN["time"])),
+    ]
 
 
 @pytest.mark.tau2
-def test_a_gold_replay_scored_a_second_later_passes_and_fails_without_the_clock(clock_bank,
-                                                                                 monkeypatch):
+def test_a_gold_replay_scored_a_second_later_passes_and_fails_without_the_clock(
+    clock_bank, monkeypatch
+):
     """The agent's calls run in one second, tau2's evaluator replays them and the gold actions
     in the next: with the clock both tasks score 1.0. Without it (the control), the evaluator's
     replays of the agent's deposit and of the gold one store different microseconds, and the
@@ -279,12 +308,14 @@ def test_a_gold_replay_scored_a_second_later_passes_and_fails_without_the_clock(
     from nemo_orch.envs.tau2 import adapter
 
     tasks = {task.metadata["tau2_task"]["id"]: task for task in clock_bank.tasks}
-    frozen = {name: asyncio.run(gold_replay_turns(clock_bank, task))
-              for name, task in tasks.items()}
+    frozen = {
+        name: asyncio.run(gold_replay_turns(clock_bank, task)) for name, task in tasks.items()
+    }
     with monkeypatch.context() as unfrozen:
         unfrozen.setattr(adapter, "domain_clock", contextlib.nullcontext)
-        real = {name: asyncio.run(gold_replay_turns(clock_bank, task))
-                for name, task in tasks.items()}
+        real = {
+            name: asyncio.run(gold_replay_turns(clock_bank, task)) for name, task in tasks.items()
+        }
     _sleep_past_the_second()
     for name, task in tasks.items():
         score = adapter.score_episode(task, frozen[name])
@@ -294,5 +325,6 @@ def test_a_gold_replay_scored_a_second_later_passes_and_fails_without_the_clock(
         deposit = adapter.score_episode(tasks["deposit"], real["deposit"])
         withdraw = adapter.score_episode(tasks["withdraw"], real["withdraw"])
     assert deposit.reward == 0.0 and deposit.failures == (
-        "the database differs from the one the gold actions leave",)
+        "the database differs from the one the gold actions leave",
+    )
     assert withdraw.reward == 0.0 and "could not replay" in withdraw.failures[0]

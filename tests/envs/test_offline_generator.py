@@ -35,8 +35,9 @@ def _calls(conversation: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _preference_kind(conversation: dict[str, Any]) -> str:
     system = conversation["messages"][0]["content"]
-    [kind] = [k for k, texts in PREFERENCE_PHRASES.items()
-              if any(system.endswith(t) for t in texts)]
+    [kind] = [
+        k for k, texts in PREFERENCE_PHRASES.items() if any(system.endswith(t) for t in texts)
+    ]
     return kind
 
 
@@ -128,8 +129,10 @@ def test_bundled_corpus_is_the_whole_world():
     from nemo_orch.config import CONF_DIR
     from nemo_orch.envs.offline.generator import world_documents
 
-    shipped = [json.loads(line) for line in
-               (CONF_DIR / "tools" / "offline" / "world.jsonl").read_text().splitlines()]
+    shipped = [
+        json.loads(line)
+        for line in (CONF_DIR / "tools" / "offline" / "world.jsonl").read_text().splitlines()
+    ]
     assert shipped == world_documents()
     passages = {doc["text"] for doc in shipped}
     for conversation in generate_conversations(200, seed=3):

@@ -15,34 +15,47 @@ from nemo_orch.train.grpo_rollouts import Group, environment_metrics
 
 
 def _episode(*aliases: str) -> Trajectory:
-    calls = [CallRecord("search" if alias.startswith("search") else "answer", {"model": alias})
-             for alias in aliases]
-    turns = [TurnRecord(index, 1, 1, 0.0, 0.0, "stop", [call]) for index, call in
-             enumerate(calls)]
+    calls = [
+        CallRecord("search" if alias.startswith("search") else "answer", {"model": alias})
+        for alias in aliases
+    ]
+    turns = [TurnRecord(index, 1, 1, 0.0, 0.0, "stop", [call]) for index, call in enumerate(calls)]
     return Trajectory.without_tokens("t", 0, 0, [], [], turns, "answer", "1", 0.0)
 
 
 def _task(family: str, preference: str) -> Task:
-    return Task(f"{family}-{preference}", "q",
-                metadata={"family": family, "preference_name": preference})
+    return Task(
+        f"{family}-{preference}", "q", metadata={"family": family, "preference_name": preference}
+    )
 
 
-def _group(family: str, preference: str, episodes: list[tuple[tuple[str, ...], float]],
-           advantages: list[float] | None = None) -> EpisodeGroup:
-    return EpisodeGroup(_task(family, preference), [_episode(*route) for route, _ in episodes],
-                        [reward for _, reward in episodes], advantages)
+def _group(
+    family: str,
+    preference: str,
+    episodes: list[tuple[tuple[str, ...], float]],
+    advantages: list[float] | None = None,
+) -> EpisodeGroup:
+    return EpisodeGroup(
+        _task(family, preference),
+        [_episode(*route) for route, _ in episodes],
+        [reward for _, reward in episodes],
+        advantages,
+    )
 
 
 def test_flat_and_one_route_groups_are_told_apart_per_group_and_over_all():
     # lookup/accuracy: one route, rewards differ (the answerer's luck): signal, none on the route
-    same_route = _group("lookup", "accuracy", [(("search-1", "answer-1"), 1.0),
-                                                (("search-1", "answer-1"), 0.0)])
+    same_route = _group(
+        "lookup", "accuracy", [(("search-1", "answer-1"), 1.0), (("search-1", "answer-1"), 0.0)]
+    )
     # lookup/cost: two routes, equal rewards: no signal at all
-    flat = _group("lookup", "cost", [(("search-3", "answer-4"), 0.5),
-                                      (("search-1", "answer-1"), 0.5)])
+    flat = _group(
+        "lookup", "cost", [(("search-3", "answer-4"), 0.5), (("search-1", "answer-1"), 0.5)]
+    )
     # lookup/cost again: two routes, two rewards
-    both = _group("lookup", "cost", [(("search-3", "answer-4"), 0.9),
-                                      (("search-1", "answer-1"), 0.2)])
+    both = _group(
+        "lookup", "cost", [(("search-3", "answer-4"), 0.9), (("search-1", "answer-1"), 0.2)]
+    )
     metrics = rollout_metrics([same_route, flat, both])
     assert metrics["group/lookup/accuracy/flat"] == 0.0
     assert metrics["group/lookup/accuracy/one_route"] == 1.0
@@ -57,10 +70,11 @@ def test_flat_and_one_route_groups_are_told_apart_per_group_and_over_all():
 
 
 def test_each_preference_gets_its_share_of_the_trained_advantage_mass():
-    accuracy = _group("math", "accuracy", [(("answer-1",), 1.0), (("answer-2",), 0.9)],
-                      [1.0, -1.0])
-    cost = [_group("math", "cost", [(("answer-4",), 0.8), (("answer-1",), 0.1)], [1.0, -1.0])
-            for _ in range(3)]
+    accuracy = _group("math", "accuracy", [(("answer-1",), 1.0), (("answer-2",), 0.9)], [1.0, -1.0])
+    cost = [
+        _group("math", "cost", [(("answer-4",), 0.8), (("answer-1",), 0.1)], [1.0, -1.0])
+        for _ in range(3)
+    ]
     untrained = _group("math", "no_code", [(("answer-1",), 0.4), (("answer-2",), 0.3)])
     metrics = rollout_metrics([accuracy, *cost, untrained])
     assert metrics["signal/advantage_share/accuracy"] == pytest.approx(0.25)
@@ -84,21 +98,28 @@ class _Counting(Environment):
         raise NotImplementedError
 
     def rollout_metrics(self, groups):
-        return {f"{self.name}/groups": len(groups),
-                f"{self.name}/trained": sum(g.advantages is not None for g in groups),
-                f"{self.name}/advantages": sum(abs(a) for g in groups for a in g.advantages or [])}
+        return {
+            f"{self.name}/groups": len(groups),
+            f"{self.name}/trained": sum(g.advantages is not None for g in groups),
+            f"{self.name}/advantages": sum(abs(a) for g in groups for a in g.advantages or []),
+        }
 
 
 def test_each_environment_gets_the_groups_of_its_tasks_with_the_trained_ones_advantages():
     def group(source: str, rewards: list[float]) -> Group:
-        return Group(Task("t", "q"), [_episode("answer-1") for _ in rewards],
-                     [RewardBreakdown(reward, {}) for reward in rewards], source)
+        return Group(
+            Task("t", "q"),
+            [_episode("answer-1") for _ in rewards],
+            [RewardBreakdown(reward, {}) for reward in rewards],
+            source,
+        )
 
     kept = [group("a", [1.0, 0.0]), group("b", [0.5, 0.0])]
     generated = [*kept, group("a", [1.0, 1.0])]
     reward = config_lib.load([]).reward
-    metrics = environment_metrics([_Counting("a"), _Counting("b"), _Counting("c")], generated,
-                                  kept, reward)
+    metrics = environment_metrics(
+        [_Counting("a"), _Counting("b"), _Counting("c")], generated, kept, reward
+    )
     assert metrics["a/groups"] == 2 and metrics["a/trained"] == 1 and metrics["b/groups"] == 1
     assert metrics["a/advantages"] == pytest.approx(2.0, rel=1e-3)  # +-1 for two rewards
     assert "c/groups" not in metrics  # no groups of its own: not asked

@@ -25,8 +25,11 @@ def table_and_tasks(tiny_tokenizer):
 
 
 def _of(tasks, family, preference):
-    return [task for task in tasks if task.metadata["family"] == family
-            and task.metadata["preference_name"] == preference]
+    return [
+        task
+        for task in tasks
+        if task.metadata["family"] == family and task.metadata["preference_name"] == preference
+    ]
 
 
 def test_adherence_is_the_routes_share_of_the_oracle_utility(table_and_tasks):
@@ -37,7 +40,8 @@ def test_adherence_is_the_routes_share_of_the_oracle_utility(table_and_tasks):
         assert table.adherence(task, NO_ROUTE) == 0.0
         for value in table.values(task):
             assert table.adherence(task, value.route) == pytest.approx(
-                max(value.utility, 0.0) / best.utility)
+                max(value.utility, 0.0) / best.utility
+            )
 
 
 def test_adherence_follows_the_preference_not_only_the_oracle_route(table_and_tasks):

@@ -26,14 +26,27 @@ def test_separation_averages_each_tasks_preference_pairs_per_family():
     def task(name: str, family: str) -> Task:
         return Task(name, "q", metadata={"family": family})
 
-    tasks = [task("t1@accuracy", "math"), task("t1@cost", "math"), task("t1@no_code", "math"),
-             task("t2@accuracy", "word"), task("t2@cost", "word")]
-    routes = {"t1@accuracy": ["reasoner-1>answer-1"] * 2,
-              "t1@cost": ["reasoner-1>answer-4", "reasoner-3>answer-4"],
-              "t1@no_code": ["answer-1", "answer-1"],
-              "t2@accuracy": ["answer-1", "answer-4"], "t2@cost": ["answer-1", "answer-4"]}
-    best = {"t1@accuracy": "reasoner-1>answer-1", "t1@cost": "reasoner-3>answer-4",
-            "t1@no_code": "answer-1", "t2@accuracy": "answer-1", "t2@cost": "answer-4"}
+    tasks = [
+        task("t1@accuracy", "math"),
+        task("t1@cost", "math"),
+        task("t1@no_code", "math"),
+        task("t2@accuracy", "word"),
+        task("t2@cost", "word"),
+    ]
+    routes = {
+        "t1@accuracy": ["reasoner-1>answer-1"] * 2,
+        "t1@cost": ["reasoner-1>answer-4", "reasoner-3>answer-4"],
+        "t1@no_code": ["answer-1", "answer-1"],
+        "t2@accuracy": ["answer-1", "answer-4"],
+        "t2@cost": ["answer-1", "answer-4"],
+    }
+    best = {
+        "t1@accuracy": "reasoner-1>answer-1",
+        "t1@cost": "reasoner-3>answer-4",
+        "t1@no_code": "answer-1",
+        "t2@accuracy": "answer-1",
+        "t2@cost": "answer-4",
+    }
     found = separation(tasks, routes, best)
     # math's three pairs: accuracy-cost 1.0 (first call 0.5), accuracy-no_code 1.0 (1.0),
     # cost-no_code 1.0 (1.0); word's one pair: the same routes
@@ -47,8 +60,9 @@ def test_separation_averages_each_tasks_preference_pairs_per_family():
 def test_a_policy_that_reads_the_cost_instruction_alone_is_measured_so(tiny_tokenizer):
     config = config_lib.load()
     environment = build_environment(config)
-    tasks = [task for task in environment.tasks("test", None, 0)
-             if task.metadata["family"] == "word"][:3]
+    tasks = [
+        task for task in environment.tasks("test", None, 0) if task.metadata["family"] == "word"
+    ][:3]
 
     def reply(prompt: str) -> str:
         # the last user message's instruction decides: cheap under a cost phrase
@@ -57,10 +71,19 @@ def test_a_policy_that_reads_the_cost_instruction_alone_is_measured_so(tiny_toke
         call = {"name": "answer", "arguments": {"model": "answer-4" if cheap else "answer-1"}}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
-    settings = RolloutConfig(max_context_tokens=8192, max_turns=2, max_concurrent_episodes=4,
-                             max_batch_size=4)
-    found = asyncio.run(probe(environment, tasks, ScriptedEngine(tiny_tokenizer, reply),
-                              tiny_tokenizer, settings, samples=2))
+    settings = RolloutConfig(
+        max_context_tokens=8192, max_turns=2, max_concurrent_episodes=4, max_batch_size=4
+    )
+    found = asyncio.run(
+        probe(
+            environment,
+            tasks,
+            ScriptedEngine(tiny_tokenizer, reply),
+            tiny_tokenizer,
+            settings,
+            samples=2,
+        )
+    )
     # word's preferences: accuracy, cost, no_search; the oracle answers with answer-1 under
     # accuracy and no_search, answer-4 under cost (tests/envs/test_offline_orchestra.py)
     word = found["word"]

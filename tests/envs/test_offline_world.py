@@ -72,8 +72,11 @@ def test_oracle_depends_on_the_preference(offline_config):
     for task in make_tasks(400, seed=1):
         values = route_values(task, expert, 1e-4, 0.002, {"python_sandbox": 5e-6})
         assert {v.route for v in values} == set(routes(task, expert.models))
-        key = (task.metadata["family"], task.metadata["difficulty"],
-               task.metadata["preference_name"])
+        key = (
+            task.metadata["family"],
+            task.metadata["difficulty"],
+            task.metadata["preference_name"],
+        )
         best.setdefault(key, Counter())[oracle(values).route] += 1
     top = {key: counts.most_common(1)[0][0] for key, counts in best.items()}
     assert top[("arithmetic", "easy", "cost")] == "tools"
@@ -89,8 +92,11 @@ def test_oracle_depends_on_the_preference(offline_config):
 def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
     """On easy math the strongest router always calls the frontier model; the instructed one calls
     the cheap model exactly when the instruction asks for low cost."""
-    tasks = [task for task in make_tasks(600, seed=3) if task.metadata["family"] == "math"
-             and task.metadata["difficulty"] == "easy"]
+    tasks = [
+        task
+        for task in make_tasks(600, seed=3)
+        if task.metadata["family"] == "math" and task.metadata["difficulty"] == "easy"
+    ]
     assert {"cost", "accuracy"} <= {task.metadata["preference_name"] for task in tasks}
 
     def models_called(router):
@@ -98,19 +104,26 @@ def test_naive_routers_play_their_routes(offline_config, tiny_tokenizer):
 
         async def run():
             async with build_toolbox(offline_config.tools) as toolbox:
-                agent = NaiveRouterAgent(tasks, shares, 0, toolbox, tiny_tokenizer,
-                                         offline_config.resolved_rollout())
+                agent = NaiveRouterAgent(
+                    tasks, shares, 0, toolbox, tiny_tokenizer, offline_config.resolved_rollout()
+                )
                 return [await agent.episode(task, 0, index) for index, task in enumerate(tasks)]
 
-        return [(trajectory.messages[1]["content"].split("\n")[-1],
-                 trajectory.messages[2]["content"].split('"model": "')[1].split('"')[0])
-                for trajectory in asyncio.run(run())]
+        return [
+            (
+                trajectory.messages[1]["content"].split("\n")[-1],
+                trajectory.messages[2]["content"].split('"model": "')[1].split('"')[0],
+            )
+            for trajectory in asyncio.run(run())
+        ]
 
     assert {model for _, model in models_called("strongest")} == {"math-large"}
     instructed = models_called("instructed")
     cost_instructions = set(PREFERENCE_PHRASES["cost"])
-    assert all((model == "math-small") == (instruction in cost_instructions)
-               for instruction, model in instructed)
+    assert all(
+        (model == "math-small") == (instruction in cost_instructions)
+        for instruction, model in instructed
+    )
     assert {"math-small", "math-large"} <= {model for _, model in instructed}
 
 
@@ -122,21 +135,26 @@ def test_naive_routes_are_drawn_in_task_order_with_the_seed(offline_config):
     assert drawn == naive_routes(tasks, expert.models, expert.pricing, shares, seed=1)
     assert drawn != naive_routes(tasks, expert.models, expert.pricing, shares, seed=2)
     assert all(drawn[task.id] in routes(task, expert.models).values() for task in tasks)
-    tiered = naive_routes(tasks, expert.models, expert.pricing,
-                          {name: float(name == "tiered") for name in shares}, seed=1)
+    tiered = naive_routes(
+        tasks,
+        expert.models,
+        expert.pricing,
+        {name: float(name == "tiered") for name in shares},
+        seed=1,
+    )
     experts_drawn = set()
     for task in tasks:  # one expert at a tier drawn at random, every tier drawn
         options = routes(task, expert.models)
-        experts_drawn |= {alias for alias in expert.models
-                          if options[f"expert:{alias}"] == tiered[task.id]}
+        experts_drawn |= {
+            alias for alias in expert.models if options[f"expert:{alias}"] == tiered[task.id]
+        }
     assert experts_drawn == set(expert.models)
 
 
 def test_experts_handed_the_retrieved_evidence_answer_lookups(offline_config):
     """A lookup no expert knows becomes easy once its passage is in the episode's context: the
     oracle prices ``tools+expert:<alias>`` so, and the simulated expert answers so."""
-    lookups = [task for task in make_tasks(300, seed=4)
-               if task.metadata["family"] == "lookup"][:40]
+    lookups = [task for task in make_tasks(300, seed=4) if task.metadata["family"] == "lookup"][:40]
     toolbox = build_toolbox(offline_config.tools)
     expert = toolbox.tools["call_expert"]
     values = {v.route: v for v in route_values(lookups[0], expert, 1e-4, 0.002, {})}
@@ -187,14 +205,22 @@ def test_every_route_is_named_back_from_its_episode(offline_config, tiny_tokeniz
         async with build_toolbox(offline_config.tools) as toolbox:
             named = {}
             for name, route in routes(task, toolbox.tools["call_expert"].models).items():
-                policy = DirectPolicy(ScriptedEngine(tiny_tokenizer,
-                                                     RouterReplies(route, task.answer)))
-                trajectory = await Episode(task, 0, policy, toolbox, tiny_tokenizer,
-                                           offline_config.resolved_rollout()).run()
+                policy = DirectPolicy(
+                    ScriptedEngine(tiny_tokenizer, RouterReplies(route, task.answer))
+                )
+                trajectory = await Episode(
+                    task, 0, policy, toolbox, tiny_tokenizer, offline_config.resolved_rollout()
+                ).run()
                 named[name] = route_of(trajectory)
             return named
 
     named = asyncio.run(play())
-    assert set(named) == {"tools", *(f"{shape}expert:{alias}" for shape in ("", "tools+")
-                                     for alias in ("math-small", "math-large", "generalist"))}
+    assert set(named) == {
+        "tools",
+        *(
+            f"{shape}expert:{alias}"
+            for shape in ("", "tools+")
+            for alias in ("math-small", "math-large", "generalist")
+        ),
+    }
     assert all(route_of_episode == name for name, route_of_episode in named.items())

@@ -57,23 +57,31 @@ def _task(domain, tau2_id):
     return next(task for task in domain.tasks if task.metadata["tau2_task"]["id"] == tau2_id)
 
 
-
-
 def _eval(*overrides: str) -> int:
     return main(["eval", "--benchmark", "tau2", "--agent", "gold-replay", *overrides])
 
 
 def test_gold_replay_of_the_parquet_tasks_passes_through_the_cli(bank_files, tmp_path):
     directory, rows = bank_files
-    assert _eval("env.domain=bank", f"env.tau2_domains=[{directory}]", f"env.path={rows}",
-                 f"eval.out_dir={tmp_path}") == 0
+    assert (
+        _eval(
+            "env.domain=bank",
+            f"env.tau2_domains=[{directory}]",
+            f"env.path={rows}",
+            f"eval.out_dir={tmp_path}",
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     row = report["systems"]["gold-replay"]
     assert (row["tasks"], row["correct"], row["accuracy"]) == (3, 3, 1.0)
     assert row["tool_mix"] == {"deposit": 0.5, "get_balance": 0.5}
     # The weather row is not a bank task; a file is one task set, whatever env.split says.
     assert [episode["task_id"] for episode in report["episodes"]["gold-replay"]] == [
-        "tau2-bank-deposit-50", "tau2-bank-balance-A2", "tau2-bank-deposit-25"]
+        "tau2-bank-deposit-50",
+        "tau2-bank-balance-A2",
+        "tau2-bank-deposit-25",
+    ]
     assert "(one task set, no splits)" in report["notes"]["split"]
 
 
@@ -85,8 +93,7 @@ def documented_command(page: Path, marker: str) -> list[str]:
     return shlex.split(command, comments=True)
 
 
-def test_the_documented_toolscale_hub_command_runs_as_written(bank_files, tmp_path,
-                                                              monkeypatch):
+def test_the_documented_toolscale_hub_command_runs_as_written(bank_files, tmp_path, monkeypatch):
     """docs/interop.md's command for ``nvidia/ToolScale``, its one placeholder path filled in,
     against an offline cache holding the published rows as two shards of one split, with the
     datasets library's metadata and the card beside them."""
@@ -96,15 +103,20 @@ def test_the_documented_toolscale_hub_command_runs_as_written(bank_files, tmp_pa
     directory, rows = bank_files
     published = pq.read_table(rows)
     half = published.num_rows // 2
-    offline_hub(tmp_path, monkeypatch).add("nvidia/ToolScale", {
-        "data/train-00000-of-00002.parquet": parquet_bytes(published.slice(0, half)),
-        "data/train-00001-of-00002.parquet": parquet_bytes(published.slice(half)),
-        "data/dataset_infos.json": b'{"default": {"splits": {"train": {}}}}',
-        "README.md": b"---\nlicense: cc-by-4.0\n---\n",
-        ".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n"},
-        repo_type="dataset")
-    command = documented_command(Path(__file__).parents[2] / "docs" / "interop.md",
-                                 "env.path=nvidia/ToolScale")
+    offline_hub(tmp_path, monkeypatch).add(
+        "nvidia/ToolScale",
+        {
+            "data/train-00000-of-00002.parquet": parquet_bytes(published.slice(0, half)),
+            "data/train-00001-of-00002.parquet": parquet_bytes(published.slice(half)),
+            "data/dataset_infos.json": b'{"default": {"splits": {"train": {}}}}',
+            "README.md": b"---\nlicense: cc-by-4.0\n---\n",
+            ".gitattributes": b"*.parquet filter=lfs diff=lfs merge=lfs -text\n",
+        },
+        repo_type="dataset",
+    )
+    command = documented_command(
+        Path(__file__).parents[2] / "docs" / "interop.md", "env.path=nvidia/ToolScale"
+    )
     assert command[0] == "nemo-orch"
     arguments = [word.replace("path/to/domains/bank", str(directory)) for word in command[1:]]
     assert main([*arguments, f"eval.out_dir={tmp_path / 'report'}"]) == 0
@@ -117,10 +129,13 @@ def test_the_domain_is_tau2s_own(bank):
     nulls are dropped (the merged ``arguments`` struct's ``city`` of the weather tool)."""
     assert sorted(bank.assistant_toolbox().specs) == ["deposit", "get_balance"]
     assert bank.assistant_toolbox().specs["deposit"].parameters["required"] == [
-        "account_id", "amount"]
+        "account_id",
+        "amount",
+    ]
     assert bank.policy.startswith("# Bank policy") and bank.user_tools == []
     assert adapter.tau2_task_of(_task(bank, "deposit-50")).evaluation_criteria.actions[
-        1].arguments == {"account_id": "A1", "amount": 50.0}
+        1
+    ].arguments == {"account_id": "A1", "amount": 50.0}
     assert "bank" in adapter.domains() and adapter.splits("bank") == []
 
 
@@ -151,14 +166,29 @@ def test_registering_again_is_a_no_op_and_a_taken_name_is_an_error(bank, bank_fi
 def test_relative_imports_and_the_directorys_tasks_json(tmp_path):
     """tools.py may import its data model relatively; without a task file, the domain's tasks
     are its tasks.json (tau2's own format: nulls and free-text instructions allowed)."""
-    directory = write_domain(tmp_path, "vault", TOOLS.replace("tau2.domains.{name}.data_model",
-                                                              ".data_model"))
-    tasks = [{"id": "top-up", "description": None, "initial_state": None,
-              "user_scenario": {"persona": None, "instructions": "Deposit 10 into A1."},
-              "evaluation_criteria": {"actions": [{
-                  "action_id": "0", "name": "deposit", "info": None,
-                  "arguments": {"account_id": "A1", "amount": 10.0}}],
-                  "communicate_info": [], "reward_basis": ["DB"]}}]
+    directory = write_domain(
+        tmp_path, "vault", TOOLS.replace("tau2.domains.{name}.data_model", ".data_model")
+    )
+    tasks = [
+        {
+            "id": "top-up",
+            "description": None,
+            "initial_state": None,
+            "user_scenario": {"persona": None, "instructions": "Deposit 10 into A1."},
+            "evaluation_criteria": {
+                "actions": [
+                    {
+                        "action_id": "0",
+                        "name": "deposit",
+                        "info": None,
+                        "arguments": {"account_id": "A1", "amount": 10.0},
+                    }
+                ],
+                "communicate_info": [],
+                "reward_basis": ["DB"],
+            },
+        }
+    ]
     (directory / "tasks.json").write_text(json.dumps(tasks))
     assert register_domain_directory(directory) == "vault"
     vault = load_domain("vault", "train")  # no splits: every split names the one task set
@@ -176,36 +206,68 @@ def _unlink_policy(directory: Path) -> None:
 
 
 def _raise_in_tools(directory: Path) -> None:
-    (directory / "tools.py").write_text("import json\n\nraise RuntimeError('the tools are "
-                                        "broken')\n")
+    (directory / "tools.py").write_text(
+        "import json\n\nraise RuntimeError('the tools are broken')\n"
+    )
 
 
-@pytest.mark.parametrize("name, breaks, message", [
-    ("no_policy", _unlink_policy, "{d}/policy.md: no such file"),
-    ("tools_raise", _raise_in_tools, "{d}/tools.py:3: cannot import the tau2 domain's tools.py: "
-                                     "RuntimeError: the tools are broken"),
-], ids=["no_policy", "tools_raise"])
+@pytest.mark.parametrize(
+    "name, breaks, message",
+    [
+        ("no_policy", _unlink_policy, "{d}/policy.md: no such file"),
+        (
+            "tools_raise",
+            _raise_in_tools,
+            "{d}/tools.py:3: cannot import the tau2 domain's tools.py: "
+            "RuntimeError: the tools are broken",
+        ),
+    ],
+    ids=["no_policy", "tools_raise"],
+)
 def test_a_broken_directory_exits_2_naming_the_file(name, breaks, message, tmp_path, capsys):
     directory = write_domain(tmp_path.resolve(), name)
     breaks(directory)
-    assert _eval(f"env.domain={name}", f"env.tau2_domains=[{directory}]",
-                 f"eval.out_dir={tmp_path / 'out'}") == EXIT_USER_ERROR
+    assert (
+        _eval(
+            f"env.domain={name}",
+            f"env.tau2_domains=[{directory}]",
+            f"eval.out_dir={tmp_path / 'out'}",
+        )
+        == EXIT_USER_ERROR
+    )
     assert message.format(d=directory) in capsys.readouterr().err
     assert f"tau2.domains.{name}" not in sys.modules and name not in adapter.domains()
 
 
-@pytest.mark.parametrize("name, part, content, message", [
-    ("no_toolkit", "tools.py", "from tau2.environment.toolkit import ToolKitBase\n",
-     "tools.py: a tau2 domain's tools.py defines exactly one ToolKitBase subclass; found none"),
-    ("two_dbs", "data_model.py", "from tau2.environment.db import DB\n\n\nclass A(DB):\n"
-                                 "    pass\n\n\nclass B(DB):\n    pass\n",
-     "data_model.py: a tau2 domain's data_model.py defines exactly one DB subclass; found A, B"),
-    ("bad_db", "db.json", '{"accounts": {"A1": {"account_id": "A1"}}}',
-     "db.json: not a BankDB database"),
-    ("bad_syntax", "data_model.py", "def broken(:\n", "data_model.py:1: cannot import"),
-], ids=["no_toolkit", "two_dbs", "bad_db", "bad_syntax"])
-def test_a_domain_tau2_cannot_build_is_an_error_naming_the_file(name, part, content, message,
-                                                                tmp_path):
+@pytest.mark.parametrize(
+    "name, part, content, message",
+    [
+        (
+            "no_toolkit",
+            "tools.py",
+            "from tau2.environment.toolkit import ToolKitBase\n",
+            "tools.py: a tau2 domain's tools.py defines exactly one ToolKitBase subclass; found none",
+        ),
+        (
+            "two_dbs",
+            "data_model.py",
+            "from tau2.environment.db import DB\n\n\nclass A(DB):\n"
+            "    pass\n\n\nclass B(DB):\n    pass\n",
+            "data_model.py: a tau2 domain's data_model.py defines exactly one DB subclass; found A, B",
+        ),
+        (
+            "bad_db",
+            "db.json",
+            '{"accounts": {"A1": {"account_id": "A1"}}}',
+            "db.json: not a BankDB database",
+        ),
+        ("bad_syntax", "data_model.py", "def broken(:\n", "data_model.py:1: cannot import"),
+    ],
+    ids=["no_toolkit", "two_dbs", "bad_db", "bad_syntax"],
+)
+def test_a_domain_tau2_cannot_build_is_an_error_naming_the_file(
+    name, part, content, message, tmp_path
+):
     directory = write_domain(tmp_path.resolve(), name)
     (directory / part).write_text(content)
     with pytest.raises(Tau2Error, match=f"^{directory}/{message}"):
@@ -218,11 +280,17 @@ def test_task_file_errors_name_the_file_and_row(tmp_path):
     rows[1]["evaluation_criteria"]["actions"] = [{"action_id": "0", "arguments": {}}]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
-    with pytest.raises(Tau2Error, match=r"rows.json\[row 1\]: not a tau2 task: evaluation_"
-                                        r"criteria.actions.0.name: Field required"):
+    with pytest.raises(
+        Tau2Error,
+        match=r"rows.json\[row 1\]: not a tau2 task: evaluation_"
+        r"criteria.actions.0.name: Field required",
+    ):
         read_task_file(path, "bank", {})
-    with pytest.raises(Tau2Error, match="no task of tau2 domain 'safe'; its rows name bank "
-                                        r"\(2\)"):
+    with pytest.raises(
+        Tau2Error,
+        match="no task of tau2 domain 'safe'; its rows name bank "
+        r"\(2\)",
+    ):
         read_task_file(path, "safe", {})
 
 

@@ -34,8 +34,9 @@ from nemo_orch.serve.http_server import RequestError, serve_json  # noqa: E402
 pytestmark = pytest.mark.tau2
 
 TELECOM_TASK = "[mobile_data_issue]airplane_mode_on|user_abroad_roaming_enabled_off[PERSONA:None]"
-SETTINGS = RolloutConfig(max_context_tokens=1 << 15, max_turns=12, max_new_tokens=512,
-                         check_template=False)
+SETTINGS = RolloutConfig(
+    max_context_tokens=1 << 15, max_turns=12, max_new_tokens=512, check_template=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +47,15 @@ def user_url(tiny_tokenizer):
 
 def _environment(domain, url, *overrides):
     user = [] if url is None else [f"env.user.base_url={url}", f"env.user.model={MODEL}"]
-    return build_environment(config_lib.load(["env=tau2", f"env.domain={domain}",
-                                              "env.split=train", *user, *overrides]))
+    return build_environment(
+        config_lib.load(["env=tau2", f"env.domain={domain}", "env.split=train", *user, *overrides])
+    )
 
 
 def _task(environment, tau2_id):
-    return next(task for task in environment.domain.tasks
-                if task.metadata["tau2_task"]["id"] == tau2_id)
+    return next(
+        task for task in environment.domain.tasks if task.metadata["tau2_task"]["id"] == tau2_id
+    )
 
 
 def _own_turns(prompt: str) -> int:
@@ -63,13 +66,21 @@ def _own_turns(prompt: str) -> int:
 
 def _play(environment, task, agent, tokenizer):
     """One episode of the scripted ``agent`` with the environment's user, and tau2's score."""
+
     async def run():
-        trajectory, = await run_rollouts([task], 1, ScriptedEngine(tokenizer, agent),
-                                         environment.toolbox(), tokenizer, SETTINGS,
-                                         users=environment.users())
+        (trajectory,) = await run_rollouts(
+            [task],
+            1,
+            ScriptedEngine(tokenizer, agent),
+            environment.toolbox(),
+            tokenizer,
+            SETTINGS,
+            users=environment.users(),
+        )
         return trajectory, await environment.score(task, trajectory)
 
     return asyncio.run(run())
+
 
 def _retail_agent(task):
     """Asks who the user is, makes the task's gold calls, then closes with every fact."""
@@ -90,22 +101,29 @@ def _retail_agent(task):
 def test_a_telecom_user_acts_on_its_phone_when_the_agent_asks(user_url, tiny_tokenizer):
     """The fix needs the user's hands: the agent can only ask, the user's own tool calls
     change its phone, and tau2's assertions on the phone pass."""
-    environment = _environment("telecom", user_url, "env.user.input_usd_per_million=1",
-                               "env.user.output_usd_per_million=2")
+    environment = _environment(
+        "telecom", user_url, "env.user.input_usd_per_million=1", "env.user.output_usd_per_million=2"
+    )
     task = _task(environment, TELECOM_TASK)
 
     def agent(prompt):
         if _own_turns(prompt) == 0:
-            return ("Please turn airplane mode off with `toggle_airplane_mode {}` and data "
-                    "roaming on with `toggle_roaming {}`.")
+            return (
+                "Please turn airplane mode off with `toggle_airplane_mode {}` and data "
+                "roaming on with `toggle_roaming {}`."
+            )
         return f"<answer>{final_message([])}</answer>"
 
     trajectory, scored = _play(environment, task, agent, tiny_tokenizer)
     assert trajectory.termination == "user_stop" and scored.outcome.correct
     assert scored.details["tau2"]["breakdown"]["env_assertions"] == [
         {"assertion": "user.assert_mobile_data_status(expected_status=True)", "met": True},
-        {"assertion": "user.assert_internet_speed(expected_speed=200, "
-                      "expected_desc='excellent')", "met": True}]
+        {
+            "assertion": "user.assert_internet_speed(expected_speed=200, "
+            "expected_desc='excellent')",
+            "met": True,
+        },
+    ]
     # The scenario is not stated up front: the user opens with its reason for calling.
     first_prompt = [m["content"] for m in trajectory.messages[:3]]
     assert first_prompt[1] == "Hi! How can I help you today?"
@@ -116,14 +134,18 @@ def test_a_telecom_user_acts_on_its_phone_when_the_agent_asks(user_url, tiny_tok
     reply = trajectory.messages[4]
     assert reply["role"] == "user" and reply["content"].startswith("Done. My phone says:")
     reply_ids = tiny_tokenizer.encode(reply["content"], add_special_tokens=False)
-    start = next(i for i in range(len(trajectory.token_ids))
-                 if trajectory.token_ids[i:i + len(reply_ids)] == reply_ids)
-    assert set(trajectory.loss_mask[start:start + len(reply_ids)]) == {0}
+    start = next(
+        i
+        for i in range(len(trajectory.token_ids))
+        if trajectory.token_ids[i : i + len(reply_ids)] == reply_ids
+    )
+    assert set(trajectory.loss_mask[start : start + len(reply_ids)]) == {0}
     # The user's tokens are priced in its own ledger, apart from the episode's cost.
     user = trajectory.user
     assert user.messages == 3 and user.input_tokens > 0
     assert user.cost_usd == pytest.approx((user.input_tokens + 2 * user.output_tokens) / 1e6)
     assert trajectory.cost_usd == sum(turn.orchestrator_cost_usd for turn in trajectory.turns)
+
     # Without the user's phone actions, the same closing fails tau2's assertions.
     def closes_at_once(prompt):
         return f"<answer>{final_message([])}</answer>"
@@ -149,8 +171,9 @@ def test_tau2s_step_limit_ends_a_conversation(user_url, tiny_tokenizer):
     """Every agent message, user message and batch of tool results is one of tau2's steps."""
     environment = _environment("retail", user_url, "env.user.max_steps=4")
     task = _task(environment, "0")
-    trajectory, scored = _play(environment, task, lambda prompt: "Could you say that again?",
-                               tiny_tokenizer)
+    trajectory, scored = _play(
+        environment, task, lambda prompt: "Could you say that again?", tiny_tokenizer
+    )
     # The user's opening (1), then agent (2), user (3), agent (4): the limit.
     assert trajectory.termination == "max_steps" and len(trajectory.turns) == 2
     assert not scored.outcome.correct
@@ -170,11 +193,13 @@ def test_a_failing_or_hanging_user_endpoint_is_a_counted_user_error(tiny_tokeniz
 
     for handler in (broken, hanging):
         with _failing_user(handler) as server:
-            environment = _environment("retail", server.url, "env.user.timeout_s=0.5",
-                                       "env.user.max_retries=1")
+            environment = _environment(
+                "retail", server.url, "env.user.timeout_s=0.5", "env.user.max_retries=1"
+            )
             started = time.perf_counter()
-            trajectory, scored = _play(environment, _task(environment, "0"),
-                                       lambda prompt: "Hello?", tiny_tokenizer)
+            trajectory, scored = _play(
+                environment, _task(environment, "0"), lambda prompt: "Hello?", tiny_tokenizer
+            )
             assert time.perf_counter() - started < 10
         assert trajectory.termination == "user_error" and not trajectory.turns
         assert not scored.outcome.correct
@@ -187,10 +212,12 @@ def test_a_user_endpoint_that_refuses_its_dialect_stops_the_run(tiny_tokenizer):
         environment = _environment("retail", gpt5.url, "env.user.max_retries=0")
         with pytest.raises(EndpointRefusal, match="^env.user: .*'temperature'"):
             _play(environment, _task(environment, "0"), lambda prompt: "Hello?", tiny_tokenizer)
-        environment = _environment("retail", gpt5.url, "env.user.dialect=openai-reasoning",
-                                   "env.user.max_steps=3")
-        trajectory, _ = _play(environment, _task(environment, "0"), lambda prompt: "Hello?",
-                              tiny_tokenizer)
+        environment = _environment(
+            "retail", gpt5.url, "env.user.dialect=openai-reasoning", "env.user.max_steps=3"
+        )
+        trajectory, _ = _play(
+            environment, _task(environment, "0"), lambda prompt: "Hello?", tiny_tokenizer
+        )
     assert trajectory.termination != "user_error"
     assert "temperature" not in gpt5.requests[-1]["body"]
 
@@ -202,7 +229,6 @@ def test_without_a_user_the_report_says_it_is_not_tau2_bench():
     assert re.search("not comparable with tau2-bench", SCENARIO_PROTOCOL)
 
 
-
 @pytest.mark.parametrize("concurrency", [1, 16])
 def test_each_trial_is_an_episode_of_its_own(concurrency, user_url, tiny_tokenizer, tmp_path):
     """Three trials of a task that writes to its database, run at once or one by one: each on
@@ -210,10 +236,19 @@ def test_each_trial_is_an_episode_of_its_own(concurrency, user_url, tiny_tokeniz
     from nemo_orch.config import ORCHESTRATOR
     from nemo_orch.eval.harness import System, evaluate
 
-    config = config_lib.load(["env=tau2", "env.domain=retail", "env.split=train",
-                              f"env.user.base_url={user_url}", f"env.user.model={MODEL}",
-                              "model.max_position_embeddings=32768", "rollout.check_template=false",
-                              "eval.num_trials=3", f"eval.concurrency={concurrency}"])
+    config = config_lib.load(
+        [
+            "env=tau2",
+            "env.domain=retail",
+            "env.split=train",
+            f"env.user.base_url={user_url}",
+            f"env.user.model={MODEL}",
+            "model.max_position_embeddings=32768",
+            "rollout.check_template=false",
+            "eval.num_trials=3",
+            f"eval.concurrency={concurrency}",
+        ]
+    )
     environment = build_environment(config)
     task = _task(environment, "0")
     environment.domain.tasks = [task]
@@ -221,8 +256,9 @@ def test_each_trial_is_an_episode_of_its_own(concurrency, user_url, tiny_tokeniz
     system = System(ORCHESTRATOR, ORCHESTRATOR, ScriptedEngine(tiny_tokenizer, agent))
     evaluation = evaluate(config, environment, [system], tmp_path, tiny_tokenizer)
     records = evaluation.records[ORCHESTRATOR]
-    assert [(r["trial"], r["episode"]["termination"], r["outcome"]["correct"]) for r in records] \
-        == [(trial, "user_stop", True) for trial in range(3)]
+    assert [
+        (r["trial"], r["episode"]["termination"], r["outcome"]["correct"]) for r in records
+    ] == [(trial, "user_stop", True) for trial in range(3)]
     assert len(environment.domain.environments) == 0  # every trial's environment released
 
 
@@ -232,22 +268,31 @@ def _closing_steps(calls: int) -> int:
     return 3 + 2 * calls + 2
 
 
-@pytest.mark.parametrize("extra_steps, termination, correct", [
-    (0, "max_steps", False),  # the user stops on the step that reaches the limit: the limit wins
-    (1, "user_stop", True)])
+@pytest.mark.parametrize(
+    "extra_steps, termination, correct",
+    [
+        (
+            0,
+            "max_steps",
+            False,
+        ),  # the user stops on the step that reaches the limit: the limit wins
+        (1, "user_stop", True),
+    ],
+)
 def test_a_limit_reached_on_the_users_stop_ends_the_episode_as_tau2s(
-        extra_steps, termination, correct, user_url, tiny_tokenizer):
+    extra_steps, termination, correct, user_url, tiny_tokenizer
+):
     environment = _environment("retail", None)
     task = _task(environment, "0")
     agent, calls = _retail_agent(task)
-    environment = _environment("retail", user_url,
-                               f"env.user.max_steps={_closing_steps(calls) + extra_steps}")
+    environment = _environment(
+        "retail", user_url, f"env.user.max_steps={_closing_steps(calls) + extra_steps}"
+    )
     trajectory, scored = _play(environment, _task(environment, "0"), agent, tiny_tokenizer)
     assert (trajectory.termination, scored.outcome.correct) == (termination, correct)
 
 
-def test_the_agents_stop_token_and_text_beside_calls_reach_the_transcript(user_url,
-                                                                          tiny_tokenizer):
+def test_the_agents_stop_token_and_text_beside_calls_reach_the_transcript(user_url, tiny_tokenizer):
     """As tau2's LLMAgent: a message with ``###STOP###`` goes to the user like any other, and
     text written beside a call is the message's content, which tau2's communicate check
     reads."""
@@ -258,8 +303,9 @@ def test_the_agents_stop_token_and_text_beside_calls_reach_the_transcript(user_u
 
     def beside_a_call(prompt):
         if _own_turns(prompt) == 0:
-            return ("The materials are polyester and cotton. "
-                    + call_text(("calculate", {"expression": "1 + 1"})))
+            return "The materials are polyester and cotton. " + call_text(
+                ("calculate", {"expression": "1 + 1"})
+            )
         return f"<answer>{final_message([])} ###STOP###</answer>"
 
     trajectory, scored = _play(environment, task, beside_a_call, tiny_tokenizer)
@@ -278,19 +324,28 @@ def test_the_agents_stop_token_and_text_beside_calls_reach_the_transcript(user_u
 
 
 def test_under_tau2s_protocol_the_agent_has_tau2s_system_prompt_and_no_turn_limit(
-        user_url, tiny_tokenizer):
+    user_url, tiny_tokenizer
+):
     from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT
 
     environment = _environment("retail", user_url, "env.user.max_steps=30")
     task = _task(environment, "0")
     policy = _environment("retail", None).domain.policy
-    assert task.system == SYSTEM_PROMPT.format(agent_instruction=AGENT_INSTRUCTION,
-                                               domain_policy=policy)
+    assert task.system == SYSTEM_PROMPT.format(
+        agent_instruction=AGENT_INSTRUCTION, domain_policy=policy
+    )
     settings = dataclasses.replace(SETTINGS, max_turns=2, max_new_tokens=4)
+
     async def run():
-        trajectory, = await run_rollouts([task], 1, ScriptedEngine(tiny_tokenizer, agent),
-                                         environment.toolbox(), tiny_tokenizer, settings,
-                                         users=environment.users())
+        (trajectory,) = await run_rollouts(
+            [task],
+            1,
+            ScriptedEngine(tiny_tokenizer, agent),
+            environment.toolbox(),
+            tiny_tokenizer,
+            settings,
+            users=environment.users(),
+        )
         return trajectory
 
     agent, calls = _retail_agent(task)
@@ -300,8 +355,9 @@ def test_under_tau2s_protocol_the_agent_has_tau2s_system_prompt_and_no_turn_limi
     assert trajectory.termination == "user_stop" and len(trajectory.turns) == calls + 2
 
 
-def test_user_errors_are_reported_per_trial_and_run_again_on_resume(user_url, tiny_tokenizer,
-                                                                    tmp_path):
+def test_user_errors_are_reported_per_trial_and_run_again_on_resume(
+    user_url, tiny_tokenizer, tmp_path
+):
     """A user endpoint down for the first run: its episodes end ``user_error``, which the report
     counts and names; the same evaluation resumed with the endpoint back runs them again."""
     import httpx
@@ -318,11 +374,19 @@ def test_user_errors_are_reported_per_trial_and_run_again_on_resume(user_url, ti
         return httpx.post(f"{user_url}/chat/completions", json=body, timeout=30).json()
 
     with _failing_user(flaky) as server:
-        config = config_lib.load([
-            "env=tau2", "env.domain=retail", "env.split=train", f"env.user.base_url={server.url}",
-            f"env.user.model={MODEL}", "env.user.max_retries=0",
-            "model.max_position_embeddings=32768", "rollout.check_template=false",
-            "eval.num_trials=2"])
+        config = config_lib.load(
+            [
+                "env=tau2",
+                "env.domain=retail",
+                "env.split=train",
+                f"env.user.base_url={server.url}",
+                f"env.user.model={MODEL}",
+                "env.user.max_retries=0",
+                "model.max_position_embeddings=32768",
+                "rollout.check_template=false",
+                "eval.num_trials=2",
+            ]
+        )
         environment = build_environment(config)
         environment.domain.tasks = [_task(environment, "0")]
         agent, _ = _retail_agent(environment.domain.tasks[0])

@@ -23,8 +23,13 @@ from nemo_orch.envs.toolscale.validate import rejection
 
 TIMESTAMP = pa.timestamp("s")
 # Arguments of a bank domain, not installed here, typed as in the published file.
-BANK = {"account_id": pa.string(), "start_date": TIMESTAMP, "end_date": TIMESTAMP,
-        "min_amount": pa.float64(), "active_only": pa.bool_()}
+BANK = {
+    "account_id": pa.string(),
+    "start_date": TIMESTAMP,
+    "end_date": TIMESTAMP,
+    "min_amount": pa.float64(),
+    "active_only": pa.bool_(),
+}
 # Date strings typed as timestamps (as pyarrow's JSON reader types them), and an integer
 # argument in a float64 column (as when another domain's argument of that name is a float).
 TYPED = {"date": TIMESTAMP, "birth_date": TIMESTAMP, "quantity": pa.float64()}
@@ -68,25 +73,38 @@ def row(task: DomainTask) -> dict[str, Any]:
     """A task as a published row (the struct fills in every key it lacks as null)."""
     record = task.to_json()
     for number, action in enumerate(record["evaluation_criteria"]["actions"]):
-        action["arguments"] = {key: published(key, value)
-                               for key, value in action["arguments"].items()}
+        action["arguments"] = {
+            key: published(key, value) for key, value in action["arguments"].items()
+        }
         if number == 0:
             action["requestor"] = "assistant"
     return record
 
 
-def other_row(task_id: str, domain: str, actions: list[dict[str, Any]],
-              reason: str | None = "r") -> dict[str, Any]:
-    return {"id": task_id, "description": {"purpose": ""},
-            "user_scenario": {"instructions": {"task_instructions": "i", "domain": domain,
-                                               "reason_for_call": reason}},
-            "evaluation_criteria": {"actions": actions, "communicate_info": []}}
+def other_row(
+    task_id: str, domain: str, actions: list[dict[str, Any]], reason: str | None = "r"
+) -> dict[str, Any]:
+    return {
+        "id": task_id,
+        "description": {"purpose": ""},
+        "user_scenario": {
+            "instructions": {"task_instructions": "i", "domain": domain, "reason_for_call": reason}
+        },
+        "evaluation_criteria": {"actions": actions, "communicate_info": []},
+    }
 
 
-BANK_ACTION = {"action_id": "0", "name": "list_transactions", "arguments": {
-    "account_id": "AC1", "start_date": datetime.datetime(2025, 1, 1),
-    "end_date": datetime.datetime(2025, 1, 31, 23, 59, 59), "min_amount": 20.5,
-    "active_only": True}}
+BANK_ACTION = {
+    "action_id": "0",
+    "name": "list_transactions",
+    "arguments": {
+        "account_id": "AC1",
+        "start_date": datetime.datetime(2025, 1, 1),
+        "end_date": datetime.datetime(2025, 1, 31, 23, 59, 59),
+        "min_amount": 20.5,
+        "active_only": True,
+    },
+}
 
 
 def write(path: Path, domains: dict[str, Domain], rows: list[dict[str, Any]]) -> Path:
@@ -97,18 +115,30 @@ def write(path: Path, domains: dict[str, Domain], rows: list[dict[str, Any]]) ->
 @pytest.fixture(scope="module")
 def published_file(tmp_path_factory, domains, originals) -> Path:
     shop, clinic, mobile = (originals[name] for name in ("shop", "clinic", "mobile"))
-    rows = [row(shop[0]), other_row("9931", "bank", [BANK_ACTION]), row(clinic[0]),
-            row(shop[1]), other_row("2023", "weather", []), row(mobile[0]), row(clinic[1]),
-            # a bank row that would not parse: never parsed, only counted
-            other_row("10315", "bank", [BANK_ACTION], reason=None),
-            row(mobile[1]), row(shop[2]), row(clinic[2]), row(mobile[2])]
-    return write(tmp_path_factory.mktemp("toolscale") / "train-00000-of-00001.parquet",
-                 domains, rows)
+    rows = [
+        row(shop[0]),
+        other_row("9931", "bank", [BANK_ACTION]),
+        row(clinic[0]),
+        row(shop[1]),
+        other_row("2023", "weather", []),
+        row(mobile[0]),
+        row(clinic[1]),
+        # a bank row that would not parse: never parsed, only counted
+        other_row("10315", "bank", [BANK_ACTION], reason=None),
+        row(mobile[1]),
+        row(shop[2]),
+        row(clinic[2]),
+        row(mobile[2]),
+    ]
+    return write(
+        tmp_path_factory.mktemp("toolscale") / "train-00000-of-00001.parquet", domains, rows
+    )
 
 
 def test_the_layout_is_the_published_one(published_file):
-    arguments = pq.read_table(published_file).to_pylist()[0]["evaluation_criteria"][
-        "actions"][0]["arguments"]
+    arguments = pq.read_table(published_file).to_pylist()[0]["evaluation_criteria"]["actions"][0][
+        "arguments"
+    ]
     assert len(arguments) == 30 and sum(value is not None for value in arguments.values()) == 3
     assert pq.read_schema(published_file).field("initial_state").type == pa.null()
 
@@ -126,11 +156,13 @@ def test_rows_become_the_tasks_they_were(published_file, domains, originals):
             assert got.evaluation_criteria.reward_basis == ["DB", "COMMUNICATE"]
             # the gold actions replay on the domain's database: the task passes every filter
             assert rejection(domains[name], got, MAX_ACTIONS) is None
-    booked = next(a.arguments for a in loaded.tasks["clinic"][0].gold_actions
-                  if a.name == "book_appointment")
+    booked = next(
+        a.arguments for a in loaded.tasks["clinic"][0].gold_actions if a.name == "book_appointment"
+    )
     assert isinstance(booked["date"], str) and booked["date"].startswith("2026-")
-    ordered = next(a.arguments for a in loaded.tasks["shop"][1].gold_actions
-                   if a.name == "place_order")
+    ordered = next(
+        a.arguments for a in loaded.tasks["shop"][1].gold_actions if a.name == "place_order"
+    )
     assert type(ordered["quantity"]) is int
 
 
@@ -138,8 +170,11 @@ def test_rows_are_counted_by_domain_and_uninstalled_ones_named(published_file, d
     loaded = read_toolscale_parquet(published_file, domains)
     assert loaded.counts == {"bank": 2, "clinic": 3, "mobile": 3, "shop": 3, "weather": 1}
     assert loaded.skipped == {"bank": 2, "weather": 1}
-    assert loaded.to_json() == {"path": str(published_file), "rows": loaded.counts,
-                                "skipped_domains": {"bank": 2, "weather": 1}}
+    assert loaded.to_json() == {
+        "path": str(published_file),
+        "rows": loaded.counts,
+        "skipped_domains": {"bank": 2, "weather": 1},
+    }
     only_shop = read_toolscale_parquet(published_file, {"shop": domains["shop"]})
     assert list(only_shop.tasks) == ["shop"] and len(only_shop.tasks["shop"]) == 3
     assert only_shop.skipped == {"bank": 2, "clinic": 3, "mobile": 3, "weather": 1}
@@ -150,16 +185,39 @@ def test_non_null_arguments_stay_and_a_null_required_one_is_missing(tmp_path, do
     """A timestamp, a float and a bool the tool does not take are kept (ISO, typed) for the
     validation filters to name; a required argument given null is missing."""
     extra = dict(BANK_ACTION["arguments"], start_date=datetime.datetime(2026, 3, 4, 10, 30))
-    path = write(tmp_path / "odd.parquet", domains, [
-        other_row("extra", "clinic", [{"action_id": "0", "name": "get_patient_details",
-                                       "arguments": {"patient_id": "PT1", **extra}}]),
-        other_row("null", "shop", [{"action_id": "0", "name": "get_order_details",
-                                    "arguments": {"order_id": None}}])])
-    extra_task, null_task = [task for tasks in read_toolscale_parquet(path, domains).tasks.values()
-                             for task in tasks]
+    path = write(
+        tmp_path / "odd.parquet",
+        domains,
+        [
+            other_row(
+                "extra",
+                "clinic",
+                [
+                    {
+                        "action_id": "0",
+                        "name": "get_patient_details",
+                        "arguments": {"patient_id": "PT1", **extra},
+                    }
+                ],
+            ),
+            other_row(
+                "null",
+                "shop",
+                [{"action_id": "0", "name": "get_order_details", "arguments": {"order_id": None}}],
+            ),
+        ],
+    )
+    extra_task, null_task = [
+        task for tasks in read_toolscale_parquet(path, domains).tasks.values() for task in tasks
+    ]
     assert extra_task.gold_actions[0].arguments == {
-        "patient_id": "PT1", "account_id": "AC1", "start_date": "2026-03-04T10:30:00Z",
-        "end_date": "2025-01-31T23:59:59Z", "min_amount": 20.5, "active_only": True}
+        "patient_id": "PT1",
+        "account_id": "AC1",
+        "start_date": "2026-03-04T10:30:00Z",
+        "end_date": "2025-01-31T23:59:59Z",
+        "min_amount": 20.5,
+        "active_only": True,
+    }
     refused = rejection(domains["clinic"], extra_task, MAX_ACTIONS)
     assert refused.filter == "schema" and "start_date" in refused.reason
     assert null_task.gold_actions[0].arguments == {}
@@ -168,13 +226,27 @@ def test_non_null_arguments_stay_and_a_null_required_one_is_missing(tmp_path, do
 
 
 def test_a_null_stays_where_the_tool_accepts_null(tmp_path, domains, monkeypatch):
-    path = write(tmp_path / "nullable.parquet", domains, [other_row("n", "shop", [
-        {"action_id": "0", "name": "get_order_details", "arguments": {"order_id": "#O1"}}])])
+    path = write(
+        tmp_path / "nullable.parquet",
+        domains,
+        [
+            other_row(
+                "n",
+                "shop",
+                [{"action_id": "0", "name": "get_order_details", "arguments": {"order_id": "#O1"}}],
+            )
+        ],
+    )
     shop = domains["shop"]
     # no offline tool takes a null: a tool whose schema accepts one, in both JSON-schema forms
-    nullable = {"type": "object", "properties": {
-        "order_id": {"type": "string"}, "email": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-        "zip": {"type": ["string", "null"]}}}
+    nullable = {
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string"},
+            "email": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "zip": {"type": ["string", "null"]},
+        },
+    }
     monkeypatch.setattr(shop.spec, "parameters", lambda tool: nullable)
     task = read_toolscale_parquet(path, {"shop": shop}).tasks["shop"][0]
     assert task.gold_actions[0].arguments == {"order_id": "#O1", "email": None, "zip": None}
@@ -182,14 +254,23 @@ def test_a_null_stays_where_the_tool_accepts_null(tmp_path, domains, monkeypatch
 
 def test_bad_rows_name_the_file_and_row(tmp_path, domains, originals):
     good = row(originals["shop"][0])
-    path = write(tmp_path / "bad.parquet", domains, [
-        good, other_row("b", "bank", []), other_row("x", "shop", [], reason=None)])
-    with pytest.raises(DataError, match=r"bad\.parquet\[row 2\]: user_scenario\.instructions"
-                                        r".*reason_for_call"):
+    path = write(
+        tmp_path / "bad.parquet",
+        domains,
+        [good, other_row("b", "bank", []), other_row("x", "shop", [], reason=None)],
+    )
+    with pytest.raises(
+        DataError,
+        match=r"bad\.parquet\[row 2\]: user_scenario\.instructions"
+        r".*reason_for_call",
+    ):
         read_toolscale_parquet(path, domains)
     path = write(tmp_path / "nodomain.parquet", domains, [good, other_row("y", None, [])])
-    with pytest.raises(DataError, match=r"nodomain\.parquet\[row 1\]: user_scenario\."
-                                        r"instructions\.domain must name"):
+    with pytest.raises(
+        DataError,
+        match=r"nodomain\.parquet\[row 1\]: user_scenario\."
+        r"instructions\.domain must name",
+    ):
         read_toolscale_parquet(path, domains)
     path = write(tmp_path / "twice.parquet", domains, [good, good])
     with pytest.raises(DataError, match=r"twice\.parquet\[row 1\]: duplicate task id"):
@@ -201,19 +282,25 @@ def test_bad_rows_name_the_file_and_row(tmp_path, domains, originals):
 
 
 def test_the_toolscale_environment_trains_on_the_installed_domains_of_the_file(
-        published_file, offline):
+    published_file, offline
+):
     from nemo_orch import config as config_lib
     from nemo_orch.config import ConfigError
     from nemo_orch.envs import build_environment
 
     shop = offline / "shop" / "domain.json"
-    env = build_environment(config_lib.load(["env=toolscale", f"env.path={published_file}",
-                                             f"tools.domains=[{shop}]"]))
+    env = build_environment(
+        config_lib.load(["env=toolscale", f"env.path={published_file}", f"tools.domains=[{shop}]"])
+    )
     assert env.notes["tasks_by_domain"] == {"shop": 3}
-    assert env.notes["rows_by_domain"] == {"bank": 2, "clinic": 3, "mobile": 3, "shop": 3,
-                                           "weather": 1}
-    assert env.notes["domains_not_installed"] == {"bank": 2, "clinic": 3, "mobile": 3,
-                                                  "weather": 1}
+    assert env.notes["rows_by_domain"] == {
+        "bank": 2,
+        "clinic": 3,
+        "mobile": 3,
+        "shop": 3,
+        "weather": 1,
+    }
+    assert env.notes["domains_not_installed"] == {"bank": 2, "clinic": 3, "mobile": 3, "weather": 1}
     assert [task.id.split("/")[0] for task in env.tasks("test", None, 0)] == ["shop"] * 3
     with pytest.raises(ConfigError, match="no valid task of an installed domain"):
         build_environment(config_lib.load(["env=toolscale", f"env.path={published_file}"]))
@@ -221,16 +308,30 @@ def test_the_toolscale_environment_trains_on_the_installed_domains_of_the_file(
 
 # A tool taking a map of structs and a list of structs, and a field that is a struct here and a
 # string in another domain's tool of the same argument name.
-NESTED = {"type": "object", "properties": {
-    "choices": {"type": "object", "additionalProperties": {"$ref": "#/$defs/Choice"}},
-    "people": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Person"},
-                                                    {"type": "null"}]}},
-    "details": {"type": "object", "properties": {"plan": {"type": "string"},
-                                                 "count": {"type": "integer"}}}},
-    "$defs": {"Choice": {"type": "object", "properties": {
-                  "option": {"type": "string"}, "note": {"type": ["string", "null"]}}},
-              "Person": {"type": "object", "properties": {
-                  "name": {"type": "string"}, "age": {"type": "integer"}}}}}
+NESTED = {
+    "type": "object",
+    "properties": {
+        "choices": {"type": "object", "additionalProperties": {"$ref": "#/$defs/Choice"}},
+        "people": {
+            "type": "array",
+            "items": {"anyOf": [{"$ref": "#/$defs/Person"}, {"type": "null"}]},
+        },
+        "details": {
+            "type": "object",
+            "properties": {"plan": {"type": "string"}, "count": {"type": "integer"}},
+        },
+    },
+    "$defs": {
+        "Choice": {
+            "type": "object",
+            "properties": {"option": {"type": "string"}, "note": {"type": ["string", "null"]}},
+        },
+        "Person": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        },
+    },
+}
 AS_TEXT = {"type": "object", "properties": {"details": {"type": "string"}}}
 
 
@@ -238,15 +339,40 @@ def nested_rows() -> list[dict[str, Any]]:
     """Two domains' rows as tau2's JSON: the tools' arguments of different shapes, which the
     published conversion merges into one struct."""
     return [
-        other_row("a", "school", [{"action_id": "0", "name": "enroll", "arguments": {
-            "choices": {"CS101": {"option": "audit", "note": None}},
-            "people": [{"name": "Ann", "age": 30}],
-            "details": json.dumps({"plan": "full", "count": 2})}}]),
-        other_row("b", "school", [{"action_id": "0", "name": "enroll", "arguments": {
-            "choices": {"MA201": {"option": "credit"}},
-            "people": [{"name": "Bo"}, {"age": 41}]}}]),
-        other_row("c", "insurance", [{"action_id": "0", "name": "file_claim", "arguments": {
-            "details": "water damage"}}]),
+        other_row(
+            "a",
+            "school",
+            [
+                {
+                    "action_id": "0",
+                    "name": "enroll",
+                    "arguments": {
+                        "choices": {"CS101": {"option": "audit", "note": None}},
+                        "people": [{"name": "Ann", "age": 30}],
+                        "details": json.dumps({"plan": "full", "count": 2}),
+                    },
+                }
+            ],
+        ),
+        other_row(
+            "b",
+            "school",
+            [
+                {
+                    "action_id": "0",
+                    "name": "enroll",
+                    "arguments": {
+                        "choices": {"MA201": {"option": "credit"}},
+                        "people": [{"name": "Bo"}, {"age": 41}],
+                    },
+                }
+            ],
+        ),
+        other_row(
+            "c",
+            "insurance",
+            [{"action_id": "0", "name": "file_claim", "arguments": {"details": "water damage"}}],
+        ),
     ]
 
 
@@ -275,15 +401,21 @@ def test_nulls_the_union_struct_added_are_dropped_at_every_depth(tmp_path):
     merged = pq.read_table(path).to_pylist()[1]["evaluation_criteria"]["actions"][0]["arguments"]
     assert merged["choices"] == {"CS101": None, "MA201": {"option": "credit"}}
     assert merged["people"] == [{"name": "Bo", "age": None}, {"name": None, "age": 41}]
-    arguments = [published_record(row, {"enroll": NESTED, "file_claim": AS_TEXT})[
-                     "evaluation_criteria"]["actions"][0]["arguments"]
-                 for _, row in read_records(path)]
+    arguments = [
+        published_record(row, {"enroll": NESTED, "file_claim": AS_TEXT})["evaluation_criteria"][
+            "actions"
+        ][0]["arguments"]
+        for _, row in read_records(path)
+    ]
     assert arguments == [
-        {"choices": {"CS101": {"option": "audit", "note": None}},
-         "people": [{"name": "Ann", "age": 30}], "details": {"plan": "full", "count": 2}},
-        {"choices": {"MA201": {"option": "credit"}},
-         "people": [{"name": "Bo"}, {"age": 41}]},
-        {"details": "water damage"}]
+        {
+            "choices": {"CS101": {"option": "audit", "note": None}},
+            "people": [{"name": "Ann", "age": 30}],
+            "details": {"plan": "full", "count": 2},
+        },
+        {"choices": {"MA201": {"option": "credit"}}, "people": [{"name": "Bo"}, {"age": 41}]},
+        {"details": "water damage"},
+    ]
 
 
 def test_timestamps_round_trip_with_their_zone(tmp_path):
@@ -292,19 +424,42 @@ def test_timestamps_round_trip_with_their_zone(tmp_path):
     from nemo_orch.data.records import read_records
     from nemo_orch.envs.toolscale.parquet import published_record
 
-    path = published_by_conversion(tmp_path, [other_row("t", "bank", [
-        {"action_id": "0", "name": "list_transactions", "arguments": {
-            "start_date": "2026-03-04", "end_date": "2026-03-04T10:30:00Z",
-            "posted_at": "2026-03-04T12:30:00+02:00"}}])])
-    arguments = published_record(read_records(path)[0][1], {})[
-        "evaluation_criteria"]["actions"][0]["arguments"]
-    assert arguments == {"start_date": "2026-03-04", "end_date": "2026-03-04T10:30:00Z",
-                         "posted_at": "2026-03-04T10:30:00Z"}
+    path = published_by_conversion(
+        tmp_path,
+        [
+            other_row(
+                "t",
+                "bank",
+                [
+                    {
+                        "action_id": "0",
+                        "name": "list_transactions",
+                        "arguments": {
+                            "start_date": "2026-03-04",
+                            "end_date": "2026-03-04T10:30:00Z",
+                            "posted_at": "2026-03-04T12:30:00+02:00",
+                        },
+                    }
+                ],
+            )
+        ],
+    )
+    arguments = published_record(read_records(path)[0][1], {})["evaluation_criteria"]["actions"][0][
+        "arguments"
+    ]
+    assert arguments == {
+        "start_date": "2026-03-04",
+        "end_date": "2026-03-04T10:30:00Z",
+        "posted_at": "2026-03-04T10:30:00Z",
+    }
     zoned = tmp_path / "zoned.parquet"
     stamp = pa.array([datetime.datetime(2026, 3, 4, 10, 30)], pa.timestamp("s", tz="UTC"))
-    berlin = pa.array([datetime.datetime(2026, 3, 4, 10, 30)],
-                      pa.timestamp("s", tz="Europe/Berlin"))
+    berlin = pa.array(
+        [datetime.datetime(2026, 3, 4, 10, 30)], pa.timestamp("s", tz="Europe/Berlin")
+    )
     pq.write_table(pa.table({"utc": stamp, "berlin": berlin}), zoned)
-    (_, row), = read_records(zoned)
-    assert published_record(row, {}) == {"utc": "2026-03-04T10:30:00Z",
-                                         "berlin": "2026-03-04T11:30:00+01:00"}
+    ((_, row),) = read_records(zoned)
+    assert published_record(row, {}) == {
+        "utc": "2026-03-04T10:30:00Z",
+        "berlin": "2026-03-04T11:30:00+01:00",
+    }

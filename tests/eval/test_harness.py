@@ -31,10 +31,18 @@ AGENTS = ["orchestrator", "monolith", "fixed:cheapest", "fixed:strongest", "rand
 def _overrides(tmp_path: Path, tokenizer_dir: Path, *more: str) -> list[str]:
     """Small evaluations on the offline world's basic tools unless ``more`` names others."""
     tools = [] if any(o.startswith("tools=") for o in more) else ["tools=offline_basic"]
-    return [*tools, f"run.output_dir={tmp_path}", f"tokenizer.path={tokenizer_dir}",
-            "model.vocab_size=1024", "eval.tasks=10", f"eval.out_dir={tmp_path / 'eval'}",
-            "eval.monolith.time_scale=0", "rollout.max_turns=3", "rollout.max_new_tokens=16",
-            *more]
+    return [
+        *tools,
+        f"run.output_dir={tmp_path}",
+        f"tokenizer.path={tokenizer_dir}",
+        "model.vocab_size=1024",
+        "eval.tasks=10",
+        f"eval.out_dir={tmp_path / 'eval'}",
+        "eval.monolith.time_scale=0",
+        "rollout.max_turns=3",
+        "rollout.max_new_tokens=16",
+        *more,
+    ]
 
 
 def _episodes(out: Path, agent: str) -> list[dict]:
@@ -43,20 +51,30 @@ def _episodes(out: Path, agent: str) -> list[dict]:
 
 
 def _calls(record: dict) -> list[tuple[str, dict]]:
-    return [(call["tool"], call["arguments"]) for turn in record["episode"]["ledger"]
-            for call in turn["calls"]]
+    return [
+        (call["tool"], call["arguments"])
+        for turn in record["episode"]["ledger"]
+        for call in turn["calls"]
+    ]
 
 
 def _outcomes(out: Path, agent: str) -> list[tuple]:
-    return [(r["task_id"], r["result"]["correct"], r["result"]["usd"], r["result"]["tool_calls"],
-             r["episode"]["answer"]) for r in sorted(_episodes(out, agent),
-                                                     key=lambda r: r["index"])]
+    return [
+        (
+            r["task_id"],
+            r["result"]["correct"],
+            r["result"]["usd"],
+            r["result"]["tool_calls"],
+            r["episode"]["answer"],
+        )
+        for r in sorted(_episodes(out, agent), key=lambda r: r["index"])
+    ]
 
 
-def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
-                                                    tiny_tokenizer_dir):
-    config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir,
-                                        f"rollout.policy={random_policy_dir}"))
+def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir, tiny_tokenizer_dir):
+    config = config_lib.load(
+        _overrides(tmp_path, tiny_tokenizer_dir, f"rollout.policy={random_policy_dir}")
+    )
     summary = harness.run(config, AGENTS)
     out = tmp_path / "eval"
     report = json.loads(summary.report.read_text())
@@ -94,70 +112,98 @@ def test_every_agent_kind_on_the_offline_benchmark(tmp_path, random_policy_dir,
     assert report["systems"]["orchestrator"]["pref_adherence"] is not None
 
     # Deterministic for a seed: a second run gives the same episodes.
-    again = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir,
-                                       f"rollout.policy={random_policy_dir}",
-                                       f"eval.out_dir={tmp_path / 'again'}"))
+    again = config_lib.load(
+        _overrides(
+            tmp_path,
+            tiny_tokenizer_dir,
+            f"rollout.policy={random_policy_dir}",
+            f"eval.out_dir={tmp_path / 'again'}",
+        )
+    )
     harness.run(again, AGENTS)
     for agent in AGENTS:
         assert _outcomes(out, agent) == _outcomes(tmp_path / "again", agent), agent
 
 
-MONOLITH_BASIC_TOOLS = ("eval.monolith.tools=[tools/offline/search.yaml,"
-                        "tools/offline/python_sandbox.yaml]", "eval.monolith.simulate=answer-1")
+MONOLITH_BASIC_TOOLS = (
+    "eval.monolith.tools=[tools/offline/search.yaml,tools/offline/python_sandbox.yaml]",
+    "eval.monolith.simulate=answer-1",
+)
 # The test tokenizer splits the priced tool listing and the programs finely: room for them.
 ORCHESTRA_CONTEXT = "model.max_position_embeddings=4096"
 
 
-def test_fixed_routers_and_the_monolith_on_toolorchestras_interface(tmp_path,
-                                                                   tiny_tokenizer_dir):
+def test_fixed_routers_and_the_monolith_on_toolorchestras_interface(tmp_path, tiny_tokenizer_dir):
     """The main job's tools: fixed routers call the tools of the task's family, each with the
     cheapest (most expensive, a random) model; the monolith gets the basic search and sandbox
     (the composites would hand it to experts) and no adherence; unseen experts and another
     price table swap in at evaluation time."""
     agents = ["monolith", "fixed:cheapest", "fixed:strongest", "random"]
-    config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "tools=offline",
-                                        ORCHESTRA_CONTEXT, *MONOLITH_BASIC_TOOLS))
+    config = config_lib.load(
+        _overrides(
+            tmp_path, tiny_tokenizer_dir, "tools=offline", ORCHESTRA_CONTEXT, *MONOLITH_BASIC_TOOLS
+        )
+    )
     report = json.loads(harness.run(config, agents).report.read_text())
     out = tmp_path / "eval"
     shapes = {"search", "enhance_reasoning", "answer"}
-    for agent, tier in (("fixed:cheapest", {"search-3", "reasoner-3", "answer-math-2"}),
-                        ("fixed:strongest", {"search-1", "reasoner-1", "answer-1"})):
+    for agent, tier in (
+        ("fixed:cheapest", {"search-3", "reasoner-3", "answer-math-2"}),
+        ("fixed:strongest", {"search-1", "reasoner-1", "answer-1"}),
+    ):
         for record in _episodes(out, agent):
             calls = _calls(record)
             assert {tool for tool, _ in calls} <= shapes
             # Each ends with the answer, unless a costly call passed the task's budget first.
             assert calls[-1][0] == "answer" or record["episode"]["termination"] == "budget"
             assert {arguments["model"] for _, arguments in calls} <= tier
-    assert report["systems"]["fixed:strongest"]["usd_per_task"] > 10 * report["systems"][
-        "fixed:cheapest"]["usd_per_task"]
+    assert (
+        report["systems"]["fixed:strongest"]["usd_per_task"]
+        > 10 * report["systems"]["fixed:cheapest"]["usd_per_task"]
+    )
     monolith = _episodes(out, "monolith")
     assert {tool for r in monolith for tool, _ in _calls(r)} <= {"search", "python_sandbox"}
-    assert any(_calls(r) for r in monolith) and report["systems"]["monolith"][
-        "pref_adherence"] is None
+    assert (
+        any(_calls(r) for r in monolith) and report["systems"]["monolith"]["pref_adherence"] is None
+    )
     # Without basic tools the monolith is refused, not handed the experts.
-    refused = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "tools=offline",
-                                         f"eval.out_dir={tmp_path / 'refused'}"))
+    refused = config_lib.load(
+        _overrides(
+            tmp_path, tiny_tokenizer_dir, "tools=offline", f"eval.out_dir={tmp_path / 'refused'}"
+        )
+    )
     with pytest.raises(ConfigError, match="eval.monolith.tools"):
         harness.run(refused, ["monolith"])
     for tools in ("offline_unseen", "offline_repriced"):
-        swapped = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
-                                             ORCHESTRA_CONTEXT,
-                                             f"eval.out_dir={tmp_path / tools}"))
-        row = json.loads(harness.run(swapped, ["fixed:strongest"]).report.read_text())[
-            "systems"]["fixed:strongest"]
+        swapped = config_lib.load(
+            _overrides(
+                tmp_path,
+                tiny_tokenizer_dir,
+                f"tools={tools}",
+                ORCHESTRA_CONTEXT,
+                f"eval.out_dir={tmp_path / tools}",
+            )
+        )
+        row = json.loads(harness.run(swapped, ["fixed:strongest"]).report.read_text())["systems"][
+            "fixed:strongest"
+        ]
         assert row["usd_per_task"] < report["systems"]["fixed:strongest"]["usd_per_task"]
 
 
 def test_price_table_and_tool_set_swap_at_evaluation_time(tmp_path, tiny_tokenizer_dir):
     def cheapest(*overrides: str) -> tuple[str, float]:
         out = tmp_path / "-".join(o.split("=")[-1] for o in overrides or ("list",))
-        config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, *overrides,
-                                            f"eval.out_dir={out}"))
+        config = config_lib.load(
+            _overrides(tmp_path, tiny_tokenizer_dir, *overrides, f"eval.out_dir={out}")
+        )
         harness.run(config, ["fixed:cheapest"])
         records = _episodes(out, "fixed:cheapest")
-        return (_calls(records[0])[0][1]["model"],
-                json.loads((out / "report.json").read_text())["systems"]["fixed:cheapest"][
-                    "usd_per_task"])
+        return (
+            _calls(records[0])[0][1]["model"],
+            json.loads((out / "report.json").read_text())["systems"]["fixed:cheapest"][
+                "usd_per_task"
+            ],
+        )
 
     listed, repriced = cheapest(), cheapest("tools=offline_basic_repriced")
     # The small math model costs five times its list price: the generalist is cheapest now.
@@ -167,10 +213,15 @@ def test_price_table_and_tool_set_swap_at_evaluation_time(tmp_path, tiny_tokeniz
 
 
 def _chat_body(text: str) -> dict:
-    return {"id": "judge", "object": "chat.completion", "model": "judge",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51}}
+    return {
+        "id": "judge",
+        "object": "chat.completion",
+        "model": "judge",
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+        ],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51},
+    }
 
 
 class Judge:
@@ -207,48 +258,104 @@ def _expert_reply(prompt: str) -> str:
 
 @pytest.fixture(scope="module")
 def expert_server(tiny_tokenizer):
-    with start_server(ScriptedEngine(tiny_tokenizer, _expert_reply), tiny_tokenizer,
-                      "expert") as handle:
+    with start_server(
+        ScriptedEngine(tiny_tokenizer, _expert_reply), tiny_tokenizer, "expert"
+    ) as handle:
         yield handle
 
 
 def _hle_setup(tmp_path: Path, expert_url: str) -> tuple[Path, Path]:
     hle = tmp_path / "hle.jsonl"
-    rows = [{"id": "q1", "question": "What is six times seven?", "answer": "42",
-             "answer_type": "exactMatch", "image": ""},
-            {"id": "q2", "question": "Capital of France?", "answer": "Paris",
-             "answer_type": "exactMatch", "image": ""},
-            {"id": "q3", "question": "What is six plus one?", "answer": "7",
-             "answer_type": "exactMatch", "image": ""},
-            {"id": "q4", "question": "Which picture?", "answer": "A",
-             "answer_type": "multipleChoice", "image": "data:image/png;base64,AAAA"}]
+    rows = [
+        {
+            "id": "q1",
+            "question": "What is six times seven?",
+            "answer": "42",
+            "answer_type": "exactMatch",
+            "image": "",
+        },
+        {
+            "id": "q2",
+            "question": "Capital of France?",
+            "answer": "Paris",
+            "answer_type": "exactMatch",
+            "image": "",
+        },
+        {
+            "id": "q3",
+            "question": "What is six plus one?",
+            "answer": "7",
+            "answer_type": "exactMatch",
+            "image": "",
+        },
+        {
+            "id": "q4",
+            "question": "Which picture?",
+            "answer": "A",
+            "answer_type": "multipleChoice",
+            "image": "data:image/png;base64,AAAA",
+        },
+    ]
     hle.write_text("".join(json.dumps(row) + "\n" for row in rows))
     experts = tmp_path / "experts.yaml"
-    experts.write_text(json.dumps({
-        "name": "call_expert", "description": "Ask an expert model.",
-        "parameters": {"type": "object", "required": ["model", "question"],
-                       "properties": {"model": {"type": "string", "enum": ["strong", "cheap"]},
-                                      "question": {"type": "string"}}},
-        "class": "nemo_orch.tools.llm.LLMTool",
-        "options": {"models": {
-            "strong": {"base_url": expert_url, "model": "expert", "usd_per_million": [5, 20]},
-            "cheap": {"base_url": expert_url, "model": "expert",
-                      "usd_per_million": [0.1, 0.1]}}}}))
+    experts.write_text(
+        json.dumps(
+            {
+                "name": "call_expert",
+                "description": "Ask an expert model.",
+                "parameters": {
+                    "type": "object",
+                    "required": ["model", "question"],
+                    "properties": {
+                        "model": {"type": "string", "enum": ["strong", "cheap"]},
+                        "question": {"type": "string"},
+                    },
+                },
+                "class": "nemo_orch.tools.llm.LLMTool",
+                "options": {
+                    "models": {
+                        "strong": {
+                            "base_url": expert_url,
+                            "model": "expert",
+                            "usd_per_million": [5, 20],
+                        },
+                        "cheap": {
+                            "base_url": expert_url,
+                            "model": "expert",
+                            "usd_per_million": [0.1, 0.1],
+                        },
+                    }
+                },
+            }
+        )
+    )
     return hle, experts
 
 
-def test_judge_failures_are_counted_and_endpoints_bounded(tmp_path, tiny_tokenizer_dir,
-                                                         expert_server):
+def test_judge_failures_are_counted_and_endpoints_bounded(
+    tmp_path, tiny_tokenizer_dir, expert_server
+):
     hle, experts = _hle_setup(tmp_path, expert_server.url)
     judge = Judge()
     with serve_json({("POST", "/v1/chat/completions"): judge}, url_path="/v1") as server:
+
         def evaluate(out: Path) -> dict:
-            config = config_lib.load(_overrides(
-                tmp_path, tiny_tokenizer_dir, "env=hle", f"env.path={hle}",
-                "env.retrieval.scope=open", f"eval.out_dir={out}",
-                f"tools.declarations=[{experts}]", f"reward.judge_base_url={server.url}",
-                "reward.judge_model=judge", "reward.judge_max_retries=1",
-                "eval.concurrency=3", "eval.max_requests_per_endpoint=1"))
+            config = config_lib.load(
+                _overrides(
+                    tmp_path,
+                    tiny_tokenizer_dir,
+                    "env=hle",
+                    f"env.path={hle}",
+                    "env.retrieval.scope=open",
+                    f"eval.out_dir={out}",
+                    f"tools.declarations=[{experts}]",
+                    f"reward.judge_base_url={server.url}",
+                    "reward.judge_model=judge",
+                    "reward.judge_max_retries=1",
+                    "eval.concurrency=3",
+                    "eval.max_requests_per_endpoint=1",
+                )
+            )
             harness.run(config, ["fixed:strongest", "fixed:cheapest"])
             return json.loads((out / "report.json").read_text())
 
@@ -262,10 +369,13 @@ def test_judge_failures_are_counted_and_endpoints_bounded(tmp_path, tiny_tokeniz
     assert down["notes"]["skipped"] == {"image": 1}
     # The report names the judge (its template) and the retrieval setting.
     assert down["notes"]["judge"] == (
-        f"default (nemo-orch's judge: one word, correct or incorrect) by judge at {server.url}")
+        f"default (nemo-orch's judge: one word, correct or incorrect) by judge at {server.url}"
+    )
     assert down["notes"]["retrieval"].startswith("open: the whole index")
-    methods = {r["task_id"]: r["outcome"]["method"]
-               for r in _episodes(tmp_path / "down", "fixed:strongest")}
+    methods = {
+        r["task_id"]: r["outcome"]["method"]
+        for r in _episodes(tmp_path / "down", "fixed:strongest")
+    }
     assert methods == {"q1": "exact", "q2": "judge_error", "q3": "judge_error"}
     assert "| 2 |" in (tmp_path / "down" / "report.md").read_text()
     # The strongest expert costs more per task than the cheapest, for the same replies.
@@ -273,23 +383,40 @@ def test_judge_failures_are_counted_and_endpoints_bounded(tmp_path, tiny_tokeniz
     # Each failed verdict (2 questions x 2 agents): one request and one retry; never more than
     # one in flight.
     assert failed_requests == 8 and judge.most == 1
-    assert (up["systems"]["fixed:strongest"]["correct"],
-            up["systems"]["fixed:strongest"]["judge_errors"]) == (3, 0)
+    assert (
+        up["systems"]["fixed:strongest"]["correct"],
+        up["systems"]["fixed:strongest"]["judge_errors"],
+    ) == (3, 0)
 
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "nemo_orch.cli", *args]
 
 
-def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(tmp_path,
-                                                                          tiny_tokenizer_dir):
-    args = ["eval", "--benchmark", "offline", "--agent", "fixed:cheapest", "--agent", "monolith",
-            *_overrides(tmp_path, tiny_tokenizer_dir, "eval.tasks=12", "eval.concurrency=1",
-                        "eval.monolith.time_scale=0.02")]
+def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(
+    tmp_path, tiny_tokenizer_dir
+):
+    args = [
+        "eval",
+        "--benchmark",
+        "offline",
+        "--agent",
+        "fixed:cheapest",
+        "--agent",
+        "monolith",
+        *_overrides(
+            tmp_path,
+            tiny_tokenizer_dir,
+            "eval.tasks=12",
+            "eval.concurrency=1",
+            "eval.monolith.time_scale=0.02",
+        ),
+    ]
     out = tmp_path / "eval"
     cache = out / "episodes" / "monolith.jsonl"
-    process = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not (cache.exists() and len(cache.read_text().splitlines()) >= 5):
@@ -306,7 +433,7 @@ def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(tmp_pa
     after = cache.read_text().splitlines()
     records = [json.loads(line) for line in after[1:]]
     assert len(records) == 12 and len({r["task_id"] for r in records}) == 12
-    assert after[:len(before)] == before  # finished examples were not run again
+    assert after[: len(before)] == before  # finished examples were not run again
     report = json.loads((out / "report.json").read_text())
     assert report["systems"]["monolith"]["tasks"] == 12
     # The resumed run equals one that was never interrupted.
@@ -321,11 +448,15 @@ def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(tmp_pa
 
 def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
     for name, tools in (("list", "offline_basic"), ("repriced", "offline_basic_repriced")):
-        config = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, f"tools={tools}",
-                                            f"eval.out_dir={tmp_path / name}"))
+        config = config_lib.load(
+            _overrides(
+                tmp_path, tiny_tokenizer_dir, f"tools={tools}", f"eval.out_dir={tmp_path / name}"
+            )
+        )
         harness.run(config, ["fixed:cheapest", "fixed:strongest"])
-    table = run_cli_here("eval", "compare", str(tmp_path / "list"),
-                         str(tmp_path / "repriced")).stdout
+    table = run_cli_here(
+        "eval", "compare", str(tmp_path / "list"), str(tmp_path / "repriced")
+    ).stdout
     for run in ("list", "repriced"):
         for agent in ("fixed:cheapest", "fixed:strongest"):
             assert f"| {run}/{agent}" in table
@@ -333,17 +464,32 @@ def test_compare_puts_runs_side_by_side(tmp_path, tiny_tokenizer_dir):
     assert "no readable report.json" in missing.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--benchmark", "hle", "--agent", "fixed:cheapest"], "a qa environment reads a file"),
-    (["--benchmark", "offline", "--agent", "random", "--agent", "random"],
-     "an agent is named twice"),
-    (["--benchmark", "offline", "--agent", "fixed:cheapest", "eval.concurrency=0"],
-     "eval.concurrency"),
-    (["--benchmark", "offline", "--agent", "monolith", "eval.monolith.model=no-such-model",
-      "data.num_offline_conversations=100"],
-     "eval.monolith.model=no-such-model has no price in the price table: set "
-     "eval.monolith.usd_per_million="),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--benchmark", "hle", "--agent", "fixed:cheapest"], "a qa environment reads a file"),
+        (
+            ["--benchmark", "offline", "--agent", "random", "--agent", "random"],
+            "an agent is named twice",
+        ),
+        (
+            ["--benchmark", "offline", "--agent", "fixed:cheapest", "eval.concurrency=0"],
+            "eval.concurrency",
+        ),
+        (
+            [
+                "--benchmark",
+                "offline",
+                "--agent",
+                "monolith",
+                "eval.monolith.model=no-such-model",
+                "data.num_offline_conversations=100",
+            ],
+            "eval.monolith.model=no-such-model has no price in the price table: set "
+            "eval.monolith.usd_per_million=",
+        ),
+    ],
+)
 def test_user_errors(args, message, tmp_path):
     error = run_cli_here("eval", *args, f"run.output_dir={tmp_path}", expect=2)
     assert message in error.stderr
@@ -358,46 +504,82 @@ def test_the_real_expert_tool_set_builds_offline():
     assert list(toolbox.tools) == ["call_expert", "web_search", "python_sandbox"]
     expert = toolbox.tools["call_expert"]
     assert {alias: expert.context_budget(alias) for alias in expert.endpoints} == {
-        "frontier": 120000, "math": 2048, "coder": 24000, "generalist": 24000}
+        "frontier": 120000,
+        "math": 2048,
+        "coder": 24000,
+        "generalist": 24000,
+    }
     assert expert.pricing["frontier"].per_output_token == pytest.approx(10e-6)
 
 
-def test_the_orchestrator_behind_an_endpoint_equals_the_checkpoint(tmp_path, random_policy_dir,
-                                                                   tiny_tokenizer_dir,
-                                                                   tiny_tokenizer):
+def test_the_orchestrator_behind_an_endpoint_equals_the_checkpoint(
+    tmp_path, random_policy_dir, tiny_tokenizer_dir, tiny_tokenizer
+):
     """The same policy served over OpenAI-compatible HTTP (token ids in and out) and loaded
     from its directory plays the same greedy episodes at the same cost."""
     from nemo_orch.rollout.engines.hf import HFEngine
 
     engine = HFEngine.from_pretrained(random_policy_dir, tokenizer=tiny_tokenizer)
     with start_server(engine, tiny_tokenizer, "orchestrator") as server:
-        served = config_lib.load(_overrides(
-            tmp_path, tiny_tokenizer_dir, "eval.tasks=6", "rollout.engine=openai",
-            f"rollout.base_url={server.url}", "rollout.model_name=orchestrator",
-            f"eval.out_dir={tmp_path / 'served'}"))
+        served = config_lib.load(
+            _overrides(
+                tmp_path,
+                tiny_tokenizer_dir,
+                "eval.tasks=6",
+                "rollout.engine=openai",
+                f"rollout.base_url={server.url}",
+                "rollout.model_name=orchestrator",
+                f"eval.out_dir={tmp_path / 'served'}",
+            )
+        )
         harness.run(served, ["orchestrator"])
-    local = config_lib.load(_overrides(tmp_path, tiny_tokenizer_dir, "eval.tasks=6",
-                                       f"rollout.policy={random_policy_dir}",
-                                       f"eval.out_dir={tmp_path / 'local'}"))
+    local = config_lib.load(
+        _overrides(
+            tmp_path,
+            tiny_tokenizer_dir,
+            "eval.tasks=6",
+            f"rollout.policy={random_policy_dir}",
+            f"eval.out_dir={tmp_path / 'local'}",
+        )
+    )
     harness.run(local, ["orchestrator"])
-    assert _outcomes(tmp_path / "served", "orchestrator") == _outcomes(tmp_path / "local",
-                                                                       "orchestrator")
+    assert _outcomes(tmp_path / "served", "orchestrator") == _outcomes(
+        tmp_path / "local", "orchestrator"
+    )
 
 
 def test_rule_agents_run_on_a_fresh_clone_without_a_trained_tokenizer(tmp_path):
     """Fixed routers need no trained policy: with no tokenizer yet, the run's own is trained
     (the one ``nemo-orch train`` would train and keep), not asked for."""
-    result = run_cli_here("eval", "--benchmark", "offline", "--agent", "fixed:cheapest",
-                          "tools=offline_basic", f"run.output_dir={tmp_path}", "run.name=fresh",
-                          "data.num_offline_conversations=100", "eval.tasks=3",
-                          f"eval.out_dir={tmp_path / 'eval'}", "rollout.max_turns=3")
+    result = run_cli_here(
+        "eval",
+        "--benchmark",
+        "offline",
+        "--agent",
+        "fixed:cheapest",
+        "tools=offline_basic",
+        f"run.output_dir={tmp_path}",
+        "run.name=fresh",
+        "data.num_offline_conversations=100",
+        "eval.tasks=3",
+        f"eval.out_dir={tmp_path / 'eval'}",
+        "rollout.max_turns=3",
+    )
     assert (tmp_path / "fresh" / "tokenizer" / "tokenizer.json").is_file()
     # the evaluation's progress, by stage and agent
     assert "eval offline: fixed:cheapest: 100%" in result.stderr and "3/3" in result.stderr
     assert len(_episodes(tmp_path / "eval", "fixed:cheapest")) == 3
     # An orchestrator still needs a trained policy (and then its tokenizer).
-    refused = run_cli_here("eval", "--benchmark", "offline", "--agent", "orchestrator",
-                           f"run.output_dir={tmp_path}", "run.name=other", expect=2)
+    refused = run_cli_here(
+        "eval",
+        "--benchmark",
+        "offline",
+        "--agent",
+        "orchestrator",
+        f"run.output_dir={tmp_path}",
+        "run.name=other",
+        expect=2,
+    )
     assert "holds no checkpoint: train first" in refused.stderr
     assert not (tmp_path / "other" / "tokenizer").exists()
 
@@ -409,11 +591,13 @@ def test_a_cache_holding_only_another_fingerprint_is_started_over(tmp_path):
     harness.EpisodeCache(path, "first settings", resume=True)
     cache = harness.EpisodeCache(path, "corrected settings", resume=True)
     assert cache.records == {} and json.loads(path.read_text()) == {
-        "fingerprint": "corrected settings"}
+        "fingerprint": "corrected settings"
+    }
 
 
 def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
-        tmp_path, tiny_tokenizer_dir, tiny_tokenizer):
+    tmp_path, tiny_tokenizer_dir, tiny_tokenizer
+):
     """``nemo-orch eval`` of a served (scripted) orchestrator with only an MCP server's tools:
     each is rendered into the prompt as a declared tool is (its description, its price per
     call); the tool the first episode's call adds (reshape: list_changed) is offered from the
@@ -421,37 +605,59 @@ def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
     with, with their calls. A checkpoint trained with the server's add leaves add out."""
     server = Path(__file__).resolve().parents[1] / "support" / "mcp_server.py"
     tasks = tmp_path / "tasks.jsonl"
-    write_tasks(tasks, [Task(id="reshape", question="Reshape the tools.", answer="reshaped"),
-                        Task(id="triple", question="What is three times 4?", answer="12")])
+    write_tasks(
+        tasks,
+        [
+            Task(id="reshape", question="Reshape the tools.", answer="reshaped"),
+            Task(id="triple", question="What is three times 4?", answer="12"),
+        ],
+    )
     prompts: list[str] = []
 
     def policy(prompt: str) -> str:
         last = prompt.rsplit("<|im_start|>", 2)[-2]  # the question, or the last observation
         if "<tool_response>" in last:
-            return f"<answer>{last.split('<tool_response>')[1].split('</tool_response>')[0]}" \
-                   "</answer>"
+            return (
+                f"<answer>{last.split('<tool_response>')[1].split('</tool_response>')[0]}</answer>"
+            )
         prompts.append(prompt)
-        call = ({"name": "fx_reshape", "arguments": {}} if "Reshape" in last
-                else {"name": "fx_triple", "arguments": {"n": 4}})
+        call = (
+            {"name": "fx_reshape", "arguments": {}}
+            if "Reshape" in last
+            else {"name": "fx_triple", "arguments": {"n": 4}}
+        )
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
-    with start_server(ScriptedEngine(tiny_tokenizer, policy), tiny_tokenizer,
-                      "orchestrator") as served:
-        config = config_lib.load([
-            "env=tasks", f"env.path={tasks}", "tools.declarations=[]",
-            f"tools.mcp=[{{name: fx, command: '{sys.executable}', args: ['{server}', stdio], "
-            "allow: [add, reshape, triple], prices: {triple: 0.02}, per_call_usd: 0.001}]",
-            f"run.output_dir={tmp_path}", f"tokenizer.path={tiny_tokenizer_dir}",
-            f"eval.out_dir={tmp_path / 'eval'}", "eval.concurrency=1", "rollout.engine=openai",
-            f"rollout.base_url={served.url}", "rollout.model_name=orchestrator",
-            "rollout.max_turns=3", "rollout.max_new_tokens=100"])
+    with start_server(
+        ScriptedEngine(tiny_tokenizer, policy), tiny_tokenizer, "orchestrator"
+    ) as served:
+        config = config_lib.load(
+            [
+                "env=tasks",
+                f"env.path={tasks}",
+                "tools.declarations=[]",
+                f"tools.mcp=[{{name: fx, command: '{sys.executable}', args: ['{server}', stdio], "
+                "allow: [add, reshape, triple], prices: {triple: 0.02}, per_call_usd: 0.001}]",
+                f"run.output_dir={tmp_path}",
+                f"tokenizer.path={tiny_tokenizer_dir}",
+                f"eval.out_dir={tmp_path / 'eval'}",
+                "eval.concurrency=1",
+                "rollout.engine=openai",
+                f"rollout.base_url={served.url}",
+                "rollout.model_name=orchestrator",
+                "rollout.max_turns=3",
+                "rollout.max_new_tokens=100",
+            ]
+        )
         summary = harness.run(config, ["orchestrator"])
 
     first, second = prompts
     assert '"description": "Add two integers. Each call costs USD 0.001."' in first
     assert "fx_triple" not in first
-    assert ('"description": "Three times an integer (offered once reshape ran). Each call '
-            'costs USD 0.02."') in second
+    assert (
+        '"description": "Three times an integer (offered once reshape ran). Each call '
+        'costs USD 0.02."'
+    ) in second
     episodes = _episodes(tmp_path / "eval", "orchestrator")
     assert [record["episode"]["answer"] for record in episodes] == ["reshaped", "12"]
     report = json.loads(summary.report.read_text())
@@ -459,7 +665,8 @@ def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
     assert report["notes"][harness.UNTRAINED_MCP_TOOLS] == [
         {"tool": "fx_add", "server": "fx", "orchestrator": 0},
         {"tool": "fx_reshape", "server": "fx", "orchestrator": 1},
-        {"tool": "fx_triple", "server": "fx", "orchestrator": 1}]
+        {"tool": "fx_triple", "server": "fx", "orchestrator": 1},
+    ]
     markdown = (tmp_path / "eval" / "report.md").read_text()
     assert f"{harness.UNTRAINED_MCP_TOOLS}:" in markdown
     assert "| fx_triple | fx | 1 |" in markdown
@@ -471,6 +678,9 @@ def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
     (checkpoint / "config.yaml").write_text("tools: {mcp: [{name: fx, allow: [add], deny: []}]}")
     trained = config_lib.load([f"rollout.policy={checkpoint}"])
     evaluation = harness.Evaluation([], {"orchestrator": episodes})
-    assert [row["tool"] for row in harness.untrained_mcp_tools(
-        evaluation, harness._trained_with(trained, ["orchestrator"]))] == ["fx_reshape",
-                                                                          "fx_triple"]
+    assert [
+        row["tool"]
+        for row in harness.untrained_mcp_tools(
+            evaluation, harness._trained_with(trained, ["orchestrator"])
+        )
+    ] == ["fx_reshape", "fx_triple"]

@@ -20,9 +20,14 @@ def _records(steps: int = 12) -> list[dict]:
     shift, and the lookup/accuracy group every step."""
     records = []
     for step in range(1, steps + 1):
-        record = {"step": step, "reward": 0.5, "accuracy": 0.7, "usd_per_task": 0.01,
-                  "group/lookup/accuracy/reward": 0.8,
-                  "group/lookup/accuracy/route/search-1>answer-1": 1.0}
+        record = {
+            "step": step,
+            "reward": 0.5,
+            "accuracy": 0.7,
+            "usd_per_task": 0.01,
+            "group/lookup/accuracy/reward": 0.8,
+            "group/lookup/accuracy/route/search-1>answer-1": 1.0,
+        }
         if step % 2 == 0:
             record["group/math/cost/reward"] = 0.2
             for index, route in enumerate(ROUTES):
@@ -46,7 +51,10 @@ def test_routes_show_each_groups_top_routes_beside_the_panel():
     assert set(panels) == {"lookup/accuracy", "math/cost"}
     # the three most taken of five routes, by name
     assert [line.get_label() for line in panels["math/cost"].get_lines()] == [
-        "search-3>answer-1", "search-1>answer-1", "answer-4"]
+        "search-3>answer-1",
+        "search-1>answer-1",
+        "answer-4",
+    ]
     # a step that did not draw the group is no data, not a share of 0
     values = panels["math/cost"].get_lines()[0].get_ydata()
     assert math.isnan(values[0]) and values[1] == pytest.approx(values[-1]) == 5 / 15

@@ -14,22 +14,36 @@ from nemo_orch.eval import main_job_report
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "main_job_targets.py"
 
 
-def _row(oracle_route: float, expected: float, adherence: float, usd: float,
-         groups: dict[str, tuple[float, float]]) -> dict:
-    return {"reward": expected + 0.05, "expected_reward": expected, "accuracy": 0.8,
-            "expected_accuracy": 0.8, "usd_per_task": usd, "pref_adherence": adherence,
-            "oracle_route_share": oracle_route,
-            "groups": {name: {"tasks": 10, "expected_reward": reward,
-                              "expected_accuracy": accuracy}
-                       for name, (reward, accuracy) in groups.items()}}
+def _row(
+    oracle_route: float,
+    expected: float,
+    adherence: float,
+    usd: float,
+    groups: dict[str, tuple[float, float]],
+) -> dict:
+    return {
+        "reward": expected + 0.05,
+        "expected_reward": expected,
+        "accuracy": 0.8,
+        "expected_accuracy": 0.8,
+        "usd_per_task": usd,
+        "pref_adherence": adherence,
+        "oracle_route_share": oracle_route,
+        "groups": {
+            name: {"tasks": 10, "expected_reward": reward, "expected_accuracy": accuracy}
+            for name, (reward, accuracy) in groups.items()
+        },
+    }
 
 
 def _report(grpo_groups: dict[str, tuple[float, float]], usd: float = 0.01) -> dict:
     report = {
         "sft": _row(0.5, 0.50, 0.7, 0.02, {"math/accuracy": (0.6, 0.9), "math/cost": (0.4, 0.7)}),
         "grpo": _row(0.9, 0.68, 0.95, usd, grpo_groups),
-        "oracle": _row(1.0, 0.70, 1.0, 0.01, {"math/accuracy": (0.7, 0.9),
-                                              "math/cost": (0.6, 0.7)})}
+        "oracle": _row(
+            1.0, 0.70, 1.0, 0.01, {"math/accuracy": (0.7, 0.9), "math/cost": (0.6, 0.7)}
+        ),
+    }
     report["grpo"]["gap_closed"] = main_job_report.gap_closed(report, "grpo")
     return report
 
@@ -43,21 +57,29 @@ def test_gap_closed_compares_expected_rewards_not_realized_ones():
 
 
 def test_targets_met_and_each_miss_named():
-    met = main_job_report.targets(_report({"math/accuracy": (0.59, 0.89),
-                                           "math/cost": (0.6, 0.5)}), "grpo")
+    met = main_job_report.targets(
+        _report({"math/accuracy": (0.59, 0.89), "math/cost": (0.6, 0.5)}), "grpo"
+    )
     assert [t.name for t in met] == [
-        "oracle route", "oracle route over SFT's", "gap closed", "pref. adherence",
+        "oracle route",
+        "oracle route over SFT's",
+        "gap closed",
+        "pref. adherence",
         "worst group's expected reward over SFT's",
-        "worst accuracy group's expected accuracy over SFT's", "USD per task under SFT's"]
+        "worst accuracy group's expected accuracy over SFT's",
+        "USD per task under SFT's",
+    ]
     # A cost group's accuracy may fall (0.7 -> 0.5); an accuracy group's may not, by > 0.02.
     assert all(t.met for t in met)
     assert met[1].value == pytest.approx(0.4) and met[6].value == pytest.approx(0.01)
-    missed = main_job_report.targets(_report({"math/accuracy": (0.57, 0.85),
-                                              "math/cost": (0.6, 0.7)}, usd=0.02), "grpo")
+    missed = main_job_report.targets(
+        _report({"math/accuracy": (0.57, 0.85), "math/cost": (0.6, 0.7)}, usd=0.02), "grpo"
+    )
     assert {t.name for t in missed if not t.met} == {
         "worst group's expected reward over SFT's",
         "worst accuracy group's expected accuracy over SFT's",
-        "USD per task under SFT's"}  # equal USD is not below SFT's
+        "USD per task under SFT's",
+    }  # equal USD is not below SFT's
     no_gap = _report({"math/accuracy": (0.6, 0.9), "math/cost": (0.6, 0.7)})
     no_gap["grpo"]["gap_closed"] = None
     gap = main_job_report.targets(no_gap, "grpo")[2]

@@ -38,17 +38,29 @@ def test_percentile_interpolates():
         percentile([], 50)
 
 
-def results(correct: list[bool], usd: float, tools: dict[str, int], adherence=None,
-            judge_errors: int = 0) -> list[EpisodeResult]:
-    return [EpisodeResult(f"t{i}", right, usd * (i + 1), 0.5 * (i + 1), turns=2,
-                          tool_calls=tools, format_errors=int(i == 0),
-                          pref_adherence=adherence, judge_error=i < judge_errors)
-            for i, right in enumerate(correct)]
+def results(
+    correct: list[bool], usd: float, tools: dict[str, int], adherence=None, judge_errors: int = 0
+) -> list[EpisodeResult]:
+    return [
+        EpisodeResult(
+            f"t{i}",
+            right,
+            usd * (i + 1),
+            0.5 * (i + 1),
+            turns=2,
+            tool_calls=tools,
+            format_errors=int(i == 0),
+            pref_adherence=adherence,
+            judge_error=i < judge_errors,
+        )
+        for i, right in enumerate(correct)
+    ]
 
 
 def test_summarize():
-    summary = summarize(results([True, True, False, True], 0.01, {"search": 2, "expert": 1},
-                                adherence=0.5))
+    summary = summarize(
+        results([True, True, False, True], 0.01, {"search": 2, "expert": 1}, adherence=0.5)
+    )
     assert summary["accuracy"] == 0.75 and summary["correct"] == 3
     assert summary["accuracy_ci95"] == list(wilson_interval(3, 4))
     assert summary["usd_per_task"] == pytest.approx(0.025)
@@ -59,23 +71,32 @@ def test_summarize():
     assert summary["judge_errors"] == 0 and summary["pref_adherence"] == 0.5
     assert summarize(results([False], 0.0, {}))["pref_adherence"] is None
     assert summary["within_budget"] is None  # no task had a budget
-    budgeted = [dataclasses.replace(result, within_budget=within) for result, within
-                in zip(results([True] * 4, 0.01, {}), [True, False, None, True])]
+    budgeted = [
+        dataclasses.replace(result, within_budget=within)
+        for result, within in zip(results([True] * 4, 0.01, {}), [True, False, None, True])
+    ]
     assert summarize(budgeted)["within_budget"] == pytest.approx(2 / 3)  # of the 3 with budgets
     with pytest.raises(ValueError):
         summarize([])
 
 
 def test_pareto_front():
-    points = {"cheap": (0.001, 0.5), "strong": (0.01, 0.9), "dominated": (0.02, 0.8),
-              "middle": (0.005, 0.7), "tie": (0.005, 0.7)}
+    points = {
+        "cheap": (0.001, 0.5),
+        "strong": (0.01, 0.9),
+        "dominated": (0.02, 0.8),
+        "middle": (0.005, 0.7),
+        "tie": (0.005, 0.7),
+    }
     assert pareto_front(points) == ["cheap", "middle", "tie", "strong"]
 
 
 def test_write_report_and_compare(tmp_path):
-    systems = {"orchestrator": results([True, True, False], 0.002, {"search": 1}),
-               "fixed:strongest": results([True, True, True], 0.02, {"call_expert": 1}),
-               "random": results([False, True, False], 0.03, {"search": 1, "call_expert": 1})}
+    systems = {
+        "orchestrator": results([True, True, False], 0.002, {"search": 1}),
+        "fixed:strongest": results([True, True, True], 0.02, {"call_expert": 1}),
+        "random": results([False, True, False], 0.03, {"search": 1, "call_expert": 1}),
+    }
     path = write_report(tmp_path / "a", "offline", systems)
     report = json.loads(path.read_text())
     assert report["pareto_front"] == ["orchestrator", "fixed:strongest"]
@@ -84,8 +105,9 @@ def test_write_report_and_compare(tmp_path):
     assert "| orchestrator * | 3 | 0.667 (" in markdown and "| random | 3 |" in markdown
     assert (tmp_path / "a" / "pareto.png").stat().st_size > 1000
     assert (tmp_path / "a" / "tool_mix.png").stat().st_size > 1000
-    write_report(tmp_path / "b", "offline", {"monolith": results([True, False, True], 0.05,
-                                                                   {"search": 3})})
+    write_report(
+        tmp_path / "b", "offline", {"monolith": results([True, False, True], 0.05, {"search": 3})}
+    )
     table = compare([tmp_path / "a", tmp_path / "b"])
     assert "| a/orchestrator * |" in table and "| b/monolith |" in table
     with pytest.raises(ValueError, match="no readable report.json"):
@@ -103,7 +125,8 @@ def test_each_stated_preference_gets_its_own_cost_accuracy_picture(tmp_path):
     summary = summarize(orchestrator)
     assert summary["by_preference"] == {
         "accuracy": {"tasks": 2, "accuracy": 1.0, "usd_per_task": pytest.approx(0.0025)},
-        "cost": {"tasks": 1, "accuracy": 1.0, "usd_per_task": pytest.approx(0.001)}}
+        "cost": {"tasks": 1, "accuracy": 1.0, "usd_per_task": pytest.approx(0.001)},
+    }
     assert summarize(results([True], 0.01, {}))["by_preference"] == {}  # none stated
     write_report(tmp_path, "offline", {"orchestrator": orchestrator, "fixed:cheapest": cheapest})
     markdown = (tmp_path / "report.md").read_text()
@@ -116,20 +139,33 @@ def test_each_stated_preference_gets_its_own_cost_accuracy_picture(tmp_path):
 def test_episodes_decided_by_infrastructure_are_counted_and_left_out():
     failure = {"reason": "infra_error", "endpoint": "ask(model=m)", "detail": "HTTP 500"}
     scored = results([True, False], 0.01, {"ask": 1})
-    scored = [dataclasses.replace(r, trial=r.trial, call_kinds={"ask": {"ok": 1}})
-              for r in scored]
-    decided = [EpisodeResult("t0", False, 0.5, 9.0, 1, trial=1, infra_failure=failure,
-                             call_kinds={"ask": {"infra_error": 1}}),
-               EpisodeResult("t1", False, 0.5, 9.0, 1, trial=1, judge_error=True,
-                             call_kinds={"ask": {"ok": 1}}),
-               EpisodeResult("t2", True, 0.5, 9.0, 1, user_error=True)]  # cached before
+    scored = [dataclasses.replace(r, trial=r.trial, call_kinds={"ask": {"ok": 1}}) for r in scored]
+    decided = [
+        EpisodeResult(
+            "t0",
+            False,
+            0.5,
+            9.0,
+            1,
+            trial=1,
+            infra_failure=failure,
+            call_kinds={"ask": {"infra_error": 1}},
+        ),
+        EpisodeResult(
+            "t1", False, 0.5, 9.0, 1, trial=1, judge_error=True, call_kinds={"ask": {"ok": 1}}
+        ),
+        EpisodeResult("t2", True, 0.5, 9.0, 1, user_error=True),
+    ]  # cached before
     summary = summarize(scored + decided)
     assert (summary["tasks"], summary["scored"], summary["correct"]) == (5, 2, 1)
     assert summary["accuracy"] == 0.5 and summary["accuracy_ci95"] == list(wilson_interval(1, 2))
     assert summary["usd_per_task"] == pytest.approx(0.015)  # of the scored episodes only
     assert summary["infra_decided"] == 3
     assert [(item["episode"], item["reason"]) for item in summary["infra_decided_episodes"]] == [
-        ("t0@1", "infra_error"), ("t1@1", "judge_error"), ("t2@0", "user_error")]
+        ("t0@1", "infra_error"),
+        ("t1@1", "judge_error"),
+        ("t2@0", "user_error"),
+    ]
     assert summary["call_kinds"]["ok"] == 3 and summary["call_kinds"]["infra_error"] == 1
     assert summary["calls_by_tool"] == {"ask": {"ok": 3, "infra_error": 1}}
     assert summary["failed_calls_per_task"] == pytest.approx(1 / 5)
@@ -138,5 +174,4 @@ def test_episodes_decided_by_infrastructure_are_counted_and_left_out():
     assert summary["pass_hat_k"] == {}
     assert summarize([*scored, decided[1]])["pass_hat_k"] == {"1": 1.0}
     nothing = summarize(decided[:1])
-    assert (nothing["accuracy"], nothing["usd_per_task"], nothing["pass_hat_k"]) == (
-        None, None, {})
+    assert (nothing["accuracy"], nothing["usd_per_task"], nothing["pass_hat_k"]) == (None, None, {})

@@ -88,164 +88,349 @@ STOP, TRANSFER = "###STOP###", "###TRANSFER###"
 MOCK_CREATE = _call("create_task", user_id="user_1", title="Important Meeting")
 
 CASES = {
-    "retail": Case("retail", trials=1, tasks=(
-        ScriptedTask("70", "retail-70", termination="USER_STOP", reward=1.0, agent=(
-            Say(calls=(_call("get_order_details", order_id="#W3947049"),)),
-            Say("The medium, high-ventilation blue helmet is item 9013366374. Shall I exchange "
-                "your helmet for it, paying the difference with credit_card_7901829? (yes/no)"),
-            # the fact the communicate check needs is only in the text beside the call
-            Say("Exchanging now: the price difference you pay today is $22.55.", calls=(
-                _call("exchange_delivered_order_items", order_id="#W3947049",
-                      item_ids=["3358616356"], new_item_ids=["9013366374"],
-                      payment_method_id="credit_card_7901829"),)),
-            Say("Your exchange is requested; you will receive an email with the return "
-                "instructions. Anything else?"),
-        ), user=(
-            Say("I got a helmet in order #W3947049; it is too small, I want a medium one with "
-                "high ventilation, blue if possible."),
-            Say("Yes."),
-            Say(f"No, that is all. {STOP}"),
-        )),
-        ScriptedTask("108", "retail-108", termination="USER_STOP", reward=1.0, agent=(
-            Say(calls=(_call("get_order_details", order_id="#W1679211"),)),
-            Say("I can return the three items other than the tablet (9612497925, 7127170374, "
-                "6268080249), refunded to paypal_3022415. Shall I? (yes/no)"),
-            Say(calls=(_call("return_delivered_order_items", order_id="#W1679211",
-                             item_ids=["9612497925", "7127170374", "6268080249"],
-                             payment_method_id="paypal_3022415"),)),
-            # the answer (the communicate check's fact), then the agent's stop
-            Say(f"Your return is requested: you will get $346.93 back to your PayPal. {STOP}"),
-        ), user=(
-            Say("I want to return everything but the tablet in my order #W1679211."),
-            Say("Yes, please."),
-            Say(f"Thank you. {STOP}"),
-        )),
-    )),
-    "airline": Case("airline", trials=1, tasks=(
-        ScriptedTask("19", "airline-19", termination="USER_STOP", reward=1.0, agent=(
-            Say(calls=(_call("get_user_details", user_id="olivia_gonzalez_2305"),
-                       _call("get_reservation_details", reservation_id="Z7GOZK"))),
-            Say("Reservation Z7GOZK is basic economy and cannot be modified; with its travel "
-                "insurance you can cancel it for a full refund. Shall I cancel it? (yes/no)"),
-            Say(calls=(_call("cancel_reservation", reservation_id="Z7GOZK"),)),
-            Say(f"Reservation Z7GOZK is cancelled; the refund goes to the original payment "
-                f"method. {STOP}"),
-        ), user=(
-            Say("I am Olivia Gonzalez, user id olivia_gonzalez_2305. I want a later return "
-                "flight to Newark on my Texas trip."),
-            Say("Yes, cancel it."),
-            Say(STOP),
-        )),
-    )),
-    "telecom": Case("telecom", (
-        ScriptedTask("[mobile_data_issue]data_saver_mode_on|user_abroad_roaming_enabled_off"
-             "[PERSONA:Easy]", "telecom-data", termination="USER_STOP", reward=1.0, agent=(
-                 Say(calls=(_call("get_customer_by_phone", phone_number="555-123-2002"),)),
-                 Say("Please turn off Data Saver mode and turn on roaming on your phone."),
-                 Say("Now please run a speed test."),
-                 Say("Your mobile data is working again. Anything else?"),
-             ), user=(
-                 Say("My mobile data is very slow. I am John Smith, 555-123-2002, abroad in "
-                     "France."),
-                 Say("I turned Data Saver off and roaming on.",
-                     calls=(_call("toggle_data_saver_mode"), _call("toggle_roaming"))),
-                 Say("The speed test is done: excellent.", calls=(_call("run_speed_test"),)),
-                 Say(f"No, thank you. {STOP}"),
-             )),
-        ScriptedTask("[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]",
-             "telecom-airplane", termination="USER_STOP", reward=1.0, agent=(
-                 Say(calls=(_call("get_customer_by_phone", phone_number="555-123-2002"),)),
-                 Say("Please turn off airplane mode and tell me what your status bar shows."),
-                 Say(calls=(_call("transfer_to_human_agents",
-                                  summary="The SIM card is locked with a PIN."),)),
-                 Say("YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."),
-             ), user=(
-                 Say("My phone shows No Service. I am John Smith, 555-123-2002."),
-                 Say("Airplane mode is off; the status bar still shows no service.",
-                     calls=(_call("toggle_airplane_mode"), _call("check_status_bar"))),
-                 Say(TRANSFER),
-             )),
-    )),
-    "mock": Case("mock", limit=1, tasks=(
-        ScriptedTask("create_task_1", "mock-create", termination="USER_STOP", reward=1.0, agent=(
-            Say(calls=(MOCK_CREATE,)),
-            Say("I created the task 'Important Meeting' for user_1."),
-        ), user=(
-            Say("Please create a task called 'Important Meeting' for user_1."),
-            Say(f"Thanks. {STOP}"),
-        )),
-    )),
+    "retail": Case(
+        "retail",
+        trials=1,
+        tasks=(
+            ScriptedTask(
+                "70",
+                "retail-70",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=(_call("get_order_details", order_id="#W3947049"),)),
+                    Say(
+                        "The medium, high-ventilation blue helmet is item 9013366374. Shall I exchange "
+                        "your helmet for it, paying the difference with credit_card_7901829? (yes/no)"
+                    ),
+                    # the fact the communicate check needs is only in the text beside the call
+                    Say(
+                        "Exchanging now: the price difference you pay today is $22.55.",
+                        calls=(
+                            _call(
+                                "exchange_delivered_order_items",
+                                order_id="#W3947049",
+                                item_ids=["3358616356"],
+                                new_item_ids=["9013366374"],
+                                payment_method_id="credit_card_7901829",
+                            ),
+                        ),
+                    ),
+                    Say(
+                        "Your exchange is requested; you will receive an email with the return "
+                        "instructions. Anything else?"
+                    ),
+                ),
+                user=(
+                    Say(
+                        "I got a helmet in order #W3947049; it is too small, I want a medium one with "
+                        "high ventilation, blue if possible."
+                    ),
+                    Say("Yes."),
+                    Say(f"No, that is all. {STOP}"),
+                ),
+            ),
+            ScriptedTask(
+                "108",
+                "retail-108",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=(_call("get_order_details", order_id="#W1679211"),)),
+                    Say(
+                        "I can return the three items other than the tablet (9612497925, 7127170374, "
+                        "6268080249), refunded to paypal_3022415. Shall I? (yes/no)"
+                    ),
+                    Say(
+                        calls=(
+                            _call(
+                                "return_delivered_order_items",
+                                order_id="#W1679211",
+                                item_ids=["9612497925", "7127170374", "6268080249"],
+                                payment_method_id="paypal_3022415",
+                            ),
+                        )
+                    ),
+                    # the answer (the communicate check's fact), then the agent's stop
+                    Say(
+                        f"Your return is requested: you will get $346.93 back to your PayPal. {STOP}"
+                    ),
+                ),
+                user=(
+                    Say("I want to return everything but the tablet in my order #W1679211."),
+                    Say("Yes, please."),
+                    Say(f"Thank you. {STOP}"),
+                ),
+            ),
+        ),
+    ),
+    "airline": Case(
+        "airline",
+        trials=1,
+        tasks=(
+            ScriptedTask(
+                "19",
+                "airline-19",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(
+                        calls=(
+                            _call("get_user_details", user_id="olivia_gonzalez_2305"),
+                            _call("get_reservation_details", reservation_id="Z7GOZK"),
+                        )
+                    ),
+                    Say(
+                        "Reservation Z7GOZK is basic economy and cannot be modified; with its travel "
+                        "insurance you can cancel it for a full refund. Shall I cancel it? (yes/no)"
+                    ),
+                    Say(calls=(_call("cancel_reservation", reservation_id="Z7GOZK"),)),
+                    Say(
+                        f"Reservation Z7GOZK is cancelled; the refund goes to the original payment "
+                        f"method. {STOP}"
+                    ),
+                ),
+                user=(
+                    Say(
+                        "I am Olivia Gonzalez, user id olivia_gonzalez_2305. I want a later return "
+                        "flight to Newark on my Texas trip."
+                    ),
+                    Say("Yes, cancel it."),
+                    Say(STOP),
+                ),
+            ),
+        ),
+    ),
+    "telecom": Case(
+        "telecom",
+        (
+            ScriptedTask(
+                "[mobile_data_issue]data_saver_mode_on|user_abroad_roaming_enabled_off"
+                "[PERSONA:Easy]",
+                "telecom-data",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=(_call("get_customer_by_phone", phone_number="555-123-2002"),)),
+                    Say("Please turn off Data Saver mode and turn on roaming on your phone."),
+                    Say("Now please run a speed test."),
+                    Say("Your mobile data is working again. Anything else?"),
+                ),
+                user=(
+                    Say(
+                        "My mobile data is very slow. I am John Smith, 555-123-2002, abroad in "
+                        "France."
+                    ),
+                    Say(
+                        "I turned Data Saver off and roaming on.",
+                        calls=(_call("toggle_data_saver_mode"), _call("toggle_roaming")),
+                    ),
+                    Say("The speed test is done: excellent.", calls=(_call("run_speed_test"),)),
+                    Say(f"No, thank you. {STOP}"),
+                ),
+            ),
+            ScriptedTask(
+                "[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]",
+                "telecom-airplane",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=(_call("get_customer_by_phone", phone_number="555-123-2002"),)),
+                    Say("Please turn off airplane mode and tell me what your status bar shows."),
+                    Say(
+                        calls=(
+                            _call(
+                                "transfer_to_human_agents",
+                                summary="The SIM card is locked with a PIN.",
+                            ),
+                        )
+                    ),
+                    Say("YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON."),
+                ),
+                user=(
+                    Say("My phone shows No Service. I am John Smith, 555-123-2002."),
+                    Say(
+                        "Airplane mode is off; the status bar still shows no service.",
+                        calls=(_call("toggle_airplane_mode"), _call("check_status_bar")),
+                    ),
+                    Say(TRANSFER),
+                ),
+            ),
+        ),
+    ),
+    "mock": Case(
+        "mock",
+        limit=1,
+        tasks=(
+            ScriptedTask(
+                "create_task_1",
+                "mock-create",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=(MOCK_CREATE,)),
+                    Say("I created the task 'Important Meeting' for user_1."),
+                ),
+                user=(
+                    Say("Please create a task called 'Important Meeting' for user_1."),
+                    Say(f"Thanks. {STOP}"),
+                ),
+            ),
+        ),
+    ),
     # Calls the tool's schema rejects run through tau2's dispatch in both runners: each fails
     # with tau2's own error, stays in the transcript with the text beside it, and counts
     # toward max_errors. Messages keep their trailing whitespace.
-    "telecom-schema-edges": Case("telecom", trials=1, tasks=(
-        ScriptedTask("[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]",
-             "telecom-edges", termination="USER_STOP", reward=1.0, agent=(
-                 Say(calls=(_call("get_customer_by_phone"),)),  # a missing required argument
-                 Say(calls=(_call("get_customer_by_phone", phone_number="555-123-2002"),
+    "telecom-schema-edges": Case(
+        "telecom",
+        trials=1,
+        tasks=(
+            ScriptedTask(
+                "[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]",
+                "telecom-edges",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=(_call("get_customer_by_phone"),)),  # a missing required argument
+                    Say(
+                        calls=(
+                            _call("get_customer_by_phone", phone_number="555-123-2002"),
                             # an integral float (tau2's tool fails on it) and an undeclared one
                             _call("get_bills_for_customer", customer_id="C1001", limit=2.0),
-                            _call("get_details_by_id", id="C1001", verbose=True))),
-                 Say("Please turn off airplane mode and tell me what your status bar shows.  \n"),
-                 # the action check matches the transfer by name: the failed call meets it
-                 Say("I am transferring you to a human agent now.",
-                     calls=(_call("transfer_to_human_agents", reason="SIM card locked"),)),
-                 Say("YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON.  "),
-             ), user=(
-                 Say("My phone shows No Service. I am John Smith, 555-123-2002.  "),
-                 # the user's own call with an undeclared argument
-                 Say("Airplane mode is off; the status bar still shows no service.",
-                     calls=(_call("toggle_airplane_mode"), _call("check_status_bar",
-                                                                 verbose=True))),
-                 Say(TRANSFER),
-             )),
-    )),
+                            _call("get_details_by_id", id="C1001", verbose=True),
+                        )
+                    ),
+                    Say(
+                        "Please turn off airplane mode and tell me what your status bar shows.  \n"
+                    ),
+                    # the action check matches the transfer by name: the failed call meets it
+                    Say(
+                        "I am transferring you to a human agent now.",
+                        calls=(_call("transfer_to_human_agents", reason="SIM card locked"),),
+                    ),
+                    Say("YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON.  "),
+                ),
+                user=(
+                    Say("My phone shows No Service. I am John Smith, 555-123-2002.  "),
+                    # the user's own call with an undeclared argument
+                    Say(
+                        "Airplane mode is off; the status bar still shows no service.",
+                        calls=(
+                            _call("toggle_airplane_mode"),
+                            _call("check_status_bar", verbose=True),
+                        ),
+                    ),
+                    Say(TRANSFER),
+                ),
+            ),
+        ),
+    ),
     # the communicate check's fact is only in the text beside a call tau2 fails
-    "retail-beside-a-failed-call": Case("retail", trials=1, tasks=(
-        ScriptedTask("70", "retail-70-beside", termination="USER_STOP", reward=1.0, agent=(
-            Say(calls=(_call("get_order_details", order_id="#W3947049"),)),
-            Say("The medium, high-ventilation blue helmet is item 9013366374. Shall I exchange "
-                "your helmet for it, paying the difference with credit_card_7901829? (yes/no)"),
-            Say("The price difference you pay today is $22.55.",
-                calls=(_call("exchange_delivered_order_items", order_id="#W3947049"),)),
-            Say(calls=(_call("exchange_delivered_order_items", order_id="#W3947049",
-                             item_ids=["3358616356"], new_item_ids=["9013366374"],
-                             payment_method_id="credit_card_7901829"),)),
-            Say("Your exchange is requested; the new helmet ships soon."),
-        ), user=(
-            Say("I got a helmet in order #W3947049; it is too small, I want a medium one with "
-                "high ventilation, blue if possible."),
-            Say("Yes."),
-            Say(f"No, that is all. {STOP}"),
-        )),
-    )),
+    "retail-beside-a-failed-call": Case(
+        "retail",
+        trials=1,
+        tasks=(
+            ScriptedTask(
+                "70",
+                "retail-70-beside",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=(_call("get_order_details", order_id="#W3947049"),)),
+                    Say(
+                        "The medium, high-ventilation blue helmet is item 9013366374. Shall I exchange "
+                        "your helmet for it, paying the difference with credit_card_7901829? (yes/no)"
+                    ),
+                    Say(
+                        "The price difference you pay today is $22.55.",
+                        calls=(_call("exchange_delivered_order_items", order_id="#W3947049"),),
+                    ),
+                    Say(
+                        calls=(
+                            _call(
+                                "exchange_delivered_order_items",
+                                order_id="#W3947049",
+                                item_ids=["3358616356"],
+                                new_item_ids=["9013366374"],
+                                payment_method_id="credit_card_7901829",
+                            ),
+                        )
+                    ),
+                    Say("Your exchange is requested; the new helmet ships soon."),
+                ),
+                user=(
+                    Say(
+                        "I got a helmet in order #W3947049; it is too small, I want a medium one with "
+                        "high ventilation, blue if possible."
+                    ),
+                    Say("Yes."),
+                    Say(f"No, that is all. {STOP}"),
+                ),
+            ),
+        ),
+    ),
     # an optional argument sent as null, which tau2's tool takes
-    "mock-null-optional": Case("mock", limit=1, trials=1, tasks=(
-        ScriptedTask("create_task_1", "mock-null", termination="USER_STOP", reward=1.0, agent=(
-            Say(calls=((MOCK_CREATE[0], {**MOCK_CREATE[1], "description": None}),)),
-            Say("I created the task 'Important Meeting' for user_1.\n\n"),
-        ), user=(
-            Say("Please create a task called 'Important Meeting' for user_1."),
-            Say(f"Thanks. {STOP}"),
-        )),
-    )),
+    "mock-null-optional": Case(
+        "mock",
+        limit=1,
+        trials=1,
+        tasks=(
+            ScriptedTask(
+                "create_task_1",
+                "mock-null",
+                termination="USER_STOP",
+                reward=1.0,
+                agent=(
+                    Say(calls=((MOCK_CREATE[0], {**MOCK_CREATE[1], "description": None}),)),
+                    Say("I created the task 'Important Meeting' for user_1.\n\n"),
+                ),
+                user=(
+                    Say("Please create a task called 'Important Meeting' for user_1."),
+                    Say(f"Thanks. {STOP}"),
+                ),
+            ),
+        ),
+    ),
     # 1 + 2 x 12 steps: the user's 13th message reaches max_steps; 12 agent turns, more than
     # rollout.max_turns (10), which tau2's limits replace
-    "mock-never-stops": Case("mock", limit=1, max_steps=25, tasks=(
-        ScriptedTask("create_task_1", "mock-never-stops", termination="MAX_STEPS", reward=0.0,
-                     agent=(Say(calls=(MOCK_CREATE,)),),
-                     agent_then=Say("The task 'Important Meeting' is created. Anything else?"),
-                     user=(Say("Please create a task called 'Important Meeting' for user_1."),),
-                     user_then=Say("Hmm, let me think.")),
-    )),
+    "mock-never-stops": Case(
+        "mock",
+        limit=1,
+        max_steps=25,
+        tasks=(
+            ScriptedTask(
+                "create_task_1",
+                "mock-never-stops",
+                termination="MAX_STEPS",
+                reward=0.0,
+                agent=(Say(calls=(MOCK_CREATE,)),),
+                agent_then=Say("The task 'Important Meeting' is created. Anything else?"),
+                user=(Say("Please create a task called 'Important Meeting' for user_1."),),
+                user_then=Say("Hmm, let me think."),
+            ),
+        ),
+    ),
     # the user's 9th message, its stop, is step 19 = max_steps: tau2 ends MAX_STEPS (reward 0)
-    "mock-stops-at-max-steps": Case("mock", limit=1, max_steps=19, tasks=(
-        ScriptedTask("create_task_1", "mock-stops-at-limit", termination="MAX_STEPS", reward=0.0,
-                     agent=(Say(calls=(MOCK_CREATE,)),),
-                     agent_then=Say("The task 'Important Meeting' is created. Anything else?"),
-                     user=(Say("Please create a task called 'Important Meeting' for user_1."),
-                           *[Say("One moment.")] * 7, Say(f"No, that is all. {STOP}"))),
-    )),
+    "mock-stops-at-max-steps": Case(
+        "mock",
+        limit=1,
+        max_steps=19,
+        tasks=(
+            ScriptedTask(
+                "create_task_1",
+                "mock-stops-at-limit",
+                termination="MAX_STEPS",
+                reward=0.0,
+                agent=(Say(calls=(MOCK_CREATE,)),),
+                agent_then=Say("The task 'Important Meeting' is created. Anything else?"),
+                user=(
+                    Say("Please create a task called 'Important Meeting' for user_1."),
+                    *[Say("One moment.")] * 7,
+                    Say(f"No, that is all. {STOP}"),
+                ),
+            ),
+        ),
+    ),
 }
 
 
@@ -304,16 +489,25 @@ class Differential:
 
             splits = registry.get_task_splits_loader(case.domain)
             self._tasks[key] = registry.get_tasks_loader(case.domain)(
-                case.split if splits is not None else None)
+                case.split if splits is not None else None
+            )
         by_id = {task.id: task for task in self._tasks[key]}
         return [by_id[task.id] for task in case.tasks]
 
     def parties_of(self, name: str) -> ScriptedParties:
         if name not in self.parties:
             case = CASES[name]
-            scripts = [Script(task.tag, str(tau2_task.user_scenario), task.agent, task.user,
-                              task.agent_then, task.user_then)
-                       for task, tau2_task in zip(case.tasks, self.tau2_tasks(case))]
+            scripts = [
+                Script(
+                    task.tag,
+                    str(tau2_task.user_scenario),
+                    task.agent,
+                    task.user,
+                    task.agent_then,
+                    task.user_then,
+                )
+                for task, tau2_task in zip(case.tasks, self.tau2_tasks(case))
+            ]
             self.parties[name] = ScriptedParties(scripts, self.tokenizer)
         return self.parties[name]
 
@@ -330,20 +524,34 @@ class Differential:
         for trial, seed in enumerate(tau2_trial_seeds(case.trials)):
             for task, tau2_task in zip(case.tasks, self.tau2_tasks(case)):
                 simulation = run_task(
-                    case.domain, tau2_task, "llm_agent", "user_simulator",
+                    case.domain,
+                    tau2_task,
+                    "llm_agent",
+                    "user_simulator",
                     llm_agent=f"openai/{model_name(AGENT, 'tau2')}",
-                    llm_args_agent={"api_base": parties.agent_url, "api_key": KEY,
-                                    "temperature": 0.0},
+                    llm_args_agent={
+                        "api_base": parties.agent_url,
+                        "api_key": KEY,
+                        "temperature": 0.0,
+                    },
                     llm_user=f"openai/{model_name(USER, 'tau2')}",
-                    llm_args_user={"api_base": parties.user_url, "api_key": KEY,
-                                   "temperature": 0.0},
-                    max_steps=case.max_steps, max_errors=MAX_ERRORS, seed=seed)
+                    llm_args_user={
+                        "api_base": parties.user_url,
+                        "api_key": KEY,
+                        "temperature": 0.0,
+                    },
+                    max_steps=case.max_steps,
+                    max_errors=MAX_ERRORS,
+                    seed=seed,
+                )
                 reason = TerminationReason(simulation.termination_reason)
                 outcomes[(task.id, trial)] = Outcome(
                     parties.recorded.told_user("tau2", task.tag, seed),
-                    parties.recorded.user_saw("tau2", task.tag, seed), reason.name,
+                    parties.recorded.user_saw("tau2", task.tag, seed),
+                    reason.name,
                     simulation.reward_info.reward,
-                    json.loads(json.dumps(breakdown(simulation.reward_info))))
+                    json.loads(json.dumps(breakdown(simulation.reward_info))),
+                )
                 messages[(task.id, trial)] = simulation.messages
         self.runs[("tau2", name)] = run = Run(outcomes, {"messages": messages})
         return run
@@ -361,22 +569,34 @@ class Differential:
             tasks = [f"env.split={case.split}", f"env.limit={case.limit}"]
         else:
             path = out / "tasks.json"
-            path.write_text(json.dumps([task.model_dump(mode="json")
-                                        for task in self.tau2_tasks(case)]))
+            path.write_text(
+                json.dumps([task.model_dump(mode="json") for task in self.tau2_tasks(case)])
+            )
             tasks = [f"env.path={path}"]
-        code = main(["eval", "--benchmark", "tau2", "--agent", "orchestrator",
-                     f"env.domain={case.domain}", *tasks,
-                     f"env.user.base_url={parties.user_url}",
-                     f"env.user.model={model_name(USER, side)}",
-                     f"env.user.max_steps={case.max_steps}",
-                     f"env.user.max_errors={MAX_ERRORS}",
-                     "rollout.engine=openai", f"rollout.base_url={parties.agent_url}",
-                     f"rollout.model_name={model_name(AGENT, side)}",
-                     f"tokenizer.path={self.tokenizer_dir}",
-                     # a served policy's context: room for telecom's policy and tools
-                     "model.max_position_embeddings=131072",
-                     f"eval.num_trials={case.trials}", f"eval.concurrency={concurrency}",
-                     f"eval.out_dir={out / 'report'}"])
+        code = main(
+            [
+                "eval",
+                "--benchmark",
+                "tau2",
+                "--agent",
+                "orchestrator",
+                f"env.domain={case.domain}",
+                *tasks,
+                f"env.user.base_url={parties.user_url}",
+                f"env.user.model={model_name(USER, side)}",
+                f"env.user.max_steps={case.max_steps}",
+                f"env.user.max_errors={MAX_ERRORS}",
+                "rollout.engine=openai",
+                f"rollout.base_url={parties.agent_url}",
+                f"rollout.model_name={model_name(AGENT, side)}",
+                f"tokenizer.path={self.tokenizer_dir}",
+                # a served policy's context: room for telecom's policy and tools
+                "model.max_position_embeddings=131072",
+                f"eval.num_trials={case.trials}",
+                f"eval.concurrency={concurrency}",
+                f"eval.out_dir={out / 'report'}",
+            ]
+        )
         assert code == 0, f"nemo-orch eval exited {code}"
         lines = (out / "report" / "episodes" / "orchestrator.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines[1:]]
@@ -384,7 +604,8 @@ class Differential:
 
         tags = {f"tau2-{case.domain}-{task.id}": task for task in case.tasks}
         assert sorted((r["task_id"], r["trial"]) for r in records) == sorted(
-            (task_id, trial) for task_id in tags for trial in range(case.trials))
+            (task_id, trial) for task_id in tags for trial in range(case.trials)
+        )
         outcomes = {}
         for record in records:
             task = tags[record["task_id"]]
@@ -392,7 +613,9 @@ class Differential:
                 parties.recorded.told_user(side, task.tag, record["seed"]),
                 parties.recorded.user_saw(side, task.tag, record["seed"]),
                 _TERMINATIONS.get(record["episode"]["termination"], "AGENT_ERROR"),
-                record["details"]["tau2"]["reward"], record["details"]["tau2"]["breakdown"])
+                record["details"]["tau2"]["reward"],
+                record["details"]["tau2"]["breakdown"],
+            )
         self.runs[(side, name)] = run = Run(outcomes, {"records": records})
         return run
 
@@ -405,8 +628,11 @@ def differential(tiny_tokenizer, tiny_tokenizer_dir, tmp_path_factory):
 
 
 def _expected(case: Case) -> dict[tuple[str, int], tuple[str, float]]:
-    return {(task.id, trial): (task.termination, task.reward)
-            for task in case.tasks for trial in range(case.trials)}
+    return {
+        (task.id, trial): (task.termination, task.reward)
+        for task in case.tasks
+        for trial in range(case.trials)
+    }
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -27,10 +27,14 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
 
 def setup_version() -> str:
     """setup.py's version, read without running it."""
-    call = next(node for node in ast.walk(ast.parse((ROOT / "setup.py").read_text()))
-                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup")
-    return next(ast.literal_eval(keyword.value) for keyword in call.keywords
-                if keyword.arg == "version")
+    call = next(
+        node
+        for node in ast.walk(ast.parse((ROOT / "setup.py").read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup"
+    )
+    return next(
+        ast.literal_eval(keyword.value) for keyword in call.keywords if keyword.arg == "version"
+    )
 
 
 PINNED = r"[A-Za-z0-9_.\-\[\]]+==[\w.+\-]+"
@@ -93,8 +97,10 @@ def test_the_launchers_default_image_is_what_the_enroot_recipe_writes():
     assert image == f"nemo-orch:{version}"
     assert 'OUT="$JOB_DIR/containers/${IMAGE/:/+}.sqsh"' in script  # enroot's own name
     assert config_lib.CONTAINER_SQSH == image.replace(":", "+") + ".sqsh"
-    assert f"docker build -f containers/Dockerfile -t {image} ." in (
-        CONTAINERS / "Dockerfile").read_text()
+    assert (
+        f"docker build -f containers/Dockerfile -t {image} ."
+        in (CONTAINERS / "Dockerfile").read_text()
+    )
     slurm = config_lib.load(["recipe=orchestrator-qwen3-8b-2n8g-tp4pp1-fp8"]).launcher.slurm
     assert slurm.image == f"{slurm.job_dir}/containers/nemo-orch+{version}.sqsh"
     readme = (CONTAINERS / "README.md").read_text()

@@ -47,8 +47,17 @@ def test_urls_take_hosts_from_the_environment(monkeypatch):
 
 def test_the_job_waits_then_runs_the_command_with_the_endpoints(server, monkeypatch, capsys):
     monkeypatch.setenv("NEMO_ORCH_HOST_1", "127.0.0.1")
-    code = job.main(["--endpoint", f"tools.endpoints.math=http://${{NEMO_ORCH_HOST_1}}:{server}"
-                     "/v1", "--timeout", "30", "sft", "--print-config", "tools=experts"])
+    code = job.main(
+        [
+            "--endpoint",
+            f"tools.endpoints.math=http://${{NEMO_ORCH_HOST_1}}:{server}/v1",
+            "--timeout",
+            "30",
+            "sft",
+            "--print-config",
+            "tools=experts",
+        ]
+    )
     assert code == 0 and Health.requests == 3
     printed = capsys.readouterr()
     assert f"math: http://127.0.0.1:{server}/v1" in printed.out
@@ -64,15 +73,25 @@ def test_the_first_rank_waits_for_the_ray_cluster_the_others_join_it(monkeypatch
     monkeypatch.setenv("RANK", "0")
     assert job.main([*ray_args, "sft", "--print-config"]) == 1
     assert "the Ray cluster at 127.0.0.1:9 (2 nodes) was not ready in time" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     monkeypatch.setenv("RANK", "1")  # the other ranks do not wait (only the first rolls out)
     assert job.main([*ray_args, "sft", "--print-config"]) == 0
     assert job.os.environ["RAY_ADDRESS"] == "127.0.0.1:9"
 
 
 def test_a_server_that_never_comes_up_fails_the_job(tmp_path, capsys):
-    code = job.main(["--endpoint", "reward.judge_base_url=http://127.0.0.1:9/v1",
-                     "--timeout", "0.2", "sft", "--print-config"])
+    code = job.main(
+        [
+            "--endpoint",
+            "reward.judge_base_url=http://127.0.0.1:9/v1",
+            "--timeout",
+            "0.2",
+            "sft",
+            "--print-config",
+        ]
+    )
     assert code == 1
     assert "reward.judge_base_url at http://127.0.0.1:9/v1 was not ready in time" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )

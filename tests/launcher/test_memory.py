@@ -19,9 +19,16 @@ from nemo_orch.config import (
 from nemo_orch.launcher import memory
 from nemo_orch.launcher.memory import GIB
 
-MODEL = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                    kv_channels=16, ffn_hidden_size=128, vocab_size=512,
-                    params_dtype="bfloat16")
+MODEL = ModelConfig(
+    num_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_query_groups=2,
+    kv_channels=16,
+    ffn_hidden_size=128,
+    vocab_size=512,
+    params_dtype="bfloat16",
+)
 TP2_DP2 = ParallelConfig(tp=2, dp=2)
 # Per layer, unsharded GEMMs: QKV 64 x (4 + 2*2) x 16 = 8192, output 4*16 x 64 = 4096,
 # SwiGLU 3 x 64 x 128 = 24576: 36864, of which a TP2 rank holds 18432. Norms (replicated):
@@ -38,21 +45,25 @@ def test_parameter_share_by_hand():
     assert PARAMS_PER_GPU == 107200
     # PP2: 2 layers and one vocabulary table per stage (+ the final norm on the last)
     assert memory.parameter_share(MODEL, ParallelConfig(tp=2, pp=2)).total == (
-        2 * LAYER_SHARD + 16384 + 64)
+        2 * LAYER_SHARD + 16384 + 64
+    )
     # TP1 holds the whole model: the same count as ModelConfig.num_parameters()
     assert memory.parameter_share(MODEL, ParallelConfig()).total == MODEL.num_parameters()
 
 
 def test_weights_gradients_and_optimizer_by_hand():
-    estimate = memory.training_estimate(MODEL, TP2_DP2, seq_length=32, micro_batch_size=2,
-                                        num_microbatches=1)
-    assert estimate.weights == 107200 * 2          # bf16
-    assert estimate.gradients == 107200 * 4        # fp32 grad buffers
+    estimate = memory.training_estimate(
+        MODEL, TP2_DP2, seq_length=32, micro_batch_size=2, num_microbatches=1
+    )
+    assert estimate.weights == 107200 * 2  # bf16
+    assert estimate.gradients == 107200 * 4  # fp32 grad buffers
     assert estimate.optimizer == 107200 * 12 // 2  # fp32 main + 2 Adam moments, over DP2
     fp32 = dataclasses.replace(MODEL, params_dtype="float32")
     no_sharding = ParallelConfig(tp=2, dp=2, use_distributed_optimizer=False)
-    assert memory.optimizer_bytes(fp32, no_sharding, memory.parameter_share(fp32, no_sharding)
-                                  ) == 107200 * 8  # the moments only, on every rank
+    assert (
+        memory.optimizer_bytes(fp32, no_sharding, memory.parameter_share(fp32, no_sharding))
+        == 107200 * 8
+    )  # the moments only, on every rank
 
 
 # PPO's critic: the same layers and its own embedding (16384), the final norm (64) and a value
@@ -62,14 +73,17 @@ CRITIC_PARAMS_PER_GPU = 4 * LAYER_SHARD + 16384 + 64 + 65  # 90881
 
 def test_critic_parameter_share_by_hand():
     assert memory.parameter_share(MODEL, TP2_DP2, critic=True) == memory.ParameterShare(
-        total=CRITIC_PARAMS_PER_GPU, fp8_gemm=0)
+        total=CRITIC_PARAMS_PER_GPU, fp8_gemm=0
+    )
     assert CRITIC_PARAMS_PER_GPU == 90881
     # PP2: the first stage (embedding) outweighs the last (final norm + head)
     assert memory.parameter_share(MODEL, ParallelConfig(tp=2, pp=2), critic=True).total == (
-        2 * LAYER_SHARD + 16384)
+        2 * LAYER_SHARD + 16384
+    )
     # TP1: the policy's count, less the output layer, plus the head
     assert memory.parameter_share(MODEL, ParallelConfig(), critic=True).total == (
-        MODEL.num_parameters() - 512 * 64 + 65)
+        MODEL.num_parameters() - 512 * 64 + 65
+    )
     # Tied embeddings: the policy's output layer is its embedding; the critic's embedding is
     # its own all the same
     tied = dataclasses.replace(MODEL, share_embeddings_and_output_weights=True)
@@ -78,21 +92,33 @@ def test_critic_parameter_share_by_hand():
 
 
 def test_critic_weights_gradients_and_optimizer_by_hand():
-    critic = memory.training_estimate(MODEL, TP2_DP2, seq_length=32, micro_batch_size=2,
-                                      num_microbatches=1, critic=True)
-    assert critic.weights == 90881 * 2          # bf16, as the policy's
-    assert critic.gradients == 90881 * 4        # fp32 grad buffers
+    critic = memory.training_estimate(
+        MODEL, TP2_DP2, seq_length=32, micro_batch_size=2, num_microbatches=1, critic=True
+    )
+    assert critic.weights == 90881 * 2  # bf16, as the policy's
+    assert critic.gradients == 90881 * 4  # fp32 grad buffers
     assert critic.optimizer == 90881 * 12 // 2  # its own Adam, distributed over DP2
-    assert critic.runtime == 0                  # the GPU's is counted once, with the policy
-    fp8 = dataclasses.replace(MODEL, transformer_impl="transformer_engine", fp8="hybrid",
-                              fp8_recipe="tensorwise", first_last_layers_bf16=True)
+    assert critic.runtime == 0  # the GPU's is counted once, with the policy
+    fp8 = dataclasses.replace(
+        MODEL,
+        transformer_impl="transformer_engine",
+        fp8="hybrid",
+        fp8_recipe="tensorwise",
+        first_last_layers_bf16=True,
+    )
     assert memory.training_estimate(fp8, TP2_DP2, 32, 2, 1, critic=True).weights == (
-        90881 * 2 + 2 * 18432)  # TE's FP8 copies of layers 2 and 3, as the policy's
+        90881 * 2 + 2 * 18432
+    )  # TE's FP8 copies of layers 2 and 3, as the policy's
 
 
 def test_fp8_weights_by_hand():
-    fp8 = dataclasses.replace(MODEL, transformer_impl="transformer_engine", fp8="hybrid",
-                              fp8_recipe="tensorwise", first_last_layers_bf16=True)
+    fp8 = dataclasses.replace(
+        MODEL,
+        transformer_impl="transformer_engine",
+        fp8="hybrid",
+        fp8_recipe="tensorwise",
+        first_last_layers_bf16=True,
+    )
     share = memory.parameter_share(fp8, TP2_DP2)
     assert share.fp8_gemm == 2 * 18432  # layers 2 and 3; the first and last stay BF16
     assert memory.weight_bytes(fp8, share) == 107200 * 2 + 36864  # + TE's FP8 copies
@@ -109,15 +135,18 @@ def test_fp8_weights_by_hand():
 FUSED, UNFUSED = 64 * (512 + 448 + 224), 64 * (512 + 448 + 704)
 
 
-@pytest.mark.parametrize("impl,recompute,sp,per_layer", [
-    ("transformer_engine", None, False, FUSED),
-    ("transformer_engine", None, True, FUSED - 64 * 256),
-    ("local", None, False, UNFUSED),
-    ("local", "selective", False, FUSED),
-    ("transformer_engine", "selective", True, FUSED - 64 * 256),
-    ("local", "full", False, 64 * 2 * 64),           # the layer's input, 2h per token
-    ("transformer_engine", "full", True, 64 * 2 * 64 / 2),
-])
+@pytest.mark.parametrize(
+    "impl,recompute,sp,per_layer",
+    [
+        ("transformer_engine", None, False, FUSED),
+        ("transformer_engine", None, True, FUSED - 64 * 256),
+        ("local", None, False, UNFUSED),
+        ("local", "selective", False, FUSED),
+        ("transformer_engine", "selective", True, FUSED - 64 * 256),
+        ("local", "full", False, 64 * 2 * 64),  # the layer's input, 2h per token
+        ("transformer_engine", "full", True, 64 * 2 * 64 / 2),
+    ],
+)
 def test_layer_activations_by_hand(impl, recompute, sp, per_layer):
     model = dataclasses.replace(MODEL, recompute_granularity=recompute, transformer_impl=impl)
     parallel = ParallelConfig(tp=2, dp=2, sequence_parallel=sp)
@@ -126,7 +155,8 @@ def test_layer_activations_by_hand(impl, recompute, sp, per_layer):
     without_qk_norms = dataclasses.replace(model, qk_layernorm=False)
     kept_qkv = 64 * 128 if impl == "local" and recompute is None else 0
     assert memory.layer_activation_bytes(without_qk_norms, parallel, 32, 2) == pytest.approx(
-        per_layer - kept_qkv)
+        per_layer - kept_qkv
+    )
 
 
 def test_activations_count_layers_in_flight_and_the_loss_peak():
@@ -134,7 +164,8 @@ def test_activations_count_layers_in_flight_and_the_loss_peak():
     output = 64 * (256 + 6 * 512 / 2)
     model = dataclasses.replace(MODEL, transformer_impl="transformer_engine")
     assert memory.activation_bytes(model, TP2_DP2, 32, 2, num_microbatches=8) == (
-        pytest.approx(4 * FUSED + output))
+        pytest.approx(4 * FUSED + output)
+    )
     # PP2 with 1F1B: the first stage keeps 2 micro-batches of its 2 layers; with only one
     # micro-batch, one
     pp2 = ParallelConfig(tp=2, pp=2)
@@ -143,14 +174,15 @@ def test_activations_count_layers_in_flight_and_the_loss_peak():
     # Full recompute: the layers' inputs, then the larger of the loss and one whole layer
     full = dataclasses.replace(model, recompute_granularity="full")
     assert memory.activation_bytes(full, TP2_DP2, 32, 2, 1) == pytest.approx(
-        4 * 64 * 128 + max(output, FUSED))
+        4 * 64 * 128 + max(output, FUSED)
+    )
     # ... which, unfused at 4096 tokens (the softmax grows with the sequence), is the layer
     unfused = dataclasses.replace(MODEL, transformer_impl="local")
     whole_layer = memory.layer_activation_bytes(unfused, TP2_DP2, 4096, 1)
     assert whole_layer > 4096 * (256 + 1536)
-    assert memory.activation_bytes(dataclasses.replace(unfused, recompute_granularity="full"),
-                                   TP2_DP2, 4096, 1, 1) == pytest.approx(4 * 4096 * 128
-                                                                         + whole_layer)
+    assert memory.activation_bytes(
+        dataclasses.replace(unfused, recompute_granularity="full"), TP2_DP2, 4096, 1, 1
+    ) == pytest.approx(4 * 4096 * 128 + whole_layer)
 
 
 def test_critic_activations_have_the_value_head_in_place_of_the_logits():
@@ -158,13 +190,15 @@ def test_critic_activations_have_the_value_head_in_place_of_the_logits():
     # one value per token in bf16 and fp32: 6
     model = dataclasses.replace(MODEL, transformer_impl="transformer_engine")
     assert memory.activation_bytes(model, TP2_DP2, 32, 2, 8, critic=True) == pytest.approx(
-        4 * FUSED + 64 * (128 + 128 + 6))
+        4 * FUSED + 64 * (128 + 128 + 6)
+    )
     sp = ParallelConfig(tp=2, dp=2, sequence_parallel=True)
     assert memory.output_activation_bytes(model, sp, 64, critic=True) == 64 * (64 + 128 + 6)
     # Full recompute: the layers' inputs, then one whole layer, which outweighs the head
     full = dataclasses.replace(model, recompute_granularity="full")
     assert memory.activation_bytes(full, TP2_DP2, 32, 2, 1, critic=True) == pytest.approx(
-        4 * 64 * 128 + FUSED)
+        4 * 64 * 128 + FUSED
+    )
 
 
 def test_kv_cache_per_token_by_hand():
@@ -174,9 +208,13 @@ def test_kv_cache_per_token_by_hand():
 
 
 def colocated(engine: str) -> Config:
-    return Config(model=MODEL, parallel=TP2_DP2, tokenizer=TokenizerConfig(vocab_size=512),
-                  trainer=TrainerConfig(micro_batch_size=2, global_batch_size=8),
-                  rollout=RolloutConfig(engine=engine, engine_tp=2, gpu_memory_utilization=0.5))
+    return Config(
+        model=MODEL,
+        parallel=TP2_DP2,
+        tokenizer=TokenizerConfig(vocab_size=512),
+        trainer=TrainerConfig(micro_batch_size=2, global_batch_size=8),
+        rollout=RolloutConfig(engine=engine, engine_tp=2, gpu_memory_utilization=0.5),
+    )
 
 
 def test_trtllm_takes_its_share_of_the_memory_left_and_never_sleeps():
@@ -189,8 +227,9 @@ def test_trtllm_takes_its_share_of_the_memory_left_and_never_sleeps():
     free = gpu - (214400 + 428800 + 643200) - 4 * GIB - engine_weights
     assert estimate.kv_cache == pytest.approx(0.5 * free)
     assert estimate.kv_tokens == int(0.5 * free // 256)  # 256 bytes a token (above)
-    assert estimate.total == pytest.approx(training.resident + 4 * GIB + training.activations
-                                           + engine_weights + 0.5 * free)
+    assert estimate.total == pytest.approx(
+        training.resident + 4 * GIB + training.activations + engine_weights + 0.5 * free
+    )
 
 
 def test_vllm_takes_its_share_of_the_gpu_and_sleeps_while_training():
@@ -200,8 +239,7 @@ def test_vllm_takes_its_share_of_the_gpu_and_sleeps_while_training():
     assert estimate.kv_cache == pytest.approx(0.5 * 8 * GIB - 213696)
     assert estimate.total == pytest.approx(training.resident + 4 * GIB + 0.5 * 8 * GIB)
     # not colocated, or the CPU engine: nothing of the engine on the training GPUs
-    apart = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout,
-                                                                    colocate=False))
+    apart = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, colocate=False))
     assert memory.with_colocated_engine(training, apart, 8 * GIB) == training
     hf = dataclasses.replace(config, rollout=RolloutConfig())
     assert memory.with_colocated_engine(training, hf, 8 * GIB) == training
@@ -209,8 +247,9 @@ def test_vllm_takes_its_share_of_the_gpu_and_sleeps_while_training():
 
 def test_ppo_counts_the_critic_beside_the_policy_and_the_engine():
     grpo = colocated("trtllm")
-    ppo = dataclasses.replace(grpo, grpo=GRPOConfig(algo="ppo", ppo=PPOConfig(),
-                                                    dynamic_sampling=False))
+    ppo = dataclasses.replace(
+        grpo, grpo=GRPOConfig(algo="ppo", ppo=PPOConfig(), dynamic_sampling=False)
+    )
     gpu = 8 * GIB
     without, estimate = memory.grpo_estimate(grpo, gpu), memory.grpo_estimate(ppo, gpu)
     assert without.critic is None
@@ -223,8 +262,12 @@ def test_ppo_counts_the_critic_beside_the_policy_and_the_engine():
     assert 0 < critic.activations < estimate.activations == without.activations
     assert estimate.peak_activations == estimate.activations
     assert estimate.total == pytest.approx(
-        estimate.resident + 4 * GIB + max(estimate.activations, estimate.refit)
-        + estimate.engine_weights + estimate.kv_cache)
+        estimate.resident
+        + 4 * GIB
+        + max(estimate.activations, estimate.refit)
+        + estimate.engine_weights
+        + estimate.kv_cache
+    )
 
 
 def test_the_refit_counts_a_bucket_received_and_assembled_or_the_largest_unit():
@@ -233,10 +276,12 @@ def test_the_refit_counts_a_bucket_received_and_assembled_or_the_largest_unit():
     config = config_lib.load(["recipe=orchestrator-qwen3-8b-2n8g-tp4pp1-fp8"])
     embeddings = 151936 * 4096 * 2
     assert memory.refit_bytes(config) == 2 * embeddings  # above the 512 MiB bucket
-    big = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout,
-                                                                  refit_bucket_mb=8192))
+    big = dataclasses.replace(
+        config, rollout=dataclasses.replace(config.rollout, refit_bucket_mb=8192)
+    )
     assert memory.refit_bytes(big) == 2 * 8192 * 2**20
     estimate = memory.grpo_estimate(big, 80 * GIB)
     assert estimate.refit == 16 * GIB > estimate.activations
-    assert estimate.total == pytest.approx(estimate.resident + 4 * GIB + estimate.refit
-                                           + estimate.engine_weights + estimate.kv_cache)
+    assert estimate.total == pytest.approx(
+        estimate.resident + 4 * GIB + estimate.refit + estimate.engine_weights + estimate.kv_cache
+    )

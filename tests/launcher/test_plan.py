@@ -9,8 +9,11 @@ from nemo_orch.launcher import memory, plan
 from nemo_orch.launcher.launch import torchrun_script
 
 PPO_RECIPE = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8-ppo"
-RECIPES = ["orchestrator-qwen3-8b-2n8g-tp4pp1-fp8", "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8",
-           PPO_RECIPE]
+RECIPES = [
+    "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8",
+    "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8",
+    PPO_RECIPE,
+]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -28,15 +31,20 @@ def test_recipes_plan_and_fit_on_an_80gb_gpu(recipe, capsys):
 
 def test_a_layout_that_does_not_fit_exits_1(capsys):
     # selective recompute keeps 34sbh/t per layer of a 32k sequence: ~43 GiB of activations
-    assert cli.main(["plan", f"recipe={RECIPES[0]}", "model.recompute_granularity=selective"]
-                    ) == 1
-    assert capsys.readouterr().out.splitlines()[-1].startswith(
-        "  does not fit on a 79.6 GiB GPU")
+    assert cli.main(["plan", f"recipe={RECIPES[0]}", "model.recompute_granularity=selective"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("  does not fit on a 79.6 GiB GPU")
 
 
 def test_layout_problems_name_the_keys():
-    config = config_lib.load([f"recipe={RECIPES[0]}", "parallel.dp=2", "rollout.engine_tp=3",
-                              "grpo.prompts_per_step=3", "grpo.mini_batches=5"])
+    config = config_lib.load(
+        [
+            f"recipe={RECIPES[0]}",
+            "parallel.dp=2",
+            "rollout.engine_tp=3",
+            "grpo.prompts_per_step=3",
+            "grpo.mini_batches=5",
+        ]
+    )
     problems = plan.layout_problems(config)
     assert problems == [
         "parallel: tp x pp x dp = 8 ranks, but the launcher gives 2 nodes x 8 GPUs = 16",
@@ -45,35 +53,54 @@ def test_layout_problems_name_the_keys():
         "model.num_attention_heads (32) is not divisible by rollout.engine_tp (3)",
         "model.num_query_groups (8) is not divisible by rollout.engine_tp (3)",
         "rollout.engine_tp (3) does not divide launcher.gpus_per_node (8) the colocated "
-        "engines share"]
-    assert all(not plan.layout_problems(config_lib.load([f"recipe={recipe}"]))
-               for recipe in RECIPES)
+        "engines share",
+    ]
+    assert all(
+        not plan.layout_problems(config_lib.load([f"recipe={recipe}"])) for recipe in RECIPES
+    )
 
 
 def test_fp8_shards_and_experts_are_checked():
     sharded = config_lib.load([f"recipe={RECIPES[0]}", "model.ffn_hidden_size=12304"])
     assert plan.layout_problems(sharded) == [
-        "model.fp8: ffn_hidden_size / parallel.tp = 3076 is not a multiple of 16"]
-    on_cpu = config_lib.load(["model=qwen3-8b", "model.fp8=hybrid",
-                              "model.fp8_recipe=tensorwise"])
+        "model.fp8: ffn_hidden_size / parallel.tp = 3076 is not a multiple of 16"
+    ]
+    on_cpu = config_lib.load(["model=qwen3-8b", "model.fp8=hybrid", "model.fp8_recipe=tensorwise"])
     assert plan.layout_problems(on_cpu) == [
-        "model.fp8 needs GPUs (Hopper or newer): launcher.gpus_per_node is 0"]
-    small_nodes = config_lib.load([f"recipe={RECIPES[1]}", "launcher.gpus_per_node=2",
-                                   "parallel.tp=2", "parallel.dp=1", "rollout.engine_tp=2"])
+        "model.fp8 needs GPUs (Hopper or newer): launcher.gpus_per_node is 0"
+    ]
+    small_nodes = config_lib.load(
+        [
+            f"recipe={RECIPES[1]}",
+            "launcher.gpus_per_node=2",
+            "parallel.tp=2",
+            "parallel.dp=1",
+            "rollout.engine_tp=2",
+        ]
+    )
     assert plan.layout_problems(small_nodes) == [
-        "launcher.experts[math].tp (4) exceeds launcher.gpus_per_node (2)"]
+        "launcher.experts[math].tp (4) exceeds launcher.gpus_per_node (2)"
+    ]
 
 
 def test_a_ray_cluster_must_be_the_rollouts_one():
     idle = config_lib.load([f"recipe={RECIPES[0]}", "launcher.ray={nodes: 1}"])
     assert plan.layout_problems(idle) == [
         "launcher.ray starts a Ray cluster that rollout.backend=local does not use "
-        "(rollout.backend=ray)"]
-    elsewhere = config_lib.load([f"recipe={RECIPES[0]}", "launcher.ray={nodes: 1}",
-                                 "rollout.engine=hf", "rollout.backend=ray"])
+        "(rollout.backend=ray)"
+    ]
+    elsewhere = config_lib.load(
+        [
+            f"recipe={RECIPES[0]}",
+            "launcher.ray={nodes: 1}",
+            "rollout.engine=hf",
+            "rollout.backend=ray",
+        ]
+    )
     assert plan.layout_problems(elsewhere) == [
         "rollout.ray.address must be auto to join launcher.ray's cluster (the job gets its "
-        "RAY_ADDRESS)"]
+        "RAY_ADDRESS)"
+    ]
 
 
 def test_plan_errors_exit_2_with_every_problem():
@@ -102,21 +129,26 @@ def test_the_async_recipe_gives_the_engine_gpus_of_its_own(capsys):
     # Training takes the node's other GPUs: a rank per GPU but the engine's.
     assert "--nproc-per-node=4 " in torchrun_script(config, ["grpo"])
     # Its layout is checked with the engine's GPUs counted, on one node.
-    assert plan.layout_problems(config_lib.load([f"recipe={ASYNC_RECIPE}", "parallel.dp=2"])
-                                ) == ["parallel: tp x pp x dp = 8 ranks + rollout.engine_tp = 4 "
-                                      "engine GPUs, but the launcher gives 1 nodes x 8 GPUs = 8"]
-    assert plan.layout_problems(config_lib.load([f"recipe={ASYNC_RECIPE}", "launcher.nodes=2",
-                                                 "launcher.gpus_per_node=4"]))[-1].startswith(
+    assert plan.layout_problems(config_lib.load([f"recipe={ASYNC_RECIPE}", "parallel.dp=2"])) == [
+        "parallel: tp x pp x dp = 8 ranks + rollout.engine_tp = 4 "
+        "engine GPUs, but the launcher gives 1 nodes x 8 GPUs = 8"
+    ]
+    assert plan.layout_problems(
+        config_lib.load([f"recipe={ASYNC_RECIPE}", "launcher.nodes=2", "launcher.gpus_per_node=4"])
+    )[-1].startswith(
         "rollout.colocate=false: the engine runs on the first node's last rollout.engine_tp "
-        "GPUs beside the training ranks, so launcher.nodes must be 1 (got 2)")
+        "GPUs beside the training ranks, so launcher.nodes must be 1 (got 2)"
+    )
 
 
 def _rows(lines: list[str]) -> dict[str, list[float]]:
     """The memory table's rows: label -> [sft, grpo or ppo] GiB."""
     start = next(i for i, line in enumerate(lines) if line.startswith("  per-GPU memory"))
     end = next(i for i, line in enumerate(lines) if line.startswith("  total"))
-    return {" ".join(line.split()[:-2]): [float(value) for value in line.split()[-2:]]
-            for line in lines[start + 1:end + 1]}
+    return {
+        " ".join(line.split()[:-2]): [float(value) for value in line.split()[-2:]]
+        for line in lines[start + 1 : end + 1]
+    }
 
 
 def test_the_ppo_recipe_counts_the_critic_and_fits(capsys):
@@ -131,13 +163,17 @@ def test_the_ppo_recipe_counts_the_critic_and_fits(capsys):
     ppo, grpo = _rows(ppo_lines), _rows(grpo_lines)
     assert ppo_lines[3].split()[-2:] == ["sft", "ppo"]
     critic = {label: values for label, values in ppo.items() if label.startswith("critic")}
-    assert list(critic) == ["critic weights (+ FP8 GEMM copies)",
-                            "critic gradients (fp32 buffers)",
-                            "critic optimizer (Adam + fp32 main, /DP4)",
-                            "critic activations (layers + value head peak)"]
+    assert list(critic) == [
+        "critic weights (+ FP8 GEMM copies)",
+        "critic gradients (fp32 buffers)",
+        "critic optimizer (Adam + fp32 main, /DP4)",
+        "critic activations (layers + value head peak)",
+    ]
     for label, name in zip(critic, ["weights", "gradients", "optimizer", "activations"]):
-        assert critic[label] == [0.0, pytest.approx(getattr(estimate.critic, name) / 2**30,
-                                                     abs=0.01)]
+        assert critic[label] == [
+            0.0,
+            pytest.approx(getattr(estimate.critic, name) / 2**30, abs=0.01),
+        ]
     # The critic is the policy less its output layer (a 151936 x 4096 / TP4 shard), plus the
     # head: 155,578,367 parameters fewer per GPU
     policy_share = memory.parameter_share(config.model, config.parallel)
@@ -145,13 +181,18 @@ def test_the_ppo_recipe_counts_the_critic_and_fits(capsys):
     assert policy_share.total - critic_share.total == 151936 * 4096 // 4 - 4097
     # The policy's rows are the GRPO recipe's; the engine's KV cache gives up what the critic
     # takes; the policy's activations, the larger, count
-    for label in ("weights (+ FP8 GEMM copies)", "gradients (fp32 buffers)",
-                  "optimizer (Adam + fp32 main, /DP4)",
-                  "activations (layers in flight + loss peak)", "rollout engine weights"):
+    for label in (
+        "weights (+ FP8 GEMM copies)",
+        "gradients (fp32 buffers)",
+        "optimizer (Adam + fp32 main, /DP4)",
+        "activations (layers in flight + loss peak)",
+        "rollout engine weights",
+    ):
         assert ppo[label] == grpo[label]
     assert ppo["rollout KV cache"][1] < grpo["rollout KV cache"][1]
-    assert ("  activations: the policy's count (the policy and the critic train in turn, never "
-            "at once)") in ppo_lines
+    assert (
+        "  activations: the policy's count (the policy and the critic train in turn, never at once)"
+    ) in ppo_lines
     assert grpo["total"][1] < ppo["total"][1] < 79.6
 
 

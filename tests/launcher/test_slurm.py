@@ -18,12 +18,19 @@ from nemo_orch.distributed import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
+
 def recipe_overrides(start: Path, tmp_path: Path, *extra: str) -> list[str]:
     """The micro-cpu-slurm recipe from ``start``, its jobs and runs in ``tmp_path``."""
-    return ["recipe=micro-cpu-slurm", f"launcher.slurm.job_dir={tmp_path / 'jobs'}",
-            f"trainer.init_from={start}", f"run.output_dir={tmp_path / 'runs'}",
-            "model.vocab_size=1024", "tokenizer.vocab_size=1000",
-            f"launcher.rdzv_port={free_port()}", *extra]
+    return [
+        "recipe=micro-cpu-slurm",
+        f"launcher.slurm.job_dir={tmp_path / 'jobs'}",
+        f"trainer.init_from={start}",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "model.vocab_size=1024",
+        "tokenizer.vocab_size=1000",
+        f"launcher.rdzv_port={free_port()}",
+        *extra,
+    ]
 
 
 def launch(overrides: list[str]) -> None:
@@ -33,8 +40,10 @@ def launch(overrides: list[str]) -> None:
 
 def job_of(tmp_path: Path) -> tuple[str, Path]:
     """The id and experiment directory of the last job launched into ``tmp_path``."""
-    (record,) = sorted((tmp_path / "jobs").glob("experiments/*/*/nemo_orch_job.json"),
-                       key=lambda path: path.stat().st_mtime)[-1:]
+    (record,) = sorted(
+        (tmp_path / "jobs").glob("experiments/*/*/nemo_orch_job.json"),
+        key=lambda path: path.stat().st_mtime,
+    )[-1:]
     return json.loads(record.read_text())["job_id"], record.parent
 
 
@@ -47,20 +56,28 @@ def steps(stage: Path) -> list[int]:
 
 def attempt_logs(experiment: Path, job_id: str) -> list[str]:
     """The training's log of each attempt of a job, in order."""
-    paths = sorted((experiment / "train").glob(f"log-*_{job_id}_*.out"),
-                   key=lambda path: int(path.stem.rsplit("_", 1)[1]))
+    paths = sorted(
+        (experiment / "train").glob(f"log-*_{job_id}_*.out"),
+        key=lambda path: int(path.stem.rsplit("_", 1)[1]),
+    )
     return [path.read_text() for path in paths]
 
 
 def test_a_job_stops_for_its_time_limit_is_requeued_cancelled_and_resumed(
-        slurm_cluster, start_checkpoint, tmp_path, capsys):
+    slurm_cluster, start_checkpoint, tmp_path, capsys
+):
     """One run through everything, to start as few jobs as possible (each attempt takes ~20 s
     to its first step): GRPO for 3 steps under a 1-minute limit; after step 1 the job gets what
     slurmctld sends 30 s before the limit and is requeued; the requeued attempt resumes and is
     cancelled; the same launch again resumes and completes."""
-    overrides = recipe_overrides(start_checkpoint, tmp_path, "launcher.slurm.time=00:01:00",
-                                 "launcher.slurm.stop_before_limit_s=30", "grpo.max_steps=3",
-                                 "grpo.save_interval=1")
+    overrides = recipe_overrides(
+        start_checkpoint,
+        tmp_path,
+        "launcher.slurm.time=00:01:00",
+        "launcher.slurm.stop_before_limit_s=30",
+        "grpo.max_steps=3",
+        "grpo.save_interval=1",
+    )
     launch(overrides)
     job_id, experiment = job_of(tmp_path)
     batch = (experiment / "train_sbatch.sh").read_text()
@@ -71,9 +88,10 @@ def test_a_job_stops_for_its_time_limit_is_requeued_cancelled_and_resumed(
     # Stopped for the time limit after step 1 (the signal sent now: a requeue is certain).
     wait_for(lambda: steps(stage), "the first GRPO step")
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-    wait_for(lambda: any("resumed GRPO from" in text for text in attempt_logs(experiment,
-                                                                               job_id)[1:]),
-             "the requeued attempt to resume")
+    wait_for(
+        lambda: any("resumed GRPO from" in text for text in attempt_logs(experiment, job_id)[1:]),
+        "the requeued attempt to resume",
+    )
     state = job_state(job_id)
     assert state["TimeLimit"] == "00:01:00" and int(state["Restarts"]) >= 1
     logs = attempt_logs(experiment, job_id)
@@ -102,15 +120,22 @@ def test_a_job_stops_for_its_time_limit_is_requeued_cancelled_and_resumed(
     assert "grpo: env=offline, steps" in capsys.readouterr().out
 
 
-def test_grpo_rolls_out_on_a_ray_cluster_started_inside_the_job(slurm_cluster, start_checkpoint,
-                                                                 tmp_path):
+def test_grpo_rolls_out_on_a_ray_cluster_started_inside_the_job(
+    slurm_cluster, start_checkpoint, tmp_path
+):
     """``rollout.backend=ray`` with ``launcher.ray``: the job's script starts the Ray head on
     its node, the first rank waits for it, and GRPO's rollout workers run on it (1 step); the
     head ends with the job."""
     port = free_port()
-    overrides = recipe_overrides(start_checkpoint, tmp_path, "grpo.max_steps=1",
-                                 "rollout.backend=ray", "rollout.ray.address=auto",
-                                 "rollout.ray.num_workers=1", f"launcher.ray={{port: {port}}}")
+    overrides = recipe_overrides(
+        start_checkpoint,
+        tmp_path,
+        "grpo.max_steps=1",
+        "rollout.backend=ray",
+        "rollout.ray.address=auto",
+        "rollout.ray.num_workers=1",
+        f"launcher.ray={{port: {port}}}",
+    )
     launch(overrides)
     job_id, experiment = job_of(tmp_path)
     wait_for(lambda: job_state(job_id)["JobState"] in ENDED, "the job to end")

@@ -30,9 +30,12 @@ def loaded_stage(config: Config, hf_weights) -> torch.nn.Module:
     """This rank's pipeline stage with the given HF weights loaded."""
     from megatron.core import parallel_state as ps
 
-    module = qwen3.build_model(config.model, config.parallel,
-                               pre_process=ps.is_pipeline_first_stage(),
-                               post_process=ps.is_pipeline_last_stage())
+    module = qwen3.build_model(
+        config.model,
+        config.parallel,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+    )
     weights.load_hf_weights(module, hf_weights, config.model)
     return module.eval()
 
@@ -43,11 +46,13 @@ def max_logit_difference(config: Config, seed: int = 11) -> float | None:
 
     hf_weights = SeededHFWeights(config.model, seed)
     module = loaded_stage(config, hf_weights)
-    tokens = torch.randint(0, config.model.vocab_size, (2, 48),
-                           generator=torch.Generator().manual_seed(seed))
+    tokens = torch.randint(
+        0, config.model.vocab_size, (2, 48), generator=torch.Generator().manual_seed(seed)
+    )
     with torch.no_grad():
         ours = tensor_parallel.gather_from_tensor_model_parallel_region(
-            module(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None))
+            module(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None)
+        )
     if torch.distributed.get_rank() != 0:
         return None
     with torch.no_grad():
@@ -58,12 +63,14 @@ def max_logit_difference(config: Config, seed: int = 11) -> float | None:
 def roundtrip_is_exact(config: Config, seed: int = 11) -> bool | None:
     """HF -> this layout's shards -> gathered HF reproduces every tensor bit for bit (rank 0)."""
     hf_weights = SeededHFWeights(config.model, seed)
-    gathered = weights.gather_hf_weights(loaded_stage(config, hf_weights), config.model,
-                                         config.rollout.refit_bucket_mb)
+    gathered = weights.gather_hf_weights(
+        loaded_stage(config, hf_weights), config.model, config.rollout.refit_bucket_mb
+    )
     if gathered is None:
         return None
     return gathered.keys() == set(hf_weights) and all(
-        torch.equal(gathered[name], hf_weights[name]) for name in hf_weights)
+        torch.equal(gathered[name], hf_weights[name]) for name in hf_weights
+    )
 
 
 def main(overrides: list[str]) -> None:

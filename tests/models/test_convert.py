@@ -16,8 +16,11 @@ from nemo_orch.models.tokenizer import EOS_TOKEN, PAD_TOKEN, load_tokenizer
 # with a tokenizer.json: 4.x's generic fast class (in 5.x an alias of TokenizersBackend) and
 # Qwen's (4.x takes Qwen2TokenizerFast, 5.x strips the "Fast"). 5.x's own TokenizersBackend is
 # not one: 4.x raises "Tokenizer class TokenizersBackend does not exist".
-TOKENIZER_CLASSES_OF_BOTH_MAJOR_VERSIONS = ("PreTrainedTokenizerFast", "Qwen2Tokenizer",
-                                            "Qwen2TokenizerFast")
+TOKENIZER_CLASSES_OF_BOTH_MAJOR_VERSIONS = (
+    "PreTrainedTokenizerFast",
+    "Qwen2Tokenizer",
+    "Qwen2TokenizerFast",
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +62,17 @@ def test_hf_export_generate_stops_at_im_end(hf_export):
     # goes on emitting it unless the generation config says it ends the generation.
     with torch.no_grad():
         model.lm_head.weight.zero_()
-    model.lm_head.bias = torch.nn.Parameter(torch.nn.functional.one_hot(
-        torch.tensor(im_end), model.config.vocab_size).float())
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
-                                           add_generation_prompt=True, return_dict=True,
-                                           return_tensors="pt")
+    model.lm_head.bias = torch.nn.Parameter(
+        torch.nn.functional.one_hot(torch.tensor(im_end), model.config.vocab_size).float()
+    )
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}],
+        add_generation_prompt=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
     output = model.generate(**prompt, max_new_tokens=20, do_sample=False)
-    assert output[0, prompt["input_ids"].shape[1]:].tolist() == [im_end]
+    assert output[0, prompt["input_ids"].shape[1] :].tolist() == [im_end]
 
 
 def test_hf_export_names_the_tokenizers_special_tokens(hf_export, tiny_tokenizer_dir):
@@ -83,7 +90,8 @@ def test_hf_export_names_the_tokenizers_special_tokens(hf_export, tiny_tokenizer
 
 
 def test_hf_export_tokenizer_config_loads_in_both_transformers_major_versions(
-        hf_export, tiny_tokenizer_dir):
+    hf_export, tiny_tokenizer_dir
+):
     from transformers import AutoTokenizer
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
@@ -95,14 +103,28 @@ def test_hf_export_tokenizer_config_loads_in_both_transformers_major_versions(
     assert not (hf_export / "chat_template.jinja").exists()
     exported = AutoTokenizer.from_pretrained(hf_export)
     assert exported.is_fast and exported.chat_template == config["chat_template"]
-    tools = [{"type": "function", "function": {
-        "name": "search", "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
-                                         "required": ["q"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "search",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"q": {"type": "string"}},
+                    "required": ["q"],
+                },
+            },
+        }
+    ]
     messages = [{"role": "user", "content": "Find <tool_call> docs"}]
-    assert exported.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                        return_dict=True)["input_ids"] == \
-        load_tokenizer(tiny_tokenizer_dir).apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert (
+        exported.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        == load_tokenizer(tiny_tokenizer_dir).apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
 
 
 def test_hf_export_without_a_tokenizer_warns_and_names_no_token_ids(trained, tmp_path, caplog):
@@ -112,8 +134,9 @@ def test_hf_export_without_a_tokenizer_warns_and_names_no_token_ids(trained, tmp
     convert.export(str(bare), "hf", str(out))  # the tokenizer.path the checkpoint was saved with
     assert (out / "generation_config.json").exists()
     # As a checkpoint imported from an HF directory without a tokenizer was saved.
-    convert.export(str(bare), "hf", str(out),
-                   overrides=["tokenizer.path=null", "tokenizer.vocab_size=1000"])
+    convert.export(
+        str(bare), "hf", str(out), overrides=["tokenizer.path=null", "tokenizer.vocab_size=1000"]
+    )
     assert "has no tokenizer and tokenizer.path is not set" in caplog.text
     assert "eos_token_id" not in json.loads((out / "config.json").read_text())
     assert not (out / "generation_config.json").exists()  # the first export's, removed
@@ -124,23 +147,35 @@ def test_hf_export_past_max_shard_size_is_sharded_as_hf_does(trained, hf_export,
 
     out = tmp_path / "sharded"
     shutil.copytree(hf_export, out)  # a previous single-file export there must not survive
-    run_cli("export", "--format", "hf", "--checkpoint", str(trained), "--out", str(out),
-            "--max-shard-size", "300KB")
+    run_cli(
+        "export",
+        "--format",
+        "hf",
+        "--checkpoint",
+        str(trained),
+        "--out",
+        str(out),
+        "--max-shard-size",
+        "300KB",
+    )
     files = sorted(out.glob("*.safetensors"))
     shards = {file.name: load_file(str(file)) for file in files}
-    assert len(files) > 2 and all(f.name.endswith(f"-of-{len(files):05d}.safetensors")
-                                  for f in files)
+    assert len(files) > 2 and all(
+        f.name.endswith(f"-of-{len(files):05d}.safetensors") for f in files
+    )
     # A tensor starts a new shard rather than push one past the limit; larger ones go alone.
-    assert all(len(part) == 1 or sum(t.numel() * t.element_size() for t in part.values())
-               <= 300_000 for part in shards.values())
+    assert all(
+        len(part) == 1 or sum(t.numel() * t.element_size() for t in part.values()) <= 300_000
+        for part in shards.values()
+    )
     whole = load_file(str(hf_export / "model.safetensors"))
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == {name: file for file, part in shards.items() for name in part}
     assert sorted(index["weight_map"]) == sorted(whole)  # every tensor in exactly one file
-    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size()
-                                                  for t in whole.values())
-    assert all(torch.equal(shards[index["weight_map"][name]][name], whole[name])
-               for name in whole)
+    assert index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in whole.values()
+    )
+    assert all(torch.equal(shards[index["weight_map"][name]][name], whole[name]) for name in whole)
     assert (out / "tokenizer.json").exists() and (out / "config.json").exists()
     tokens = torch.randint(0, 1000, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -152,23 +187,46 @@ def test_hf_export_past_max_shard_size_is_sharded_as_hf_does(trained, hf_export,
 def test_hf_export_reads_the_checkpoint_a_layer_at_a_time(trained):
     ckpt = checkpoint.open_checkpoint(trained)
     model = convert.checkpoint_config(ckpt).model
-    layers = [{name.split(".")[2] for name in group if name.startswith("model.layers.")}
-              for group in convert.hf_weight_groups(ckpt, model)]
+    layers = [
+        {name.split(".")[2] for name in group if name.startswith("model.layers.")}
+        for group in convert.hf_weight_groups(ckpt, model)
+    ]
     assert layers == [set()] + [{str(layer)} for layer in range(model.num_layers)]
 
 
 def test_max_shard_size_is_checked(trained, tmp_path):
-    for fmt, size, message in (("hf", "5 parsecs", "'5 parsecs'"),
-                               ("trtllm", "1GB", "applies to --format hf only")):
-        result = run_cli_here("export", "--format", fmt, "--checkpoint", str(trained),
-                              "--out", str(tmp_path), "--max-shard-size", size, expect=2)
+    for fmt, size, message in (
+        ("hf", "5 parsecs", "'5 parsecs'"),
+        ("trtllm", "1GB", "applies to --format hf only"),
+    ):
+        result = run_cli_here(
+            "export",
+            "--format",
+            fmt,
+            "--checkpoint",
+            str(trained),
+            "--out",
+            str(tmp_path),
+            "--max-shard-size",
+            size,
+            expect=2,
+        )
         assert message in result.stderr
     assert not any(tmp_path.iterdir())
 
 
 def test_trtllm_export_shards_reassemble_to_the_hf_export(trained, hf_export, tmp_path):
-    run_cli("export", "--format", "trtllm", "--tp", "2", "--checkpoint", str(trained),
-            "--out", str(tmp_path))
+    run_cli(
+        "export",
+        "--format",
+        "trtllm",
+        "--tp",
+        "2",
+        "--checkpoint",
+        str(trained),
+        "--out",
+        str(tmp_path),
+    )
     config, shards = trtllm.load_trtllm_checkpoint(tmp_path)
     assert config["mapping"]["world_size"] == 2 and (tmp_path / "tokenizer.json").exists()
     model = convert.checkpoint_config(checkpoint.open_checkpoint(trained)).model
@@ -184,22 +242,41 @@ def test_import_round_trips_and_both_init_paths_agree(hf_export, tiny_tokenizer_
     # The checkpoint keeps the HF directory's tokenizer, not its weights too.
     kept = sorted(path.name for path in (imported / "step_0" / "tokenizer").iterdir())
     assert kept == ["tokenizer.json", "tokenizer_config.json"]
-    run_cli("export", "--format", "hf", "--checkpoint", str(imported / "step_0"),
-            "--out", str(tmp_path / "again"))
+    run_cli(
+        "export",
+        "--format",
+        "hf",
+        "--checkpoint",
+        str(imported / "step_0"),
+        "--out",
+        str(tmp_path / "again"),
+    )
     before = load_file(str(hf_export / "model.safetensors"))
     after = load_file(str(tmp_path / "again" / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
     first_losses = []
     for name, source in (("from-hf", hf_export), ("from-import", imported / "step_0")):
-        run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, name),
-                "trainer.max_steps=1", f"trainer.init_from={source}")
+        run_cli(
+            "sft",
+            *small_sft_overrides(tiny_tokenizer_dir, tmp_path, name),
+            "trainer.max_steps=1",
+            f"trainer.init_from={source}",
+        )
         first_losses.append(read_metrics(tmp_path / name)[0]["loss"])
     assert first_losses[0] == first_losses[1]
 
 
 def test_missing_checkpoint_is_named(tmp_path):
-    result = run_cli("export", "--format", "hf", "--checkpoint", str(tmp_path / "nope"),
-                     "--out", str(tmp_path / "out"), expect=2)
+    result = run_cli(
+        "export",
+        "--format",
+        "hf",
+        "--checkpoint",
+        str(tmp_path / "nope"),
+        "--out",
+        str(tmp_path / "out"),
+        expect=2,
+    )
     assert str(tmp_path / "nope") in result.stderr and "Traceback" not in result.stderr
 
 
@@ -232,6 +309,14 @@ def test_corrupt_checkpoints_fail_naming_the_path(trained, tmp_path):
     shutil.copy2(trained / "step_2" / "nemo_orch.json", broken / "nemo_orch.json")
     for shard in broken.glob("*.distcp"):
         shard.write_bytes(shard.read_bytes()[:100])
-    result = run_cli("export", "--format", "hf", "--checkpoint", str(broken),
-                     "--out", str(tmp_path / "out"), expect=2)
+    result = run_cli(
+        "export",
+        "--format",
+        "hf",
+        "--checkpoint",
+        str(broken),
+        "--out",
+        str(tmp_path / "out"),
+        expect=2,
+    )
     assert "cannot load checkpoint" in result.stderr and str(broken) in result.stderr

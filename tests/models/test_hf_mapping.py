@@ -16,8 +16,9 @@ from nemo_orch.models.hf_mapping import (
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
 def model(request):
-    return config_lib.load([f"model.share_embeddings_and_output_weights={request.param}",
-                            "model.num_layers=4"]).model
+    return config_lib.load(
+        [f"model.share_embeddings_and_output_weights={request.param}", "model.num_layers=4"]
+    ).model
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +27,10 @@ def hf(model):
 
 
 def _shard_all(hf, model, tp, pp, impl="local"):
-    return [[hf_to_megatron(hf, model, Layout(tp, t, pp, p), impl) for t in range(tp)]
-            for p in range(pp)]
+    return [
+        [hf_to_megatron(hf, model, Layout(tp, t, pp, p), impl) for t in range(tp)]
+        for p in range(pp)
+    ]
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
@@ -52,7 +55,9 @@ def test_shards_have_megatron_shapes(hf, model):
     d, groups, heads = model.kv_channels, model.num_query_groups, model.num_attention_heads
     local_rows = (heads + 2 * groups) * d // 2
     assert shard["decoder.layers.0.self_attention.linear_qkv.weight"].shape == (
-        local_rows, model.hidden_size)
+        local_rows,
+        model.hidden_size,
+    )
     assert shard["decoder.layers.1.mlp.linear_fc1.weight"].shape[0] == model.ffn_hidden_size
     assert "embedding.word_embeddings.weight" not in shard  # second pipeline stage
     assert shard["output_layer.weight"].shape[0] == model.vocab_size // 2
@@ -63,8 +68,9 @@ def test_te_spec_fuses_norms_into_linears(hf, model):
     shard = hf_to_megatron(hf, model, Layout(), "transformer_engine")
     assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in shard
     assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in shard
-    assert not any(k.endswith(("input_layernorm.weight", "pre_mlp_layernorm.weight"))
-                   for k in shard)
+    assert not any(
+        k.endswith(("input_layernorm.weight", "pre_mlp_layernorm.weight")) for k in shard
+    )
 
 
 def test_qkv_fusion_groups_queries_with_their_kv_head(hf, model):
@@ -75,9 +81,11 @@ def test_qkv_fusion_groups_queries_with_their_kv_head(hf, model):
     q = hf["model.layers.0.self_attn.q_proj.weight"]
     k = hf["model.layers.0.self_attn.k_proj.weight"]
     for group in range(model.num_query_groups):
-        rows = fused[group * block:(group + 1) * block]
-        assert torch.equal(rows[:per_group * d], q[group * per_group * d:(group + 1) * per_group * d])
-        assert torch.equal(rows[per_group * d:per_group * d + d], k[group * d:(group + 1) * d])
+        rows = fused[group * block : (group + 1) * block]
+        assert torch.equal(
+            rows[: per_group * d], q[group * per_group * d : (group + 1) * per_group * d]
+        )
+        assert torch.equal(rows[per_group * d : per_group * d + d], k[group * d : (group + 1) * d])
 
 
 def test_seeded_weights_are_layout_independent_and_lazy(model):
@@ -93,7 +101,8 @@ def test_trtllm_shards_reassemble_to_hf(tmp_path, hf, model, tp):
     trtllm.save_trtllm_checkpoint(tmp_path, hf, model, tp=tp, dtype="float32")
     config, shards = trtllm.load_trtllm_checkpoint(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"] + [
-        f"rank{r}.safetensors" for r in range(tp)]
+        f"rank{r}.safetensors" for r in range(tp)
+    ]
     assert config["mapping"]["tp_size"] == tp and config["architecture"] == "Qwen3ForCausalLM"
     back = trtllm.trtllm_shards_to_hf(shards, model)
     assert back.keys() == hf.keys()
@@ -106,8 +115,10 @@ def test_trtllm_names_swap_gate_and_fc(hf, model):
     layer = "transformer.layers.2.mlp."
     assert torch.equal(shard[layer + "fc.weight"], hf["model.layers.2.mlp.gate_proj.weight"])
     assert torch.equal(shard[layer + "gate.weight"], hf["model.layers.2.mlp.up_proj.weight"])
-    assert torch.equal(shard["transformer.layers.2.attention.q_layernorm.weight"],
-                       hf["model.layers.2.self_attn.q_norm.weight"])
+    assert torch.equal(
+        shard["transformer.layers.2.attention.q_layernorm.weight"],
+        hf["model.layers.2.self_attn.q_norm.weight"],
+    )
 
 
 def test_trtllm_rejects_indivisible_tp(hf, model):
@@ -120,8 +131,12 @@ def hf_distinct_norms(model, hf):
     """The seeded weights with every norm distinct (seeded norms are all ones, so a mapping that
     swapped two norms would go unnoticed)."""
     generator = torch.Generator().manual_seed(7)
-    return {name: torch.rand(tensor.shape, generator=generator) + 0.5
-            if name.endswith("norm.weight") else tensor for name, tensor in hf.items()}
+    return {
+        name: torch.rand(tensor.shape, generator=generator) + 0.5
+        if name.endswith("norm.weight")
+        else tensor
+        for name, tensor in hf.items()
+    }
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)])
@@ -132,8 +147,13 @@ def test_te_state_crosses_to_local_through_hf(hf_distinct_norms, model, tp, pp):
     fp8_metadata = torch.frombuffer(bytearray(b"te-fp8-metadata"), dtype=torch.uint8)
     for stage in te:
         for shard in stage:
-            shard.update({name.replace(".weight", "._extra_state"): fp8_metadata
-                          for name in list(shard) if name.endswith("linear_qkv.weight")})
+            shard.update(
+                {
+                    name.replace(".weight", "._extra_state"): fp8_metadata
+                    for name in list(shard)
+                    if name.endswith("linear_qkv.weight")
+                }
+            )
     back = megatron_to_hf(te, model, "transformer_engine")
     local = _shard_all(back, model, tp, pp, "local")
     direct = _shard_all(hf_distinct_norms, model, tp, pp, "local")
@@ -152,15 +172,28 @@ def test_te_fused_norms_are_the_local_norms(hf_distinct_norms, model):
     local = hf_to_megatron(hf_distinct_norms, model, Layout(), "local")
     for layer in range(model.num_layers):
         prefix = f"decoder.layers.{layer}."
-        assert torch.equal(te[prefix + "self_attention.linear_qkv.layer_norm_weight"],
-                           local[prefix + "input_layernorm.weight"])
-        assert torch.equal(te[prefix + "mlp.linear_fc1.layer_norm_weight"],
-                           local[prefix + "pre_mlp_layernorm.weight"])
-        assert torch.equal(local[prefix + "input_layernorm.weight"],
-                           hf_distinct_norms[f"model.layers.{layer}.input_layernorm.weight"])
-        assert torch.equal(local[prefix + "pre_mlp_layernorm.weight"],
-                           hf_distinct_norms[f"model.layers.{layer}.post_attention_layernorm.weight"])
+        assert torch.equal(
+            te[prefix + "self_attention.linear_qkv.layer_norm_weight"],
+            local[prefix + "input_layernorm.weight"],
+        )
+        assert torch.equal(
+            te[prefix + "mlp.linear_fc1.layer_norm_weight"],
+            local[prefix + "pre_mlp_layernorm.weight"],
+        )
+        assert torch.equal(
+            local[prefix + "input_layernorm.weight"],
+            hf_distinct_norms[f"model.layers.{layer}.input_layernorm.weight"],
+        )
+        assert torch.equal(
+            local[prefix + "pre_mlp_layernorm.weight"],
+            hf_distinct_norms[f"model.layers.{layer}.post_attention_layernorm.weight"],
+        )
     shared = te.keys() & local.keys()
-    assert te.keys() - shared == {f"decoder.layers.{i}.{suffix}" for i in range(model.num_layers)
-                                  for suffix in ("self_attention.linear_qkv.layer_norm_weight",
-                                                 "mlp.linear_fc1.layer_norm_weight")}
+    assert te.keys() - shared == {
+        f"decoder.layers.{i}.{suffix}"
+        for i in range(model.num_layers)
+        for suffix in (
+            "self_attention.linear_qkv.layer_norm_weight",
+            "mlp.linear_fc1.layer_norm_weight",
+        )
+    }

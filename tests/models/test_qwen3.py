@@ -24,15 +24,21 @@ def test_parameter_count_matches_built_model(megatron_world):
 def test_transformer_config_mirrors_qwen3(megatron_world):
     config = config_lib.load(["model=qwen3-8b", "model.transformer_impl=local"])
     tc = qwen3.transformer_config(config.model, config.parallel)
-    assert (tc.num_layers, tc.hidden_size, tc.num_query_groups, tc.kv_channels,
-            tc.ffn_hidden_size) == (36, 4096, 8, 128, 12288)
+    assert (
+        tc.num_layers,
+        tc.hidden_size,
+        tc.num_query_groups,
+        tc.kv_channels,
+        tc.ffn_hidden_size,
+    ) == (36, 4096, 8, 128, 12288)
     assert tc.qk_layernorm and tc.gated_linear_unit and tc.normalization == "RMSNorm"
     assert not tc.add_bias_linear and tc.hidden_dropout == 0.0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
-@pytest.mark.parametrize("override", ["model.transformer_impl=transformer_engine",
-                                      "model.fp8=hybrid"])
+@pytest.mark.parametrize(
+    "override", ["model.transformer_impl=transformer_engine", "model.fp8=hybrid"]
+)
 def test_gpu_only_choices_fail_clearly_on_cpu(override):
     config = config_lib.load(["model.transformer_impl=transformer_engine", override])
     with pytest.raises(ConfigError, match="GPU"):
@@ -49,17 +55,22 @@ def test_fused_core_attention_equals_megatron_s_own(megatron_world, groups):
     from nemo_orch.models.sdpa_attention import SDPAttention
 
     config = config_lib.load(["model.num_attention_heads=4", f"model.num_query_groups={groups}"])
-    assert qwen3.layer_spec(config.model).submodules.self_attention.submodules.core_attention \
+    assert (
+        qwen3.layer_spec(config.model).submodules.self_attention.submodules.core_attention
         is SDPAttention
+    )
     tc = qwen3.transformer_config(config.model, config.parallel)
     generator = torch.Generator().manual_seed(0)
     heads, head_dim = tc.num_attention_heads, tc.kv_channels
-    inputs = [torch.randn(24, 3, n, head_dim, generator=generator, requires_grad=True)
-              for n in (heads, groups, groups)]
+    inputs = [
+        torch.randn(24, 3, n, head_dim, generator=generator, requires_grad=True)
+        for n in (heads, groups, groups)
+    ]
     results = []
     for cls in (SDPAttention, DotProductAttention):
-        attention = cls(tc, layer_number=1, attn_mask_type=AttnMaskType.causal,
-                        attention_type="self")
+        attention = cls(
+            tc, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+        )
         output = attention(*inputs, attention_mask=None)
         results.append((output, torch.autograd.grad(output.square().sum(), inputs)))
     (fused, fused_grads), (own, own_grads) = results

@@ -46,5 +46,6 @@ def test_a_layer_larger_than_the_bound_is_a_bucket_of_its_own(megatron_world):
     assert len(buckets) == MODEL.num_layers + 2  # the embeddings, each layer, the head
     assert set(buckets[0]) == {"model.embed_tokens.weight"}
     assert [{name.split(".")[2] for name in bucket} for bucket in buckets[1:-1]] == [
-        {str(layer)} for layer in range(MODEL.num_layers)]
+        {str(layer)} for layer in range(MODEL.num_layers)
+    ]
     assert set(buckets[-1]) == {"model.norm.weight", "lm_head.weight"}

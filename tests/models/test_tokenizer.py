@@ -91,17 +91,28 @@ def test_template_renders_tools_calls_and_grouped_responses() -> None:
 
 
 def test_compact_format_lists_signatures_and_renders_the_rest_alike() -> None:
-    tools = TOOLS + [{"name": "ask", "parameters": {
-        "type": "object", "required": ["model"],
-        "properties": {"model": {"type": "string", "enum": ["small", "large"]},
-                       "question": {"type": "string"}}}}]
+    tools = TOOLS + [
+        {
+            "name": "ask",
+            "parameters": {
+                "type": "object",
+                "required": ["model"],
+                "properties": {
+                    "model": {"type": "string", "enum": ["small", "large"]},
+                    "question": {"type": "string"},
+                },
+            },
+        }
+    ]
     compact = render_conversation(MESSAGES, tools, chat_format="compact")
-    header = ("<|im_start|>system\nBe brief.\n\nTools:\nadd(a, b)\n"
-              "ask(model: small|large, question?)<|im_end|>\n")
+    header = (
+        "<|im_start|>system\nBe brief.\n\nTools:\nadd(a, b)\n"
+        "ask(model: small|large, question?)<|im_end|>\n"
+    )
     assert compact.startswith(header)
     # Everything after the system turn is the qwen3 rendering.
     user = "<|im_start|>user"
-    assert compact[compact.index(user):] == EXPECTED[EXPECTED.index(user):]
+    assert compact[compact.index(user) :] == EXPECTED[EXPECTED.index(user) :]
     assert set(CHAT_TEMPLATES) == set(CHAT_FORMATS)
 
 
@@ -194,8 +205,9 @@ def test_save_and_load_roundtrip(
     assert loaded.eos_token_id == trained.eos_token_id
     assert loaded.pad_token_id == trained.pad_token_id
     # A tokenizer saved with the compact format keeps it.
-    train_tokenizer(texts, vocab_size=400, min_frequency=2, out_dir=tmp_path / "compact",
-                    chat_format="compact")
+    train_tokenizer(
+        texts, vocab_size=400, min_frequency=2, out_dir=tmp_path / "compact", chat_format="compact"
+    )
     assert load_tokenizer(tmp_path / "compact").chat_template == CHAT_TEMPLATES["compact"]
     # One saved by an earlier version (another listing, the same markers) keeps its own: a
     # checkpoint is prompted as it was trained.
@@ -212,8 +224,10 @@ def test_copy_rewrites_a_transformers_5_layout_into_one_4x_loads(
     portable layout (4.57 raises on it: an unknown class, a list where it reads a mapping), copied
     into the form transformers 4.34+ and 5.x read."""
     PreTrainedTokenizerFast(
-        tokenizer_object=tiny_tokenizer.backend_tokenizer, eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", additional_special_tokens=["<think>"],
+        tokenizer_object=tiny_tokenizer.backend_tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<think>"],
         chat_template=CHAT_TEMPLATE,
     ).save_pretrained(str(tmp_path / "v5"))
     saved = json.loads((tmp_path / "v5" / "tokenizer_config.json").read_text())

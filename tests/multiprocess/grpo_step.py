@@ -40,17 +40,28 @@ from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.policy import Batch, Critic, Policy, ReferenceModel
 
 # A ~100k-parameter Qwen3 that splits in two along TP and PP; the LR moves it visibly in one step.
-OVERRIDES = ["model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
-             "model.num_attention_heads=4", "model.num_query_groups=2", "model.kv_channels=16",
-             "model.vocab_size=512", "tokenizer.vocab_size=512", "trainer.optim.lr=1e-3",
-             "trainer.optim.warmup_steps=0", "trainer.global_batch_size=8",
-             "trainer.micro_batch_size=4", "grpo.micro_batch_size=2"]
+OVERRIDES = [
+    "model.num_layers=2",
+    "model.hidden_size=64",
+    "model.ffn_hidden_size=128",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=2",
+    "model.kv_channels=16",
+    "model.vocab_size=512",
+    "tokenizer.vocab_size=512",
+    "trainer.optim.lr=1e-3",
+    "trainer.optim.warmup_steps=0",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "grpo.micro_batch_size=2",
+]
 NUM_SEQUENCES, SEQ_LENGTH, PAD = 8, 24, 0
 OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
 
 
-def synthetic_samples(config: Config, count: int = NUM_SEQUENCES, seed: int = 7,
-                      step_credit: bool = False) -> list[grpo.Sample]:
+def synthetic_samples(
+    config: Config, count: int = NUM_SEQUENCES, seed: int = 7, step_credit: bool = False
+) -> list[grpo.Sample]:
     """Random tokens, a response after a random prompt length up to the sequence's own end, one
     advantage per sequence; with ``step_credit``, every other sequence's response also carries
     per-token step advantages (``grpo.step_advantage_weight``'s credit per call), in two
@@ -69,19 +80,33 @@ def synthetic_samples(config: Config, count: int = NUM_SEQUENCES, seed: int = 7,
         if step_credit and index % 2:
             middle = (prompt + 1 + end + 1) // 2
             first, second = torch.randn(2, generator=credit).tolist()
-            steps = [0.0] * (prompt + 1) + [first] * (middle - prompt - 1) + [second] * (
-                end + 1 - middle)
-        samples.append(grpo.Sample(ids[:end + 1].tolist(), mask, [0.0] * (end + 1), advantage,
-                                   mask, reward=advantage + 0.5, step_advantages=steps))
+            steps = (
+                [0.0] * (prompt + 1)
+                + [first] * (middle - prompt - 1)
+                + [second] * (end + 1 - middle)
+            )
+        samples.append(
+            grpo.Sample(
+                ids[: end + 1].tolist(),
+                mask,
+                [0.0] * (end + 1),
+                advantage,
+                mask,
+                reward=advantage + 0.5,
+                step_advantages=steps,
+            )
+        )
     return samples
 
 
-def rank_batches(samples: list[grpo.Sample], config: Config, context: ParallelContext
-                 ) -> list[Batch]:
+def rank_batches(
+    samples: list[grpo.Sample], config: Config, context: ParallelContext
+) -> list[Batch]:
     """This DP rank's micro-batches of ``samples``, as GRPO's update cuts them."""
     mine = grpo._even_split(samples, context.parallel.dp, random.Random(0))[context.dp_rank]
-    return grpo.micro_batches(mine, config.grpo.micro_batch_size, PAD,
-                              one_length=context.parallel.pp > 1)
+    return grpo.micro_batches(
+        mine, config.grpo.micro_batch_size, PAD, one_length=context.parallel.pp > 1
+    )
 
 
 def _offsets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,10 +147,12 @@ def refit_results(config: Config, context: ParallelContext) -> dict | None:
     engine.update_weights(stream)
     refitted = dict(engine.model.named_parameters())
     new = {name: tensor for bucket in buckets for name, tensor in bucket.items()}
-    return {"exact": new.keys() == old.keys() and all(torch.equal(new[name], old[name])
-                                                      for name in old),
-            "engine_exact": all(torch.equal(refitted[name], old[name]) for name in refitted),
-            "buckets": len(buckets)}
+    return {
+        "exact": new.keys() == old.keys()
+        and all(torch.equal(new[name], old[name]) for name in old),
+        "engine_exact": all(torch.equal(refitted[name], old[name]) for name in refitted),
+        "buckets": len(buckets),
+    }
 
 
 def grpo_steps(config: Config, context: ParallelContext, steps: int = 2) -> list[dict]:
@@ -137,43 +164,70 @@ def grpo_steps(config: Config, context: ParallelContext, steps: int = 2) -> list
     for batch, old, ref in zip(batches, old_logprobs, reference.forward_logprobs(batches)):
         if old is not None:  # the last pipeline stage, where the loss is computed
             old_offset, engine_offset = _offsets(batch["labels"])
-            batch.update(old_logprobs=old + old_offset, ref_logprobs=ref,
-                         engine_logprobs=old + engine_offset)
+            batch.update(
+                old_logprobs=old + old_offset, ref_logprobs=ref, engine_logprobs=old + engine_offset
+            )
     loss = grpo_token_loss(config.grpo)
     results = [policy.train_step(batches, loss) for _ in range(steps)]
-    return [{"loss": r.loss, "num_tokens": r.num_tokens, "grad_norm": r.grad_norm, **r.metrics}
-            for r in results]
+    return [
+        {"loss": r.loss, "num_tokens": r.num_tokens, "grad_norm": r.grad_norm, **r.metrics}
+        for r in results
+    ]
 
 
 def update_results(config: Config, context: ParallelContext) -> dict[str, float]:
     """What GRPO's update reports for 16 samples in two mini-batches, two passes over them."""
-    config = config_lib.replace(config, grpo=dataclasses.replace(
-        config.grpo, mini_batches=2, updates_per_step=2))
+    config = config_lib.replace(
+        config, grpo=dataclasses.replace(config.grpo, mini_batches=2, updates_per_step=2)
+    )
     policy, reference = _models(config, context)
-    return grpo._update(policy, reference, grpo_token_loss(config.grpo),
-                        synthetic_samples(config, count=16, step_credit=True), config, 1,
-                        context.dp_rank, PAD)
+    return grpo._update(
+        policy,
+        reference,
+        grpo_token_loss(config.grpo),
+        synthetic_samples(config, count=16, step_credit=True),
+        config,
+        1,
+        context.dp_rank,
+        PAD,
+    )
 
 
 def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, float]:
     """What PPO's update reports for 16 samples in two mini-batches, two passes over them, the
     KL in the reward, from a critic whose head is not zero (so its trunk learns from the
     first step)."""
-    config = config_lib.replace(config, grpo=dataclasses.replace(
-        config.grpo, algo="ppo", dynamic_sampling=False, mini_batches=2, updates_per_step=2,
-        ppo=PPOConfig(gamma=0.99, lam=0.9, use_kl_in_reward=True)))
+    config = config_lib.replace(
+        config,
+        grpo=dataclasses.replace(
+            config.grpo,
+            algo="ppo",
+            dynamic_sampling=False,
+            mini_batches=2,
+            updates_per_step=2,
+            ppo=PPOConfig(gamma=0.99, lam=0.9, use_kl_in_reward=True),
+        ),
+    )
     policy, reference = _models(config, context)
     critic = Critic(ppo.critic_config(config), context)
     critic.load_hf_weights(SeededHFWeights(config.model, config.run.seed + 2))
     if critic.head is not None:
         with torch.no_grad():
             head = torch.Generator().manual_seed(3)
-            critic.head.weight.copy_(0.1 * torch.randn(critic.head.weight.shape,
-                                                       generator=head))
+            critic.head.weight.copy_(0.1 * torch.randn(critic.head.weight.shape, generator=head))
         critic.optimizer.reload_model_params()
     loss = grpo_token_loss(dataclasses.replace(config.grpo, kl_coef=0.0))
-    return grpo._update(policy, reference, loss, synthetic_samples(config, count=16), config, 1,
-                        context.dp_rank, PAD, critic=critic)
+    return grpo._update(
+        policy,
+        reference,
+        loss,
+        synthetic_samples(config, count=16),
+        config,
+        1,
+        context.dp_rank,
+        PAD,
+        critic=critic,
+    )
 
 
 def main(layouts: list[str]) -> None:
@@ -188,10 +242,12 @@ def main(layouts: list[str]) -> None:
             config = config_lib.load([*OVERRIDES, layout])
             # The process group outlives the layouts; Megatron's groups are rebuilt for each.
             context = distributed.initialize(config.parallel, config.run.seed)
-            results[layout] = {"steps": grpo_steps(config, context),
-                               "update": update_results(config, context),
-                               "ppo_update": ppo_update_results(config, context),
-                               "refit": refit_results(config, context)}
+            results[layout] = {
+                "steps": grpo_steps(config, context),
+                "update": update_results(config, context),
+                "ppo_update": ppo_update_results(config, context),
+                "refit": refit_results(config, context),
+            }
             parallel_state.destroy_model_parallel()
     finally:
         distributed.shutdown()

@@ -26,13 +26,20 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 LAYOUTS = ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"]
 # A smaller model than small_sft_overrides' (the micro preset) with every conversation still fitting:
 # each run is mostly start-up, the fewer steps' seconds the better.
-SFT_OVERRIDES = ["trainer.max_steps=3", "model.num_layers=2", "model.hidden_size=128",
-                 "model.ffn_hidden_size=256", "model.kv_channels=32", "data.seq_length=512"]
+SFT_OVERRIDES = [
+    "trainer.max_steps=3",
+    "model.num_layers=2",
+    "model.hidden_size=128",
+    "model.ffn_hidden_size=256",
+    "model.kv_channels=32",
+    "data.seq_length=512",
+]
 
 
 def sft_losses(tokenizer_dir: Path, output_dir: Path, name: str, *overrides: str) -> list[float]:
-    run_cli("sft", *small_sft_overrides(tokenizer_dir, output_dir, name), *SFT_OVERRIDES,
-            *overrides)
+    run_cli(
+        "sft", *small_sft_overrides(tokenizer_dir, output_dir, name), *SFT_OVERRIDES, *overrides
+    )
     return [record["loss"] for record in read_metrics(output_dir / name)]
 
 
@@ -42,8 +49,7 @@ def one_process_sft_losses(tiny_tokenizer_dir, tmp_path_factory) -> list[float]:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_sft_losses_match_one_process(one_process_sft_losses, tiny_tokenizer_dir, tmp_path,
-                                      layout):
+def test_sft_losses_match_one_process(one_process_sft_losses, tiny_tokenizer_dir, tmp_path, layout):
     losses = sft_losses(tiny_tokenizer_dir, tmp_path, "two", layout)
     assert len(losses) == 3
     assert losses == pytest.approx(one_process_sft_losses, abs=1e-4)
@@ -55,15 +61,22 @@ def test_grpo_steps_match_one_process(megatron_world):
     cut = rank_batches(synthetic_samples(config, step_credit=True), config, megatron_world)
     assert len({batch["tokens"].shape[1] for batch in cut}) > 1
     # GRPO's steps carry credit per call: advantages that change within a sequence
-    assert any(len(set(row[mask > 0].tolist())) > 1 for batch in cut
-               for row, mask in zip(batch["advantages"], batch["loss_mask"]))
-    expected = {"steps": grpo_steps(config, megatron_world),
-                "update": update_results(config, megatron_world),
-                "ppo_update": ppo_update_results(config, megatron_world)}
+    assert any(
+        len(set(row[mask > 0].tolist())) > 1
+        for batch in cut
+        for row, mask in zip(batch["advantages"], batch["loss_mask"])
+    )
+    expected = {
+        "steps": grpo_steps(config, megatron_world),
+        "update": update_results(config, megatron_world),
+        "ppo_update": ppo_update_results(config, megatron_world),
+    }
     first = expected["steps"][0]
     # the batch exercises every branch of the loss, so agreement means something
-    assert min(first["clip_frac_low"], first["clip_frac_high"], first["clip_frac_dual"],
-               first["kl"]) > 0
+    assert (
+        min(first["clip_frac_low"], first["clip_frac_high"], first["clip_frac_dual"], first["kl"])
+        > 0
+    )
     # GRPO's update made two passes over every sample (in 2 mini-batches: 4 optimizer steps);
     # its token count includes the padding, which differs between layouts
     update = expected["update"]
@@ -72,14 +85,32 @@ def test_grpo_steps_match_one_process(megatron_world):
     # PPO's: the policy and the critic both stepped, the critic's loss and clip took part
     ppo_update = expected["ppo_update"]
     assert "skipped_update" not in ppo_update and ppo_update.pop("tokens") >= 2 * real_tokens
-    assert min(ppo_update["critic/value_loss"], ppo_update["critic/clip_frac"],
-               ppo_update["critic/grad_norm"], ppo_update["grad_norm"]) > 0
+    assert (
+        min(
+            ppo_update["critic/value_loss"],
+            ppo_update["critic/clip_frac"],
+            ppo_update["critic/grad_norm"],
+            ppo_update["grad_norm"],
+        )
+        > 0
+    )
     # one launch for all layouts: starting two processes costs more than the steps
     launched = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-         str(Path(__file__).with_name("grpo_step.py")), *LAYOUTS],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--nnodes=1",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            str(Path(__file__).with_name("grpo_step.py")),
+            *LAYOUTS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert launched.returncode == 0, launched.stderr[-5000:]
     results = json.loads(launched.stdout.strip().splitlines()[-1])
     for layout in LAYOUTS:
@@ -88,8 +119,9 @@ def test_grpo_steps_match_one_process(megatron_world):
             assert step == pytest.approx(want, abs=1e-5), layout
         # the refit: a bucket for the embeddings, each layer and the head; exactly the weights
         # the pickled gather delivered, in the buckets and in an engine refitted from the stream
-        assert results[layout]["refit"] == {"exact": True, "engine_exact": True,
-                                            "buckets": 4}, layout
+        assert results[layout]["refit"] == {"exact": True, "engine_exact": True, "buckets": 4}, (
+            layout
+        )
         for update in ("update", "ppo_update"):
             got = results[layout][update]
             assert got.pop("tokens") > 0 and got.keys() == expected[update].keys()

@@ -26,28 +26,46 @@ from nemo_orch.serve.openai_server import OpenAIService
 CAPITAL = Task(id="capital", question="What is the capital of France?", answer="Paris")
 ANSWER = "The city of Lyon"  # neither an exact nor a numeric match: always judged
 
-DEFAULT_PROMPT = ("Question:\nWhat is the capital of France?\n\nReference answer:\nParis\n\n"
-                  "Prediction:\nThe city of Lyon\n\nIs the prediction correct?")
+DEFAULT_PROMPT = (
+    "Question:\nWhat is the capital of France?\n\nReference answer:\nParis\n\n"
+    "Prediction:\nThe city of Lyon\n\nIs the prediction correct?"
+)
 REFERENCE_PROMPT = (
     "Question: What is the capital of France?\n\nStudent answer: The city of Lyon\n\n"
     "Reference answer: Paris\n\nAssume that the reference answer is correct. Output "
     "<correct>True</correct> if the student answer matches the reference answer. Output "
-    "<correct>False</correct> if the student answer does not match the reference answer.")
+    "<correct>False</correct> if the student answer does not match the reference answer."
+)
 HLE_SCHEMA = {
     "type": "json_schema",
-    "json_schema": {"name": "extracted_answer", "strict": True, "schema": {
-        "type": "object",
-        "properties": {"extracted_final_answer": {"type": "string"},
-                       "reasoning": {"type": "string"},
-                       "correct": {"type": "string", "enum": ["yes", "no"]},
-                       "confidence": {"type": "integer"}, "strict": {"type": "boolean"}},
-        "required": ["extracted_final_answer", "reasoning", "correct", "confidence", "strict"],
-        "additionalProperties": False}}}
+    "json_schema": {
+        "name": "extracted_answer",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "extracted_final_answer": {"type": "string"},
+                "reasoning": {"type": "string"},
+                "correct": {"type": "string", "enum": ["yes", "no"]},
+                "confidence": {"type": "integer"},
+                "strict": {"type": "boolean"},
+            },
+            "required": ["extracted_final_answer", "reasoning", "correct", "confidence", "strict"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def hle(**fields):
-    reply = {"extracted_final_answer": "Lyon", "reasoning": "Lyon is not Paris.",
-             "correct": "no", "confidence": 90, "strict": True, **fields}
+    reply = {
+        "extracted_final_answer": "Lyon",
+        "reasoning": "Lyon is not Paris.",
+        "correct": "no",
+        "confidence": 90,
+        "strict": True,
+        **fields,
+    }
     return json.dumps({key: value for key, value in reply.items() if value is not None})
 
 
@@ -58,8 +76,9 @@ class RecordingJudge:
     def __init__(self, tokenizer):
         self.reply = ""
         self.bodies: list[dict] = []
-        self.service = OpenAIService(ScriptedEngine(tokenizer, lambda _: self.reply), tokenizer,
-                                     "judge")
+        self.service = OpenAIService(
+            ScriptedEngine(tokenizer, lambda _: self.reply), tokenizer, "judge"
+        )
 
     def chat(self, body: dict) -> dict:
         self.bodies.append(body)
@@ -76,9 +95,15 @@ def served(tiny_tokenizer):
 
 def scorer(served, template, dialect="vllm"):
     _, url = served
-    return OutcomeScorer(RewardConfig(judge_base_url=url, judge_model="judge",
-                                      judge_template=template, judge_max_retries=0,
-                                      judge_dialect=dialect))
+    return OutcomeScorer(
+        RewardConfig(
+            judge_base_url=url,
+            judge_model="judge",
+            judge_template=template,
+            judge_max_retries=0,
+            judge_dialect=dialect,
+        )
+    )
 
 
 def judged(served, template, reply, times=1, dialect="vllm"):
@@ -91,17 +116,23 @@ def judged(served, template, reply, times=1, dialect="vllm"):
     return results, judge.bodies
 
 
-@pytest.mark.parametrize("template, reply, correct", [
-    ("default", "Correct", True),
-    ("default", "Incorrect, that is another city.", False),
-    ("reference", "<correct>True</correct>", True),
-    ("reference", "<think>Maybe <correct>False</correct>?</think>\n<correct> true </correct>",
-     True),
-    ("reference", "They differ. <correct>FALSE</correct>", False),
-    ("hle_official", hle(correct="yes", extracted_final_answer="Paris", confidence=80), True),
-    ("hle_official", hle(), False),
-    ("hle_official", hle(strict=None), False),  # strict is optional
-])
+@pytest.mark.parametrize(
+    "template, reply, correct",
+    [
+        ("default", "Correct", True),
+        ("default", "Incorrect, that is another city.", False),
+        ("reference", "<correct>True</correct>", True),
+        (
+            "reference",
+            "<think>Maybe <correct>False</correct>?</think>\n<correct> true </correct>",
+            True,
+        ),
+        ("reference", "They differ. <correct>FALSE</correct>", False),
+        ("hle_official", hle(correct="yes", extracted_final_answer="Paris", confidence=80), True),
+        ("hle_official", hle(), False),
+        ("hle_official", hle(strict=None), False),  # strict is optional
+    ],
+)
 def test_verdicts_are_read_and_cached(served, template, reply, correct):
     results, bodies = judged(served, template, reply, times=2)
     assert [(r.correct, r.method) for r in results] == [(correct, "judge")] * 2
@@ -113,27 +144,30 @@ def test_hle_detail_names_the_extracted_answer_and_confidence(served):
     assert result.detail == "extracted_final_answer='Lyon', confidence=35"
 
 
-@pytest.mark.parametrize("template, reply", [
-    ("default", "Hmm, hard to say."),
-    ("reference", "The student answer matches."),
-    ("reference", "<correct>True</correct> <correct>False</correct>"),
-    ("reference", "<correct>True</correct> <correct>True</correct>"),
-    ("reference", "<correct>maybe</correct>"),
-    ("reference", "<correct>True, it matches</correct>"),
-    ("reference", "<think>It is <correct>True</correct>"),  # unfinished thinking only
-    ("hle_official", f"```json\n{hle()}\n```"),
-    ("hle_official", hle(reasoning=None)),
-    ("hle_official", hle(extra="field")),
-    ("hle_official", hle(confidence=101)),
-    ("hle_official", hle(confidence=-1)),
-    ("hle_official", hle(confidence=True)),
-    ("hle_official", hle(confidence=90.5)),
-    ("hle_official", hle(correct="Yes!")),
-    ("hle_official", hle(strict=False)),
-    ("hle_official", hle(extracted_final_answer=7)),
-    ("hle_official", "correct: yes"),
-    ("hle_official", "[1, 2]"),
-])
+@pytest.mark.parametrize(
+    "template, reply",
+    [
+        ("default", "Hmm, hard to say."),
+        ("reference", "The student answer matches."),
+        ("reference", "<correct>True</correct> <correct>False</correct>"),
+        ("reference", "<correct>True</correct> <correct>True</correct>"),
+        ("reference", "<correct>maybe</correct>"),
+        ("reference", "<correct>True, it matches</correct>"),
+        ("reference", "<think>It is <correct>True</correct>"),  # unfinished thinking only
+        ("hle_official", f"```json\n{hle()}\n```"),
+        ("hle_official", hle(reasoning=None)),
+        ("hle_official", hle(extra="field")),
+        ("hle_official", hle(confidence=101)),
+        ("hle_official", hle(confidence=-1)),
+        ("hle_official", hle(confidence=True)),
+        ("hle_official", hle(confidence=90.5)),
+        ("hle_official", hle(correct="Yes!")),
+        ("hle_official", hle(strict=False)),
+        ("hle_official", hle(extracted_final_answer=7)),
+        ("hle_official", "correct: yes"),
+        ("hle_official", "[1, 2]"),
+    ],
+)
 def test_unreadable_replies_are_judge_errors_never_cached(served, template, reply):
     results, bodies = judged(served, template, reply, times=2)
     assert [(r.correct, r.method) for r in results] == [(False, "judge_error")] * 2
@@ -145,7 +179,8 @@ def test_default_request(served):
     _, [body] = judged(served, "default", "Correct")
     assert body["messages"] == [
         {"role": "system", "content": load_judge_template("default").system},
-        {"role": "user", "content": DEFAULT_PROMPT}]
+        {"role": "user", "content": DEFAULT_PROMPT},
+    ]
     assert body["messages"][0]["content"].startswith("You grade answers to questions.")
     assert (body["temperature"], body["max_tokens"]) == (0.0, 256)
     assert "response_format" not in body
@@ -165,11 +200,14 @@ def test_hle_official_request(served):
     assert message["role"] == "user"
     prompt = message["content"]
     assert prompt.startswith("Judge whether the following [response] to [question] is correct")
-    assert ("[question]: What is the capital of France?\n\n[response]: The city of Lyon\n\n"
-            in prompt)
+    assert (
+        "[question]: What is the capital of France?\n\n[response]: The city of Lyon\n\n" in prompt
+    )
     assert "\n\n[correct_answer]: Paris\n\nreasoning: Explain why" in prompt
-    assert prompt.endswith("between 0|\\%| and 100|\\%| from [response]. Put 100 if there is no "
-                           "confidence score available.")
+    assert prompt.endswith(
+        "between 0|\\%| and 100|\\%| from [response]. Put 100 if there is no "
+        "confidence score available."
+    )
     assert "{" not in prompt
     assert "temperature" not in body and "max_tokens" not in body
     assert body["max_completion_tokens"] == 4096
@@ -182,40 +220,61 @@ def test_every_named_template_ships_and_describes_itself(served):
         template = load_judge_template(name)
         assert template.name == name and "\n" not in template.description
     _, url = served
-    described = judge_description(RewardConfig(judge_base_url=url, judge_model="o3-mini",
-                                                judge_template="hle_official"))
-    assert described == (f"hle_official (the official HLE judge: structured output) by o3-mini "
-                         f"at {url}")
+    described = judge_description(
+        RewardConfig(judge_base_url=url, judge_model="o3-mini", judge_template="hle_official")
+    )
+    assert described == (
+        f"hle_official (the official HLE judge: structured output) by o3-mini at {url}"
+    )
     assert judge_description(RewardConfig()) == (
-        "none: exact and numeric matching only (reward.judge_base_url unset)")
+        "none: exact and numeric matching only (reward.judge_base_url unset)"
+    )
     assert judge_description(RewardConfig(endpoint="http://127.0.0.1:9")).startswith(
-        "on the reward server at http://127.0.0.1:9")
+        "on the reward server at http://127.0.0.1:9"
+    )
 
 
 def test_config_names_the_template():
-    with pytest.raises(ConfigError, match=r"reward\.judge_template must be "
-                                          r"default\|reference\|hle_official, got 'gpt'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"reward\.judge_template must be "
+        r"default\|reference\|hle_official, got 'gpt'",
+    ):
         RewardConfig(judge_template="gpt")
 
 
-GOOD = {"description": "a judge", "system": None, "prompt": "{question} {reference} {response}",
-        "parser": "verdict", "temperature": 0.0, "max_tokens": 16, "response_format": None}
+GOOD = {
+    "description": "a judge",
+    "system": None,
+    "prompt": "{question} {reference} {response}",
+    "parser": "verdict",
+    "temperature": 0.0,
+    "max_tokens": 16,
+    "response_format": None,
+}
 
 
-@pytest.mark.parametrize("change, key, problem", [
-    ({"prompt": "{question} {answer} {response}"}, "prompt", "it uses {answer}, {question}"),
-    ({"prompt": "{question} {reference}"}, "prompt", "exactly {question}, {reference}"),
-    ({"prompt": "{question} {reference} {response!r}"}, "prompt", "{response!r}"),
-    ({"prompt": "{question} {reference} {response} {0}"}, "prompt", "uses {0}"),
-    ({"prompt": "{question} {reference} {response} }"}, "prompt", "not a str.format template"),
-    ({"parser": "regex"}, "parser", "'regex' is not one of verdict, correct_tag, hle_structured"),
-    ({"parser": ["verdict"]}, "parser", "is not one of"),
-    ({"judge": "gpt-5"}, "judge", "unknown key"),
-    ({"max_tokens": 0}, "max_tokens", "integer >= 1"),
-    ({"temperature": "hot"}, "temperature", "number >= 0"),
-    ({"response_format": "json"}, "response_format", "mapping with a 'type'"),
-    ({"description": "two\nlines"}, "description", "one non-empty line"),
-])
+@pytest.mark.parametrize(
+    "change, key, problem",
+    [
+        ({"prompt": "{question} {answer} {response}"}, "prompt", "it uses {answer}, {question}"),
+        ({"prompt": "{question} {reference}"}, "prompt", "exactly {question}, {reference}"),
+        ({"prompt": "{question} {reference} {response!r}"}, "prompt", "{response!r}"),
+        ({"prompt": "{question} {reference} {response} {0}"}, "prompt", "uses {0}"),
+        ({"prompt": "{question} {reference} {response} }"}, "prompt", "not a str.format template"),
+        (
+            {"parser": "regex"},
+            "parser",
+            "'regex' is not one of verdict, correct_tag, hle_structured",
+        ),
+        ({"parser": ["verdict"]}, "parser", "is not one of"),
+        ({"judge": "gpt-5"}, "judge", "unknown key"),
+        ({"max_tokens": 0}, "max_tokens", "integer >= 1"),
+        ({"temperature": "hot"}, "temperature", "number >= 0"),
+        ({"response_format": "json"}, "response_format", "mapping with a 'type'"),
+        ({"description": "two\nlines"}, "description", "one non-empty line"),
+    ],
+)
 def test_bad_template_files_name_the_file_and_key(tmp_path, change, key, problem):
     path = tmp_path / "bad.yaml"
     path.write_text(json.dumps({**GOOD, **change}))  # JSON is YAML
@@ -238,8 +297,14 @@ def test_missing_key_and_missing_file(tmp_path):
 
 
 @settings(max_examples=300)
-@given(st.one_of(st.text(), st.sampled_from([hle(), "<correct>True</correct>", "Correct"]).flatmap(
-    lambda base: st.integers(0, len(base)).map(lambda cut: base[:cut]))))
+@given(
+    st.one_of(
+        st.text(),
+        st.sampled_from([hle(), "<correct>True</correct>", "Correct"]).flatmap(
+            lambda base: st.integers(0, len(base)).map(lambda cut: base[:cut])
+        ),
+    )
+)
 def test_parsers_never_raise(text):
     for parser in PARSERS.values():
         verdict, detail = parser(text)

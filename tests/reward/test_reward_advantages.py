@@ -21,14 +21,16 @@ STD = math.sqrt(0.1875)  # population std of [1, 0, 0, 0]
 
 def test_group_advantages_hand_computed():
     assert group_advantages([1, 0, 0, 0], EXACT) == pytest.approx(
-        [0.75 / STD, -0.25 / STD, -0.25 / STD, -0.25 / STD])
+        [0.75 / STD, -0.25 / STD, -0.25 / STD, -0.25 / STD]
+    )
 
 
 def test_leave_one_out_hand_computed():
     config = RewardConfig(leave_one_out=True, advantage_eps=1e-12)
     # baseline of the first: mean(0, 0, 0) = 0; of the others: mean(1, 0, 0) = 1/3
     assert group_advantages([1, 0, 0, 0], config) == pytest.approx(
-        [1 / STD, -1 / 3 / STD, -1 / 3 / STD, -1 / 3 / STD])
+        [1 / STD, -1 / 3 / STD, -1 / 3 / STD, -1 / 3 / STD]
+    )
 
 
 def test_advantages_are_clipped_and_degenerate_groups_are_zero():
@@ -40,8 +42,9 @@ def test_advantages_are_clipped_and_degenerate_groups_are_zero():
 
 
 def breakdown(reward, format_errors=0, answered=True):
-    return RewardBreakdown(reward, {"format_errors": float(format_errors),
-                                    "answered": float(answered)})
+    return RewardBreakdown(
+        reward, {"format_errors": float(format_errors), "answered": float(answered)}
+    )
 
 
 def test_trajectory_filters():
@@ -58,8 +61,10 @@ def test_group_filters():
     config = RewardConfig(min_group_std=0.1, drop_unanswered=True)
     assert group_drop_reason([breakdown(1.0), breakdown(0.0)], config) is None
     assert group_drop_reason([breakdown(1.0), breakdown(1.0)], config) == "low_std"
-    assert group_drop_reason([breakdown(1.0, answered=False), breakdown(0.0, answered=False)],
-                             config) == "empty"
+    assert (
+        group_drop_reason([breakdown(1.0, answered=False), breakdown(0.0, answered=False)], config)
+        == "empty"
+    )
     assert group_drop_reason([breakdown(1.0)] * 2, RewardConfig(min_group_std=0.0)) is None
     assert group_drop_reason([breakdown(1.0)] * 2, RewardConfig()) == "low_std"  # the default
 
@@ -75,8 +80,9 @@ def run_fill(script, needed, max_rounds):
         await asyncio.sleep(0)
         return script[round_index]
 
-    kept, stats = asyncio.run(fill_batch(make_groups, needed, max_rounds,
-                                         lambda group: group_drop_reason(group, config)))
+    kept, stats = asyncio.run(
+        fill_batch(make_groups, needed, max_rounds, lambda group: group_drop_reason(group, config))
+    )
     return kept, stats, asked
 
 
@@ -110,14 +116,20 @@ def test_step_advantages_compare_the_choices_made_at_one_state():
     config = EXACT
     # Five episodes of one task: two first calls (a, b); after a, the same observation "x"
     # for three, then two answerers (c, d); one episode saw another observation ("y").
-    states = [[("p",), ("p", "a", "x")], [("p",), ("p", "a", "x")], [("p",), ("p", "a", "y")],
-              [("p",), ("p", "a", "x")], [("p",)]]
+    states = [
+        [("p",), ("p", "a", "x")],
+        [("p",), ("p", "a", "x")],
+        [("p",), ("p", "a", "y")],
+        [("p",), ("p", "a", "x")],
+        [("p",)],
+    ]
     rewards = [1.0, 0.0, 0.5, 1.0, 0.2]
     steps = step_advantages(states, rewards, config)
     # The first turns share the prompt: their step group is the episode group.
     assert [turns[0] for turns in steps] == pytest.approx(group_advantages(rewards, config))
     # After (a, x): episodes 0, 1 and 3 compared among themselves.
     assert [steps[0][1], steps[1][1], steps[3][1]] == pytest.approx(
-        group_advantages([1.0, 0.0, 1.0], config))
+        group_advantages([1.0, 0.0, 1.0], config)
+    )
     assert steps[2][1] == 0.0  # no other episode reached (a, y)
     assert [len(turns) for turns in steps] == [2, 2, 2, 2, 1]

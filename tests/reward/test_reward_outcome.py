@@ -25,14 +25,17 @@ from nemo_orch.serve.openai_server import start_server
 CAPITAL = Task(id="capital", question="What is the capital of France?", answer="Paris")
 
 
-@pytest.mark.parametrize("text, normalized", [
-    ("Answer: The Eiffel Tower.", "eiffel tower"),
-    ("  An   apple,  a day! ", "apple day"),
-    ("U.S.", "us"),
-    ("-3.5", "-3.5"),
-    ("1,234", "1234"),
-    ("3/4 cup", "3/4 cup"),
-])
+@pytest.mark.parametrize(
+    "text, normalized",
+    [
+        ("Answer: The Eiffel Tower.", "eiffel tower"),
+        ("  An   apple,  a day! ", "apple day"),
+        ("U.S.", "us"),
+        ("-3.5", "-3.5"),
+        ("1,234", "1234"),
+        ("3/4 cup", "3/4 cup"),
+    ],
+)
 def test_normalize_answer(text, normalized):
     assert normalize_answer(text) == normalized
 
@@ -43,22 +46,25 @@ def test_exact_match_keeps_numbers_apart():
     assert not exact_match("...", "")
 
 
-@pytest.mark.parametrize("prediction, reference, matches", [
-    ("The total is 1,234.", "1234", True),
-    ("42.0", "42", True),
-    ("-3.5", "-3.5", True),
-    ("3.5", "-3.5", False),
-    ("0.75", "3/4", True),
-    ("3/4", "0.75", True),
-    ("first 7, then 12", "12", True),
-    ("first 12, then 7", "12", False),
-    ("5-3", "3", True),
-    ("$12", "$12.00", True),
-    ("1e-3", "0.001", True),
-    ("2", "World War 2", False),  # the reference is not a number
-    ("12", "1,2", False),         # nor is a list
-    ("no number", "12", False),
-])
+@pytest.mark.parametrize(
+    "prediction, reference, matches",
+    [
+        ("The total is 1,234.", "1234", True),
+        ("42.0", "42", True),
+        ("-3.5", "-3.5", True),
+        ("3.5", "-3.5", False),
+        ("0.75", "3/4", True),
+        ("3/4", "0.75", True),
+        ("first 7, then 12", "12", True),
+        ("first 12, then 7", "12", False),
+        ("5-3", "3", True),
+        ("$12", "$12.00", True),
+        ("1e-3", "0.001", True),
+        ("2", "World War 2", False),  # the reference is not a number
+        ("12", "1,2", False),  # nor is a list
+        ("no number", "12", False),
+    ],
+)
 def test_numeric_match(prediction, reference, matches):
     assert numeric_match(prediction, reference, rel_tol=1e-6, abs_tol=1e-9) is matches
 
@@ -70,11 +76,19 @@ def test_numeric_tolerances():
     assert parse_number("1/0") is None and parse_number("nan") is None
 
 
-@pytest.mark.parametrize("reply, verdict", [
-    ("Correct", True), ("incorrect.", False), ("Yes, it matches.", True),
-    ("No.", False), ("The prediction is not correct.", False), ("It is wrong", False),
-    ("<think>Is it correct? No wait.</think>\nYes", True), ("I cannot tell.", None),
-])
+@pytest.mark.parametrize(
+    "reply, verdict",
+    [
+        ("Correct", True),
+        ("incorrect.", False),
+        ("Yes, it matches.", True),
+        ("No.", False),
+        ("The prediction is not correct.", False),
+        ("It is wrong", False),
+        ("<think>Is it correct? No wait.</think>\nYes", True),
+        ("I cannot tell.", None),
+    ],
+)
 def test_parse_verdict(reply, verdict):
     assert parse_verdict(reply) is verdict
 
@@ -87,11 +101,15 @@ def test_protocol_without_judge():
     scorer = OutcomeScorer(RewardConfig(max_answer_words=5))
     number = Task(id="n", question="2 + 2?", answer="4")
     assert (score(scorer, CAPITAL, None).method, score(scorer, CAPITAL, " . ").method) == (
-        "empty", "empty")
+        "empty",
+        "empty",
+    )
     long = score(scorer, CAPITAL, "Paris is the capital city of France")
     assert (long.correct, long.method) == (False, "too_long")
-    assert (score(scorer, CAPITAL, "Answer: paris.").correct,
-            score(scorer, CAPITAL, "Answer: paris.").method) == (True, "exact")
+    assert (
+        score(scorer, CAPITAL, "Answer: paris.").correct,
+        score(scorer, CAPITAL, "Answer: paris.").method,
+    ) == (True, "exact")
     assert score(scorer, number, "It is 4.0").method == "numeric"
     assert score(scorer, CAPITAL, "The city of Paris").method == "no_match"
     assert not score(scorer, Task(id="x", question="?"), "Paris").correct
@@ -111,8 +129,9 @@ def judge_reply(calls):
 @pytest.fixture(scope="module")
 def judge(tiny_tokenizer):
     calls: list[str] = []
-    with start_server(ScriptedEngine(tiny_tokenizer, judge_reply(calls)), tiny_tokenizer,
-                      "judge") as server:
+    with start_server(
+        ScriptedEngine(tiny_tokenizer, judge_reply(calls)), tiny_tokenizer, "judge"
+    ) as server:
         yield server, calls
 
 
@@ -126,7 +145,7 @@ def test_judge_decides_and_caches(judge):
     assert (wrong.correct, wrong.method) == (False, "judge")
     assert "capital of France" in calls[0] and "Reference answer:\nParis" in calls[0]
     assert score(scorer, CAPITAL, "the city of PARIS!") == right  # same normalized answer
-    assert score(scorer, CAPITAL, "Paris").method == "exact"      # never reaches the judge
+    assert score(scorer, CAPITAL, "Paris").method == "exact"  # never reaches the judge
     assert len(calls) == 2
 
 
@@ -143,8 +162,9 @@ def test_concurrent_identical_answers_share_one_judge_call(judge):
 
 
 def test_unreadable_verdict_is_a_judge_error(tiny_tokenizer):
-    with start_server(ScriptedEngine(tiny_tokenizer, lambda _: "Hmm, hard to say."),
-                      tiny_tokenizer, "judge") as server:
+    with start_server(
+        ScriptedEngine(tiny_tokenizer, lambda _: "Hmm, hard to say."), tiny_tokenizer, "judge"
+    ) as server:
         scorer = OutcomeScorer(RewardConfig(judge_base_url=server.url, judge_model="judge"))
         result = score(scorer, CAPITAL, "Lyon")
     assert (result.correct, result.method) == (False, "judge_error")
@@ -172,21 +192,33 @@ def test_a_judge_that_spends_its_cap_thinking_is_a_judge_error_masked_out_of_its
     from nemo_orch.reward import by_answer, score_groups
 
     def answer(path, headers, body):
-        return 200, {"model": "o3-mini", "choices": [
-            {"index": 0, "finish_reason": "length", "message": {"content": ""}}],
-            "usage": {"prompt_tokens": 80, "completion_tokens": 256,
-                      "completion_tokens_details": {"reasoning_tokens": 256}}}, {}
+        return (
+            200,
+            {
+                "model": "o3-mini",
+                "choices": [{"index": 0, "finish_reason": "length", "message": {"content": ""}}],
+                "usage": {
+                    "prompt_tokens": 80,
+                    "completion_tokens": 256,
+                    "completion_tokens_details": {"reasoning_tokens": 256},
+                },
+            },
+            {},
+        )
 
     with JSONServer(answer, url_path="/v1") as judge:
         config = RewardConfig(judge_base_url=judge.url, judge_model="o3-mini")
         scorer = OutcomeScorer(config)
         result = score(scorer, CAPITAL, "The city of Lyon")
         judged, exact = trajectory("The city of Lyon"), trajectory("Paris")
-        (group,) = asyncio.run(score_groups([CAPITAL], [[judged, exact]], config,
-                                            by_answer(scorer)))
+        (group,) = asyncio.run(
+            score_groups([CAPITAL], [[judged, exact]], config, by_answer(scorer))
+        )
     assert (result.correct, result.method) == (False, "judge_error")
-    assert result.detail == ("the judge hit its output cap (256 output tokens, 256 of them "
-                             "reasoning; max_tokens=256) before writing any answer (truncated)")
+    assert result.detail == (
+        "the judge hit its output cap (256 output tokens, 256 of them "
+        "reasoning; max_tokens=256) before writing any answer (truncated)"
+    )
     assert group.trajectories == [exact] and len(group.breakdowns) == 1
     ((masked, failure),) = group.masked
     assert masked is judged and (failure.reason, failure.endpoint) == ("judge_error", "the judge")

@@ -17,22 +17,28 @@ from nemo_orch.rollout.format import (
 )
 
 SCHEMAS = {
-    "python_sandbox": {"type": "object", "properties": {"code": {"type": "string"}},
-                       "required": ["code"]},
-    "retriever": {"type": "object", "properties": {"query": {"type": "string"},
-                                                   "top_k": {"type": "integer", "minimum": 1}},
-                  "required": ["query"]},
+    "python_sandbox": {
+        "type": "object",
+        "properties": {"code": {"type": "string"}},
+        "required": ["code"],
+    },
+    "retriever": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1}},
+        "required": ["query"],
+    },
 }
 FORMAT = TurnFormat(SCHEMAS)
 
 
 def call(name: str, **arguments) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def test_valid_call_after_thinking():
     text = "<think>I should compute. <tool_call>not a call</tool_call></think>\n" + call(
-        "python_sandbox", code="print(1)")
+        "python_sandbox", code="print(1)"
+    )
     turn = parse_turn(text, FORMAT)
     assert turn.error is None and turn.format_errors == [] and turn.answer is None
     assert [(c.name, c.arguments) for c in turn.calls] == [("python_sandbox", {"code": "print(1)"})]
@@ -43,19 +49,32 @@ def test_answer_tag():
     assert turn.answer == "42" and turn.calls == [] and turn.format_errors == []
 
 
-@pytest.mark.parametrize("text, kind, phrase", [
-    ("<tool_call>{'name': 'retriever'}</tool_call>", "malformed_json", "not valid JSON"),
-    ('<tool_call>["retriever"]</tool_call>', "bad_call_shape", "JSON object"),
-    ('<tool_call>{"name": "retriever", "arguments": "q"}</tool_call>', "bad_call_shape",
-     "JSON object"),
-    (call("web_search", query="x"), "unknown_tool", "unknown tool 'web_search'"),
-    (call("retriever"), "invalid_arguments", "missing argument 'query'"),
-    (call("retriever", query="x", lang="en"), "invalid_arguments", "undeclared argument 'lang'"),
-    (call("retriever", query=3), "invalid_arguments", "'query' should be of type string"),
-    (call("retriever", query="x", top_k=0), "invalid_arguments", "'top_k' must be >= 1"),
-    ('<tool_call>{"name": "retriever", "arguments": {"query": "x"}}', "unclosed_tag",
-     "not closed"),
-])
+@pytest.mark.parametrize(
+    "text, kind, phrase",
+    [
+        ("<tool_call>{'name': 'retriever'}</tool_call>", "malformed_json", "not valid JSON"),
+        ('<tool_call>["retriever"]</tool_call>', "bad_call_shape", "JSON object"),
+        (
+            '<tool_call>{"name": "retriever", "arguments": "q"}</tool_call>',
+            "bad_call_shape",
+            "JSON object",
+        ),
+        (call("web_search", query="x"), "unknown_tool", "unknown tool 'web_search'"),
+        (call("retriever"), "invalid_arguments", "missing argument 'query'"),
+        (
+            call("retriever", query="x", lang="en"),
+            "invalid_arguments",
+            "undeclared argument 'lang'",
+        ),
+        (call("retriever", query=3), "invalid_arguments", "'query' should be of type string"),
+        (call("retriever", query="x", top_k=0), "invalid_arguments", "'top_k' must be >= 1"),
+        (
+            '<tool_call>{"name": "retriever", "arguments": {"query": "x"}}',
+            "unclosed_tag",
+            "not closed",
+        ),
+    ],
+)
 def test_call_errors(text, kind, phrase):
     turn = parse_turn(text, FORMAT)
     assert turn.format_errors == [kind]
@@ -63,8 +82,9 @@ def test_call_errors(text, kind, phrase):
     assert turn.calls[0].error_kind == kind and phrase in turn.calls[0].error
 
 
-@pytest.mark.parametrize("text", ["The answer is 4.", "", "<think>hmm</think>",
-                                  "<think>unclosed thinking <tool_call>"])
+@pytest.mark.parametrize(
+    "text", ["The answer is 4.", "", "<think>hmm</think>", "<think>unclosed thinking <tool_call>"]
+)
 def test_no_call(text):
     turn = parse_turn(text, FORMAT)
     assert turn.calls == [] and turn.answer is None
@@ -113,43 +133,66 @@ def test_error_kinds_are_declared():
 
 
 DECISION_SCHEMAS = [
-    {"name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
-                                      "required": ["query"]}},
-    {"name": "call_expert", "parameters": {
-        "type": "object", "required": ["model"],
-        "properties": {"model": {"type": "string", "enum": ["small", "large"]},
-                       "question": {"type": "string"}}}},
+    {
+        "name": "search",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    },
+    {
+        "name": "call_expert",
+        "parameters": {
+            "type": "object",
+            "required": ["model"],
+            "properties": {
+                "model": {"type": "string", "enum": ["small", "large"]},
+                "question": {"type": "string"},
+            },
+        },
+    },
 ]
 DECISION_FORMAT = TurnFormat.for_tools(DECISION_SCHEMAS)
 
 
 def _end(text: str) -> str:
-    return text[:decision_end(text, parse_turn(text, DECISION_FORMAT),
-                             DECISION_FORMAT)]
+    return text[: decision_end(text, parse_turn(text, DECISION_FORMAT), DECISION_FORMAT)]
 
 
 def test_the_decision_is_the_tool_name_and_its_choice_arguments():
     search = '<tool_call>\n{"name": "search", "arguments": {"query": "capital of X"}}\n</tool_call>'
     assert _end(search) == '<tool_call>\n{"name": "search"'
-    expert = ('<tool_call>\n{"name": "call_expert", "arguments": {"question": "why?", '
-              '"model": "large"}}\n</tool_call>')
-    assert _end(expert) == expert[:expert.index('"large"') + len('"large"')]
+    expert = (
+        '<tool_call>\n{"name": "call_expert", "arguments": {"question": "why?", '
+        '"model": "large"}}\n</tool_call>'
+    )
+    assert _end(expert) == expert[: expert.index('"large"') + len('"large"')]
     both = search + "\n" + expert
-    assert _end(both) == both[:both.index('"large"') + len('"large"')]
+    assert _end(both) == both[: both.index('"large"') + len('"large"')]
 
 
 def test_answering_is_the_tag_and_a_format_error_is_the_whole_turn():
     assert _end("<answer>42</answer>") == "<answer>"
-    for broken in ('<tool_call>\n{"name": "search"', "I think 42",
-                   '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'):
+    for broken in (
+        '<tool_call>\n{"name": "search"',
+        "I think 42",
+        '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>',
+    ):
         assert _end(broken) == broken
 
 
 def test_choices_are_tools_and_the_values_of_their_first_choice_argument():
-    assert choices(DECISION_FORMAT) == [("search", {}), ("call_expert", {"model": "small"}),
-                                        ("call_expert", {"model": "large"})]
+    assert choices(DECISION_FORMAT) == [
+        ("search", {}),
+        ("call_expert", {"model": "small"}),
+        ("call_expert", {"model": "large"}),
+    ]
     assert choice_of("call_expert", {"question": "q", "model": "large"}, DECISION_FORMAT) == (
-        "call_expert", {"model": "large"})
+        "call_expert",
+        {"model": "large"},
+    )
     assert choice_of("search", {"query": "q"}, DECISION_FORMAT) == ("search", {})
     assert call_text(("search", {})) == (
-        '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>')
+        '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>'
+    )

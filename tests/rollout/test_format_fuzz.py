@@ -26,15 +26,48 @@ from nemo_orch.rollout.format import (
     without_calls,
 )
 
-FORMAT = TurnFormat({
-    "python_sandbox": {"type": "object", "properties": {"code": {"type": "string"}},
-                       "required": ["code"]},
-    "call_expert": {"type": "object", "properties": {
-        "model": {"type": "string", "enum": ["small", "large"]}}, "required": ["model"]},
-})
-MARKUP = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<answer>", "</answer>",
-          "<|im_end|>", "<|im_start|>", "<tool_response>", "{", "}", "[", "]", '"', "\\", ":",
-          ",", "\n", "\x00", "\x1b", "\ud800", "\udfff", "\u2028", "\ufeff", "null", "name"]
+FORMAT = TurnFormat(
+    {
+        "python_sandbox": {
+            "type": "object",
+            "properties": {"code": {"type": "string"}},
+            "required": ["code"],
+        },
+        "call_expert": {
+            "type": "object",
+            "properties": {"model": {"type": "string", "enum": ["small", "large"]}},
+            "required": ["model"],
+        },
+    }
+)
+MARKUP = [
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<answer>",
+    "</answer>",
+    "<|im_end|>",
+    "<|im_start|>",
+    "<tool_response>",
+    "{",
+    "}",
+    "[",
+    "]",
+    '"',
+    "\\",
+    ":",
+    ",",
+    "\n",
+    "\x00",
+    "\x1b",
+    "\ud800",
+    "\udfff",
+    "\u2028",
+    "\ufeff",
+    "null",
+    "name",
+]
 HYPOTHESIS = settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 
 # Any text: arbitrary code points (lone surrogates included) and runs of markup pieces.
@@ -46,21 +79,29 @@ any_text = st.one_of(
 # Text between calls: anything that does not open a call or a thought itself.
 noise = any_text.filter(lambda text: OPEN_CALL not in text and "<think>" not in text)
 valid_call = st.one_of(
-    st.builds(lambda code: ("python_sandbox", {"code": code}),
-              st.one_of(st.text(max_size=40),
-                        st.lists(st.sampled_from(MARKUP), max_size=10).map("".join))),
-    st.builds(lambda model: ("call_expert", {"model": model}), st.sampled_from(["small",
-                                                                                "large"])),
+    st.builds(
+        lambda code: ("python_sandbox", {"code": code}),
+        st.one_of(
+            st.text(max_size=40), st.lists(st.sampled_from(MARKUP), max_size=10).map("".join)
+        ),
+    ),
+    st.builds(lambda model: ("call_expert", {"model": model}), st.sampled_from(["small", "large"])),
 )
+
+
 def _payload(call, **options) -> str:
     return json.dumps({"name": call[0], "arguments": call[1]}, **options)
 
 
-rendering = st.sampled_from([  # the canonical rendering, compact, and spread over lines
-    call_text,
-    lambda call: f"{OPEN_CALL}{_payload(call)}{CLOSE_CALL}",
-    lambda call: f"{OPEN_CALL}\n  {_payload(call, ensure_ascii=False, indent=1)}  \n{CLOSE_CALL}",
-])
+rendering = st.sampled_from(
+    [  # the canonical rendering, compact, and spread over lines
+        call_text,
+        lambda call: f"{OPEN_CALL}{_payload(call)}{CLOSE_CALL}",
+        lambda call: (
+            f"{OPEN_CALL}\n  {_payload(call, ensure_ascii=False, indent=1)}  \n{CLOSE_CALL}"
+        ),
+    ]
+)
 
 
 @HYPOTHESIS
@@ -87,11 +128,13 @@ def test_valid_calls_anywhere_are_recovered_exactly(pieces, tail):
 
 def test_a_closing_tag_inside_a_string_does_not_end_the_call():
     code = "print('</tool_call>')  # <think>"
-    call = ('<tool_call>{"name": "python_sandbox", "arguments": {"code": "' + code
-            + '"}}</tool_call>')
+    call = (
+        '<tool_call>{"name": "python_sandbox", "arguments": {"code": "' + code + '"}}</tool_call>'
+    )
     turn = parse_turn(call + " and after", FORMAT)
     assert [(c.name, c.arguments, c.error) for c in turn.calls] == [
-        ("python_sandbox", {"code": code}, None)]
+        ("python_sandbox", {"code": code}, None)
+    ]
     assert without_calls(call + " and after") == " and after"
     # The decision mask reads the calls where they are, not a look-alike in the text before.
     prefix = 'I could write "name": "call_expert" here. '
@@ -99,19 +142,21 @@ def test_a_closing_tag_inside_a_string_does_not_end_the_call():
     mixed = prefix + call + expert
     chosen = '"model": "large"'
     assert decision_end(mixed, parse_turn(mixed, FORMAT), FORMAT) == (
-        mixed.index(chosen) + len(chosen))
+        mixed.index(chosen) + len(chosen)
+    )
     alone = 'Maybe {"name": "call_expert", "model": "large"}? ' + expert
     assert decision_end(alone, parse_turn(alone, FORMAT), FORMAT) == (
-        alone.rindex(chosen) + len(chosen))
+        alone.rindex(chosen) + len(chosen)
+    )
 
 
 @given(st.integers(min_value=MAX_JSON_DEPTH + 1, max_value=200_000), st.sampled_from("[{"))
 @settings(max_examples=20)
 def test_deep_nesting_is_a_malformed_call(depth, bracket):
-    nested = ("[" * depth + "]" * depth if bracket == "[" else
-              '{"a":' * depth + "1" + "}" * depth)
-    text = ('<tool_call>{"name": "python_sandbox", "arguments": {"code": ' + nested
-            + '}}</tool_call>')
+    nested = "[" * depth + "]" * depth if bracket == "[" else '{"a":' * depth + "1" + "}" * depth
+    text = (
+        '<tool_call>{"name": "python_sandbox", "arguments": {"code": ' + nested + "}}</tool_call>"
+    )
     turn = parse_turn(text, FORMAT)
     assert turn.format_errors == ["malformed_json"]
     assert "nested deeper than" in turn.calls[0].error
@@ -130,15 +175,20 @@ def test_a_call_over_the_size_bound_is_malformed_and_one_below_it_is_read():
 def test_unclosed_and_trailing_data_are_reported():
     unclosed = parse_turn('<tool_call>{"name": "python_sandbox"', FORMAT)
     assert unclosed.format_errors == ["unclosed_tag"]
-    trailing = parse_turn('<tool_call>{"name": "call_expert", "arguments": {"model": "small"}}'
-                          ' oops</tool_call>', FORMAT)
+    trailing = parse_turn(
+        '<tool_call>{"name": "call_expert", "arguments": {"model": "small"}} oops</tool_call>',
+        FORMAT,
+    )
     assert trailing.format_errors == ["malformed_json"]
     assert "extra data after the JSON" in trailing.calls[0].error
 
 
 def test_tools_parse_answers_json_on_any_bytes():
-    hostile = [b"\xff\xfe<tool_call>\x80{\"name\": 1}</tool_call>",
-               b"<tool_call>" + b"[" * 100_000 + b"</tool_call>", b""]
+    hostile = [
+        b'\xff\xfe<tool_call>\x80{"name": 1}</tool_call>',
+        b"<tool_call>" + b"[" * 100_000 + b"</tool_call>",
+        b"",
+    ]
     for data in hostile:
         answer = json.loads(run_cli_here("tools", "parse", stdin=data).stdout)
         assert {"calls", "error", "answer", "format_errors", "invalid_calls"} <= answer.keys()
@@ -146,12 +196,16 @@ def test_tools_parse_answers_json_on_any_bytes():
     # A JSON escape can make a lone surrogate, which no UTF-8 stream carries: a real process
     # (on the basic tools, whose search takes a query).
     escaped = '<tool_call>{"name": "search", "arguments": {"query": "\\ud800"}}</tool_call>'
-    result = subprocess.run([sys.executable, "-m", "nemo_orch.cli", "tools", "parse",
-                             "tools=offline_basic"],
-                            input=escaped.encode(), capture_output=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "nemo_orch.cli", "tools", "parse", "tools=offline_basic"],
+        input=escaped.encode(),
+        capture_output=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
-    assert json.loads(result.stdout)["calls"] == [{"name": "search",
-                                                   "arguments": {"query": "\ud800"}}]
+    assert json.loads(result.stdout)["calls"] == [
+        {"name": "search", "arguments": {"query": "\ud800"}}
+    ]
 
 
 @HYPOTHESIS

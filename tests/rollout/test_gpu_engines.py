@@ -52,10 +52,14 @@ from nemo_orch.rollout.engines.trtllm import (
 from nemo_orch.rollout.engines.vllm import VLLMEngine, vllm_generation, vllm_sampling_kwargs
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
-INSTALLED = {"trtllm": importlib.util.find_spec("tensorrt_llm") is not None,
-             "vllm": importlib.util.find_spec("vllm") is not None}
-EXTRA = {"trtllm": "needs TensorRT-LLM, which is not installed: pip install 'nemo-orch[gpu]'",
-         "vllm": "needs vLLM, which is not installed: pip install 'nemo-orch[gpu]'"}
+INSTALLED = {
+    "trtllm": importlib.util.find_spec("tensorrt_llm") is not None,
+    "vllm": importlib.util.find_spec("vllm") is not None,
+}
+EXTRA = {
+    "trtllm": "needs TensorRT-LLM, which is not installed: pip install 'nemo-orch[gpu]'",
+    "vllm": "needs vLLM, which is not installed: pip install 'nemo-orch[gpu]'",
+}
 
 
 @dataclass
@@ -91,9 +95,11 @@ def char_tokens(text: str) -> list[int]:
 
 # ----------------------------------------------------------------------------- sampling
 
+
 def test_vllm_greedy_and_disabled_top_k_use_vllm_conventions():
-    greedy = vllm_sampling_kwargs(SamplingParams(max_new_tokens=5, temperature=0, top_k=7,
-                                                 top_p=0.5, seed=3))
+    greedy = vllm_sampling_kwargs(
+        SamplingParams(max_new_tokens=5, temperature=0, top_k=7, top_p=0.5, seed=3)
+    )
     assert (greedy["temperature"], greedy["top_k"], greedy["top_p"]) == (0, -1, 1.0)
     sampled = vllm_sampling_kwargs(SamplingParams(temperature=0.7, top_p=0.9))
     assert (sampled["temperature"], sampled["top_k"], sampled["top_p"]) == (0.7, -1, 0.9)
@@ -101,8 +107,11 @@ def test_vllm_greedy_and_disabled_top_k_use_vllm_conventions():
 
 
 def test_vllm_kwargs_keep_stops_and_ask_for_the_sampled_logprob():
-    kwargs = vllm_sampling_kwargs(SamplingParams(max_new_tokens=9, stop_token_ids=(4, 5),
-                                                 stop_strings=("</answer>",), seed=11))
+    kwargs = vllm_sampling_kwargs(
+        SamplingParams(
+            max_new_tokens=9, stop_token_ids=(4, 5), stop_strings=("</answer>",), seed=11
+        )
+    )
     assert kwargs["max_tokens"] == 9 and kwargs["seed"] == 11
     assert kwargs["stop"] == ["</answer>"] and kwargs["stop_token_ids"] == [4, 5]
     assert kwargs["include_stop_str_in_output"] and kwargs["ignore_eos"]
@@ -128,8 +137,9 @@ def test_trtllm_asks_for_processed_logprobs_only_off_temperature_one():
 
 
 def test_trtllm_kwargs_keep_stops_and_ask_for_the_sampled_logprob():
-    kwargs = trtllm_sampling_kwargs(SamplingParams(max_new_tokens=9, stop_token_ids=(4,),
-                                                   stop_strings=("</answer>",), seed=11))
+    kwargs = trtllm_sampling_kwargs(
+        SamplingParams(max_new_tokens=9, stop_token_ids=(4,), stop_strings=("</answer>",), seed=11)
+    )
     assert kwargs["max_tokens"] == 9 and kwargs["seed"] == 11
     assert kwargs["stop"] == ["</answer>"] and kwargs["stop_token_ids"] == [4]
     assert kwargs["include_stop_str_in_output"] and kwargs["ignore_eos"]
@@ -149,22 +159,31 @@ def test_prompt_seeds_differ_per_prompt_or_are_the_callers():
 
 # ----------------------------------------------------------------------------- results
 
+
 def test_vllm_result_maps_to_a_generation():
-    completion = Completion([5, 6, 7], [{5: Logprob(-0.5, 1)}, {6: Logprob(-1.5, 2)},
-                                        {7: Logprob(-0.1, 1), 9: Logprob(-3.0, 2)}], "stop", 7)
+    completion = Completion(
+        [5, 6, 7],
+        [{5: Logprob(-0.5, 1)}, {6: Logprob(-1.5, 2)}, {7: Logprob(-0.1, 1), 9: Logprob(-3.0, 2)}],
+        "stop",
+        7,
+    )
     generation = vllm_generation(completion, prompt_tokens=4, decode=lambda t: f"text{t}")
-    assert generation == Generation([5, 6, 7], [-0.5, -1.5, -0.1], "stop", "text[5, 6, 7]", 4,
-                                    {"stop": 7})
+    assert generation == Generation(
+        [5, 6, 7], [-0.5, -1.5, -0.1], "stop", "text[5, 6, 7]", 4, {"stop": 7}
+    )
     ended = vllm_generation(Completion([5], [{5: Logprob(-0.5)}], "length"), 2, char_decode)
     assert ended.finish_reason == "length" and ended.extra == {}
 
 
-@pytest.mark.parametrize("completion,message", [
-    (Completion([5], [{5: Logprob(-1.0)}], "abort"), "finish reason 'abort'"),
-    (Completion([5, 6], [{5: Logprob(-1.0)}], "length"), "1 logprobs for 2 tokens"),
-    (Completion([5], None, "length"), "0 logprobs for 1 tokens"),
-    (Completion([5], [{6: Logprob(-1.0)}], "length"), "no logprob for sampled token 5"),
-])
+@pytest.mark.parametrize(
+    "completion,message",
+    [
+        (Completion([5], [{5: Logprob(-1.0)}], "abort"), "finish reason 'abort'"),
+        (Completion([5, 6], [{5: Logprob(-1.0)}], "length"), "1 logprobs for 2 tokens"),
+        (Completion([5], None, "length"), "0 logprobs for 1 tokens"),
+        (Completion([5], [{6: Logprob(-1.0)}], "length"), "no logprob for sampled token 5"),
+    ],
+)
 def test_malformed_results_are_engine_errors(completion, message):
     with pytest.raises(EngineError, match=message):
         vllm_generation(completion, 1, char_decode)
@@ -173,8 +192,9 @@ def test_malformed_results_are_engine_errors(completion, message):
 def test_trtllm_result_takes_float_or_dict_logprobs():
     floats = trtllm_generation(Completion([1, 2], [-0.25, -0.5], "length"), 3, char_decode)
     assert (floats.token_ids, floats.logprobs, floats.text) == ([1, 2], [-0.25, -0.5], "x/")
-    dicts = trtllm_generation(Completion([1, 2], [{1: Logprob(-0.25)}, {2: -0.5, 3: -0.9}],
-                                         "stop", 2), 3, char_decode)
+    dicts = trtllm_generation(
+        Completion([1, 2], [{1: Logprob(-0.25)}, {2: -0.5, 3: -0.9}], "stop", 2), 3, char_decode
+    )
     assert dicts.logprobs == [-0.25, -0.5] and dicts.extra == {"stop": 2}
     assert finish_reason("length", "x") == "length"
     with pytest.raises(EngineError, match="cancelled"):
@@ -198,8 +218,9 @@ def test_a_stop_token_at_the_end_wins_over_a_stop_string_it_completes():
 
 
 def test_stop_string_cut_matches_the_reference_rule(tiny_tokenizer):
-    tokens = tiny_tokenizer.encode("Paris is the capital.</answer> and then more text",
-                                   add_special_tokens=False)
+    tokens = tiny_tokenizer.encode(
+        "Paris is the capital.</answer> and then more text", add_special_tokens=False
+    )
 
     def decode(ids: list[int]) -> str:
         return tiny_tokenizer.decode(ids, skip_special_tokens=True)
@@ -208,7 +229,9 @@ def test_stop_string_cut_matches_the_reference_rule(tiny_tokenizer):
     expected = next(n for n in range(1, len(tokens) + 1) if "</answer>" in decode(tokens[:n]))
     assert stop_string_cut(tokens, ["</answer>"], decode) == (expected, "</answer>")
     assert stop_string_cut(tokens, ["</tool_call>"], decode) is None
-    assert stop_string_cut(tokens, [], decode) is None and stop_string_cut([], ["x"], decode) is None
+    assert (
+        stop_string_cut(tokens, [], decode) is None and stop_string_cut([], ["x"], decode) is None
+    )
 
 
 def test_sampled_logprobs_reads_plain_floats():
@@ -217,24 +240,35 @@ def test_sampled_logprobs_reads_plain_floats():
 
 # ----------------------------------------------------------------------------- directories
 
+
 def test_trtllm_backend_and_limits_follow_the_directory(random_policy_dir, tmp_path):
     assert trtllm_backend(random_policy_dir) == "pytorch"
     hf_config = json.loads((random_policy_dir / "config.json").read_text())
     assert model_limits(hf_config) == (1024, 1024)
 
-    model = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                        kv_channels=16, ffn_hidden_size=128, vocab_size=512,
-                        max_position_embeddings=256)
+    model = ModelConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=128,
+        vocab_size=512,
+        max_position_embeddings=256,
+    )
     checkpoint = trtllm_checkpoint.save_trtllm_checkpoint(
-        tmp_path / "checkpoint", SeededHFWeights(model, seed=0), model, tp=1, dtype="float32")
+        tmp_path / "checkpoint", SeededHFWeights(model, seed=0), model, tp=1, dtype="float32"
+    )
     assert trtllm_backend(checkpoint) == "tensorrt"
     assert model_limits(json.loads((checkpoint / "config.json").read_text())) == (256, 512)
 
     engine_dir = tmp_path / "engine"
     engine_dir.mkdir()
     (engine_dir / "rank0.engine").write_bytes(b"")
-    engine_config = {"pretrained_config": {"vocab_size": 512, "max_position_embeddings": 256},
-                     "build_config": {"max_seq_len": 128, "max_batch_size": 8}}
+    engine_config = {
+        "pretrained_config": {"vocab_size": 512, "max_position_embeddings": 256},
+        "build_config": {"max_seq_len": 128, "max_batch_size": 8},
+    }
     assert trtllm_backend(engine_dir) == "tensorrt"
     assert model_limits(engine_config) == (128, 512)
     with pytest.raises(EngineError, match="no 'vocab_size'"):
@@ -243,10 +277,18 @@ def test_trtllm_backend_and_limits_follow_the_directory(random_policy_dir, tmp_p
 
 # ----------------------------------------------------------------------------- refit checks
 
+
 def small_model() -> ModelConfig:
-    return ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                       kv_channels=16, ffn_hidden_size=128, vocab_size=256,
-                       max_position_embeddings=64)
+    return ModelConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=128,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
 
 
 def test_refit_state_must_cover_the_model_with_its_shapes():
@@ -254,11 +296,14 @@ def test_refit_state_must_cover_the_model_with_its_shapes():
     state = dict(SeededHFWeights(model, seed=0))
     shapes = hf_shapes(model)
     assert list(checked_buckets(state, shapes)) == [state]
-    for bad, message in (({k: v for k, v in state.items() if k != "lm_head.weight"},
-                          "missing \\['lm_head.weight'\\]"),
-                         ({**state, "extra": torch.zeros(1)}, "unexpected \\['extra'\\]"),
-                         ({**state, "model.norm.weight": torch.ones(3)},
-                          "model.norm.weight: shape \\(3,\\)")):
+    for bad, message in (
+        (
+            {k: v for k, v in state.items() if k != "lm_head.weight"},
+            "missing \\['lm_head.weight'\\]",
+        ),
+        ({**state, "extra": torch.zeros(1)}, "unexpected \\['extra'\\]"),
+        ({**state, "model.norm.weight": torch.ones(3)}, "model.norm.weight: shape \\(3,\\)"),
+    ):
         with pytest.raises(EngineError, match=message):  # before any bucket is handed out
             next(checked_buckets(bad, shapes))
 
@@ -271,11 +316,15 @@ def test_a_refit_stream_is_checked_bucket_by_bucket():
     buckets = [{name: state[name]} for name in names]
     assert list(checked_buckets(iter(buckets), shapes)) == buckets
     for bad, message, good_before in (
-            ([*buckets[:2], buckets[1]], "bucket 2.*sent before \\['" + names[1], 2),
-            ([buckets[0], {"extra": torch.zeros(1)}], "bucket 1.*unexpected \\['extra'\\]", 1),
-            ([buckets[0], {"model.norm.weight": torch.ones(3)}], "shape \\(3,\\)", 1),
-            (buckets[:-1], f"without 1 of the model's tensors: missing \\['{names[-1]}'\\]",
-             len(buckets) - 1)):
+        ([*buckets[:2], buckets[1]], "bucket 2.*sent before \\['" + names[1], 2),
+        ([buckets[0], {"extra": torch.zeros(1)}], "bucket 1.*unexpected \\['extra'\\]", 1),
+        ([buckets[0], {"model.norm.weight": torch.ones(3)}], "shape \\(3,\\)", 1),
+        (
+            buckets[:-1],
+            f"without 1 of the model's tensors: missing \\['{names[-1]}'\\]",
+            len(buckets) - 1,
+        ),
+    ):
         stream = checked_buckets(iter(bad), shapes)
         assert [next(stream) for _ in range(good_before)] == bad[:good_before]
         with pytest.raises(EngineError, match=message):
@@ -298,6 +347,7 @@ def test_prompts_are_checked_like_the_reference_engine():
 
 # ----------------------------------------------------------------------------- protocols, config
 
+
 def test_only_vllm_can_sleep():
     assert issubclass(VLLMEngine, Sleepable) and issubclass(VLLMEngine, Engine)
     assert issubclass(TRTLLMEngine, Engine) and not issubclass(TRTLLMEngine, Sleepable)
@@ -313,14 +363,17 @@ def test_gpu_rollout_groups_compose(engine):
     assert rollout == config_lib.load([f"rollout.engine={engine}"]).rollout
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["rollout.colocate=false"], "rollout.colocate=false only applies to the GPU engines"),
-    (["rollout=vllm", "rollout.engine_tp=0"], "rollout.engine_tp must be >= 1"),
-    (["rollout=vllm", "rollout.engine_dtype=fp8"], "rollout.engine_dtype must be"),
-    (["rollout=vllm", "rollout.gpu_memory_utilization=0"], "gpu_memory_utilization"),
-    (["rollout=trtllm", "rollout.gpu_memory_utilization=1.5"], "gpu_memory_utilization"),
-    (["rollout=vllm", "rollout.sleep_level=3"], "rollout.sleep_level must be 1 or 2"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["rollout.colocate=false"], "rollout.colocate=false only applies to the GPU engines"),
+        (["rollout=vllm", "rollout.engine_tp=0"], "rollout.engine_tp must be >= 1"),
+        (["rollout=vllm", "rollout.engine_dtype=fp8"], "rollout.engine_dtype must be"),
+        (["rollout=vllm", "rollout.gpu_memory_utilization=0"], "gpu_memory_utilization"),
+        (["rollout=trtllm", "rollout.gpu_memory_utilization=1.5"], "gpu_memory_utilization"),
+        (["rollout=vllm", "rollout.sleep_level=3"], "rollout.sleep_level must be 1 or 2"),
+    ],
+)
 def test_engine_options_are_validated(overrides, message):
     with pytest.raises(ConfigError, match=message):
         config_lib.load(overrides)
@@ -331,6 +384,7 @@ def test_a_gpu_engine_may_keep_its_own_memory():
 
 
 # ----------------------------------------------------------------------------- missing pieces
+
 
 @pytest.mark.parametrize("engine", ["trtllm", "vllm"])
 def test_a_missing_library_is_one_clear_error(engine, random_policy_dir, tiny_tokenizer):
@@ -364,8 +418,16 @@ def test_the_cli_reports_a_missing_library_as_a_user_error(engine, random_policy
         pytest.skip(f"{engine} is installed here")
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, [Task("q1", "What is 2 + 3?", answer="5")])
-    result = run_cli("rollout", "--tasks", str(tasks), "--out", str(tmp_path / "out.jsonl"),
-                     f"rollout.policy={random_policy_dir}", f"rollout.engine={engine}", expect=2)
+    result = run_cli(
+        "rollout",
+        "--tasks",
+        str(tasks),
+        "--out",
+        str(tmp_path / "out.jsonl"),
+        f"rollout.policy={random_policy_dir}",
+        f"rollout.engine={engine}",
+        expect=2,
+    )
     assert f"nemo-orch rollout: error: rollout.engine={engine} {EXTRA[engine]}" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -376,9 +438,16 @@ def test_grpo_builds_the_cpu_engine_from_the_policy_weights(tiny_tokenizer):
     engine = builders.build_rollout_engine(config, weights, tiny_tokenizer)
     assert isinstance(engine, HFEngine) and not isinstance(engine, Sleepable)
     assert torch.equal(engine.model.model.norm.weight, weights["model.norm.weight"])
-    served = config_lib.replace(config, rollout=config_lib.load([
-        "rollout.engine=openai", "rollout.base_url=http://127.0.0.1:1/v1",
-        "rollout.model_name=m"]).rollout)
+    served = config_lib.replace(
+        config,
+        rollout=config_lib.load(
+            [
+                "rollout.engine=openai",
+                "rollout.base_url=http://127.0.0.1:1/v1",
+                "rollout.model_name=m",
+            ]
+        ).rollout,
+    )
     with pytest.raises(ConfigError, match="a served model cannot be refit"):
         builders.build_rollout_engine(served, weights, tiny_tokenizer)
 
@@ -392,17 +461,26 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def gpu_model() -> ModelConfig:
     # Head size 64 (the attention kernels' smallest common size) and a larger init std than the
     # default, so the logits are peaked and greedy picks have few near-ties.
-    return ModelConfig(num_layers=2, hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                       kv_channels=64, ffn_hidden_size=256, vocab_size=1024,
-                       max_position_embeddings=512, init_method_std=0.1)
+    return ModelConfig(
+        num_layers=2,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=64,
+        ffn_hidden_size=256,
+        vocab_size=1024,
+        max_position_embeddings=512,
+        init_method_std=0.1,
+    )
 
 
 @pytest.fixture(scope="module")
 def gpu_policy_dir(tiny_tokenizer_dir, tmp_path_factory) -> Path:
     """A random tiny Qwen3 in HF format with the test tokenizer (``random_policy_dir`` with
     kernel-friendly head sizes)."""
-    directory = save_hf_checkpoint(tmp_path_factory.mktemp("gpu-policy"),
-                                   SeededHFWeights(gpu_model(), seed=0), gpu_model())
+    directory = save_hf_checkpoint(
+        tmp_path_factory.mktemp("gpu-policy"), SeededHFWeights(gpu_model(), seed=0), gpu_model()
+    )
     for file in tiny_tokenizer_dir.iterdir():
         shutil.copy(file, directory / file.name)
     return directory
@@ -418,17 +496,25 @@ def reference(weights: Any, tokenizer: Any) -> HFEngine:
     return HFEngine(gpu_model(), weights, tokenizer=tokenizer)
 
 
-def assert_agrees(reference_engine: HFEngine, prompts: list[list[int]],
-                  generations: list[Generation], temperature: float, tol: float = 0.1) -> None:
+def assert_agrees(
+    reference_engine: HFEngine,
+    prompts: list[list[int]],
+    generations: list[Generation],
+    temperature: float,
+    tol: float = 0.1,
+) -> None:
     """Each generation is what the reference engine would have produced, up to bf16: its
     logprobs are the reference's for the same tokens (teacher-forced, under the reference
     convention) and, greedy, each token is the reference's argmax up to a near-tie."""
     for prompt, generation in zip(prompts, generations):
         assert generation.token_ids and generation.prompt_tokens == len(prompt)
         with torch.no_grad():
-            logits = reference_engine.model(
-                input_ids=torch.tensor([prompt + generation.token_ids])).logits[0].float()
-        logprobs = torch.log_softmax(logits[len(prompt) - 1:-1] / (temperature or 1.0), -1)
+            logits = (
+                reference_engine.model(input_ids=torch.tensor([prompt + generation.token_ids]))
+                .logits[0]
+                .float()
+            )
+        logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1] / (temperature or 1.0), -1)
         chosen = logprobs.gather(-1, torch.tensor(generation.token_ids)[:, None])[:, 0]
         assert generation.logprobs == pytest.approx(chosen.tolist(), abs=tol)
         if temperature == 0:
@@ -449,8 +535,9 @@ def vllm_engine(gpu_policy_dir, tiny_tokenizer):
     pytest.importorskip("vllm")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    engine = VLLMEngine(gpu_policy_dir, tiny_tokenizer, gpu_memory_utilization=0.3,
-                        max_batch_size=16)
+    engine = VLLMEngine(
+        gpu_policy_dir, tiny_tokenizer, gpu_memory_utilization=0.3, max_batch_size=16
+    )
     yield engine
     release(engine)
 
@@ -462,8 +549,9 @@ def test_vllm_greedy_matches_the_reference(vllm_engine, gpu_prompts, tiny_tokeni
     weights = SeededHFWeights(gpu_model(), seed=0)
     assert_agrees(reference(weights, tiny_tokenizer), gpu_prompts, generations, 0)
     assert all(g.finish_reason == "length" and len(g.token_ids) == 12 for g in generations)
-    assert generations[0].text == tiny_tokenizer.decode(generations[0].token_ids,
-                                                        skip_special_tokens=True)
+    assert generations[0].text == tiny_tokenizer.decode(
+        generations[0].token_ids, skip_special_tokens=True
+    )
 
 
 @gpu
@@ -490,8 +578,9 @@ def test_vllm_refit_serves_the_new_weights(vllm_engine, gpu_prompts, tiny_tokeni
         assert vllm_engine.last_refit_seconds > 0
     finally:
         vllm_engine.update_weights(dict(SeededHFWeights(gpu_model(), seed=0)))
-    assert [g.token_ids for g in vllm_engine.generate(gpu_prompts, GREEDY)] == \
-        [g.token_ids for g in before]
+    assert [g.token_ids for g in vllm_engine.generate(gpu_prompts, GREEDY)] == [
+        g.token_ids for g in before
+    ]
 
 
 @gpu
@@ -502,8 +591,9 @@ def test_vllm_sleeps_and_wakes(vllm_engine, gpu_prompts):
     with pytest.raises(EngineError, match="asleep"):
         vllm_engine.generate(gpu_prompts, GREEDY)
     vllm_engine.wake_up()
-    assert [g.token_ids for g in vllm_engine.generate(gpu_prompts, GREEDY)] == \
-        [g.token_ids for g in before]
+    assert [g.token_ids for g in vllm_engine.generate(gpu_prompts, GREEDY)] == [
+        g.token_ids for g in before
+    ]
     # Level 2 drops the weights: only a refit makes the engine usable again.
     vllm_engine.sleep_level = 2
     try:
@@ -514,8 +604,9 @@ def test_vllm_sleeps_and_wakes(vllm_engine, gpu_prompts):
         vllm_engine.update_weights(dict(SeededHFWeights(gpu_model(), seed=0)))
     finally:
         vllm_engine.sleep_level = 1
-    assert [g.token_ids for g in vllm_engine.generate(gpu_prompts, GREEDY)] == \
-        [g.token_ids for g in before]
+    assert [g.token_ids for g in vllm_engine.generate(gpu_prompts, GREEDY)] == [
+        g.token_ids for g in before
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -524,8 +615,9 @@ def trtllm_engine(gpu_policy_dir, tiny_tokenizer):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     refit = importlib.util.find_spec("tensorrt_llm.llmapi.rlhf_utils") is not None
-    engine = TRTLLMEngine(gpu_policy_dir, tiny_tokenizer, free_gpu_memory_fraction=0.2,
-                          max_batch_size=16, refit=refit)
+    engine = TRTLLMEngine(
+        gpu_policy_dir, tiny_tokenizer, free_gpu_memory_fraction=0.2, max_batch_size=16, refit=refit
+    )
     yield engine
     release(engine)
 
@@ -549,19 +641,24 @@ def test_trtllm_samples_with_the_reference_logprobs(trtllm_engine, gpu_prompts, 
     if not trtllm_engine._processed_logprobs:
         pytest.skip("this TensorRT-LLM reports logprobs before temperature")
     params = SamplingParams(max_new_tokens=10, temperature=0.7, seed=3)
-    assert_agrees(reference(weights, tiny_tokenizer), gpu_prompts,
-                  trtllm_engine.generate(gpu_prompts, params), 0.7)
+    assert_agrees(
+        reference(weights, tiny_tokenizer),
+        gpu_prompts,
+        trtllm_engine.generate(gpu_prompts, params),
+        0.7,
+    )
 
 
 @gpu
 @needs_cuda
 def test_trtllm_stop_strings_cut_like_the_reference(trtllm_engine, gpu_prompts):
     free = trtllm_engine.generate([gpu_prompts[2]], GREEDY)[0]
-    stop = free.text[len(free.text) // 2:len(free.text) // 2 + 3]
-    stopped = trtllm_engine.generate([gpu_prompts[2]], SamplingParams(
-        max_new_tokens=12, temperature=0, stop_strings=(stop,)))[0]
+    stop = free.text[len(free.text) // 2 : len(free.text) // 2 + 3]
+    stopped = trtllm_engine.generate(
+        [gpu_prompts[2]], SamplingParams(max_new_tokens=12, temperature=0, stop_strings=(stop,))
+    )[0]
     assert stopped.finish_reason == "stop" and stopped.extra == {"stop": stop}
-    assert stop in stopped.text and stopped.token_ids == free.token_ids[:len(stopped.token_ids)]
+    assert stop in stopped.text and stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
 
 
 @gpu

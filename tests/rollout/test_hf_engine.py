@@ -14,9 +14,17 @@ GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 
 def tiny_model(vocab_size: int) -> ModelConfig:
     # A larger init std than the default gives peaked logits, so greedy picks have no near-ties.
-    return ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                       kv_channels=16, ffn_hidden_size=128, vocab_size=vocab_size,
-                       max_position_embeddings=64, init_method_std=0.1)
+    return ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=128,
+        vocab_size=vocab_size,
+        max_position_embeddings=64,
+        init_method_std=0.1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +35,10 @@ def engine(tiny_tokenizer):
 @pytest.fixture(scope="module")
 def prompts(engine):
     generator = torch.Generator().manual_seed(0)
-    return [torch.randint(9, engine.model_config.vocab_size, (n,), generator=generator).tolist()
-            for n in (3, 11, 6)]
+    return [
+        torch.randint(9, engine.model_config.vocab_size, (n,), generator=generator).tolist()
+        for n in (3, 11, 6)
+    ]
 
 
 def forward_logits(engine: HFEngine, tokens: list[int]) -> torch.Tensor:
@@ -48,8 +58,9 @@ def test_batched_greedy_equals_one_at_a_time(engine, prompts):
         assert generation.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
         assert generation.prompt_tokens == len(prompt)
         assert generation.finish_reason == "length" and len(generation.token_ids) == 12
-        assert generation.text == engine.tokenizer.decode(generation.token_ids,
-                                                          skip_special_tokens=True)
+        assert generation.text == engine.tokenizer.decode(
+            generation.token_ids, skip_special_tokens=True
+        )
 
 
 def test_kv_cache_equals_recomputation(engine, prompts):
@@ -59,16 +70,17 @@ def test_kv_cache_equals_recomputation(engine, prompts):
         last = torch.log_softmax(forward_logits(engine, tokens)[-1], -1)
         tokens.append(int(last.argmax()))
         logprobs.append(float(last.max()))
-    assert generation.token_ids == tokens[len(prompts[1]):]
+    assert generation.token_ids == tokens[len(prompts[1]) :]
     assert generation.logprobs == pytest.approx(logprobs, abs=1e-5)
 
 
 def test_sampled_logprobs_match_a_forward_pass(engine, prompts):
     params = SamplingParams(max_new_tokens=10, temperature=0.7, top_p=0.9, top_k=50, seed=1)
     for prompt, generation in zip(prompts, engine.generate(prompts, params)):
-        logits = forward_logits(engine, prompt + generation.token_ids)[len(prompt) - 1:-1]
+        logits = forward_logits(engine, prompt + generation.token_ids)[len(prompt) - 1 : -1]
         expected = torch.log_softmax(logits / 0.7, -1).gather(
-            -1, torch.tensor(generation.token_ids)[:, None])[:, 0]
+            -1, torch.tensor(generation.token_ids)[:, None]
+        )[:, 0]
         assert generation.logprobs == pytest.approx(expected.tolist(), abs=1e-5)
 
 
@@ -87,8 +99,10 @@ def test_seeded_sampling_is_reproducible_and_row_independent(engine, prompts):
 def test_a_prompt_with_its_own_seed_samples_alike_in_any_batch(engine, prompts):
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
     batched = engine.generate(prompts, params, seeds=[11, 12, 13])
-    alone = [engine.generate([prompt], params, seeds=[seed])[0]
-             for prompt, seed in zip(reversed(prompts), (13, 12, 11))][::-1]
+    alone = [
+        engine.generate([prompt], params, seeds=[seed])[0]
+        for prompt, seed in zip(reversed(prompts), (13, 12, 11))
+    ][::-1]
     assert [g.token_ids for g in alone] == [g.token_ids for g in batched]
     for ours, theirs in zip(alone, batched):
         assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-5)
@@ -123,12 +137,15 @@ def test_stop_token_is_kept_and_ends_the_row(engine, prompts):
     free = engine.generate(prompts, GREEDY)
     stop = free[0].token_ids[4]
     cut = free[0].token_ids.index(stop) + 1
-    stopped = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0,
-                                                      stop_token_ids=(stop,)))
+    stopped = engine.generate(
+        prompts, SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=(stop,))
+    )
     assert stopped[0].token_ids == free[0].token_ids[:cut]
     assert stopped[0].finish_reason == "stop" and stopped[0].extra["stop"] == stop
     for a, b in zip(free[1:], stopped[1:]):  # rows that finished early left the others intact
-        expected = a.token_ids[:a.token_ids.index(stop) + 1] if stop in a.token_ids else a.token_ids
+        expected = (
+            a.token_ids[: a.token_ids.index(stop) + 1] if stop in a.token_ids else a.token_ids
+        )
         assert b.token_ids == expected
 
 
@@ -136,12 +153,17 @@ def test_stop_string_truncates_after_the_completing_token(engine, prompts):
     free = engine.generate([prompts[2]], GREEDY)[0]
     text = free.text
     assert len(text) > 8
-    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     decode = engine.tokenizer.decode
-    cut = next(i + 1 for i in range(len(free.token_ids))
-               if stop in decode(free.token_ids[:i + 1], skip_special_tokens=True))
-    stopped = engine.generate([prompts[2]], SamplingParams(max_new_tokens=12, temperature=0,
-                                                           stop_strings=(stop, "\x00never")))
+    cut = next(
+        i + 1
+        for i in range(len(free.token_ids))
+        if stop in decode(free.token_ids[: i + 1], skip_special_tokens=True)
+    )
+    stopped = engine.generate(
+        [prompts[2]],
+        SamplingParams(max_new_tokens=12, temperature=0, stop_strings=(stop, "\x00never")),
+    )
     assert stopped[0].token_ids == free.token_ids[:cut]
     assert stopped[0].finish_reason == "stop" and stop in stopped[0].text
     assert stopped[0].extra["stop"] == stop
@@ -187,13 +209,13 @@ def test_a_refit_that_stops_half_way_blocks_generation_until_a_full_one(engine, 
 
 
 def test_loads_an_hf_export(tmp_path, tiny_tokenizer, engine, prompts):
-    save_hf_checkpoint(tmp_path, SeededHFWeights(engine.model_config, seed=3),
-                       engine.model_config)
+    save_hf_checkpoint(tmp_path, SeededHFWeights(engine.model_config, seed=3), engine.model_config)
     tiny_tokenizer.save_pretrained(str(tmp_path))
     loaded = HFEngine.from_pretrained(tmp_path)
     assert loaded.tokenizer is not None
     assert [g.token_ids for g in loaded.generate(prompts, GREEDY)] == [
-        g.token_ids for g in engine.generate(prompts, GREEDY)]
+        g.token_ids for g in engine.generate(prompts, GREEDY)
+    ]
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
@@ -207,8 +229,7 @@ def test_refit_from_megatron_policy_gives_its_logits(megatron_world, tied):
     engine = HFEngine(model, seed=0)
     # streamed a layer at a time, as GRPO refits its engine
     engine.update_weights(weights.hf_weight_buckets(module, model, bucket_bytes=1))
-    tokens = torch.randint(0, model.vocab_size, (2, 24),
-                           generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, model.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ours = module.eval()(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None)
         theirs = engine.model(input_ids=tokens).logits

@@ -14,8 +14,13 @@ from nemo_orch.config import ServeConfig
 
 def serve_config(workspace_root: Path, **fields: object) -> ServeConfig:
     http, grpc, metrics = free_ports(3)
-    return ServeConfig(http_port=http, grpc_port=grpc, metrics_port=metrics,
-                       workspace_root=str(workspace_root), **fields)
+    return ServeConfig(
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        workspace_root=str(workspace_root),
+        **fields,
+    )
 
 
 @pytest.fixture(scope="module")

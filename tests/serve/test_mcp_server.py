@@ -52,10 +52,12 @@ def sub_question() -> str:
 def sub_mcp(tiny_tokenizer):
     """The sub-orchestrator (a scripted policy, its echo at $0.02 a call) over streamable HTTP,
     behind a key."""
-    orchestration = orchestration_of(ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer,
-                                     sub_toolbox(), SETTINGS, MODEL)
-    with McpHttpServer(orchestration, ServeConfig(http_port=0, metrics_port=0),
-                       api_key=KEY) as server:
+    orchestration = orchestration_of(
+        ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer, sub_toolbox(), SETTINGS, MODEL
+    )
+    with McpHttpServer(
+        orchestration, ServeConfig(http_port=0, metrics_port=0), api_key=KEY
+    ) as server:
         yield server
 
 
@@ -65,8 +67,10 @@ def sdk_session(url: str, headers: dict[str, str], work):
     from mcp.client.streamable_http import streamablehttp_client
 
     async def run():
-        async with streamablehttp_client(url, headers=headers) as (read, write, _), \
-                ClientSession(read, write) as session:
+        async with (
+            streamablehttp_client(url, headers=headers) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
             await session.initialize()
             return await work(session)
 
@@ -78,8 +82,9 @@ def test_solve_over_streamable_http_is_the_rollouts_episode(sub_mcp, tiny_tokeni
 
     async def work(session):
         listed = (await session.list_tools()).tools
-        solved = await session.call_tool("solve", {"question": sub_question(),
-                                                   "preference": preference})
+        solved = await session.call_tool(
+            "solve", {"question": sub_question(), "preference": preference}
+        )
         refused = await session.call_tool("solve", {"question": "q", "preference": {"speed": 1}})
         return listed, solved, refused
 
@@ -95,15 +100,24 @@ def test_solve_over_streamable_http_is_the_rollouts_episode(sub_mcp, tiny_tokeni
     # The same episode as the rollouts' runner plays with the seed the server drew.
     instruction = preference_instruction(preference)
     task = Task(body["id"], f"{sub_question()}\n{instruction}")
-    (local,) = asyncio.run(run_rollouts([task], 1, ScriptedEngine(tiny_tokenizer, follow_plan),
-                                        sub_toolbox(), tiny_tokenizer, SETTINGS,
-                                        seed=body["seed"]))
+    (local,) = asyncio.run(
+        run_rollouts(
+            [task],
+            1,
+            ScriptedEngine(tiny_tokenizer, follow_plan),
+            sub_toolbox(),
+            tiny_tokenizer,
+            SETTINGS,
+            seed=body["seed"],
+        )
+    )
     assert body["messages"] == local.messages
     ledger = body["ledger"]
     assert ledger["cost_usd"] == pytest.approx(local.cost_usd)
     assert ledger["cost_usd"] == pytest.approx(ledger["orchestrator_cost_usd"] + SUB_ECHO_USD)
     assert [(call["tool"], call["cost_usd"]) for call in ledger["calls"]] == [
-        ("echo", SUB_ECHO_USD)]
+        ("echo", SUB_ECHO_USD)
+    ]
     assert refused.isError and "unknown preference feature 'speed'" in refused.content[0].text
     metrics = httpx.get(f"http://127.0.0.1:{sub_mcp.metrics_port}/metrics").text
     assert 'nemo_orch_serve_requests_total{model="solve",status="ok"} 1.0' in metrics
@@ -127,17 +141,30 @@ def test_serve_mcp_over_stdio_runs_a_tiny_policy(random_policy_dir, tmp_path):
     from mcp.client.stdio import stdio_client
 
     server = StdioServerParameters(
-        command=sys.executable, env=dict(os.environ), cwd=str(tmp_path),
-        args=["-m", "nemo_orch.cli", "serve", "mcp", f"rollout.policy={random_policy_dir}",
-              "rollout.max_turns=2", "rollout.max_new_tokens=8", "tools=offline_basic",
-              "serve.mcp_transport=stdio", "run.name=tiny"])
+        command=sys.executable,
+        env=dict(os.environ),
+        cwd=str(tmp_path),
+        args=[
+            "-m",
+            "nemo_orch.cli",
+            "serve",
+            "mcp",
+            f"rollout.policy={random_policy_dir}",
+            "rollout.max_turns=2",
+            "rollout.max_new_tokens=8",
+            "tools=offline_basic",
+            "serve.mcp_transport=stdio",
+            "run.name=tiny",
+        ],
+    )
 
     async def run():
         async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
             tools = (await session.list_tools()).tools
-            return tools, await session.call_tool("solve", {"question": "What is 2 + 3?"},
-                                                  read_timeout_seconds=timedelta(seconds=120))
+            return tools, await session.call_tool(
+                "solve", {"question": "What is 2 + 3?"}, read_timeout_seconds=timedelta(seconds=120)
+            )
 
     (tool,), solved = asyncio.run(run())
     assert tool.name == "solve" and "tiny" in tool.description
@@ -154,11 +181,20 @@ def test_start_mcp_http_from_config(random_policy_dir, tmp_path, monkeypatch):
     the key from the variable it names."""
     from nemo_orch.serve.mcp import start_mcp_http
 
-    config = config_lib.load([
-        f"run.output_dir={tmp_path}", f"rollout.policy={random_policy_dir}", "run.name=tiny",
-        "rollout.max_turns=1", "rollout.max_new_tokens=4", "tools=offline_basic",
-        "serve.mcp_transport=http", "serve.http_port=0", "serve.metrics_port=null",
-        f"serve.api_key_env={KEY_VARIABLE}"])
+    config = config_lib.load(
+        [
+            f"run.output_dir={tmp_path}",
+            f"rollout.policy={random_policy_dir}",
+            "run.name=tiny",
+            "rollout.max_turns=1",
+            "rollout.max_new_tokens=4",
+            "tools=offline_basic",
+            "serve.mcp_transport=http",
+            "serve.http_port=0",
+            "serve.metrics_port=null",
+            f"serve.api_key_env={KEY_VARIABLE}",
+        ]
+    )
     monkeypatch.delenv(KEY_VARIABLE, raising=False)
     with pytest.raises(ConfigError, match=f"{KEY_VARIABLE} is not set"):
         start_mcp_http(config)
@@ -190,14 +226,21 @@ def top_reply(prompt: str) -> str:
 def coordinate(tokenizer, specialist) -> object:
     """One episode of the coordinator: its echo at $0.01 and ``specialist`` (the tool
     ``sub_solve``)."""
-    toolbox = Toolbox([DelayedEcho(echo_spec("echo", pricing=Pricing(per_call=TOP_ECHO_USD))),
-                       specialist])
+    toolbox = Toolbox(
+        [DelayedEcho(echo_spec("echo", pricing=Pricing(per_call=TOP_ECHO_USD))), specialist]
+    )
 
     async def episode():
         try:
-            return await run_rollouts([Task("top", "Ask the specialist.")], 1,
-                                      ScriptedEngine(tokenizer, top_reply), toolbox, tokenizer,
-                                      SETTINGS, seed=3)
+            return await run_rollouts(
+                [Task("top", "Ask the specialist.")],
+                1,
+                ScriptedEngine(tokenizer, top_reply),
+                toolbox,
+                tokenizer,
+                SETTINGS,
+                seed=3,
+            )
         finally:
             await toolbox.close()
 
@@ -208,34 +251,54 @@ def coordinate(tokenizer, specialist) -> object:
 @pytest.fixture(scope="module")
 def sub_http(tiny_tokenizer):
     """The same sub-orchestrator behind ``/v1/orchestrate``."""
-    with serve_orchestrator(ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer,
-                            sub_toolbox(), SETTINGS, ServeConfig(http_port=0, metrics_port=None),
-                            MODEL, api_key=KEY) as server:
+    with serve_orchestrator(
+        ScriptedEngine(tiny_tokenizer, follow_plan),
+        tiny_tokenizer,
+        sub_toolbox(),
+        SETTINGS,
+        ServeConfig(http_port=0, metrics_port=None),
+        MODEL,
+        api_key=KEY,
+    ) as server:
         yield server
 
 
 @pytest.mark.parametrize("route", ["mcp", "orchestrate"])
-def test_a_coordinator_is_billed_its_specialists_ledger(route, request, tiny_tokenizer,
-                                                        monkeypatch):
+def test_a_coordinator_is_billed_its_specialists_ledger(
+    route, request, tiny_tokenizer, monkeypatch
+):
     monkeypatch.setenv(KEY_VARIABLE, f"Bearer {KEY}" if route == "mcp" else KEY)
     if route == "mcp":
-        (specialist,) = mcp_source(McpServerConfig(
-            name="sub", url=request.getfixturevalue("sub_mcp").url, orchestrator=True,
-            headers={"Authorization": KEY_VARIABLE}, timeout_s=30.0)).tools
+        (specialist,) = mcp_source(
+            McpServerConfig(
+                name="sub",
+                url=request.getfixturevalue("sub_mcp").url,
+                orchestrator=True,
+                headers={"Authorization": KEY_VARIABLE},
+                timeout_s=30.0,
+            )
+        ).tools
         assert specialist.spec.parameters == SOLVE_PARAMETERS
     else:
         specialist = OrchestratorTool(
             ToolSpec("sub_solve", "A specialist orchestrator.", SOLVE_PARAMETERS),
-            base_url=request.getfixturevalue("sub_http").url, model=MODEL,
-            api_key_env=KEY_VARIABLE, timeout_s=30.0)
+            base_url=request.getfixturevalue("sub_http").url,
+            model=MODEL,
+            api_key_env=KEY_VARIABLE,
+            timeout_s=30.0,
+        )
     top = coordinate(tiny_tokenizer, specialist)
 
     assert (top.termination, top.answer) == ("answer", "HI")
     # The specialist's seed derives from the coordinator's call: the whole episode replays.
-    (_, first), (_, second) = ([call for turn in episode.turns for call in turn.calls]
-                               for episode in (top, coordinate(tiny_tokenizer, specialist)))
+    (_, first), (_, second) = (
+        [call for turn in episode.turns for call in turn.calls]
+        for episode in (top, coordinate(tiny_tokenizer, specialist))
+    )
     assert (first.trajectory["seed"], first.trajectory["messages"]) == (
-        second.trajectory["seed"], second.trajectory["messages"])
+        second.trajectory["seed"],
+        second.trajectory["messages"],
+    )
     own, delegated = [call for turn in top.turns for call in turn.calls]
     sub = delegated.trajectory  # the specialist's episode, kept with the call
     sub_orchestrator_usd = sub["ledger"]["orchestrator_cost_usd"]
@@ -249,11 +312,16 @@ def test_a_coordinator_is_billed_its_specialists_ledger(route, request, tiny_tok
     assert delegated.cost_usd == pytest.approx(sub["ledger"]["cost_usd"])
     # ... so the coordinator's ledger holds both levels' spending.
     assert top.cost_usd == pytest.approx(
-        top_orchestrator_usd + TOP_ECHO_USD + sub_orchestrator_usd + SUB_ECHO_USD)
+        top_orchestrator_usd + TOP_ECHO_USD + sub_orchestrator_usd + SUB_ECHO_USD
+    )
     # The tokens spent for the call are the specialist's and its calls'; its episode is saved
     # with the coordinator's trajectory.
-    assert delegated.input_tokens == sub["ledger"]["tokens"]["input"] + sum(
-        call["input_tokens"] for call in sub["ledger"]["calls"]) > 0
+    assert (
+        delegated.input_tokens
+        == sub["ledger"]["tokens"]["input"]
+        + sum(call["input_tokens"] for call in sub["ledger"]["calls"])
+        > 0
+    )
     saved = json.loads(json.dumps(top.to_json()))["ledger"][1]["calls"][0]["trajectory"]
     assert saved["answer"] == "HI" and saved["messages"][-1]["content"] == "<answer>HI</answer>"
     assert [call["tool"] for call in saved["ledger"]["calls"]] == ["echo"]
@@ -262,43 +330,63 @@ def test_a_coordinator_is_billed_its_specialists_ledger(route, request, tiny_tok
 def test_an_unreachable_specialist_is_an_error_observation(tiny_tokenizer, monkeypatch):
     """A specialist that has stopped: the call fails, costs nothing, and the episode goes on."""
     monkeypatch.setenv(KEY_VARIABLE, f"Bearer {KEY}")
-    orchestration = orchestration_of(ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer,
-                                     sub_toolbox(), SETTINGS, MODEL)
-    with McpHttpServer(orchestration, ServeConfig(http_port=0, metrics_port=None),
-                       api_key=KEY) as server:
-        (specialist,) = mcp_source(McpServerConfig(
-            name="sub", url=server.url, orchestrator=True,
-            headers={"Authorization": KEY_VARIABLE}, timeout_s=5.0)).tools
+    orchestration = orchestration_of(
+        ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer, sub_toolbox(), SETTINGS, MODEL
+    )
+    with McpHttpServer(
+        orchestration, ServeConfig(http_port=0, metrics_port=None), api_key=KEY
+    ) as server:
+        (specialist,) = mcp_source(
+            McpServerConfig(
+                name="sub",
+                url=server.url,
+                orchestrator=True,
+                headers={"Authorization": KEY_VARIABLE},
+                timeout_s=5.0,
+            )
+        ).tools
     top = coordinate(tiny_tokenizer, specialist)
     _, delegated = [call for turn in top.turns for call in turn.calls]
-    assert delegated.error.startswith("sub_solve failed: ToolError: tools.mcp.sub: cannot "
-                                      "connect")
+    assert delegated.error.startswith("sub_solve failed: ToolError: tools.mcp.sub: cannot connect")
     assert (delegated.cost_usd, delegated.trajectory) == (0.0, None)
     assert delegated.kind == "infra_error" and top.termination == "answer"
-    assert top.answer.startswith("Unavailable (infrastructure failure, not the call's fault): "
-                                 "sub_solve failed")
+    assert top.answer.startswith(
+        "Unavailable (infrastructure failure, not the call's fault): sub_solve failed"
+    )
 
 
-def test_a_specialist_its_own_tool_failed_is_the_callers_infra_error(tiny_tokenizer,
-                                                                     monkeypatch):
+def test_a_specialist_its_own_tool_failed_is_the_callers_infra_error(tiny_tokenizer, monkeypatch):
     """A specialist whose echo hangs past its timeout ends without an answer: ``solve`` says
     so with ``/v1/orchestrate``'s 503, which the coordinator reads as an ``infra_error`` (its
     episode masked in training), not as the specialist's answer or the policy's mistake."""
     monkeypatch.setenv(KEY_VARIABLE, f"Bearer {KEY}")
     hanging = Toolbox([DelayedEcho(echo_spec("echo", timeout_s=0.2), default_delay_s=5.0)])
-    orchestration = orchestration_of(ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer,
-                                     hanging, dataclasses.replace(SETTINGS, max_turns=1), MODEL)
-    with McpHttpServer(orchestration, ServeConfig(http_port=0, metrics_port=None),
-                       api_key=KEY) as server:
-        (specialist,) = mcp_source(McpServerConfig(
-            name="sub", url=server.url, orchestrator=True,
-            headers={"Authorization": KEY_VARIABLE}, timeout_s=30.0)).tools
+    orchestration = orchestration_of(
+        ScriptedEngine(tiny_tokenizer, follow_plan),
+        tiny_tokenizer,
+        hanging,
+        dataclasses.replace(SETTINGS, max_turns=1),
+        MODEL,
+    )
+    with McpHttpServer(
+        orchestration, ServeConfig(http_port=0, metrics_port=None), api_key=KEY
+    ) as server:
+        (specialist,) = mcp_source(
+            McpServerConfig(
+                name="sub",
+                url=server.url,
+                orchestrator=True,
+                headers={"Authorization": KEY_VARIABLE},
+                timeout_s=30.0,
+            )
+        ).tools
         top = coordinate(tiny_tokenizer, specialist)
     _, delegated = [call for turn in top.turns for call in turn.calls]
     assert delegated.kind == "infra_error"
     assert delegated.error == (
         "HTTP 503 (upstream_unavailable): no answer: the episode was decided by a failure "
-        "outside the policy, infra_error at echo: echo timed out after 0.2 s")
+        "outside the policy, infra_error at echo: echo timed out after 0.2 s"
+    )
     assert top.infra_failure().endpoint == "sub_solve"
 
 

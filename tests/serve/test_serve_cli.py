@@ -22,20 +22,38 @@ def test_reward_server_serves_then_stops_on_sigterm(make_serve_config, workspace
     settings = make_serve_config()
     env = {key: value for key, value in os.environ.items() if key != "LD_LIBRARY_PATH"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "nemo_orch.cli", "serve", "reward",
-         f"serve.http_port={settings.http_port}", f"serve.grpc_port={settings.grpc_port}",
-         f"serve.metrics_port={settings.metrics_port}", f"serve.workspace_root={workspace_root}"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "nemo_orch.cli",
+            "serve",
+            "reward",
+            f"serve.http_port={settings.http_port}",
+            f"serve.grpc_port={settings.grpc_port}",
+            f"serve.metrics_port={settings.metrics_port}",
+            f"serve.workspace_root={workspace_root}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         banner = server.stdout.readline()
         assert banner.startswith("reward: serving reward at http://127.0.0.1:"), banner
         assert len(list(workspace_root.iterdir())) == 1  # the server's own workspace
         row = reward_item(Task("t", "2 + 2?", answer="4"), "4")
-        answer = httpx.post(f"http://127.0.0.1:{settings.http_port}/v2/models/reward/infer",
-                            json={"inputs": [{"name": name, "datatype": "BYTES", "shape": [1, 1],
-                                              "data": [text]} for name, text in row.items()]},
-                            timeout=30)
+        answer = httpx.post(
+            f"http://127.0.0.1:{settings.http_port}/v2/models/reward/infer",
+            json={
+                "inputs": [
+                    {"name": name, "datatype": "BYTES", "shape": [1, 1], "data": [text]}
+                    for name, text in row.items()
+                ]
+            },
+            timeout=30,
+        )
         assert answer.status_code == 200, answer.text
         metrics = httpx.get(f"http://127.0.0.1:{settings.metrics_port}/metrics").text
         assert 'nemo_orch_serve_requests_total{model="reward",status="ok"} 1.0' in metrics

@@ -17,19 +17,59 @@ from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server
 
 MODEL = "orchestrator"
-FIELDS = ["model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
-          "max_completion_tokens", "stop", "stop_token_ids", "seed", "logprobs", "n", "stream",
-          "parallel_tool_calls", "prompt", "ignore_eos", "role", "content", "tool_calls",
-          "function", "name", "arguments", "type", "parameters", "id"]
-field_values = json_values(FIELDS, ["user", "assistant", "tool", "system", "function", MODEL,
-                                   "auto", "none", '{"a": 1}', "{oops", "[1]"], allow_nan=False)
+FIELDS = [
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "stop_token_ids",
+    "seed",
+    "logprobs",
+    "n",
+    "stream",
+    "parallel_tool_calls",
+    "prompt",
+    "ignore_eos",
+    "role",
+    "content",
+    "tool_calls",
+    "function",
+    "name",
+    "arguments",
+    "type",
+    "parameters",
+    "id",
+]
+field_values = json_values(
+    FIELDS,
+    [
+        "user",
+        "assistant",
+        "tool",
+        "system",
+        "function",
+        MODEL,
+        "auto",
+        "none",
+        '{"a": 1}',
+        "{oops",
+        "[1]",
+    ],
+    allow_nan=False,
+)
 bodies = st.dictionaries(st.sampled_from(FIELDS), field_values, max_size=6)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_tokenizer):
-    with start_server(ScriptedEngine(tiny_tokenizer, lambda prompt: "fine"), tiny_tokenizer,
-                      MODEL) as handle:
+    with start_server(
+        ScriptedEngine(tiny_tokenizer, lambda prompt: "fine"), tiny_tokenizer, MODEL
+    ) as handle:
         yield handle
 
 
@@ -45,8 +85,10 @@ def _raw(url: str, head: bytes, body: bytes) -> int:
     return int(reply.split(b" ", 2)[1])
 
 
-@settings(max_examples=150, suppress_health_check=[
-    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(body=bodies, path=st.sampled_from(["/chat/completions", "/completions"]))
 def test_any_json_body_is_answered_below_500(server, body, path):
     response = httpx.post(f"{server.url}{path}", json=body, timeout=30)
@@ -61,14 +103,29 @@ def test_bodies_that_are_not_json_objects_are_refused(server):
     for body in (b"\xff\xfe\x00{", b"[1, 2]", b"{oops", deep, b'"\xed\xa0\x80"'):
         response = httpx.post(f"{server.url}/chat/completions", content=body, timeout=30)
         assert 400 <= response.status_code < 500, (body[:20], response.text)
-    deep_arguments = {"model": MODEL, "messages": [{"role": "assistant", "tool_calls": [
-        {"function": {"name": "f", "arguments": "[" * 100_000}}]}]}
-    assert httpx.post(f"{server.url}/chat/completions", json=deep_arguments,
-                      timeout=30).status_code == 400
+    deep_arguments = {
+        "model": MODEL,
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [{"function": {"name": "f", "arguments": "[" * 100_000}}],
+            }
+        ],
+    }
+    assert (
+        httpx.post(f"{server.url}/chat/completions", json=deep_arguments, timeout=30).status_code
+        == 400
+    )
     for length in (b"-5", b"abc", str(1 << 40).encode()):
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                "Content-Length: ").encode() + length
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        ).encode() + length
         assert 400 <= _raw(server.url, head, b"{}") < 500
     assert httpx.get(f"{server.url}/models", timeout=30).json()["data"][0]["id"] == MODEL
-    assert json.loads(httpx.post(f"{server.url}/chat/completions", json={
-        "messages": [{"role": "user", "content": "hi"}]}, timeout=30).text)["choices"]
+    assert json.loads(
+        httpx.post(
+            f"{server.url}/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        ).text
+    )["choices"]

@@ -42,15 +42,19 @@ class DelayedEcho(BaseTool):
             if arguments["text"] == "raise":
                 raise RuntimeError("asked to fail")
             usage = Usage(input_tokens=len(arguments["text"]), output_tokens=1)
-            return ToolResult(output=self.prefix + arguments["text"], usage=usage,
-                              cost_usd=self.spec.pricing.cost(usage, 0.0))
+            return ToolResult(
+                output=self.prefix + arguments["text"],
+                usage=usage,
+                cost_usd=self.spec.pricing.cost(usage, 0.0),
+            )
         finally:
             self.running -= 1
 
 
 def echo_spec(name: str = "echo", **fields: Any) -> ToolSpec:
-    return ToolSpec(name=name, description="Echo the text back.", parameters=ECHO_PARAMETERS,
-                    **fields)
+    return ToolSpec(
+        name=name, description="Echo the text back.", parameters=ECHO_PARAMETERS, **fields
+    )
 
 
 class ContextRecorder(DelayedEcho):
@@ -93,8 +97,13 @@ class MarkedEcho(DelayedEcho):
 def seed_and_slow_toolbox(marks: str) -> Toolbox:
     """``seed`` (:class:`SeedEcho`), ``echo`` and ``slow`` (1 s, marked in ``marks``): light to
     import, so a Ray tool executor builds it without the project's heavy modules."""
-    return Toolbox([SeedEcho(echo_spec("seed")), DelayedEcho(echo_spec("echo")),
-                    MarkedEcho(echo_spec("slow"), marks, default_delay_s=1.0)])
+    return Toolbox(
+        [
+            SeedEcho(echo_spec("seed")),
+            DelayedEcho(echo_spec("echo")),
+            MarkedEcho(echo_spec("slow"), marks, default_delay_s=1.0),
+        ]
+    )
 
 
 class Faulty(BaseTool):

@@ -29,9 +29,15 @@ class HubCache:
 
     root: Path
 
-    def add(self, repo_id: str, files: dict[str, bytes], *, repo_type: str = "model",
-            refs: tuple[str, ...] = ("main",),
-            not_downloaded: dict[str, bytes] | None = None) -> str:
+    def add(
+        self,
+        repo_id: str,
+        files: dict[str, bytes],
+        *,
+        repo_type: str = "model",
+        refs: tuple[str, ...] = ("main",),
+        not_downloaded: dict[str, bytes] | None = None,
+    ) -> str:
         """One commit of ``repo_id`` holding ``files`` and ``not_downloaded`` (listed in the
         commit's tree, absent from the snapshot); ``refs`` point at it. Returns the commit."""
         storage = self.root / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
@@ -41,9 +47,12 @@ class HubCache:
         for path, data in everything.items():
             lfs = path.endswith(_LFS_SUFFIXES)
             sha256 = hashlib.sha256(data).hexdigest()
-            tree[path] = TreeCacheEntry(size=len(data), blob_id=_git_blob_id(data),
-                                        lfs_sha256=sha256 if lfs else None,
-                                        lfs_size=len(data) if lfs else None)
+            tree[path] = TreeCacheEntry(
+                size=len(data),
+                blob_id=_git_blob_id(data),
+                lfs_sha256=sha256 if lfs else None,
+                lfs_size=len(data) if lfs else None,
+            )
             if path in files:
                 blob = storage / "blobs" / (sha256 if lfs else _git_blob_id(data))
                 blob.parent.mkdir(parents=True, exist_ok=True)
@@ -58,8 +67,12 @@ class HubCache:
         return commit
 
     def snapshot(self, repo_id: str, commit: str, repo_type: str = "model") -> Path:
-        return (self.root / repo_folder_name(repo_id=repo_id, repo_type=repo_type) / "snapshots"
-                / commit)
+        return (
+            self.root
+            / repo_folder_name(repo_id=repo_id, repo_type=repo_type)
+            / "snapshots"
+            / commit
+        )
 
 
 def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HubCache:

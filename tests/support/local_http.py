@@ -18,8 +18,9 @@ class JSONServer:
     reply JSON unless its headers name another ``Content-Type``);
     ``url`` is ``http://127.0.0.1:PORT`` plus ``url_path``. A context manager, or ``stop()``."""
 
-    def __init__(self, answer: Callable[[str, Mapping[str, str], Any], Answer],
-                 url_path: str = "") -> None:
+    def __init__(
+        self, answer: Callable[[str, Mapping[str, str], Any], Answer], url_path: str = ""
+    ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
@@ -43,8 +44,9 @@ class JSONServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}{url_path}"
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -14,8 +14,12 @@ import time
 
 from mcp.server.fastmcp import Context, FastMCP, Image
 
-server = FastMCP("fixture", host="127.0.0.1", port=int(sys.argv[2]) if len(sys.argv) > 2 else 0,
-                 log_level="WARNING")
+server = FastMCP(
+    "fixture",
+    host="127.0.0.1",
+    port=int(sys.argv[2]) if len(sys.argv) > 2 else 0,
+    log_level="WARNING",
+)
 
 
 @server.tool()
@@ -69,14 +73,18 @@ async def reshape(ctx: Context) -> str:
         server.remove_tool("sleep")
     # On the request's own stream: a streamable HTTP client reads it before the result (as a
     # stdio one does anyway), not at some time on its standalone stream.
-    await ctx.session.send_notification(ServerNotification(ToolListChangedNotification()),
-                                        related_request_id=ctx.request_context.request_id)
+    await ctx.session.send_notification(
+        ServerNotification(ToolListChangedNotification()),
+        related_request_id=ctx.request_context.request_id,
+    )
     return "reshaped"
 
 
 # A 1x1 PNG (70 bytes).
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8Dw"
-                       "HwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8Dw"
+    "HwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
 
 
 @server.tool()

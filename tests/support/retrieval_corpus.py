@@ -9,29 +9,28 @@ from pathlib import Path
 
 TOPICS = {
     "photosynthesis": "Photosynthesis lets green plants convert sunlight into chemical energy "
-                      "stored in glucose, releasing oxygen as a by-product.",
+    "stored in glucose, releasing oxygen as a by-product.",
     "volcano": "Volcanoes erupt when molten magma rises through the crust; lava flows and ash "
-               "clouds follow the explosion.",
+    "clouds follow the explosion.",
     "rome": "The Western Roman Empire collapsed in 476 when Odoacer deposed the emperor Romulus "
-            "Augustulus.",
+    "Augustulus.",
     "dna": "DNA is a double helix that carries genetic instructions; Watson and Crick described "
-           "its structure in 1953.",
+    "its structure in 1953.",
     "black-hole": "A black hole is a region of spacetime where gravity is so strong that "
-                  "nothing, not even light, can escape.",
+    "nothing, not even light, can escape.",
     "jazz": "Jazz originated in New Orleans among African-American communities, blending blues "
-            "and ragtime with improvisation.",
+    "and ragtime with improvisation.",
     "penicillin": "Alexander Fleming discovered penicillin in 1928, the first antibiotic able to "
-                  "kill bacteria.",
+    "kill bacteria.",
     "tides": "Ocean tides are caused by the gravitational pull of the Moon and the Sun acting on "
-             "the seas.",
-    "printing": "Johannes Gutenberg invented the movable-type printing press around 1440 in "
-                "Mainz.",
+    "the seas.",
+    "printing": "Johannes Gutenberg invented the movable-type printing press around 1440 in Mainz.",
     "glacier": "Glaciers are slowly moving masses of ice that carve valleys as they advance and "
-               "retreat.",
+    "retreat.",
     "vaccine": "Vaccination trains the immune system to recognise a pathogen by exposing it to a "
-               "harmless antigen.",
+    "harmless antigen.",
     "everest": "Mount Everest, the highest mountain above sea level, was first climbed by "
-               "Hillary and Norgay in 1953.",
+    "Hillary and Norgay in 1953.",
 }
 # Paraphrased questions and the document that answers each.
 LABELLED = [
@@ -49,9 +48,11 @@ LABELLED = [
     ("first ascent of the highest peak", "everest"),
 ]
 # Distractors sharing generic words ("first", "light", "music", "sea") with the questions.
-SUBJECTS = ("market bank loan football league bridge poem novel painting museum harbor festival "
-            "tax coffee bread cheese election parliament railway orchestra recipe garden tennis "
-            "castle village factory newspaper theatre").split()
+SUBJECTS = (
+    "market bank loan football league bridge poem novel painting museum harbor festival "
+    "tax coffee bread cheese election parliament railway orchestra recipe garden tennis "
+    "castle village factory newspaper theatre"
+).split()
 GENERIC = "first light energy discovery music sea system new history people large".split()
 VERBS = "opened grew changed closed expanded hosted attracted financed".split()
 
@@ -62,9 +63,14 @@ def make_corpus(path: Path, fillers: int = 300) -> Path:
     for i in range(fillers):
         a, b, c = rng.sample(SUBJECTS, 3)
         g1, g2 = rng.sample(GENERIC, 2)
-        records.append({"id": f"filler-{i:03d}", "title": f"{a.title()} news",
-                        "text": f"The {a} {rng.choice(VERBS)} the {g1} {b} in "
-                                f"{rng.randint(1800, 2020)}, and the {c} brought {g2} visitors."})
+        records.append(
+            {
+                "id": f"filler-{i:03d}",
+                "title": f"{a.title()} news",
+                "text": f"The {a} {rng.choice(VERBS)} the {g1} {b} in "
+                f"{rng.randint(1800, 2020)}, and the {c} brought {g2} visitors.",
+            }
+        )
     rng.shuffle(records)
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     return path

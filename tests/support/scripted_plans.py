@@ -16,8 +16,13 @@ _PLAN = re.compile(r"PLAN (\{.*\}) END", re.DOTALL)
 def with_plan(row: Task, calls: list[tuple[str, dict[str, Any]]], answer: str) -> Task:
     """``row`` with the plan appended to its question."""
     plan = json.dumps({"calls": calls, "answer": answer})
-    return Task(id=row.id, question=f"{row.question}\nPLAN {plan} END", system=row.system,
-                tools=row.tools, metadata=row.metadata)
+    return Task(
+        id=row.id,
+        question=f"{row.question}\nPLAN {plan} END",
+        system=row.system,
+        tools=row.tools,
+        metadata=row.metadata,
+    )
 
 
 def follow_plan(prompt: str) -> str:
@@ -27,7 +32,7 @@ def follow_plan(prompt: str) -> str:
     done = prompt.count("<tool_response>")
     if done < len(plan["calls"]):
         name, arguments = plan["calls"][done]
-        return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
     return f"<answer>{plan['answer']}</answer>"
 
 
@@ -50,5 +55,7 @@ def plan_engine(tokenizer_dir: str, weights: Any = None) -> tuple[Any, Any]:
     from nemo_orch.rollout.engines.scripted import ScriptedEngine
 
     tokenizer = load_tokenizer(tokenizer_dir)
-    return ScriptedEngine(tokenizer, lambda prompt: follow_plan(prompt) if _PLAN.search(prompt)
-                          else "<answer>42</answer>"), tokenizer
+    return ScriptedEngine(
+        tokenizer,
+        lambda prompt: follow_plan(prompt) if _PLAN.search(prompt) else "<answer>42</answer>",
+    ), tokenizer

@@ -23,28 +23,46 @@ ANSWER_TOKENS = 12
 
 
 def _error(status: int, message: str, param: str | None, code: str | None) -> tuple[int, dict]:
-    return status, {"error": {"message": message, "type": "invalid_request_error",
-                              "param": param, "code": code}}
+    return status, {
+        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    }
 
 
 def reasoning_refusal(body: dict[str, Any]) -> tuple[int, dict] | None:
     """OpenAI's answer to a request its reasoning models refuse; None for one they take."""
     if "max_tokens" in body:
-        return _error(400, "Unsupported parameter: 'max_tokens' is not supported with this "
-                      "model. Use 'max_completion_tokens' instead.", "max_tokens",
-                      "unsupported_parameter")
+        return _error(
+            400,
+            "Unsupported parameter: 'max_tokens' is not supported with this "
+            "model. Use 'max_completion_tokens' instead.",
+            "max_tokens",
+            "unsupported_parameter",
+        )
     for name in ("temperature", "top_p"):
         if name in body and body[name] != 1:
-            return _error(400, f"Unsupported value: '{name}' does not support {body[name]} with "
-                          "this model. Only the default (1) value is supported.", name,
-                          "unsupported_value")
+            return _error(
+                400,
+                f"Unsupported value: '{name}' does not support {body[name]} with "
+                "this model. Only the default (1) value is supported.",
+                name,
+                "unsupported_value",
+            )
     if "stop" in body:
-        return _error(400, "Unsupported parameter: 'stop' is not supported with this model.",
-                      "stop", "unsupported_parameter")
+        return _error(
+            400,
+            "Unsupported parameter: 'stop' is not supported with this model.",
+            "stop",
+            "unsupported_parameter",
+        )
     effort = body.get("reasoning_effort", "medium")
     if effort not in REASONING_EFFORTS:
-        return _error(400, f"Invalid value: '{effort}'. Supported values are: 'minimal', 'low', "
-                      "'medium', and 'high'.", "reasoning_effort", "invalid_value")
+        return _error(
+            400,
+            f"Invalid value: '{effort}'. Supported values are: 'minimal', 'low', "
+            "'medium', and 'high'.",
+            "reasoning_effort",
+            "invalid_value",
+        )
     return None
 
 
@@ -52,8 +70,14 @@ class SimulatedOpenAI:
     """Serves ``model`` (a reasoning model when ``reasoning``), replying ``reply(body)``; the
     key ``key``, if any, is required. ``url`` ends in ``/v1``."""
 
-    def __init__(self, model: str, *, reasoning: bool, key: str | None,
-                 reply: Callable[[dict[str, Any]], str] = lambda body: "4") -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        reasoning: bool,
+        key: str | None,
+        reply: Callable[[dict[str, Any]], str] = lambda body: "4",
+    ) -> None:
         self.model, self.reasoning = model, reasoning
         self.requests: list[dict[str, Any]] = []
 
@@ -61,13 +85,16 @@ class SimulatedOpenAI:
             auth = headers.get("Authorization")
             self.requests.append({"path": path, "body": body, "auth": auth})
             if key is not None and auth != f"Bearer {key}":
-                status, payload = _error(401, "Incorrect API key provided.", None,
-                                         "invalid_api_key")
+                status, payload = _error(
+                    401, "Incorrect API key provided.", None, "invalid_api_key"
+                )
             elif path != "/v1/chat/completions":
                 status, payload = _error(404, f"Invalid URL (POST {path})", None, None)
             else:
                 status, payload = (reasoning and reasoning_refusal(body)) or (
-                    200, self.completion(body, reply(body)))
+                    200,
+                    self.completion(body, reply(body)),
+                )
             return status, payload, {}
 
         self._server = JSONServer(answer, url_path="/v1")
@@ -76,13 +103,26 @@ class SimulatedOpenAI:
     def completion(self, body: dict[str, Any], text: str) -> dict[str, Any]:
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
         thinking = REASONING_TOKENS if self.reasoning else 0
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": thinking + ANSWER_TOKENS,
-                 "total_tokens": prompt_tokens + thinking + ANSWER_TOKENS,
-                 "completion_tokens_details": {"reasoning_tokens": thinking}}
-        return {"id": "chatcmpl-simulated", "object": "chat.completion", "created": 0,
-                "model": self.model, "usage": usage,
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": text}}]}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": thinking + ANSWER_TOKENS,
+            "total_tokens": prompt_tokens + thinking + ANSWER_TOKENS,
+            "completion_tokens_details": {"reasoning_tokens": thinking},
+        }
+        return {
+            "id": "chatcmpl-simulated",
+            "object": "chat.completion",
+            "created": 0,
+            "model": self.model,
+            "usage": usage,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
+            ],
+        }
 
     def __enter__(self) -> SimulatedOpenAI:
         return self

@@ -46,9 +46,12 @@ def _field(scenario: str, label: str) -> str:
 def simulated_user_reply(prompt: str) -> str:
     messages = _messages(prompt)
     scenario = re.search(r"<scenario>(.*?)</scenario>", messages[0][1], re.S)[1]
-    last = max(index for index, (role, content) in enumerate(messages)
-               if role == "user" and "<tool_response>" not in content)
-    agent_message, since = messages[last][1], messages[last + 1:]
+    last = max(
+        index
+        for index, (role, content) in enumerate(messages)
+        if role == "user" and "<tool_response>" not in content
+    )
+    agent_message, since = messages[last][1], messages[last + 1 :]
     asked = _REQUEST.findall(agent_message)
     done = sum(content.count("<tool_call>") for role, content in since if role == "assistant")
     if done < len(asked):
@@ -60,14 +63,14 @@ def simulated_user_reply(prompt: str) -> str:
         return f"Done. My phone says: {' '.join(output[1].split())}"
     if "handled" in agent_message:
         return "Thank you, that is all. ###STOP###"
-    opening = " ".join(filter(None, (_field(scenario, "Reason for call"),
-                                     _field(scenario, "Known info"))))
+    opening = " ".join(
+        filter(None, (_field(scenario, "Reason for call"), _field(scenario, "Known info")))
+    )
     return opening or _field(scenario, "Instructions")
 
 
 @contextmanager
 def simulated_user_server(tokenizer: Any) -> Iterator[str]:
     """The SIMULATED user served on 127.0.0.1; yields its base URL (``.../v1``)."""
-    with start_server(ScriptedEngine(tokenizer, simulated_user_reply), tokenizer,
-                      MODEL) as server:
+    with start_server(ScriptedEngine(tokenizer, simulated_user_reply), tokenizer, MODEL) as server:
         yield server.url

@@ -22,8 +22,7 @@ class SimulatedTavily:
         self.release = threading.Event()
 
         def answer(path: str, headers: Mapping[str, str], body: Any) -> Answer:
-            self.requests.append({"path": path, "body": body,
-                                  "auth": headers.get("Authorization")})
+            self.requests.append({"path": path, "body": body, "auth": headers.get("Authorization")})
             if self.hang:
                 self.release.wait(10)
                 return None

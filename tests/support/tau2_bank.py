@@ -77,9 +77,12 @@ class BankTools(ToolKitBase):
         return account
 '''
 
-DB_JSON = {"accounts": {
-    "A1": {"account_id": "A1", "owner": "Ada Lovelace", "balance": 100.0},
-    "A2": {"account_id": "A2", "owner": "Alan Turing", "balance": 250.0}}}
+DB_JSON = {
+    "accounts": {
+        "A1": {"account_id": "A1", "owner": "Ada Lovelace", "balance": 100.0},
+        "A2": {"account_id": "A2", "owner": "Alan Turing", "balance": 250.0},
+    }
+}
 POLICY = "# Bank policy\n\nYou are a bank agent. Deposit only what the account holder asks.\n"
 
 
@@ -95,26 +98,48 @@ def write_domain(parent: Path, name: str = "bank", tools: str = TOOLS) -> Path:
 
 
 def action(number: int, name: str, **arguments: Any) -> dict[str, Any]:
-    return {"action_id": str(number), "name": name, "arguments": arguments,
-            "requestor": "assistant"}
+    return {
+        "action_id": str(number),
+        "name": name,
+        "arguments": arguments,
+        "requestor": "assistant",
+    }
 
 
-def task_row(task_id: str, domain: str, actions: list[dict[str, Any]],
-             facts: list[str]) -> dict[str, Any]:
+def task_row(
+    task_id: str, domain: str, actions: list[dict[str, Any]], facts: list[str]
+) -> dict[str, Any]:
     """A tau2 task as a published row (a struct fills in every key a row lacks as null)."""
-    return {"id": task_id, "description": {"purpose": f"task {task_id}"},
-            "user_scenario": {"instructions": {
-                "domain": domain, "reason_for_call": "I want to manage my account.",
-                "known_info": "You are Ada Lovelace, account A1.", "unknown_info": None,
-                "task_instructions": "Ask for what you want, one thing at a time."}},
-            "evaluation_criteria": {"actions": actions, "communicate_info": facts,
-                                    "reward_basis": ["DB", "COMMUNICATE"]}}
+    return {
+        "id": task_id,
+        "description": {"purpose": f"task {task_id}"},
+        "user_scenario": {
+            "instructions": {
+                "domain": domain,
+                "reason_for_call": "I want to manage my account.",
+                "known_info": "You are Ada Lovelace, account A1.",
+                "unknown_info": None,
+                "task_instructions": "Ask for what you want, one thing at a time.",
+            }
+        },
+        "evaluation_criteria": {
+            "actions": actions,
+            "communicate_info": facts,
+            "reward_basis": ["DB", "COMMUNICATE"],
+        },
+    }
 
 
 BANK_ROWS = [
-    task_row("deposit-50", "bank", [action(0, "get_balance", account_id="A1"),
-                                    action(1, "deposit", account_id="A1", amount=50.0)],
-             ["150"]),
+    task_row(
+        "deposit-50",
+        "bank",
+        [
+            action(0, "get_balance", account_id="A1"),
+            action(1, "deposit", account_id="A1", amount=50.0),
+        ],
+        ["150"],
+    ),
     task_row("balance-A2", "bank", [action(0, "get_balance", account_id="A2")], ["250"]),
     # Another domain's row, its tool's argument in the merged struct: never read as bank's.
     task_row("forecast", "weather", [action(0, "get_forecast", city="Paris")], []),
@@ -129,7 +154,8 @@ def write_rows(path: Path, rows: list[dict[str, Any]] = BANK_ROWS) -> Path:
 
     from support.published_rows import published_schema
 
-    arguments = pa.struct([("account_id", pa.string()), ("amount", pa.float64()),
-                           ("city", pa.string())])
+    arguments = pa.struct(
+        [("account_id", pa.string()), ("amount", pa.float64()), ("city", pa.string())]
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=published_schema(arguments)), path)
     return path

@@ -16,7 +16,8 @@ async def gold_replay_turns(domain: Any, task: Any) -> list[adapter.Turn]:
     agent = GoldReplayAgent(tau2_gold_plan, domain.assistant_toolbox(), domain.user_toolbox())
     trajectory = await agent.episode(task, 0, seed=0)
     try:
-        return adapter.recorded_turns(domain, task, episode_id(task.id), trajectory.seed,
-                                      trajectory.answer)
+        return adapter.recorded_turns(
+            domain, task, episode_id(task.id), trajectory.seed, trajectory.answer
+        )
     finally:
         domain.environments.release(episode_id(task.id), trajectory.seed)

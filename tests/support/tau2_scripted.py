@@ -80,32 +80,51 @@ def _side(body: Mapping[str, Any], party: str) -> str:
     model = str(body.get("model", ""))
     if not model.startswith(f"{party}-") or model == f"{party}-":
         raise LookupError(f"model {model!r} is not {party}-<side>")
-    return model[len(party) + 1:]
+    return model[len(party) + 1 :]
 
 
 def _chat_reply(model: str, text: str | None, calls: Sequence[Call], call_ids: str) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = [
-            {"id": f"{call_ids}_{index}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps(arguments)}}
-            for index, (name, arguments) in enumerate(calls)]
-    return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if calls else "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            {
+                "id": f"{call_ids}_{index}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+            for index, (name, arguments) in enumerate(calls)
+        ]
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
 
 
 def _completion_reply(model: str, text: str, token_ids: Sequence[int]) -> dict:
     """vLLM's answer with ``return_tokens_as_token_ids``: the text's tokens as ``token_id:N``,
     each with its logprob (0: the script is certain)."""
-    logprobs = {"tokens": [f"token_id:{token}" for token in token_ids],
-                "token_logprobs": [0.0] * len(token_ids)}
-    return {"id": "cmpl-scripted", "object": "text_completion", "created": 0, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs,
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": len(token_ids),
-                      "total_tokens": 1 + len(token_ids)}}
+    logprobs = {
+        "tokens": [f"token_id:{token}" for token in token_ids],
+        "token_logprobs": [0.0] * len(token_ids),
+    }
+    return {
+        "id": "cmpl-scripted",
+        "object": "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": 1,
+            "completion_tokens": len(token_ids),
+            "total_tokens": 1 + len(token_ids),
+        },
+    }
 
 
 def policy_text(say: Say) -> str:
@@ -123,7 +142,8 @@ class Recorded:
     side, the rendered prompt on nemo-orch's)."""
 
     user: dict[tuple[str, str, Any], list[dict[str, Any]]] = field(
-        default_factory=lambda: defaultdict(list))
+        default_factory=lambda: defaultdict(list)
+    )
     agent: dict[tuple[str, str], list[Any]] = field(default_factory=lambda: defaultdict(list))
 
     def told_user(self, side: str, tag: str, seed: Any) -> list[str]:
@@ -134,8 +154,9 @@ class Recorded:
         if not requests:
             return []
         longest = max(requests, key=lambda body: len(body["messages"]))
-        return [message["content"] for message in longest["messages"][1:]
-                if message["role"] == "user"]
+        return [
+            message["content"] for message in longest["messages"][1:] if message["role"] == "user"
+        ]
 
     def user_saw(self, side: str, tag: str, seed: Any) -> list[str]:
         """The results of the user's own tool calls, as the user read them in one episode."""
@@ -143,8 +164,7 @@ class Recorded:
         if not requests:
             return []
         longest = max(requests, key=lambda body: len(body["messages"]))
-        return [message["content"] for message in longest["messages"]
-                if message["role"] == "tool"]
+        return [message["content"] for message in longest["messages"] if message["role"] == "tool"]
 
     def agent_saw(self, side: str, tag: str) -> list[str]:
         """The results of the agent's tool calls, as the agent read them in its longest
@@ -169,8 +189,9 @@ class ScriptedParties:
             raise ValueError("two scripts share a tag")
         scenarios = [script.scenario for script in scripts]
         if len(set(scenarios)) != len(scenarios):
-            raise ValueError("two scripts share a user scenario: the user could not tell them "
-                             "apart")
+            raise ValueError(
+                "two scripts share a user scenario: the user could not tell them apart"
+            )
         self.tokenizer = tokenizer
         self.recorded = Recorded()
         # the servers answer from threads: one lock for the records, one for the tokenizer
@@ -191,8 +212,11 @@ class ScriptedParties:
 
     @staticmethod
     def _refuse(message: str) -> Answer:
-        return 400, {"error": {"message": message, "type": "invalid_request_error",
-                               "code": "scripted"}}, {}
+        return (
+            400,
+            {"error": {"message": message, "type": "invalid_request_error", "code": "scripted"}},
+            {},
+        )
 
     # ------------------------------------------------------------------ the agent
     def _answer_agent(self, path: str, headers: Mapping[str, str], body: Any) -> Answer:
@@ -218,8 +242,11 @@ class ScriptedParties:
             script = self.scripts[tag]
         except (LookupError, TypeError) as error:
             return self._refuse(f"the scripted agent cannot tell the task: {error!r}")
-        say = (script.agent[index] if index < len(script.agent)
-               else script.agent_then or Say(SCRIPT_OVER))
+        say = (
+            script.agent[index]
+            if index < len(script.agent)
+            else script.agent_then or Say(SCRIPT_OVER)
+        )
         with self._lock:
             self.recorded.agent[(side, tag)].append(conversation)
         if path == "/v1/chat/completions":
@@ -251,8 +278,9 @@ class ScriptedParties:
             self.recorded.user[(side, script.tag, body.get("seed"))].append(body)
         # tau2 flips the roles: the agent's messages reach the user LLM as "user" turns
         index = sum(message["role"] == "user" for message in messages[1:]) - 1
-        say = (script.user[index] if index < len(script.user)
-               else script.user_then or Say(SCRIPT_OVER))
+        say = (
+            script.user[index] if index < len(script.user) else script.user_then or Say(SCRIPT_OVER)
+        )
         if messages[-1]["role"] == "user" and say.calls:  # the calls first
             return 200, _chat_reply(body["model"], None, say.calls, f"user_{index}"), {}
         text = say.text or ""

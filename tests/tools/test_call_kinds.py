@@ -19,18 +19,36 @@ from nemo_orch.tools.base import ToolContext, ToolSpec
 from nemo_orch.tools.llm import LLMTool
 from nemo_orch.tools.registry import Toolbox
 
-SPEC = ToolSpec("ask", "Ask an expert model.", {
-    "type": "object", "required": ["model", "question"],
-    "properties": {"model": {"type": "string"}, "question": {"type": "string"}}},
-    timeout_s=30)
+SPEC = ToolSpec(
+    "ask",
+    "Ask an expert model.",
+    {
+        "type": "object",
+        "required": ["model", "question"],
+        "properties": {"model": {"type": "string"}, "question": {"type": "string"}},
+    },
+    timeout_s=30,
+)
 
 
 def _completion(content, finish, completion_tokens=12, reasoning_tokens=0):
-    return {"id": "c", "object": "chat.completion", "model": "gpt-5-mini",
-            "choices": [{"index": 0, "finish_reason": finish,
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": completion_tokens,
-                      "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}}
+    return {
+        "id": "c",
+        "object": "chat.completion",
+        "model": "gpt-5-mini",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": finish,
+                "message": {"role": "assistant", "content": content},
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 20,
+            "completion_tokens": completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        },
+    }
 
 
 # What the expert answers, by the first word of the question.
@@ -42,8 +60,16 @@ ANSWERS = {
     "blank": (200, _completion("  ", "stop", 1)),
     "busy": (429, {"error": {"message": "Rate limit reached", "type": "requests"}}),
     "down": (500, {"error": {"message": "upstream exploded", "type": "server_error"}}),
-    "long": (400, {"error": {"message": "This model's maximum context length is 128000 tokens",
-                             "param": "messages", "code": "context_length_exceeded"}}),
+    "long": (
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 128000 tokens",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    ),
     "fine": (200, _completion("Paris.", "stop", 40, 30)),
 }
 
@@ -76,15 +102,27 @@ def expert():
 
 
 def _tool(url: str, **options) -> LLMTool:
-    return LLMTool(SPEC, {"m": {"base_url": url, "model": "gpt-5-mini", "max_tokens": 256,
-                                "dialect": "openai-reasoning"}}, **options)
+    return LLMTool(
+        SPEC,
+        {
+            "m": {
+                "base_url": url,
+                "model": "gpt-5-mini",
+                "max_tokens": 256,
+                "dialect": "openai-reasoning",
+            }
+        },
+        **options,
+    )
 
 
 def _ask(tool: LLMTool, *questions: str) -> list:
     async def calls():
         try:
-            return [await tool.call({"model": "m", "question": question}, ToolContext())
-                    for question in questions]
+            return [
+                await tool.call({"model": "m", "question": question}, ToolContext())
+                for question in questions
+            ]
         finally:
             await tool.close()
 
@@ -92,20 +130,39 @@ def _ask(tool: LLMTool, *questions: str) -> list:
 
 
 def test_every_ending_of_an_expert_call_has_its_kind(expert):
-    results = _ask(_tool(expert.url, timeout_s=0.5, max_retries=1),
-                   "think hard", "partial answer", "filtered words", "blank reply", "busy now",
-                   "down now", "hang on", "long context", "fine question")
+    results = _ask(
+        _tool(expert.url, timeout_s=0.5, max_retries=1),
+        "think hard",
+        "partial answer",
+        "filtered words",
+        "blank reply",
+        "busy now",
+        "down now",
+        "hang on",
+        "long context",
+        "fine question",
+    )
     kinds = [result.kind for result in results]
-    assert kinds == ["truncated", "truncated", "truncated", "empty", "infra_error",
-                     "infra_error", "infra_error", "refused", "ok"]
+    assert kinds == [
+        "truncated",
+        "truncated",
+        "truncated",
+        "empty",
+        "infra_error",
+        "infra_error",
+        "infra_error",
+        "refused",
+        "ok",
+    ]
     think, partial, filtered, blank, busy, down, hang, long, fine = results
-    assert think.error == ("expert 'm' hit its output cap (256 output tokens, 256 of them "
-                           "reasoning; max_tokens=256) before writing any answer")
+    assert think.error == (
+        "expert 'm' hit its output cap (256 output tokens, 256 of them "
+        "reasoning; max_tokens=256) before writing any answer"
+    )
     # Billed as the endpoint counted it, reasoning included: spent, though no answer came.
     assert think.usage.reasoning_tokens == 256 and think.cost_usd > 0
     assert partial.output == "The capital of France is"
-    assert partial.observation.endswith("What came back before the cut:\nThe capital of "
-                                        "France is")
+    assert partial.observation.endswith("What came back before the cut:\nThe capital of France is")
     assert filtered.error == "expert 'm' was stopped by a content filter before writing any answer"
     assert blank.observation.startswith("Empty result: expert 'm' replied with no text")
     assert "HTTP 429: Rate limit reached" in busy.error and "after 2 attempts" in busy.error
@@ -113,9 +170,12 @@ def test_every_ending_of_an_expert_call_has_its_kind(expert):
     assert "timed out after 0.5 s" in hang.error
     assert long.observation.startswith("Refused: expert 'm' failed: POST ")
     assert (fine.output, fine.error, fine.usage.reasoning_tokens) == ("Paris.", None, 30)
-    assert all(result.observation.startswith(
-        "Unavailable (infrastructure failure, not the call's fault): ")
-        for result in (busy, down, hang))
+    assert all(
+        result.observation.startswith(
+            "Unavailable (infrastructure failure, not the call's fault): "
+        )
+        for result in (busy, down, hang)
+    )
 
 
 def test_the_ledger_keeps_each_calls_kind_and_reasoning_tokens(expert):
@@ -123,13 +183,14 @@ def test_the_ledger_keeps_each_calls_kind_and_reasoning_tokens(expert):
 
     async def calls():
         try:
-            return [await toolbox.call("ask", {"model": "m", "question": question})
-                    for question in ("think hard", "fine question")]
+            return [
+                await toolbox.call("ask", {"model": "m", "question": question})
+                for question in ("think hard", "fine question")
+            ]
         finally:
             await toolbox.close()
 
-    think, fine = (CallRecord.of("ask", {"model": "m"}, result)
-                   for result in asyncio.run(calls()))
+    think, fine = (CallRecord.of("ask", {"model": "m"}, result) for result in asyncio.run(calls()))
     assert (think.kind, think.output_tokens, think.reasoning_tokens) == ("truncated", 256, 256)
     assert (fine.kind, fine.output_tokens, fine.reasoning_tokens) == ("ok", 40, 30)
     assert think.endpoint == "ask(model=m)" and think.cost_usd > 0
@@ -157,17 +218,18 @@ def test_an_endpoint_failing_in_a_row_is_left_alone_then_used_again_once_back(ex
     failed, fast, untouched, back = asyncio.run(run())
     assert [result.kind for result in failed + fast] == ["infra_error"] * 5
     assert untouched  # calls fail at once while it is open: nothing is sent
-    assert all("circuit open after 2 failed requests in a row" in result.error
-               for result in fast)
+    assert all("circuit open after 2 failed requests in a row" in result.error for result in fast)
     assert [result.kind for result in back] == ["ok", "ok"]
 
 
 def test_the_retry_budget_stops_retries_past_its_share(expert):
-    tool = _tool(expert.url, max_retries=3, guard={"retry_ratio": 0.0, "retry_reserve": 1,
-                                                   "failures": 0})
+    tool = _tool(
+        expert.url, max_retries=3, guard={"retry_ratio": 0.0, "retry_reserve": 1, "failures": 0}
+    )
     first, second = _ask(tool, "busy now", "busy now")
     # One retry in reserve: the first call retries once, the second not at all.
-    assert "failed after 2 attempts, not retried: the endpoint's retry budget is spent" in \
-        first.error
+    assert (
+        "failed after 2 attempts, not retried: the endpoint's retry budget is spent" in first.error
+    )
     assert "failed after 1 attempt, not retried" in second.error
     assert expert.requests == 3 and first.kind == second.kind == CallKind.INFRA_ERROR

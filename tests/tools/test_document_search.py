@@ -19,8 +19,11 @@ from nemo_orch.tools.retriever import build_index, format_hits, load_index
 from nemo_orch.tools.web_search import WebSearch
 
 KEY = "tvly-test-key"
-SPEC = ToolSpec("document_search", "Retrieves documents.", {
-    "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
+SPEC = ToolSpec(
+    "document_search",
+    "Retrieves documents.",
+    {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+)
 QUERY = "Gutenberg movable type printing press"
 
 
@@ -38,22 +41,34 @@ def index(index_dir):
 @pytest.fixture
 def tavily(monkeypatch):
     monkeypatch.setenv("TAVILY_API_KEY", KEY)
-    server = SimulatedTavily(KEY, lambda query: {"query": query, "results": [
-        {"title": "Leaf chemistry", "url": "https://example.org/leaf",
-         "content": f"web result for {query}"}]})
+    server = SimulatedTavily(
+        KEY,
+        lambda query: {
+            "query": query,
+            "results": [
+                {
+                    "title": "Leaf chemistry",
+                    "url": "https://example.org/leaf",
+                    "content": f"web result for {query}",
+                }
+            ],
+        },
+    )
     yield server
     server.stop()
 
 
 def document_search(setting: RetrievalConfig, tavily: SimulatedTavily | None = None):
     web = None if tavily is None else WebSearch(base_url=tavily.url, max_retries=0)
-    return DocumentSearch(SPEC, {"web_search": web}.__getitem__,
-                          fallback=None if web is None else "web_search",
-                          build=BuildSettings(retrieval=setting))
+    return DocumentSearch(
+        SPEC,
+        {"web_search": web}.__getitem__,
+        fallback=None if web is None else "web_search",
+        build=BuildSettings(retrieval=setting),
+    )
 
 
-def search(tool: DocumentSearch, query: str = QUERY,
-           allowed: frozenset[str] | None = None):
+def search(tool: DocumentSearch, query: str = QUERY, allowed: frozenset[str] | None = None):
     return asyncio.run(tool.call({"query": query}, ToolContext(allowed_documents=allowed)))
 
 
@@ -71,10 +86,15 @@ def test_open_hands_on_the_dense_top_of_the_whole_index(index_dir, index):
 def test_whitelist_keeps_the_listed_documents_among_the_index_best(index_dir, index):
     ranked = [hit.id for hit in index.search(QUERY, len(index), mode="dense")]
     listed = frozenset({ranked[3], ranked[7], ranked[12], ranked[30]})  # one beyond depth 20
-    result = search(document_search(setting(index_dir, scope="whitelist",
-                                             whitelist="unused-here.json")), allowed=listed)
+    result = search(
+        document_search(setting(index_dir, scope="whitelist", whitelist="unused-here.json")),
+        allowed=listed,
+    )
     assert [line[1:].split("]")[0] for line in result.output.splitlines()] == [
-        ranked[3], ranked[7], ranked[12]]
+        ranked[3],
+        ranked[7],
+        ranked[12],
+    ]
 
 
 def test_oracle_searches_the_question_s_own_documents_exactly(index_dir, index):
@@ -125,4 +145,5 @@ def test_settings_that_cannot_run_are_errors_at_build(index_dir):
     with pytest.raises(ToolError, match="no local index .* and no fallback"):
         document_search(RetrievalConfig())
     assert search(document_search(setting(index_dir)), query=" ").error == (
-        "argument 'query' must be a non-empty string")
+        "argument 'query' must be a non-empty string"
+    )

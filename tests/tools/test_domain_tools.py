@@ -41,8 +41,11 @@ def context(row: Task, episode: str) -> ToolContext:
 
 
 def test_each_episode_writes_its_own_database(mobile):
-    drawn = next(t for t in generate_tasks(mobile, seed=0)
-                 if any(a.name == "suspend_line" for a in t.gold_actions))
+    drawn = next(
+        t
+        for t in generate_tasks(mobile, seed=0)
+        if any(a.name == "suspend_line" for a in t.gold_actions)
+    )
     line = next(a.arguments["line_id"] for a in drawn.gold_actions if a.name == "suspend_line")
     row = to_task_row(mobile, drawn)
     toolbox = Toolbox(domain_tools(mobile, max_episodes=2))
@@ -52,8 +55,9 @@ def test_each_episode_writes_its_own_database(mobile):
         again = await toolbox.call("suspend_line", {"line_id": line}, context(row, "a"))
         other = await toolbox.call("suspend_line", {"line_id": line}, context(row, "b"))
         typo = await toolbox.call("suspend_line", {"line": line}, context(row, "b"))
-        bare = await toolbox.call("get_line_details", {"line_id": line},
-                                  ToolContext(episode_id="c"))
+        bare = await toolbox.call(
+            "get_line_details", {"line_id": line}, ToolContext(episode_id="c")
+        )
         return first, again, other, typo, bare
 
     first, again, other, typo, bare = asyncio.run(run())
@@ -65,28 +69,37 @@ def test_each_episode_writes_its_own_database(mobile):
     assert mobile.database["lines"][line]["status"] == "active"  # the domain itself untouched
 
 
-def test_an_episode_on_a_domain_task_is_scored_on_its_database(mobile, domain_file,
-                                                               tiny_tokenizer):
-    drawn = list(itertools.islice((t for t in generate_tasks(mobile, seed=1)
-                                   if 2 <= len(t.gold_actions) <= 4), 3))
-    rows = [with_plan(to_task_row(mobile, task), gold_calls(task), "Done: " + " ".join(task.facts))
-            for task in drawn]
+def test_an_episode_on_a_domain_task_is_scored_on_its_database(mobile, domain_file, tiny_tokenizer):
+    drawn = list(
+        itertools.islice(
+            (t for t in generate_tasks(mobile, seed=1) if 2 <= len(t.gold_actions) <= 4), 3
+        )
+    )
+    rows = [
+        with_plan(to_task_row(mobile, task), gold_calls(task), "Done: " + " ".join(task.facts))
+        for task in drawn
+    ]
 
     config = Config(tools=ToolsConfig(declarations=[], domains=[str(domain_file)]))
-    settings = RolloutConfig(max_context_tokens=8192, max_turns=8, max_new_tokens=256,
-                             check_template=False)
+    settings = RolloutConfig(
+        max_context_tokens=8192, max_turns=8, max_new_tokens=256, check_template=False
+    )
 
     async def run():
         async with build_toolbox(config.tools) as toolbox:
-            return await run_rollouts(rows, 1, ScriptedEngine(tiny_tokenizer, follow_plan), toolbox,
-                                      tiny_tokenizer, settings)
+            return await run_rollouts(
+                rows,
+                1,
+                ScriptedEngine(tiny_tokenizer, follow_plan),
+                toolbox,
+                tiny_tokenizer,
+                settings,
+            )
 
     trajectories = asyncio.run(run())
     assert [t.termination for t in trajectories] == ["answer"] * 3
     assert [len(t.calls()) for t in trajectories] == [len(t.gold_actions) for t in drawn]
     groups = [[t] for t in trajectories]
-    scored = asyncio.run(score_groups(rows, groups, config.reward,
-                                      by_answer(build_scorer(config))))
+    scored = asyncio.run(score_groups(rows, groups, config.reward, by_answer(build_scorer(config))))
     assert [group.breakdowns[0].components["outcome"] for group in scored] == [1.0] * 3
-    assert all(group.breakdowns[0].components["outcome_method:database"] == 1.0
-               for group in scored)
+    assert all(group.breakdowns[0].components["outcome_method:database"] == 1.0 for group in scored)

@@ -42,17 +42,16 @@ def by_hand(qwen3, text: str, position: int) -> np.ndarray:
     return hidden / np.linalg.norm(hidden)
 
 
-def test_qwen3_embedding_pools_the_last_token_and_prefixes_queries_only(qwen3,
-                                                                        random_policy_dir):
+def test_qwen3_embedding_pools_the_last_token_and_prefixes_queries_only(qwen3, random_policy_dir):
     encoder = make_encoder({"model_dir": str(random_policy_dir), "preset": "qwen3-embedding"})
     assert encoder.settings == EncoderSettings(
-        "last_token", "Instruct: Given a search query, retrieve relevant passages\nQuery:")
+        "last_token", "Instruct: Given a search query, retrieve relevant passages\nQuery:"
+    )
     # The two texts differ in length, so the batch is padded: the last real token is pooled.
     queries = encoder.encode(TEXTS, query=True)
     documents = encoder.encode(TEXTS)
     for row, text in enumerate(TEXTS):
-        np.testing.assert_allclose(queries[row], by_hand(qwen3, QUERY_PREFIX + text, -1),
-                                   atol=1e-5)
+        np.testing.assert_allclose(queries[row], by_hand(qwen3, QUERY_PREFIX + text, -1), atol=1e-5)
         np.testing.assert_allclose(documents[row], by_hand(qwen3, text, -1), atol=1e-5)
     assert not np.allclose(queries, documents, atol=1e-3)
 
@@ -69,11 +68,13 @@ def test_other_poolings_and_a_document_prefix(qwen3, random_policy_dir, pooling)
     np.testing.assert_allclose(vector, expected / np.linalg.norm(expected), atol=1e-5)
 
 
-def test_an_index_answers_only_the_pooling_and_prefixes_it_was_built_with(tmp_path,
-                                                                         random_policy_dir):
+def test_an_index_answers_only_the_pooling_and_prefixes_it_was_built_with(
+    tmp_path, random_policy_dir
+):
     corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"id": str(i), "text": text}) + "\n"
-                              for i, text in enumerate(TEXTS)))
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "text": text}) + "\n" for i, text in enumerate(TEXTS))
+    )
     qwen3_embedding = {"model_dir": str(random_policy_dir), "preset": "qwen3-embedding"}
     out = build_index(corpus, tmp_path / "idx", qwen3_embedding)
     described = json.loads((out / "manifest.json").read_text())["encoder"]
@@ -96,5 +97,10 @@ def test_encoder_settings_and_options_are_checked(random_policy_dir):
         make_encoder({"preset": "bge"})
     assert EncoderConfig().options() == "hashing"
     assert EncoderConfig(model=str(random_policy_dir), preset="bge").options() == {
-        "model_dir": str(random_policy_dir), "preset": "bge", "pooling": None,
-        "query_prefix": None, "document_prefix": None, "max_length": 512}
+        "model_dir": str(random_policy_dir),
+        "preset": "bge",
+        "pooling": None,
+        "query_prefix": None,
+        "document_prefix": None,
+        "max_length": 512,
+    }

@@ -32,8 +32,9 @@ SECRET = "s3cret-do-not-log"
 
 
 def stdio(**fields) -> McpServerConfig:
-    return McpServerConfig(**{"name": "fx", "command": sys.executable,
-                              "args": [SERVER, "stdio"], **fields})
+    return McpServerConfig(
+        **{"name": "fx", "command": sys.executable, "args": [SERVER, "stdio"], **fields}
+    )
 
 
 def toolbox_of(config: McpServerConfig, **options) -> Toolbox:
@@ -50,21 +51,33 @@ def calls(toolbox: Toolbox, *requests: tuple[str, dict]) -> list:
 
 def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
     monkeypatch.setenv("FIXTURE_SECRET", SECRET)
-    config = stdio(deny=["die", "reshape", "picture", "captioned"], prices={"add": 0.01},
-                   latencies={"add": 0.2}, env=["FIXTURE_SECRET"], timeout_s=2.0)
+    config = stdio(
+        deny=["die", "reshape", "picture", "captioned"],
+        prices={"add": 0.01},
+        latencies={"add": 0.2},
+        env=["FIXTURE_SECRET"],
+        timeout_s=2.0,
+    )
     toolbox = toolbox_of(config)
     specs = toolbox.specs
     assert sorted(specs) == ["fx_add", "fx_fail", "fx_sleep", "fx_whoami"]
     add = specs["fx_add"]
     assert add.description == "Add two integers."
     assert add.parameters["properties"].keys() == {"a", "b"} and add.parameters["required"] == [
-        "a", "b"]
+        "a",
+        "b",
+    ]
     assert (add.pricing.per_call, add.latency_hint_s, add.timeout_s) == (0.01, 0.2, 2.0)
     assert specs["fx_fail"].pricing.per_call == 0.0
 
     added, failed, slept, secret, invalid = calls(
-        toolbox, ("fx_add", {"a": 2, "b": 3}), ("fx_fail", {"reason": "no such row"}),
-        ("fx_sleep", {"seconds": 30}), ("fx_whoami", {}), ("fx_add", {"a": "x"}))
+        toolbox,
+        ("fx_add", {"a": 2, "b": 3}),
+        ("fx_fail", {"reason": "no such row"}),
+        ("fx_sleep", {"seconds": 30}),
+        ("fx_whoami", {}),
+        ("fx_add", {"a": "x"}),
+    )
     assert (added.output, added.error, added.cost_usd) == ("5", None, 0.01)
     assert failed.error.endswith("no such row") and failed.output == ""
     assert "timed out" in slept.error.lower() and slept.latency_s < 10
@@ -72,7 +85,12 @@ def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
     assert invalid.error.startswith("invalid arguments for fx_add")  # checked before the call
     # The tool said no, the server did not answer in time, the policy's arguments were wrong.
     assert [r.kind for r in (added, failed, slept, secret, invalid)] == [
-        "ok", "tool_error", "infra_error", "ok", "tool_error"]
+        "ok",
+        "tool_error",
+        "infra_error",
+        "ok",
+        "tool_error",
+    ]
     # Modeled time bills the configured latency.
     modeled = toolbox_of(config, modeled_time=True)
     (timed,) = calls(modeled, ("fx_add", {"a": 1, "b": 1}))
@@ -80,12 +98,14 @@ def test_a_stdio_servers_tools_are_listed_priced_and_called(monkeypatch):
 
 
 def test_an_image_is_described_and_counted_never_an_empty_success():
-    picture, captioned = calls(toolbox_of(stdio(allow=["picture", "captioned"])),
-                               ("fx_picture", {}), ("fx_captioned", {}))
+    picture, captioned = calls(
+        toolbox_of(stdio(allow=["picture", "captioned"])), ("fx_picture", {}), ("fx_captioned", {})
+    )
     assert (picture.kind, picture.output) == ("empty", "")
     assert picture.error == "fx_picture returned no text: [image (image/png, 70 bytes)]"
-    assert picture.observation == ("Empty result: fx_picture returned no text: "
-                                   "[image (image/png, 70 bytes)]")
+    assert picture.observation == (
+        "Empty result: fx_picture returned no text: [image (image/png, 70 bytes)]"
+    )
     assert (captioned.kind, captioned.output) == ("ok", "a red dot\n[image (image/png, 70 bytes)]")
 
 
@@ -96,12 +116,23 @@ def test_a_crashing_server_is_restarted_left_alone_while_it_keeps_crashing_then_
         async with toolbox:
             call = toolbox.call
             # A server that died and came back is used again, however often it died before.
-            revived = [await call(name, arguments) for name, arguments in [
-                ("fx_die", {}), ("fx_add", {"a": 1, "b": 1}), ("fx_die", {}),
-                ("fx_add", {"a": 2, "b": 2}), ("fx_die", {}), ("fx_add", {"a": 3, "b": 3})]]
+            revived = [
+                await call(name, arguments)
+                for name, arguments in [
+                    ("fx_die", {}),
+                    ("fx_add", {"a": 1, "b": 1}),
+                    ("fx_die", {}),
+                    ("fx_add", {"a": 2, "b": 2}),
+                    ("fx_die", {}),
+                    ("fx_add", {"a": 3, "b": 3}),
+                ]
+            ]
             # Lost, restarted once (restarts=1), lost again: left alone for cooldown_s.
-            crashing = [await call("fx_die", {}), await call("fx_die", {}),
-                        await call("fx_add", {"a": 4, "b": 4})]
+            crashing = [
+                await call("fx_die", {}),
+                await call("fx_die", {}),
+                await call("fx_add", {"a": 4, "b": 4}),
+            ]
             await asyncio.sleep(1.1)
             return revived, crashing, await call("fx_add", {"a": 5, "b": 5})
 
@@ -109,31 +140,39 @@ def test_a_crashing_server_is_restarted_left_alone_while_it_keeps_crashing_then_
     assert [r.output for r in revived[1::2]] == ["2", "4", "6"]
     assert all("Connection closed" in r.error for r in [*revived[::2], *crashed])
     assert refused.kind == "infra_error" and "\n" not in refused.error
-    assert refused.error.startswith("fx_add failed: ToolError: tools.mcp.fx: not connected: "
-                                    "circuit open after 2 failed requests in a row (last: "
-                                    "connection lost: McpError: Connection closed)")
+    assert refused.error.startswith(
+        "fx_add failed: ToolError: tools.mcp.fx: not connected: "
+        "circuit open after 2 failed requests in a row (last: "
+        "connection lost: McpError: Connection closed)"
+    )
     assert (back.kind, back.output) == ("ok", "10")
 
 
 def test_connecting_is_bounded_apart_from_the_calls(monkeypatch):
     monkeypatch.setenv("FIXTURE_START_DELAY", "1")
-    slow = stdio(allow=["add"], env=["FIXTURE_START_DELAY"], timeout_s=0.5,
-                 connect_timeout_s=20.0)
+    slow = stdio(allow=["add"], env=["FIXTURE_START_DELAY"], timeout_s=0.5, connect_timeout_s=20.0)
     # A second to start, each call half of one: the start is not the calls' to bound.
     (added,) = calls(toolbox_of(slow), ("fx_add", {"a": 1, "b": 2}))
     assert (added.kind, added.output) == ("ok", "3")
-    with pytest.raises(ToolError, match=r"^tools.mcp.fx: cannot connect: no connection within "
-                                        r"0.3 s \(connect_timeout_s\)$"):
+    with pytest.raises(
+        ToolError,
+        match=r"^tools.mcp.fx: cannot connect: no connection within "
+        r"0.3 s \(connect_timeout_s\)$",
+    ):
         mcp_source(stdio(allow=["add"], env=["FIXTURE_START_DELAY"], connect_timeout_s=0.3))
 
 
 def test_a_declared_orchestrator_must_send_its_ledger():
     """A server declared ``orchestrator: true`` whose result carries no ledger: the call is an
     error (its cost unknown), not an answer billed at nothing."""
-    (added,) = calls(toolbox_of(stdio(allow=["add"], orchestrator=True, per_call_usd=0.5)),
-                     ("fx_add", {"a": 1, "b": 1}))
-    assert added.error == ("fx_add: the orchestrator's result carries no ledger (an object with "
-                           "messages and ledger.cost_usd and ledger.calls)")
+    (added,) = calls(
+        toolbox_of(stdio(allow=["add"], orchestrator=True, per_call_usd=0.5)),
+        ("fx_add", {"a": 1, "b": 1}),
+    )
+    assert added.error == (
+        "fx_add: the orchestrator's result carries no ledger (an object with "
+        "messages and ledger.cost_usd and ledger.calls)"
+    )
     assert (added.output, added.cost_usd, added.trajectory) == ("", 0.5, None)
 
 
@@ -150,8 +189,9 @@ def test_listing_errors_name_the_server():
     with pytest.raises(ToolError, match="tools.mcp.fx: no tool taken of the 8 it lists"):
         mcp_source(stdio(allow=["nothing"]))
     # The cause, not the SDK's task group that wraps it:
-    with pytest.raises(ToolError, match="^tools.mcp.gone: cannot connect: McpError: Connection "
-                                        "closed$"):
+    with pytest.raises(
+        ToolError, match="^tools.mcp.gone: cannot connect: McpError: Connection closed$"
+    ):
         mcp_source(stdio(name="gone", args=["-c", "import sys; sys.exit(3)"], timeout_s=5.0))
     with pytest.raises(ConfigError, match="tools.mcp.fx.restarts and cooldown_s must be >= 0"):
         stdio(restarts=-1)
@@ -161,8 +201,11 @@ def test_listing_errors_name_the_server():
 
 def start_http_server(port: int) -> subprocess.Popen:
     """The fixture server over streamable HTTP on ``port``, once it listens."""
-    process = subprocess.Popen([sys.executable, SERVER, "http", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, SERVER, "http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while True:
         with socket.socket() as probe:
@@ -184,8 +227,14 @@ def http_server():
 def test_an_http_server_down_for_longer_than_its_restarts_is_used_again_once_back():
     (port,) = free_ports(1)
     process = start_http_server(port)
-    config = McpServerConfig(name="fx", url=f"http://127.0.0.1:{port}/mcp", allow=["add"],
-                             restarts=1, cooldown_s=0.5, timeout_s=30.0)
+    config = McpServerConfig(
+        name="fx",
+        url=f"http://127.0.0.1:{port}/mcp",
+        allow=["add"],
+        restarts=1,
+        cooldown_s=0.5,
+        timeout_s=30.0,
+    )
     toolbox = toolbox_of(config)
 
     async def run():
@@ -216,10 +265,16 @@ def test_an_http_server_down_for_longer_than_its_restarts_is_used_again_once_bac
 def test_a_changed_tool_list_is_taken_in_between_episodes(transport, request):
     """reshape adds triple, drops sleep and sends list_changed: an episode under way keeps the
     tools it started with; the toolbox offers the new list from its next refresh on."""
-    config = (stdio(allow=["add", "reshape", "sleep", "triple"], prices={"triple": 0.02})
-              if transport == "stdio" else McpServerConfig(
-                  name="fx", url=request.getfixturevalue("http_server"),
-                  allow=["add", "reshape", "sleep", "triple"], prices={"triple": 0.02}))
+    config = (
+        stdio(allow=["add", "reshape", "sleep", "triple"], prices={"triple": 0.02})
+        if transport == "stdio"
+        else McpServerConfig(
+            name="fx",
+            url=request.getfixturevalue("http_server"),
+            allow=["add", "reshape", "sleep", "triple"],
+            prices={"triple": 0.02},
+        )
+    )
     toolbox = toolbox_of(config)
 
     async def run():
@@ -239,18 +294,25 @@ def test_a_changed_tool_list_is_taken_in_between_episodes(transport, request):
     assert (tripled.output, tripled.cost_usd) == ("12", 0.02)
     assert toolbox.source_of == dict.fromkeys(after, "fx")
     # Offered as a declared tool is: its own description, its price per call.
-    (triple,) = [schema["function"] for schema in schemas
-                 if schema["function"]["name"] == "fx_triple"]
-    assert triple["description"] == ("Three times an integer (offered once reshape ran). Each "
-                                     "call costs USD 0.02.")
+    (triple,) = [
+        schema["function"] for schema in schemas if schema["function"]["name"] == "fx_triple"
+    ]
+    assert triple["description"] == (
+        "Three times an integer (offered once reshape ran). Each call costs USD 0.02."
+    )
 
 
 def test_a_streamable_http_server_gets_its_secret_header_from_the_environment(
-        http_server, monkeypatch, caplog):
+    http_server, monkeypatch, caplog
+):
     caplog.set_level(logging.DEBUG)
     monkeypatch.setenv("FIXTURE_TOKEN", f"Bearer {SECRET}")
-    config = config_lib.load([f"tools.mcp=[{{name: web, url: '{http_server}', "
-                              "headers: {Authorization: FIXTURE_TOKEN}, allow: [add, whoami]}]"])
+    config = config_lib.load(
+        [
+            f"tools.mcp=[{{name: web, url: '{http_server}', "
+            "headers: {Authorization: FIXTURE_TOKEN}, allow: [add, whoami]}]"
+        ]
+    )
     toolbox = build_toolbox(config.tools)
     assert {"web_add", "web_whoami"} <= toolbox.tools.keys()
     (added,) = calls(toolbox, ("web_add", {"a": 4, "b": 5}))
@@ -266,12 +328,30 @@ def test_a_streamable_http_server_gets_its_secret_header_from_the_environment(
 
 def test_grpo_trains_on_tasks_offered_an_mcp_tool(start_checkpoint, tmp_path):
     tasks = tmp_path / "tasks.jsonl"
-    write_tasks(tasks, [Task(id=f"t{i}", question=f"What is {i} + {i}? Use fx_add.",
-                             answer=str(2 * i), tools=("fx_add",)) for i in range(8)])
-    run_cli("grpo", *grpo_overrides(
-        start_checkpoint, tmp_path, "env=tasks", f"env.path={tasks}", "reward.combination=linear",
-        "reward.linear_gamma=0",
-        f"tools.mcp=[{{name: fx, command: '{sys.executable}', args: ['{SERVER}', stdio]}}]"))
+    write_tasks(
+        tasks,
+        [
+            Task(
+                id=f"t{i}",
+                question=f"What is {i} + {i}? Use fx_add.",
+                answer=str(2 * i),
+                tools=("fx_add",),
+            )
+            for i in range(8)
+        ],
+    )
+    run_cli(
+        "grpo",
+        *grpo_overrides(
+            start_checkpoint,
+            tmp_path,
+            "env=tasks",
+            f"env.path={tasks}",
+            "reward.combination=linear",
+            "reward.linear_gamma=0",
+            f"tools.mcp=[{{name: fx, command: '{sys.executable}', args: ['{SERVER}', stdio]}}]",
+        ),
+    )
     metrics = read_metrics(grpo_stage(tmp_path))
     assert [m["step"] for m in metrics] == [1, 2] and all("reward" in m for m in metrics)
 
@@ -286,14 +366,20 @@ def test_serve_orchestrator_calls_an_mcp_tool(tiny_tokenizer):
     from nemo_orch.rollout.engines.scripted import ScriptedEngine
     from nemo_orch.serve.orchestrator import serve_orchestrator
 
-    question = with_plan(Task("q", "Add two and three."), [("fx_add", {"a": 2, "b": 3})],
-                         "5").question
-    with serve_orchestrator(ScriptedEngine(tiny_tokenizer, follow_plan), tiny_tokenizer,
-                            toolbox_of(stdio(allow=["add"], prices={"add": 0.25})),
-                            RolloutConfig(max_context_tokens=2048, max_turns=4),
-                            ServeConfig(http_port=0, metrics_port=None), "policy") as server:
-        body = httpx.post(f"{server.url}/orchestrate", json={"question": question},
-                          timeout=60).json()
+    question = with_plan(
+        Task("q", "Add two and three."), [("fx_add", {"a": 2, "b": 3})], "5"
+    ).question
+    with serve_orchestrator(
+        ScriptedEngine(tiny_tokenizer, follow_plan),
+        tiny_tokenizer,
+        toolbox_of(stdio(allow=["add"], prices={"add": 0.25})),
+        RolloutConfig(max_context_tokens=2048, max_turns=4),
+        ServeConfig(http_port=0, metrics_port=None),
+        "policy",
+    ) as server:
+        body = httpx.post(
+            f"{server.url}/orchestrate", json={"question": question}, timeout=60
+        ).json()
     assert (body["answer"], body["finish_reason"]) == ("5", "answer")
     (call,) = body["ledger"]["calls"]
     assert (call["tool"], call["error"], call["cost_usd"]) == ("fx_add", None, 0.25)
@@ -306,8 +392,9 @@ def test_sft_demonstrations_are_offered_the_mcp_tools(tiny_tokenizer):
     conversation."""
     from nemo_orch.train import sft
 
-    config = config_lib.load(["model.max_position_embeddings=4096",
-                              "data.num_offline_conversations=4"])
+    config = config_lib.load(
+        ["model.max_position_embeddings=4096", "data.num_offline_conversations=4"]
+    )
     config.tools.mcp = [stdio(allow=["add"], prices={"add": 0.25})]
     conversations = sft.demonstrations(config, tiny_tokenizer)
     assert len(conversations) == 4

@@ -15,16 +15,28 @@ from nemo_orch.tools.registry import Toolbox, load_declaration, load_toolbox
 
 
 def declare(directory, name="echo", **extra):
-    body = {"name": name, "description": "Echo the text back.", "parameters": ECHO_PARAMETERS,
-            "class": "support.fixture_tools.DelayedEcho", **extra}
+    body = {
+        "name": name,
+        "description": "Echo the text back.",
+        "parameters": ECHO_PARAMETERS,
+        "class": "support.fixture_tools.DelayedEcho",
+        **extra,
+    }
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
 
 
 def test_a_tool_is_a_file(tmp_path):
-    declare(tmp_path, "echo", pricing={"per_call": 0.01}, options={"prefix": ">"},
-            deterministic=True, max_concurrency=2, timeout_s=3)
+    declare(
+        tmp_path,
+        "echo",
+        pricing={"per_call": 0.01},
+        options={"prefix": ">"},
+        deterministic=True,
+        max_concurrency=2,
+        timeout_s=3,
+    )
     declare(tmp_path, "shout", options={"prefix": "!"})
     toolbox = load_toolbox([tmp_path])
     assert [s["function"]["name"] for s in toolbox.schemas()] == ["echo", "shout"]
@@ -35,18 +47,44 @@ def test_a_tool_is_a_file(tmp_path):
     assert result.output == ">hi" and result.error is None and result.cost_usd == 0.01
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"name": "x", "parameters": ECHO_PARAMETERS, "class": "a.B"}, "missing keys ['description']"),
-    ({"name": "x", "description": "d", "parameters": ECHO_PARAMETERS}, "exactly one of"),
-    ({"name": "x", "description": "d", "parameters": ECHO_PARAMETERS, "class": "a.B",
-      "colour": 1}, "unknown keys ['colour']"),
-    ({"name": "x y", "description": "d", "parameters": ECHO_PARAMETERS, "class": "a.B"},
-     "must be an identifier"),
-    ({"name": "x", "description": "d", "parameters": {"type": "string"}, "class": "a.B"},
-     "type object"),
-    ({"name": "x", "description": "d", "parameters": ECHO_PARAMETERS, "class": "a.B",
-      "pricing": {"per_call": -1}}, "pricing.per_call must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            {"name": "x", "parameters": ECHO_PARAMETERS, "class": "a.B"},
+            "missing keys ['description']",
+        ),
+        ({"name": "x", "description": "d", "parameters": ECHO_PARAMETERS}, "exactly one of"),
+        (
+            {
+                "name": "x",
+                "description": "d",
+                "parameters": ECHO_PARAMETERS,
+                "class": "a.B",
+                "colour": 1,
+            },
+            "unknown keys ['colour']",
+        ),
+        (
+            {"name": "x y", "description": "d", "parameters": ECHO_PARAMETERS, "class": "a.B"},
+            "must be an identifier",
+        ),
+        (
+            {"name": "x", "description": "d", "parameters": {"type": "string"}, "class": "a.B"},
+            "type object",
+        ),
+        (
+            {
+                "name": "x",
+                "description": "d",
+                "parameters": ECHO_PARAMETERS,
+                "class": "a.B",
+                "pricing": {"per_call": -1},
+            },
+            "pricing.per_call must be >= 0",
+        ),
+    ],
+)
 def test_bad_declarations_name_the_file_and_key(tmp_path, body, message):
     path = tmp_path / "tool.yaml"
     path.write_text(yaml.safe_dump(body))
@@ -85,30 +123,36 @@ def test_every_failure_is_an_error_result():
             toolbox.call("echo", {"txt": "a"}),
             toolbox.call("echo", {"text": "raise"}),
             toolbox.call("echo", {"text": "slow", "delay_s": 5}),
-            toolbox.call("echo", {"text": "fine"}))
+            toolbox.call("echo", {"text": "fine"}),
+        )
 
     unknown, mistyped, misnamed, raised, slow, fine = asyncio.run(calls())
     assert "unknown tool 'nope'" in unknown.error
     assert "'text' should be of type string" in mistyped.error
-    assert "missing argument 'text'" in misnamed.error and "undeclared argument 'txt'" in \
-        misnamed.error
+    assert (
+        "missing argument 'text'" in misnamed.error
+        and "undeclared argument 'txt'" in misnamed.error
+    )
     assert raised.error == "echo failed: RuntimeError: asked to fail"
     assert slow.error == "echo timed out after 0.2 s" and slow.latency_s >= 0.2
     assert fine.error is None and fine.output == "fine"
     # The policy's mistakes are its tool errors; a tool that broke or hung is the
     # infrastructure's, and the observation says which.
     assert [r.kind for r in (unknown, mistyped, misnamed, raised, slow, fine)] == [
-        "tool_error"] * 3 + ["infra_error"] * 2 + ["ok"]
+        "tool_error"
+    ] * 3 + ["infra_error"] * 2 + ["ok"]
     assert fine.observation == "fine" and mistyped.observation.startswith("Error: ")
-    assert raised.observation.startswith("Unavailable (infrastructure failure, not the call's "
-                                         "fault): echo failed")
+    assert raised.observation.startswith(
+        "Unavailable (infrastructure failure, not the call's fault): echo failed"
+    )
 
 
 def test_deterministic_results_are_cached_and_still_reported():
     tool = DelayedEcho(echo_spec(deterministic=True, pricing=Pricing(per_call=0.5)))
     toolbox = Toolbox([tool], cache_entries=2)
     run = lambda text, docs=None: asyncio.run(  # noqa: E731
-        toolbox.call("echo", {"text": text}, ToolContext(allowed_documents=docs)))
+        toolbox.call("echo", {"text": text}, ToolContext(allowed_documents=docs))
+    )
     first, again = run("a"), run("a")
     assert (first.cached, first.cost_usd) == (False, 0.5)
     assert (again.cached, again.cost_usd, again.output) == (True, 0.0, "a")
@@ -137,8 +181,7 @@ def test_per_tool_concurrency_bound_and_independence():
     async def scenario():
         await toolbox.start()
         start = time.perf_counter()
-        slow_calls = [asyncio.create_task(toolbox.call("slow", {"text": str(i)}))
-                      for i in range(4)]
+        slow_calls = [asyncio.create_task(toolbox.call("slow", {"text": str(i)})) for i in range(4)]
         await toolbox.call("fast", {"text": "now"})
         fast_done = time.perf_counter() - start
         await asyncio.gather(*slow_calls)
@@ -146,9 +189,9 @@ def test_per_tool_concurrency_bound_and_independence():
 
     fast_done, all_done = asyncio.run(scenario())
     assert slow.started and fast.started
-    assert slow.max_running == 2           # the bound held
-    assert all_done >= 0.6                 # 4 calls, 2 at a time, 0.3 s each
-    assert fast_done < 0.25                # the other tool did not wait behind them
+    assert slow.max_running == 2  # the bound held
+    assert all_done >= 0.6  # 4 calls, 2 at a time, 0.3 s each
+    assert fast_done < 0.25  # the other tool did not wait behind them
 
 
 def test_simulated_latency_delays_every_call_that_runs():
@@ -156,8 +199,9 @@ def test_simulated_latency_delays_every_call_that_runs():
 
     async def scenario():
         started = time.perf_counter()
-        results = await asyncio.gather(*(toolbox.subset(["echo"]).call("echo", {"text": str(i)})
-                                         for i in range(3)))
+        results = await asyncio.gather(
+            *(toolbox.subset(["echo"]).call("echo", {"text": str(i)}) for i in range(3))
+        )
         return results, time.perf_counter() - started
 
     results, seconds = asyncio.run(scenario())
@@ -169,8 +213,10 @@ def test_simulated_latency_delays_every_call_that_runs():
     from nemo_orch.config import ConfigError
     from nemo_orch.rollout.builders import build_toolbox
 
-    assert build_toolbox(config_lib.load(["tools.simulated_latency_s=0.5"]).tools
-                         ).simulated_latency_s == 0.5
+    assert (
+        build_toolbox(config_lib.load(["tools.simulated_latency_s=0.5"]).tools).simulated_latency_s
+        == 0.5
+    )
     with pytest.raises(ConfigError, match="tools.simulated_latency_s must be >= 0"):
         config_lib.load(["tools.simulated_latency_s=-1"])
 
@@ -180,9 +226,11 @@ def test_modeled_time_takes_each_calls_seconds_from_the_tool_not_the_clock():
     modeled = Toolbox([DelayedEcho(spec)], modeled_time=True).subset(["echo"])
 
     async def scenario(toolbox):
-        return await asyncio.gather(toolbox.call("echo", {"text": "a", "delay_s": 0.05}),
-                                    toolbox.call("echo", {"text": "raise"}),
-                                    toolbox.call("echo", {"text": "b", "delay_s": 1.0}))
+        return await asyncio.gather(
+            toolbox.call("echo", {"text": "a", "delay_s": 0.05}),
+            toolbox.call("echo", {"text": "raise"}),
+            toolbox.call("echo", {"text": "b", "delay_s": 1.0}),
+        )
 
     done, raised, timed_out = asyncio.run(scenario(modeled))
     assert done.output == "a" and "asked to fail" in raised.error and "timed out" in timed_out.error
@@ -222,11 +270,12 @@ def test_offered_tools_show_their_models_prices_from_the_price_table():
 
     listed = answer_schema()
     assert listed["parameters"]["properties"]["model"]["prices"]["answer-1"] == [1.25, 10.0]
-    assert listed["description"].endswith(
-        "The model prices: USD per million input/output tokens.")
-    signature = render_conversation([{"role": "user", "content": "q"}],
-                                    [{"type": "function", "function": listed}],
-                                    chat_format="compact").splitlines()[2]
+    assert listed["description"].endswith("The model prices: USD per million input/output tokens.")
+    signature = render_conversation(
+        [{"role": "user", "content": "q"}],
+        [{"type": "function", "function": listed}],
+        chat_format="compact",
+    ).splitlines()[2]
     assert signature.startswith("answer(model: answer-1 $10|answer-2 $2|answer-3 $0.9|")
     repriced = answer_schema("tools=offline_repriced")
     assert repriced["parameters"]["properties"]["model"]["prices"]["answer-2"] == [0.75, 6.0]

@@ -12,8 +12,16 @@ from nemo_orch.tools.registry import load_toolbox
 
 
 def test_unreachable_endpoint_is_an_error_result(tmp_path):
-    (tmp_path / "gone.yaml").write_text(yaml.safe_dump({
-        "name": "gone", "description": "d", "parameters": ECHO_PARAMETERS,
-        "endpoint": "http://127.0.0.1:9", "options": {"max_retries": 1, "timeout_s": 1}}))
+    (tmp_path / "gone.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "gone",
+                "description": "d",
+                "parameters": ECHO_PARAMETERS,
+                "endpoint": "http://127.0.0.1:9",
+                "options": {"max_retries": 1, "timeout_s": 1},
+            }
+        )
+    )
     result = asyncio.run(load_toolbox([tmp_path]).call("gone", {"text": "x"}))
     assert result.error.startswith("gone endpoint failed:") and "after 2 attempts" in result.error

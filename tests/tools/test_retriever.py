@@ -54,8 +54,12 @@ def test_build_writes_a_complete_index_and_reload_matches_memory(corpus, index_d
     assert manifest["dim"] == 384
     assert manifest["encoder"] == HashingEncoder().describe()
     assert manifest["corpus_sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
-    assert {p.name for p in index_dir.iterdir()} >= {"manifest.json", "dense.faiss", "sparse",
-                                                     "docs.jsonl"}
+    assert {p.name for p in index_dir.iterdir()} >= {
+        "manifest.json",
+        "dense.faiss",
+        "sparse",
+        "docs.jsonl",
+    }
     in_memory = RetrievalIndex.build(read_corpus(corpus), HashingEncoder())
     for query, _ in LABELLED:
         assert index.search(query, 5) == in_memory.search(query, 5)
@@ -76,8 +80,9 @@ def test_paraphrase_ranks_the_answering_doc_first(index):
 
 def test_fused_scores_are_reciprocal_rank_sums(index):
     for hit in index.search("first ascent of the highest peak", 10):
-        expected = sum(1.0 / (60 + rank) for rank in (hit.dense_rank, hit.sparse_rank)
-                       if rank is not None)
+        expected = sum(
+            1.0 / (60 + rank) for rank in (hit.dense_rank, hit.sparse_rank) if rank is not None
+        )
         assert hit.score == pytest.approx(expected)
     scores = [hit.score for hit in index.search("ice carving valleys", 10)]
     assert scores == sorted(scores, reverse=True)
@@ -147,16 +152,19 @@ def test_tool_output_whitelist_and_truncation(index_dir):
     assert empty.error is None and empty.output == "No documents found."
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({}, "missing argument 'query'"),
-    ({"query": "   "}, "non-empty"),
-    ({"query": 3}, "type string"),
-    ({"query": "magma", "top_k": 0}, ">= 1"),
-    ({"query": "magma", "top_k": 21}, "<= 20"),
-    ({"query": "magma", "top_k": "3"}, "type integer"),
-    ({"query": "magma", "top_k": True}, "type integer"),
-    ({"query": "magma", "k": 3}, "undeclared argument 'k'"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({}, "missing argument 'query'"),
+        ({"query": "   "}, "non-empty"),
+        ({"query": 3}, "type string"),
+        ({"query": "magma", "top_k": 0}, ">= 1"),
+        ({"query": "magma", "top_k": 21}, "<= 20"),
+        ({"query": "magma", "top_k": "3"}, "type integer"),
+        ({"query": "magma", "top_k": True}, "type integer"),
+        ({"query": "magma", "k": 3}, "undeclared argument 'k'"),
+    ],
+)
 def test_bad_arguments_are_error_results(index_dir, arguments, message):
     result = run_tool(Retriever(index_dir=index_dir), arguments)
     assert result.error is not None and message in result.error and result.output == ""
@@ -177,7 +185,8 @@ def test_tool_searches_one_component_alone_when_configured(index_dir):
     sparse = run_tool(Retriever(index_dir=index_dir, mode="sparse"), query)
     expected = load_index(index_dir).search("penicillin mold", 3, mode="sparse")
     assert [line.split("]")[0][1:] for line in sparse.output.splitlines()] == [
-        hit.id for hit in expected]
+        hit.id for hit in expected
+    ]
     with pytest.raises(RetrievalError, match="unknown search mode 'bm25'"):
         Retriever(index_dir=index_dir, mode="bm25")
 
@@ -185,14 +194,17 @@ def test_tool_searches_one_component_alone_when_configured(index_dir):
 def test_a_call_without_query_searches_for_the_task_question(index_dir):
     from nemo_orch.data.tasks import Task
 
-    spec = dataclasses.replace(default_spec(), parameters={
-        "type": "object", "properties": {"query": {"type": "string"}}, "required": []})
+    spec = dataclasses.replace(
+        default_spec(),
+        parameters={"type": "object", "properties": {"query": {"type": "string"}}, "required": []},
+    )
     tool = Retriever(spec, index_dir=index_dir, top_k=1, question_as_query=True)
     task = Task("t", "Who invented movable type printing, Gutenberg?")
     result = run_tool(tool, {}, ToolContext(task=task))
     assert result.output.startswith("[printing]")
     assert run_tool(tool, {"query": "penicillin"}, ToolContext(task=task)).output.startswith(
-        "[penicillin]")
+        "[penicillin]"
+    )
     missing = run_tool(tool, {}, ToolContext())  # no task to take the question from
     assert missing.error is not None and "query" in missing.error
     plain = run_tool(Retriever(spec, index_dir=index_dir), {}, ToolContext(task=task))
@@ -210,23 +222,29 @@ def test_encoder_mismatch_is_a_clear_error(index_dir):
         load_index(index_dir, "no/such/model")
 
 
-@pytest.mark.parametrize("lines, message", [
-    (['{"id": "a", "text": "x"}', '{"id": "b", "text": '], ":2: not valid JSON"),
-    (['["a", "x"]'], ":1: a document must be a JSON object"),
-    (['{"text": "x"}'], ":1: 'id' must be a non-empty string"),
-    (['{"id": true, "text": "x"}'], ":1: 'id' must be a non-empty string or an integer"),
-    (['{"id": "a", "text": null}'], ":1: 'text' \\(or 'contents'\\) must be a string"),
-    (['{"id": 7, "text": "x"}', '{"id": "7", "contents": "y"}'], ":2: duplicate id '7'"),
-    (['{"id": "a", "text": "x", "title": 1}'], ":1: 'title' must be a string"),
-    (['{"id": "a", "text": "x"}', "", '{"id": "a", "text": "y"}'],
-     ":3: duplicate id 'a' \\(first at .*bad.jsonl:1\\)"),
-    (["", "  "], "no corpus documents"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"id": "a", "text": "x"}', '{"id": "b", "text": '], ":2: not valid JSON"),
+        (['["a", "x"]'], ":1: a document must be a JSON object"),
+        (['{"text": "x"}'], ":1: 'id' must be a non-empty string"),
+        (['{"id": true, "text": "x"}'], ":1: 'id' must be a non-empty string or an integer"),
+        (['{"id": "a", "text": null}'], ":1: 'text' \\(or 'contents'\\) must be a string"),
+        (['{"id": 7, "text": "x"}', '{"id": "7", "contents": "y"}'], ":2: duplicate id '7'"),
+        (['{"id": "a", "text": "x", "title": 1}'], ":1: 'title' must be a string"),
+        (
+            ['{"id": "a", "text": "x"}', "", '{"id": "a", "text": "y"}'],
+            ":3: duplicate id 'a' \\(first at .*bad.jsonl:1\\)",
+        ),
+        (["", "  "], "no corpus documents"),
+    ],
+)
 def test_malformed_corpus_names_file_and_line(tmp_path, lines, message):
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(RetrievalError, match=f"bad.jsonl{message}" if message[0] == ":"
-                       else message):
+    with pytest.raises(
+        RetrievalError, match=f"bad.jsonl{message}" if message[0] == ":" else message
+    ):
         build_index(path, tmp_path / "idx")
     assert not (tmp_path / "idx").exists()
 
@@ -238,12 +256,20 @@ def test_missing_corpus_is_a_clear_error(tmp_path):
 
 def test_hashing_encoder_is_deterministic_across_processes():
     text = "Volcanoes erupt when molten magma rises"
-    script = ("import sys; from nemo_orch.tools.encoders import HashingEncoder; "
-              "sys.stdout.write(HashingEncoder().encode([sys.argv[1]]).tobytes().hex())")
-    outputs = {subprocess.run([sys.executable, "-c", script, text], check=True,
-                              capture_output=True, text=True,
-                              env={"PYTHONHASHSEED": seed}).stdout
-               for seed in ("1", "2")}
+    script = (
+        "import sys; from nemo_orch.tools.encoders import HashingEncoder; "
+        "sys.stdout.write(HashingEncoder().encode([sys.argv[1]]).tobytes().hex())"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", script, text],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={"PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
     vector = HashingEncoder().encode([text])
     assert outputs == {vector.tobytes().hex()}
     assert vector.dtype == np.float32 and vector.shape == (1, 384)
@@ -257,8 +283,14 @@ def _tiny_bert(directory: Path, tokenizer_dir: Path, seed: int) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     BertModel(config).save_pretrained(directory)
     for file in tokenizer_dir.iterdir():
         shutil.copy(file, directory / file.name)
@@ -290,13 +322,16 @@ def test_hf_encoder_from_a_local_directory(tmp_path, corpus, tiny_tokenizer_dir,
 @pytest.mark.parametrize("mode", ["hybrid", "dense", "sparse"])
 def test_search_many_answers_as_searches_one_by_one(index, mode):
     queries = [query for query, _ in LABELLED] + ["", "zzzz qqqq"]
-    whitelists = [None if i % 3 else {"dna", "jazz", "rome", "filler-001"}
-                  for i in range(len(queries))]
+    whitelists = [
+        None if i % 3 else {"dna", "jazz", "rome", "filler-001"} for i in range(len(queries))
+    ]
     batched = index.search_many(queries, 4, whitelists, mode)
-    assert batched == [index.search(query, 4, allowed, mode)
-                       for query, allowed in zip(queries, whitelists)]
+    assert batched == [
+        index.search(query, 4, allowed, mode) for query, allowed in zip(queries, whitelists)
+    ]
     assert [hits[0].id for hits in index.search_many(queries[:3], 1, None, mode)] == [
-        index.search(query, 1, mode=mode)[0].id for query in queries[:3]]
+        index.search(query, 1, mode=mode)[0].id for query in queries[:3]
+    ]
     with pytest.raises(ValueError, match="2 queries but 1 whitelists"):
         index.search_many(queries[:2], 1, [None], mode)
 
@@ -309,6 +344,7 @@ def test_search_many_encodes_once_and_searches_faiss_once(index, monkeypatch):
         def wrapper(*args, **kwargs):
             calls[name] += 1
             return function(*args, **kwargs)
+
         return wrapper
 
     monkeypatch.setattr(index.encoder, "encode", counted("encode", encode))
@@ -335,33 +371,47 @@ def test_concurrent_calls_search_in_batches(index_dir):
     allowed = frozenset({"dna", "jazz", "rome"})
 
     async def together():
-        return await asyncio.gather(*(tool.call({"query": query, "top_k": 2},
-                                                ToolContext(allowed_documents=allowed if i == 0
-                                                            else None))
-                                      for i, query in enumerate(queries)))
+        return await asyncio.gather(
+            *(
+                tool.call(
+                    {"query": query, "top_k": 2},
+                    ToolContext(allowed_documents=allowed if i == 0 else None),
+                )
+                for i, query in enumerate(queries)
+            )
+        )
 
     results = asyncio.run(together())
     # The first call starts a batch alone; the others arrive while it runs and go together.
     assert tool.batcher.searches == len(queries) and tool.batcher.batches <= 3
     one_by_one = Retriever(index_dir=index_dir, mode="dense")
     assert [r.output for r in results] == [
-        run_tool(one_by_one, {"query": query, "top_k": 2},
-                 ToolContext(allowed_documents=allowed if i == 0 else None)).output
-        for i, query in enumerate(queries)]
+        run_tool(
+            one_by_one,
+            {"query": query, "top_k": 2},
+            ToolContext(allowed_documents=allowed if i == 0 else None),
+        ).output
+        for i, query in enumerate(queries)
+    ]
     assert one_by_one.batcher.batches == len(queries)
 
 
-def _existing_index(tmp_path: Path, corpus: Path, dim: int = 384,
-                    metric: int = faiss.METRIC_INNER_PRODUCT) -> tuple[Path, Path]:
+def _existing_index(
+    tmp_path: Path, corpus: Path, dim: int = 384, metric: int = faiss.METRIC_INNER_PRODUCT
+) -> tuple[Path, Path]:
     """An index built elsewhere, as the reference's are: a FAISS file and its corpus with
     integer ids and ``contents``."""
     docs = read_corpus(corpus)
     reference = tmp_path / "reference_corpus.jsonl"
-    reference.write_text("".join(json.dumps({"id": i, "contents": doc.indexed_text}) + "\n"
-                                 for i, doc in enumerate(docs)))
+    reference.write_text(
+        "".join(
+            json.dumps({"id": i, "contents": doc.indexed_text}) + "\n" for i, doc in enumerate(docs)
+        )
+    )
     vectors = HashingEncoder(dim=dim).encode([doc.indexed_text for doc in docs])
-    flat = (faiss.IndexFlatIP(dim) if metric == faiss.METRIC_INNER_PRODUCT
-            else faiss.IndexFlatL2(dim))
+    flat = (
+        faiss.IndexFlatIP(dim) if metric == faiss.METRIC_INNER_PRODUCT else faiss.IndexFlatL2(dim)
+    )
     flat.add(vectors)
     faiss.write_index(flat, str(tmp_path / "e5_Flat.index"))
     return tmp_path / "e5_Flat.index", reference
@@ -378,28 +428,37 @@ def test_an_existing_faiss_index_is_imported_dense_only(tmp_path, corpus, index)
     names = {str(i): doc.id for i, doc in enumerate(index.docs)}
     for query, _ in LABELLED:
         assert [names[hit.id] for hit in imported.search(query, 3, mode="dense")] == [
-            hit.id for hit in index.search(query, 3, mode="dense")]
+            hit.id for hit in index.search(query, 3, mode="dense")
+        ]
     with pytest.raises(RetrievalError, match="dense-only"):
         imported.search("music", 3)  # hybrid needs BM25
     with pytest.raises(RetrievalError, match="dense-only"):
         Retriever(index_dir=out)
     assert run_tool(Retriever(index_dir=out, mode="dense"), {"query": "jazz"}).error is None
-    hybrid = load_index(import_index(faiss_file, reference, tmp_path / "with_bm25", "hashing",
-                                     bm25=True))
+    hybrid = load_index(
+        import_index(faiss_file, reference, tmp_path / "with_bm25", "hashing", bm25=True)
+    )
     assert hybrid.has_sparse and hybrid.search("Gutenberg movable type", 1)[0].id == next(
-        key for key, name in names.items() if name == "printing")
+        key for key, name in names.items() if name == "printing"
+    )
 
 
 def test_an_import_that_does_not_match_names_both_sides(tmp_path, corpus):
     faiss_file, reference = _existing_index(tmp_path, corpus, dim=128)
-    with pytest.raises(RetrievalError, match=r"dimension mismatch: .*e5_Flat.index holds "
-                       r"128-dimensional vectors, the encoder hashing writes 384"):
+    with pytest.raises(
+        RetrievalError,
+        match=r"dimension mismatch: .*e5_Flat.index holds "
+        r"128-dimensional vectors, the encoder hashing writes 384",
+    ):
         import_index(faiss_file, reference, tmp_path / "out", "hashing")
     faiss_file, reference = _existing_index(tmp_path, corpus)
     with reference.open("a") as handle:
         handle.write(json.dumps({"id": 10_000, "contents": "one more"}) + "\n")
-    with pytest.raises(RetrievalError, match=r"size mismatch: .*e5_Flat.index holds 312 "
-                       r"vectors, .*reference_corpus.jsonl 313 documents"):
+    with pytest.raises(
+        RetrievalError,
+        match=r"size mismatch: .*e5_Flat.index holds 312 "
+        r"vectors, .*reference_corpus.jsonl 313 documents",
+    ):
         import_index(faiss_file, reference, tmp_path / "out", "hashing")
     faiss_file, reference = _existing_index(tmp_path, corpus, metric=faiss.METRIC_L2)
     with pytest.raises(RetrievalError, match="not inner product"):
@@ -413,8 +472,18 @@ def test_an_import_that_does_not_match_names_both_sides(tmp_path, corpus):
 def test_index_import_command(tmp_path, corpus, capsys):
     faiss_file, reference = _existing_index(tmp_path, corpus)
     out = tmp_path / "cli"
-    args = ["index", "import", "--faiss", str(faiss_file), "--corpus", str(reference),
-            "--out", str(out), "--encoder", "hashing"]
+    args = [
+        "index",
+        "import",
+        "--faiss",
+        str(faiss_file),
+        "--corpus",
+        str(reference),
+        "--out",
+        str(out),
+        "--encoder",
+        "hashing",
+    ]
     assert cli.main(args) == 0
     assert "312 documents" in capsys.readouterr().out and (out / "manifest.json").is_file()
     assert cli.main([*args[:-1], str(tmp_path / "no-such-encoder")]) == 2

@@ -34,8 +34,9 @@ from nemo_orch.tools.sandbox.cgroups import (
 CTX = ToolContext(task_id="t", episode_id="e")
 
 
-def run(codes: list[str], concurrent: bool = False, context: ToolContext = CTX,
-        **options) -> tuple[list[ToolResult], tuple]:
+def run(
+    codes: list[str], concurrent: bool = False, context: ToolContext = CTX, **options
+) -> tuple[list[ToolResult], tuple]:
     """Start a sandbox, run ``codes`` (then ``print(1)`` to show the next call works), close it."""
     options = {"timeout_s": 2.0, "memory_mb": 256, **options}
 
@@ -63,12 +64,14 @@ def children() -> list[int]:
     found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines()
-                          if ":\t" in line)
+            fields = dict(
+                line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
+            )
         except OSError:
             continue
-        if fields.get("PPid", "").strip() == str(os.getpid()) and \
-                not fields.get("State", "").startswith("Z"):
+        if fields.get("PPid", "").strip() == str(os.getpid()) and not fields.get(
+            "State", ""
+        ).startswith("Z"):
             found.append(int(status.parent.name))
     return found
 
@@ -126,21 +129,24 @@ def test_fork_bomb_is_contained():
 
 
 def test_huge_allocations_hit_the_memory_limit():
-    (big, growing), _ = run(["x = bytearray(10**11)",
-                             "x = []\nwhile True:\n    x.append(bytearray(10**6))\n"])
+    (big, growing), _ = run(
+        ["x = bytearray(10**11)", "x = []\nwhile True:\n    x.append(bytearray(10**6))\n"]
+    )
     assert big.error == "exceeded the memory limit (256 MB)" and "MemoryError" in big.output
     assert growing.error == "exceeded the memory limit (256 MB)"
 
 
 def test_memory_limit_covers_the_process_tree():
     """Children each under RLIMIT_AS but together over the limit: the memory cgroup stops them."""
-    code = ("import os, time\n"
-            "for _ in range(4):\n"
-            "    if os.fork() == 0:\n"
-            "        x = b'x' * (200 * 2**20)\n"  # touched pages, unlike bytearray(n)
-            "        time.sleep(1)\n"
-            "        os._exit(0)\n"
-            "os.wait(); os.wait(); os.wait(); os.wait()\n")
+    code = (
+        "import os, time\n"
+        "for _ in range(4):\n"
+        "    if os.fork() == 0:\n"
+        "        x = b'x' * (200 * 2**20)\n"  # touched pages, unlike bytearray(n)
+        "        time.sleep(1)\n"
+        "        os._exit(0)\n"
+        "os.wait(); os.wait(); os.wait(); os.wait()\n"
+    )
     (result,), isolation = run([code], timeout_s=4.0)
     if "cgroup-memory" not in isolation:
         pytest.skip("no memory cgroup here")
@@ -151,13 +157,18 @@ def test_cannot_write_outside_its_directory():
     targets = [Path("/etc/nemo_orch_pwned"), Path(__file__).with_name("nemo_orch_pwned")]
     code = "\n".join(f"open({str(t)!r}, 'w').write('x')" for t in targets)
     (first, second, own), isolation = run(
-        [code, f"open({str(targets[1])!r}, 'w').write('x')",
-         "open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())"])
+        [
+            code,
+            f"open({str(targets[1])!r}, 'w').write('x')",
+            "open('mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())",
+        ]
+    )
     if "uid" not in isolation:
         pytest.skip("running as root without a uid drop: files cannot be protected")
     for result in (first, second):  # refused, or not there at all in a private root
         assert result.error == "exit status 1" and any(
-            kind in result.output for kind in ("PermissionError", "FileNotFoundError"))
+            kind in result.output for kind in ("PermissionError", "FileNotFoundError")
+        )
     assert not any(t.exists() for t in targets)
     assert own.error is None and own.output == "ok\n"  # its own directory is writable
 
@@ -168,30 +179,39 @@ def test_the_host_is_invisible_and_untouched_in_the_private_root():
     stays out of the host's; its own directory, the standard library and subprocesses work."""
     repository = Path(__file__).resolve().parents[2]
     beside = Path(tempfile.mkdtemp(prefix="nemo_orch_planted_", dir=repository.parent))
-    planted = [Path(tempfile.mkstemp(prefix="nemo_orch_planted_", dir="/tmp")[1]),
-               beside / "dataset.txt", repository / "README.md"]
+    planted = [
+        Path(tempfile.mkstemp(prefix="nemo_orch_planted_", dir="/tmp")[1]),
+        beside / "dataset.txt",
+        repository / "README.md",
+    ]
     try:
         for path in planted[:2]:
             path.write_text("host data")
             path.chmod(0o644)
         beside.chmod(0o755)
         mark = f"nemo_orch_left_{os.getpid()}"
-        code = "\n".join([
-            "import os, subprocess, sys",
-            *[f"print(os.path.exists({str(path)!r}))" for path in planted],
-            *[f"open('{directory}/{mark}', 'w').write('x')"
-              for directory in ("/tmp", "/var/tmp", "/dev/shm")],
-            "open('own.txt', 'w').write('ok')",
-            "print(open('own.txt').read())",
-            "print(subprocess.run([sys.executable, '-c', 'import json; print(json.dumps(1))'],"
-            " capture_output=True, text=True).stdout.strip())"])
+        code = "\n".join(
+            [
+                "import os, subprocess, sys",
+                *[f"print(os.path.exists({str(path)!r}))" for path in planted],
+                *[
+                    f"open('{directory}/{mark}', 'w').write('x')"
+                    for directory in ("/tmp", "/var/tmp", "/dev/shm")
+                ],
+                "open('own.txt', 'w').write('ok')",
+                "print(open('own.txt').read())",
+                "print(subprocess.run([sys.executable, '-c', 'import json; print(json.dumps(1))'],"
+                " capture_output=True, text=True).stdout.strip())",
+            ]
+        )
         (result,), isolation = run([code], timeout_s=8.0)
         if "private-root" not in isolation:
             pytest.skip("no private root here (no mount namespace)")
         assert result.error is None, result.output
         assert result.output.split() == ["False", "False", "False", "ok", "1"]
-        assert not any(Path(directory, mark).exists()
-                       for directory in ("/tmp", "/var/tmp", "/dev/shm"))
+        assert not any(
+            Path(directory, mark).exists() for directory in ("/tmp", "/var/tmp", "/dev/shm")
+        )
     finally:
         planted[0].unlink(missing_ok=True)
         shutil.rmtree(beside, ignore_errors=True)
@@ -225,29 +245,37 @@ def test_no_network():
     port = listener.getsockname()[1]
     try:
         (result,), isolation = run(
-            [f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"])
+            [f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"]
+        )
     finally:
         listener.close()
     if "netns" not in isolation:
         pytest.skip("no network namespace here")
     # No socket to try with under the system-call filter, else no route.
-    assert result.error == "exit status 1" and (
-        "PermissionError" if "seccomp" in isolation else "OSError") in result.output
+    assert (
+        result.error == "exit status 1"
+        and ("PermissionError" if "seccomp" in isolation else "OSError") in result.output
+    )
 
 
 def test_parent_secrets_are_not_visible(monkeypatch):
     monkeypatch.setenv("NEMO_ORCH_TEST_SECRET", "s3cret")
-    code = ("import os\nprint(dict(os.environ))\n"
-            f"try:\n    print(open('/proc/{os.getpid()}/environ').read())\n"
-            "except OSError as exc:\n    print(type(exc).__name__)\n")
+    code = (
+        "import os\nprint(dict(os.environ))\n"
+        f"try:\n    print(open('/proc/{os.getpid()}/environ').read())\n"
+        "except OSError as exc:\n    print(type(exc).__name__)\n"
+    )
     (result,), _ = run([code])
     assert result.error is None
     assert "s3cret" not in result.output and "NEMO_ORCH_TEST_SECRET" not in result.output
 
 
 def test_huge_output_is_truncated():
-    (result,), _ = run(["print('x' * 100_000_000)\nraise ValueError('at the end')"],
-                       max_output_bytes=1000, timeout_s=8.0)
+    (result,), _ = run(
+        ["print('x' * 100_000_000)\nraise ValueError('at the end')"],
+        max_output_bytes=1000,
+        timeout_s=8.0,
+    )
     assert result.error == "exit status 1"
     assert result.output.startswith("x" * 1000 + "\n[output truncated after 1000 bytes")
     assert "ValueError: at the end" in result.output  # the tail stays visible
@@ -266,8 +294,9 @@ def test_close_leaves_no_processes_cgroups_or_directories():
     async def main() -> PythonSandbox:
         sandbox = PythonSandbox(default_spec(), pool_size=3, timeout_s=2.0)
         await sandbox.start()
-        await asyncio.gather(*(sandbox.call({"code": "import os; os.system('sleep 30 &')"},
-                                            CTX) for _ in range(2)))
+        await asyncio.gather(
+            *(sandbox.call({"code": "import os; os.system('sleep 30 &')"}, CTX) for _ in range(2))
+        )
         workdirs = [w.workdir for w in sandbox._idle]
         await sandbox.close()
         assert not any(path.exists() for path in workdirs)
@@ -291,8 +320,10 @@ def test_cgroup_v2_is_found_delegated_and_limited(tmp_path):
     hierarchy found from /proc, the controllers handed down after this process moves into a
     leaf of its own (never when others share its group), the limits written, the OOM kills and
     CPU time read."""
-    mounts = ("30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
-              "31 23 0:28 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n")
+    mounts = (
+        "30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        "31 23 0:28 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
+    )
     assert _cgroup_v2_dir("0::/user.slice/job\n", mounts) == Path("/sys/fs/cgroup/user.slice/job")
     assert _cgroup_v2_dir("8:pids:/\n1:name=systemd:/\n", mounts) is None  # v1 only
     assert _cgroup_v1_dir("pids", "8:pids:/a\n", mounts) == Path("/sys/fs/cgroup/pids/a")
@@ -307,8 +338,11 @@ def test_cgroup_v2_is_found_delegated_and_limited(tmp_path):
     (base / "cgroup.procs").write_text(f"{os.getpid()}\n")
     assert _delegated_v2(base) == base
     assert (base / "nemo_orch.main" / "cgroup.procs").read_text() == str(os.getpid())
-    assert set((base / "cgroup.subtree_control").read_text().split()) == {"+pids", "+memory",
-                                                                          "+cpu"}
+    assert set((base / "cgroup.subtree_control").read_text().split()) == {
+        "+pids",
+        "+memory",
+        "+cpu",
+    }
     (base / "cgroup.subtree_control").write_text("pids memory cpu\n")
     assert _v2_controllers(base) == ["pids", "memory", "cpu"]
     (base / "cgroup.controllers").write_text("io memory pids\n")
@@ -326,13 +360,15 @@ def test_cgroup_v2_is_found_delegated_and_limited(tmp_path):
     assert not (group / "cpu.max").exists()  # no cpu controller delegated: nothing to bound
     (group / "cpu.max").write_text("max 100000\n")
     _write_cgroup_limits(V2, group, limits)
-    assert [(group / name).read_text() for name in ("pids.max", "memory.max",
-                                                    "memory.swap.max", "cpu.max")] == [
-        "8", str(64 << 20), "0", "150000 100000"]
+    assert [
+        (group / name).read_text()
+        for name in ("pids.max", "memory.max", "memory.swap.max", "cpu.max")
+    ] == ["8", str(64 << 20), "0", "150000 100000"]
     (group / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n")
     assert _oom_kills(group) == 2
-    (group / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n"
-                                    "system_usec 500000\nnr_periods 30\n")
+    (group / "cpu.stat").write_text(
+        "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\nnr_periods 30\n"
+    )
     meter = _CpuMeter.of([(V2, group)], limits)
     assert meter.seconds() == 2.5 and meter.cores == min(os.cpu_count(), 1.5)
 
@@ -341,15 +377,20 @@ def test_cgroup_v1_cpu_quota_and_accounting(tmp_path):
     """The v1 path: cpu and cpuacct in hierarchies of their own (as on this host) or mounted
     together (one group takes both), the quota written and the tree's CPU time read. (The
     mounts are under /cg, which no host has, as resolving the paths would follow links.)"""
-    apart = ("32 31 0:29 / /cg/cpu rw - cgroup cgroup rw,cpu\n"
-             "33 31 0:30 / /cg/cpuacct rw - cgroup cgroup rw,cpuacct\n"
-             "39 31 0:36 / /cg/pids rw - cgroup cgroup rw,pids\n")
+    apart = (
+        "32 31 0:29 / /cg/cpu rw - cgroup cgroup rw,cpu\n"
+        "33 31 0:30 / /cg/cpuacct rw - cgroup cgroup rw,cpuacct\n"
+        "39 31 0:36 / /cg/pids rw - cgroup cgroup rw,pids\n"
+    )
     assert _cgroup_v1_dirs("8:pids:/\n2:cpuacct:/a\n1:cpu:/a\n", apart) == [
-        ("pids", Path("/cg/pids")), ("cpu", Path("/cg/cpu/a")),
-        ("cpuacct", Path("/cg/cpuacct/a"))]
+        ("pids", Path("/cg/pids")),
+        ("cpu", Path("/cg/cpu/a")),
+        ("cpuacct", Path("/cg/cpuacct/a")),
+    ]
     together = "32 31 0:29 / /cg/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
     assert _cgroup_v1_dirs("4:cpu,cpuacct:/a\n", together) == [
-        ("cpu,cpuacct", Path("/cg/cpu,cpuacct/a"))]
+        ("cpu,cpuacct", Path("/cg/cpu,cpuacct/a"))
+    ]
 
     limits = SandboxLimits(cpu_cores=0.5)
     cpu, cpuacct = tmp_path / "cpu", tmp_path / "cpuacct"
@@ -357,7 +398,9 @@ def test_cgroup_v1_cpu_quota_and_accounting(tmp_path):
         group.mkdir()
         _write_cgroup_limits(group.name, group, limits)
     assert [(cpu / name).read_text() for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us")] == [
-        "100000", "50000"]
+        "100000",
+        "50000",
+    ]
     assert sorted(path.name for path in cpuacct.iterdir()) == ["notify_on_release"]
     (cpuacct / "cpuacct.usage").write_text("1500000000\n")
     meter = _CpuMeter.of([("cpu", cpu), ("cpuacct", cpuacct)], limits)
@@ -402,22 +445,28 @@ def test_an_interpreter_living_under_tmp_runs_in_the_private_root(tmp_path):
     import venv
 
     venv.create(tmp_path / "venv", with_pip=False, symlinks=True)
-    program = ("import asyncio, json, sys\n"
-               "from nemo_orch.tools.base import ToolContext\n"
-               "from nemo_orch.tools.sandbox import PythonSandbox, default_spec\n"
-               "async def main():\n"
-               "    sandbox = PythonSandbox(default_spec(), pool_size=0)\n"
-               "    await sandbox.start()\n"
-               "    code = ('import subprocess, sys; print(subprocess.run([sys.executable, '\n"
-               "            '\"-c\", \"print(7)\"], capture_output=True, text=True).stdout)')\n"
-               "    result = await sandbox.call({'code': code}, ToolContext())\n"
-               "    await sandbox.close()\n"
-               "    print(json.dumps([sandbox.isolation, result.output, result.error]))\n"
-               "asyncio.run(main())\n")
+    program = (
+        "import asyncio, json, sys\n"
+        "from nemo_orch.tools.base import ToolContext\n"
+        "from nemo_orch.tools.sandbox import PythonSandbox, default_spec\n"
+        "async def main():\n"
+        "    sandbox = PythonSandbox(default_spec(), pool_size=0)\n"
+        "    await sandbox.start()\n"
+        "    code = ('import subprocess, sys; print(subprocess.run([sys.executable, '\n"
+        '            \'"-c", "print(7)"], capture_output=True, text=True).stdout)\')\n'
+        "    result = await sandbox.call({'code': code}, ToolContext())\n"
+        "    await sandbox.close()\n"
+        "    print(json.dumps([sandbox.isolation, result.output, result.error]))\n"
+        "asyncio.run(main())\n"
+    )
     paths = [str(Path(__file__).resolve().parents[2]), *sys.path[1:]]
-    completed = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c", program],
-                               capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    completed = subprocess.run(
+        [str(tmp_path / "venv" / "bin" / "python"), "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+    )
     isolation, output, error = json.loads(completed.stdout.splitlines()[-1])
     if "private-root" not in isolation:
         pytest.skip("no private root here (no mount namespace)")
@@ -428,16 +477,19 @@ def test_each_forked_call_starts_clean_and_exits_as_a_program_does():
     """Calls are forked from one zygote: what a call changes in the modules it was forked with,
     in its /tmp or its PID namespace never reaches the next; its exit behaves as an
     interpreter's (threads joined, atexit run, sys.exit codes and messages)."""
-    (tamper, clean, pids, threads, exit_code, exit_message), isolation = run([
-        "import json, math\nmath.pi = 3\njson.dumps = None\nopen('/tmp/left', 'w').write('x')\n"
-        "import os\nprint(os.getpid())",
-        "import json, math, os\nprint(math.pi, json.dumps([1]), os.path.exists('/tmp/left'))",
-        "import os\nprint(os.getpid())",
-        "import atexit, threading, time\natexit.register(print, 'atexit ran')\n"
-        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
-        "print('main done')",
-        "import sys\nsys.exit(3)",
-        "import sys\nsys.exit('giving up')"])
+    (tamper, clean, pids, threads, exit_code, exit_message), isolation = run(
+        [
+            "import json, math\nmath.pi = 3\njson.dumps = None\nopen('/tmp/left', 'w').write('x')\n"
+            "import os\nprint(os.getpid())",
+            "import json, math, os\nprint(math.pi, json.dumps([1]), os.path.exists('/tmp/left'))",
+            "import os\nprint(os.getpid())",
+            "import atexit, threading, time\natexit.register(print, 'atexit ran')\n"
+            "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+            "print('main done')",
+            "import sys\nsys.exit(3)",
+            "import sys\nsys.exit('giving up')",
+        ]
+    )
     assert clean.error is None and clean.output == "3.141592653589793 [1] False\n"
     if "pidns" in isolation:
         assert tamper.output == pids.output == "1\n"  # each call is its namespace's first
@@ -469,10 +521,8 @@ def test_a_zygote_in_doubt_is_replaced(monkeypatch):
                 await asyncio.sleep(0.1)
                 assert zygote.failed is not None
                 # The workers it forked died with it.
-                assert [await asyncio.wait_for(w.proc.wait(), 5) for w in idle] == [-9] * len(
-                    idle)
-                results += [await sandbox.call({"code": "print('after')"}, CTX)
-                            for _ in range(3)]
+                assert [await asyncio.wait_for(w.proc.wait(), 5) for w in idle] == [-9] * len(idle)
+                results += [await sandbox.call({"code": "print('after')"}, CTX) for _ in range(3)]
                 assert sandbox._zygote is not zygote and sandbox._zygote.failed is None
         finally:
             await sandbox.close()
@@ -485,15 +535,22 @@ def test_the_zygote_and_its_workers_die_with_the_process_that_owns_them():
     """A trainer killed outright (SIGKILL: no close) leaves no zygote or worker behind, and the
     next sandbox to start removes the directories its workers had."""
     owner = subprocess.Popen(
-        [sys.executable, "-c", "import asyncio, os\n"
-         "from nemo_orch.tools.sandbox import PythonSandbox, default_spec\n"
-         "async def main():\n"
-         "    sandbox = PythonSandbox(default_spec(), pool_size=2)\n"
-         "    await sandbox.start()\n"
-         "    print(sandbox._zygote.proc.pid, *[w.proc.pid for w in sandbox._idle], flush=True)\n"
-         "    print(*[w.workdir for w in sandbox._idle], flush=True)\n"
-         "    await asyncio.sleep(60)\n"
-         "asyncio.run(main())\n"], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, os\n"
+            "from nemo_orch.tools.sandbox import PythonSandbox, default_spec\n"
+            "async def main():\n"
+            "    sandbox = PythonSandbox(default_spec(), pool_size=2)\n"
+            "    await sandbox.start()\n"
+            "    print(sandbox._zygote.proc.pid, *[w.proc.pid for w in sandbox._idle], flush=True)\n"
+            "    print(*[w.workdir for w in sandbox._idle], flush=True)\n"
+            "    await asyncio.sleep(60)\n"
+            "asyncio.run(main())\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     pids = [int(pid) for pid in owner.stdout.readline().split()]
     workdirs = [Path(path) for path in owner.stdout.readline().split()]
     assert len(pids) == 3 and all(Path(f"/proc/{pid}").exists() for pid in pids)

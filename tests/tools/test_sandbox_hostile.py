@@ -94,8 +94,10 @@ def pool() -> Iterator[Pool]:
 
 def sysv() -> dict[str, list[str]]:
     """The host's SysV IPC objects."""
-    return {kind: Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
-            for kind in ("shm", "msg", "sem")}
+    return {
+        kind: Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        for kind in ("shm", "msg", "sem")
+    }
 
 
 def test_ipc_objects_are_the_calls_own_and_vanish_with_it(pool: Pool):
@@ -170,9 +172,11 @@ def test_uids_are_never_held_by_two_workers_at_once(pool: Pool, monkeypatch):
             "    while True:\n"
             "        leases.append(identity._lease_uid(90000).uid)\n"
             "except identity._SpawnError:\n"
-            "    print(sorted(leases))\n")
-        other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               check=True, timeout=60)
+            "    print(sorted(leases))\n"
+        )
+        other = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+        )
         assert json.loads(other.stdout) == sorted({90000, 90001, 90002, 90003} - {held.uid})
     finally:
         held.release()
@@ -286,13 +290,24 @@ def test_only_what_the_interpreter_loads_is_visible(pool: Pool):
         pytest.skip("no private root here (no mount namespace)")
     pytest.importorskip("yaml")  # on the host, not allowed in the call
     libc_dirs = [path.parent for path in Path("/usr/lib").glob("*/libc.so.6")]
-    planted = [Path(tempfile.mkstemp(prefix="nemo_orch_planted_", dir=directory)[1])
-               for directory in ["/usr/lib", *libc_dirs[:1]]]
-    host_sites = [path for path in [*site.getsitepackages(), "/usr/lib/python3/dist-packages",
-                                    "/usr/local/lib/python3/dist-packages"]
-                  if os.path.isdir(path)]
-    programs = [path for path in [shutil.which(name) for name in ("git", "sh", "ls", "env")]
-                if path is not None]
+    planted = [
+        Path(tempfile.mkstemp(prefix="nemo_orch_planted_", dir=directory)[1])
+        for directory in ["/usr/lib", *libc_dirs[:1]]
+    ]
+    host_sites = [
+        path
+        for path in [
+            *site.getsitepackages(),
+            "/usr/lib/python3/dist-packages",
+            "/usr/local/lib/python3/dist-packages",
+        ]
+        if os.path.isdir(path)
+    ]
+    programs = [
+        path
+        for path in [shutil.which(name) for name in ("git", "sh", "ls", "env")]
+        if path is not None
+    ]
     programs += [path for path in ["/usr/lib/git-core/git"] if os.path.exists(path)]
     try:
         for path in planted:
@@ -326,8 +341,11 @@ print(json.dumps({{"planted": [os.path.exists(p) for p in {[str(p) for p in plan
     assert seen["sites"] == [False] * len(host_sites) and not seen["yaml"]
     assert programs and seen["programs"] == [False] * len(programs)
     interpreter = os.path.realpath(sys.executable)
-    others = [path for path in seen["files"]
-              if path != interpreter and ".so" not in os.path.basename(path)]
+    others = [
+        path
+        for path in seen["files"]
+        if path != interpreter and ".so" not in os.path.basename(path)
+    ]
     assert not others, others
     assert 10 < len(seen["files"]) < 200, seen["files"]
     assert seen["read_only"] == [True, True]  # the libraries and their directory
@@ -357,14 +375,20 @@ def test_an_allowed_package_brings_its_libraries():
     pytest.importorskip("numpy")
 
     async def main() -> ToolResult:
-        sandbox = PythonSandbox(default_spec(), pool_size=0, timeout_s=8.0,
-                                allowed_packages=["numpy"])
+        sandbox = PythonSandbox(
+            default_spec(), pool_size=0, timeout_s=8.0, allowed_packages=["numpy"]
+        )
         try:
-            return await sandbox.call({"code": (
-                "import numpy as np\n"
-                "a = np.array([[2.0, 1.0], [1.0, 3.0]])\n"
-                "print(np.linalg.solve(a, [3.0, 4.0]).round(6).tolist(), (a @ a).sum())\n")},
-                CTX)
+            return await sandbox.call(
+                {
+                    "code": (
+                        "import numpy as np\n"
+                        "a = np.array([[2.0, 1.0], [1.0, 3.0]])\n"
+                        "print(np.linalg.solve(a, [3.0, 4.0]).round(6).tolist(), (a @ a).sum())\n"
+                    )
+                },
+                CTX,
+            )
         finally:
             await sandbox.close()
 
@@ -375,8 +399,12 @@ def test_an_allowed_package_brings_its_libraries():
 
 def cgroup_controllers(isolation: tuple[str, ...]) -> set[str]:
     """The cgroup controllers in force (``cgroup-cpu,cpuacct``: both, mounted together)."""
-    return {name for mechanism in isolation if mechanism.startswith("cgroup-")
-            for name in mechanism.removeprefix("cgroup-").split(",")}
+    return {
+        name
+        for mechanism in isolation
+        if mechanism.startswith("cgroup-")
+        for name in mechanism.removeprefix("cgroup-").split(",")
+    }
 
 
 def tree_cpu_seconds(groups: list[Path]) -> float:
@@ -391,8 +419,7 @@ def tree_cpu_seconds(groups: list[Path]) -> float:
     raise AssertionError(f"no CPU accounting in {groups}")
 
 
-def metered_call(code: str, monkeypatch, needs: str,
-                 **limits) -> tuple[ToolResult, float, float]:
+def metered_call(code: str, monkeypatch, needs: str, **limits) -> tuple[ToolResult, float, float]:
     """``code`` called on a fresh sandbox with ``limits`` (skipped without the cgroup
     controller ``needs``): its result, its wall-clock seconds and its tree's CPU-seconds, read
     once the tree is killed and before its groups are removed. The next call still works."""
@@ -440,8 +467,9 @@ for _ in range(12):
 print("spinning", flush=True)
 time.sleep(120)
 """
-    result, _, used = metered_call(code, monkeypatch, "cpuacct", cpu_seconds=1, timeout_s=60.0,
-                                   cpu_cores=2)
+    result, _, used = metered_call(
+        code, monkeypatch, "cpuacct", cpu_seconds=1, timeout_s=60.0, cpu_cores=2
+    )
     assert result.error == "exceeded the CPU time limit (1 s)", (result.error, result.output)
     assert result.output == "spinning\n"
     assert 1.0 <= used < 1.3, used
@@ -461,14 +489,16 @@ if child == 0:
     os._exit(0)
 os.wait()
 """
-    result, wall_s, used = metered_call(code, monkeypatch, "cpu", cpu_seconds=5, timeout_s=10.0,
-                                        cpu_cores=0.05)
+    result, wall_s, used = metered_call(
+        code, monkeypatch, "cpu", cpu_seconds=5, timeout_s=10.0, cpu_cores=0.05
+    )
     assert result.error is None, result.output
     assert 0.0 < used <= 0.05 * wall_s + 0.03, (used, wall_s)
 
 
 # Round 4: a class of hostile program per mechanism added for it (docs/tools.md, "What a
 # sandboxed call can still see or touch").
+
 
 def test_the_system_call_filter_refuses_what_reaches_outside(pool: Pool):
     """perf events, BPF, userfaultfd, io_uring, file watches, ptrace, mounts, new namespaces,
@@ -553,10 +583,17 @@ print(json.dumps({"cwd": os.getcwd(), "env": dict(os.environ),
     venv = [sys.prefix] if sys.prefix != sys.base_prefix else []
     for host in (checkout, *venv, "nemo_orch_sandbox"):
         assert host not in text, host
-    paths = [seen["cwd"], *seen["env"].values(), seen["exe"], *seen["path"],
-             *[field for mount in seen["mounts"] for field in mount], *seen["argv"]]
-    assert not [path for path in paths if str(os.getpid()) in path.split("/")
-                or f".{os.getpid()}." in path]
+    paths = [
+        seen["cwd"],
+        *seen["env"].values(),
+        seen["exe"],
+        *seen["path"],
+        *[field for mount in seen["mounts"] for field in mount],
+        *seen["argv"],
+    ]
+    assert not [
+        path for path in paths if str(os.getpid()) in path.split("/") or f".{os.getpid()}." in path
+    ]
     pool.assert_healthy()
 
 

@@ -22,8 +22,10 @@ def test_the_tables_agree_with_libseccomp(arch: seccomp.Arch):
     lib = ctypes.CDLL(name)
     lib.seccomp_syscall_resolve_name_arch.argtypes = [ctypes.c_uint32, ctypes.c_char_p]
     # libseccomp's architecture tokens are the audit numbers.
-    resolved = {call: lib.seccomp_syscall_resolve_name_arch(arch.audit, call.encode())
-                for call in (*seccomp.DENIED, *seccomp.ARGUMENT_CHECKED)}
+    resolved = {
+        call: lib.seccomp_syscall_resolve_name_arch(arch.audit, call.encode())
+        for call in (*seccomp.DENIED, *seccomp.ARGUMENT_CHECKED)
+    }
     assert {call: resolved[call] for call in arch.numbers} == arch.numbers
     # What a table leaves out, the architecture lacks (a negative pseudo-number).
     assert all(number < 0 for call, number in resolved.items() if call not in arch.numbers)
@@ -78,11 +80,25 @@ def test_the_kernel_runs_the_filter_as_meant():
     if arch is None:
         pytest.skip("no system-call table for this machine")
     result = subprocess.run(
-        [sys.executable, "-c", CHILD, seccomp.program(arch).hex(),
-         json.dumps(arch.numbers)], capture_output=True, text=True, timeout=60, check=True)
+        [sys.executable, "-c", CHILD, seccomp.program(arch).hex(), json.dumps(arch.numbers)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     verdicts = json.loads(result.stdout)
     assert verdicts == {
-        "bpf": "EPERM", "inotify_init1": "EPERM", "unshare": "EPERM", "mount": "EPERM",
-        "clone_newnet": "EPERM", "clone3": "ENOSYS", "vsock": "EPERM", "uevent": "EPERM",
-        "route": "ok", "inet": "EPERM", "unix": "ok", "thread": "ok",
-        "subprocess": "ok"}
+        "bpf": "EPERM",
+        "inotify_init1": "EPERM",
+        "unshare": "EPERM",
+        "mount": "EPERM",
+        "clone_newnet": "EPERM",
+        "clone3": "ENOSYS",
+        "vsock": "EPERM",
+        "uevent": "EPERM",
+        "route": "ok",
+        "inet": "EPERM",
+        "unix": "ok",
+        "thread": "ok",
+        "subprocess": "ok",
+    }

@@ -11,14 +11,26 @@ from nemo_orch.tools.base import ToolContext, ToolError, ToolSpec
 from nemo_orch.tools.pricing import USD_PER_MILLION_TOKENS, model_pricing
 from nemo_orch.tools.simulated_expert import SimulatedExpert
 
-SPEC = ToolSpec("call_expert", "Ask an expert.", {
-    "type": "object", "required": ["model", "question"],
-    "properties": {"model": {"type": "string"}, "question": {"type": "string"}}})
+SPEC = ToolSpec(
+    "call_expert",
+    "Ask an expert.",
+    {
+        "type": "object",
+        "required": ["model", "question"],
+        "properties": {"model": {"type": "string"}, "question": {"type": "string"}},
+    },
+)
 MODELS = {
-    "strong": {"counterpart": "gpt-5", "accuracy": {"easy": 0.95, "hard": 0.8},
-               "mean_output_tokens": 400},
-    "small": {"counterpart": "Qwen2.5-Math-7B-Instruct", "accuracy": {"easy": 0.9, "hard": 0.3},
-              "mean_output_tokens": 100},
+    "strong": {
+        "counterpart": "gpt-5",
+        "accuracy": {"easy": 0.95, "hard": 0.8},
+        "mean_output_tokens": 400,
+    },
+    "small": {
+        "counterpart": "Qwen2.5-Math-7B-Instruct",
+        "accuracy": {"easy": 0.9, "hard": 0.3},
+        "mean_output_tokens": 100,
+    },
 }
 
 
@@ -26,15 +38,23 @@ def ask(expert, model, difficulty, episodes=400):
     task = Task("t", "What is 6 * 7?", answer="42", metadata={"difficulty": difficulty})
 
     async def all_calls():
-        return await asyncio.gather(*(
-            expert.call({"model": model, "question": task.question},
-                        ToolContext(episode_id=f"t#{i}", task=task)) for i in range(episodes)))
+        return await asyncio.gather(
+            *(
+                expert.call(
+                    {"model": model, "question": task.question},
+                    ToolContext(episode_id=f"t#{i}", task=task),
+                )
+                for i in range(episodes)
+            )
+        )
 
     return asyncio.run(all_calls())
 
 
-@pytest.mark.parametrize("model, difficulty, accuracy", [
-    ("strong", "easy", 0.95), ("strong", "hard", 0.8), ("small", "hard", 0.3)])
+@pytest.mark.parametrize(
+    "model, difficulty, accuracy",
+    [("strong", "easy", 0.95), ("strong", "hard", 0.8), ("small", "hard", 0.3)],
+)
 def test_accuracy_follows_tier_and_difficulty(model, difficulty, accuracy):
     results = ask(SimulatedExpert(SPEC, MODELS), model, difficulty)
     observed = sum(r.output == "Answer: 42" for r in results) / len(results)
@@ -56,7 +76,8 @@ def test_usage_is_billed_at_the_counterparts_price():
 def test_reproducible_and_clear_errors():
     expert = SimulatedExpert(SPEC, MODELS)
     assert [r.output for r in ask(expert, "small", "hard", 20)] == [
-        r.output for r in ask(expert, "small", "hard", 20)]
+        r.output for r in ask(expert, "small", "hard", 20)
+    ]
     unknown = asyncio.run(expert.call({"model": "huge", "question": "q"}, ToolContext()))
     assert "unknown model 'huge'" in unknown.error
     no_task = asyncio.run(expert.call({"model": "small", "question": "q"}, ToolContext()))
@@ -68,15 +89,25 @@ def test_reproducible_and_clear_errors():
 
 def test_evidence_in_the_context_changes_the_difficulty_and_answers_end_the_episode():
     expert = SimulatedExpert(SPEC, MODELS, ends_episode=True)
-    task = Task("t", "Who wrote Ostrel?", answer="Vel Anor", metadata={
-        "difficulty": "hard", "evidence": "Vel Anor", "evidence_difficulty": "easy"})
+    task = Task(
+        "t",
+        "Who wrote Ostrel?",
+        answer="Vel Anor",
+        metadata={"difficulty": "hard", "evidence": "Vel Anor", "evidence_difficulty": "easy"},
+    )
 
     def accuracy(observations: tuple[str, ...]) -> float:
         async def calls():
-            return await asyncio.gather(*(expert.call(
-                {"model": "small"}, ToolContext(episode_id=f"t#{i}", task=task,
-                                                observations=observations))
-                for i in range(400)))
+            return await asyncio.gather(
+                *(
+                    expert.call(
+                        {"model": "small"},
+                        ToolContext(episode_id=f"t#{i}", task=task, observations=observations),
+                    )
+                    for i in range(400)
+                )
+            )
+
         results = asyncio.run(calls())
         assert all(r.answer == r.output.removeprefix("Answer: ") for r in results)
         return sum(r.answer == "Vel Anor" for r in results) / len(results)
@@ -87,19 +118,30 @@ def test_evidence_in_the_context_changes_the_difficulty_and_answers_end_the_epis
 
 
 def test_a_context_budget_hides_old_evidence_and_bills_less():
-    expert = SimulatedExpert(SPEC, {**MODELS,
-                                    "short": dict(MODELS["small"], max_context_tokens=10)})
+    expert = SimulatedExpert(
+        SPEC, {**MODELS, "short": dict(MODELS["small"], max_context_tokens=10)}
+    )
     assert [expert.context_budget(a) for a in ("short", "small", "huge")] == [10, None, None]
-    task = Task("t", "Who wrote Ostrel?", answer="Vel Anor", metadata={
-        "difficulty": "hard", "evidence": "Vel Anor", "evidence_difficulty": "easy"})
+    task = Task(
+        "t",
+        "Who wrote Ostrel?",
+        answer="Vel Anor",
+        metadata={"difficulty": "hard", "evidence": "Vel Anor", "evidence_difficulty": "easy"},
+    )
     evidence, filler = "Ostrel is a novel by Vel Anor.", "Unrelated search result text. " * 4
 
     def run(model: str, observations: tuple[str, ...]):
         async def calls():
-            return await asyncio.gather(*(expert.call(
-                {"model": model}, ToolContext(episode_id=f"t#{i}", task=task,
-                                              observations=observations))
-                for i in range(400)))
+            return await asyncio.gather(
+                *(
+                    expert.call(
+                        {"model": model},
+                        ToolContext(episode_id=f"t#{i}", task=task, observations=observations),
+                    )
+                    for i in range(400)
+                )
+            )
+
         return asyncio.run(calls())
 
     def accuracy(results) -> float:
@@ -109,8 +151,9 @@ def test_a_context_budget_hides_old_evidence_and_bills_less():
     assert accuracy(full) == pytest.approx(0.9, abs=0.07)  # it read the evidence
     assert accuracy(short) == pytest.approx(0.3, abs=0.07)  # 10 tokens: only the filler's end
     question_tokens = 60 + len(task.question) // 4
-    assert {r.usage.input_tokens for r in full} == {question_tokens
-                                                    + (len(evidence) + len(filler)) // 4}
+    assert {r.usage.input_tokens for r in full} == {
+        question_tokens + (len(evidence) + len(filler)) // 4
+    }
     assert {r.usage.input_tokens for r in short} == {question_tokens + 10}
     # Evidence in the newest observation fits the same budget.
     assert accuracy(run("short", (filler, evidence))) == pytest.approx(0.9, abs=0.07)
@@ -123,5 +166,13 @@ def test_a_context_budget_hides_old_evidence_and_bills_less():
 @pytest.mark.parametrize("budget", [0, -1, 1.5, "512"])
 def test_invalid_context_budgets_are_tool_errors(budget):
     with pytest.raises(ToolError, match="max_context_tokens must be null or an integer >= 1"):
-        SimulatedExpert(SPEC, {"x": {"counterpart": "gpt-5", "accuracy": {"easy": 1.0},
-                                     "max_context_tokens": budget}})
+        SimulatedExpert(
+            SPEC,
+            {
+                "x": {
+                    "counterpart": "gpt-5",
+                    "accuracy": {"easy": 1.0},
+                    "max_context_tokens": budget,
+                }
+            },
+        )

@@ -15,20 +15,39 @@ from nemo_orch.tools.web_search import USD_PER_CREDIT, WebSearch, default_spec
 
 KEY = "tvly-SECRET-0123456789abcdef"
 RESULTS = [
-    {"title": "Mount Everest - Wikipedia", "url": "https://en.wikipedia.org/wiki/Mount_Everest",
-     "content": "Mount Everest is Earth's highest mountain above sea level, 8,849 m.",
-     "score": 0.98, "raw_content": None},
-    {"title": "Everest facts", "url": "https://example.org/everest",
-     "content": "First climbed in 1953 by Edmund Hillary and Tenzing Norgay. " * 20,
-     "score": 0.91, "raw_content": None},
-    {"title": "K2", "url": "https://example.org/k2", "content": "The second highest.",
-     "score": 0.5, "raw_content": None},
+    {
+        "title": "Mount Everest - Wikipedia",
+        "url": "https://en.wikipedia.org/wiki/Mount_Everest",
+        "content": "Mount Everest is Earth's highest mountain above sea level, 8,849 m.",
+        "score": 0.98,
+        "raw_content": None,
+    },
+    {
+        "title": "Everest facts",
+        "url": "https://example.org/everest",
+        "content": "First climbed in 1953 by Edmund Hillary and Tenzing Norgay. " * 20,
+        "score": 0.91,
+        "raw_content": None,
+    },
+    {
+        "title": "K2",
+        "url": "https://example.org/k2",
+        "content": "The second highest.",
+        "score": 0.5,
+        "raw_content": None,
+    },
 ]
 
 
 def tavily_response(query: str, answer: str | None = None) -> dict[str, Any]:
-    return {"query": query, "answer": answer, "results": RESULTS, "response_time": 0.42,
-            "images": [], "follow_up_questions": None}
+    return {
+        "query": query,
+        "answer": answer,
+        "results": RESULTS,
+        "response_time": 0.42,
+        "images": [],
+        "follow_up_questions": None,
+    }
 
 
 @pytest.fixture
@@ -68,9 +87,13 @@ def test_success_sends_tavily_request_and_formats_results(tavily):
     assert isinstance(tool, Tool)
     result = search(tool, {"query": "  highest mountain ", "max_results": 2})
     assert result.error is None
-    assert tavily.requests == [{"path": "/search", "auth": f"Bearer {KEY}",
-                                "body": {"query": "highest mountain", "max_results": 2,
-                                         "search_depth": "basic"}}]
+    assert tavily.requests == [
+        {
+            "path": "/search",
+            "auth": f"Bearer {KEY}",
+            "body": {"query": "highest mountain", "max_results": 2, "search_depth": "basic"},
+        }
+    ]
     lines = result.output.splitlines()
     assert lines[0] == "[1] Mount Everest - Wikipedia (https://en.wikipedia.org/wiki/Mount_Everest)"
     assert lines[1].startswith("Mount Everest is Earth's highest")
@@ -84,8 +107,11 @@ def test_answer_is_shown_first_and_defaults_apply(tavily):
     tavily.script.append((200, tavily_response("q", answer="8,849 m"), {}))
     result = search(fast_tool(tavily.url, search_depth="advanced"), {"query": "q"})
     assert result.output.startswith("Answer: 8,849 m\n[1] Mount Everest")
-    assert tavily.requests[0]["body"] == {"query": "q", "max_results": 5,
-                                          "search_depth": "advanced"}
+    assert tavily.requests[0]["body"] == {
+        "query": "q",
+        "max_results": 5,
+        "search_depth": "advanced",
+    }
     assert result.cost_usd == pytest.approx(2 * USD_PER_CREDIT)
 
 
@@ -141,8 +167,10 @@ def test_an_unreachable_server_fails_after_bounded_retries():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     result = search(fast_tool(f"http://127.0.0.1:{port}", max_retries=2), {"query": "q"})
-    assert result.error.startswith(f"web search failed: POST http://127.0.0.1:{port}/search "
-                                   "failed after 3 attempts; last error: ConnectError")
+    assert result.error.startswith(
+        f"web search failed: POST http://127.0.0.1:{port}/search "
+        "failed after 3 attempts; last error: ConnectError"
+    )
 
 
 def test_malformed_responses_are_error_results(tavily):
@@ -161,14 +189,17 @@ def test_missing_key_names_the_variable_and_sends_nothing(tavily, monkeypatch):
     assert result.error is None and tavily.requests[0]["auth"] == f"Bearer {KEY}"
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({}, "missing argument 'query'"),
-    ({"query": " "}, "non-empty"),
-    ({"query": ["a"]}, "type string"),
-    ({"query": "q", "max_results": 0}, ">= 1"),
-    ({"query": "q", "max_results": 50}, "<= 20"),
-    ({"query": "q", "api_key": "x"}, "undeclared argument 'api_key'"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({}, "missing argument 'query'"),
+        ({"query": " "}, "non-empty"),
+        ({"query": ["a"]}, "type string"),
+        ({"query": "q", "max_results": 0}, ">= 1"),
+        ({"query": "q", "max_results": 50}, "<= 20"),
+        ({"query": "q", "api_key": "x"}, "undeclared argument 'api_key'"),
+    ],
+)
 def test_bad_arguments_are_error_results(tavily, arguments, message):
     result = search(fast_tool(tavily.url), arguments)
     assert message in result.error and tavily.requests == []

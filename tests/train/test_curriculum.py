@@ -10,14 +10,16 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import ConfigError, CurriculumStage
 from nemo_orch.train.curriculum import check_tools, stage_index, stage_tools
 
-STAGES = [CurriculumStage(tools=["search", "python_sandbox"], until_step=3),
-          CurriculumStage(tools=["search", "python_sandbox", "call_expert"], until_reward=0.5),
-          CurriculumStage()]
+STAGES = [
+    CurriculumStage(tools=["search", "python_sandbox"], until_step=3),
+    CurriculumStage(tools=["search", "python_sandbox", "call_expert"], until_reward=0.5),
+    CurriculumStage(),
+]
 
 
 def test_stages_advance_by_step_then_by_reward():
     assert stage_index(STAGES, []) == 0
-    assert stage_index(STAGES, [0.9, 0.9]) == 0          # until_step=3: rewards do not count
+    assert stage_index(STAGES, [0.9, 0.9]) == 0  # until_step=3: rewards do not count
     assert stage_index(STAGES, [0.0, 0.0, 0.0]) == 1
     assert stage_index(STAGES, [0.0, 0.0, 0.0, 0.4, math.nan]) == 1
     assert stage_index(STAGES, [0.0, 0.0, 0.0, 0.4, 0.6]) == 2
@@ -29,12 +31,13 @@ def test_stages_advance_by_step_then_by_reward():
 
 def test_stage_validation():
     loaded = config_lib.load(["grpo.curriculum=[{tools:[search],until_step:2},{}]"])
-    assert loaded.grpo.curriculum == [CurriculumStage(tools=["search"], until_step=2),
-                                      CurriculumStage()]
+    assert loaded.grpo.curriculum == [
+        CurriculumStage(tools=["search"], until_step=2),
+        CurriculumStage(),
+    ]
     with pytest.raises(ConfigError, match=r"grpo.curriculum\[1\]: every stage but the last"):
         config_lib.load(["grpo.curriculum=[{until_step:2},{until_step:4}]"])
     with pytest.raises(ConfigError, match=r"grpo.curriculum\[0\]: every stage but the last"):
         config_lib.load(["grpo.curriculum=[{tools:[search]},{}]"])
     with pytest.raises(ConfigError, match=r"grpo.curriculum\[0\].tools: web not declared"):
-        check_tools([CurriculumStage(tools=["web"], until_step=1), CurriculumStage()],
-                    ["search"])
+        check_tools([CurriculumStage(tools=["web"], until_step=1), CurriculumStage()], ["search"])

@@ -30,10 +30,8 @@ from nemo_orch.train.grpo_rollouts import Group
 
 # Two pairs, [chosen, rejected, chosen, rejected] rows of three labels; the last label of the
 # first row is an observation (mask 0) whose loss must not count.
-TOKEN_LOSSES = torch.tensor([[0.5, 1.0, 9.0], [0.2, 2.0, 3.0],
-                             [1.0, 1.0, 1.0], [0.1, 0.1, 0.4]])
-LOSS_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0],
-                          [0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
+TOKEN_LOSSES = torch.tensor([[0.5, 1.0, 9.0], [0.2, 2.0, 3.0], [1.0, 1.0, 1.0], [0.1, 0.1, 0.4]])
+LOSS_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
 REF_SUMS = torch.tensor([-2.0, -4.0, -1.5, -0.7])
 
 
@@ -52,16 +50,19 @@ def _log_sigmoid(x: float) -> float:
     return -math.log(1 + math.exp(-x))
 
 
-@pytest.mark.parametrize("loss_type, beta, smoothing", [
-    ("sigmoid", 0.1, 0.0), ("sigmoid", 2.0, 0.2), ("ipo", 0.5, 0.0)])
+@pytest.mark.parametrize(
+    "loss_type, beta, smoothing", [("sigmoid", 0.1, 0.0), ("sigmoid", 2.0, 0.2), ("ipo", 0.5, 0.0)]
+)
 def test_the_losses_match_a_hand_computation(loss_type, beta, smoothing):
     config = DPOConfig(loss_type=loss_type, beta=beta, label_smoothing=smoothing)
     result = dpo_token_loss(config)(TOKEN_LOSSES, _batch())
     if loss_type == "ipo":
         expected = [(h - 1 / (2 * beta)) ** 2 for h in MARGINS]
     else:
-        expected = [-(1 - smoothing) * _log_sigmoid(beta * h) - smoothing * _log_sigmoid(-beta * h)
-                    for h in MARGINS]
+        expected = [
+            -(1 - smoothing) * _log_sigmoid(beta * h) - smoothing * _log_sigmoid(-beta * h)
+            for h in MARGINS
+        ]
     assert result.loss_sum.item() == pytest.approx(sum(expected), rel=1e-6)
     assert result.num_tokens.item() == 2  # the mean is over pairs
     sums = {key: value.item() for key, value in result.metric_sums.items()}
@@ -87,15 +88,18 @@ def test_only_the_policys_tokens_count():
     assert loss(policy, _batch()).loss_sum.item() > result.loss_sum.item()
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"loss_type": "kto"}, "dpo.loss_type must be sigmoid|ipo"),
-    ({"beta": 0}, "dpo.beta must be > 0"),
-    ({"min_margin": 0}, "dpo.min_margin must be > 0"),
-    ({"label_smoothing": 0.5}, "dpo.label_smoothing must be in [0, 0.5)"),
-    ({"loss_type": "ipo", "label_smoothing": 0.1}, "applies to loss_type=sigmoid only"),
-    ({"global_batch_size": 6}, "multiple of dpo.micro_batch_size"),
-    ({"pairs_path": "no/such/pairs.jsonl"}, "dpo.pairs_path: no such file"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"loss_type": "kto"}, "dpo.loss_type must be sigmoid|ipo"),
+        ({"beta": 0}, "dpo.beta must be > 0"),
+        ({"min_margin": 0}, "dpo.min_margin must be > 0"),
+        ({"label_smoothing": 0.5}, "dpo.label_smoothing must be in [0, 0.5)"),
+        ({"loss_type": "ipo", "label_smoothing": 0.1}, "applies to loss_type=sigmoid only"),
+        ({"global_batch_size": 6}, "multiple of dpo.micro_batch_size"),
+        ({"pairs_path": "no/such/pairs.jsonl"}, "dpo.pairs_path: no such file"),
+    ],
+)
 def test_the_dpo_section_is_checked(fields, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         DPOConfig(**fields)
@@ -108,6 +112,7 @@ def test_the_batch_splits_over_data_parallel_ranks_when_the_config_loads():
 
 # ----------------------------------------------------------------------------- sequences
 
+
 def _masked_text(tokenizer, ids: list[int], mask: list[int]) -> str:
     return tokenizer.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
 
@@ -116,38 +121,64 @@ def test_template_pairs_learn_the_sides_assistant_tokens_only(tiny_tokenizer, tm
     """A prompt with an earlier assistant turn (context: no loss) and a side that calls a tool
     (its result: no loss)."""
     search = {"type": "function", "function": {"name": "search", "arguments": {"query": "x"}}}
-    pair = Pair("p", [{"role": "user", "content": "1 + 1?"},
-                      {"role": "assistant", "content": "<answer>2</answer>"},
-                      {"role": "user", "content": "And 6 x 7?"}],
-                [{"role": "assistant", "content": "", "tool_calls": [search]},
-                 {"role": "tool", "content": "forty-two"},
-                 {"role": "assistant", "content": "<answer>42</answer>"}],
-                [{"role": "assistant", "content": "<answer>41</answer>"}],
-                tools=[{"type": "function", "function": {
-                    "name": "search", "parameters": {"type": "object", "properties": {
-                        "query": {"type": "string"}}}}}])
-    (chosen, chosen_mask), (rejected, rejected_mask) = dpo.pair_sequences(tiny_tokenizer, pair,
-                                                                          "here")
+    pair = Pair(
+        "p",
+        [
+            {"role": "user", "content": "1 + 1?"},
+            {"role": "assistant", "content": "<answer>2</answer>"},
+            {"role": "user", "content": "And 6 x 7?"},
+        ],
+        [
+            {"role": "assistant", "content": "", "tool_calls": [search]},
+            {"role": "tool", "content": "forty-two"},
+            {"role": "assistant", "content": "<answer>42</answer>"},
+        ],
+        [{"role": "assistant", "content": "<answer>41</answer>"}],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "search",
+                    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+                },
+            }
+        ],
+    )
+    (chosen, chosen_mask), (rejected, rejected_mask) = dpo.pair_sequences(
+        tiny_tokenizer, pair, "here"
+    )
     assert _masked_text(tiny_tokenizer, chosen, chosen_mask) == (
         '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call><|im_end|>'
-        "<answer>42</answer><|im_end|>")
+        "<answer>42</answer><|im_end|>"
+    )
     assert _masked_text(tiny_tokenizer, rejected, rejected_mask) == "<answer>41</answer><|im_end|>"
-    prompt = len(tiny_tokenizer.apply_chat_template(pair.prompt, tools=pair.tools, tokenize=True,
-                                                    return_dict=True)["input_ids"])
+    prompt = len(
+        tiny_tokenizer.apply_chat_template(
+            pair.prompt, tools=pair.tools, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
     assert chosen[:prompt] == rejected[:prompt] and not any(chosen_mask[:prompt])
 
 
 def test_token_pairs_keep_their_tokens_if_their_prompt_is_this_tokenizers(tiny_tokenizer):
     prompt = [{"role": "user", "content": "6 x 7?"}]
-    prompt_ids = list(tiny_tokenizer.apply_chat_template(
-        prompt, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+    prompt_ids = list(
+        tiny_tokenizer.apply_chat_template(
+            prompt, tokenize=True, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
     chosen, rejected = SideTokens([5, 6, 7], [1, 0, 1]), SideTokens([8], [1])
-    pair = Pair("p", prompt, [{"role": "assistant", "content": "a"}],
-                [{"role": "assistant", "content": "b"}],
-                tokens=PairTokens(prompt_ids, chosen, rejected))
+    pair = Pair(
+        "p",
+        prompt,
+        [{"role": "assistant", "content": "a"}],
+        [{"role": "assistant", "content": "b"}],
+        tokens=PairTokens(prompt_ids, chosen, rejected),
+    )
     assert dpo.pair_sequences(tiny_tokenizer, pair, "here") == [
         (prompt_ids + [5, 6, 7], [0] * len(prompt_ids) + [1, 0, 1]),
-        (prompt_ids + [8], [0] * len(prompt_ids) + [1])]
+        (prompt_ids + [8], [0] * len(prompt_ids) + [1]),
+    ]
     foreign = Pair(**{**pair.__dict__, "tokens": PairTokens(prompt_ids[1:], chosen, rejected)})
     with pytest.raises(DataError, match="here: tokens.prompt does not decode to the prompt"):
         dpo.pair_sequences(tiny_tokenizer, foreign, "here")
@@ -155,34 +186,59 @@ def test_token_pairs_keep_their_tokens_if_their_prompt_is_this_tokenizers(tiny_t
 
 # ----------------------------------------------------------------------------- pairs from rollouts
 
-def _episode(tokenizer, sample: int, answer: str, termination: str = "answer",
-             question: str = "6 x 7?") -> Trajectory:
+
+def _episode(
+    tokenizer, sample: int, answer: str, termination: str = "answer", question: str = "6 x 7?"
+) -> Trajectory:
     """An episode that answers at once, its tokens the template's rendering."""
     messages = [{"role": "user", "content": question}]
-    prompt = list(tokenizer.apply_chat_template(messages, tokenize=True,
-                                                add_generation_prompt=True,
-                                                return_dict=True)["input_ids"])
+    prompt = list(
+        tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
     reply = tokenizer.encode(f"<answer>{answer}</answer>", add_special_tokens=False) + [
-        tokenizer.convert_tokens_to_ids(tokenizer.eos_token)]
-    return Trajectory("t", sample, messages + [{"role": "assistant",
-                                                "content": f"<answer>{answer}</answer>"}],
-                      [], prompt + reply, [0] * len(prompt) + [1] * len(reply),
-                      [0] * (len(prompt) + len(reply)), [0.0] * (len(prompt) + len(reply)),
-                      len(prompt), [], termination, answer, 0.0)
+        tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    ]
+    return Trajectory(
+        "t",
+        sample,
+        messages + [{"role": "assistant", "content": f"<answer>{answer}</answer>"}],
+        [],
+        prompt + reply,
+        [0] * len(prompt) + [1] * len(reply),
+        [0] * (len(prompt) + len(reply)),
+        [0.0] * (len(prompt) + len(reply)),
+        len(prompt),
+        [],
+        termination,
+        answer,
+        0.0,
+    )
 
 
 def _group(episodes: list[tuple[Trajectory, float]]) -> Group:
-    return Group(Task("t", "6 x 7?"), [episode for episode, _ in episodes],
-                 [RewardBreakdown(reward, {}) for _, reward in episodes])
+    return Group(
+        Task("t", "6 x 7?"),
+        [episode for episode, _ in episodes],
+        [RewardBreakdown(reward, {}) for _, reward in episodes],
+    )
 
 
 def test_a_group_pairs_its_best_episode_with_its_worst_a_margin_below(tiny_tokenizer):
     def episode(sample, answer, **kwargs):
         return _episode(tiny_tokenizer, sample, answer, **kwargs)
 
-    group = _group([(episode(0, "41"), 0.2), (episode(1, "42"), 0.9), (episode(2, "42"), 0.9),
-                    (episode(3, "40"), 0.1), (episode(4, "x", termination="user_error"), -1.0),
-                    (episode(5, "y", question="6 x 8?"), -1.0)])
+    group = _group(
+        [
+            (episode(0, "41"), 0.2),
+            (episode(1, "42"), 0.9),
+            (episode(2, "42"), 0.9),
+            (episode(3, "40"), 0.1),
+            (episode(4, "x", termination="user_error"), -1.0),
+            (episode(5, "y", question="6 x 8?"), -1.0),
+        ]
+    )
     pair = dpo.group_pair(group, min_margin=0.8, tokenizer=tiny_tokenizer)
     # The first of the best; the worst that is neither another prompt's nor a failed user's.
     assert (pair.chosen_reward, pair.rejected_reward) == (0.9, 0.1)
@@ -208,10 +264,17 @@ def offline_pairs(tiny_tokenizer, tmp_path_factory) -> list[Pair]:
     from nemo_orch.rollout.format import call_text
     from nemo_orch.train.grpo_rollouts import Rollouts
 
-    config = config_lib.load([
-        "tools=offline_basic", "rollout.group_size=4", "dpo.tasks=16", "dpo.min_margin=0.5",
-        "rollout.max_turns=3", "rollout.max_new_tokens=64",
-        f"run.output_dir={tmp_path_factory.mktemp('rollouts')}"])
+    config = config_lib.load(
+        [
+            "tools=offline_basic",
+            "rollout.group_size=4",
+            "dpo.tasks=16",
+            "dpo.min_margin=0.5",
+            "rollout.max_turns=3",
+            "rollout.max_new_tokens=64",
+            f"run.output_dir={tmp_path_factory.mktemp('rollouts')}",
+        ]
+    )
     config.run.dir.mkdir(parents=True)
     turns = itertools.count()
 
@@ -223,16 +286,21 @@ def offline_pairs(tiny_tokenizer, tmp_path_factory) -> list[Pair]:
         return call_text(("python_sandbox", {"code": "print(6 * 7)"}))
 
     mixture = build_mixture(config)
-    with Rollouts(dpo.rollout_config(config), ScriptedEngine(tiny_tokenizer, reply),
-                  tiny_tokenizer, mixture, [env.toolbox() for env in mixture.environments]
-                  ) as rollouts:
+    with Rollouts(
+        dpo.rollout_config(config),
+        ScriptedEngine(tiny_tokenizer, reply),
+        tiny_tokenizer,
+        mixture,
+        [env.toolbox() for env in mixture.environments],
+    ) as rollouts:
         pairs, tasks = dpo.rollout_pairs(rollouts, config.dpo.min_margin, tiny_tokenizer)
     assert tasks == 16
     return pairs
 
 
-def test_pairs_from_offline_rollouts_keep_the_episodes_tokens(offline_pairs, tiny_tokenizer,
-                                                              tmp_path):
+def test_pairs_from_offline_rollouts_keep_the_episodes_tokens(
+    offline_pairs, tiny_tokenizer, tmp_path
+):
     assert len(offline_pairs) >= 2
     for pair in offline_pairs:
         assert pair.chosen_reward - pair.rejected_reward >= 0.5
@@ -240,12 +308,15 @@ def test_pairs_from_offline_rollouts_keep_the_episodes_tokens(offline_pairs, tin
         # The kept tokens are the messages: the prompt's rendering, then each side's turns,
         # the loss on what the policy wrote (its messages and their closing eos) only.
         assert tiny_tokenizer.decode(pair.tokens.prompt, skip_special_tokens=False) == (
-            tiny_tokenizer.apply_chat_template(pair.prompt, tools=pair.tools, tokenize=False,
-                                               add_generation_prompt=True))
+            tiny_tokenizer.apply_chat_template(
+                pair.prompt, tools=pair.tools, tokenize=False, add_generation_prompt=True
+            )
+        )
         for side in ("chosen", "rejected"):
             tokens, messages = getattr(pair.tokens, side), getattr(pair, side)
             assert _masked_text(tiny_tokenizer, tokens.ids, tokens.loss_mask) == "".join(
-                m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant")
+                m["content"] + "<|im_end|>" for m in messages if m["role"] == "assistant"
+            )
     observed = [pair for pair in offline_pairs if any(m["role"] == "tool" for m in pair.rejected)]
     assert observed, "some rejected episode ran code and read its output"
     for pair in observed:
@@ -258,20 +329,39 @@ def test_pairs_from_offline_rollouts_keep_the_episodes_tokens(offline_pairs, tin
 
 # ----------------------------------------------------------------------------- nemo-orch dpo
 
+
 def _run_args(policy: Path, pairs: Path, out: Path, *extra: str, steps: int = 6) -> list[str]:
-    return ["dpo", f"trainer.init_from={policy}", f"dpo.pairs_path={pairs}",
-            f"run.output_dir={out}", "run.name=run", f"dpo.max_steps={steps}",
-            "dpo.save_interval=3", "dpo.optim.lr=5e-4", "dpo.optim.min_lr=5e-4",
-            "dpo.global_batch_size=4", "dpo.micro_batch_size=2", "trainer.num_threads=1", *extra]
+    return [
+        "dpo",
+        f"trainer.init_from={policy}",
+        f"dpo.pairs_path={pairs}",
+        f"run.output_dir={out}",
+        "run.name=run",
+        f"dpo.max_steps={steps}",
+        "dpo.save_interval=3",
+        "dpo.optim.lr=5e-4",
+        "dpo.optim.min_lr=5e-4",
+        "dpo.global_batch_size=4",
+        "dpo.micro_batch_size=2",
+        "trainer.num_threads=1",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
 def pair_file(offline_pairs, offline_conversations, tmp_path_factory) -> Path:
     """The rollouts' pairs (token ids) and pairs of demonstrations (messages only: rendered
     with the template): the demonstration chosen, a guess rejected."""
-    guessed = [Pair(f"demo{i}", c["messages"][:2], c["messages"][2:],
-                    [{"role": "assistant", "content": "<answer>7</answer>"}], c["tools"])
-               for i, c in enumerate(offline_conversations[:4])]
+    guessed = [
+        Pair(
+            f"demo{i}",
+            c["messages"][:2],
+            c["messages"][2:],
+            [{"role": "assistant", "content": "<answer>7</answer>"}],
+            c["tools"],
+        )
+        for i, c in enumerate(offline_conversations[:4])
+    ]
     path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
     write_pairs(path, offline_pairs + guessed)
     return path
@@ -295,16 +385,20 @@ def test_dpo_learns_its_pairs(straight_run, pair_file):
     assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.1
     assert metrics[-1]["rewards/accuracies"] >= 0.75
     assert metrics[-1]["rewards/margins"] > metrics[1]["rewards/margins"] > 0
-    assert all({"rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected",
-                "grad_norm", "lr"} <= m.keys() for m in metrics)
+    assert all(
+        {"rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "grad_norm", "lr"}
+        <= m.keys()
+        for m in metrics
+    )
     for step in (3, 6):
         assert (run_dir / "checkpoints" / f"step_{step}" / "nemo_orch.json").exists()
     assert f"on {len(read_pairs(pair_file))} pairs of {pair_file}" in stdout
     assert "dpo: steps 1-6" in stdout and "reward accuracy 0.000 -> " in stdout
 
 
-def test_resume_after_kill_reproduces_the_straight_run(straight_run, random_policy_dir,
-                                                       pair_file, tmp_path):
+def test_resume_after_kill_reproduces_the_straight_run(
+    straight_run, random_policy_dir, pair_file, tmp_path
+):
     args = _run_args(random_policy_dir, pair_file, tmp_path)
     killed = run_cli(*args, env={KILL_AT: "step:5"}, expect=None)
     assert killed.returncode == -signal.SIGKILL
@@ -320,25 +414,41 @@ def test_resume_after_kill_reproduces_the_straight_run(straight_run, random_poli
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_a_pipeline_trains_as_one_process(straight_run, random_policy_dir, pair_file,
-                                          tmp_path):
+def test_a_pipeline_trains_as_one_process(straight_run, random_policy_dir, pair_file, tmp_path):
     """Two gloo processes as pipeline stages: the reference's sums and the loss on the last
     one only, micro-batches of one length. (Data parallelism splits the pairs with the
     step's own indices; its gradients are Policy.train_step's, checked by the GRPO and SFT
     parity tests, so one launch, the slower one, is spent here.)"""
     run_cli(*_run_args(random_policy_dir, pair_file, tmp_path, "parallel.pp=2", steps=2))
-    keys = ("loss", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected",
-            "grad_norm", "pairs")
-    for parallel, single in zip(read_metrics(tmp_path / "run" / "dpo"),
-                                read_metrics(straight_run[0])[:2], strict=True):
+    keys = (
+        "loss",
+        "rewards/margins",
+        "rewards/accuracies",
+        "logps/chosen",
+        "logps/rejected",
+        "grad_norm",
+        "pairs",
+    )
+    for parallel, single in zip(
+        read_metrics(tmp_path / "run" / "dpo"), read_metrics(straight_run[0])[:2], strict=True
+    ):
         assert {key: parallel[key] for key in keys} == pytest.approx(
-            {key: single[key] for key in keys}, rel=1e-4, abs=1e-6)
+            {key: single[key] for key in keys}, rel=1e-4, abs=1e-6
+        )
 
 
 def test_a_bad_pair_file_exits_2_naming_its_line(random_policy_dir, tmp_path):
     path = tmp_path / "pairs.jsonl"
-    path.write_text(json.dumps({"id": "p", "prompt": [{"role": "user", "content": "q"}],
-                                "chosen": [{"role": "assistant", "content": "a"}]}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "id": "p",
+                "prompt": [{"role": "user", "content": "q"}],
+                "chosen": [{"role": "assistant", "content": "a"}],
+            }
+        )
+        + "\n"
+    )
     error = run_cli_here(*_run_args(random_policy_dir, path, tmp_path), expect=2)
     assert f"{path}:1: missing 'rejected'" in error.stderr and "Traceback" not in error.stderr
 
@@ -351,10 +461,21 @@ def test_dpo_needs_a_starting_point():
 def test_rollouts_without_a_margin_make_no_pairs_and_exit_2(random_policy_dir, tmp_path):
     """An untrained policy answers nothing right: every episode of the offline world scores 0,
     so no task gives a pair, and the run says what to change (nothing is written to resume)."""
-    error = run_cli("dpo", f"trainer.init_from={random_policy_dir}", f"run.output_dir={tmp_path}",
-                    "run.name=run", "tools=offline_basic", "dpo.tasks=2", "rollout.group_size=2",
-                    "rollout.max_turns=1", "rollout.max_new_tokens=8", "trainer.num_threads=1",
-                    expect=2)
-    assert "none of the 2 env=offline tasks' 2 episodes had rewards dpo.min_margin=0.1 apart" \
+    error = run_cli(
+        "dpo",
+        f"trainer.init_from={random_policy_dir}",
+        f"run.output_dir={tmp_path}",
+        "run.name=run",
+        "tools=offline_basic",
+        "dpo.tasks=2",
+        "rollout.group_size=2",
+        "rollout.max_turns=1",
+        "rollout.max_new_tokens=8",
+        "trainer.num_threads=1",
+        expect=2,
+    )
+    assert (
+        "none of the 2 env=offline tasks' 2 episodes had rewards dpo.min_margin=0.1 apart"
         in error.stderr
+    )
     assert not (tmp_path / "run" / "dpo" / "pairs.jsonl").exists()

@@ -42,15 +42,28 @@ def _trained(run_dir: Path) -> list[dict]:
 def _learned(metrics: list[dict]) -> list[dict]:
     """What two runs of the same samples and weights agree on: all but wall-clock figures and
     the asynchronous run's own bookkeeping."""
-    return [{k: v for k, v in m.items() if not k.startswith(("time/", "async/"))
-             and "per_s" not in k and "seconds" not in k} for m in metrics]
+    return [
+        {
+            k: v
+            for k, v in m.items()
+            if not k.startswith(("time/", "async/")) and "per_s" not in k and "seconds" not in k
+        }
+        for m in metrics
+    ]
 
 
 def test_async_grpo_with_staleness_0_is_sync_grpo(start_checkpoint, tmp_path):
     run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path / "sync", *_tasks(tmp_path)))
-    run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path / "async", *_tasks(tmp_path),
-                                    "grpo.async_grpo.enabled=true",
-                                    "grpo.async_grpo.max_trajectory_age_steps=0"))
+    run_cli(
+        "grpo",
+        *grpo_overrides(
+            start_checkpoint,
+            tmp_path / "async",
+            *_tasks(tmp_path),
+            "grpo.async_grpo.enabled=true",
+            "grpo.async_grpo.max_trajectory_age_steps=0",
+        ),
+    )
     sync, ahead = grpo_stage(tmp_path / "sync"), grpo_stage(tmp_path / "async")
     assert _trained(ahead) == _trained(sync)
     sync_metrics, async_metrics = _learned(read_metrics(sync)), _learned(read_metrics(ahead))
@@ -59,17 +72,24 @@ def test_async_grpo_with_staleness_0_is_sync_grpo(start_checkpoint, tmp_path):
     for ours, theirs in zip(async_metrics, sync_metrics):
         assert ours.keys() == theirs.keys()
         assert ours == {k: pytest.approx(v, rel=1e-5, abs=1e-7) for k, v in theirs.items()}
-    assert all(m["async/age_0"] >= 1 and m["async/dropped_groups"] == 0
-               for m in read_metrics(ahead))
+    assert all(
+        m["async/age_0"] >= 1 and m["async/dropped_groups"] == 0 for m in read_metrics(ahead)
+    )
 
 
-def test_async_grpo_runs_ahead_and_a_killed_run_trains_no_sample_twice(start_checkpoint,
-                                                                        tmp_path):
-    args = grpo_overrides(start_checkpoint, tmp_path, *_tasks(tmp_path), "grpo.max_steps=4",
-                          "grpo.save_interval=2", "grpo.async_grpo.enabled=true",
-                          "grpo.importance_sampling_cap=2.0")
-    assert run_cli("grpo", *args, env={KILL_AT: "step:4"},
-                   expect=None).returncode == -signal.SIGKILL
+def test_async_grpo_runs_ahead_and_a_killed_run_trains_no_sample_twice(start_checkpoint, tmp_path):
+    args = grpo_overrides(
+        start_checkpoint,
+        tmp_path,
+        *_tasks(tmp_path),
+        "grpo.max_steps=4",
+        "grpo.save_interval=2",
+        "grpo.async_grpo.enabled=true",
+        "grpo.importance_sampling_cap=2.0",
+    )
+    assert (
+        run_cli("grpo", *args, env={KILL_AT: "step:4"}, expect=None).returncode == -signal.SIGKILL
+    )
     stage = grpo_stage(tmp_path)
     assert [record["step"] for record in _trained(stage)] == [1, 2, 3]
     run_cli("grpo", *args)  # resumes from step 2's checkpoint: steps 3 and 4 again
@@ -78,41 +98,69 @@ def test_async_grpo_runs_ahead_and_a_killed_run_trains_no_sample_twice(start_che
     samples = [sample for record in trained for sample in record["samples"]]
     assert samples and len(samples) == len(set(samples))
     # Each step trains on its own tasks (named s<step>r<round>-<index>).
-    assert all(sample.startswith(f"s{record['step']}r") for record in trained
-               for sample in record["samples"])
+    assert all(
+        sample.startswith(f"s{record['step']}r")
+        for record in trained
+        for sample in record["samples"]
+    )
     metrics = read_metrics(stage)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    ages = Counter({int(key.removeprefix("async/age_")): value for m in metrics
-                    for key, value in m.items() if key.startswith("async/age_")})
+    ages = Counter(
+        {
+            int(key.removeprefix("async/age_")): value
+            for m in metrics
+            for key, value in m.items()
+            if key.startswith("async/age_")
+        }
+    )
     assert set(ages) <= {0, 1}
     # Step 2's rollouts began on the starting weights while step 1 trained.
     assert metrics[1]["async/age_1"] >= 1
-    assert all({"async/trainer_idle_s", "async/rollout_idle_s", "is_weight_mean"} <= m.keys()
-               for m in metrics)
+    assert all(
+        {"async/trainer_idle_s", "async/rollout_idle_s", "is_weight_mean"} <= m.keys()
+        for m in metrics
+    )
 
 
 def test_async_grpo_runs_ahead_on_ray_workers(start_checkpoint, tmp_path):
-    run_cli("grpo", *grpo_overrides(
-        start_checkpoint, tmp_path, *_tasks(tmp_path), "rollout.backend=ray",
-        "rollout.ray.num_workers=1", "rollout.ray.num_cpus_per_worker=0.5",
-        "rollout.ray.object_store_mb=128", "grpo.async_grpo.enabled=true",
-        "grpo.importance_sampling_cap=2.0"))
+    run_cli(
+        "grpo",
+        *grpo_overrides(
+            start_checkpoint,
+            tmp_path,
+            *_tasks(tmp_path),
+            "rollout.backend=ray",
+            "rollout.ray.num_workers=1",
+            "rollout.ray.num_cpus_per_worker=0.5",
+            "rollout.ray.object_store_mb=128",
+            "grpo.async_grpo.enabled=true",
+            "grpo.importance_sampling_cap=2.0",
+        ),
+    )
     metrics = read_metrics(grpo_stage(tmp_path))
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert {key for m in metrics for key in m if key.startswith("async/age_")} <= {
-        "async/age_0", "async/age_1"}
+        "async/age_0",
+        "async/age_1",
+    }
     # The workers' turns are versioned: step 2's began on the starting weights.
     assert metrics[1]["async/age_1"] >= 1
 
 
 def _group(task_id: str, *versions: int | None) -> Group:
     """A group of one episode whose turns were written by weights of ``versions``."""
-    turns = [TurnRecord(index, 2, 2, 0.0, 0.0, "stop", policy_version=version)
-             for index, version in enumerate(versions)]
-    episode = Trajectory(task_id, 0, [], [], [1, 2, 3], [0, 1, 1], [0, 1, 1], [0.0] * 3, 1,
-                         turns, "answer", "1", 0.0)
-    return Group(Task(task_id, "q"), [episode],
-                 [RewardBreakdown(1.0, {"outcome": 1.0, "format_errors": 0.0, "answered": 1.0})])
+    turns = [
+        TurnRecord(index, 2, 2, 0.0, 0.0, "stop", policy_version=version)
+        for index, version in enumerate(versions)
+    ]
+    episode = Trajectory(
+        task_id, 0, [], [], [1, 2, 3], [0, 1, 1], [0, 1, 1], [0.0] * 3, 1, turns, "answer", "1", 0.0
+    )
+    return Group(
+        Task(task_id, "q"),
+        [episode],
+        [RewardBreakdown(1.0, {"outcome": 1.0, "format_errors": 0.0, "answered": 1.0})],
+    )
 
 
 def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_path):
@@ -120,18 +168,34 @@ def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_pa
 
     from nemo_orch.tools.registry import Toolbox
 
-    config = config_lib.load([f"run.output_dir={tmp_path}", "grpo.async_grpo.enabled=true",
-                              "grpo.async_grpo.max_trajectory_age_steps=1",
-                              "grpo.importance_sampling_cap=2.0"])
-    fresh, one_behind, stale, unversioned = (_group("fresh", 3, 3), _group("one", 2, 3),
-                                             _group("stale", 1, 3), _group("plain", None))
+    config = config_lib.load(
+        [
+            f"run.output_dir={tmp_path}",
+            "grpo.async_grpo.enabled=true",
+            "grpo.async_grpo.max_trajectory_age_steps=1",
+            "grpo.importance_sampling_cap=2.0",
+        ]
+    )
+    fresh, one_behind, stale, unversioned = (
+        _group("fresh", 3, 3),
+        _group("one", 2, 3),
+        _group("stale", 1, 3),
+        _group("plain", None),
+    )
     groups = [fresh, one_behind, stale, unversioned]
     config.run.dir.mkdir(parents=True)  # where leaving writes the sources' notes
-    with Rollouts(config, None, tiny_tokenizer, build_mixture(config),
-                  [Toolbox([DelayedEcho(echo_spec("echo"))])]) as rollouts:
+    with Rollouts(
+        config,
+        None,
+        tiny_tokenizer,
+        build_mixture(config),
+        [Toolbox([DelayedEcho(echo_spec("echo"))])],
+    ) as rollouts:
+
         async def rolled_out() -> StepBatch:
-            return StepBatch(groups, groups, SamplingStats(), Counter(), 0, 0,
-                             rollout_idle_seconds=0.0)
+            return StepBatch(
+                groups, groups, SamplingStats(), Counter(), 0, 0, rollout_idle_seconds=0.0
+            )
 
         async def ahead() -> None:  # as run_ahead leaves step 4's rollout
             rollouts._ahead[4] = asyncio.create_task(rolled_out())
@@ -141,19 +205,29 @@ def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_pa
     assert batch.kept == [fresh, one_behind, unversioned] and batch.dropped_stale == [stale]
     assert batch.ages == Counter({0: 2, 1: 1})
     metrics = batch.metrics(config.reward)
-    assert (metrics["async/dropped_groups"], metrics["async/age_0"],
-            metrics["async/age_1"]) == (1, 2, 1)
+    assert (metrics["async/dropped_groups"], metrics["async/age_0"], metrics["async/age_1"]) == (
+        1,
+        2,
+        1,
+    )
     assert "async/age_2" not in metrics and metrics["async/trainer_idle_s"] >= 0
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["grpo.async_grpo.enabled=true"], "grpo.old_logprobs=engine or grpo.importance_sampling"),
-    (["grpo.async_grpo.enabled=true", "grpo.old_logprobs=engine", "rollout=vllm"],
-     "rollout engine needs GPUs of its own (rollout.colocate=false"),
-    (["grpo.old_logprobs=engine", "grpo.importance_sampling_cap=2"],
-     "with grpo.old_logprobs=engine the ratio is already to the engine"),
-    (["grpo.old_logprobs=behaviour"], "grpo.old_logprobs must be trainer|engine"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["grpo.async_grpo.enabled=true"], "grpo.old_logprobs=engine or grpo.importance_sampling"),
+        (
+            ["grpo.async_grpo.enabled=true", "grpo.old_logprobs=engine", "rollout=vllm"],
+            "rollout engine needs GPUs of its own (rollout.colocate=false",
+        ),
+        (
+            ["grpo.old_logprobs=engine", "grpo.importance_sampling_cap=2"],
+            "with grpo.old_logprobs=engine the ratio is already to the engine",
+        ),
+        (["grpo.old_logprobs=behaviour"], "grpo.old_logprobs must be trainer|engine"),
+    ],
+)
 def test_settings_async_grpo_cannot_run_with_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         config_lib.load(overrides)

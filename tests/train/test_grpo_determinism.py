@@ -18,10 +18,15 @@ def _run(start, out):
     # engine's logprob gap in its last bits: the engine batches the turns that are waiting, and
     # which are depends on when episodes come back (padding rounds the logits in their last bits).
     # Nothing else may differ.
-    metrics = [{key: value for key, value in step.items()
-                if not key.startswith("time/")
-                and key not in ("tokens_per_s", "engine_logprob_abs_diff")}
-               for step in read_metrics(stage)]
+    metrics = [
+        {
+            key: value
+            for key, value in step.items()
+            if not key.startswith("time/")
+            and key not in ("tokens_per_s", "engine_logprob_abs_diff")
+        }
+        for step in read_metrics(stage)
+    ]
     weights = ModelTensors(open_checkpoint(stage / "checkpoints" / "step_2"))
     return metrics, weights.tensors(weights.names)
 

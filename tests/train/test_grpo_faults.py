@@ -43,25 +43,46 @@ from nemo_orch.train.grpo_rollouts import Rollouts
 TESTS = Path(__file__).resolve().parents[1]
 # Each task's question names the call it wants (the scripted policy and the fine-tuned one make
 # it): the first word is the key.
-FAULTS = {"raise": ("faulty", {"mode": "raise"}), "hang": ("faulty", {"mode": "hang"}),
-          "huge": ("faulty", {"mode": "huge"}), "expert": ("expert", {"model": "m"}),
-          "fine": ("faulty", {"mode": "ok"})}
+FAULTS = {
+    "raise": ("faulty", {"mode": "raise"}),
+    "hang": ("faulty", {"mode": "hang"}),
+    "huge": ("faulty", {"mode": "huge"}),
+    "expert": ("expert", {"model": "m"}),
+    "fine": ("faulty", {"mode": "ok"}),
+}
 
 
 def _declarations(directory: Path, expert_url: str, **expert_options: Any) -> list[str]:
-    faulty = {"name": "faulty", "description": "A tool that fails as asked.",
-              "parameters": {"type": "object", "properties": {"mode": {
-                  "type": "string", "enum": ["raise", "hang", "huge", "ok"]}},
-                  "required": ["mode"]},
-              "timeout_s": 1.0, "deterministic": False, "class": "support.fixture_tools.Faulty"}
-    expert = {"name": "expert", "description": "Ask the expert the task's question.",
-              "parameters": {"type": "object", "properties": {"model": {
-                  "type": "string", "enum": ["m"]}}, "required": ["model"]},
-              "timeout_s": 10.0, "deterministic": False,
-              "class": "support.fixture_tools.ExpertOnTheQuestion",
-              "options": {"models": {"m": {"base_url": expert_url, "model": "m",
-                                           "usd_per_million": [1.0, 1.0]}},
-                          "timeout_s": 2.0, "max_retries": 1, **expert_options}}
+    faulty = {
+        "name": "faulty",
+        "description": "A tool that fails as asked.",
+        "parameters": {
+            "type": "object",
+            "properties": {"mode": {"type": "string", "enum": ["raise", "hang", "huge", "ok"]}},
+            "required": ["mode"],
+        },
+        "timeout_s": 1.0,
+        "deterministic": False,
+        "class": "support.fixture_tools.Faulty",
+    }
+    expert = {
+        "name": "expert",
+        "description": "Ask the expert the task's question.",
+        "parameters": {
+            "type": "object",
+            "properties": {"model": {"type": "string", "enum": ["m"]}},
+            "required": ["model"],
+        },
+        "timeout_s": 10.0,
+        "deterministic": False,
+        "class": "support.fixture_tools.ExpertOnTheQuestion",
+        "options": {
+            "models": {"m": {"base_url": expert_url, "model": "m", "usd_per_million": [1.0, 1.0]}},
+            "timeout_s": 2.0,
+            "max_retries": 1,
+            **expert_options,
+        },
+    }
     paths = []
     for declaration in (faulty, expert):
         path = directory / f"{declaration['name']}.json"
@@ -71,8 +92,14 @@ def _declarations(directory: Path, expert_url: str, **expert_options: Any) -> li
 
 
 def _write_tasks(path: Path, per_kind: int) -> Path:
-    write_tasks(path, [Task(id=f"{kind}{i}", question=f"{kind} please", answer="fine")
-                       for kind in FAULTS for i in range(per_kind)])
+    write_tasks(
+        path,
+        [
+            Task(id=f"{kind}{i}", question=f"{kind} please", answer="fine")
+            for kind in FAULTS
+            for i in range(per_kind)
+        ],
+    )
     return path
 
 
@@ -105,8 +132,9 @@ class Expert:
     """The expert endpoint's process (``dies_at``: the request that kills it; 0: never)."""
 
     def __init__(self, dies_at: int = 0) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", EXPERT, str(dies_at)],
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", EXPERT, str(dies_at)], stdout=subprocess.PIPE, text=True
+        )
         self.url = self.process.stdout.readline().strip()
         assert self.url.startswith("http://127.0.0.1:"), "the expert endpoint did not start"
 
@@ -133,13 +161,22 @@ def _reply(prompt: str) -> str:
 def test_rollouts_count_faults_and_go_on(tmp_path, tiny_tokenizer):
     tasks = _write_tasks(tmp_path / "tasks.jsonl", per_kind=2)
     with Expert() as expert:
-        config = config_lib.load([
-            "env=tasks", f"env.path={tasks}", "env.val_fraction=0",
-            f"tools.declarations=[{','.join(_declarations(tmp_path, expert.url))}]",
-            "grpo.prompts_per_step=10", "rollout.group_size=2", "grpo.max_sampling_rounds=1",
-            "rollout.max_turns=2", "rollout.max_new_tokens=64", "reward.min_group_std=0",
-            # The faults are this test's subject: train on what they leave.
-            "rollout.max_infra_error_rate=1"])
+        config = config_lib.load(
+            [
+                "env=tasks",
+                f"env.path={tasks}",
+                "env.val_fraction=0",
+                f"tools.declarations=[{','.join(_declarations(tmp_path, expert.url))}]",
+                "grpo.prompts_per_step=10",
+                "rollout.group_size=2",
+                "grpo.max_sampling_rounds=1",
+                "rollout.max_turns=2",
+                "rollout.max_new_tokens=64",
+                "reward.min_group_std=0",
+                # The faults are this test's subject: train on what they leave.
+                "rollout.max_infra_error_rate=1",
+            ]
+        )
         mixture = build_mixture(config)
         toolboxes = [environment.toolbox() for environment in mixture.environments]
         engine = ScriptedEngine(tiny_tokenizer, _reply)
@@ -155,8 +192,9 @@ def test_rollouts_count_faults_and_go_on(tmp_path, tiny_tokenizer):
                         expert.kill()
                     started = time.perf_counter()
                     batch = await rollouts.batch(step)
-                    steps.append({**batch.metrics(config.reward),
-                                  "seconds": time.perf_counter() - started})
+                    steps.append(
+                        {**batch.metrics(config.reward), "seconds": time.perf_counter() - started}
+                    )
             finally:
                 for toolbox in toolboxes:
                     await toolbox.close()
@@ -192,38 +230,62 @@ class FlakyExpert:
             self.calls[question] += 1
             if turn == 0:
                 return 500, {"error": {"message": "upstream overloaded"}}, {}
-            return 200, {"model": "m", "choices": [{"index": 0, "finish_reason": "stop",
-                                                    "message": {"content": ["fine", "nope"][
-                                                        turn == 2]}}],
-                         "usage": {"prompt_tokens": 5, "completion_tokens": 1}}, {}
+            return (
+                200,
+                {
+                    "model": "m",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"content": ["fine", "nope"][turn == 2]},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+                },
+                {},
+            )
 
         self.server = JSONServer(answer, url_path="/v1")
         self.url = self.server.url
 
 
-def test_an_expert_failing_a_share_of_its_calls_is_masked_then_stops_the_step(tmp_path,
-                                                                              tiny_tokenizer):
+def test_an_expert_failing_a_share_of_its_calls_is_masked_then_stops_the_step(
+    tmp_path, tiny_tokenizer
+):
     from nemo_orch.call_kinds import InfrastructureError
     from nemo_orch.reward import OutcomeScorer, by_answer, group_advantages, score_group
 
     path = tmp_path / "tasks.jsonl"
-    write_tasks(path, [Task(id=f"expert{i}", question=f"expert please {i}", answer="fine")
-                       for i in range(4)])
+    write_tasks(
+        path,
+        [Task(id=f"expert{i}", question=f"expert please {i}", answer="fine") for i in range(4)],
+    )
     flaky = FlakyExpert()
     # No retry and no circuit breaker: exactly one call of four fails.
     declarations = _declarations(tmp_path, flaky.url, max_retries=0, guard={"failures": 0})
 
     def rollouts(max_rate: float) -> tuple[Any, Rollouts]:
-        config = config_lib.load([
-            "env=tasks", f"env.path={path}", "env.val_fraction=0",
-            f"tools.declarations=[{','.join(declarations)}]", "grpo.prompts_per_step=4",
-            "rollout.group_size=4", "grpo.max_sampling_rounds=1", "rollout.max_turns=2",
-            "rollout.max_new_tokens=64", "reward.min_group_std=0",
-            f"rollout.max_infra_error_rate={max_rate}"])
+        config = config_lib.load(
+            [
+                "env=tasks",
+                f"env.path={path}",
+                "env.val_fraction=0",
+                f"tools.declarations=[{','.join(declarations)}]",
+                "grpo.prompts_per_step=4",
+                "rollout.group_size=4",
+                "grpo.max_sampling_rounds=1",
+                "rollout.max_turns=2",
+                "rollout.max_new_tokens=64",
+                "reward.min_group_std=0",
+                f"rollout.max_infra_error_rate={max_rate}",
+            ]
+        )
         mixture = build_mixture(config)
         toolboxes = [environment.toolbox() for environment in mixture.environments]
-        return config, Rollouts(config, ScriptedEngine(tiny_tokenizer, _reply), tiny_tokenizer,
-                                mixture, toolboxes)
+        return config, Rollouts(
+            config, ScriptedEngine(tiny_tokenizer, _reply), tiny_tokenizer, mixture, toolboxes
+        )
 
     async def step(rollouts: Rollouts):
         for toolbox in rollouts.toolboxes.values():
@@ -248,7 +310,7 @@ def test_an_expert_failing_a_share_of_its_calls_is_masked_then_stops_the_step(tm
     assert metrics["calls/infra_error"] == 4 and metrics["calls/ok"] == 12
     scorer = by_answer(OutcomeScorer(config.reward))
     for group in batch.kept:
-        (masked, failure), = group.masked  # one episode of each group
+        ((masked, failure),) = group.masked  # one episode of each group
         assert failure.reason == "infra_error" and failure.endpoint == "expert(model=m)"
         assert "HTTP 500: upstream overloaded" in failure.detail
         kept = group.trajectories
@@ -259,18 +321,22 @@ def test_an_expert_failing_a_share_of_its_calls_is_masked_then_stops_the_step(tm
         assert [b.reward for b in group.breakdowns] == [b.reward for b in never_ran]
         advantages = group_advantages([b.reward for b in group.breakdowns], config.reward)
         # ... not those it would have given them as a zero of the policy's.
-        with_zero = score_group(group.task, [*kept, masked],
-                                [*outcomes, asyncio.run(scorer(group.task, masked))],
-                                config.reward)
-        assert advantages != group_advantages([b.reward for b in with_zero],
-                                              config.reward)[:3]
+        with_zero = score_group(
+            group.task,
+            [*kept, masked],
+            [*outcomes, asyncio.run(scorer(group.task, masked))],
+            config.reward,
+        )
+        assert advantages != group_advantages([b.reward for b in with_zero], config.reward)[:3]
     message = str(stopped.value)
     assert "\n" not in message
-    assert message.startswith("4 of the 16 episodes of step 1 were decided by infrastructure "
-                              "failures (25% > rollout.max_infra_error_rate=0.2), rather than "
-                              "trained on: expert(model=m): 4 x infra_error (expert 'm' failed: "
-                              f"POST {flaky.url}/chat/completions failed after 1 attempt; last "
-                              "error: HTTP 500: upstream overloaded)"), message
+    assert message.startswith(
+        "4 of the 16 episodes of step 1 were decided by infrastructure "
+        "failures (25% > rollout.max_infra_error_rate=0.2), rather than "
+        "trained on: expert(model=m): 4 x infra_error (expert 'm' failed: "
+        f"POST {flaky.url}/chat/completions failed after 1 attempt; last "
+        "error: HTTP 500: upstream overloaded)"
+    ), message
 
 
 # ----------------------------------------------------------------------------- whole runs
@@ -279,8 +345,9 @@ FINE_TUNING_STEPS = 100
 
 
 @pytest.fixture(scope="module")
-def fault_policy(tiny_tokenizer_dir: Path, tiny_tokenizer,
-                 tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fault_policy(
+    tiny_tokenizer_dir: Path, tiny_tokenizer, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A tiny Qwen3 (an HF directory) fine-tuned to call the tool its task names, then answer:
     whole calls of its own (an untrained one writes none), so GRPO's episodes reach the tools.
     Fine-tuned here in a plain torch loop, in seconds (``nemo-orch sft`` would spend ~20 s
@@ -291,23 +358,50 @@ def fault_policy(tiny_tokenizer_dir: Path, tiny_tokenizer,
     from nemo_orch.rollout.builders import offered_schemas
 
     directory = tmp_path_factory.mktemp("fault-policy")
-    schemas = offered_schemas(ToolsConfig(declarations=_declarations(directory,
-                                                                      "http://127.0.0.1:9/v1")))
-    rows = [tokenize_conversation(tiny_tokenizer, {"messages": [
-        {"role": "user", "content": f"{kind} please"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": name, "arguments": arguments}}]},
-        {"role": "tool", "content": "fine"},
-        {"role": "assistant", "content": "<answer>fine</answer>"}], "tools": schemas})
-        for kind, (name, arguments) in FAULTS.items()]
+    schemas = offered_schemas(
+        ToolsConfig(declarations=_declarations(directory, "http://127.0.0.1:9/v1"))
+    )
+    rows = [
+        tokenize_conversation(
+            tiny_tokenizer,
+            {
+                "messages": [
+                    {"role": "user", "content": f"{kind} please"},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {"type": "function", "function": {"name": name, "arguments": arguments}}
+                        ],
+                    },
+                    {"role": "tool", "content": "fine"},
+                    {"role": "assistant", "content": "<answer>fine</answer>"},
+                ],
+                "tools": schemas,
+            },
+        )
+        for kind, (name, arguments) in FAULTS.items()
+    ]
     length = max(len(ids) for ids, _ in rows)
     pad = [tiny_tokenizer.pad_token_id] * length
-    tokens = torch.tensor([ids + pad[len(ids):] for ids, _ in rows])
-    labels = torch.tensor([[token if learn else -100 for token, learn in zip(ids, mask)]
-                           + [-100] * (length - len(ids)) for ids, mask in rows])
-    model_config = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
-                               num_query_groups=2, kv_channels=16, ffn_hidden_size=128,
-                               vocab_size=1024, max_position_embeddings=2560)
+    tokens = torch.tensor([ids + pad[len(ids) :] for ids, _ in rows])
+    labels = torch.tensor(
+        [
+            [token if learn else -100 for token, learn in zip(ids, mask)]
+            + [-100] * (length - len(ids))
+            for ids, mask in rows
+        ]
+    )
+    model_config = ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=128,
+        vocab_size=1024,
+        max_position_embeddings=2560,
+    )
     torch.manual_seed(0)
     model = build_hf_model(model_config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -335,11 +429,22 @@ class RewardServer:
             return
         http, grpc, metrics = self.ports
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "nemo_orch.cli", "serve", "reward", f"serve.http_port={http}",
-             f"serve.grpc_port={grpc}", f"serve.metrics_port={metrics}",
-             f"serve.workspace_root={self.workspace}"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "nemo_orch.cli",
+                "serve",
+                "reward",
+                f"serve.http_port={http}",
+                f"serve.grpc_port={grpc}",
+                f"serve.metrics_port={metrics}",
+                f"serve.workspace_root={self.workspace}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
         banner = self.process.stdout.readline()
         assert banner.startswith("reward: serving reward at"), banner
 
@@ -374,8 +479,11 @@ class GRPORun:
         with open(self.stderr, "w") as err:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "nemo_orch.cli", "grpo", *overrides],
-                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(TESTS)})
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": str(TESTS)},
+            )
 
     def errors(self) -> str:
         return self.stderr.read_text()
@@ -407,21 +515,42 @@ class GRPORun:
                 os.killpg(self.process.pid, signal.SIGKILL)
 
 
-def _grpo_overrides(policy: Path, out: Path, reward_url: str, expert_url: str,
-                    *extra: str, max_infra_error_rate: float = 1.0) -> list[str]:
+def _grpo_overrides(
+    policy: Path,
+    out: Path,
+    reward_url: str,
+    expert_url: str,
+    *extra: str,
+    max_infra_error_rate: float = 1.0,
+) -> list[str]:
     """A GRPO run on the faulty tools; the faults are its subject, so by default it trains
     on what they leave whatever their share."""
     tasks = _write_tasks(out / "tasks.jsonl", per_kind=4)
     declarations = _declarations(out, expert_url)
-    return [f"trainer.init_from={policy}", f"run.output_dir={out}", "run.name=run",
-            f"rollout.max_infra_error_rate={max_infra_error_rate}",
-            "env=tasks", f"env.path={tasks}", "env.val_fraction=0",
-            f"tools.declarations=[{','.join(declarations)}]", f"reward.endpoint={reward_url}",
-            "grpo.max_steps=2", "grpo.save_interval=1", "grpo.prompts_per_step=5",
-            "rollout.group_size=2", "grpo.micro_batch_size=2", "grpo.max_sampling_rounds=1",
-            # Half of each group starts with a call forced in rotation: every fault in turn.
-            "grpo.explore_share=0.5", "rollout.max_turns=2", "rollout.max_new_tokens=48",
-            "reward.min_group_std=0", "trainer.num_threads=1", *extra]
+    return [
+        f"trainer.init_from={policy}",
+        f"run.output_dir={out}",
+        "run.name=run",
+        f"rollout.max_infra_error_rate={max_infra_error_rate}",
+        "env=tasks",
+        f"env.path={tasks}",
+        "env.val_fraction=0",
+        f"tools.declarations=[{','.join(declarations)}]",
+        f"reward.endpoint={reward_url}",
+        "grpo.max_steps=2",
+        "grpo.save_interval=1",
+        "grpo.prompts_per_step=5",
+        "rollout.group_size=2",
+        "grpo.micro_batch_size=2",
+        "grpo.max_sampling_rounds=1",
+        # Half of each group starts with a call forced in rotation: every fault in turn.
+        "grpo.explore_share=0.5",
+        "rollout.max_turns=2",
+        "rollout.max_new_tokens=48",
+        "reward.min_group_std=0",
+        "trainer.num_threads=1",
+        *extra,
+    ]
 
 
 def _check_fault_metrics(metrics: list[dict]) -> None:
@@ -435,22 +564,27 @@ def _check_fault_metrics(metrics: list[dict]) -> None:
 
 @pytest.mark.slow
 def test_grpo_stops_clearly_when_the_reward_server_is_gone_and_resumes(
-        fault_policy, reward_server, tmp_path):
+    fault_policy, reward_server, tmp_path
+):
     reward_server.start()
     with Expert(dies_at=2) as expert:
-        overrides = _grpo_overrides(fault_policy, tmp_path, reward_server.url, expert.url,
-                                    "reward.endpoint_max_retries=1")
+        overrides = _grpo_overrides(
+            fault_policy, tmp_path, reward_server.url, expert.url, "reward.endpoint_max_retries=1"
+        )
         run = GRPORun(overrides, tmp_path)
         run.wait_until(lambda: run.logged_steps() == 1)
         with run.paused():  # step 2 will find the reward server gone
             reward_server.stop()
         assert run.finish() == 2
         last = run.errors().strip().splitlines()[-1]
-        assert last.startswith("nemo-orch grpo: error: GRPO stopped in step 2: POST "
-                               f"{reward_server.url}/v2/models/reward/infer failed after 2 "
-                               "attempts"), last
-        assert last.endswith(f"resume from {tmp_path}/run/grpo-tasks/checkpoints/step_1 "
-                             "(step 1)."), last
+        assert last.startswith(
+            "nemo-orch grpo: error: GRPO stopped in step 2: POST "
+            f"{reward_server.url}/v2/models/reward/infer failed after 2 "
+            "attempts"
+        ), last
+        assert last.endswith(
+            f"resume from {tmp_path}/run/grpo-tasks/checkpoints/step_1 (step 1)."
+        ), last
         assert "KServeError" not in run.errors()  # no traceback (the faulty tool's are logged)
 
         reward_server.start()
@@ -462,18 +596,24 @@ def test_grpo_stops_clearly_when_the_reward_server_is_gone_and_resumes(
 
 @pytest.mark.slow
 def test_grpo_stops_in_one_line_when_infrastructure_decides_too_many_episodes(
-        fault_policy, reward_server, tmp_path):
+    fault_policy, reward_server, tmp_path
+):
     reward_server.start()
     with Expert() as expert:
-        run = GRPORun(_grpo_overrides(fault_policy, tmp_path, reward_server.url, expert.url,
-                                      max_infra_error_rate=0.05), tmp_path)
+        run = GRPORun(
+            _grpo_overrides(
+                fault_policy, tmp_path, reward_server.url, expert.url, max_infra_error_rate=0.05
+            ),
+            tmp_path,
+        )
         assert run.finish() == 2
     last = run.errors().strip().splitlines()[-1]
     assert last.startswith("nemo-orch grpo: error: GRPO stopped in step 1: "), last
     assert "were decided by infrastructure failures" in last
     assert "> rollout.max_infra_error_rate=0.05), rather than trained on: faulty: " in last
-    assert last.endswith("Run the same command again to resume from the start (no step was "
-                         "checkpointed)."), last
+    assert last.endswith(
+        "Run the same command again to resume from the start (no step was checkpointed)."
+    ), last
     assert "InfrastructureError" not in run.errors()  # no traceback
     assert run.logged_steps() == 0
 
@@ -482,18 +622,29 @@ def test_grpo_stops_in_one_line_when_infrastructure_decides_too_many_episodes(
 def test_grpo_on_ray_waits_for_a_restarted_reward_server(fault_policy, reward_server, tmp_path):
     reward_server.start()
     with Expert(dies_at=2) as expert:
-        run = GRPORun(_grpo_overrides(
-            fault_policy, tmp_path, reward_server.url, expert.url, "rollout.backend=ray",
-            "rollout.ray.num_workers=1", "rollout.ray.num_cpus_per_worker=0.5",
-            "rollout.ray.object_store_mb=128", "reward.endpoint_max_retries=8"), tmp_path)
+        run = GRPORun(
+            _grpo_overrides(
+                fault_policy,
+                tmp_path,
+                reward_server.url,
+                expert.url,
+                "rollout.backend=ray",
+                "rollout.ray.num_workers=1",
+                "rollout.ray.num_cpus_per_worker=0.5",
+                "rollout.ray.object_store_mb=128",
+                "reward.endpoint_max_retries=8",
+            ),
+            tmp_path,
+        )
         run.wait_until(lambda: run.logged_steps() == 1)
         with run.paused():
             reward_server.stop()
         # Step 2's scoring meets the stopped server and retries; it comes back meanwhile.
         # (Ray forwards the scorer actor's warnings, repeated ones merged.)
         retrying = f"{reward_server.url}/v2/models/reward/infer"
-        run.wait_until(lambda: any(retrying in line and "retry" in line
-                                   for line in run.errors().splitlines()))
+        run.wait_until(
+            lambda: any(retrying in line and "retry" in line for line in run.errors().splitlines())
+        )
         reward_server.start()
         assert run.finish() == 0, run.errors()[-5000:]
         assert expert.process.wait(timeout=60) == -signal.SIGKILL

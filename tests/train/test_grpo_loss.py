@@ -32,23 +32,35 @@ REF = [[-1.0, -1.0, -1.5], [-0.2, 0.0, -2.0]]
 MASK = [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
 ENGINE_OFFSET = [[0.1, -0.2, 0.0], [0.0, 0.3, 9.0]]
 
-SURROGATE_SUM = -1.105171 - 2.56 + 0.8 + 1.5 + 2.013753   # 0.648582
-K3_SUM = 0.106531 + 0.148721 + 0.718282                   # 0.973534
+SURROGATE_SUM = -1.105171 - 2.56 + 0.8 + 1.5 + 2.013753  # 0.648582
+K3_SUM = 0.106531 + 0.148721 + 0.718282  # 0.973534
 MSE_SUM = 0.125 + 0.125 + 0.5
 RATIO_SUM = 1.105171 + 1.648721 + 0.606531 + 4.055200 + 2.013753
 
 
 def hand_batch(requires_grad: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     token_losses = (-torch.tensor(LOGP)).requires_grad_(requires_grad)
-    batch = {"old_logprobs": torch.tensor(OLD), "advantages": torch.tensor(ADVANTAGES),
-             "ref_logprobs": torch.tensor(REF), "loss_mask": torch.tensor(MASK),
-             "engine_logprobs": torch.tensor(OLD) + torch.tensor(ENGINE_OFFSET)}
+    batch = {
+        "old_logprobs": torch.tensor(OLD),
+        "advantages": torch.tensor(ADVANTAGES),
+        "ref_logprobs": torch.tensor(REF),
+        "loss_mask": torch.tensor(MASK),
+        "engine_logprobs": torch.tensor(OLD) + torch.tensor(ENGINE_OFFSET),
+    }
     return token_losses, batch
 
 
 def grpo(**changes) -> GRPOConfig:
-    return GRPOConfig(**{"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "kl_type": "k3",
-                         "kl_coef": 0.1, **changes})
+    return GRPOConfig(
+        **{
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+            "dual_clip": 3.0,
+            "kl_type": "k3",
+            "kl_coef": 0.1,
+            **changes,
+        }
+    )
 
 
 @pytest.mark.parametrize("kl_type, kl_sum", [("k3", K3_SUM), ("mse", MSE_SUM)])
@@ -57,10 +69,19 @@ def test_loss_and_metrics_by_hand(kl_type, kl_sum):
     assert int(result.num_tokens) == 5
     assert float(result.loss_sum) == pytest.approx(SURROGATE_SUM + 0.1 * kl_sum, abs=1e-5)
     sums = {key: float(value) for key, value in result.metric_sums.items()}
-    assert sums == pytest.approx({
-        "policy_loss": SURROGATE_SUM, "kl": kl_sum, "kl_loss": 0.1 * kl_sum,
-        "ratio_mean": RATIO_SUM, "clip_frac_high": 1.0, "clip_frac_low": 1.0,
-        "clip_frac_dual": 1.0, "engine_logprob_abs_diff": 0.1 + 0.2 + 0.3}, abs=1e-5)
+    assert sums == pytest.approx(
+        {
+            "policy_loss": SURROGATE_SUM,
+            "kl": kl_sum,
+            "kl_loss": 0.1 * kl_sum,
+            "ratio_mean": RATIO_SUM,
+            "clip_frac_high": 1.0,
+            "clip_frac_low": 1.0,
+            "clip_frac_dual": 1.0,
+            "engine_logprob_abs_diff": 0.1 + 0.2 + 0.3,
+        },
+        abs=1e-5,
+    )
     # the masked token's ratio (18.17) does not count
     assert float(result.metric_maxima["ratio_max"]) == pytest.approx(4.055200, abs=1e-5)
 
@@ -80,7 +101,8 @@ def test_the_kl_term_covers_only_the_policys_own_draws():
 def test_without_dual_clip_the_negative_advantage_loss_follows_the_ratio():
     result = grpo_token_loss(grpo(dual_clip=0.0, kl_coef=0.0))(*hand_batch())
     assert float(result.metric_sums["policy_loss"]) == pytest.approx(
-        SURROGATE_SUM - 1.5 + 0.5 * 4.055200, abs=1e-5)
+        SURROGATE_SUM - 1.5 + 0.5 * 4.055200, abs=1e-5
+    )
     assert float(result.metric_sums["clip_frac_dual"]) == 0.0
 
 
@@ -88,9 +110,12 @@ def test_only_unclipped_tokens_carry_gradient():
     token_losses, batch = hand_batch(requires_grad=True)
     grpo_token_loss(grpo(kl_coef=0.0))(token_losses, batch).loss_sum.backward()
     # d(-r A)/d(-logp) = r A on unclipped tokens; clipped, dual-clipped and masked ones get none
-    torch.testing.assert_close(token_losses.grad, torch.tensor([[1.105171, 0.0, 0.0],
-                                                                [0.0, -2.013753, 0.0]]),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        token_losses.grad,
+        torch.tensor([[1.105171, 0.0, 0.0], [0.0, -2.013753, 0.0]]),
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def test_without_a_kl_term_the_reference_is_optional():
@@ -113,8 +138,10 @@ def on_policy_batches(config, policy, context, advantage_per_sequence: torch.Ten
     """Micro-batches whose old and reference log-probabilities are the policy's own (ratio 1),
     sequence ``i`` with advantage ``advantage_per_sequence[i]`` (in the micro-batches' order:
     see :func:`sequence_advantages`)."""
-    samples = [dataclasses.replace(sample, advantage=float(advantage)) for sample, advantage
-               in zip(synthetic_samples(config), advantage_per_sequence, strict=True)]
+    samples = [
+        dataclasses.replace(sample, advantage=float(advantage))
+        for sample, advantage in zip(synthetic_samples(config), advantage_per_sequence, strict=True)
+    ]
     batches = rank_batches(samples, config, context)
     for micro_batch, logprobs in zip(batches, policy.forward_logprobs(batches)):
         del micro_batch["engine_logprobs"]  # the samples' are placeholders
@@ -124,14 +151,17 @@ def on_policy_batches(config, policy, context, advantage_per_sequence: torch.Ten
 
 def sequence_advantages(batches) -> torch.Tensor:
     """Per sequence, in the micro-batches' order."""
-    return torch.cat([batch["advantages"].sum(1) / batch["loss_mask"].sum(1)
-                      for batch in batches])
+    return torch.cat([batch["advantages"].sum(1) / batch["loss_mask"].sum(1) for batch in batches])
 
 
 def sequence_mean_logprobs(policy, batches) -> torch.Tensor:
     """Per sequence, over the micro-batches (which differ in length)."""
-    return torch.cat([(logprobs * batch["loss_mask"]).sum(1) / batch["loss_mask"].sum(1)
-                      for logprobs, batch in zip(policy.forward_logprobs(batches), batches)])
+    return torch.cat(
+        [
+            (logprobs * batch["loss_mask"]).sum(1) / batch["loss_mask"].sum(1)
+            for logprobs, batch in zip(policy.forward_logprobs(batches), batches)
+        ]
+    )
 
 
 def test_a_step_raises_the_logprobs_of_positive_advantages(tiny_policy):
@@ -151,12 +181,20 @@ def test_zero_advantages_on_policy_without_kl_is_zero_loss(tiny_policy):
     batches = on_policy_batches(config, policy, context, torch.zeros(8))
     for batch in batches:
         del batch["ref_logprobs"]
-    result = policy.train_step(batches, grpo_token_loss(dataclasses.replace(config.grpo,
-                                                                            kl_coef=0.0)))
+    result = policy.train_step(
+        batches, grpo_token_loss(dataclasses.replace(config.grpo, kl_coef=0.0))
+    )
     assert result.loss == 0.0 and result.grad_norm == 0.0 and result.num_tokens > 0
-    assert result.metrics == pytest.approx({"policy_loss": 0.0, "ratio_mean": 1.0,
-                                            "ratio_max": 1.0, "clip_frac_low": 0.0,
-                                            "clip_frac_high": 0.0, "clip_frac_dual": 0.0})
+    assert result.metrics == pytest.approx(
+        {
+            "policy_loss": 0.0,
+            "ratio_mean": 1.0,
+            "ratio_max": 1.0,
+            "clip_frac_low": 0.0,
+            "clip_frac_high": 0.0,
+            "clip_frac_dual": 0.0,
+        }
+    )
 
 
 def test_reference_is_a_frozen_copy_of_the_policy(tiny_policy):
@@ -177,10 +215,12 @@ def test_an_optimizer_that_never_stepped_is_saved_and_resumed(tiny_policy, tmp_p
     from nemo_orch.models import checkpoint
 
     config, policy, context = tiny_policy
-    saved = checkpoint.save(config, 1, policy.module, policy.optimizer, policy.scheduler,
-                            directory=tmp_path)
-    checkpoint.load(checkpoint.open_checkpoint(saved), policy.module, policy.optimizer,
-                    policy.scheduler)
+    saved = checkpoint.save(
+        config, 1, policy.module, policy.optimizer, policy.scheduler, directory=tmp_path
+    )
+    checkpoint.load(
+        checkpoint.open_checkpoint(saved), policy.module, policy.optimizer, policy.scheduler
+    )
     batches = on_policy_batches(config, policy, context, torch.ones(8))
     assert torch.isfinite(torch.tensor(policy.train_step(batches).loss))
 
@@ -190,8 +230,9 @@ def test_an_update_with_too_few_samples_is_skipped(tiny_policy):
     (sample,) = synthetic_samples(config, count=1)
     before = [parameter.detach().clone() for parameter in policy.module.parameters()]
     loss = grpo_token_loss(config.grpo)
-    assert grpo_recipe._update(policy, ReferenceModel(config, context), loss, [sample], config, 1,
-                               0, 0) == {"skipped_update": 1.0}
+    assert grpo_recipe._update(
+        policy, ReferenceModel(config, context), loss, [sample], config, 1, 0, 0
+    ) == {"skipped_update": 1.0}
     assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
 
 
@@ -203,10 +244,20 @@ def test_the_kl_guard_skips_an_update_whose_kl_passes_it_and_rolls_back_the_last
     samples = synthetic_samples(config)
 
     def update(kl_guard: float, rollback=None) -> dict[str, float]:
-        guarded = config_lib.replace(config, grpo=dataclasses.replace(config.grpo,
-                                                                      kl_guard=kl_guard))
-        return grpo_recipe._update(policy, reference, grpo_token_loss(guarded.grpo), samples,
-                                   guarded, 1, 0, 0, rollback=rollback)
+        guarded = config_lib.replace(
+            config, grpo=dataclasses.replace(config.grpo, kl_guard=kl_guard)
+        )
+        return grpo_recipe._update(
+            policy,
+            reference,
+            grpo_token_loss(guarded.grpo),
+            samples,
+            guarded,
+            1,
+            0,
+            0,
+            rollback=rollback,
+        )
 
     before = [parameter.detach().clone() for parameter in policy.module.parameters()]
     skipped = update(kl_guard=0.01)
@@ -237,10 +288,11 @@ def test_truncated_importance_sampling_by_hand():
     # Only the weight scales the gradient: it is not differentiated.
     token_losses, batch = hand_batch(requires_grad=True)
     grpo_token_loss(grpo(kl_coef=0.0, importance_sampling_cap=1.1))(
-        token_losses, batch).loss_sum.backward()
-    torch.testing.assert_close(token_losses.grad, torch.tensor([[1.0, 0.0, 0.0],
-                                                                [0.0, -1.491825, 0.0]]),
-                               atol=1e-5, rtol=0)
+        token_losses, batch
+    ).loss_sum.backward()
+    torch.testing.assert_close(
+        token_losses.grad, torch.tensor([[1.0, 0.0, 0.0], [0.0, -1.491825, 0.0]]), atol=1e-5, rtol=0
+    )
     with pytest.raises(config_lib.ConfigError, match="importance_sampling_cap"):
         grpo(importance_sampling_cap=0.5)
 
@@ -273,10 +325,12 @@ def test_logprobs_and_gradients_come_from_the_loss_positions_alone(tiny_policy):
         assert not logprobs[~mask].any()
     batch = batches[0]
     gradients = []
-    for losses in (lambda: policy_module._stage_output(model, batch, labels=True),
-                   lambda: model(batch["tokens"], batch["position_ids"], None,
-                                 labels=batch["labels"])):
-        gradients.append(torch.autograd.grad((losses() * batch["loss_mask"]).sum(),
-                                             list(model.parameters())))
+    for losses in (
+        lambda: policy_module._stage_output(model, batch, labels=True),
+        lambda: model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"]),
+    ):
+        gradients.append(
+            torch.autograd.grad((losses() * batch["loss_mask"]).sum(), list(model.parameters()))
+        )
     for masked, full in zip(*gradients, strict=True):
         torch.testing.assert_close(masked, full, rtol=1e-5, atol=1e-6)

@@ -50,8 +50,13 @@ def test_gae_skips_observation_tokens_by_hand():
     values = [9.0, 0.5, 0.25, 7.0, -3.0, 0.75, 0.5, 4.0]
     rewards = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     gamma, lam = 0.9, 0.8
-    advantages, returns = ppo.gae(torch.tensor([rewards]), torch.tensor([values]),
-                                  torch.tensor([mask], dtype=torch.float), gamma, lam)
+    advantages, returns = ppo.gae(
+        torch.tensor([rewards]),
+        torch.tensor([values]),
+        torch.tensor([mask], dtype=torch.float),
+        gamma,
+        lam,
+    )
     # Hand-computed: delta_6 = 1 - 0.5; delta_5 = 0.9 * 0.5 - 0.75; delta_2 = 0.9 * 0.75 - 0.25
     # (the observation's values 7 and -3 never enter); delta_1 = 0.9 * 0.25 - 0.5.
     a6 = 0.5
@@ -62,11 +67,17 @@ def test_gae_skips_observation_tokens_by_hand():
     assert advantages[0].tolist() == pytest.approx(expected)
     assert expected == pytest.approx(_by_hand(rewards, values, mask, gamma, lam))
     assert returns[0].tolist() == pytest.approx(
-        [(a + v) * m for a, v, m in zip(expected, values, mask)])
+        [(a + v) * m for a, v, m in zip(expected, values, mask)]
+    )
     # Changing an observation token's value changes nothing.
     values[3] = -100.0
-    again, _ = ppo.gae(torch.tensor([rewards]), torch.tensor([values]),
-                       torch.tensor([mask], dtype=torch.float), gamma, lam)
+    again, _ = ppo.gae(
+        torch.tensor([rewards]),
+        torch.tensor([values]),
+        torch.tensor([mask], dtype=torch.float),
+        gamma,
+        lam,
+    )
     assert torch.equal(again, advantages)
 
 
@@ -79,15 +90,17 @@ def test_gae_batches_rows_of_different_lengths():
         rewards[row, int(mask[row].nonzero().max())] = float(row) + 0.5
     advantages, _ = ppo.gae(rewards, values, mask, 1.0, 0.95)
     for row in range(3):
-        assert advantages[row].tolist() == pytest.approx(_by_hand(
-            rewards[row].tolist(), values[row].tolist(), mask[row].tolist(), 1.0, 0.95),
-            abs=1e-6)
+        assert advantages[row].tolist() == pytest.approx(
+            _by_hand(rewards[row].tolist(), values[row].tolist(), mask[row].tolist(), 1.0, 0.95),
+            abs=1e-6,
+        )
 
 
 def test_micro_batches_put_the_reward_on_the_last_policy_token():
-    samples = [Sample([5, 6, 7, 8, 9], [0, 1, 1, 0, 0], [0.0] * 5, 0.0, [0, 1, 0, 0, 0],
-                      reward=0.75),
-               Sample([5, 6, 7], [0, 0, 1], [0.0] * 3, 0.0, [0, 0, 1], reward=-1.0)]
+    samples = [
+        Sample([5, 6, 7, 8, 9], [0, 1, 1, 0, 0], [0.0] * 5, 0.0, [0, 1, 0, 0, 0], reward=0.75),
+        Sample([5, 6, 7], [0, 0, 1], [0.0] * 3, 0.0, [0, 0, 1], reward=-1.0),
+    ]
     (batch,) = micro_batches(samples, 2, 0)
     # Sorted by length, the short one first; labels are ids[1:], so the long one's policy
     # tokens are labels 0 and 1, the short one's label 1.
@@ -102,18 +115,24 @@ def test_whitening_and_return_statistics_match_numpy():
     picked = np.concatenate([t[m > 0].numpy() for t, m in zip(tensors, masks)])
     mean, variance, count = ppo.global_moments(tensors, masks)
     assert (mean, variance, count) == pytest.approx((picked.mean(), picked.var(), len(picked)))
-    whitened = np.concatenate([w[m > 0].numpy() for w, m in zip(ppo.whiten(tensors, masks),
-                                                                masks)])
+    whitened = np.concatenate([w[m > 0].numpy() for w, m in zip(ppo.whiten(tensors, masks), masks)])
     assert whitened.mean() == pytest.approx(0, abs=1e-6)
     assert whitened.std() == pytest.approx(1, abs=1e-4)
-    assert all(float(w[m == 0].abs().sum()) == 0 for w, m in zip(ppo.whiten(tensors, masks),
-                                                                  masks))
+    assert all(float(w[m == 0].abs().sum()) == 0 for w, m in zip(ppo.whiten(tensors, masks), masks))
 
 
 def test_return_statistics_fold_batches_in_like_one_pass(megatron_world):
-    config = config_lib.load(["grpo=ppo", "model.num_layers=1", "model.hidden_size=32",
-                              "model.ffn_hidden_size=64", "model.kv_channels=8",
-                              "model.vocab_size=512", "tokenizer.vocab_size=512"])
+    config = config_lib.load(
+        [
+            "grpo=ppo",
+            "model.num_layers=1",
+            "model.hidden_size=32",
+            "model.ffn_hidden_size=64",
+            "model.kv_channels=8",
+            "model.vocab_size=512",
+            "tokenizer.vocab_size=512",
+        ]
+    )
     critic = Critic(ppo.critic_config(config), megatron_world)
     statistics = ppo.ReturnStatistics(critic, enabled=True)
     assert statistics.scale() == (0.0, 1.0)
@@ -128,9 +147,11 @@ def test_return_statistics_fold_batches_in_like_one_pass(megatron_world):
 def test_value_loss_is_clipped_around_the_old_values_by_hand():
     loss_fn = ppo.value_loss(PPO_CONFIG)  # value_clip 0.2
     values = torch.tensor([[0.0, 1.0, 0.5, 9.0]])
-    batch = {"loss_mask": torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
-             "returns": torch.tensor([[1.0, 0.0, 0.5, 0.0]]),
-             "old_values": torch.tensor([[0.5, 0.0, 0.0, 0.0]])}
+    batch = {
+        "loss_mask": torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+        "returns": torch.tensor([[1.0, 0.0, 0.5, 0.0]]),
+        "old_values": torch.tensor([[0.5, 0.0, 0.0, 0.0]]),
+    }
     result = loss_fn(values, batch)
     # token 0: unclipped 0.5; clipped to 0.3 -> 0.5 * 0.49; max 0.5 (the unclipped)
     # token 1: unclipped 0.5; clipped to 0.2 -> 0.02; max 0.5
@@ -138,30 +159,34 @@ def test_value_loss_is_clipped_around_the_old_values_by_hand():
     assert float(result.loss_sum) == pytest.approx(0.5 + 0.5 + 0.045)
     assert int(result.num_tokens) == 3
     assert float(result.metric_sums["critic/clip_frac"]) == 1.0
-    unclipped = ppo.value_loss(config_lib.load(["grpo=ppo", "grpo.ppo.value_clip=null"])
-                               .grpo.ppo)(values, batch)
+    unclipped = ppo.value_loss(config_lib.load(["grpo=ppo", "grpo.ppo.value_clip=null"]).grpo.ppo)(
+        values, batch
+    )
     assert float(unclipped.loss_sum) == pytest.approx(1.0)
 
 
-def test_the_critic_starts_from_the_policy_trunk_with_a_zero_head(megatron_world,
-                                                                  start_checkpoint):
-    config = config_lib.load(["grpo=ppo", f"trainer.init_from={start_checkpoint}",
-                              *_tiny_model()])
+def test_the_critic_starts_from_the_policy_trunk_with_a_zero_head(megatron_world, start_checkpoint):
+    config = config_lib.load(["grpo=ppo", f"trainer.init_from={start_checkpoint}", *_tiny_model()])
     critic = ppo.start_critic(config, megatron_world, resumed_step=None)
     policy = Policy(config, megatron_world)
     checkpoint.load(checkpoint.open_checkpoint(start_checkpoint), policy.module)
-    trunk = {name: tensor for name, tensor in policy.module.state_dict().items()
-             if not name.startswith("output_layer") and not name.endswith("_extra_state")}
+    trunk = {
+        name: tensor
+        for name, tensor in policy.module.state_dict().items()
+        if not name.startswith("output_layer") and not name.endswith("_extra_state")
+    }
     own = critic.module.state_dict()
     assert trunk and all(torch.equal(own[name], tensor) for name, tensor in trunk.items())
     assert float(critic.head.weight.abs().sum()) == 0
-    batches = micro_batches([Sample([1, 2, 3, 4], [0, 1, 1, 1], [0.0] * 4, 0.0, [0, 1, 1, 1])],
-                            1, 0)
+    batches = micro_batches(
+        [Sample([1, 2, 3, 4], [0, 1, 1, 1], [0.0] * 4, 0.0, [0, 1, 1, 1])], 1, 0
+    )
     (values,) = critic.forward_values(batches)
     assert values.shape == batches[0]["tokens"].shape and float(values.abs().sum()) == 0
 
 
 # ----------------------------------------------------------------------------- runs
+
 
 def _tiny_model() -> list[str]:
     from support.cli_helpers import TINY_LONG_MODEL
@@ -175,8 +200,11 @@ def _tasks(tmp_path: Path) -> list[str]:
 
 def _learned(metrics: dict) -> dict:
     """What two runs of the same samples and weights agree on: all but wall-clock figures."""
-    return {key: value for key, value in metrics.items()
-            if not key.startswith("time/") and "per_s" not in key and "seconds" not in key}
+    return {
+        key: value
+        for key, value in metrics.items()
+        if not key.startswith("time/") and "per_s" not in key and "seconds" not in key
+    }
 
 
 @pytest.fixture(scope="module")
@@ -184,14 +212,24 @@ def ppo_runs(start_checkpoint, tmp_path_factory) -> tuple[Path, Path]:
     """Three PPO steps killed in the third and resumed from step 2's checkpoint, and the same
     three steps straight: their stage directories."""
     out = tmp_path_factory.mktemp("ppo")
-    args = grpo_overrides(start_checkpoint, out / "killed", *_tasks(out), "grpo.max_steps=3",
-                          "grpo.save_interval=2")
-    assert run_cli("grpo", *args, env={KILL_AT: "step:3"},
-                   expect=None).returncode == -signal.SIGKILL
+    args = grpo_overrides(
+        start_checkpoint, out / "killed", *_tasks(out), "grpo.max_steps=3", "grpo.save_interval=2"
+    )
+    assert (
+        run_cli("grpo", *args, env={KILL_AT: "step:3"}, expect=None).returncode == -signal.SIGKILL
+    )
     assert (grpo_stage(out / "killed") / ppo.CRITIC_DIR / "step_2").is_dir()
     run_cli("grpo", *args)
-    run_cli("grpo", *grpo_overrides(start_checkpoint, out / "whole", *_tasks(out),
-                                    "grpo.max_steps=3", "grpo.save_interval=2"))
+    run_cli(
+        "grpo",
+        *grpo_overrides(
+            start_checkpoint,
+            out / "whole",
+            *_tasks(out),
+            "grpo.max_steps=3",
+            "grpo.save_interval=2",
+        ),
+    )
     return grpo_stage(out / "killed"), grpo_stage(out / "whole")
 
 
@@ -201,37 +239,53 @@ def test_ppo_trains_policy_and_critic_and_resumes_both_after_a_kill(ppo_runs):
     # Step 3 after the resume is step 3 of the straight run: the critic's weights, optimizer
     # and return statistics came back with the policy's.
     assert _learned(resumed[2]) == pytest.approx(_learned(whole[2]), rel=1e-5, abs=1e-7)
-    assert {"critic/value_loss", "critic/grad_norm", "critic/return_mean", "policy_loss"} <= \
-        whole[0].keys()
+    assert {"critic/value_loss", "critic/grad_norm", "critic/return_mean", "policy_loss"} <= whole[
+        0
+    ].keys()
     assert any(m["critic/value_loss"] > 0 for m in whole)
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (("grpo=ppo", "grpo.dynamic_sampling=true"), "grpo.dynamic_sampling"),
-    (("grpo=ppo", "grpo.async_grpo.enabled=true"), "grpo.async_grpo.enabled"),
-    (("grpo=ppo", "grpo.sample_mode=turn"), "grpo.sample_mode"),
-    (("grpo.algo=ppo",), "grpo.ppo"),
-    (("grpo=ppo", "grpo.algo=grpo"), "grpo.ppo"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (("grpo=ppo", "grpo.dynamic_sampling=true"), "grpo.dynamic_sampling"),
+        (("grpo=ppo", "grpo.async_grpo.enabled=true"), "grpo.async_grpo.enabled"),
+        (("grpo=ppo", "grpo.sample_mode=turn"), "grpo.sample_mode"),
+        (("grpo.algo=ppo",), "grpo.ppo"),
+        (("grpo=ppo", "grpo.algo=grpo"), "grpo.ppo"),
+    ],
+)
 def test_ppo_and_grpo_refuse_each_others_settings(overrides, key):
     with pytest.raises(config_lib.ConfigError, match=key.replace(".", r"\.")):
         config_lib.load(list(overrides))
 
 
 def test_the_command_line_refuses_a_grpo_setting_under_ppo(start_checkpoint, tmp_path):
-    result = run_cli("grpo", *grpo_overrides(start_checkpoint, tmp_path, *_tasks(tmp_path),
-                                             "grpo.dynamic_sampling=true"), expect=2)
+    result = run_cli(
+        "grpo",
+        *grpo_overrides(
+            start_checkpoint, tmp_path, *_tasks(tmp_path), "grpo.dynamic_sampling=true"
+        ),
+        expect=2,
+    )
     assert "grpo.dynamic_sampling" in result.stderr
 
 
-def test_a_critic_checkpoint_of_another_architecture_is_refused(ppo_runs, megatron_world,
-                                                                start_checkpoint, tmp_path):
+def test_a_critic_checkpoint_of_another_architecture_is_refused(
+    ppo_runs, megatron_world, start_checkpoint, tmp_path
+):
     critic = tmp_path / "deeper"
     shutil.copytree(ppo_runs[1] / ppo.CRITIC_DIR / "step_2", critic)
     saved = OmegaConf.load(critic / checkpoint.CONFIG_FILE)
     saved.model.num_layers += 1  # as a critic of a deeper policy would have it
     OmegaConf.save(saved, critic / checkpoint.CONFIG_FILE)
-    config = config_lib.load(["grpo=ppo", f"trainer.init_from={start_checkpoint}",
-                              f"grpo.ppo.critic_init_from={critic}", *_tiny_model()])
+    config = config_lib.load(
+        [
+            "grpo=ppo",
+            f"trainer.init_from={start_checkpoint}",
+            f"grpo.ppo.critic_init_from={critic}",
+            *_tiny_model(),
+        ]
+    )
     with pytest.raises(config_lib.ConfigError, match=r"grpo\.ppo\.critic_init_from=.*num_layers"):
         ppo.start_critic(config, megatron_world, resumed_step=None)

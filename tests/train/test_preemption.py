@@ -18,12 +18,19 @@ from nemo_orch.train.preemption import REQUEUE_EXIT_CODE
 
 @pytest.mark.slow
 def test_a_signalled_run_checkpoints_its_step_exits_75_and_resumes(tiny_tokenizer_dir, tmp_path):
-    overrides = [*small_sft_overrides(tiny_tokenizer_dir, tmp_path, "run"),
-                 "model.num_layers=2", "trainer.save_interval=1000"]
+    overrides = [
+        *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "run"),
+        "model.num_layers=2",
+        "trainer.save_interval=1000",
+    ]
     run_dir = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "-m", "nemo_orch.cli", "sft", *overrides,
-                                "trainer.max_steps=500"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nemo_orch.cli", "sft", *overrides, "trainer.max_steps=500"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "metrics.jsonl").exists() or not read_metrics(run_dir):

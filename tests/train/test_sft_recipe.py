@@ -12,8 +12,12 @@ from nemo_orch.faults import ENV as KILL_AT
 def straight_run(tiny_tokenizer_dir, tmp_path_factory):
     """Six steps without interruption, checkpoints every three."""
     out = tmp_path_factory.mktemp("runs")
-    run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, out, "straight"),
-            "trainer.max_steps=6", "trainer.save_interval=3")
+    run_cli(
+        "sft",
+        *small_sft_overrides(tiny_tokenizer_dir, out, "straight"),
+        "trainer.max_steps=6",
+        "trainer.save_interval=3",
+    )
     return out / "straight"
 
 
@@ -31,20 +35,31 @@ def test_sft_learns_and_writes_its_outputs(straight_run):
 
 
 def test_sft_says_what_it_did(tiny_tokenizer_dir, tmp_path):
-    result = run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "said"),
-                     "trainer.max_steps=2")
+    result = run_cli(
+        "sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "said"), "trainer.max_steps=2"
+    )
     assert "steps 1-2" in result.stdout and "checkpoint" in result.stdout
-    again = run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "said"),
-                    "trainer.max_steps=2", "trainer.resume=true")
+    again = run_cli(
+        "sft",
+        *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "said"),
+        "trainer.max_steps=2",
+        "trainer.resume=true",
+    )
     assert "already complete at step 2" in again.stdout
 
 
-@pytest.mark.parametrize("kill_at", ["step:5", "save:6"],
-                         ids=["killed-mid-training", "killed-mid-save"])
-def test_resume_after_kill_reproduces_the_straight_run(straight_run, tiny_tokenizer_dir,
-                                                       tmp_path, kill_at):
-    args = ["sft", *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "killed"),
-            "trainer.max_steps=6", "trainer.save_interval=3"]
+@pytest.mark.parametrize(
+    "kill_at", ["step:5", "save:6"], ids=["killed-mid-training", "killed-mid-save"]
+)
+def test_resume_after_kill_reproduces_the_straight_run(
+    straight_run, tiny_tokenizer_dir, tmp_path, kill_at
+):
+    args = [
+        "sft",
+        *small_sft_overrides(tiny_tokenizer_dir, tmp_path, "killed"),
+        "trainer.max_steps=6",
+        "trainer.save_interval=3",
+    ]
     killed = run_cli(*args, env={KILL_AT: kill_at}, expect=None)
     assert killed.returncode == -signal.SIGKILL
     checkpoints = tmp_path / "killed" / "checkpoints"
@@ -60,6 +75,10 @@ def _training_record(run_dir):
 
 
 def test_existing_run_is_not_overwritten_without_resume(straight_run, tiny_tokenizer_dir):
-    result = run_cli("sft", *small_sft_overrides(tiny_tokenizer_dir, straight_run.parent,
-                                                 "straight"), "trainer.max_steps=6", expect=2)
+    result = run_cli(
+        "sft",
+        *small_sft_overrides(tiny_tokenizer_dir, straight_run.parent, "straight"),
+        "trainer.max_steps=6",
+        expect=2,
+    )
     assert "trainer.resume=true" in result.stderr and "Traceback" not in result.stderr

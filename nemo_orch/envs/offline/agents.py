@@ -24,12 +24,19 @@ class NaiveRouterAgent:
     interface, :func:`~nemo_orch.envs.offline.world.naive_routes` on the basic one) and played by
     a scripted engine, which answers from the last observation."""
 
-    def __init__(self, tasks: list[Task], router_shares: Mapping[str, float], seed: int,
-                 toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase,
-                 settings: RolloutConfig) -> None:
+    def __init__(
+        self,
+        tasks: list[Task],
+        router_shares: Mapping[str, float],
+        seed: int,
+        toolbox: Toolbox,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: RolloutConfig,
+    ) -> None:
         if orchestra.offers(toolbox.tools):
-            self.routes = orchestra.naive_routes(tasks, orchestra.Writers.of(toolbox),
-                                                 router_shares, seed)
+            self.routes = orchestra.naive_routes(
+                tasks, orchestra.Writers.of(toolbox), router_shares, seed
+            )
         else:
             expert = toolbox.tools[EXPERT_TOOL]
             self.routes = naive_routes(tasks, expert.models, expert.pricing, router_shares, seed)
@@ -39,5 +46,6 @@ class NaiveRouterAgent:
     async def episode(self, task: Task, sample: int, seed: int) -> Trajectory:
         replies = RouterReplies(self.routes[task.id], task.answer or "")
         policy = DirectPolicy(ScriptedEngine(self.tokenizer, replies))
-        return await Episode(task, sample, policy, self.toolbox, self.tokenizer, self.settings,
-                             seed=seed).run()
+        return await Episode(
+            task, sample, policy, self.toolbox, self.tokenizer, self.settings, seed=seed
+        ).run()

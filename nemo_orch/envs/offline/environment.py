@@ -43,20 +43,26 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
         self.interface = interface_of(declared_names(self.tools_config))
         self.usd_reference = config.reward.usd_reference
         self.demo_routers = config.data.demo_routers
-        self.orchestrator_usd_per_token = (config.rollout.input_usd_per_million / 1e6,
-                                           config.rollout.output_usd_per_million / 1e6)
+        self.orchestrator_usd_per_token = (
+            config.rollout.input_usd_per_million / 1e6,
+            config.rollout.output_usd_per_million / 1e6,
+        )
 
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
         if split == "test":
-            return draw(held_out_tasks(self.held_out, self.interface)[:self.limit], count, seed)
+            return draw(held_out_tasks(self.held_out, self.interface)[: self.limit], count, seed)
         if count is None:
             raise ValueError(f"the offline world's {split} split is unbounded: ask for a count")
         count = min(count, self.limit or count)
         if split == "validation":
-            return make_tasks(count, seed=self.run_seed + VALIDATION_SEED_OFFSET, prefix="val",
-                              interface=self.interface)
+            return make_tasks(
+                count,
+                seed=self.run_seed + VALIDATION_SEED_OFFSET,
+                prefix="val",
+                interface=self.interface,
+            )
         # Named as the main job's demonstration tasks always were: the simulated experts draw
         # by episode id, so the demonstrations (and SFT) stay as they were. GRPO renames its
         # tasks per step.
@@ -67,18 +73,32 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
 
     async def score(self, task: Task, trajectory: Trajectory) -> Scored:
         scored = await super().score(task, trajectory)
-        return Scored(scored.outcome, {
-            "route": route_of(trajectory),
-            "utility": utility(task.metadata["preference"], scored.outcome.correct,
-                               trajectory.cost_usd, trajectory.tool_counts(),
-                               self.usd_reference)})
+        return Scored(
+            scored.outcome,
+            {
+                "route": route_of(trajectory),
+                "utility": utility(
+                    task.metadata["preference"],
+                    scored.outcome.correct,
+                    trajectory.cost_usd,
+                    trajectory.tool_counts(),
+                    self.usd_reference,
+                ),
+            },
+        )
 
-    def baseline(self, kind: str, tasks: Sequence[Task], toolbox: Toolbox, tokenizer: Any,
-                 settings: RolloutConfig, seed: int) -> Agent:
+    def baseline(
+        self,
+        kind: str,
+        tasks: Sequence[Task],
+        toolbox: Toolbox,
+        tokenizer: Any,
+        settings: RolloutConfig,
+        seed: int,
+    ) -> Agent:
         if kind != NAIVE_ROUTERS:
             return super().baseline(kind, tasks, toolbox, tokenizer, settings, seed)
-        return NaiveRouterAgent(list(tasks), self.demo_routers, seed, toolbox, tokenizer,
-                                settings)
+        return NaiveRouterAgent(list(tasks), self.demo_routers, seed, toolbox, tokenizer, settings)
 
     def routed_tools(self, task: Task) -> tuple[str, ...]:
         """The tools the task's family is naturally solved with."""
@@ -92,8 +112,9 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
         experts it does not know (served ones: ``tools=experts``, ``tools=reference``), whose
         episodes are then not judged for preference adherence (the report's notes say so)."""
         if not knows_experts(toolbox):
-            self.notes[NO_ORACLE] = ("not judged: the oracle knows only the simulated "
-                                     "experts' routes, and these tools call others")
+            self.notes[NO_ORACLE] = (
+                "not judged: the oracle knows only the simulated "
+                "experts' routes, and these tools call others"
+            )
             return None
-        return OracleTable(toolbox, tokenizer, self.usd_reference,
-                           self.orchestrator_usd_per_token)
+        return OracleTable(toolbox, tokenizer, self.usd_reference, self.orchestrator_usd_per_token)

@@ -367,9 +367,12 @@ def _passage(relation: _Relation, entity: str) -> tuple[str, str]:
 
 @functools.cache
 def _passages_by_query() -> dict[str, str]:
-    return {query.format(e=entity): _passage(relation, entity)[1]
-            for relation in _RELATIONS.values() for entity in _world_entities(relation.name)
-            for query in relation.queries}
+    return {
+        query.format(e=entity): _passage(relation, entity)[1]
+        for relation in _RELATIONS.values()
+        for entity in _world_entities(relation.name)
+        for query in relation.queries
+    }
 
 
 def world_passage(query: str) -> str:
@@ -384,9 +387,14 @@ def _fact(rng: random.Random, relation: _Relation) -> tuple[str, str, _Step, str
     value, passage = _passage(relation, entity)
     template = rng.choice(relation.queries)
     decoy = random.Random(f"decoy|{relation.name}|{entity}").choice(
-        [other for other in _world_entities(relation.name) if other != entity])
-    return (entity, value, _Step("search", {"query": template.format(e=entity)}, passage),
-            template.format(e=decoy))
+        [other for other in _world_entities(relation.name) if other != entity]
+    )
+    return (
+        entity,
+        value,
+        _Step("search", {"query": template.format(e=entity)}, passage),
+        template.format(e=decoy),
+    )
 
 
 # Looking facts up is what search is for, so these tasks never forbid it.
@@ -398,8 +406,15 @@ def _lookup(rng: random.Random) -> _Task:
     entity, value, step, decoy = _fact(rng, relation)
     question = rng.choice(relation.questions).format(e=entity)
     # Reading the fact off the passage is a language task.
-    return _Task(question, [step], value, preferences=_LOOKUP_PREFERENCES, evidence=value,
-                 evidence_difficulty="language", decoy=decoy)
+    return _Task(
+        question,
+        [step],
+        value,
+        preferences=_LOOKUP_PREFERENCES,
+        evidence=value,
+        evidence_difficulty="language",
+        decoy=decoy,
+    )
 
 
 def _lookup_then_compute(rng: random.Random) -> _Task:
@@ -429,8 +444,17 @@ def _lookup_then_compute(rng: random.Random) -> _Task:
         blind = program.format(guess), str(round(guess * 3.28084))
         program = program.format(meters)
     compute = _Step("python_sandbox", {"code": code}, str(value))
-    return _Task(question, [search, compute], str(value), preferences=_LOOKUP_PREFERENCES,
-                 evidence=fact, program=program, needs=fact, decoy=decoy, blind=blind)
+    return _Task(
+        question,
+        [search, compute],
+        str(value),
+        preferences=_LOOKUP_PREFERENCES,
+        evidence=fact,
+        program=program,
+        needs=fact,
+        decoy=decoy,
+        blind=blind,
+    )
 
 
 def _guess(entity: str, fact: int) -> int:
@@ -481,9 +505,11 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-_SIEVE = ("sieve = bytearray([1]) * 120000\nfor p in range(2, 347):\n"
-          "    sieve[p * p::p] = bytes(len(sieve[p * p::p]))\n"
-          "primes = [n for n in range(2, 120000) if sieve[n]]\n")
+_SIEVE = (
+    "sieve = bytearray([1]) * 120000\nfor p in range(2, 347):\n"
+    "    sieve[p * p::p] = bytes(len(sieve[p * p::p]))\n"
+    "primes = [n for n in range(2, 120000) if sieve[n]]\n"
+)
 _PROGRAMS = (
     _SIEVE + "result = primes[{n} - 1]",
     _SIEVE + "result = sum(1 for p in primes if p < {n})",
@@ -491,8 +517,7 @@ _PROGRAMS = (
     "n = rest = result = {n}\np = 2\nwhile p * p <= rest:\n    if rest % p == 0:\n"
     "        result -= result // p\n        while rest % p == 0:\n            rest //= p\n"
     "    p += 1\nif rest > 1:\n    result -= result // rest",
-    "n, result, power = {n}, 0, 5\nwhile power <= n:\n    result += n // power\n"
-    "    power *= 5",
+    "n, result, power = {n}, 0, 5\nwhile power <= n:\n    result += n // power\n    power *= 5",
     "result = sum(int(digit) for digit in str(2 ** {k}))",
     "a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, (a + b) % {m}\nresult = a",
 )
@@ -521,20 +546,29 @@ def _math_problem(rng: random.Random) -> tuple[str, int, bool, str]:
         found = f"How many trailing zeros does {n}! have?", zeros, n > 10**4, {"n": n}
     elif kind == 5:
         k = rng.randint(50, 2000)
-        found = (f"What is the sum of the digits of 2^{k}?", sum(map(int, str(2**k))), k > 500,
-                 {"k": k})
+        found = (
+            f"What is the sum of the digits of 2^{k}?",
+            sum(map(int, str(2**k))),
+            k > 500,
+            {"k": k},
+        )
     else:
         n, m = rng.randint(100, 100_000), rng.randint(10, 10**6)
-        found = (f"What is the {_ordinal(n)} Fibonacci number modulo {m}, with F(1) = F(2) = 1?",
-                 _fibonacci_mod(n, m), n > 10_000, {"n": n, "m": m})
+        found = (
+            f"What is the {_ordinal(n)} Fibonacci number modulo {m}, with F(1) = F(2) = 1?",
+            _fibonacci_mod(n, m),
+            n > 10_000,
+            {"n": n, "m": m},
+        )
     question, answer, hard, values = found
     return question, answer, hard, _PROGRAMS[kind].format(**values) + "\nprint(result)"
 
 
 def _math_expert(rng: random.Random) -> _Task:
     question, answer, hard, program = _math_problem(rng)
-    return _Task(question, [], str(answer), expert_choice=("math-small", "math-large", hard),
-                 program=program)
+    return _Task(
+        question, [], str(answer), expert_choice=("math-small", "math-large", hard), program=program
+    )
 
 
 _WORDS = tuple(
@@ -560,8 +594,13 @@ def _word_puzzle(rng: random.Random) -> _Task:
         words = rng.sample(_WORDS, rng.randint(3, 5))
         question = f"Sort these words alphabetically: {', '.join(words)}."
         answer, computed = ", ".join(sorted(words)), f"', '.join(sorted({words!r}))"
-    return _Task(question, [], answer, expert_choice=("generalist", "generalist", False),
-                 program=f"result = {computed}\nprint(result)")
+    return _Task(
+        question,
+        [],
+        answer,
+        expert_choice=("generalist", "generalist", False),
+        program=f"result = {computed}\nprint(result)",
+    )
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -573,9 +612,13 @@ _FAMILIES: tuple[tuple[Callable[[random.Random], _Task], float], ...] = (
     (_math_expert, 0.22),
     (_word_puzzle, 0.08),
 )
-FAMILY_NAMES = {_arithmetic: "arithmetic", _lookup: "lookup",
-                _lookup_then_compute: "lookup_compute", _math_expert: "math",
-                _word_puzzle: "word"}
+FAMILY_NAMES = {
+    _arithmetic: "arithmetic",
+    _lookup: "lookup",
+    _lookup_then_compute: "lookup_compute",
+    _math_expert: "math",
+    _word_puzzle: "word",
+}
 
 
 def _draw(rng: random.Random) -> tuple[Callable[[random.Random], _Task], _Task]:
@@ -624,13 +667,28 @@ def draw_task(rng: random.Random) -> OfflineTask:
         difficulty = "unknown" if family.startswith("lookup") else "easy"
     # The route searches for the question itself (the offline search's default query): BM25
     # finds the fact from it.
-    route = tuple(("search", {}) if step.tool == "search" else (step.tool, step.arguments)
-                  for step in task.steps)
+    route = tuple(
+        ("search", {}) if step.tool == "search" else (step.tool, step.arguments)
+        for step in task.steps
+    )
     evidence_route = tuple(step for step in route if step[0] == "search")
     query, decoy = _queries(task)
-    return OfflineTask(family, task.question, task.answer, route, difficulty, task.preferences,
-                       task.evidence, evidence_route, task.evidence_difficulty, task.program,
-                       task.needs, task.blind, query, decoy)
+    return OfflineTask(
+        family,
+        task.question,
+        task.answer,
+        route,
+        difficulty,
+        task.preferences,
+        task.evidence,
+        evidence_route,
+        task.evidence_difficulty,
+        task.program,
+        task.needs,
+        task.blind,
+        query,
+        decoy,
+    )
 
 
 def _queries(task: _Task) -> tuple[str, str]:
@@ -680,8 +738,13 @@ def generate_conversations(n: int, seed: int) -> list[dict[str, Any]]:
     return [_conversation(rng, _draw(rng)[1]) for _ in range(n)]
 
 
-_COPY_REQUESTS = ("Repeat exactly: {s}", "Copy this: {s}", "Say \"{s}\" and nothing else.",
-                  "Echo back the text: {s}", "{s}")
+_COPY_REQUESTS = (
+    "Repeat exactly: {s}",
+    "Copy this: {s}",
+    'Say "{s}" and nothing else.',
+    "Echo back the text: {s}",
+    "{s}",
+)
 
 
 def _copy_span(rng: random.Random) -> str:
@@ -694,7 +757,7 @@ def _copy_span(rng: random.Random) -> str:
     if kind == 1:
         return _person(rng) if rng.random() < 0.5 else _city(rng)
     if kind == 2:
-        return str(rng.randint(-10 ** rng.randint(1, 4), 10 ** rng.randint(1, 10)))
+        return str(rng.randint(-(10 ** rng.randint(1, 4)), 10 ** rng.randint(1, 10)))
     if kind == 3:
         return _expression(rng, depth=rng.randint(1, 3)).source
     if kind == 4:
@@ -711,16 +774,24 @@ def copy_conversations(n: int, seed: int) -> list[dict[str, Any]]:
     conversations = []
     for _ in range(n):
         span = _copy_span(rng)
-        conversations.append({"messages": [
-            {"role": "system", "content": rng.choice(_SYSTEM_PROMPTS)},
-            {"role": "user", "content": rng.choice(_COPY_REQUESTS).format(s=span)},
-            {"role": "assistant", "content": f"<answer>{span}</answer>"}], "tools": []})
+        conversations.append(
+            {
+                "messages": [
+                    {"role": "system", "content": rng.choice(_SYSTEM_PROMPTS)},
+                    {"role": "user", "content": rng.choice(_COPY_REQUESTS).format(s=span)},
+                    {"role": "assistant", "content": f"<answer>{span}</answer>"},
+                ],
+                "tools": [],
+            }
+        )
     return conversations
 
 
 def world_documents() -> list[dict[str, str]]:
     """Every passage of the world, as a retrieval corpus (``{"id", "text"}``): what the offline
     ``search`` tool serves (``conf/tools/offline/world.jsonl``)."""
-    return [{"id": f"{name}-{index:03d}", "text": _passage(relation, entity)[1]}
-            for name, relation in _RELATIONS.items()
-            for index, entity in enumerate(_world_entities(name))]
+    return [
+        {"id": f"{name}-{index:03d}", "text": _passage(relation, entity)[1]}
+        for name, relation in _RELATIONS.items()
+        for index, entity in enumerate(_world_entities(name))
+    ]

@@ -26,8 +26,11 @@ from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
 
 def rollout_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, float]:
     """The metrics above of a step's ``groups`` (every one generated)."""
-    episodes = [(group.task, trajectory, reward) for group in groups
-                for trajectory, reward in zip(group.trajectories, group.rewards)]
+    episodes = [
+        (group.task, trajectory, reward)
+        for group in groups
+        for trajectory, reward in zip(group.trajectories, group.rewards)
+    ]
     if not episodes:
         return {}
     routes = Counter(route_of(trajectory) for _, trajectory, _ in episodes)
@@ -35,10 +38,12 @@ def rollout_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, float]:
     rewards: dict[str, list[float]] = defaultdict(list)
     for task, _, reward in episodes:
         rewards[group_key(task)].append(reward)
-    metrics.update({f"group/{key}/reward": statistics.mean(values)
-                    for key, values in rewards.items()})
-    shares = route_shares([task for task, _, _ in episodes],
-                          [route_of(trajectory) for _, trajectory, _ in episodes])
+    metrics.update(
+        {f"group/{key}/reward": statistics.mean(values) for key, values in rewards.items()}
+    )
+    shares = route_shares(
+        [task for task, _, _ in episodes], [route_of(trajectory) for _, trajectory, _ in episodes]
+    )
     for key, by_route in shares.items():
         metrics.update({f"group/{key}/route/{name}": share for name, share in by_route.items()})
     return {**metrics, **_signal_metrics(groups)}
@@ -56,13 +61,19 @@ def _signal_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, float]:
             flat[key].append(rewards_alike)
             one_route[key].append(routes_alike)
     metrics = {f"{key}/flat": statistics.mean(values) for key, values in flat.items()}
-    metrics.update({f"{key}/one_route": statistics.mean(values)
-                    for key, values in one_route.items()})
+    metrics.update(
+        {f"{key}/one_route": statistics.mean(values) for key, values in one_route.items()}
+    )
     mass: Counter = Counter()
     for group in groups:
         if group.advantages is not None:
             mass[group.task.metadata["preference_name"]] += sum(abs(a) for a in group.advantages)
     total = sum(mass.values())
-    metrics.update({f"signal/advantage_share/{name}": value / total
-                    for name, value in sorted(mass.items()) if total > 0})
+    metrics.update(
+        {
+            f"signal/advantage_share/{name}": value / total
+            for name, value in sorted(mass.items())
+            if total > 0
+        }
+    )
     return metrics

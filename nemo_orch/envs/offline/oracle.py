@@ -31,13 +31,22 @@ NO_ROUTE = "none"
 
 def route_of(trajectory: Trajectory) -> str:
     """The route an episode took (see the module docstring)."""
-    calls = [call for turn in trajectory.turns for call in turn.calls
-             if call.tool is not None and call.error is None]
-    if any(call.tool in (orchestra.REASON, orchestra.ANSWER)
-           or call.tool == orchestra.SEARCH and "model" in call.arguments for call in calls):
+    calls = [
+        call
+        for turn in trajectory.turns
+        for call in turn.calls
+        if call.tool is not None and call.error is None
+    ]
+    if any(
+        call.tool in (orchestra.REASON, orchestra.ANSWER)
+        or call.tool == orchestra.SEARCH
+        and "model" in call.arguments
+        for call in calls
+    ):
         return orchestra.route_name((call.tool, call.arguments) for call in calls)
-    first_expert = next((index for index, call in enumerate(calls) if call.tool == EXPERT_TOOL),
-                        None)
+    first_expert = next(
+        (index for index, call in enumerate(calls) if call.tool == EXPERT_TOOL), None
+    )
     if first_expert is not None:
         expert = f"expert:{calls[first_expert].arguments['model']}"
         return f"tools+{expert}" if first_expert else expert
@@ -54,30 +63,40 @@ def route_shares(tasks: list[Task], routes: list[str]) -> dict[str, dict[str, fl
     by_group: dict[str, list[str]] = defaultdict(list)
     for task, route in zip(tasks, routes):
         by_group[group_key(task)].append(route)
-    return {group: {route: count / len(members)
-                    for route, count in sorted(Counter(members).items())}
-            for group, members in sorted(by_group.items())}
+    return {
+        group: {route: count / len(members) for route, count in sorted(Counter(members).items())}
+        for group, members in sorted(by_group.items())
+    }
 
 
-def group_means(tasks: list[Task],
-                columns: Mapping[str, list[float]]) -> dict[str, dict[str, float]]:
+def group_means(
+    tasks: list[Task], columns: Mapping[str, list[float]]
+) -> dict[str, dict[str, float]]:
     """Per (family, preference) group: its number of tasks and the mean of each column
     (``columns[name][i]``: the value of ``tasks[i]``)."""
     rows: dict[str, list[int]] = defaultdict(list)
     for index, task in enumerate(tasks):
         rows[group_key(task)].append(index)
-    return {group: {"tasks": len(members),
-                    **{name: statistics.mean(values[i] for i in members)
-                       for name, values in columns.items()}}
-            for group, members in sorted(rows.items())}
+    return {
+        group: {
+            "tasks": len(members),
+            **{
+                name: statistics.mean(values[i] for i in members)
+                for name, values in columns.items()
+            },
+        }
+        for group, members in sorted(rows.items())
+    }
 
 
 def knows_experts(toolbox: Toolbox) -> bool:
     """Whether the oracle knows the toolbox's experts: the simulated world's, behind
     ToolOrchestra's composites or as the basic interface's expert tool."""
     if orchestra.offers(toolbox.tools):
-        return all(isinstance(getattr(toolbox.tools[name], "expert", None), SimulatedExpert)
-                   for name in orchestra.TOOLS)
+        return all(
+            isinstance(getattr(toolbox.tools[name], "expert", None), SimulatedExpert)
+            for name in orchestra.TOOLS
+        )
     return isinstance(toolbox.tools.get(EXPERT_TOOL), SimulatedExpert)
 
 
@@ -87,18 +106,25 @@ class OracleTable:
     on the policy's ``tokenizer`` and the orchestrator's prices (USD per input and output
     token)."""
 
-    def __init__(self, toolbox: Toolbox, tokenizer: Any, usd_reference: float,
-                 orchestrator_usd_per_token: tuple[float, float]) -> None:
+    def __init__(
+        self,
+        toolbox: Toolbox,
+        tokenizer: Any,
+        usd_reference: float,
+        orchestrator_usd_per_token: tuple[float, float],
+    ) -> None:
         self.toolbox, self.tokenizer = toolbox, tokenizer
         self.usd_reference = usd_reference
         self.input_price, self.output_price = orchestrator_usd_per_token
         # ToolOrchestra's interface: its writers; the basic one: its expert and tool fees.
-        self.writers = (orchestra.Writers.of(toolbox) if orchestra.offers(toolbox.tools)
-                        else None)
+        self.writers = orchestra.Writers.of(toolbox) if orchestra.offers(toolbox.tools) else None
         if self.writers is None:
             self.expert = toolbox.tools[EXPERT_TOOL]
-            self.tool_usd = {name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
-                             for name, tool in toolbox.tools.items() if name != EXPERT_TOOL}
+            self.tool_usd = {
+                name: tool.spec.pricing.cost(Usage(), tool.spec.latency_hint_s)
+                for name, tool in toolbox.tools.items()
+                if name != EXPERT_TOOL
+            }
         self._values: dict[str, list[RouteValue]] = {}  # by task id: every report asks again
 
     def values(self, task: Task) -> list[RouteValue]:
@@ -108,13 +134,16 @@ class OracleTable:
 
     def _route_values(self, task: Task) -> list[RouteValue]:
         messages = ([{"role": "system", "content": task.system}] if task.system else []) + [
-            {"role": "user", "content": task.question}]
-        prompt = self.tokenizer.apply_chat_template(messages, tools=self.toolbox.schemas(),
-                                                    tokenize=False, add_generation_prompt=True)
+            {"role": "user", "content": task.question}
+        ]
+        prompt = self.tokenizer.apply_chat_template(
+            messages, tools=self.toolbox.schemas(), tokenize=False, add_generation_prompt=True
+        )
         # Each turn reads the context (the prompt, plus a little per earlier turn) and writes
         # ~32 tokens.
-        per_turn = (self.input_price * (len(self.tokenizer.encode(prompt)) + 48)
-                    + self.output_price * 32)
+        per_turn = (
+            self.input_price * (len(self.tokenizer.encode(prompt)) + 48) + self.output_price * 32
+        )
         if self.writers is not None:
             return orchestra.route_values(task, self.writers, per_turn, self.usd_reference)
         return route_values(task, self.expert, per_turn, self.usd_reference, self.tool_usd)
@@ -146,19 +175,31 @@ class OracleTable:
         best = [self.best(task) for task in tasks]
         utilities, accuracies = [v.utility for v in best], [v.accuracy for v in best]
         reward, accuracy = statistics.mean(utilities), statistics.mean(accuracies)
-        return {"reward": reward, "accuracy": accuracy,
-                "expected_reward": reward, "expected_accuracy": accuracy,
-                "usd_per_task": statistics.mean(v.usd for v in best),
-                "seconds_per_task": None, "pref_adherence": 1.0, "oracle_route_share": 1.0,
-                "format_error_rate": 0.0,
-                "tool_mix": route_shares(tasks, [v.route for v in best]),
-                "groups": group_means(tasks, {"reward": utilities, "accuracy": accuracies,
-                                              "expected_reward": utilities,
-                                              "expected_accuracy": accuracies})}
+        return {
+            "reward": reward,
+            "accuracy": accuracy,
+            "expected_reward": reward,
+            "expected_accuracy": accuracy,
+            "usd_per_task": statistics.mean(v.usd for v in best),
+            "seconds_per_task": None,
+            "pref_adherence": 1.0,
+            "oracle_route_share": 1.0,
+            "format_error_rate": 0.0,
+            "tool_mix": route_shares(tasks, [v.route for v in best]),
+            "groups": group_means(
+                tasks,
+                {
+                    "reward": utilities,
+                    "accuracy": accuracies,
+                    "expected_reward": utilities,
+                    "expected_accuracy": accuracies,
+                },
+            ),
+        }
 
 
 def oracle_route_share(table: OracleTable, tasks: list[Task], routes: list[str]) -> float:
     """The share of tasks answered by exactly the oracle's route."""
-    return statistics.mean(float(route == table.best(task).route)
-                           for task, route in zip(tasks, routes))
-
+    return statistics.mean(
+        float(route == table.best(task).route) for task, route in zip(tasks, routes)
+    )

@@ -90,8 +90,9 @@ def _bug(program: str, answer: str, key: str) -> tuple[str, str]:
     """``program`` off by a little (an off-by-k, a dropped character), and what it prints."""
     if answer.lstrip("-").isdigit():
         # A shift whose digits are not the answer: the program text must not state it.
-        shift = random.Random(f"bug|{key}").choice([shift for shift in (1, 2, 3)
-                                                    if str(shift) != answer.lstrip("-")])
+        shift = random.Random(f"bug|{key}").choice(
+            [shift for shift in (1, 2, 3) if str(shift) != answer.lstrip("-")]
+        )
         sign = random.Random(f"sign|{key}").choice(("+", "-"))
         printed = int(answer) + (shift if sign == "+" else -shift)
         return program.removesuffix("print(result)") + f"print(result {sign} {shift})", str(printed)
@@ -110,28 +111,45 @@ def task_metadata(drawn: OfflineTask) -> dict[str, Any]:
         evidence = [[answer, "given"], [drawn.evidence, "exact"]]
     if drawn.program is None:  # no program knows the made-up world: it prints a guess
         guess = wrong_answer(answer, random.Random(f"guess|{drawn.question}"))
-        code = {"right": None, "wrong": f"print({guess!r})", "blind": None, "needs": None,
-                "difficulty": "unknown", "printed": {"wrong": guess}}
+        code = {
+            "right": None,
+            "wrong": f"print({guess!r})",
+            "blind": None,
+            "needs": None,
+            "difficulty": "unknown",
+            "printed": {"wrong": guess},
+        }
     else:
         wrong, printed = _bug(drawn.program, answer, drawn.question)
-        code = {"right": drawn.program, "wrong": wrong,
-                "blind": drawn.blind[0] if drawn.blind else None, "needs": drawn.needs,
-                "difficulty": CODE_DIFFICULTY.get(family, drawn.difficulty),
-                "printed": {"right": answer, "wrong": printed,
-                            "blind": drawn.blind[1] if drawn.blind else None}}
+        code = {
+            "right": drawn.program,
+            "wrong": wrong,
+            "blind": drawn.blind[0] if drawn.blind else None,
+            "needs": drawn.needs,
+            "difficulty": CODE_DIFFICULTY.get(family, drawn.difficulty),
+            "printed": {
+                "right": answer,
+                "wrong": printed,
+                "blind": drawn.blind[1] if drawn.blind else None,
+            },
+        }
     looks_up = drawn.query != drawn.question
-    return {"difficulty": "exact" if family == "arithmetic" else drawn.difficulty,
-            "evidence": evidence, "query": [drawn.query, drawn.decoy],
-            "passages": ([world_passage(drawn.query), world_passage(drawn.decoy)]
-                         if looks_up else None),
-            "code": code}
+    return {
+        "difficulty": "exact" if family == "arithmetic" else drawn.difficulty,
+        "evidence": evidence,
+        "query": [drawn.query, drawn.decoy],
+        "passages": (
+            [world_passage(drawn.query), world_passage(drawn.decoy)] if looks_up else None
+        ),
+        "code": code,
+    }
 
 
 @dataclass(frozen=True)
 class Writers:
     """The simulated experts behind the composites and what their calls cost besides."""
 
-    experts: dict[str, SimulatedExpert]   # by tool
+    experts: dict[str, SimulatedExpert]  # by tool
     prompts: dict[str, str]
     executor_usd: dict[str, float]
 
@@ -141,20 +159,28 @@ class Writers:
         experts = {name: tool.expert for name, tool in composites.items()}
         for name, expert in experts.items():
             if not isinstance(expert, SimulatedExpert):
-                raise TypeError(f"the {name} tool's expert is {type(expert).__name__}: the "
-                                "offline oracle knows simulated experts only")
-        executor_usd = {name: (tool.executor.spec.pricing.cost(Usage(),
-                                                               tool.executor.spec.latency_hint_s)
-                               if hasattr(tool, "executor") else 0.0)
-                        for name, tool in composites.items()}
-        return cls(experts, {name: tool.prompt for name, tool in composites.items()},
-                   executor_usd)
+                raise TypeError(
+                    f"the {name} tool's expert is {type(expert).__name__}: the "
+                    "offline oracle knows simulated experts only"
+                )
+        executor_usd = {
+            name: (
+                tool.executor.spec.pricing.cost(Usage(), tool.executor.spec.latency_hint_s)
+                if hasattr(tool, "executor")
+                else 0.0
+            )
+            for name, tool in composites.items()
+        }
+        return cls(experts, {name: tool.prompt for name, tool in composites.items()}, executor_usd)
 
     @property
     def sigma(self) -> float:
         """The largest spread of any writer's token counts (log-normal sigma)."""
-        return max(model.output_tokens_sigma for expert in self.experts.values()
-                   for model in expert.models.values())
+        return max(
+            model.output_tokens_sigma
+            for expert in self.experts.values()
+            for model in expert.models.values()
+        )
 
     def aliases(self, tool: str) -> list[str]:
         return list(self.experts[tool].models)
@@ -169,12 +195,17 @@ class Writers:
         output) and the executor's fee."""
         expert = self.experts[tool]
         model = expert.models[alias]
-        prompt = self.prompts[tool].format(question=task.question, context=context_text(
-            ToolContext(observations=observations), model.max_context_tokens))
+        prompt = self.prompts[tool].format(
+            question=task.question,
+            context=context_text(ToolContext(observations=observations), model.max_context_tokens),
+        )
         pricing = expert.pricing[alias]
-        mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma ** 2 / 2)
-        return (pricing.per_input_token * (expert.prompt_overhead_tokens + len(prompt) // 4)
-                + pricing.per_output_token * mean_output + self.executor_usd[tool])
+        mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma**2 / 2)
+        return (
+            pricing.per_input_token * (expert.prompt_overhead_tokens + len(prompt) // 4)
+            + pricing.per_output_token * mean_output
+            + self.executor_usd[tool]
+        )
 
 
 def routes(writers: Writers) -> dict[str, Route]:
@@ -185,8 +216,9 @@ def routes(writers: Writers) -> dict[str, Route]:
         for prefix in itertools.product(steps, repeat=length):
             for alias in writers.aliases(ANSWER):
                 calls = (*prefix, (ANSWER, alias))
-                found[">".join(a for _, a in calls)] = tuple((tool, {"model": a})
-                                                            for tool, a in calls)
+                found[">".join(a for _, a in calls)] = tuple(
+                    (tool, {"model": a}) for tool, a in calls
+                )
     return found
 
 
@@ -213,7 +245,7 @@ def _over_budget(mean_usd: float, budget: float, sigma: float) -> float:
     less, so this errs on the side of the budget)."""
     if mean_usd <= 0:
         return 0.0
-    mu = math.log(mean_usd) - sigma ** 2 / 2
+    mu = math.log(mean_usd) - sigma**2 / 2
     return 0.5 * math.erfc((math.log(budget) - mu) / (sigma * math.sqrt(2)))
 
 
@@ -222,8 +254,7 @@ def _over_budget(mean_usd: float, budget: float, sigma: float) -> float:
 _Branch = tuple[float, tuple[str, ...], float, tuple[tuple[str, str], ...]]
 
 
-def _observe(tool: str, alias: str, task: Task, writers: Writers,
-             branch: _Branch) -> list[_Branch]:
+def _observe(tool: str, alias: str, task: Task, writers: Writers, branch: _Branch) -> list[_Branch]:
     """The branches after one writer's call (see the module docstring)."""
     probability, observations, usd, drawn = branch
     metadata, model = task.metadata, writers.experts[tool].models[alias]
@@ -236,19 +267,28 @@ def _observe(tool: str, alias: str, task: Task, writers: Writers,
     if tool == SEARCH:
         right, wrong = metadata["query"]
         passages = metadata["passages"] or ["", ""]  # a task with nothing to find: unrelated
-        texts = {"right": f"Query:\n{right}\nResult:\n{passages[0]}",
-                 "wrong": f"Query:\n{wrong}\nResult:\n{passages[1]}"}
+        texts = {
+            "right": f"Query:\n{right}\nResult:\n{passages[0]}",
+            "wrong": f"Query:\n{wrong}\nResult:\n{passages[1]}",
+        }
     else:
         code = metadata["code"]
-        texts = {kind: f"Code:\n{code[kind]}\nResult:\n{code['printed'][kind]}"
-                 for kind in chances}
-    return [(probability * p, (*observations, texts[kind]), usd,
-             (*[(a, k) for a, k in drawn if a != alias], (alias, kind)))
-            for kind, p in chances.items() if p > 0]
+        texts = {kind: f"Code:\n{code[kind]}\nResult:\n{code['printed'][kind]}" for kind in chances}
+    return [
+        (
+            probability * p,
+            (*observations, texts[kind]),
+            usd,
+            (*[(a, k) for a, k in drawn if a != alias], (alias, kind)),
+        )
+        for kind, p in chances.items()
+        if p > 0
+    ]
 
 
-def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
-                 usd_reference: float) -> list[RouteValue]:
+def route_values(
+    task: Task, writers: Writers, orchestrator_usd_per_turn: float, usd_reference: float
+) -> list[RouteValue]:
     """Expected accuracy, USD and utility of every route for the task's preference (the
     orchestrator paying ``orchestrator_usd_per_turn`` per call); a branch past the task's
     budget scores 0, as the reward scores it."""
@@ -261,24 +301,26 @@ def route_values(task: Task, writers: Writers, orchestrator_usd_per_turn: float,
         key = tuple((tool, arguments["model"]) for tool, arguments in prefix)
         if key not in prefixes:
             branches = prefixes[key[:-1]]
-            prefixes[key] = [after for branch in branches
-                             for after in _observe(*key[-1], task, writers, branch)]
+            prefixes[key] = [
+                after for branch in branches for after in _observe(*key[-1], task, writers, branch)
+            ]
         counts = {tool: sum(1 for t, _ in route if t == tool) for tool in shape(route)}
         expert, alias = writers.experts[ANSWER], answering["model"]
         model = expert.models[alias]
         accuracy = usd = value = 0.0
         for probability, observations, spent, _ in prefixes[key]:
-            spent += (writers.usd(ANSWER, alias, task, observations)
-                      + orchestrator_usd_per_turn * len(route))
-            level, unrelated = reading(task.metadata, fit_observations(
-                observations, model.max_context_tokens))
-            right = model.accuracy_on(level) * model.distraction ** unrelated
+            spent += writers.usd(
+                ANSWER, alias, task, observations
+            ) + orchestrator_usd_per_turn * len(route)
+            level, unrelated = reading(
+                task.metadata, fit_observations(observations, model.max_context_tokens)
+            )
+            right = model.accuracy_on(level) * model.distraction**unrelated
             if budget is not None:
                 right *= 1 - _over_budget(spent, budget, writers.sigma)
             accuracy += probability * right
             usd += probability * spent
-            value += probability * right * utility(preference, True, spent, counts,
-                                                   usd_reference)
+            value += probability * right * utility(preference, True, spent, counts, usd_reference)
         values.append(RouteValue(name, shape(route), accuracy, usd, value))
     return values
 
@@ -297,8 +339,9 @@ def _strongests_line(writers: Writers, tool: str) -> list[str]:
 INSTRUCTED_TIERS = {"cost": -1, "neutral": 1, "budget": 1}
 
 
-def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str, float],
-                 seed: int) -> dict[str, Route]:
+def naive_routes(
+    tasks: list[Task], writers: Writers, router_shares: Mapping[str, float], seed: int
+) -> dict[str, Route]:
     """The route each task's naive router takes (``router_shares`` over
     :data:`~nemo_orch.config.DEMO_ROUTERS`): ``strongest``, the family's tools with the most
     expensive model of each; ``instructed``, a keyword rule over the user's instruction that
@@ -328,14 +371,27 @@ def naive_routes(tasks: list[Task], writers: Writers, router_shares: Mapping[str
             tier = rng.randrange(max(len(line) for line in lines))
             aliases = [line[min(tier, len(line) - 1)] for line in lines]
         else:
-            stated = next((name for name, phrases in PREFERENCE_PHRASES.items()
-                           if task.metadata["instruction"] in phrases), None)
+            stated = next(
+                (
+                    name
+                    for name, phrases in PREFERENCE_PHRASES.items()
+                    if task.metadata["instruction"] in phrases
+                ),
+                None,
+            )
             if router == "instructed":
-                forbidden = {name.removeprefix("tool:") for name, weight in
-                             PREFERENCE_VECTORS.get(stated, {}).items() if weight < 0}
+                forbidden = {
+                    name.removeprefix("tool:")
+                    for name, weight in PREFERENCE_VECTORS.get(stated, {}).items()
+                    if weight < 0
+                }
                 tools = tuple(tool for tool in tools if tool not in forbidden)
             tier = INSTRUCTED_TIERS.get(stated) if router == "instructed" else None
-            aliases = [writers.by_price(tool)[-1] if tier is None
-                       else _strongests_line(writers, tool)[tier] for tool in tools]
+            aliases = [
+                writers.by_price(tool)[-1]
+                if tier is None
+                else _strongests_line(writers, tool)[tier]
+                for tool in tools
+            ]
         chosen[task.id] = tuple((tool, {"model": alias}) for tool, alias in zip(tools, aliases))
     return chosen

@@ -30,8 +30,10 @@ from nemo_orch.rollout.runner import run_rollouts
 def total_variation(first: Counter, second: Counter) -> float:
     """Half the L1 distance between two empirical distributions (counts of outcomes)."""
     total_first, total_second = sum(first.values()), sum(second.values())
-    return 0.5 * sum(abs(first[key] / total_first - second[key] / total_second)
-                     for key in set(first) | set(second))
+    return 0.5 * sum(
+        abs(first[key] / total_first - second[key] / total_second)
+        for key in set(first) | set(second)
+    )
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,9 @@ class Separation:
     pairs: int
 
 
-def separation(tasks: Sequence[Task], routes: Mapping[str, Sequence[str]],
-               best: Mapping[str, str]) -> dict[str, Separation]:
+def separation(
+    tasks: Sequence[Task], routes: Mapping[str, Sequence[str]], best: Mapping[str, str]
+) -> dict[str, Separation]:
     """:class:`Separation` per family, and over all (``all``), of restated ``tasks`` (grouped
     by the id before ``@``) from each one's ``routes`` and ``best`` (oracle) route, by id."""
     by_task: dict[str, list[Task]] = defaultdict(list)
@@ -57,30 +60,47 @@ def separation(tasks: Sequence[Task], routes: Mapping[str, Sequence[str]],
     for versions in by_task.values():
         for first, second in itertools.combinations(versions, 2):
             distance = total_variation(Counter(routes[first.id]), Counter(routes[second.id]))
-            first_calls = [Counter(route.split(">")[0] for route in routes[task.id])
-                           for task in (first, second)]
-            row = (distance, total_variation(*first_calls),
-                   float(best[first.id] != best[second.id]))
+            first_calls = [
+                Counter(route.split(">")[0] for route in routes[task.id])
+                for task in (first, second)
+            ]
+            row = (
+                distance,
+                total_variation(*first_calls),
+                float(best[first.id] != best[second.id]),
+            )
             rows[first.metadata["family"]].append(row)
             rows["all"].append(row)
-    return {family: Separation(*(statistics.mean(column) for column in zip(*values)),
-                               pairs=len(values))
-            for family, values in sorted(rows.items())}
+    return {
+        family: Separation(*(statistics.mean(column) for column in zip(*values)), pairs=len(values))
+        for family, values in sorted(rows.items())
+    }
 
 
-async def probe(environment: OfflineEnvironment, tasks: Sequence[Task], engine: Engine,
-                tokenizer: Any, settings: RolloutConfig, samples: int,
-                seed: int = 0) -> dict[str, Separation]:
+async def probe(
+    environment: OfflineEnvironment,
+    tasks: Sequence[Task],
+    engine: Engine,
+    tokenizer: Any,
+    settings: RolloutConfig,
+    samples: int,
+    seed: int = 0,
+) -> dict[str, Separation]:
     """Roll each of ``tasks`` out under each preference of its family ``samples`` times (at
     ``settings.temperature``) with the environment's tools, and measure the
     :func:`separation` of the routes from the oracle's."""
-    restated_tasks = [task for original in tasks
-                      for task in restated(original, environment.interface)]
+    restated_tasks = [
+        task for original in tasks for task in restated(original, environment.interface)
+    ]
     async with environment.toolbox() as toolbox:
         table = environment.oracle(toolbox, tokenizer)
-        trajectories = await run_rollouts(restated_tasks, samples, engine, toolbox, tokenizer,
-                                          settings, seed=seed)
-    routes = {task.id: [route_of(t) for t in trajectories[i * samples:(i + 1) * samples]]
-              for i, task in enumerate(restated_tasks)}
-    return separation(restated_tasks, routes,
-                      {task.id: table.best(task).route for task in restated_tasks})
+        trajectories = await run_rollouts(
+            restated_tasks, samples, engine, toolbox, tokenizer, settings, seed=seed
+        )
+    routes = {
+        task.id: [route_of(t) for t in trajectories[i * samples : (i + 1) * samples]]
+        for i, task in enumerate(restated_tasks)
+    }
+    return separation(
+        restated_tasks, routes, {task.id: table.best(task).route for task in restated_tasks}
+    )

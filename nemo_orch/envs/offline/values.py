@@ -9,15 +9,19 @@ from dataclasses import dataclass
 from nemo_orch.reward.components import preference_terms
 
 
-def utility(preference: Mapping[str, float], correct: bool, usd: float,
-            tool_counts: Mapping[str, int], usd_reference: float) -> float:
+def utility(
+    preference: Mapping[str, float],
+    correct: bool,
+    usd: float,
+    tool_counts: Mapping[str, int],
+    usd_reference: float,
+) -> float:
     """The absolute, preference-weighted utility of one episode (``tool_counts`` by tool name):
     0 if wrong, else ``max(0, w_accuracy - w_cost * usd / usd_reference + sum over tool
     features w * [called])``, the ToolOrchestra reward with the group normalization replaced by
     a fixed cost scale (:func:`~nemo_orch.reward.components.preference_terms`)."""
     calls = {f"tool:{name}": count for name, count in tool_counts.items()}
-    return sum(preference_terms(preference, correct, usd, 0.0, calls, usd_reference,
-                                1.0).values())
+    return sum(preference_terms(preference, correct, usd, 0.0, calls, usd_reference, 1.0).values())
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,10 @@ FAMILY_PREFERENCES: dict[str, tuple[str, ...]] = {
     "math": ("accuracy", "cost", "neutral"),
     "word": ("accuracy", "cost"),
 }
-SYSTEM_PROMPT = ("You are an orchestrator that answers questions by calling tools. "
-                 "Finish with the final answer inside <answer></answer> tags.")
+SYSTEM_PROMPT = (
+    "You are an orchestrator that answers questions by calling tools. "
+    "Finish with the final answer inside <answer></answer> tags."
+)
 # The two tool interfaces of the world: ToolOrchestra's (orchestra.py: the policy chooses tools
 # and models, experts write) and the basic one (call_expert, python_sandbox, search(query?):
 # the policy writes code and reads passages itself).
@@ -72,26 +74,37 @@ def held_out_tasks(n: int, interface: str) -> list[Task]:
     return make_tasks(n, seed=HELD_OUT_SEED, prefix="eval", interface=interface)
 
 
-def _preferences(interface: str) -> tuple[Mapping[str, tuple[str, ...]],
-                                          Mapping[str, dict[str, float]]]:
+def _preferences(
+    interface: str,
+) -> tuple[Mapping[str, tuple[str, ...]], Mapping[str, dict[str, float]]]:
     """The ``interface``'s preferences per family and their vectors."""
-    return ((orchestra.FAMILY_PREFERENCES, orchestra.PREFERENCE_VECTORS)
-            if interface == ORCHESTRA else (FAMILY_PREFERENCES, PREFERENCE_VECTORS))
+    return (
+        (orchestra.FAMILY_PREFERENCES, orchestra.PREFERENCE_VECTORS)
+        if interface == ORCHESTRA
+        else (FAMILY_PREFERENCES, PREFERENCE_VECTORS)
+    )
 
 
 def _stated(preference: str, interface: str, rng: random.Random) -> dict[str, Any]:
     """What a task's metadata holds of its ``preference``, its instruction drawn with ``rng``."""
     vectors = _preferences(interface)[1]
-    instruction = (orchestra.instruction(preference, rng)
-                   or preference_instruction(vectors[preference], rng))
-    return {"preference_name": preference, "instruction": instruction,
-            "preference": vectors[preference]}
+    instruction = orchestra.instruction(preference, rng) or preference_instruction(
+        vectors[preference], rng
+    )
+    return {
+        "preference_name": preference,
+        "instruction": instruction,
+        "preference": vectors[preference],
+    }
 
 
 def _budget(preference: str, interface: str) -> dict[str, float]:
     """The USD budget a task of ``preference`` states (none but a budget's)."""
-    return ({"budget_usd": orchestra.BUDGET_USD}
-            if interface == ORCHESTRA and preference == "budget" else {})
+    return (
+        {"budget_usd": orchestra.BUDGET_USD}
+        if interface == ORCHESTRA and preference == "budget"
+        else {}
+    )
 
 
 def make_tasks(n: int, seed: int, prefix: str = "task", interface: str = BASIC) -> list[Task]:
@@ -103,19 +116,29 @@ def make_tasks(n: int, seed: int, prefix: str = "task", interface: str = BASIC) 
     for index in range(n):
         drawn = draw_task(rng)
         stated = _stated(rng.choice(preferences[drawn.family]), interface, rng)
-        metadata = {"family": drawn.family, "difficulty": drawn.difficulty, **stated,
-                    "route": [list(step) for step in drawn.route],
-                    "evidence": drawn.evidence,
-                    "evidence_difficulty": drawn.evidence_difficulty,
-                    "evidence_route": [list(step) for step in drawn.evidence_route]}
+        metadata = {
+            "family": drawn.family,
+            "difficulty": drawn.difficulty,
+            **stated,
+            "route": [list(step) for step in drawn.route],
+            "evidence": drawn.evidence,
+            "evidence_difficulty": drawn.evidence_difficulty,
+            "evidence_route": [list(step) for step in drawn.evidence_route],
+        }
         if interface == ORCHESTRA:
             metadata.update(orchestra.task_metadata(drawn))
         metadata.update(_budget(stated["preference_name"], interface))
         # The user states the preference after the question, as ToolOrchestra's users do: next
         # to where the policy decides, not ahead of the tool list in the system prompt.
-        tasks.append(Task(
-            id=f"{prefix}-{index:05d}", question=f"{drawn.question}\n{stated['instruction']}",
-            system=SYSTEM_PROMPT, answer=drawn.answer, metadata=metadata))
+        tasks.append(
+            Task(
+                id=f"{prefix}-{index:05d}",
+                question=f"{drawn.question}\n{stated['instruction']}",
+                system=SYSTEM_PROMPT,
+                answer=drawn.answer,
+                metadata=metadata,
+            )
+        )
     return tasks
 
 
@@ -128,10 +151,15 @@ def restated(task: Task, interface: str, seed: int = 0) -> list[Task]:
     tasks = []
     for preference in _preferences(interface)[0][task.metadata["family"]]:
         stated = _stated(preference, interface, random.Random(f"{seed}|{task.id}|{preference}"))
-        tasks.append(Task(id=f"{task.id}@{preference}",
-                          question=f"{question}\n{stated['instruction']}", system=task.system,
-                          answer=task.answer,
-                          metadata={**metadata, **stated, **_budget(preference, interface)}))
+        tasks.append(
+            Task(
+                id=f"{task.id}@{preference}",
+                question=f"{question}\n{stated['instruction']}",
+                system=task.system,
+                answer=task.answer,
+                metadata={**metadata, **stated, **_budget(preference, interface)},
+            )
+        )
     return tasks
 
 
@@ -150,13 +178,19 @@ def routes(task: Task, experts: Mapping[str, Any]) -> dict[str, Route]:
         found[f"expert:{alias}"] = ((EXPERT_TOOL, {"model": alias}),)
     if task.metadata["evidence_route"]:
         for alias in experts:
-            found[f"tools+expert:{alias}"] = (_route(task.metadata["evidence_route"])
-                                              + ((EXPERT_TOOL, {"model": alias}),))
+            found[f"tools+expert:{alias}"] = _route(task.metadata["evidence_route"]) + (
+                (EXPERT_TOOL, {"model": alias}),
+            )
     return found
 
 
-def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn: float,
-                 usd_reference: float, tool_usd: Mapping[str, float]) -> list[RouteValue]:
+def route_values(
+    task: Task,
+    expert: SimulatedExpert,
+    orchestrator_usd_per_turn: float,
+    usd_reference: float,
+    tool_usd: Mapping[str, float],
+) -> list[RouteValue]:
     """Expected accuracy, USD and utility of each route, from the simulated experts' known
     accuracies, usage distributions and prices (tools: assumed exact, at ``tool_usd`` per
     call; an expert after the evidence's retrieval: at the task's evidence difficulty); the
@@ -172,37 +206,57 @@ def route_values(task: Task, expert: SimulatedExpert, orchestrator_usd_per_turn:
             counts[tool] = counts.get(tool, 0) + 1
             if tool == EXPERT_TOOL:
                 model = expert.models[arguments["model"]]
-                difficulty = task.metadata[("evidence_difficulty" if name.startswith("tools+")
-                                            else "difficulty")]
+                difficulty = task.metadata[
+                    ("evidence_difficulty" if name.startswith("tools+") else "difficulty")
+                ]
                 accuracy = model.accuracy_on(difficulty)
                 pricing = expert.pricing[arguments["model"]]
-                mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma ** 2
-                                                                   / 2)
-                usd += (pricing.per_input_token
-                        * (expert.prompt_overhead_tokens + len(task.question) // 4)
-                        + pricing.per_output_token * mean_output)
+                mean_output = model.mean_output_tokens * math.exp(model.output_tokens_sigma**2 / 2)
+                usd += (
+                    pricing.per_input_token
+                    * (expert.prompt_overhead_tokens + len(task.question) // 4)
+                    + pricing.per_output_token * mean_output
+                )
             else:
                 usd += tool_usd.get(tool, 0.0)
         preference = task.metadata["preference"]
-        values.append(RouteValue(name, frozenset(counts), accuracy, usd, accuracy * utility(
-            preference, True, usd, counts, usd_reference)))
+        values.append(
+            RouteValue(
+                name,
+                frozenset(counts),
+                accuracy,
+                usd,
+                accuracy * utility(preference, True, usd, counts, usd_reference),
+            )
+        )
     return values
 
 
-def strongest_expert(task: Task, experts: Mapping[str, Any],
-                     expert_pricing: Mapping[str, Any]) -> str:
+def strongest_expert(
+    task: Task, experts: Mapping[str, Any], expert_pricing: Mapping[str, Any]
+) -> str:
     """The most accurate expert for the task's difficulty; the most expensive among equals."""
     difficulty = task.metadata["difficulty"]
-    return max(experts, key=lambda alias: (experts[alias].accuracy_on(difficulty),
-                                           expert_pricing[alias].per_output_token))
+    return max(
+        experts,
+        key=lambda alias: (
+            experts[alias].accuracy_on(difficulty),
+            expert_pricing[alias].per_output_token,
+        ),
+    )
 
 
 def cheapest_expert(experts: Mapping[str, Any], expert_pricing: Mapping[str, Any]) -> str:
     return min(experts, key=lambda alias: expert_pricing[alias].per_output_token)
 
 
-def naive_routes(tasks: list[Task], experts: Mapping[str, Any], pricing: Mapping[str, Any],
-                 router_shares: Mapping[str, float], seed: int) -> dict[str, Route]:
+def naive_routes(
+    tasks: list[Task],
+    experts: Mapping[str, Any],
+    pricing: Mapping[str, Any],
+    router_shares: Mapping[str, float],
+    seed: int,
+) -> dict[str, Route]:
     """The route each task's naive router takes, the router drawn with ``router_shares`` (over
     :data:`~nemo_orch.config.DEMO_ROUTERS`): the strongest (most expensive) expert for the
     task's difficulty; ``instructed``, a keyword rule that takes the cheapest expert when the

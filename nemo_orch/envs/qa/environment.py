@@ -30,9 +30,12 @@ class QAEnvironment(TaskFileEnvironment):
             loaded = readers.read_frames(path)
         else:
             loaded = readers.read_qa(
-                path, id_column=source.id_column, question_columns=tuple(source.question_columns),
+                path,
+                id_column=source.id_column,
+                question_columns=tuple(source.question_columns),
                 answer_columns=tuple(source.answer_columns),
-                documents_column=source.documents_column)
+                documents_column=source.documents_column,
+            )
         self.notes["skipped"] = loaded.skipped
         self.notes["retrieval"] = source.retrieval.describe()
         return scoped(loaded.tasks, source)
@@ -44,8 +47,10 @@ def scoped(tasks: list[Task], source: EnvSourceConfig) -> list[Task]:
     if setting.scope == "oracle":
         missing = [task.id for task in tasks if task.allowed_documents is None]
         if missing:
-            raise DataError(f"{source.path}: retrieval scope oracle, but {len(missing)} rows "
-                            f"have no documents of their own (e.g. {missing[:3]})")
+            raise DataError(
+                f"{source.path}: retrieval scope oracle, but {len(missing)} rows "
+                f"have no documents of their own (e.g. {missing[:3]})"
+            )
         return tasks
     if setting.scope == "open":
         return [dataclasses.replace(task, allowed_documents=None) for task in tasks]
@@ -53,6 +58,8 @@ def scoped(tasks: list[Task], source: EnvSourceConfig) -> list[Task]:
     whitelist = readers.read_whitelist(resolve_conf_path(setting.whitelist))
     missing = [task.id for task in tasks if task.id not in whitelist]
     if missing:
-        raise DataError(f"{setting.whitelist}: no whitelist entry for {len(missing)} of "
-                        f"{len(tasks)} questions of {source.path} (e.g. {missing[:3]})")
+        raise DataError(
+            f"{setting.whitelist}: no whitelist entry for {len(missing)} of "
+            f"{len(tasks)} questions of {source.path} (e.g. {missing[:3]})"
+        )
     return [dataclasses.replace(task, allowed_documents=whitelist[task.id]) for task in tasks]

@@ -40,17 +40,27 @@ from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.records import read_records
 from nemo_orch.data.tasks import Task
 
-SYSTEM_PROMPT = ("You are an orchestrator that answers questions by calling tools. "
-                 "Finish with the final answer inside <answer></answer> tags.")
-MULTIPLE_CHOICE_INSTRUCTION = ("This is a multiple-choice question: the answer is the letter of "
-                               "the option you choose.")
+SYSTEM_PROMPT = (
+    "You are an orchestrator that answers questions by calling tools. "
+    "Finish with the final answer inside <answer></answer> tags."
+)
+MULTIPLE_CHOICE_INSTRUCTION = (
+    "This is a multiple-choice question: the answer is the letter of the option you choose."
+)
 HLE_ANSWER_TYPES = ("exactMatch", "multipleChoice")
 REASONING_TYPE_SEPARATOR = " | "
 
 _HLE_COLUMNS = ("id", "question", "answer", "answer_type", "image", "category")
 _FRAMES_IDS = ("Unnamed: 0", "id")
-_FRAMES_COLUMNS = (*_FRAMES_IDS, "Prompt", "question", "Answer", "answer", "wiki_links",
-                   "reasoning_types")
+_FRAMES_COLUMNS = (
+    *_FRAMES_IDS,
+    "Prompt",
+    "question",
+    "Answer",
+    "answer",
+    "wiki_links",
+    "reasoning_types",
+)
 
 
 @dataclass(frozen=True)
@@ -68,15 +78,16 @@ def _first(row: dict[str, Any], names: tuple[str, ...]) -> Any:
     return next((row[name] for name in names if row.get(name) is not None), None)
 
 
-def _text(row: dict[str, Any], names: tuple[str, ...], where: str,
-          numbers: bool = False) -> str:
+def _text(row: dict[str, Any], names: tuple[str, ...], where: str, numbers: bool = False) -> str:
     """A required non-empty string field (an integer too, with ``numbers``: ids, answers)."""
     value = _first(row, names)
     if numbers and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: {' or '.join(names)} must be a non-empty "
-                        f"{'string or integer' if numbers else 'string'}, got {value!r}")
+        raise DataError(
+            f"{where}: {' or '.join(names)} must be a non-empty "
+            f"{'string or integer' if numbers else 'string'}, got {value!r}"
+        )
     return value.strip()
 
 
@@ -100,8 +111,9 @@ class _Ids:
 
     def add(self, task_id: str, where: str) -> None:
         if task_id in self.seen:
-            raise DataError(f"{where}: duplicate task id {task_id!r} (first at "
-                            f"{self.seen[task_id]})")
+            raise DataError(
+                f"{where}: duplicate task id {task_id!r} (first at {self.seen[task_id]})"
+            )
         self.seen[task_id] = where
 
 
@@ -124,15 +136,23 @@ def read_hle(path: str | Path, limit: int | None = None) -> QABenchmark:
         answer = _text(row, ("answer",), where, numbers=True)
         answer_type = _optional_string(row, "answer_type", where)
         if answer_type is not None and answer_type not in HLE_ANSWER_TYPES:
-            raise DataError(f"{where}: answer_type must be one of {list(HLE_ANSWER_TYPES)}, got "
-                            f"{answer_type!r}")
+            raise DataError(
+                f"{where}: answer_type must be one of {list(HLE_ANSWER_TYPES)}, got {answer_type!r}"
+            )
         if answer_type == "multipleChoice":
             question = f"{question}\n\n{MULTIPLE_CHOICE_INSTRUCTION}"
         category = _optional_string(row, "category", where)
         ids.add(task_id, where)
         metadata = {"benchmark": "hle", "answer_type": answer_type, "category": category}
-        tasks.append(Task(id=task_id, question=question, system=SYSTEM_PROMPT, answer=answer,
-                          metadata={k: v for k, v in metadata.items() if v is not None}))
+        tasks.append(
+            Task(
+                id=task_id,
+                question=question,
+                system=SYSTEM_PROMPT,
+                answer=answer,
+                metadata={k: v for k, v in metadata.items() if v is not None},
+            )
+        )
     return QABenchmark("hle", tasks, skipped)
 
 
@@ -145,8 +165,11 @@ def _wiki_links(value: Any, where: str) -> frozenset[str] | None:
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             raise DataError(f"{where}: wiki_links is not a list literal: {value[:80]!r}") from None
-    if (not isinstance(value, (list, tuple)) or not value
-            or not all(isinstance(link, str) and link.strip() for link in value)):
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or not all(isinstance(link, str) and link.strip() for link in value)
+    ):
         raise DataError(f"{where}: wiki_links must be a non-empty list of URLs, got {value!r}")
     return frozenset(link.strip() for link in value)
 
@@ -160,51 +183,80 @@ def read_frames(path: str | Path, limit: int | None = None) -> QABenchmark:
     for index, (where, row) in enumerate(read_records(path, _FRAMES_COLUMNS)):
         if limit is not None and len(tasks) == limit:
             break
-        task_id = "frames-" + (str(index) if _first(row, _FRAMES_IDS) is None
-                               else _text(row, _FRAMES_IDS, where, numbers=True))
+        task_id = "frames-" + (
+            str(index)
+            if _first(row, _FRAMES_IDS) is None
+            else _text(row, _FRAMES_IDS, where, numbers=True)
+        )
         question = _text(row, ("Prompt", "question"), where)
         answer = _text(row, ("Answer", "answer"), where, numbers=True)
         reasoning = _optional_string(row, "reasoning_types", where)
         metadata: dict[str, Any] = {"benchmark": "frames"}
         if reasoning:
-            metadata["reasoning_types"] = [kind.strip() for kind in
-                                           reasoning.split(REASONING_TYPE_SEPARATOR)
-                                           if kind.strip()]
+            metadata["reasoning_types"] = [
+                kind.strip() for kind in reasoning.split(REASONING_TYPE_SEPARATOR) if kind.strip()
+            ]
         ids.add(task_id, where)
-        tasks.append(Task(id=task_id, question=question, system=SYSTEM_PROMPT, answer=answer,
-                          allowed_documents=_wiki_links(row.get("wiki_links"), where),
-                          metadata=metadata))
+        tasks.append(
+            Task(
+                id=task_id,
+                question=question,
+                system=SYSTEM_PROMPT,
+                answer=answer,
+                allowed_documents=_wiki_links(row.get("wiki_links"), where),
+                metadata=metadata,
+            )
+        )
     return QABenchmark("frames", tasks, {})
 
 
-def read_qa(path: str | Path, *, id_column: str = "id",
-            question_columns: tuple[str, ...] = ("question",),
-            answer_columns: tuple[str, ...] = ("answer",),
-            documents_column: str | None = None, limit: int | None = None) -> QABenchmark:
+def read_qa(
+    path: str | Path,
+    *,
+    id_column: str = "id",
+    question_columns: tuple[str, ...] = ("question",),
+    answer_columns: tuple[str, ...] = ("answer",),
+    documents_column: str | None = None,
+    limit: int | None = None,
+) -> QABenchmark:
     """Question / reference-answer rows with the columns named (GeneralThought-430K's
     ``question`` and ``reference_answer``, a user's own): the first present of
     ``question_columns`` and of ``answer_columns``, the id in ``id_column`` (absent: ``qa-<row
     index>``), and in ``documents_column`` (when named) the ids retrieval may return."""
     _check_limit(limit)
-    columns = (id_column, *question_columns, *answer_columns,
-               *((documents_column,) if documents_column else ()))
+    columns = (
+        id_column,
+        *question_columns,
+        *answer_columns,
+        *((documents_column,) if documents_column else ()),
+    )
     tasks: list[Task] = []
     ids = _Ids()
     for index, (where, row) in enumerate(read_records(path, columns)):
         if limit is not None and len(tasks) == limit:
             break
-        task_id = (f"qa-{index}" if row.get(id_column) is None
-                   else _text(row, (id_column,), where, numbers=True))
+        task_id = (
+            f"qa-{index}"
+            if row.get(id_column) is None
+            else _text(row, (id_column,), where, numbers=True)
+        )
         documents = None if documents_column is None else row.get(documents_column)
-        if documents is not None and (not isinstance(documents, list) or not all(
-                isinstance(document, str) for document in documents)):
+        if documents is not None and (
+            not isinstance(documents, list)
+            or not all(isinstance(document, str) for document in documents)
+        ):
             raise DataError(f"{where}: {documents_column} must be a list of document ids")
         ids.add(task_id, where)
-        tasks.append(Task(id=task_id, question=_text(row, question_columns, where),
-                          system=SYSTEM_PROMPT,
-                          answer=_text(row, answer_columns, where, numbers=True),
-                          allowed_documents=None if documents is None else frozenset(documents),
-                          metadata={"benchmark": "qa"}))
+        tasks.append(
+            Task(
+                id=task_id,
+                question=_text(row, question_columns, where),
+                system=SYSTEM_PROMPT,
+                answer=_text(row, answer_columns, where, numbers=True),
+                allowed_documents=None if documents is None else frozenset(documents),
+                metadata={"benchmark": "qa"},
+            )
+        )
     return QABenchmark("qa", tasks, {})
 
 
@@ -226,10 +278,15 @@ def read_whitelist(path: str | Path) -> dict[str, frozenset[str]]:
 
     whitelist = {}
     for question, documents in raw.items():
-        ids = [identifier(document) for document in documents] if isinstance(
-            documents, list) else [None]
+        ids = (
+            [identifier(document) for document in documents]
+            if isinstance(documents, list)
+            else [None]
+        )
         if None in ids:
-            raise DataError(f"{path}: question {question!r}: the documents must be a list of "
-                            f"ids (strings or integers), got {str(documents)[:80]}")
+            raise DataError(
+                f"{path}: question {question!r}: the documents must be a list of "
+                f"ids (strings or integers), got {str(documents)[:80]}"
+            )
         whitelist[question] = frozenset(ids)
     return whitelist

@@ -14,7 +14,7 @@ from nemo_orch.envs.interfaces import draw, split_pool
 class TaskFileEnvironment(OutcomeScoredEnvironment):
     def __init__(self, config: Config, source: EnvSourceConfig, val_fraction: float) -> None:
         super().__init__(config, source, declared_tools(config, source, own_tools=False))
-        self.pool = self.read(config, source)[:source.limit]
+        self.pool = self.read(config, source)[: source.limit]
         self.val_fraction = val_fraction
 
     def read(self, config: Config, source: EnvSourceConfig) -> list[Task]:

@@ -78,12 +78,22 @@ def _tau2() -> SimpleNamespace:
         from tau2.utils import llm_utils
     except ImportError as error:
         raise Tau2Error(f"tau2-bench needs the tau2 extra ({INSTALL_HINT}): {error}") from None
-    return SimpleNamespace(message=message, simulation=simulation, tasks=tasks,
-                           llm_agent=llm_agent, evaluator=evaluator, registry=registry,
-                           orchestrator=orchestrator, user_simulator=user_simulator,
-                           user_base=user_base, llm_utils=llm_utils,
-                           agent_metrics=agent_metrics, db=db, environment=environment,
-                           toolkit=toolkit)
+    return SimpleNamespace(
+        message=message,
+        simulation=simulation,
+        tasks=tasks,
+        llm_agent=llm_agent,
+        evaluator=evaluator,
+        registry=registry,
+        orchestrator=orchestrator,
+        user_simulator=user_simulator,
+        user_base=user_base,
+        llm_utils=llm_utils,
+        agent_metrics=agent_metrics,
+        db=db,
+        environment=environment,
+        toolkit=toolkit,
+    )
 
 
 def domains() -> list[str]:
@@ -140,8 +150,9 @@ class Tau2Episode:
             self._open = (requestor, context.turn)
 
 
-def episode_environments(domain: str,
-                         max_episodes: int = DEFAULT_MAX_EPISODES) -> EpisodeStates[Tau2Episode]:
+def episode_environments(
+    domain: str, max_episodes: int = DEFAULT_MAX_EPISODES
+) -> EpisodeStates[Tau2Episode]:
     """One fresh tau2 environment per episode, in its task's initial state, made on the
     episode's first call and shared by its assistant and user tools."""
     _check_domain(domain)
@@ -155,8 +166,11 @@ def episode_environments(domain: str,
         initial = tau2_task_of(context.task).initial_state
         environment = make_environment()
         if initial is not None:
-            environment.set_state(initial.initialization_data, initial.initialization_actions,
-                                  initial.message_history or [])
+            environment.set_state(
+                initial.initialization_data,
+                initial.initialization_actions,
+                initial.message_history or [],
+            )
         return Tau2Episode(environment)
 
     return EpisodeStates(make, max_episodes)
@@ -166,8 +180,9 @@ class Tau2Tool(BaseTool):
     """One tau2 tool, called as ``requestor`` (assistant or user) on the episode's environment.
     tau2's tools are in-memory and take milliseconds, so they run inline."""
 
-    def __init__(self, spec: ToolSpec, requestor: str,
-                 environments: EpisodeStates[Tau2Episode]) -> None:
+    def __init__(
+        self, spec: ToolSpec, requestor: str, environments: EpisodeStates[Tau2Episode]
+    ) -> None:
         super().__init__(spec)
         self.requestor, self.environments = requestor, environments
 
@@ -179,15 +194,20 @@ class Tau2Tool(BaseTool):
                 episode = self.environments.get(context)
         except Tau2Error as error:  # the task's environment cannot be built: not the call's
             return ToolResult(error=str(error), kind=CallKind.INFRA_ERROR)
-        tool_call = _tau2().message.ToolCall(name=self.spec.name, arguments=arguments,
-                                             requestor=self.requestor)
+        tool_call = _tau2().message.ToolCall(
+            name=self.spec.name, arguments=arguments, requestor=self.requestor
+        )
         with domain_clock():
             response = episode.environment.get_response(tool_call)
         # Our observation of an error is "Error: <error>": the same text as tau2's.
-        result = (ToolResult(error=response.content.removeprefix(_ERROR_PREFIX))
-                  if response.error else ToolResult(output=response.content))
-        episode.record_call(self.requestor, context,
-                            ExecutedCall(self.spec.name, arguments, result))
+        result = (
+            ToolResult(error=response.content.removeprefix(_ERROR_PREFIX))
+            if response.error
+            else ToolResult(output=response.content)
+        )
+        episode.record_call(
+            self.requestor, context, ExecutedCall(self.spec.name, arguments, result)
+        )
         return result
 
 
@@ -196,17 +216,24 @@ def _spec(tau2_tool: Any) -> ToolSpec:
     arguments, as in tau2's orchestrator: a call the schema rejects fails there with tau2's own
     error, is recorded and counts toward ``max_errors``, and its evaluator scores it."""
     function = tau2_tool.openai_schema["function"]
-    return ToolSpec(name=function["name"], description=function["description"],
-                    parameters=function["parameters"], strict_arguments=False)
+    return ToolSpec(
+        name=function["name"],
+        description=function["description"],
+        parameters=function["parameters"],
+        strict_arguments=False,
+    )
 
 
 def to_task(tau2_task: Any, domain: str, policy: str, tool_names: Sequence[str]) -> Task:
     """Our task row for a tau2 task; its metadata keeps the whole tau2 task for scoring."""
     record = tau2_task.model_dump(mode="json")
-    return Task(id=f"{BENCHMARK}-{domain}-{tau2_task.id}",
-                question=DomainTask.model_validate(record).scenario_text(), system=policy,
-                tools=tuple(tool_names),
-                metadata={"benchmark": BENCHMARK, "domain": domain, "tau2_task": record})
+    return Task(
+        id=f"{BENCHMARK}-{domain}-{tau2_task.id}",
+        question=DomainTask.model_validate(record).scenario_text(),
+        system=policy,
+        tools=tuple(tool_names),
+        metadata={"benchmark": BENCHMARK, "domain": domain, "tau2_task": record},
+    )
 
 
 @dataclass
@@ -233,13 +260,18 @@ def agent_system_prompt(policy: str) -> str:
     """The system prompt tau2's ``LLMAgent`` runs with: its agent instructions and the domain
     ``policy`` in its ``<instructions>`` / ``<policy>`` frame."""
     llm_agent = _tau2().llm_agent
-    return llm_agent.SYSTEM_PROMPT.format(agent_instruction=llm_agent.AGENT_INSTRUCTION,
-                                          domain_policy=policy)
+    return llm_agent.SYSTEM_PROMPT.format(
+        agent_instruction=llm_agent.AGENT_INSTRUCTION, domain_policy=policy
+    )
 
 
-def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODES,
-                tasks_path: str | Path | None = None,
-                llm_agent_prompt: bool = False) -> Tau2Domain:
+def load_domain(
+    domain: str,
+    split: str,
+    max_episodes: int = DEFAULT_MAX_EPISODES,
+    tasks_path: str | Path | None = None,
+    llm_agent_prompt: bool = False,
+) -> Tau2Domain:
     """A tau2 domain as our environment, with the tasks of ``split`` (a domain without splits,
     such as ``mock``, has one set of tasks, which every split names), or with the domain's rows
     of the task file ``tasks_path`` instead (one set of tasks, which every split names; see
@@ -248,21 +280,30 @@ def load_domain(domain: str, split: str, max_episodes: int = DEFAULT_MAX_EPISODE
     (:func:`agent_system_prompt`)."""
     available = splits(domain)
     if tasks_path is None and available and split not in available:
-        raise Tau2Error(f"tau2 domain {domain!r} has no split {split!r}; splits: "
-                        f"{', '.join(available) or 'none'}")
+        raise Tau2Error(
+            f"tau2 domain {domain!r} has no split {split!r}; splits: "
+            f"{', '.join(available) or 'none'}"
+        )
     registry = _tau2().registry
     environments = episode_environments(domain, max_episodes)
     template = registry.get_env_constructor(domain)()
-    assistant_tools = [Tau2Tool(_spec(tool), ASSISTANT, environments)
-                       for tool in template.get_tools()]
-    user_tools = [] if template.user_tools is None else [
-        Tau2Tool(_spec(tool), USER, environments) for tool in template.get_user_tools()]
+    assistant_tools = [
+        Tau2Tool(_spec(tool), ASSISTANT, environments) for tool in template.get_tools()
+    ]
+    user_tools = (
+        []
+        if template.user_tools is None
+        else [Tau2Tool(_spec(tool), USER, environments) for tool in template.get_user_tools()]
+    )
     policy, names = template.get_policy(), [tool.spec.name for tool in assistant_tools]
     if tasks_path is None:
         loaded = registry.get_tasks_loader(domain)(split if available else None)
     else:
-        loaded = read_task_file(tasks_path, domain, {
-            tool.spec.name: tool.spec.parameters for tool in [*assistant_tools, *user_tools]})
+        loaded = read_task_file(
+            tasks_path,
+            domain,
+            {tool.spec.name: tool.spec.parameters for tool in [*assistant_tools, *user_tools]},
+        )
     system = agent_system_prompt(policy) if llm_agent_prompt else policy
     tasks = [to_task(tau2_task, domain, system, names) for tau2_task in loaded]
     return Tau2Domain(domain, split, policy, tasks, assistant_tools, user_tools, environments)
@@ -302,11 +343,20 @@ def to_tau2_messages(tau2_task: Any, turns: Sequence[Turn]) -> list[Any]:
         for call in turn.calls:
             call_id = f"call_{call_index}"
             call_index += 1
-            tool_calls.append(message.ToolCall(id=call_id, name=call.name,
-                                               arguments=call.arguments, requestor=turn.role))
-            tool_messages.append(message.ToolMessage(
-                id=call_id, role="tool", content=call.result.observation,
-                requestor=turn.role, error=call.result.error is not None))
+            tool_calls.append(
+                message.ToolCall(
+                    id=call_id, name=call.name, arguments=call.arguments, requestor=turn.role
+                )
+            )
+            tool_messages.append(
+                message.ToolMessage(
+                    id=call_id,
+                    role="tool",
+                    content=call.result.observation,
+                    requestor=turn.role,
+                    error=call.result.error is not None,
+                )
+            )
         sender = message.AssistantMessage if turn.role == ASSISTANT else message.UserMessage
         messages.append(sender(role=turn.role, content=turn.text, tool_calls=tool_calls or None))
         messages.extend(tool_messages)
@@ -328,8 +378,12 @@ class Tau2Score:
         return math.isclose(self.reward, 1.0, abs_tol=1e-6)
 
     def to_json(self) -> dict[str, Any]:
-        return {"reward": self.reward, "passed": self.passed, "breakdown": self.breakdown,
-                "failures": list(self.failures)}
+        return {
+            "reward": self.reward,
+            "passed": self.passed,
+            "breakdown": self.breakdown,
+            "failures": list(self.failures),
+        }
 
 
 def _call_text(requestor: str, name: str, arguments: dict[str, Any]) -> str:
@@ -342,20 +396,33 @@ def breakdown(info: Any) -> dict[str, Any]:
     check (database, assertions, actions, communicated facts)."""
     return {
         "reward_basis": [basis.value for basis in info.reward_basis or []],
-        "components": {basis.value: value
-                       for basis, value in (info.reward_breakdown or {}).items()},
+        "components": {
+            basis.value: value for basis, value in (info.reward_breakdown or {}).items()
+        },
         "db_match": None if info.db_check is None else info.db_check.db_match,
         "env_assertions": [
-            {"assertion": _call_text(check.env_assertion.env_type,
-                                     check.env_assertion.func_name,
-                                     check.env_assertion.arguments), "met": check.met}
-            for check in info.env_assertions or []],
+            {
+                "assertion": _call_text(
+                    check.env_assertion.env_type,
+                    check.env_assertion.func_name,
+                    check.env_assertion.arguments,
+                ),
+                "met": check.met,
+            }
+            for check in info.env_assertions or []
+        ],
         "actions": [
-            {"action": _call_text(check.action.requestor, check.action.name,
-                                  check.action.arguments), "matched": check.action_match}
-            for check in info.action_checks or []],
-        "communicate": [{"info": check.info, "met": check.met}
-                        for check in info.communicate_checks or []],
+            {
+                "action": _call_text(
+                    check.action.requestor, check.action.name, check.action.arguments
+                ),
+                "matched": check.action_match,
+            }
+            for check in info.action_checks or []
+        ],
+        "communicate": [
+            {"info": check.info, "met": check.met} for check in info.communicate_checks or []
+        ],
     }
 
 
@@ -366,32 +433,48 @@ def _failures(breakdown: dict[str, Any]) -> list[str]:
     if "DB" in failed:
         reasons.append("the database differs from the one the gold actions leave")
     if "ENV_ASSERTION" in failed:
-        reasons += [f"assertion not met: {check['assertion']}"
-                    for check in breakdown["env_assertions"] if not check["met"]]
+        reasons += [
+            f"assertion not met: {check['assertion']}"
+            for check in breakdown["env_assertions"]
+            if not check["met"]
+        ]
     if "ACTION" in failed:
-        reasons += [f"gold action not taken: {check['action']}"
-                    for check in breakdown["actions"] if not check["matched"]]
+        reasons += [
+            f"gold action not taken: {check['action']}"
+            for check in breakdown["actions"]
+            if not check["matched"]
+        ]
     if "COMMUNICATE" in failed:
-        reasons += [f"not told to the user: {check['info']!r}"
-                    for check in breakdown["communicate"] if not check["met"]]
+        reasons += [
+            f"not told to the user: {check['info']!r}"
+            for check in breakdown["communicate"]
+            if not check["met"]
+        ]
     return reasons
 
 
-def recorded_turns(domain: Tau2Domain, task: Task, episode_id: str, seed: int,
-                   closing: str | None = None) -> list[Turn]:
+def recorded_turns(
+    domain: Tau2Domain, task: Task, episode_id: str, seed: int, closing: str | None = None
+) -> list[Turn]:
     """An episode the episode runner played (its calls went through the domain's toolboxes,
     its messages through the user) as tau2 turns: its transcript, then ``closing`` as the
     assistant's last message (the answer of an episode without a user)."""
-    episode = domain.environments.get(ToolContext(task_id=task.id, episode_id=episode_id,
-                                                  seed=seed, task=task))
+    episode = domain.environments.get(
+        ToolContext(task_id=task.id, episode_id=episode_id, seed=seed, task=task)
+    )
     closed = [] if closing is None else [Turn(ASSISTANT, text=closing)]
     return [*episode.turns, *closed]
 
 
 # How tau2 names the ends of our episodes; the evaluator scores only the agent's or the user's
 # stop, everything else is 0 (ours without a tau2 name are the agent's failures).
-_TERMINATIONS = {"answer": "AGENT_STOP", "user_stop": "USER_STOP", "max_steps": "MAX_STEPS",
-                 "too_many_errors": "TOO_MANY_ERRORS", "user_error": "USER_ERROR"}
+_TERMINATIONS = {
+    "answer": "AGENT_STOP",
+    "user_stop": "USER_STOP",
+    "max_steps": "MAX_STEPS",
+    "too_many_errors": "TOO_MANY_ERRORS",
+    "user_error": "USER_ERROR",
+}
 
 
 def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer") -> Tau2Score:
@@ -401,15 +484,25 @@ def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer"
     tau2_task = tau2_task_of(task)
     reason = tau2.simulation.TerminationReason[_TERMINATIONS.get(termination, "AGENT_ERROR")]
     run = tau2.simulation.SimulationRun(
-        id=f"{task.id}-episode", task_id=tau2_task.id, start_time="", end_time="", duration=0.0,
-        termination_reason=reason, messages=to_tau2_messages(tau2_task, turns))
+        id=f"{task.id}-episode",
+        task_id=tau2_task.id,
+        start_time="",
+        end_time="",
+        duration=0.0,
+        termination_reason=reason,
+        messages=to_tau2_messages(tau2_task, turns),
+    )
     try:
         # tau2 replays the episode's calls and the gold actions on fresh environments: at the
         # instant the episode's tools ran, so a tool that stores the time writes the same.
         with domain_clock():
             info = tau2.evaluator.evaluate_simulation(
-                run, tau2_task, tau2.evaluator.EvaluationType.ALL, solo_mode=False,
-                domain=task.metadata["domain"])
+                run,
+                tau2_task,
+                tau2.evaluator.EvaluationType.ALL,
+                solo_mode=False,
+                domain=task.metadata["domain"],
+            )
     except ValueError as error:
         # tau2 replays the trajectory and refuses one whose tool outputs it does not reproduce.
         return Tau2Score(0.0, failures=(f"tau2 could not replay the episode: {error}",))
@@ -452,8 +545,10 @@ def tau2_tasks(rows: Iterable[tuple[str, dict[str, Any]]]) -> list[Any]:
         except pydantic.ValidationError as error:
             first = error.errors()[0]
             location = ".".join(map(str, first["loc"])) or "task"
-            raise Tau2Error(f"{where}: not a tau2 task: {location}: {first['msg']} "
-                            f"({error.error_count()} problem(s))") from None
+            raise Tau2Error(
+                f"{where}: not a tau2 task: {location}: {first['msg']} "
+                f"({error.error_count()} problem(s))"
+            ) from None
         if task.id in seen:
             raise Tau2Error(f"{where}: duplicate task id {task.id!r}")
         seen.add(task.id)

@@ -32,8 +32,10 @@ from nemo_orch.rollout.episode import Trajectory, UserFactory, episode_id
 from nemo_orch.tools.registry import Toolbox
 
 TRAIN_SPLIT = "train"
-SCENARIO_PROTOCOL = ("scenario stated up front, no user answers (env.user.base_url unset): not "
-                     "comparable with tau2-bench")
+SCENARIO_PROTOCOL = (
+    "scenario stated up front, no user answers (env.user.base_url unset): not "
+    "comparable with tau2-bench"
+)
 
 
 def tau2_gold_plan(task: Task) -> GoldPlan:
@@ -41,10 +43,12 @@ def tau2_gold_plan(task: Task) -> GoldPlan:
     from nemo_orch.envs.tau2 import adapter
 
     criteria = adapter.tau2_task_of(task).evaluation_criteria
-    actions, facts = ([], []) if criteria is None else (criteria.actions or [],
-                                                         criteria.communicate_info or [])
-    return GoldPlan([GoldAction(a.requestor, a.name, a.arguments) for a in actions],
-                    final_message(facts))
+    actions, facts = (
+        ([], []) if criteria is None else (criteria.actions or [], criteria.communicate_info or [])
+    )
+    return GoldPlan(
+        [GoldAction(a.requestor, a.name, a.arguments) for a in actions], final_message(facts)
+    )
 
 
 class Tau2Environment(Environment):
@@ -62,9 +66,12 @@ class Tau2Environment(Environment):
         self.tasks_path = None if source.path is None else resolve_conf_path(source.path)
         # Under tau2-bench's protocol the agent runs with tau2's LLMAgent system prompt.
         self.llm_agent_prompt = source.user.simulated
-        self.domain = adapter.load_domain(source.domain, source.split,
-                                          tasks_path=self.tasks_path,
-                                          llm_agent_prompt=self.llm_agent_prompt)
+        self.domain = adapter.load_domain(
+            source.domain,
+            source.split,
+            tasks_path=self.tasks_path,
+            llm_agent_prompt=self.llm_agent_prompt,
+        )
         self._users = None
         if source.user.simulated:
             from nemo_orch.envs.tau2.user import Tau2Users
@@ -73,18 +80,24 @@ class Tau2Environment(Environment):
         self.limit, self.val_fraction = source.limit, val_fraction
         self._train: list[Task] | None = None
         self.tools_config = dataclasses.replace(
-            config.tools, declarations=declared_tools(config, source, own_tools=True), domains=[])
+            config.tools, declarations=declared_tools(config, source, own_tools=True), domains=[]
+        )
         self.declared = declared_names(self.tools_config)
         split = f"{source.domain} {source.split}" + (
             " (train + test, as the leaderboard; GRPO trains on its train part)"
-            if source.split == "base" else "")
+            if source.split == "base"
+            else ""
+        )
         self.notes = {
             "protocol": SCENARIO_PROTOCOL if self._users is None else self._users.describe(),
-            "split": split if source.path is None else
-                     f"{source.domain}: the tasks of {source.path} (one task set, no splits)",
+            "split": split
+            if source.path is None
+            else f"{source.domain}: the tasks of {source.path} (one task set, no splits)",
             # The leaderboard calls a run with tools beyond the domain's a custom submission.
-            "submission": "standard (the domain's tools only)" if not self.declared else
-                          f"custom: extra tools offered ({', '.join(sorted(self.declared))})"}
+            "submission": "standard (the domain's tools only)"
+            if not self.declared
+            else f"custom: extra tools offered ({', '.join(sorted(self.declared))})",
+        }
 
     def _train_pool(self) -> list[Task]:
         from nemo_orch.envs.tau2 import adapter
@@ -95,16 +108,18 @@ class Tau2Environment(Environment):
                 # a task file, or a domain without splits: one task set
                 self._train = self.domain.tasks
             elif TRAIN_SPLIT not in available:
-                raise ConfigError(f"tau2 domain {self.domain.name!r} has no train split to "
-                                  "train on")
+                raise ConfigError(
+                    f"tau2 domain {self.domain.name!r} has no train split to train on"
+                )
             else:  # only its tasks: the tools and episodes are the loaded domain's
                 self._train = adapter.load_domain(
-                    self.domain.name, TRAIN_SPLIT, llm_agent_prompt=self.llm_agent_prompt).tasks
+                    self.domain.name, TRAIN_SPLIT, llm_agent_prompt=self.llm_agent_prompt
+                ).tasks
         return self._train
 
     def tasks(self, split: str, count: int | None, seed: int) -> list[Task]:
         pool = self.domain.tasks if split == "test" else self._train_pool()
-        tasks = split_pool(pool, split, self.val_fraction)[:self.limit]
+        tasks = split_pool(pool, split, self.val_fraction)[: self.limit]
         return draw(offering(tasks, self.declared), count, seed)
 
     def toolbox(self) -> Toolbox:
@@ -133,8 +148,10 @@ class Tau2Environment(Environment):
         finally:
             self.domain.environments.release(key, trajectory.seed)
         result = adapter.score_episode(task, turns, trajectory.termination)
-        return Scored(OutcomeResult(result.passed, "tau2", "; ".join(result.failures)),
-                      {"tau2": result.to_json()})
+        return Scored(
+            OutcomeResult(result.passed, "tau2", "; ".join(result.failures)),
+            {"tau2": result.to_json()},
+        )
 
     def gold_plan(self, task: Task) -> GoldPlan:
         return tau2_gold_plan(task)

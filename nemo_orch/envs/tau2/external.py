@@ -61,19 +61,24 @@ def register_domain_directory(directory: str | Path) -> str:
     registry = _tau2().registry
     if name in _registered or name in registry.get_domains() + registry.get_task_sets():
         owner = _registered.get(name, "tau2 itself")
-        raise Tau2Error(f"{directory}: tau2 already has a domain {name!r} (from {owner}); a "
-                        "domain is named by its directory: rename it")
+        raise Tau2Error(
+            f"{directory}: tau2 already has a domain {name!r} (from {owner}); a "
+            "domain is named by its directory: rename it"
+        )
     if not name.isidentifier():
-        raise Tau2Error(f"{directory}: a tau2 domain's directory name is its package's "
-                        f"({PACKAGE}.<name>), so it must be a Python identifier, not {name!r}")
+        raise Tau2Error(
+            f"{directory}: a tau2 domain's directory name is its package's "
+            f"({PACKAGE}.<name>), so it must be a Python identifier, not {name!r}"
+        )
     for part in PARTS:
         if not (directory / part).is_file():
-            raise Tau2Error(f"{directory / part}: no such file; a tau2 domain directory holds "
-                            f"{', '.join(PARTS)}")
+            raise Tau2Error(
+                f"{directory / part}: no such file; a tau2 domain directory holds "
+                f"{', '.join(PARTS)}"
+            )
     package = f"{PACKAGE}.{name}"
     if importlib.util.find_spec(package) is not None:
-        raise Tau2Error(f"{directory}: tau2 already has a package {package}; rename the "
-                        "directory")
+        raise Tau2Error(f"{directory}: tau2 already has a package {package}; rename the directory")
     try:
         make_environment = _environment_constructor(name, directory, package)
     except BaseException:
@@ -90,17 +95,22 @@ def _environment_constructor(name: str, directory: Path, package: str) -> Any:
     tau2's evaluator calls it), its modules imported and one environment built to check it."""
     tau2 = _tau2()
     _import_package(package, directory)
-    db_class = _single_subclass(_import(f"{package}.data_model", directory, DATA_MODEL),
-                                tau2.db.DB, directory / DATA_MODEL)
-    toolkit_class = _single_subclass(_import(f"{package}.tools", directory, TOOLS),
-                                     tau2.toolkit.ToolKitBase, directory / TOOLS)
+    db_class = _single_subclass(
+        _import(f"{package}.data_model", directory, DATA_MODEL), tau2.db.DB, directory / DATA_MODEL
+    )
+    toolkit_class = _single_subclass(
+        _import(f"{package}.tools", directory, TOOLS), tau2.toolkit.ToolKitBase, directory / TOOLS
+    )
     policy = (directory / POLICY).read_text(encoding="utf-8")
     db_path = directory / DB_FILE
 
     def get_environment(solo_mode: bool = False) -> Any:
-        return tau2.environment.Environment(domain_name=name, policy=policy,
-                                            tools=toolkit_class(db_class.load(str(db_path))),
-                                            solo_mode=solo_mode)
+        return tau2.environment.Environment(
+            domain_name=name,
+            policy=policy,
+            tools=toolkit_class(db_class.load(str(db_path))),
+            solo_mode=solo_mode,
+        )
 
     try:
         db_class.load(str(db_path))
@@ -109,8 +119,10 @@ def _environment_constructor(name: str, directory: Path, package: str) -> Any:
     try:
         get_environment().get_tools()  # the tools' schemas come from their signatures
     except Exception as error:
-        raise Tau2Error(f"{_location(error, directory, directory / TOOLS)}: cannot build the "
-                        f"tau2 domain {name!r}: {type(error).__name__}: {error}") from None
+        raise Tau2Error(
+            f"{_location(error, directory, directory / TOOLS)}: cannot build the "
+            f"tau2 domain {name!r}: {type(error).__name__}: {error}"
+        ) from None
     return get_environment
 
 
@@ -127,8 +139,10 @@ def _import(module: str, directory: Path, file: str) -> Any:
     try:
         return importlib.import_module(module)
     except Exception as error:
-        raise Tau2Error(f"{_location(error, directory, directory / file)}: cannot import the "
-                        f"tau2 domain's {file}: {type(error).__name__}: {error}") from None
+        raise Tau2Error(
+            f"{_location(error, directory, directory / file)}: cannot import the "
+            f"tau2 domain's {file}: {type(error).__name__}: {error}"
+        ) from None
 
 
 def _forget(package: str) -> None:
@@ -144,19 +158,29 @@ def _location(error: BaseException, directory: Path, default: Path) -> str:
     """Where in the domain's own files ``error`` was raised (``file:line``), else ``default``."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}:{error.lineno}"
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
-              if Path(frame.filename).parent == directory]
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if Path(frame.filename).parent == directory
+    ]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else str(default)
 
 
 def _single_subclass(module: Any, base: type, file: Path) -> type:
-    found = [value for value in vars(module).values()
-             if isinstance(value, type) and issubclass(value, base) and value is not base
-             and value.__module__ == module.__name__]
+    found = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, base)
+        and value is not base
+        and value.__module__ == module.__name__
+    ]
     if len(found) != 1:
         names = ", ".join(cls.__name__ for cls in found) or "none"
-        raise Tau2Error(f"{file}: a tau2 domain's {file.name} defines exactly one "
-                        f"{base.__name__} subclass; found {names}")
+        raise Tau2Error(
+            f"{file}: a tau2 domain's {file.name} defines exactly one "
+            f"{base.__name__} subclass; found {names}"
+        )
     return found[0]
 
 
@@ -164,6 +188,7 @@ def _directory_tasks(directory: Path) -> list[Any]:
     """The tasks of a domain directory: its ``tasks.json``, tau2 tasks as tau2 writes them."""
     file = directory / TASKS_FILE
     if not file.is_file():
-        raise Tau2Error(f"tau2 domain {directory.name!r} has no tasks: no {file}; name a task "
-                        "file in env.path")
+        raise Tau2Error(
+            f"tau2 domain {directory.name!r} has no tasks: no {file}; name a task file in env.path"
+        )
     return tau2_tasks(read_records(file))

@@ -40,8 +40,9 @@ def user_pricing(config: UserConfig) -> Pricing:
     """The user's token prices: the configured ones, else the model's list price, else free
     (a local model)."""
     if config.input_usd_per_million is not None or config.output_usd_per_million is not None:
-        return Pricing.per_million_tokens(config.input_usd_per_million or 0.0,
-                                          config.output_usd_per_million or 0.0)
+        return Pricing.per_million_tokens(
+            config.input_usd_per_million or 0.0, config.output_usd_per_million or 0.0
+        )
     try:
         return model_pricing(config.model)
     except ToolError:
@@ -56,11 +57,16 @@ class Tau2Users:
         if config.base_url is None or config.model is None:
             raise ValueError("an LLM user needs env.user.base_url and env.user.model")
         self.config, self.domain = config, domain
-        self.client = OpenAIClient(config.base_url, config.model, dialect=config.dialect,
-                                   name="env.user", api_key_env=config.api_key_env,
-                                   timeout_s=config.timeout_s,
-                                   max_retries=config.max_retries,
-                                   max_in_flight=config.max_in_flight)
+        self.client = OpenAIClient(
+            config.base_url,
+            config.model,
+            dialect=config.dialect,
+            name="env.user",
+            api_key_env=config.api_key_env,
+            timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
+            max_in_flight=config.max_in_flight,
+        )
         self.pricing = user_pricing(config)
         self.toolbox = domain.user_toolbox()
         self.tool_schemas = self.toolbox.schemas()
@@ -72,17 +78,19 @@ class Tau2Users:
         """The protocol line of a report: tau2-bench's protocol, and what still differs from
         tau2's own runner (docs/evaluation.md, "Conformance with tau2's runner")."""
         config = self.config
-        return (f"LLM user {config.model} at {config.base_url} (tau2's user simulator), "
-                f"max_steps {config.max_steps}, max_errors {config.max_errors}, tau2's "
-                "LLMAgent system prompt. Differences from tau2's runner: the agent writes "
-                "through its own chat template (tau2: function calling through litellm); the "
-                "policy's context may end an episode tau2 would continue (context_limit, "
-                "scored 0); a failing user endpoint ends the episode as user_error (counted, "
-                "run again on resume), where tau2's run fails; a call naming no tool of the "
-                "domain is refused before tau2 (counted as tau2 counts it, not in the "
-                "transcript), where tau2 records its 'Tool not found' error; a call whose "
-                "arguments are not JSON is a format error the agent may recover from, where "
-                "tau2's run fails")
+        return (
+            f"LLM user {config.model} at {config.base_url} (tau2's user simulator), "
+            f"max_steps {config.max_steps}, max_errors {config.max_errors}, tau2's "
+            "LLMAgent system prompt. Differences from tau2's runner: the agent writes "
+            "through its own chat template (tau2: function calling through litellm); the "
+            "policy's context may end an episode tau2 would continue (context_limit, "
+            "scored 0); a failing user endpoint ends the episode as user_error (counted, "
+            "run again on resume), where tau2's run fails; a call naming no tool of the "
+            "domain is refused before tau2 (counted as tau2 counts it, not in the "
+            "transcript), where tau2 records its 'Tool not found' error; a call whose "
+            "arguments are not JSON is a format error the agent may recover from, where "
+            "tau2's run fails"
+        )
 
 
 class Tau2User:
@@ -95,10 +103,18 @@ class Tau2User:
         self.greeting = tau2.orchestrator.DEFAULT_FIRST_AGENT_MESSAGE.content
         tau2_task = tau2_task_of(task)
         simulator = tau2.user_simulator.UserSimulator(
-            tools=users.domain.user_tools or None, instructions=str(tau2_task.user_scenario))
+            tools=users.domain.user_tools or None, instructions=str(tau2_task.user_scenario)
+        )
         initial = tau2_task.initial_state
-        history = [message for message in (initial.message_history or [])
-                   if tau2.user_base.is_valid_user_history_message(message)] if initial else []
+        history = (
+            [
+                message
+                for message in (initial.message_history or [])
+                if tau2.user_base.is_valid_user_history_message(message)
+            ]
+            if initial
+            else []
+        )
         self.state = simulator.get_init_state(message_history=history)
         self.transcript = users.domain.environments.get(context)
         self.call_messages = 0  # the user's messages of tool calls so far
@@ -110,18 +126,22 @@ class Tau2User:
         ``errors_left`` failed calls (where tau2's orchestrator checks its limits)."""
         tau2 = _tau2()
         self.transcript.say(ASSISTANT, message)
-        self.state.messages.append(tau2.message.AssistantMessage(role="assistant",
-                                                                 content=message))
+        self.state.messages.append(tau2.message.AssistantMessage(role="assistant", content=message))
         steps = errors = 0
         usage = Usage()
         started = time.perf_counter()
 
         def ledger(**fields: Any) -> UserReply:
             seconds = time.perf_counter() - started
-            return UserReply(steps=steps, errors=errors, input_tokens=usage.input_tokens,
-                             output_tokens=usage.output_tokens,
-                             cost_usd=self.users.pricing.cost(usage, seconds), seconds=seconds,
-                             **fields)
+            return UserReply(
+                steps=steps,
+                errors=errors,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=self.users.pricing.cost(usage, seconds),
+                seconds=seconds,
+                **fields,
+            )
 
         while steps < steps_left and errors < errors_left:
             try:
@@ -139,26 +159,32 @@ class Tau2User:
             user_message = tau2.message.UserMessage(role="user", content=result.text)
             self.state.messages.append(user_message)
             self.transcript.say(USER, result.text)
-            return ledger(text=result.text,
-                          stop=tau2.user_simulator.UserSimulator.is_stop(user_message))
+            return ledger(
+                text=result.text, stop=tau2.user_simulator.UserSimulator.is_stop(user_message)
+            )
         return ledger(text="")  # out of steps or errors: the conversation's limit ends it
 
     async def _generate(self) -> ChatResult:
         tau2, config = _tau2(), self.users.config
-        messages = tau2.llm_utils.to_litellm_messages(self.state.system_messages
-                                                      + self.state.flip_roles())
+        messages = tau2.llm_utils.to_litellm_messages(
+            self.state.system_messages + self.state.flip_roles()
+        )
         tools = self.users.tool_schemas
         for _ in range(EMPTY_REPLY_RETRIES + 1):
             result = await self.users.client.chat(
-                messages, max_tokens=config.max_tokens, temperature=config.temperature,
+                messages,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
                 top_p=config.top_p,
                 seed=self.context.seed if config.seed is None else config.seed,
                 tools=tools or None,
-                extra={"tool_choice": "auto"} if tools else None)
+                extra={"tool_choice": "auto"} if tools else None,
+            )
             if result.text.strip() or result.tool_calls:
                 return result
-        raise ValueError(f"the user returned no text and no tool call "
-                         f"{EMPTY_REPLY_RETRIES + 1} times")
+        raise ValueError(
+            f"the user returned no text and no tool call {EMPTY_REPLY_RETRIES + 1} times"
+        )
 
     async def _run_calls(self, result: ChatResult) -> int:
         """Run the user's tool calls on the episode's environment; how many failed."""
@@ -174,25 +200,39 @@ class Tau2User:
                 arguments, failure = {}, f"malformed arguments: {error}"
             else:
                 failure = None
-            call = tau2.message.ToolCall(id=raw["id"] or f"user_call_{index}",
-                                         name=function["name"], arguments=arguments,
-                                         requestor="user")
+            call = tau2.message.ToolCall(
+                id=raw["id"] or f"user_call_{index}",
+                name=function["name"],
+                arguments=arguments,
+                requestor="user",
+            )
             calls.append(call)
             parsed.append(failure)
-        self.state.messages.append(tau2.message.UserMessage(
-            role="user", content=result.text or None, tool_calls=calls))
+        self.state.messages.append(
+            tau2.message.UserMessage(role="user", content=result.text or None, tool_calls=calls)
+        )
         failed = 0
         # The calls of this message, and the text beside them, are one message of the transcript.
-        context = dataclasses.replace(self.context, turn=self.call_messages,
-                                      message=result.text or None)
+        context = dataclasses.replace(
+            self.context, turn=self.call_messages, message=result.text or None
+        )
         self.call_messages += 1
         for call, failure in zip(calls, parsed):
-            outcome = (None if failure is not None else
-                       await self.users.toolbox.call(call.name, call.arguments, context))
+            outcome = (
+                None
+                if failure is not None
+                else await self.users.toolbox.call(call.name, call.arguments, context)
+            )
             if outcome is None:
                 outcome = ToolResult(error=failure)
             failed += outcome.error is not None
-            self.state.messages.append(tau2.message.ToolMessage(
-                id=call.id, role="tool", requestor="user", error=outcome.error is not None,
-                content=outcome.observation))
+            self.state.messages.append(
+                tau2.message.ToolMessage(
+                    id=call.id,
+                    role="tool",
+                    requestor="user",
+                    error=outcome.error is not None,
+                    content=outcome.observation,
+                )
+            )
         return failed

@@ -91,8 +91,10 @@ def read_toolscale_parquet(path: str | Path, domains: Mapping[str, Domain]) -> L
     (see the module docstring); a row that does not parse is a :class:`DataError` naming the
     file and row."""
     path = Path(path)
-    parameters = {name: {tool: domain.spec.parameters(tool) for tool in domain.spec.tools}
-                  for name, domain in domains.items()}
+    parameters = {
+        name: {tool: domain.spec.parameters(tool) for tool in domain.spec.tools}
+        for name, domain in domains.items()
+    }
     tasks: dict[str, list[DomainTask]] = {name: [] for name in domains}
     skipped: dict[str, int] = {}
     seen: set[str] = set()
@@ -140,8 +142,9 @@ def domain_of(record: dict[str, Any], where: str) -> str:
     instructions = scenario.get("instructions") if isinstance(scenario, dict) else None
     name = instructions.get("domain") if isinstance(instructions, dict) else None
     if not isinstance(name, str) or not name:
-        raise DataError(f"{where}: user_scenario.instructions.domain must name the task's "
-                        f"domain, got {name!r}")
+        raise DataError(
+            f"{where}: user_scenario.instructions.domain must name the task's domain, got {name!r}"
+        )
     return name
 
 
@@ -162,8 +165,9 @@ def _task_record(record: dict[str, Any], tools: dict[str, dict[str, Any]]) -> di
         for action, raw in zip(task["evaluation_criteria"]["actions"], raw_actions):
             if isinstance(raw, dict) and isinstance(raw.get("arguments"), dict):
                 parameters = tools.get(raw.get("name"), {})
-                action["arguments"] = _fitted(raw["arguments"], parameters,
-                                              parameters.get("$defs", {}))
+                action["arguments"] = _fitted(
+                    raw["arguments"], parameters, parameters.get("$defs", {})
+                )
     return task
 
 
@@ -175,12 +179,14 @@ def _resolved(schema: Any, defs: dict[str, Any], value: Any) -> dict[str, Any]:
     reference = schema.get("$ref")
     if isinstance(reference, str) and reference.startswith("#/$defs/"):
         return _resolved(defs.get(reference.removeprefix("#/$defs/"), {}), defs, value)
-    options = [_resolved(option, defs, value)
-               for option in schema.get("anyOf", schema.get("oneOf", ()))]
+    options = [
+        _resolved(option, defs, value) for option in schema.get("anyOf", schema.get("oneOf", ()))
+    ]
     if options:
-        return next((option for option in options if _of_type(value, option)),
-                    next((option for option in options if "null" not in _types(option)),
-                         options[0]))
+        return next(
+            (option for option in options if _of_type(value, option)),
+            next((option for option in options if "null" not in _types(option)), options[0]),
+        )
     return schema
 
 
@@ -196,8 +202,9 @@ def _of_type(value: Any, schema: dict[str, Any]) -> bool:
         return ("null" if value is None else "boolean") in kinds
     if isinstance(value, (int, float)):
         return "number" in kinds or ("integer" in kinds and float(value).is_integer())
-    return ("object" if isinstance(value, dict) else "array" if isinstance(value, list)
-            else "string") in kinds
+    return (
+        "object" if isinstance(value, dict) else "array" if isinstance(value, list) else "string"
+    ) in kinds
 
 
 def _fitted(value: Any, schema: Any, defs: dict[str, Any]) -> Any:
@@ -237,6 +244,6 @@ def _accepts_null(schema: Any, defs: dict[str, Any]) -> bool:
     reference = schema.get("$ref")
     if isinstance(reference, str) and reference.startswith("#/$defs/"):
         return _accepts_null(defs.get(reference.removeprefix("#/$defs/"), {}), defs)
-    return ("null" in _types(schema)
-            or any(_accepts_null(option, defs)
-                   for option in schema.get("anyOf", schema.get("oneOf", ()))))
+    return "null" in _types(schema) or any(
+        _accepts_null(option, defs) for option in schema.get("anyOf", schema.get("oneOf", ()))
+    )

@@ -56,8 +56,17 @@ _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 _THINKING = re.compile(r"\A\s*<think>.*?</think>", re.DOTALL)
 _FIELD_TYPES = ("string", "integer", "number", "boolean")
 _TOOL_SHAPE: dict[str, type | tuple[type, ...]] = {
-    "name": str, "description": str, "op": str, "table": str, "match": list, "args": list,
-    "set": dict, "require": dict, "field": str, "minimum": (int, float)}
+    "name": str,
+    "description": str,
+    "op": str,
+    "table": str,
+    "match": list,
+    "args": list,
+    "set": dict,
+    "require": dict,
+    "field": str,
+    "minimum": (int, float),
+}
 
 T = TypeVar("T")
 
@@ -100,16 +109,20 @@ def parse_json(text: str) -> Any:
     try:
         return json.loads(fenced.group(1) if fenced else text)
     except json.JSONDecodeError as error:
-        raise InvalidOutput(f"not valid JSON ({error.msg} at line {error.lineno} column "
-                            f"{error.colno})") from None
+        raise InvalidOutput(
+            f"not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
+        ) from None
 
 
 def render(name: str, /, **inputs: Any) -> str:
     """The prompt ``prompts/<name>.txt`` with its ``$inputs`` (non-strings as JSON)."""
     template = Template((PROMPTS / f"{name}.txt").read_text(encoding="utf-8"))
-    return template.substitute({key: value if isinstance(value, str) else
-                                json.dumps(value, ensure_ascii=False)
-                                for key, value in inputs.items()})
+    return template.substitute(
+        {
+            key: value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            for key, value in inputs.items()
+        }
+    )
 
 
 def _read_entry(path: Path) -> dict[str, Any] | None:
@@ -140,8 +153,13 @@ class _Steps:
         self._slots = asyncio.Semaphore(config.concurrency)
 
     def _key(self, step: str, messages: list[dict[str, str]]) -> str:
-        request = {"step": step, "model": self.config.model, "messages": messages,
-                   "temperature": self.config.temperature, "max_tokens": self.config.max_tokens}
+        request = {
+            "step": step,
+            "model": self.config.model,
+            "messages": messages,
+            "temperature": self.config.temperature,
+            "max_tokens": self.config.max_tokens,
+        }
         canonical = json.dumps(request, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()[:24]
 
@@ -149,16 +167,22 @@ class _Steps:
         """The checked reply to ``step``'s prompt with ``inputs``: from the cache, or asked
         for (again with the error, at most ``max_retries`` times). ``check`` returns the
         result as JSON, which is cached beside the raw reply."""
-        messages = [{"role": "system", "content": render("system")},
-                    {"role": "user", "content": render(step, **inputs)}]
+        messages = [
+            {"role": "system", "content": render("system")},
+            {"role": "user", "content": render(step, **inputs)},
+        ]
         path = self.cache_dir / step / f"{self._key(step, messages)}.json"
         entry = _read_entry(path)
         if entry is not None:
             try:
                 result = check(parse_json(entry["raw"]))
             except (InvalidOutput, DataError) as error:
-                log.warning("synth %s (%s): the cached reply no longer checks (%s); asking "
-                            "again", step, where, error)
+                log.warning(
+                    "synth %s (%s): the cached reply no longer checks (%s); asking again",
+                    step,
+                    where,
+                    error,
+                )
             else:
                 self.usage.cached += 1
                 return result
@@ -169,16 +193,30 @@ class _Steps:
                 result = check(parse_json(reply.text))
             except (InvalidOutput, DataError) as error:
                 rejected.append({"raw": reply.text, "error": str(error)})
-                messages = [*messages, {"role": "assistant", "content": reply.text},
-                            {"role": "user", "content": render("retry", error=str(error))}]
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": reply.text},
+                    {"role": "user", "content": render("retry", error=str(error))},
+                ]
                 continue
-            _write_entry(path, {"step": step, "where": where, "model": self.config.model,
-                                "raw": reply.text, "result": result, "rejected": rejected})
+            _write_entry(
+                path,
+                {
+                    "step": step,
+                    "where": where,
+                    "model": self.config.model,
+                    "raw": reply.text,
+                    "result": result,
+                    "rejected": rejected,
+                },
+            )
             log.info("synth %s (%s): done in %d request(s)", step, where, attempt + 1)
             return result
-        raise SynthError(f"synth step {step!r} ({where}): no valid output in {len(rejected)} "
-                         f"attempts (synth.max_retries={self.config.max_retries}); last error: "
-                         f"{rejected[-1]['error']}")
+        raise SynthError(
+            f"synth step {step!r} ({where}): no valid output in {len(rejected)} "
+            f"attempts (synth.max_retries={self.config.max_retries}); last error: "
+            f"{rejected[-1]['error']}"
+        )
 
     async def _ask(self, messages: list[dict[str, str]], retry: bool) -> ChatResult:
         config, usage = self.config, self.usage
@@ -191,12 +229,15 @@ class _Steps:
                 self._stop(f"synth.max_usd={config.max_usd:g} reached (${usage.usd:.4f} spent)")
             usage.calls += 1
             usage.retries += retry
-            reply = await self.client.chat(messages, temperature=config.temperature,
-                                           max_tokens=config.max_tokens)
+            reply = await self.client.chat(
+                messages, temperature=config.temperature, max_tokens=config.max_tokens
+            )
         usage.input_tokens += reply.input_tokens
         usage.output_tokens += reply.output_tokens
-        usage.usd += (reply.input_tokens * config.input_usd_per_million
-                      + reply.output_tokens * config.output_usd_per_million) / 1e6
+        usage.usd += (
+            reply.input_tokens * config.input_usd_per_million
+            + reply.output_tokens * config.output_usd_per_million
+        ) / 1e6
         return reply
 
     def _stop(self, reason: str) -> NoReturn:
@@ -228,8 +269,11 @@ def _text(value: Any, what: str) -> str:
 
 
 def _names(value: Any, what: str) -> list[str]:
-    if not (isinstance(value, list) and value
-            and all(isinstance(name, str) and _NAME.fullmatch(name) for name in value)):
+    if not (
+        isinstance(value, list)
+        and value
+        and all(isinstance(name, str) and _NAME.fullmatch(name) for name in value)
+    ):
         raise InvalidOutput(f"{what} must be a non-empty list of lowercase snake_case names")
     if len(set(value)) != len(value):
         raise InvalidOutput(f"{what}: a name is repeated")
@@ -243,8 +287,11 @@ def _check_about(value: Any, taken: list[str]) -> dict[str, str]:
         raise InvalidOutput(f"name must be a lowercase snake_case identifier, got {name!r}")
     if name in taken:
         raise InvalidOutput(f"the name {name!r} is taken; invent another domain")
-    return {"name": name, "description": _text(about["description"], "description"),
-            "policy": _text(about["policy"], "policy")}
+    return {
+        "name": name,
+        "description": _text(about["description"], "description"),
+        "policy": _text(about["policy"], "policy"),
+    }
 
 
 def _check_tables(value: Any) -> list[str]:
@@ -270,35 +317,43 @@ def _check_schema(value: Any, tables: list[str]) -> list[dict[str, Any]]:
             if field.get("type") not in _FIELD_TYPES:
                 raise InvalidOutput(f"{at}.{field['name']}: type must be one of {_FIELD_TYPES}")
             if field.get("ref") is not None and field["ref"] not in tables:
-                raise InvalidOutput(f"{at}.{field['name']}: ref {field['ref']!r} is not a "
-                                    "table")
+                raise InvalidOutput(f"{at}.{field['name']}: ref {field['ref']!r} is not a table")
     return schema
 
 
-def _spec(about: dict[str, str], tables: dict[str, Any], tools: list[Any],
-          where: str) -> DomainSpec:
-    return DomainSpec.from_json({"name": about["name"], "policy": about["policy"],
-                                 "tables": tables, "tools": tools}, where)
+def _spec(
+    about: dict[str, str], tables: dict[str, Any], tools: list[Any], where: str
+) -> DomainSpec:
+    return DomainSpec.from_json(
+        {"name": about["name"], "policy": about["policy"], "tables": tables, "tools": tools}, where
+    )
 
 
-def _check_data_model(value: Any, about: dict[str, str],
-                      schema: list[dict[str, Any]]) -> dict[str, Any]:
+def _check_data_model(
+    value: Any, about: dict[str, str], schema: list[dict[str, Any]]
+) -> dict[str, Any]:
     tables = _object(value, "tables")["tables"]
     expected = {table["name"]: {field["name"] for field in table["fields"]} for table in schema}
     if not isinstance(tables, dict) or set(tables) != set(expected):
         raise InvalidOutput(f"tables must map exactly the schema's tables {sorted(expected)}")
     for name, table in tables.items():
         at = f"table {name!r}"
-        if not (isinstance(table, dict) and isinstance(table.get("key"), str)
-                and isinstance(table.get("id_prefix", ""), str)
-                and isinstance(table.get("fields"), dict)):
+        if not (
+            isinstance(table, dict)
+            and isinstance(table.get("key"), str)
+            and isinstance(table.get("id_prefix", ""), str)
+            and isinstance(table.get("fields"), dict)
+        ):
             raise InvalidOutput(f"{at}: needs key (a field), id_prefix and fields (an object)")
         for field, spec in table["fields"].items():
-            if not (isinstance(spec, str) or isinstance(spec, dict) and isinstance(
-                    spec.get("type", ""), str) and isinstance(spec.get("ref", ""), str)
-                    and isinstance(spec.get("enum", []), list)):
-                raise InvalidOutput(f"{at}.{field}: a field is a type name or {{type, enum, "
-                                    "ref}")
+            if not (
+                isinstance(spec, str)
+                or isinstance(spec, dict)
+                and isinstance(spec.get("type", ""), str)
+                and isinstance(spec.get("ref", ""), str)
+                and isinstance(spec.get("enum", []), list)
+            ):
+                raise InvalidOutput(f"{at}.{field}: a field is a type name or {{type, enum, ref}}")
         if set(table["fields"]) != expected[name]:
             raise InvalidOutput(f"{at}: fields must be the schema's {sorted(expected[name])}")
     spec = _spec(about, tables, [], "data model")
@@ -325,11 +380,15 @@ def _check_records(value: Any, about: dict[str, str], tables: dict[str, Any]) ->
     spec.check_database(database, "records")
     for name, table in spec.tables.items():
         for field, kind in table.fields.items():
-            dangling = [key for key, record in database[name].items()
-                        if kind.ref is not None and record[field] not in database[kind.ref]]
+            dangling = [
+                key
+                for key, record in database[name].items()
+                if kind.ref is not None and record[field] not in database[kind.ref]
+            ]
             if dangling:
-                raise InvalidOutput(f"{name}.{field} of {dangling[:5]} holds no key of "
-                                    f"{kind.ref!r}")
+                raise InvalidOutput(
+                    f"{name}.{field} of {dangling[:5]} holds no key of {kind.ref!r}"
+                )
     return database
 
 
@@ -341,23 +400,31 @@ def _check_tools(value: Any, about: dict[str, str], tables: dict[str, Any]) -> d
         at = f"tool #{index}"
         if not isinstance(tool, dict):
             raise InvalidOutput(f"{at} must be an object")
-        wrong = [key for key, kinds in _TOOL_SHAPE.items()
-                 if key in tool and (not isinstance(tool[key], kinds)
-                                     or isinstance(tool[key], bool))]
-        if wrong or not all(isinstance(name, str) for key in ("match", "args")
-                            for name in tool.get(key, [])):
-            raise InvalidOutput(f"{at}: wrong types for {wrong or ['match/args']}: match and "
-                                "args are lists of fields, set and require objects, minimum a "
-                                "number")
+        wrong = [
+            key
+            for key, kinds in _TOOL_SHAPE.items()
+            if key in tool and (not isinstance(tool[key], kinds) or isinstance(tool[key], bool))
+        ]
+        if wrong or not all(
+            isinstance(name, str) for key in ("match", "args") for name in tool.get(key, [])
+        ):
+            raise InvalidOutput(
+                f"{at}: wrong types for {wrong or ['match/args']}: match and "
+                "args are lists of fields, set and require objects, minimum a "
+                "number"
+            )
     spec = _spec(about, tables, tools, "tools")
     for tool in spec.tools.values():
         fields = spec.tables[tool.table].fields
         for field, constant in {**(tool.require or {}), **(tool.set or {})}.items():
             if not fits(constant, fields[field]):
-                raise InvalidOutput(f"tool {tool.name}: {constant!r} does not fit "
-                                    f"{tool.table}.{field} ({fields[field].to_json()})")
+                raise InvalidOutput(
+                    f"tool {tool.name}: {constant!r} does not fit "
+                    f"{tool.table}.{field} ({fields[field].to_json()})"
+                )
     if all(tool.writes for tool in spec.tools.values()) or not any(
-            tool.writes for tool in spec.tools.values()):
+        tool.writes for tool in spec.tools.values()
+    ):
         raise InvalidOutput("the tools must include reads (get, find, list) and writes")
     return spec.to_json()
 
@@ -378,11 +445,15 @@ def _check_task(record: Any, domain: Domain, task_id: str, where: str) -> Domain
     task = task_from_record({**record, "id": task_id}, where)
     criteria = task.evaluation_criteria
     if criteria is not None and criteria.env_assertions:
-        raise InvalidOutput(f"{where}: env_assertions are not supported; state the outcome "
-                            "with actions and communicate_info")
+        raise InvalidOutput(
+            f"{where}: env_assertions are not supported; state the outcome "
+            "with actions and communicate_info"
+        )
     if task.initial_state is not None and task.initial_state.initialization_actions:
-        raise InvalidOutput(f"{where}: initialization_actions are not supported; give the "
-                            "initial state as initial_state.initialization_data.agent_data")
+        raise InvalidOutput(
+            f"{where}: initialization_actions are not supported; give the "
+            "initial state as initial_state.initialization_data.agent_data"
+        )
     domain.fresh_database(task.database_update())  # an initial-state update must fit too
     return task
 
@@ -391,60 +462,105 @@ def _check_tasks(value: Any, domain: Domain, prefix: str, count: int) -> list[di
     records = _object(value, "tasks")["tasks"]
     if not isinstance(records, list) or not records:
         raise InvalidOutput("tasks must be a non-empty list")
-    return [_check_task(record, domain, f"{prefix}-{n}", f"tasks[{n}]").to_json()
-            for n, record in enumerate(records[:count])]
+    return [
+        _check_task(record, domain, f"{prefix}-{n}", f"tasks[{n}]").to_json()
+        for n, record in enumerate(records[:count])
+    ]
 
 
 def _check_evolved(value: Any, domain: Domain, task: DomainTask) -> dict[str, Any]:
     evolved = _check_task(_object(value, "task")["task"], domain, task.id, "task")
     if len(evolved.gold_actions) <= len(task.gold_actions):
-        raise InvalidOutput(f"the rewrite has {len(evolved.gold_actions)} gold actions; it "
-                            f"needs more than the task's {len(task.gold_actions)}")
+        raise InvalidOutput(
+            f"the rewrite has {len(evolved.gold_actions)} gold actions; it "
+            f"needs more than the task's {len(task.gold_actions)}"
+        )
     return evolved.to_json()
 
 
 # ---------------------------------------------------------------------- the pipeline
 async def _design(steps: _Steps, config: SynthConfig, index: int, taken: list[str]) -> Domain:
     where = f"domain {index + 1} of {config.num_domains}"
-    about = await steps.run("domain", where, lambda value: _check_about(value, taken),
-                            index=index + 1, count=config.num_domains, taken=taken)
+    about = await steps.run(
+        "domain",
+        where,
+        lambda value: _check_about(value, taken),
+        index=index + 1,
+        count=config.num_domains,
+        taken=taken,
+    )
     where = f"domain {about['name']}"
     tables = await steps.run("tables", where, _check_tables, domain=about)
-    schema = await steps.run("schema", where, lambda value: _check_schema(value, tables),
-                             domain=about, tables=tables)
-    model = await steps.run("data_model", where,
-                            lambda value: _check_data_model(value, about, schema),
-                            domain=about, schema=schema)
-    database = await steps.run("records", where,
-                               lambda value: _check_records(value, about, model),
-                               domain=about, data_model=model, count=config.records_per_table)
-    spec = DomainSpec.from_json(await steps.run(
-        "tools", where, lambda value: _check_tools(value, about, model), domain=about,
-        data_model=model), where)
+    schema = await steps.run(
+        "schema", where, lambda value: _check_schema(value, tables), domain=about, tables=tables
+    )
+    model = await steps.run(
+        "data_model",
+        where,
+        lambda value: _check_data_model(value, about, schema),
+        domain=about,
+        schema=schema,
+    )
+    database = await steps.run(
+        "records",
+        where,
+        lambda value: _check_records(value, about, model),
+        domain=about,
+        data_model=model,
+        count=config.records_per_table,
+    )
+    spec = DomainSpec.from_json(
+        await steps.run(
+            "tools",
+            where,
+            lambda value: _check_tools(value, about, model),
+            domain=about,
+            data_model=model,
+        ),
+        where,
+    )
     return Domain(spec, spec.check_database(database, where))
 
 
-async def _draft_tasks(steps: _Steps, config: SynthConfig, domain: Domain, purposes: list[str],
-                       summary: ValidationSummary) -> list[DomainTask]:
+async def _draft_tasks(
+    steps: _Steps,
+    config: SynthConfig,
+    domain: Domain,
+    purposes: list[str],
+    summary: ValidationSummary,
+) -> list[DomainTask]:
     """The tasks drafted for each purpose that pass the validation filters."""
     spec = domain.spec.to_json()
 
     def for_purpose(index: int, purpose: str) -> Awaitable[list[dict[str, Any]]]:
         prefix = f"{domain.name}-{index}"
-        return steps.run("tasks", f"domain {domain.name}, purpose {index + 1}",
-                         lambda value: _check_tasks(value, domain, prefix,
-                                                    config.tasks_per_purpose),
-                         domain=spec, database=domain.database, purpose=purpose,
-                         count=config.tasks_per_purpose, name=domain.name)
+        return steps.run(
+            "tasks",
+            f"domain {domain.name}, purpose {index + 1}",
+            lambda value: _check_tasks(value, domain, prefix, config.tasks_per_purpose),
+            domain=spec,
+            database=domain.database,
+            purpose=purpose,
+            count=config.tasks_per_purpose,
+            name=domain.name,
+        )
 
     drafted = await _each([for_purpose(index, purpose) for index, purpose in enumerate(purposes)])
-    tasks = [task_from_record(record, f"domain {domain.name}")
-             for records in drafted for record in records]
+    tasks = [
+        task_from_record(record, f"domain {domain.name}")
+        for records in drafted
+        for record in records
+    ]
     return list(validated(domain, tasks, config.max_actions, summary))
 
 
-async def _evolve(steps: _Steps, config: SynthConfig, domain: Domain, tasks: list[DomainTask],
-                  summary: ValidationSummary) -> list[DomainTask]:
+async def _evolve(
+    steps: _Steps,
+    config: SynthConfig,
+    domain: Domain,
+    tasks: list[DomainTask],
+    summary: ValidationSummary,
+) -> list[DomainTask]:
     """Each task after up to ``evolve_rounds`` harder rewrites, each kept only when it passes
     the filters (the first rejected one ends the task's evolution)."""
     spec = domain.spec.to_json()
@@ -454,10 +570,14 @@ async def _evolve(steps: _Steps, config: SynthConfig, domain: Domain, tasks: lis
         for _ in range(config.evolve_rounds):
             try:
                 record = await steps.run(
-                    "evolve", f"domain {domain.name}, task {task.id}",
+                    "evolve",
+                    f"domain {domain.name}, task {task.id}",
                     lambda value, current=task: _check_evolved(value, domain, current),
-                    domain=spec, database=domain.database, task=task.to_json(),
-                    actions=len(task.gold_actions))
+                    domain=spec,
+                    database=domain.database,
+                    task=task.to_json(),
+                    actions=len(task.gold_actions),
+                )
             except _BudgetExhausted:
                 break
             candidate = task_from_record(record, f"task {task.id}")
@@ -482,15 +602,25 @@ def _save(directory: Path, domain: Domain, tasks: list[DomainTask]) -> dict[str,
     directory.mkdir(parents=True, exist_ok=True)
     domain.save(directory / "domain.json")
     write_domain_tasks(directory / "tasks.jsonl", tasks)
-    return {"name": domain.name, "domain_file": str(directory / "domain.json"),
-            "tasks_file": str(directory / "tasks.jsonl"), "tasks": len(tasks),
-            "tools": len(domain.spec.tools),
-            "records": sum(len(records) for records in domain.database.values())}
+    return {
+        "name": domain.name,
+        "domain_file": str(directory / "domain.json"),
+        "tasks_file": str(directory / "tasks.jsonl"),
+        "tasks": len(tasks),
+        "tools": len(domain.spec.tools),
+        "records": sum(len(records) for records in domain.database.values()),
+    }
 
 
 async def _synthesize(config: SynthConfig, out: Path) -> dict[str, Any]:
-    client = OpenAIClient(config.base_url, config.model, dialect=config.dialect, name="synth",
-                          api_key_env=config.api_key_env, timeout_s=config.timeout_s)
+    client = OpenAIClient(
+        config.base_url,
+        config.model,
+        dialect=config.dialect,
+        name="synth",
+        api_key_env=config.api_key_env,
+        timeout_s=config.timeout_s,
+    )
     steps = _Steps(config, client, out / "cache")
     drafted, evolved = ValidationSummary(), ValidationSummary()
     written: list[dict[str, Any]] = []
@@ -499,9 +629,12 @@ async def _synthesize(config: SynthConfig, out: Path) -> dict[str, Any]:
             try:
                 domain = await _design(steps, config, index, [d["name"] for d in written])
                 purposes = await steps.run(
-                    "purposes", f"domain {domain.name}",
+                    "purposes",
+                    f"domain {domain.name}",
                     lambda value: _check_purposes(value, config.num_purposes),
-                    domain=domain.spec.to_json(), count=config.num_purposes)
+                    domain=domain.spec.to_json(),
+                    count=config.num_purposes,
+                )
             except _BudgetExhausted:
                 break
             tasks = await _draft_tasks(steps, config, domain, purposes, drafted)
@@ -509,9 +642,14 @@ async def _synthesize(config: SynthConfig, out: Path) -> dict[str, Any]:
             written.append(_save(out / domain.name, domain, tasks))
             if steps.stopped:
                 break
-    summary = {"out_dir": str(out), "stopped": steps.stopped, "domains": written,
-               "tasks": drafted.to_json(), "evolved": evolved.to_json(),
-               "llm": steps.usage.to_json()}
+    summary = {
+        "out_dir": str(out),
+        "stopped": steps.stopped,
+        "domains": written,
+        "tasks": drafted.to_json(),
+        "evolved": evolved.to_json(),
+        "llm": steps.usage.to_json(),
+    }
     (out / "summary.json").write_text(json.dumps(summary, ensure_ascii=False, indent=1))
     return summary
 
@@ -520,8 +658,9 @@ def run(config: SynthConfig) -> dict[str, Any]:
     """Run the pipeline into ``config.out_dir`` (resuming from its cache); returns the summary,
     also written to ``summary.json``. :class:`SynthError` when a step never validates."""
     if not (config.base_url and config.model):
-        raise ConfigError("synth.base_url and synth.model must name an OpenAI-compatible "
-                          "endpoint and its model")
+        raise ConfigError(
+            "synth.base_url and synth.model must name an OpenAI-compatible endpoint and its model"
+        )
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return run_sync(_synthesize(config, out))
@@ -531,17 +670,26 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The summary as the command prints it."""
     tasks, evolved, llm = summary["tasks"], summary["evolved"], summary["llm"]
     lines = [f"synth: {len(summary['domains'])} domain(s) -> {summary['out_dir']}"]
-    lines += [f"  {d['name']}: {d['tools']} tools, {d['records']} records, {d['tasks']} tasks "
-              f"-> {d['tasks_file']}" for d in summary["domains"]]
+    lines += [
+        f"  {d['name']}: {d['tools']} tools, {d['records']} records, {d['tasks']} tasks "
+        f"-> {d['tasks_file']}"
+        for d in summary["domains"]
+    ]
     dropped = ", ".join(f"{name} {count}" for name, count in tasks["dropped"].items())
     lines.append(f"  tasks: {tasks['seen']} drafted, {tasks['kept']} kept; dropped: {dropped}")
-    lines.append(f"  evolve: {evolved['seen']} harder rewrites, {evolved['kept']} kept (a "
-                 "dropped rewrite leaves its task as it was)")
-    lines.append(f"  LLM: {llm['calls']} requests (retries: {llm['retries']}), steps from the "
-                 f"cache: {llm['cached']}; {llm['input_tokens']} input + "
-                 f"{llm['output_tokens']} output tokens, ${llm['usd']:.4f}")
+    lines.append(
+        f"  evolve: {evolved['seen']} harder rewrites, {evolved['kept']} kept (a "
+        "dropped rewrite leaves its task as it was)"
+    )
+    lines.append(
+        f"  LLM: {llm['calls']} requests (retries: {llm['retries']}), steps from the "
+        f"cache: {llm['cached']}; {llm['input_tokens']} input + "
+        f"{llm['output_tokens']} output tokens, ${llm['usd']:.4f}"
+    )
     if summary["stopped"]:
-        lines.append(f"  stopped early: {summary['stopped']}; run again with a larger budget "
-                     "to continue from the cache")
+        lines.append(
+            f"  stopped early: {summary['stopped']}; run again with a larger budget "
+            "to continue from the cache"
+        )
     lines.append(f"  drops and reasons: {Path(summary['out_dir']) / 'summary.json'}")
     return lines

@@ -44,8 +44,12 @@ class ValidationSummary:
         return {name: counts[name] for name in FILTERS}
 
     def to_json(self) -> dict:
-        return {"seen": self.seen, "kept": self.kept, "dropped": self.dropped(),
-                "rejections": [vars(rejection) for rejection in self.rejections]}
+        return {
+            "seen": self.seen,
+            "kept": self.kept,
+            "dropped": self.dropped(),
+            "rejections": [vars(rejection) for rejection in self.rejections],
+        }
 
 
 def rejection(domain: Domain, task: DomainTask, max_actions: int) -> Rejection | None:
@@ -56,8 +60,11 @@ def rejection(domain: Domain, task: DomainTask, max_actions: int) -> Rejection |
         return Rejection(task.id, "schema", problem)
     for action in actions:
         if action.requestor != "assistant":
-            return Rejection(task.id, "schema", f"{action.name}: a user-side action; this "
-                                                "domain has no user tools")
+            return Rejection(
+                task.id,
+                "schema",
+                f"{action.name}: a user-side action; this domain has no user tools",
+            )
         try:
             domain.spec.validate_arguments(action.name, action.arguments)
         except ActionError as error:
@@ -70,16 +77,21 @@ def rejection(domain: Domain, task: DomainTask, max_actions: int) -> Rejection |
     if writes and not changed:
         return Rejection(task.id, "no_effect", "its write actions leave the database as it was")
     if not changed and not task.facts:
-        return Rejection(task.id, "no_effect", "it changes nothing and asks for no facts: "
-                                               "doing nothing would pass")
+        return Rejection(
+            task.id,
+            "no_effect",
+            "it changes nothing and asks for no facts: doing nothing would pass",
+        )
     if len(actions) > max_actions:
-        return Rejection(task.id, "budget", f"{len(actions)} gold actions > max_actions="
-                                            f"{max_actions}")
+        return Rejection(
+            task.id, "budget", f"{len(actions)} gold actions > max_actions={max_actions}"
+        )
     return None
 
 
-def validated(domain: Domain, tasks: Iterable[DomainTask], max_actions: int,
-              summary: ValidationSummary) -> Iterator[DomainTask]:
+def validated(
+    domain: Domain, tasks: Iterable[DomainTask], max_actions: int, summary: ValidationSummary
+) -> Iterator[DomainTask]:
     """The tasks that pass every filter (streamed); ``summary`` records the rest."""
     for task in tasks:
         summary.seen += 1

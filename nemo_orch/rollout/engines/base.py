@@ -30,8 +30,10 @@ WeightUpdate = Mapping[str, torch.Tensor] | Iterable[Mapping[str, torch.Tensor]]
 buckets of whole tensors (:func:`nemo_orch.models.weights.hf_weight_buckets`), which the engine
 loads one by one, so a refit holds one bucket at a time, not a second copy of the model."""
 
-PARTIAL_REFIT = ("the last refit stopped half-way (see its error), so the engine holds a mix of "
-                 "old and new weights; refit it again before generating")
+PARTIAL_REFIT = (
+    "the last refit stopped half-way (see its error), so the engine holds a mix of "
+    "old and new weights; refit it again before generating"
+)
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,9 @@ class Engine(Protocol):
     ``update_weights`` takes HF-named full tensors or a stream of their buckets (the refit
     path from the Megatron policy, :data:`WeightUpdate`), checked by :func:`checked_buckets`."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]: ...
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]: ...
 
     def update_weights(self, weights: WeightUpdate) -> None: ...
 
@@ -106,12 +109,15 @@ ENGINE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 def require_cuda(engine: str) -> None:
     """Fail with a clear error where a GPU engine would otherwise die deep inside its library."""
     if not torch.cuda.is_available():
-        raise EngineError(f"rollout.engine={engine} needs a CUDA GPU, and none is visible here "
-                          "(torch.cuda.is_available() is false); use rollout.engine=hf on CPU")
+        raise EngineError(
+            f"rollout.engine={engine} needs a CUDA GPU, and none is visible here "
+            "(torch.cuda.is_available() is false); use rollout.engine=hf on CPU"
+        )
 
 
-def prompt_seeds(params: SamplingParams, count: int, seeds: Sequence[int] | None = None
-                 ) -> list[int]:
+def prompt_seeds(
+    params: SamplingParams, count: int, seeds: Sequence[int] | None = None
+) -> list[int]:
     """One sampling seed per prompt: ``seeds`` when the caller gives them (rollouts give each
     episode turn its own), else ``params.seed + i``, from a random base when that is None.
 
@@ -133,8 +139,10 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, vocab_size
         if not prompt:
             raise EngineError(f"prompt {index} is empty")
         if len(prompt) >= max_seq_len:
-            raise EngineError(f"prompt {index} has {len(prompt)} tokens; the engine takes at most "
-                              f"{max_seq_len - 1} to leave room for one new token")
+            raise EngineError(
+                f"prompt {index} has {len(prompt)} tokens; the engine takes at most "
+                f"{max_seq_len - 1} to leave room for one new token"
+            )
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise EngineError(f"prompt {index} has token ids outside [0, {vocab_size})")
 
@@ -153,16 +161,20 @@ def hf_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {name: hf_parameter_shape(model, name) for name in hf_parameter_names(model)}
 
 
-def _check_shapes(bucket: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]
-                  ) -> None:
+def _check_shapes(
+    bucket: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]
+) -> None:
     for name, tensor in bucket.items():
         if tuple(tensor.shape) != tuple(shapes[name]):
-            raise EngineError(f"{name}: shape {tuple(tensor.shape)} does not match the model's "
-                              f"{tuple(shapes[name])}")
+            raise EngineError(
+                f"{name}: shape {tuple(tensor.shape)} does not match the model's "
+                f"{tuple(shapes[name])}"
+            )
 
 
-def checked_buckets(weights: WeightUpdate, shapes: Mapping[str, tuple[int, ...]]
-                    ) -> Iterator[Mapping[str, torch.Tensor]]:
+def checked_buckets(
+    weights: WeightUpdate, shapes: Mapping[str, tuple[int, ...]]
+) -> Iterator[Mapping[str, torch.Tensor]]:
     """The refit contract of every engine: HF-named tensors covering the model (``shapes``)
     exactly, each of its shape, yielded bucket by bucket for the engine to load.
 
@@ -176,8 +188,10 @@ def checked_buckets(weights: WeightUpdate, shapes: Mapping[str, tuple[int, ...]]
         missing = sorted(shapes.keys() - weights.keys())
         unexpected = sorted(weights.keys() - shapes.keys())
         if missing or unexpected:
-            raise EngineError(f"weights do not match the model: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+            raise EngineError(
+                f"weights do not match the model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
         _check_shapes(weights, shapes)
         yield weights
         return
@@ -186,19 +200,24 @@ def checked_buckets(weights: WeightUpdate, shapes: Mapping[str, tuple[int, ...]]
         unexpected = sorted(bucket.keys() - shapes.keys())
         repeated = sorted(bucket.keys() & seen)
         if unexpected or repeated:
-            raise EngineError(f"weight bucket {index} does not match the model: unexpected "
-                              f"{unexpected[:5]}, sent before {repeated[:5]}")
+            raise EngineError(
+                f"weight bucket {index} does not match the model: unexpected "
+                f"{unexpected[:5]}, sent before {repeated[:5]}"
+            )
         _check_shapes(bucket, shapes)
         seen |= bucket.keys()
         yield bucket
     missing = sorted(shapes.keys() - seen)
     if missing:
-        raise EngineError(f"the weight stream ended without {len(missing)} of the model's "
-                          f"tensors: missing {missing[:5]}")
+        raise EngineError(
+            f"the weight stream ended without {len(missing)} of the model's "
+            f"tensors: missing {missing[:5]}"
+        )
 
 
-def weight_buckets(state: Mapping[str, torch.Tensor], dtype: torch.dtype, max_bytes: int
-                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def weight_buckets(
+    state: Mapping[str, torch.Tensor], dtype: torch.dtype, max_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """``(name, tensor)`` pairs in the engine's dtype, in groups of at most ``max_bytes`` (a
     larger tensor goes alone), so a refit never holds a second copy of the whole model."""
     bucket: list[tuple[str, torch.Tensor]] = []
@@ -215,20 +234,25 @@ def weight_buckets(state: Mapping[str, torch.Tensor], dtype: torch.dtype, max_by
         yield bucket
 
 
-def sampled_logprobs(token_ids: Sequence[int], logprobs: Sequence[Any] | None,
-                     library: str) -> list[float]:
+def sampled_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[Any] | None, library: str
+) -> list[float]:
     """The logprob of each sampled token from a library's per-token logprobs: a float, or a
     ``{token_id: Logprob | float}`` dict that holds the sampled token (vLLM with ``logprobs=0``,
     TensorRT-LLM's top-k dicts)."""
     if logprobs is None or len(logprobs) != len(token_ids):
-        raise EngineError(f"{library} returned {0 if logprobs is None else len(logprobs)} "
-                          f"logprobs for {len(token_ids)} tokens")
+        raise EngineError(
+            f"{library} returned {0 if logprobs is None else len(logprobs)} "
+            f"logprobs for {len(token_ids)} tokens"
+        )
     values = []
     for position, (token, entry) in enumerate(zip(token_ids, logprobs)):
         if isinstance(entry, Mapping):
             if token not in entry:
-                raise EngineError(f"{library} returned no logprob for sampled token {token} at "
-                                  f"position {position}")
+                raise EngineError(
+                    f"{library} returned no logprob for sampled token {token} at "
+                    f"position {position}"
+                )
             entry = entry[token]
         values.append(float(getattr(entry, "logprob", entry)))
     return values
@@ -252,8 +276,12 @@ class RefitGuard:
 
     partial_refit = False
 
-    def _refit(self, weights: WeightUpdate, shapes: Mapping[str, tuple[int, ...]],
-               load: Callable[[Mapping[str, torch.Tensor]], None]) -> int:
+    def _refit(
+        self,
+        weights: WeightUpdate,
+        shapes: Mapping[str, tuple[int, ...]],
+        load: Callable[[Mapping[str, torch.Tensor]], None],
+    ) -> int:
         """Each checked bucket of ``weights`` into ``load``; the number of tensors loaded."""
         loaded = 0
         for bucket in checked_buckets(weights, shapes):
@@ -278,11 +306,13 @@ class LibraryEngineMixin(RefitGuard):
     model_config: ModelConfig
     dtype: torch.dtype
 
-    def _load_weights(self, weights: WeightUpdate,
-                      load: Callable[[list[tuple[str, torch.Tensor]]], None]) -> int:
+    def _load_weights(
+        self, weights: WeightUpdate, load: Callable[[list[tuple[str, torch.Tensor]]], None]
+    ) -> int:
         """Hand ``weights``, checked against the served model, to the library's ``load`` in
         groups of at most :data:`REFIT_GROUP_BYTES` in the engine's dtype; the number of
         tensors loaded."""
+
         def load_bucket(bucket: Mapping[str, torch.Tensor]) -> None:
             for group in weight_buckets(bucket, self.dtype, REFIT_GROUP_BYTES):
                 load(group)
@@ -296,4 +326,3 @@ class LibraryEngineMixin(RefitGuard):
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
-

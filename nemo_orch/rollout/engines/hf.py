@@ -57,8 +57,9 @@ def sample_rows(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> t
     uniform from ``generators[b]`` (so a row's token does not depend on its neighbours). One
     batched search instead of a ``torch.multinomial`` call per row, which took a quarter of a
     CPU rollout's time at batch 32."""
-    uniforms = torch.cat([torch.rand(1, generator=generator, dtype=torch.float64)
-                          for generator in generators])
+    uniforms = torch.cat(
+        [torch.rand(1, generator=generator, dtype=torch.float64) for generator in generators]
+    )
     cdf = probs.to(torch.float64).cumsum(-1)
     # The first token whose cumulative mass exceeds the target: never one of zero probability
     # (the cdf does not rise there), and the target stays below the total as uniforms are < 1.
@@ -87,8 +88,14 @@ class HFEngine(RefitGuard):
     with that run seed. ``tokenizer`` decodes ``Generation.text`` and is needed for stop strings.
     """
 
-    def __init__(self, model: ModelConfig, weights: Mapping[str, torch.Tensor] | None = None, *,
-                 seed: int = 0, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelConfig,
+        weights: Mapping[str, torch.Tensor] | None = None,
+        *,
+        seed: int = 0,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
         self.model_config = model
         self.tokenizer = tokenizer
         if not model.qk_layernorm:
@@ -97,9 +104,13 @@ class HFEngine(RefitGuard):
         self.update_weights(weights if weights is not None else SeededHFWeights(model, seed))
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, *,
-                        tokenizer: PreTrainedTokenizerBase | None = None,
-                        base: ModelConfig | None = None) -> HFEngine:
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        base: ModelConfig | None = None,
+    ) -> HFEngine:
         """Load an HF Qwen3 directory (e.g. from ``nemo-orch export --format hf``); its tokenizer
         is used when the directory has one and none is given."""
         checkpoint = HFCheckpoint(directory)
@@ -121,12 +132,12 @@ class HFEngine(RefitGuard):
                 params[name].copy_(tensor)
 
         with torch.no_grad():
-            self._refit(weights, {name: tuple(param.shape) for name, param in params.items()},
-                        copy)
+            self._refit(weights, {name: tuple(param.shape) for name, param in params.items()}, copy)
 
     @torch.inference_mode()  # ~5% faster than no_grad at batch 32 (no version counters)
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
         """Continue every prompt; finished rows are dropped from the batch (and its KV cache).
         Each row samples from its own generator, seeded with its prompt's seed, so a row's
         tokens do not depend on its neighbours."""
@@ -140,24 +151,34 @@ class HFEngine(RefitGuard):
         max_positions = self.model_config.max_position_embeddings
         check_prompts(prompts, max_positions, self.model_config.vocab_size)
 
-        rows = [_Row(prompt_len=len(p), max_new=min(params.max_new_tokens, max_positions - len(p)),
-                     generator=None if params.temperature == 0 else
-                     torch.Generator().manual_seed(seed))
-                for p, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))]
+        rows = [
+            _Row(
+                prompt_len=len(p),
+                max_new=min(params.max_new_tokens, max_positions - len(p)),
+                generator=None if params.temperature == 0 else torch.Generator().manual_seed(seed),
+            )
+            for p, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))
+        ]
 
         # Left-padded prefill: pads are masked out and real tokens get positions 0..n-1.
         width = max(len(p) for p in prompts)
         input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt)
-            mask[i, width - len(prompt):] = 1
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         active = list(range(len(prompts)))  # batch row -> index in rows
         while True:
-            logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            logits = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
             tokens, logprobs = self._sample(logits.float(), params, [rows[i] for i in active])
             still: list[int] = []
             for batch_row, index in enumerate(active):
@@ -177,14 +198,21 @@ class HFEngine(RefitGuard):
             input_ids = tokens[:, None]
             positions = positions[:, -1:] + 1
             mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype)], dim=1)
-        return [Generation(token_ids=row.tokens, logprobs=row.logprobs,
-                           finish_reason=row.finish_reason or "length",
-                           text=self._decode(row.tokens), prompt_tokens=row.prompt_len,
-                           extra={} if row.stop is None else {"stop": row.stop})
-                for row in rows]
+        return [
+            Generation(
+                token_ids=row.tokens,
+                logprobs=row.logprobs,
+                finish_reason=row.finish_reason or "length",
+                text=self._decode(row.tokens),
+                prompt_tokens=row.prompt_len,
+                extra={} if row.stop is None else {"stop": row.stop},
+            )
+            for row in rows
+        ]
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams,
-                rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(
+        self, logits: torch.Tensor, params: SamplingParams, rows: list[_Row]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token per row and its logprob (see the module docstring for which logprob)."""
         if params.temperature == 0:
             tokens = logits.argmax(-1)

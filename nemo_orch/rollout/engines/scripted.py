@@ -25,14 +25,19 @@ Route = tuple[tuple[str, dict[str, Any]], ...]
 
 
 class ScriptedEngine:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, reply: Callable[[str], str],
-                 seconds_per_call: float = 0.0) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        reply: Callable[[str], str],
+        seconds_per_call: float = 0.0,
+    ) -> None:
         self.tokenizer, self.reply, self.seconds_per_call = tokenizer, reply, seconds_per_call
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.batch_sizes: list[int] = []
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
         self.batch_sizes.append(len(prompts))
         if self.seconds_per_call:
             time.sleep(self.seconds_per_call)
@@ -42,9 +47,10 @@ class ScriptedEngine:
             ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
             finish = "stop"
             if len(ids) > params.max_new_tokens:
-                ids, finish = ids[:params.max_new_tokens], "length"
-            generations.append(Generation(ids, [0.0] * len(ids), finish, text,
-                                          prompt_tokens=len(prompt)))
+                ids, finish = ids[: params.max_new_tokens], "length"
+            generations.append(
+                Generation(ids, [0.0] * len(ids), finish, text, prompt_tokens=len(prompt))
+            )
         return generations
 
     def update_weights(self, weights: WeightUpdate) -> None:
@@ -71,12 +77,17 @@ class RouterReplies:
         last = observations[-1].strip() if observations else ""
         # The fact inside a passage or output when it is there; else what the expert said.
         stated = self.answer is not None and re.search(
-            rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last)
+            rf"(?<![\w.]){re.escape(self.answer)}(?![\w])", last
+        )
         copied = self.answer if stated else extract_final_answer(last)
         return f"<answer>{copied}</answer>"
 
 
 def scripted_settings(settings: RolloutConfig) -> RolloutConfig:
     """A rule's replies are neither priced nor cut by the policy's per-turn token limit."""
-    return dataclasses.replace(settings, input_usd_per_million=0.0, output_usd_per_million=0.0,
-                               max_new_tokens=settings.max_context_tokens)
+    return dataclasses.replace(
+        settings,
+        input_usd_per_million=0.0,
+        output_usd_per_million=0.0,
+        max_new_tokens=settings.max_context_tokens,
+    )

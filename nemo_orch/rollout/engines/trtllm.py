@@ -70,9 +70,11 @@ _RLHF_EXTENSION = "tensorrt_llm.llmapi.rlhf_utils.WorkerExtension"
 def import_trtllm() -> ModuleType:
     """The ``tensorrt_llm`` package, or the one error that says what to install."""
     if importlib.util.find_spec("tensorrt_llm") is None:
-        raise EngineError("rollout.engine=trtllm needs TensorRT-LLM, which is not installed: pip "
-                          "install 'nemo-orch[gpu]' or use an NGC container "
-                          "(nvcr.io/nvidia/tensorrt-llm/release)")
+        raise EngineError(
+            "rollout.engine=trtllm needs TensorRT-LLM, which is not installed: pip "
+            "install 'nemo-orch[gpu]' or use an NGC container "
+            "(nvcr.io/nvidia/tensorrt-llm/release)"
+        )
     try:
         import tensorrt_llm
     except Exception as error:  # a broken install fails in many ways (CUDA libraries, MPI, ABI)
@@ -87,8 +89,11 @@ def trtllm_backend(directory: str | Path) -> str:
     if any(directory.glob("rank*.engine")):
         return TENSORRT
     config = directory / "config.json"
-    if any(directory.glob("rank*.safetensors")) and config.is_file() and \
-            "architecture" in json.loads(config.read_text()):
+    if (
+        any(directory.glob("rank*.safetensors"))
+        and config.is_file()
+        and "architecture" in json.loads(config.read_text())
+    ):
         return TENSORRT
     return PYTORCH
 
@@ -98,25 +103,33 @@ def model_limits(config: Mapping[str, Any]) -> tuple[int, int]:
     checkpoint (both flat) or a built engine (``pretrained_config`` + ``build_config``)."""
     pretrained = config.get("pretrained_config", config)
     try:
-        max_seq_len = (config.get("build_config") or {}).get("max_seq_len") or \
-            pretrained["max_position_embeddings"]
+        max_seq_len = (config.get("build_config") or {}).get("max_seq_len") or pretrained[
+            "max_position_embeddings"
+        ]
         return int(max_seq_len), int(pretrained["vocab_size"])
     except KeyError as error:
-        raise EngineError(f"config.json has no {error}: not a Qwen3 model, checkpoint or "
-                          "engine") from None
+        raise EngineError(
+            f"config.json has no {error}: not a Qwen3 model, checkpoint or engine"
+        ) from None
 
 
-def trtllm_sampling_kwargs(params: SamplingParams, *,
-                           processed_logprobs: bool = True) -> dict[str, Any]:
+def trtllm_sampling_kwargs(
+    params: SamplingParams, *, processed_logprobs: bool = True
+) -> dict[str, Any]:
     """``tensorrt_llm.SamplingParams`` fields for ``params`` (the seed and ``max_tokens`` are
     set per prompt by the engine). Greedy is ``top_k=1``, the convention of every 1.x release;
     ``top_k=0`` means all tokens, as ours does. ``processed_logprobs``: the installed release
     has ``logprobs_mode`` (see the module docstring for when it is asked for)."""
     kwargs: dict[str, Any] = {
-        "max_tokens": params.max_new_tokens, "seed": params.seed, "logprobs": 1,
+        "max_tokens": params.max_new_tokens,
+        "seed": params.seed,
+        "logprobs": 1,
         "stop": list(params.stop_strings) or None,
         "stop_token_ids": list(params.stop_token_ids) or None,
-        "include_stop_str_in_output": True, "ignore_eos": True, "detokenize": False}
+        "include_stop_str_in_output": True,
+        "ignore_eos": True,
+        "detokenize": False,
+    }
     if params.temperature == 0:
         kwargs["top_k"] = 1
     else:
@@ -126,14 +139,16 @@ def trtllm_sampling_kwargs(params: SamplingParams, *,
     return kwargs
 
 
-def stop_string_cut(token_ids: Sequence[int], stop_strings: Sequence[str],
-                    decode: Callable[[list[int]], str]) -> tuple[int, str] | None:
+def stop_string_cut(
+    token_ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]
+) -> tuple[int, str] | None:
     """``(n, stop)``: the first ``n`` tokens are the shortest prefix whose decoded text contains
     a stop string, ``stop`` the first of ``stop_strings`` in it; None when there is none.
 
     A longer prefix decodes to a longer text, so the prefixes that contain a stop string are a
     suffix of the lengths and a binary search finds the first in ``log n`` decodes.
     """
+
     def first_stop(count: int) -> str | None:
         text = decode(list(token_ids[:count]))
         return next((stop for stop in stop_strings if stop in text), None)
@@ -150,8 +165,12 @@ def stop_string_cut(token_ids: Sequence[int], stop_strings: Sequence[str],
     return low, first_stop(low)
 
 
-def trtllm_generation(completion: Any, prompt_tokens: int, decode: Callable[[list[int]], str],
-                      stop_strings: Sequence[str] = ()) -> Generation:
+def trtllm_generation(
+    completion: Any,
+    prompt_tokens: int,
+    decode: Callable[[list[int]], str],
+    stop_strings: Sequence[str] = (),
+) -> Generation:
     """A ``tensorrt_llm`` ``CompletionOutput`` (``token_ids``, ``logprobs`` as floats or
     ``{token: Logprob}`` per position, ``finish_reason``, ``stop_reason``) as a
     :class:`Generation`, cut at the first stop string (see the module docstring)."""
@@ -164,9 +183,14 @@ def trtllm_generation(completion: Any, prompt_tokens: int, decode: Callable[[lis
     if cut is not None and (cut[0] < len(token_ids) or not isinstance(stop, int)):
         (kept, stop), reason = cut, "stop"
         token_ids, logprobs = token_ids[:kept], logprobs[:kept]
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason,
-                      text=decode(token_ids), prompt_tokens=prompt_tokens,
-                      extra={} if stop is None else {"stop": stop})
+    return Generation(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=reason,
+        text=decode(token_ids),
+        prompt_tokens=prompt_tokens,
+        extra={} if stop is None else {"stop": stop},
+    )
 
 
 class TRTLLMEngine(LibraryEngineMixin):
@@ -180,18 +204,28 @@ class TRTLLMEngine(LibraryEngineMixin):
     ``max_seq_len`` null: the model's (or the built engine's).
     """
 
-    def __init__(self, directory: str | Path, tokenizer: PreTrainedTokenizerBase, *,
-                 tensor_parallel_size: int = 1, dtype: str = "bfloat16",
-                 free_gpu_memory_fraction: float = 0.5, max_batch_size: int = 64,
-                 max_seq_len: int | None = None, refit: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        tensor_parallel_size: int = 1,
+        dtype: str = "bfloat16",
+        free_gpu_memory_fraction: float = 0.5,
+        max_batch_size: int = 64,
+        max_seq_len: int | None = None,
+        refit: bool = False,
+    ) -> None:
         trtllm = import_trtllm()
         require_cuda("trtllm")
         if dtype not in ENGINE_DTYPES:
             raise EngineError(f"dtype must be one of {'|'.join(ENGINE_DTYPES)}, got {dtype!r}")
         directory = Path(directory)
         if not (directory / "config.json").is_file():
-            raise EngineError(f"{directory}: no config.json; expected an HF directory, "
-                              "built engines or a TensorRT-LLM checkpoint")
+            raise EngineError(
+                f"{directory}: no config.json; expected an HF directory, "
+                "built engines or a TensorRT-LLM checkpoint"
+            )
         config = json.loads((directory / "config.json").read_text())
         self.backend = trtllm_backend(directory)
         limit, self.vocab_size = model_limits(config)
@@ -204,13 +238,18 @@ class TRTLLMEngine(LibraryEngineMixin):
         self._warned: set[str] = set()
         self._sampling_params = trtllm.SamplingParams
         self._processed_logprobs = "logprobs_mode" in {
-            f.name for f in dataclasses.fields(trtllm.SamplingParams)}
+            f.name for f in dataclasses.fields(trtllm.SamplingParams)
+        }
         from tensorrt_llm.llmapi import KvCacheConfig
 
-        kv_cache = KvCacheConfig(free_gpu_memory_fraction=free_gpu_memory_fraction,
-                                 enable_block_reuse=not refit)
-        common = {"tokenizer": tokenizer, "tensor_parallel_size": tensor_parallel_size,
-                  "kv_cache_config": kv_cache}
+        kv_cache = KvCacheConfig(
+            free_gpu_memory_fraction=free_gpu_memory_fraction, enable_block_reuse=not refit
+        )
+        common = {
+            "tokenizer": tokenizer,
+            "tensor_parallel_size": tensor_parallel_size,
+            "kv_cache_config": kv_cache,
+        }
         if self.backend == TENSORRT:
             if refit:
                 raise EngineError(self._built_engine_refit())
@@ -218,15 +257,22 @@ class TRTLLMEngine(LibraryEngineMixin):
 
             # The TensorRT backend derives logprobs from the generation logits; a checkpoint
             # is built here with our limits, built engines keep theirs.
-            limits = {} if any(directory.glob("rank*.engine")) else {
-                "max_batch_size": max_batch_size, "max_seq_len": self.max_seq_len}
-            self.llm = LLM(model=str(directory), gather_generation_logits=True, **limits,
-                           **common)
+            limits = (
+                {}
+                if any(directory.glob("rank*.engine"))
+                else {"max_batch_size": max_batch_size, "max_seq_len": self.max_seq_len}
+            )
+            self.llm = LLM(model=str(directory), gather_generation_logits=True, **limits, **common)
         else:
             self.model_config = served_model_config(config)
-            self.llm = trtllm.LLM(model=str(directory), dtype=dtype,
-                                  max_batch_size=max_batch_size, max_seq_len=self.max_seq_len,
-                                  **self._refit_workers(trtllm, refit), **common)
+            self.llm = trtllm.LLM(
+                model=str(directory),
+                dtype=dtype,
+                max_batch_size=max_batch_size,
+                max_seq_len=self.max_seq_len,
+                **self._refit_workers(trtllm, refit),
+                **common,
+            )
 
     @staticmethod
     def _refit_workers(trtllm: ModuleType, refit: bool) -> dict[str, Any]:
@@ -234,14 +280,17 @@ class TRTLLMEngine(LibraryEngineMixin):
         if not refit:
             return {}
         if importlib.util.find_spec("tensorrt_llm.llmapi.rlhf_utils") is None:
-            raise EngineError(f"TensorRT-LLM {trtllm.__version__} cannot update weights in place "
-                              "(that needs >= 1.1: the Ray orchestrator and "
-                              "tensorrt_llm.llmapi.rlhf_utils); upgrade it or train with "
-                              "rollout.engine=vllm")
+            raise EngineError(
+                f"TensorRT-LLM {trtllm.__version__} cannot update weights in place "
+                "(that needs >= 1.1: the Ray orchestrator and "
+                "tensorrt_llm.llmapi.rlhf_utils); upgrade it or train with "
+                "rollout.engine=vllm"
+            )
         return {"orchestrator_type": "ray", "ray_worker_extension_cls": _RLHF_EXTENSION}
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
         """Continue every prompt in one TensorRT-LLM call, each with its own seed; results in prompt
         order."""
         if not prompts:
@@ -250,15 +299,23 @@ class TRTLLMEngine(LibraryEngineMixin):
         check_prompts(prompts, self.max_seq_len, self.vocab_size)
         self._check_logprob_convention(params)
         shared = trtllm_sampling_kwargs(params, processed_logprobs=self._processed_logprobs)
-        requests = [self._sampling_params(**{
-            **shared, "seed": seed,
-            "max_tokens": min(params.max_new_tokens, self.max_seq_len - len(prompt))})
-            for prompt, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))]
-        outputs = self.llm.generate([list(prompt) for prompt in prompts],
-                                    sampling_params=requests, use_tqdm=False)
-        return [trtllm_generation(output.outputs[0], len(prompt), self._decode,
-                                  params.stop_strings)
-                for prompt, output in zip(prompts, outputs)]
+        requests = [
+            self._sampling_params(
+                **{
+                    **shared,
+                    "seed": seed,
+                    "max_tokens": min(params.max_new_tokens, self.max_seq_len - len(prompt)),
+                }
+            )
+            for prompt, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))
+        ]
+        outputs = self.llm.generate(
+            [list(prompt) for prompt in prompts], sampling_params=requests, use_tqdm=False
+        )
+        return [
+            trtllm_generation(output.outputs[0], len(prompt), self._decode, params.stop_strings)
+            for prompt, output in zip(prompts, outputs)
+        ]
 
     def update_weights(self, weights: WeightUpdate) -> None:
         """Load HF-named tensors, whole or bucket by bucket, into the running model through
@@ -267,18 +324,23 @@ class TRTLLMEngine(LibraryEngineMixin):
         if self.backend == TENSORRT:
             raise EngineError(self._built_engine_refit())
         if not self.refit:
-            raise EngineError("this trtllm engine was started without refit=True, so it has no "
-                              "weight-update workers; rebuild it with refit=True")
+            raise EngineError(
+                "this trtllm engine was started without refit=True, so it has no "
+                "weight-update workers; rebuild it with refit=True"
+            )
         from tensorrt_llm._torch.utils import get_device_uuid
         from torch.multiprocessing.reductions import reduce_tensor
 
         def load(group: list[tuple[str, torch.Tensor]]) -> None:
             # One copy per engine GPU; the tensors must stay alive until the call returns.
-            copies = {device: [(name, tensor.to(f"cuda:{device}")) for name, tensor in group]
-                      for device in range(self.tensor_parallel_size)}
-            handles = {get_device_uuid(device): [(name, reduce_tensor(tensor))
-                                                 for name, tensor in tensors]
-                       for device, tensors in copies.items()}
+            copies = {
+                device: [(name, tensor.to(f"cuda:{device}")) for name, tensor in group]
+                for device in range(self.tensor_parallel_size)
+            }
+            handles = {
+                get_device_uuid(device): [(name, reduce_tensor(tensor)) for name, tensor in tensors]
+                for device, tensors in copies.items()
+            }
             self.llm._collective_rpc("update_weights", (handles,))
 
         started = time.perf_counter()
@@ -292,17 +354,25 @@ class TRTLLMEngine(LibraryEngineMixin):
         if params.temperature in (0, 1):
             return
         if not self._processed_logprobs:
-            self._warn_once("raw", "this TensorRT-LLM release reports logprobs before "
-                            "temperature (no SamplingParams.logprobs_mode); the reference "
-                            "engine's are after it")
+            self._warn_once(
+                "raw",
+                "this TensorRT-LLM release reports logprobs before "
+                "temperature (no SamplingParams.logprobs_mode); the reference "
+                "engine's are after it",
+            )
         elif params.top_k or params.top_p < 1:
-            self._warn_once("truncated", "TensorRT-LLM reports logprobs of the top-k/top-p "
-                            "truncated distribution; the reference engine's are before "
-                            "truncation")
+            self._warn_once(
+                "truncated",
+                "TensorRT-LLM reports logprobs of the top-k/top-p "
+                "truncated distribution; the reference engine's are before "
+                "truncation",
+            )
 
     @staticmethod
     def _built_engine_refit() -> str:
-        return ("a built TensorRT engine cannot be refit in place: its weights are compiled in. "
-                "Re-export the checkpoint (nemo-orch export --format trtllm), rebuild it with "
-                "trtllm-build and load the new engine directory, or serve the policy from an HF "
-                "directory (the PyTorch backend), which refits in place")
+        return (
+            "a built TensorRT engine cannot be refit in place: its weights are compiled in. "
+            "Re-export the checkpoint (nemo-orch export --format trtllm), rebuild it with "
+            "trtllm-build and load the new engine directory, or serve the policy from an HF "
+            "directory (the PyTorch backend), which refits in place"
+        )

@@ -66,8 +66,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def import_vllm() -> ModuleType:
     """The ``vllm`` package, or the one error that says what to install."""
     if importlib.util.find_spec("vllm") is None:
-        raise EngineError("rollout.engine=vllm needs vLLM, which is not installed: pip install "
-                          "'nemo-orch[gpu]' (or pip install 'vllm>=0.10.2')")
+        raise EngineError(
+            "rollout.engine=vllm needs vLLM, which is not installed: pip install "
+            "'nemo-orch[gpu]' (or pip install 'vllm>=0.10.2')"
+        )
     try:
         import vllm
     except Exception as error:  # a broken install fails in many ways (CUDA libraries, ABI)
@@ -81,26 +83,39 @@ def vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     ``logprobs=0`` returns the sampled token's logprob only; detokenizing is needed only to
     match stop strings (the engine decodes the text itself)."""
     greedy = params.temperature == 0
-    return {"max_tokens": params.max_new_tokens, "temperature": params.temperature,
-            "top_p": 1.0 if greedy else params.top_p,
-            "top_k": -1 if greedy or params.top_k == 0 else params.top_k,
-            "seed": params.seed, "stop": list(params.stop_strings),
-            "stop_token_ids": list(params.stop_token_ids), "include_stop_str_in_output": True,
-            "ignore_eos": True, "logprobs": 0, "detokenize": bool(params.stop_strings),
-            "skip_special_tokens": True}
+    return {
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": 1.0 if greedy else params.top_p,
+        "top_k": -1 if greedy or params.top_k == 0 else params.top_k,
+        "seed": params.seed,
+        "stop": list(params.stop_strings),
+        "stop_token_ids": list(params.stop_token_ids),
+        "include_stop_str_in_output": True,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "detokenize": bool(params.stop_strings),
+        "skip_special_tokens": True,
+    }
 
 
-def vllm_generation(completion: Any, prompt_tokens: int,
-                    decode: Callable[[list[int]], str]) -> Generation:
+def vllm_generation(
+    completion: Any, prompt_tokens: int, decode: Callable[[list[int]], str]
+) -> Generation:
     """A ``vllm.CompletionOutput`` (``token_ids``, ``logprobs`` as ``{token: Logprob}`` per
     position, ``finish_reason``, ``stop_reason``) as a :class:`Generation`."""
     token_ids = [int(token) for token in completion.token_ids]
     logprobs = sampled_logprobs(token_ids, completion.logprobs, LIBRARY)
     reason = finish_reason(completion.finish_reason, LIBRARY)
     stop = completion.stop_reason if reason == "stop" else None
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason,
-                      text=decode(token_ids), prompt_tokens=prompt_tokens,
-                      extra={} if stop is None else {"stop": stop})
+    return Generation(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=reason,
+        text=decode(token_ids),
+        prompt_tokens=prompt_tokens,
+        extra={} if stop is None else {"stop": stop},
+    )
 
 
 @contextlib.contextmanager
@@ -138,24 +153,37 @@ class VLLMEngine(LibraryEngineMixin):
     null: the model's ``max_position_embeddings``.
     """
 
-    def __init__(self, directory: str | Path, tokenizer: PreTrainedTokenizerBase, *,
-                 tensor_parallel_size: int = 1, dtype: str = "bfloat16",
-                 gpu_memory_utilization: float = 0.5, seed: int = 0, max_batch_size: int = 64,
-                 max_model_len: int | None = None, sleep_mode: bool = True,
-                 sleep_level: int = 1) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        tensor_parallel_size: int = 1,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.5,
+        seed: int = 0,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        sleep_mode: bool = True,
+        sleep_level: int = 1,
+    ) -> None:
         vllm = import_vllm()
         require_cuda("vllm")
         if "logprobs_mode" not in {f.name for f in dataclasses.fields(vllm.EngineArgs)}:
-            raise EngineError(f"vLLM {vllm.__version__} cannot report logprobs after "
-                              "temperature (logprobs_mode); the vllm engine needs vLLM >= 0.10.2")
+            raise EngineError(
+                f"vLLM {vllm.__version__} cannot report logprobs after "
+                "temperature (logprobs_mode); the vllm engine needs vLLM >= 0.10.2"
+            )
         if dtype not in ENGINE_DTYPES:
             raise EngineError(f"dtype must be one of {'|'.join(ENGINE_DTYPES)}, got {dtype!r}")
         if sleep_level not in (1, 2):
             raise EngineError(f"sleep_level must be 1 or 2, got {sleep_level}")
         directory = Path(directory)
         if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
-            raise EngineError(f"{directory}: no tokenizer; vLLM matches stop strings with the "
-                              "tokenizer of the model directory")
+            raise EngineError(
+                f"{directory}: no tokenizer; vLLM matches stop strings with the "
+                "tokenizer of the model directory"
+            )
         self.model_config = served_model_config(load_hf_checkpoint_config(directory))
         self.tokenizer = tokenizer
         self.dtype = ENGINE_DTYPES[dtype]
@@ -167,15 +195,23 @@ class VLLMEngine(LibraryEngineMixin):
         self._warned: set[str] = set()
         self._sampling_params = vllm.SamplingParams
         with _engine_core_in_process():
-            self.llm = vllm.LLM(model=str(directory), tokenizer=str(directory), dtype=dtype,
-                                tensor_parallel_size=tensor_parallel_size, seed=seed,
-                                gpu_memory_utilization=gpu_memory_utilization,
-                                enable_sleep_mode=sleep_mode, max_model_len=self.max_seq_len,
-                                max_num_seqs=max_batch_size, logprobs_mode="processed_logprobs",
-                                worker_extension_cls=_EXTENSION)
+            self.llm = vllm.LLM(
+                model=str(directory),
+                tokenizer=str(directory),
+                dtype=dtype,
+                tensor_parallel_size=tensor_parallel_size,
+                seed=seed,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=sleep_mode,
+                max_model_len=self.max_seq_len,
+                max_num_seqs=max_batch_size,
+                logprobs_mode="processed_logprobs",
+                worker_extension_cls=_EXTENSION,
+            )
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
         """Continue every prompt in one vLLM call, each with its own seed; results in prompt
         order."""
         if not prompts:
@@ -183,27 +219,44 @@ class VLLMEngine(LibraryEngineMixin):
         self._check_usable()
         check_prompts(prompts, self.max_seq_len, self.model_config.vocab_size)
         if params.temperature > 0 and (params.top_k or params.top_p < 1):
-            self._warn_once("truncated", "vLLM reports logprobs of the top-k/top-p truncated "
-                            "distribution; the reference engine's are before truncation")
+            self._warn_once(
+                "truncated",
+                "vLLM reports logprobs of the top-k/top-p truncated "
+                "distribution; the reference engine's are before truncation",
+            )
         shared = vllm_sampling_kwargs(params)
-        requests = [self._sampling_params(**{
-            **shared, "seed": seed,
-            "max_tokens": min(params.max_new_tokens, self.max_seq_len - len(prompt))})
-            for prompt, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))]
-        outputs = self.llm.generate([{"prompt_token_ids": list(prompt)} for prompt in prompts],
-                                    sampling_params=requests, use_tqdm=False)
-        return [vllm_generation(output.outputs[0], len(prompt), self._decode)
-                for prompt, output in zip(prompts, outputs)]
+        requests = [
+            self._sampling_params(
+                **{
+                    **shared,
+                    "seed": seed,
+                    "max_tokens": min(params.max_new_tokens, self.max_seq_len - len(prompt)),
+                }
+            )
+            for prompt, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(prompt)} for prompt in prompts],
+            sampling_params=requests,
+            use_tqdm=False,
+        )
+        return [
+            vllm_generation(output.outputs[0], len(prompt), self._decode)
+            for prompt, output in zip(prompts, outputs)
+        ]
 
     def update_weights(self, weights: WeightUpdate) -> None:
         """Load HF-named tensors, whole or bucket by bucket, into the running model (checked
         first; see the module docstring); the seconds it took are in ``last_refit_seconds``."""
         if self.asleep:
-            raise EngineError("the vllm engine is asleep: wake_up() before update_weights, its "
-                              "weights are not on the GPU")
+            raise EngineError(
+                "the vllm engine is asleep: wake_up() before update_weights, its "
+                "weights are not on the GPU"
+            )
         started = time.perf_counter()
-        loaded = self._load_weights(weights, lambda group: self.llm.collective_rpc(
-            "nemo_orch_load_weights", args=(group,)))
+        loaded = self._load_weights(
+            weights, lambda group: self.llm.collective_rpc("nemo_orch_load_weights", args=(group,))
+        )
         self.llm.reset_prefix_cache()
         self.weights_discarded = False
         self.last_refit_seconds = time.perf_counter() - started
@@ -212,16 +265,17 @@ class VLLMEngine(LibraryEngineMixin):
     def sleep(self) -> None:
         """Release the GPU memory for training (see ``sleep_level``); no-op when asleep."""
         if not self.sleep_mode:
-            raise EngineError("this vllm engine was built without sleep mode "
-                              "(rollout.colocate=false), so it cannot sleep")
+            raise EngineError(
+                "this vllm engine was built without sleep mode "
+                "(rollout.colocate=false), so it cannot sleep"
+            )
         if self.asleep:
             return
         started = time.perf_counter()
         self.llm.sleep(level=self.sleep_level)
         self.asleep = True
         self.weights_discarded = self.weights_discarded or self.sleep_level == 2
-        log.info("vllm sleep (level %d) in %.2f s", self.sleep_level,
-                 time.perf_counter() - started)
+        log.info("vllm sleep (level %d) in %.2f s", self.sleep_level, time.perf_counter() - started)
 
     def wake_up(self) -> None:
         """Take the GPU memory back; no-op when awake."""
@@ -237,5 +291,7 @@ class VLLMEngine(LibraryEngineMixin):
         if self.asleep:
             raise EngineError("the vllm engine is asleep: wake_up() before generating")
         if self.weights_discarded:
-            raise EngineError("sleep at level 2 dropped the vllm engine's weights: "
-                              "update_weights before generating")
+            raise EngineError(
+                "sleep at level 2 dropped the vllm engine's weights: "
+                "update_weights before generating"
+            )

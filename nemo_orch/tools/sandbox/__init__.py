@@ -86,5 +86,12 @@ from nemo_orch.tools.sandbox.plan import ISOLATION_MODES
 from nemo_orch.tools.sandbox.pool import SANDBOX_USD_PER_SECOND, PythonSandbox, default_spec
 from nemo_orch.tools.sandbox.root import PrivateRoot
 
-__all__ = ["ISOLATION_MODES", "SANDBOX_USD_PER_SECOND", "V2", "PrivateRoot", "PythonSandbox",
-           "SandboxLimits", "default_spec"]
+__all__ = [
+    "ISOLATION_MODES",
+    "SANDBOX_USD_PER_SECOND",
+    "V2",
+    "PrivateRoot",
+    "PythonSandbox",
+    "SandboxLimits",
+    "default_spec",
+]

@@ -105,8 +105,10 @@ class _CpuMeter:
         accounting."""
         groups = [(controller.split(","), group) for controller, group in groups]
         cores = float(os.cpu_count() or 1)
-        if any("cpu" in names or names == [V2] and (group / "cpu.max").exists()
-               for names, group in groups):
+        if any(
+            "cpu" in names or names == [V2] and (group / "cpu.max").exists()
+            for names, group in groups
+        ):
             cores = min(cores, limits.cpu_cores)
         for names, group in groups:
             if names == [V2]:
@@ -147,9 +149,11 @@ def _usable_cgroups(limits: SandboxLimits) -> list[tuple[str, Path]]:
     except OSError:
         return []
     v2 = _cgroup_v2_dir(memberships, mounts)
-    candidates = ([(V2, delegated)] if v2 is not None
-                  and (delegated := _delegated_v2(v2)) is not None else
-                  _cgroup_v1_dirs(memberships, mounts))
+    candidates = (
+        [(V2, delegated)]
+        if v2 is not None and (delegated := _delegated_v2(v2)) is not None
+        else _cgroup_v1_dirs(memberships, mounts)
+    )
     usable = []
     for controller, parent in candidates:
         for stale in _orphans(parent, _GROUP_PREFIX):
@@ -172,7 +176,7 @@ def _orphans(parent: Path, prefix: str) -> list[Path]:
     gone (killed before it could remove them: worker cgroups, directories, mount points)."""
     orphans = []
     for path in parent.glob(f"{prefix}*"):
-        owner = path.name[len(prefix):].split(".", 1)[0]
+        owner = path.name[len(prefix) :].split(".", 1)[0]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             orphans.append(path)
     return orphans
@@ -181,8 +185,14 @@ def _orphans(parent: Path, prefix: str) -> list[Path]:
 def _cgroup_v1_dir(controller: str, memberships: str, mounts: str) -> Path | None:
     """This process's cgroup directory for a v1 controller (``/proc/self/cgroup`` and
     ``/proc/self/mountinfo`` as text)."""
-    own = next((line.split(":", 2)[2] for line in memberships.splitlines()
-                if controller in line.split(":", 2)[1].split(",")), None)
+    own = next(
+        (
+            line.split(":", 2)[2]
+            for line in memberships.splitlines()
+            if controller in line.split(":", 2)[1].split(",")
+        ),
+        None,
+    )
     if own is None:
         return None
     for line in mounts.splitlines():

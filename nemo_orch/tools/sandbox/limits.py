@@ -26,7 +26,15 @@ class SandboxLimits:
     cpu_cores: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_seconds", "memory_mb", "max_file_mb", "max_processes",
-                     "max_output_bytes", "max_disk_mb", "cpu_cores"):
+        for name in (
+            "timeout_s",
+            "cpu_seconds",
+            "memory_mb",
+            "max_file_mb",
+            "max_processes",
+            "max_output_bytes",
+            "max_disk_mb",
+            "cpu_cores",
+        ):
             if getattr(self, name) <= 0:
                 raise ToolError(f"python_sandbox: {name} must be > 0")

@@ -58,7 +58,9 @@ class _Plan:
         if self.userns:
             names.append("userns")
         for controller, parent in self.cgroups:
-            names += ([f"cgroup-{name}" for name in _v2_controllers(parent)] + ["cgroup-v2"]
-                      if controller == V2
-                      else [f"cgroup-{name}" for name in controller.split(",")])
+            names += (
+                [f"cgroup-{name}" for name in _v2_controllers(parent)] + ["cgroup-v2"]
+                if controller == V2
+                else [f"cgroup-{name}" for name in controller.split(",")]
+            )
         return (*names, "rlimits", "no-new-privs", *(("seccomp",) if self.seccomp else ()))

@@ -89,13 +89,16 @@ def default_spec() -> ToolSpec:
     """The spec the policy sees; billed per second of sandbox time (see SANDBOX_USD_PER_SECOND)."""
     return ToolSpec(
         name="python_sandbox",
-        description=("Run a Python 3 program in a fresh, isolated process and return what it "
-                     "printed (stdout and stderr). No network access, no state kept between "
-                     "calls; print the values you need."),
-        parameters={"type": "object",
-                    "properties": {"code": {"type": "string",
-                                            "description": "A complete Python program."}},
-                    "required": ["code"]},
+        description=(
+            "Run a Python 3 program in a fresh, isolated process and return what it "
+            "printed (stdout and stderr). No network access, no state kept between "
+            "calls; print the values you need."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "A complete Python program."}},
+            "required": ["code"],
+        },
         pricing=Pricing(per_second=SANDBOX_USD_PER_SECOND),
         latency_hint_s=0.2,
         timeout_s=30.0,
@@ -136,8 +139,9 @@ class _Zygote:
     does not parse) marks it ``failed`` and kills it, and the sandbox starts another; the
     children it forked die with it (``PR_SET_PDEATHSIG``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, control: socket.socket,
-                 staging: str | None) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, control: socket.socket, staging: str | None
+    ) -> None:
         self.proc, self.control, self.staging = proc, control, staging
         self.failed: str | None = None
         self._ids = itertools.count()
@@ -153,14 +157,27 @@ class _Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *plan.zygote_prefix, INTERPRETER, "-I", "-u", "-c", _ZYGOTE,
-                stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),),
-                env=_ZYGOTE_ENVIRONMENT, start_new_session=True)
-            proc.stdin.write(json.dumps(
-                {"namespaces": plan.namespaces, "control": theirs.fileno(),
-                 "parent": os.getpid(),
-                 "staging": staging and {"path": staging,
-                                         "directories": plan.root.staged}}).encode())
+                *plan.zygote_prefix,
+                INTERPRETER,
+                "-I",
+                "-u",
+                "-c",
+                _ZYGOTE,
+                stdin=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),),
+                env=_ZYGOTE_ENVIRONMENT,
+                start_new_session=True,
+            )
+            proc.stdin.write(
+                json.dumps(
+                    {
+                        "namespaces": plan.namespaces,
+                        "control": theirs.fileno(),
+                        "parent": os.getpid(),
+                        "staging": staging and {"path": staging, "directories": plan.root.staged},
+                    }
+                ).encode()
+            )
             await proc.stdin.drain()
             proc.stdin.close()
         except BaseException:
@@ -181,12 +198,17 @@ class _Zygote:
         loop = asyncio.get_running_loop()
         request = next(self._ids)
         # Their ends: the call's stdin, its stdout and stderr, its session's exit status.
-        ours, theirs = zip(*[(read, write) if index else (write, read) for index, (read, write)
-                             in enumerate(os.pipe() for _ in range(3))])
+        ours, theirs = zip(
+            *[
+                (read, write) if index else (write, read)
+                for index, (read, write) in enumerate(os.pipe() for _ in range(3))
+            ]
+        )
         answer = self._forks[request] = loop.create_future()
         try:
-            socket.send_fds(self.control, [json.dumps({**config, "id": request}).encode()],
-                            list(theirs))
+            socket.send_fds(
+                self.control, [json.dumps({**config, "id": request}).encode()], list(theirs)
+            )
             pid = await asyncio.wait_for(answer, _SPAWN_TIMEOUT_S)
         except BaseException as error:
             for fd in ours:
@@ -202,12 +224,18 @@ class _Zygote:
         stdin, stdout, status = ours
         readers = [asyncio.StreamReader(limit=1 << 20) for _ in range(2)]
         for reader, fd in zip(readers, (stdout, status)):
-            await loop.connect_read_pipe(lambda reader=reader: asyncio.StreamReaderProtocol(
-                reader), os.fdopen(fd, "rb", 0))
-        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
-                                                            os.fdopen(stdin, "wb", 0))
-        return _Child(pid, asyncio.StreamWriter(transport, protocol, None, loop), readers[0],
-                      asyncio.create_task(_exit_status(readers[1])))
+            await loop.connect_read_pipe(
+                lambda reader=reader: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
+            )
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(stdin, "wb", 0)
+        )
+        return _Child(
+            pid,
+            asyncio.StreamWriter(transport, protocol, None, loop),
+            readers[0],
+            asyncio.create_task(_exit_status(readers[1])),
+        )
 
     async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
@@ -267,18 +295,38 @@ DEFAULT_POOL_SIZE = 4
 class PythonSandbox(BaseTool):
     """Runs ``{"code": str}`` in a pre-started, single-use, contained worker process."""
 
-    def __init__(self, spec: ToolSpec, *, timeout_s: float = 10.0, cpu_seconds: int = 10,
-                 memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 32,
-                 max_output_bytes: int = 16384, pool_size: int = DEFAULT_POOL_SIZE, isolation: str = "auto",
-                 uid_base: int = 60000, allowed_packages: Sequence[str] = (),
-                 max_disk_mb: int = 64, cpu_cores: float = 1.0) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        *,
+        timeout_s: float = 10.0,
+        cpu_seconds: int = 10,
+        memory_mb: int = 1024,
+        max_file_mb: int = 16,
+        max_processes: int = 32,
+        max_output_bytes: int = 16384,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        isolation: str = "auto",
+        uid_base: int = 60000,
+        allowed_packages: Sequence[str] = (),
+        max_disk_mb: int = 64,
+        cpu_cores: float = 1.0,
+    ) -> None:
         super().__init__(spec)
         if isolation not in ISOLATION_MODES:
             raise ToolError(f"python_sandbox: isolation must be one of {ISOLATION_MODES}")
         if pool_size < 0:
             raise ToolError("python_sandbox: pool_size must be >= 0")
-        self.limits = SandboxLimits(timeout_s, cpu_seconds, memory_mb, max_file_mb,
-                                    max_processes, max_output_bytes, max_disk_mb, cpu_cores)
+        self.limits = SandboxLimits(
+            timeout_s,
+            cpu_seconds,
+            memory_mb,
+            max_file_mb,
+            max_processes,
+            max_output_bytes,
+            max_disk_mb,
+            cpu_cores,
+        )
         self.pool_size = pool_size
         self.isolation_mode = isolation
         self.uid_base = uid_base
@@ -325,9 +373,13 @@ class PythonSandbox(BaseTool):
         try:
             worker = await self._acquire()
         except (_SpawnError, ToolError) as exc:
-            return billed_result(self.spec, started, context,
-                                 error=f"sandbox failed to start: {exc}",
-                                 kind=CallKind.INFRA_ERROR)
+            return billed_result(
+                self.spec,
+                started,
+                context,
+                error=f"sandbox failed to start: {exc}",
+                kind=CallKind.INFRA_ERROR,
+            )
         try:
             output, error = await self._run(worker, code)
         finally:
@@ -385,8 +437,9 @@ class PythonSandbox(BaseTool):
 
     async def _spawn(self, plan: _Plan, zygote: _Zygote | None = None) -> _Worker:
         seq = next(_RUN_NUMBERS)
-        lease = None if plan.uid_base is None else await asyncio.to_thread(_lease_uid,
-                                                                           plan.uid_base)
+        lease = (
+            None if plan.uid_base is None else await asyncio.to_thread(_lease_uid, plan.uid_base)
+        )
         uid = None if lease is None else lease.uid
         try:
             workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
@@ -397,18 +450,29 @@ class PythonSandbox(BaseTool):
         worker = None
         try:
             zygote = zygote or await self._zygote_for(plan)
-            proc = await zygote.fork(_call_config(plan, self.limits, workdir, cgroups, uid,
-                                                  zygote.staging))
-            worker = _Worker(proc, workdir, cgroups, lease, zygote, _CpuMeter.of(
-                zip([controller for controller, _ in plan.cgroups], cgroups), self.limits))
+            proc = await zygote.fork(
+                _call_config(plan, self.limits, workdir, cgroups, uid, zygote.staging)
+            )
+            worker = _Worker(
+                proc,
+                workdir,
+                cgroups,
+                lease,
+                zygote,
+                _CpuMeter.of(
+                    zip([controller for controller, _ in plan.cgroups], cgroups), self.limits
+                ),
+            )
             try:
                 line = await asyncio.wait_for(proc.stdout.readline(), _SPAWN_TIMEOUT_S)
             except TimeoutError:
                 line = b"(no answer within %d s)" % _SPAWN_TIMEOUT_S
             if line != _READY:
                 rest = b"" if proc.stdout.at_eof() else await _read_some(proc.stdout)
-                raise _SpawnError((line + rest).decode("utf-8", "replace").strip()[-2000:]
-                                  or f"exit status {await proc.wait()}")
+                raise _SpawnError(
+                    (line + rest).decode("utf-8", "replace").strip()[-2000:]
+                    or f"exit status {await proc.wait()}"
+                )
             return worker
         except BaseException:
             if worker is not None:
@@ -438,7 +502,6 @@ class PythonSandbox(BaseTool):
             raise
         return workdir, cgroups
 
-
     async def _run(self, worker: _Worker, code: str) -> tuple[str, str | None]:
         proc = worker.proc
         output = _Output(self.limits.max_output_bytes)
@@ -456,8 +519,9 @@ class PythonSandbox(BaseTool):
         except TimeoutError:
             timed_out = True
             # The budget may have run out since the last look: then that is what stopped it.
-            cpu_spent = (worker.cpu is not None
-                         and self._cpu_used(worker.cpu) >= self.limits.cpu_seconds)
+            cpu_spent = (
+                worker.cpu is not None and self._cpu_used(worker.cpu) >= self.limits.cpu_seconds
+            )
         # Whatever it left running (background children) dies now, which closes the pipe.
         oom_kills = await asyncio.to_thread(_kill_tree, worker)
         await proc.wait()
@@ -478,8 +542,9 @@ class PythonSandbox(BaseTool):
             return False
         budget, used = self.limits.cpu_seconds, 0.0
         while used < budget:
-            done, _ = await asyncio.wait([exited], timeout=max((budget - used) / meter.cores,
-                                                                _CPU_POLL_S))
+            done, _ = await asyncio.wait(
+                [exited], timeout=max((budget - used) / meter.cores, _CPU_POLL_S)
+            )
             if done:
                 return False
             used = self._cpu_used(meter)
@@ -495,16 +560,18 @@ class PythonSandbox(BaseTool):
             logger.warning("python_sandbox: cannot read the CPU time of %s: %s", meter.usage, exc)
             return 0.0
 
-    def _error(self, returncode: int, timed_out: bool, cpu_spent: bool, oom_kills: int,
-               text: str) -> str | None:
+    def _error(
+        self, returncode: int, timed_out: bool, cpu_spent: bool, oom_kills: int, text: str
+    ) -> str | None:
         limits = self.limits
         cpu_limit = f"exceeded the CPU time limit ({limits.cpu_seconds} s)"
         if cpu_spent:  # the tree's budget ran out first, whatever ended it afterwards
             return cpu_limit
         if timed_out:
             return f"timed out after {float(limits.timeout_s)} s"
-        if oom_kills or (returncode == 1 and text.rstrip().rsplit("\n", 1)[-1]
-                         .startswith("MemoryError")):
+        if oom_kills or (
+            returncode == 1 and text.rstrip().rsplit("\n", 1)[-1].startswith("MemoryError")
+        ):
             return f"exceeded the memory limit ({limits.memory_mb} MB)"
         if returncode in (_CPU_EXIT, -signal.SIGXCPU):
             return cpu_limit
@@ -538,8 +605,10 @@ class PythonSandbox(BaseTool):
             return _Plan()
         cgroups = tuple(await asyncio.to_thread(_usable_cgroups, self.limits))
         if not cgroups:
-            logger.warning("python_sandbox: no writable cgroup (a delegated v2 subtree or the v1 "
-                           "pids and memory controllers): per-process limits only")
+            logger.warning(
+                "python_sandbox: no writable cgroup (a delegated v2 subtree or the v1 "
+                "pids and memory controllers): per-process limits only"
+            )
         root = os.geteuid() == 0
         # Where this process is not root, the zygote needs `unshare` for its user namespace.
         namespaces = root or shutil.which("unshare") is not None
@@ -549,24 +618,37 @@ class PythonSandbox(BaseTool):
             private = await asyncio.to_thread(_private_root, self.allowed_packages)
         uid_base = self.uid_base if root else None
         # Each with a user namespace per call first (where it drops to a uid), then without.
-        candidates = [_Plan(namespaces, uid_base, (), cgroups, private, userns)
-                      for userns in (root, False)] if private else []
+        candidates = (
+            [_Plan(namespaces, uid_base, (), cgroups, private, userns) for userns in (root, False)]
+            if private
+            else []
+        )
         if root:
-            candidates += [_Plan(namespaces, self.uid_base, mounts, cgroups, userns=userns)
-                           for userns in (namespaces, False)]
+            candidates += [
+                _Plan(namespaces, self.uid_base, mounts, cgroups, userns=userns)
+                for userns in (namespaces, False)
+            ]
             candidates.append(_Plan(False, self.uid_base, (), cgroups))
         candidates += [_Plan(namespaces, None, (), cgroups), _Plan(False, None, (), cgroups)]
         # The allowed packages: bound under the private root's SITE, else where installed.
-        site = tuple(dict.fromkeys(str(Path(paths[0]).parent) for paths in map(
-            package_paths, self.allowed_packages)))
-        candidates = [dataclasses.replace(plan, sys_path=plan.root.sys_path if plan.root
-                                          else site) for plan in candidates]
+        site = tuple(
+            dict.fromkeys(
+                str(Path(paths[0]).parent) for paths in map(package_paths, self.allowed_packages)
+            )
+        )
+        candidates = [
+            dataclasses.replace(plan, sys_path=plan.root.sys_path if plan.root else site)
+            for plan in candidates
+        ]
         # Each first under the system-call filter (a kernel without seccomp refuses it) and with
         # its namespaces owned by a user namespace of the call's (a container may refuse it).
         filtered = (True, False) if seccomp.host_arch() is not None else (False,)
-        candidates = [dataclasses.replace(plan, seccomp=on, owned_namespaces=owned)
-                      for plan in candidates for on in filtered
-                      for owned in ((True, False) if plan.namespaces else (False,))]
+        candidates = [
+            dataclasses.replace(plan, seccomp=on, owned_namespaces=owned)
+            for plan in candidates
+            for on in filtered
+            for owned in ((True, False) if plan.namespaces else (False,))
+        ]
         if self.isolation_mode == "strict":
             candidates = candidates[:1]
         failures = []
@@ -577,13 +659,16 @@ class PythonSandbox(BaseTool):
                     logger.warning(
                         "python_sandbox: no private root (%s): sandboxed code can read every "
                         "world-readable file of this host and write to its /tmp, /var/tmp and "
-                        "/dev/shm", "; ".join(failures) or "no mount namespace here")
+                        "/dev/shm",
+                        "; ".join(failures) or "no mount namespace here",
+                    )
                 if plan.uid_base is not None and not plan.userns:
                     logger.warning(
                         "python_sandbox: no user namespace per call (%s): calls can create "
                         "user namespaces of their own, and the persistent keyring of a uid "
                         "outlives a call and is seen by later calls of that uid",
-                        "; ".join(failures) or "no mount namespace here")
+                        "; ".join(failures) or "no mount namespace here",
+                    )
                 return plan
             failures.append(f"[{', '.join(plan.isolation)}]: {failure}")
         raise ToolError("python_sandbox: no usable isolation; " + "; ".join(failures))
@@ -647,8 +732,12 @@ def _remove(workdir: Path, cgroups: list[Path]) -> None:
     except FileNotFoundError:
         pass
     except OSError:
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(workdir)], check=False,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", str(workdir)],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
     with contextlib.suppress(OSError):  # mounted only inside the worker's namespace
         _mount_point(workdir).rmdir()
     for group in cgroups:

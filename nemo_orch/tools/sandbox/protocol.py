@@ -31,7 +31,7 @@ _CPU_EXIT = 128 + signal.SIGXCPU
 # applies the limits, drops to its uid, says it is ready, then reads the code from stdin and
 # executes it as ``__main__``. User code is compiled as "<sandbox>" and registered with
 # linecache so tracebacks show its source lines.
-_ZYGOTE = r'''
+_ZYGOTE = r"""
 import atexit, ctypes, gc, json, linecache, os, resource, signal, socket, sys, traceback, types
 import collections, datetime, decimal, fractions, functools, itertools, math, random, re
 import statistics, string, time
@@ -325,7 +325,7 @@ def serve():
         if handshake is not None:
             map_ids(pid, *handshake)
 serve()
-'''
+"""
 # The interpreter the zygote runs, by its real path: a virtual environment's alias would name
 # the checkout it lives in, and calls see their interpreter's path (``sys.executable``).
 INTERPRETER = os.path.realpath(sys.executable)
@@ -334,14 +334,24 @@ WORKDIR = "/home/sandbox"
 # The zygote's environment, and each call's with its HOME and TMPDIR: nothing of this process's
 # (tokens, keys) is inherited.
 _ZYGOTE_ENVIRONMENT = {
-    "PATH": f"{Path(INTERPRETER).parent}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+    "PATH": f"{Path(INTERPRETER).parent}:/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
     # One BLAS/OpenMP thread: each extra thread reserves address space that counts against
     # RLIMIT_AS, and one call should not take every core.
-    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
-def _call_config(plan: _Plan, limits: SandboxLimits, workdir: Path, cgroups: list[Path],
-                 uid: int | None, staging: str | None) -> dict:
+def _call_config(
+    plan: _Plan,
+    limits: SandboxLimits,
+    workdir: Path,
+    cgroups: list[Path],
+    uid: int | None,
+    staging: str | None,
+) -> dict:
     """What the zygote's child applies (``enter`` in ``_ZYGOTE``); ``staging``: where its
     zygote staged the library directories."""
     memory = limits.memory_mb << 20
@@ -356,25 +366,38 @@ def _call_config(plan: _Plan, limits: SandboxLimits, workdir: Path, cgroups: lis
         disk = f"mode=0700,size={limits.max_disk_mb << 20}"
         if uid is not None:
             disk += f",uid={uid},gid={uid}"
-    root = None if plan.root is None else {
-        "path": str(_mount_point(workdir)),
-        "binds": [*plan.root.binds,
-                  *[(f"{staging}/{index}", directory, False)
-                    for index, (directory, _) in enumerate(plan.root.staged)]],
-        "links": plan.root.links, "covers": plan.root.covers,
-        "scratch": plan.root.scratch, "scratch_bytes": limits.max_file_mb << 20,
-        "pivot_root": _PIVOT_ROOT[platform.machine()]}
+    root = (
+        None
+        if plan.root is None
+        else {
+            "path": str(_mount_point(workdir)),
+            "binds": [
+                *plan.root.binds,
+                *[
+                    (f"{staging}/{index}", directory, False)
+                    for index, (directory, _) in enumerate(plan.root.staged)
+                ],
+            ],
+            "links": plan.root.links,
+            "covers": plan.root.covers,
+            "scratch": plan.root.scratch,
+            "scratch_bytes": limits.max_file_mb << 20,
+            "pivot_root": _PIVOT_ROOT[platform.machine()],
+        }
+    )
     # Inside a private root the call works in a fixed directory; elsewhere in the host's.
     inside = str(workdir) if root is None else WORKDIR
     return {
         "cgroup_procs": [str(group / "cgroup.procs") for group in cgroups],
         "mounts": [[hidden, list(exposed)] for hidden, exposed in plan.mounts],
         "root": root,
-        "rlimits": {"RLIMIT_CPU": [limits.cpu_seconds, limits.cpu_seconds + 1],
-                    "RLIMIT_AS": [memory, memory],
-                    "RLIMIT_FSIZE": [limits.max_file_mb << 20] * 2,
-                    "RLIMIT_NPROC": [nproc, nproc],
-                    "RLIMIT_CORE": [0, 0]},
+        "rlimits": {
+            "RLIMIT_CPU": [limits.cpu_seconds, limits.cpu_seconds + 1],
+            "RLIMIT_AS": [memory, memory],
+            "RLIMIT_FSIZE": [limits.max_file_mb << 20] * 2,
+            "RLIMIT_NPROC": [nproc, nproc],
+            "RLIMIT_CORE": [0, 0],
+        },
         "uid": uid,
         "keyctl": _KEYCTL.get(platform.machine()),
         "userns": plan.userns,
@@ -382,13 +405,17 @@ def _call_config(plan: _Plan, limits: SandboxLimits, workdir: Path, cgroups: lis
         "no_new_privs": True,
         "owned_namespaces": plan.owned_namespaces,
         "sys_path": list(plan.sys_path),
-        "seccomp": seccomp.program(arch).hex() if plan.seccomp and (arch := seccomp.host_arch())
+        "seccomp": seccomp.program(arch).hex()
+        if plan.seccomp and (arch := seccomp.host_arch())
         else None,
         "cpu_exit": _CPU_EXIT,
         "workdir": inside,
         # A fresh environment: nothing of the parent's (tokens, keys) is inherited.
-        "env": {**_ZYGOTE_ENVIRONMENT, "HOME": inside,
-                "TMPDIR": inside if root is None else "/tmp"},
+        "env": {
+            **_ZYGOTE_ENVIRONMENT,
+            "HOME": inside,
+            "TMPDIR": inside if root is None else "/tmp",
+        },
     }
 
 

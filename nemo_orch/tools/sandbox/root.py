@@ -68,13 +68,18 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
     process: the host's libraries do not change under it."""
     ldd = shutil.which("ldd")
     if ldd is None:
-        logger.warning("python_sandbox: no `ldd` (glibc's libc-bin) to find the shared "
-                       "libraries the interpreter loads: no private root")
+        logger.warning(
+            "python_sandbox: no `ldd` (glibc's libc-bin) to find the shared "
+            "libraries the interpreter loads: no private root"
+        )
         return None
     binds: list[tuple[str, str, bool]] = []
     links: list[tuple[str, str]] = [("/dev/fd", "/proc/self/fd")]
-    links += [(directory, os.readlink(directory)) for directory in _LIBRARY_DIRS
-              if os.path.islink(directory)]
+    links += [
+        (directory, os.readlink(directory))
+        for directory in _LIBRARY_DIRS
+        if os.path.islink(directory)
+    ]
     # The zygote runs the interpreter by its real path: no alias (a virtual environment's, in a
     # checkout) needs to exist in the root.
     executable = os.path.realpath(sys.executable)
@@ -82,8 +87,11 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
     stdlib = sysconfig.get_path("stdlib")
     binds.append((stdlib, stdlib, False))
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    libpython = [str(path) for path in sorted(Path(libdir).glob("libpython*"))
-                 if not str(path).startswith(stdlib)]
+    libpython = [
+        str(path)
+        for path in sorted(Path(libdir).glob("libpython*"))
+        if not str(path).startswith(stdlib)
+    ]
     binds += [(path, path, False) for path in libpython]
     covers = [str(path) for path in [Path(stdlib, "site-packages")] if path.is_dir()]
     # What the dynamic loader maps: the interpreter, libpython, the standard extension modules
@@ -101,7 +109,8 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
     for target, source in _shared_libraries(ldd, loaded).items():
         if not any(target == path or target.startswith(path + "/") for path in bound):
             directories.setdefault(os.path.dirname(target), []).append(
-                (source, os.path.basename(target)))
+                (source, os.path.basename(target))
+            )
     # A directory bound whole would hide what else the root holds under it (the pyenv's lib/
     # holds the standard library): its libraries are bound one by one.
     inside = [*bound, *covers, *(link for link, _ in links), *PrivateRoot.scratch]
@@ -111,8 +120,9 @@ def _private_root(allowed_packages: tuple[str, ...]) -> PrivateRoot | None:
             binds += [(source, f"{directory}/{name}", False) for source, name in files]
         else:
             staged.append((directory, tuple(files)))
-    return PrivateRoot(tuple(binds), tuple(links), tuple(covers), tuple(staged),
-                       (SITE,) if packages else ())
+    return PrivateRoot(
+        tuple(binds), tuple(links), tuple(covers), tuple(staged), (SITE,) if packages else ()
+    )
 
 
 def package_paths(name: str) -> list[str]:
@@ -121,8 +131,7 @@ def package_paths(name: str) -> list[str]:
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None and not spec.submodule_search_locations:
         raise ToolError(f"python_sandbox: allowed package {name!r} is not installed")
-    where = (spec.submodule_search_locations[0] if spec.submodule_search_locations
-             else spec.origin)
+    where = spec.submodule_search_locations[0] if spec.submodule_search_locations else spec.origin
     found = [where, f"{where}.libs", str(Path(where).with_name(f"{name}.libs"))]
     return [path for path in dict.fromkeys(found) if os.path.exists(path)]
 
@@ -130,9 +139,11 @@ def package_paths(name: str) -> list[str]:
 def _shared_objects(path: Path) -> list[str]:
     """The shared objects at or under ``path``."""
     candidates = path.rglob("*.so*") if path.is_dir() else [path]
-    return [str(candidate) for candidate in candidates
-            if (candidate.name.endswith(".so") or ".so." in candidate.name)
-            and candidate.is_file()]
+    return [
+        str(candidate)
+        for candidate in candidates
+        if (candidate.name.endswith(".so") or ".so." in candidate.name) and candidate.is_file()
+    ]
 
 
 def _shared_libraries(ldd: str, objects: Sequence[str]) -> dict[str, str]:
@@ -143,8 +154,14 @@ def _shared_libraries(ldd: str, objects: Sequence[str]) -> dict[str, str]:
     interpreter's and the allowed packages' own, which this process loads anyway: ``ldd``
     may run their loader."""
     # It exits 1 when any one of them is not a dynamic object (e.g. a statically linked one).
-    listed = subprocess.run([ldd, *objects], capture_output=True, text=True, timeout=120,
-                            check=False, env={"LC_ALL": "C", "PATH": os.defpath}).stdout
+    listed = subprocess.run(
+        [ldd, *objects],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"LC_ALL": "C", "PATH": os.defpath},
+    ).stdout
     paths = []
     for line in listed.splitlines():
         # "\tlibc.so.6 => /lib/.../libc.so.6 (0x...)", "\t/lib64/ld-linux-x86-64.so.2 (0x...)";
@@ -155,10 +172,18 @@ def _shared_libraries(ldd: str, objects: Sequence[str]) -> dict[str, str]:
                 paths.append(path)
     libc = next((path for path in paths if Path(path).name.startswith("libc.so")), None)
     if libc is not None:
-        paths += [str(Path(libc).with_name(name)) for name in _RUNTIME_LIBRARIES
-                  if Path(libc).with_name(name).is_file()]
-    return {os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)):
-            os.path.realpath(path) for path in paths if os.path.isfile(path)}
+        paths += [
+            str(Path(libc).with_name(name))
+            for name in _RUNTIME_LIBRARIES
+            if Path(libc).with_name(name).is_file()
+        ]
+    return {
+        os.path.join(
+            os.path.realpath(os.path.dirname(path)), os.path.basename(path)
+        ): os.path.realpath(path)
+        for path in paths
+        if os.path.isfile(path)
+    }
 
 
 def _hidden_prefixes() -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -48,19 +48,72 @@ NETLINK_ROUTE = 0
 TIOCSTI = 0x5412
 # CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
 # CLONE_NEWNET, CLONE_NEWTIME.
-CLONE_NAMESPACES = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
-                    | 0x20000000 | 0x40000000 | 0x00000080)
+CLONE_NAMESPACES = (
+    0x00020000
+    | 0x02000000
+    | 0x04000000
+    | 0x08000000
+    | 0x10000000
+    | 0x20000000
+    | 0x40000000
+    | 0x00000080
+)
 
 # The denied calls by name; a name an architecture lacks (inotify_init on AArch64) is skipped.
 DENIED = (
-    "perf_event_open", "bpf", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init",
-    "fanotify_mark", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
-    "syslog", "name_to_handle_at", "open_by_handle_at", "mount", "umount2", "pivot_root",
-    "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
-    "mount_setattr", "init_module", "finit_module", "delete_module", "kexec_load",
-    "kexec_file_load", "reboot", "swapon", "swapoff", "acct", "quotactl", "settimeofday",
-    "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm", "request_key", "unshare", "setns", "lookup_dcookie", "vhangup", "uselib")
+    "perf_event_open",
+    "bpf",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "fanotify_init",
+    "fanotify_mark",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "pidfd_getfd",
+    "syslog",
+    "name_to_handle_at",
+    "open_by_handle_at",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "iopl",
+    "ioperm",
+    "request_key",
+    "unshare",
+    "setns",
+    "lookup_dcookie",
+    "vhangup",
+    "uselib",
+)
 # The calls whose arguments decide (clone3: answered ENOSYS).
 ARGUMENT_CHECKED = ("socket", "socketpair", "clone", "clone3", "ioctl")
 
@@ -76,34 +129,129 @@ class Arch:
     first_foreign: int | None = None
 
 
-X86_64 = Arch("x86_64", 0xC000003E, {
-    "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435, "ioctl": 16,
-    "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "inotify_init": 253, "inotify_init1": 294,
-    "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301, "ptrace": 101,
-    "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
-    "syslog": 103, "name_to_handle_at": 303, "open_by_handle_at": 304, "mount": 165,
-    "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428, "move_mount": 429,
-    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
-    "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
-    "kexec_file_load": 320, "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163,
-    "quotactl": 179, "settimeofday": 164, "clock_settime": 227, "clock_adjtime": 305,
-    "adjtimex": 159, "iopl": 172, "ioperm": 173, "request_key": 249, "unshare": 272, "setns": 308, "lookup_dcookie": 212, "vhangup": 153,
-    "uselib": 134}, first_foreign=0x40000000)
-AARCH64 = Arch("aarch64", 0xC00000B7, {
-    "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435, "ioctl": 29,
-    "perf_event_open": 241, "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "inotify_init1": 26,
-    "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263, "ptrace": 117,
-    "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
-    "syslog": 116, "name_to_handle_at": 264, "open_by_handle_at": 265, "mount": 40,
-    "umount2": 39, "pivot_root": 41, "chroot": 51, "open_tree": 428, "move_mount": 429,
-    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
-    "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
-    "kexec_file_load": 294, "reboot": 142, "swapon": 224, "swapoff": 225, "acct": 89,
-    "quotactl": 60, "settimeofday": 170, "clock_settime": 112, "clock_adjtime": 266,
-    "adjtimex": 171, "request_key": 218, "unshare": 97,
-    "setns": 268, "lookup_dcookie": 18, "vhangup": 58})
+X86_64 = Arch(
+    "x86_64",
+    0xC000003E,
+    {
+        "socket": 41,
+        "socketpair": 53,
+        "clone": 56,
+        "clone3": 435,
+        "ioctl": 16,
+        "perf_event_open": 298,
+        "bpf": 321,
+        "userfaultfd": 323,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "inotify_init": 253,
+        "inotify_init1": 294,
+        "inotify_add_watch": 254,
+        "fanotify_init": 300,
+        "fanotify_mark": 301,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "kcmp": 312,
+        "pidfd_getfd": 438,
+        "syslog": 103,
+        "name_to_handle_at": 303,
+        "open_by_handle_at": 304,
+        "mount": 165,
+        "umount2": 166,
+        "pivot_root": 155,
+        "chroot": 161,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
+        "init_module": 175,
+        "finit_module": 313,
+        "delete_module": 176,
+        "kexec_load": 246,
+        "kexec_file_load": 320,
+        "reboot": 169,
+        "swapon": 167,
+        "swapoff": 168,
+        "acct": 163,
+        "quotactl": 179,
+        "settimeofday": 164,
+        "clock_settime": 227,
+        "clock_adjtime": 305,
+        "adjtimex": 159,
+        "iopl": 172,
+        "ioperm": 173,
+        "request_key": 249,
+        "unshare": 272,
+        "setns": 308,
+        "lookup_dcookie": 212,
+        "vhangup": 153,
+        "uselib": 134,
+    },
+    first_foreign=0x40000000,
+)
+AARCH64 = Arch(
+    "aarch64",
+    0xC00000B7,
+    {
+        "socket": 198,
+        "socketpair": 199,
+        "clone": 220,
+        "clone3": 435,
+        "ioctl": 29,
+        "perf_event_open": 241,
+        "bpf": 280,
+        "userfaultfd": 282,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "inotify_init1": 26,
+        "inotify_add_watch": 27,
+        "fanotify_init": 262,
+        "fanotify_mark": 263,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "kcmp": 272,
+        "pidfd_getfd": 438,
+        "syslog": 116,
+        "name_to_handle_at": 264,
+        "open_by_handle_at": 265,
+        "mount": 40,
+        "umount2": 39,
+        "pivot_root": 41,
+        "chroot": 51,
+        "open_tree": 428,
+        "move_mount": 429,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "mount_setattr": 442,
+        "init_module": 105,
+        "finit_module": 273,
+        "delete_module": 106,
+        "kexec_load": 104,
+        "kexec_file_load": 294,
+        "reboot": 142,
+        "swapon": 224,
+        "swapoff": 225,
+        "acct": 89,
+        "quotactl": 60,
+        "settimeofday": 170,
+        "clock_settime": 112,
+        "clock_adjtime": 266,
+        "adjtimex": 171,
+        "request_key": 218,
+        "unshare": 97,
+        "setns": 268,
+        "lookup_dcookie": 18,
+        "vhangup": 58,
+    },
+)
 ARCHES = {arch.name: arch for arch in (X86_64, AARCH64)}
 
 
@@ -135,8 +283,9 @@ class _Program:
     def assemble(self) -> bytes:
         out = bytearray()
         for index, (op, true, false, k) in enumerate(self.code):
-            offsets = [self.labels[j] - index - 1 if isinstance(j, str) else j
-                       for j in (true, false)]
+            offsets = [
+                self.labels[j] - index - 1 if isinstance(j, str) else j for j in (true, false)
+            ]
             if not all(0 <= offset < 256 for offset in offsets):
                 raise ValueError(f"seccomp: jump out of range at instruction {index}")
             out += struct.pack("<HBBI", op, *offsets, k)
