@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: train test test-fast compare benchmark bench-trl clean
+.PHONY: train test test-fast lint compare benchmark bench-trl clean
 
 $(STAMP): requirements.txt setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,13 +15,13 @@ $(STAMP): requirements.txt setup.py pyproject.toml
 	touch $(STAMP)
 
 # The tests also run the tau2-bench adapter against the real benchmark, real PyTriton servers,
-# NeMo-Run and Ray, and build the documentation site: the tau2, serve and launch extras and the
-# docs tools, resolved together with the pins.
+# NeMo-Run and Ray, and build the documentation site: the tau2, serve and launch extras, the
+# docs tools and the lint gate's, resolved together with the pins.
 $(TEST_STAMP): $(STAMP) requirements-tau2.txt requirements-serve.txt requirements-launch.txt \
-		requirements-docs.txt
+		requirements-docs.txt requirements-lint.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt \
 		-r requirements-tau2.txt -r requirements-serve.txt -r requirements-launch.txt \
-		-r requirements-docs.txt
+		-r requirements-docs.txt -r requirements-lint.txt
 	touch $(TEST_STAMP)
 
 train: $(STAMP)
@@ -43,7 +43,13 @@ compare: $(STAMP)
 	$(VENV)/bin/nemo-orch eval --benchmark offline $(ROUTERS) $(COMPARE) tools=offline_repriced \
 		eval.out_dir=runs/eval/offline_repriced
 
-test: $(TEST_STAMP)
+# The gate before the tests: lint and format (ruff), types (mypy); pyproject.toml configures both.
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 test-fast: $(TEST_STAMP)

@@ -4,7 +4,6 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-
 # In requirements.txt for `make test`, not installed with us.
 TEST_ONLY = ("pytest", "hypothesis", "openai")
 
@@ -12,8 +11,9 @@ TEST_ONLY = ("pytest", "hypothesis", "openai")
 def package_files(package: str, folder: str) -> list[str]:
     """Every file under ``package/folder``, relative to the package (its package data)."""
     root = Path(__file__).with_name(package)
-    return sorted(str(path.relative_to(root)) for path in (root / folder).rglob("*")
-                  if path.is_file())
+    return sorted(
+        str(path.relative_to(root)) for path in (root / folder).rglob("*") if path.is_file()
+    )
 
 
 def requirements(name: str = "requirements.txt") -> list[str]:
@@ -32,8 +32,10 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["nemo_orch", "nemo_orch.*"]),
     # The configuration tree (nemo_orch/conf/: groups, recipes, tool declarations, samples).
-    package_data={"nemo_orch": package_files("nemo_orch", "conf"),
-                  "nemo_orch.envs.toolscale": ["prompts/*.txt"]},
+    package_data={
+        "nemo_orch": package_files("nemo_orch", "conf"),
+        "nemo_orch.envs.toolscale": ["prompts/*.txt"],
+    },
     install_requires=requirements(),
     extras_require={
         # CUDA-only cores; imported lazily and exercised by `pytest -m gpu`.

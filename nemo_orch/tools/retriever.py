@@ -325,7 +325,8 @@ class RetrievalIndex:
         else:
             # Exact restriction on the CPU index: only whitelisted rows are scored, so k allowed
             # hits come back whenever k allowed docs exist.
-            params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(rows))
+            # faiss's SWIG constructor sets any field by keyword; its generated types list none.
+            params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(rows))  # type: ignore[call-arg]
             scores, labels = self.dense.search(vectors, depth, params=params)
         return [
             [
