@@ -14,7 +14,7 @@ from nemo_orch.envs.offline.world import naive_routes
 from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine, scripted_settings
 from nemo_orch.rollout.episode import Episode, Trajectory
 from nemo_orch.rollout.runner import DirectPolicy
-from nemo_orch.tools.interfaces import EXPERT_TOOL
+from nemo_orch.tools.interfaces import EXPERT_TOOL, offers_orchestra
 from nemo_orch.tools.registry import Toolbox
 
 
@@ -33,7 +33,7 @@ class NaiveRouterAgent:
         tokenizer: PreTrainedTokenizerBase,
         settings: RolloutConfig,
     ) -> None:
-        if orchestra.offers(toolbox.tools):
+        if offers_orchestra(toolbox.tools):
             self.routes = orchestra.naive_routes(
                 tasks, orchestra.Writers.of(toolbox), router_shares, seed
             )

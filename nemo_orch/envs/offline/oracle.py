@@ -22,7 +22,7 @@ from nemo_orch.envs.offline.values import RouteValue, best
 from nemo_orch.envs.offline.world import route_values
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.base import Usage
-from nemo_orch.tools.interfaces import EXPERT_TOOL
+from nemo_orch.tools.interfaces import EXPERT_TOOL, offers_orchestra
 from nemo_orch.tools.registry import Toolbox
 from nemo_orch.tools.simulated_expert import SimulatedExpert
 
@@ -92,7 +92,7 @@ def group_means(
 def knows_experts(toolbox: Toolbox) -> bool:
     """Whether the oracle knows the toolbox's experts: the simulated world's, behind
     ToolOrchestra's composites or as the basic interface's expert tool."""
-    if orchestra.offers(toolbox.tools):
+    if offers_orchestra(toolbox.tools):
         return all(
             isinstance(getattr(toolbox.tools[name], "expert", None), SimulatedExpert)
             for name in orchestra.TOOLS
@@ -117,7 +117,7 @@ class OracleTable:
         self.usd_reference = usd_reference
         self.input_price, self.output_price = orchestrator_usd_per_token
         # ToolOrchestra's interface: its writers; the basic one: its expert and tool fees.
-        self.writers = orchestra.Writers.of(toolbox) if orchestra.offers(toolbox.tools) else None
+        self.writers = orchestra.Writers.of(toolbox) if offers_orchestra(toolbox.tools) else None
         if self.writers is None:
             self.expert = toolbox.tools[EXPERT_TOOL]
             self.tool_usd = {

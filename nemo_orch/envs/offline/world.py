@@ -30,7 +30,7 @@ from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.generator import draw_task
 from nemo_orch.envs.offline.values import RouteValue, utility
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
-from nemo_orch.tools.interfaces import EXPERT_TOOL
+from nemo_orch.tools.interfaces import EXPERT_TOOL, offers_orchestra
 from nemo_orch.tools.simulated_expert import SimulatedExpert
 
 PREFERENCE_VECTORS: dict[str, dict[str, float]] = {
@@ -60,7 +60,7 @@ Route = tuple[tuple[str, dict[str, Any]], ...]
 
 
 def interface_of(tool_names: Iterable[str]) -> str:
-    return ORCHESTRA if orchestra.offers(tool_names) else BASIC
+    return ORCHESTRA if offers_orchestra(tool_names) else BASIC
 
 
 # Held-out tasks are drawn with this seed whatever the run's: the main job's evaluation and
