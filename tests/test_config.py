@@ -180,20 +180,23 @@ def test_an_override_that_does_not_parse_names_its_key():
         config_lib.load(["trainer.max_steps=[1,"])
 
 
+def _own_keys(path: Path) -> dict:
+    return {k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items() if k != "defaults"}
+
+
 def _composed_over(group: str, path: Path) -> dict:
     """What the option file ``path`` of ``group`` composes over: the section's dataclass
-    defaults, then the options its own defaults list names (``grpo/ppo.yaml`` over
+    defaults, then each option its own defaults list names, composed (``grpo/ppo.yaml`` over
     ``default``)."""
+    parents = [
+        name
+        for name in (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
+        if name != "_self_"
+    ]
     base = OmegaConf.structured(getattr(config_lib.Config(), group))
-    for parent in (yaml.safe_load(path.read_text()) or {}).get("defaults", []):
-        if parent != "_self_":
-            parent_path = path.with_name(f"{parent}.yaml")
-            own = {
-                key: value
-                for key, value in (yaml.safe_load(parent_path.read_text()) or {}).items()
-                if key != "defaults"
-            }
-            base = OmegaConf.merge(_composed_over(group, parent_path), own)
+    for parent in parents:
+        parent_path = path.with_name(f"{parent}.yaml")
+        base = OmegaConf.merge(base, _composed_over(group, parent_path), _own_keys(parent_path))
     return OmegaConf.to_container(base)
 
 
@@ -221,7 +224,7 @@ def test_conf_files_state_only_what_differs_from_the_defaults():
         tree = yaml.safe_load(path.read_text()) or {}
         if len(relative.parts) == 1:
             base = OmegaConf.to_container(OmegaConf.structured(config_lib.Config))
-            found = _restated({k: v for k, v in tree.items() if k != "defaults"}, base)
+            found = _restated(_own_keys(path), base)
         elif len(relative.parts) == 2 and relative.parts[0] in sections:
             found = _restated(tree, _composed_over(relative.parts[0], path))
         else:  # recipes, and the declarations and samples the options name
