@@ -186,12 +186,12 @@ def _own_keys(path: Path) -> dict:
 
 def _composed_over(group: str, path: Path) -> dict:
     """What the option file ``path`` of ``group`` composes over: the section's dataclass
-    defaults, then each option its own defaults list names, composed (``grpo/ppo.yaml`` over
-    ``default``)."""
+    defaults (the env presets' ``schema``), then each option its own defaults list names,
+    composed (``grpo/ppo.yaml`` over ``default``)."""
     parents = [
         name
         for name in (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
-        if name != "_self_"
+        if name not in ("_self_", "schema")
     ]
     base = OmegaConf.structured(getattr(config_lib.Config(), group))
     for parent in parents:

@@ -325,11 +325,13 @@ def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] =
     # Every file composes over the dataclasses' defaults (`train.yaml` starts from them), so a
     # YAML file states only what differs and any key can be set on any option. As plain values:
     # the types are checked once, by validate (a typed tree would refuse a dict for a section
-    # whose default is null, such as launcher.ray={nodes: 1}).
-    ConfigStore.instance().store(
-        name="config_schema",
-        node=OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True),
-    )
+    # whose default is null, such as launcher.ray={nodes: 1}). The env presets start from the
+    # typed EnvConfig instead (`defaults: [schema]`): a mixture's sources are then typed
+    # entries, each of whose options (env.sources.0.name=...) can be set.
+    defaults = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
+    del defaults["env"]
+    ConfigStore.instance().store(name="config_schema", node=defaults)
+    ConfigStore.instance().store(group="env", name="schema", node=EnvConfig)
 
     try:
         with (

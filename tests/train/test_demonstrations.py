@@ -125,4 +125,7 @@ def test_demonstrators_are_checked(tmp_path, tiny_tokenizer_dir, toolscale_dir):
         f"env.path={toolscale_dir}",
         expect=2,
     )
-    assert "naive-routers plays the offline world's routes" in off_world.stderr
+    assert (
+        "naive-routers is a baseline of another environment; toolscale's own baselines: none"
+        in (off_world.stderr)
+    )
