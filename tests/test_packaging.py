@@ -72,16 +72,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin"
 
 
-def _run(installed: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def _run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    result = subprocess.run([*args], capture_output=True, text=True, cwd=cwd, env=environment)
+    result = subprocess.run(args, capture_output=True, text=True, cwd=cwd, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
 
 def test_the_wheel_carries_its_configuration_and_runs_from_anywhere(installed, tmp_path):
     shown = _run(
-        installed,
         installed / "python",
         "-c",
         "import nemo_orch, nemo_orch.config as c; print(nemo_orch.__file__); "
@@ -107,7 +106,6 @@ def test_the_wheel_carries_its_configuration_and_runs_from_anywhere(installed, t
     }
     # the extras name what their requirement files pin (setup.py reads them at build time)
     declared = _run(
-        installed,
         installed / "python",
         "-c",
         "import importlib.metadata as m; print(*m.requires('nemo-orch'), sep='\\n')",
@@ -122,12 +120,7 @@ def test_the_wheel_carries_its_configuration_and_runs_from_anywhere(installed, t
         assert {f'{pin}; extra == "{extra}"' for pin in pinned} <= set(declared), extra
     assert any(line.startswith("tensorrt-llm") and 'extra == "gpu"' in line for line in declared)
     printed = _run(
-        installed,
-        installed / "nemo-orch",
-        "train",
-        "--print-config",
-        "grpo.kl_coef=0.05",
-        cwd=tmp_path,
+        installed / "nemo-orch", "train", "--print-config", "grpo.kl_coef=0.05", cwd=tmp_path
     ).stdout
     assert "kl_coef: 0.05" in printed and "vocab_size:" in printed
 
@@ -136,7 +129,6 @@ def test_the_installed_command_trains(installed, start_checkpoint, tmp_path):
     """A short ``nemo-orch grpo`` by the installed command, from a directory outside the
     checkout: the shipped tool declarations and the trainer resolve from the wheel."""
     _run(
-        installed,
         installed / "nemo-orch",
         "grpo",
         *grpo_overrides(start_checkpoint, tmp_path, *sum_task_overrides(tmp_path)),

@@ -17,6 +17,7 @@ every section's names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import tempfile
@@ -313,26 +314,33 @@ def _check_moved(overrides: list[str] | tuple[str, ...]) -> None:
         )
 
 
+@functools.cache
+def _store_schemas() -> None:
+    """Register, once per process, what the conf files compose over.
+
+    Every file composes over the dataclasses' defaults (`train.yaml` starts from them), so a
+    YAML file states only what differs and any key can be set on any option. As plain values:
+    the types are checked once, by validate (a typed tree would refuse a dict for a section
+    whose default is null, such as launcher.ray={nodes: 1}). The env presets start from the
+    typed EnvConfig instead (`defaults: [schema]`): a mixture's sources are then typed
+    entries, each of whose options (env.sources.0.name=...) can be set."""
+    from hydra.core.config_store import ConfigStore
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
+    del defaults["env"]
+    ConfigStore.instance().store(name="config_schema", node=defaults)
+    ConfigStore.instance().store(group="env", name="schema", node=EnvConfig)
+
+
 def compose(config_name: str = "train", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with Hydra overrides (``key=value``, ``group=option``,
     ``recipe=NAME``)."""
     _check_moved(overrides)
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException, OverrideParseException
 
-    # Every file composes over the dataclasses' defaults (`train.yaml` starts from them), so a
-    # YAML file states only what differs and any key can be set on any option. As plain values:
-    # the types are checked once, by validate (a typed tree would refuse a dict for a section
-    # whose default is null, such as launcher.ray={nodes: 1}). The env presets start from the
-    # typed EnvConfig instead (`defaults: [schema]`): a mixture's sources are then typed
-    # entries, each of whose options (env.sources.0.name=...) can be set.
-    defaults = OmegaConf.to_container(OmegaConf.structured(Config), enum_to_str=True)
-    del defaults["env"]
-    ConfigStore.instance().store(name="config_schema", node=defaults)
-    ConfigStore.instance().store(group="env", name="schema", node=EnvConfig)
-
+    _store_schemas()
     try:
         with (
             tempfile.TemporaryDirectory(prefix="nemo-orch-recipe-") as staging,

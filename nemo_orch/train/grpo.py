@@ -408,7 +408,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
                     (
                         samples_of(batch.kept, config),
                         {
-                            **batch.metrics(config.reward),
+                            **batch.metrics(),
                             "curriculum/stage": curriculum.stage_index(grpo.curriculum, history),
                         },
                     )

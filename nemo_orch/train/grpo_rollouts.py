@@ -116,7 +116,7 @@ class StepBatch:
     rollout_idle_seconds: float | None = None
     trainer_idle_seconds: float | None = None
 
-    def metrics(self, reward: RewardConfig) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         ahead = (
             {}
             if self.trainer_idle_seconds is None
@@ -690,22 +690,17 @@ def environment_metrics(
     """What each environment reports of the step's groups of its tasks (every group generated;
     the kept ones with the group advantages they train with)."""
     trained = {id(group) for group in kept}
+    by_source: dict[str, list[EpisodeGroup]] = defaultdict(list)
+    for group in generated:
+        rewards = [b.reward for b in group.breakdowns]
+        advantages = group_advantages(rewards, reward) if id(group) in trained else None
+        by_source[group.source].append(
+            EpisodeGroup(group.task, group.trajectories, rewards, advantages)
+        )
     metrics: dict[str, float] = {}
     for environment in environments:
-        groups = [
-            EpisodeGroup(
-                group.task,
-                group.trajectories,
-                [b.reward for b in group.breakdowns],
-                group_advantages([b.reward for b in group.breakdowns], reward)
-                if id(group) in trained
-                else None,
-            )
-            for group in generated
-            if group.source == environment.name
-        ]
-        if groups:
-            metrics.update(environment.rollout_metrics(groups))
+        if by_source[environment.name]:
+            metrics.update(environment.rollout_metrics(by_source[environment.name]))
     return metrics
 
 

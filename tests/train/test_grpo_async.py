@@ -204,7 +204,7 @@ def test_groups_older_than_the_limit_are_never_trained_on(tiny_tokenizer, tmp_pa
         batch = rollouts.take(4)  # trained by the weights of step 3
     assert batch.kept == [fresh, one_behind, unversioned] and batch.dropped_stale == [stale]
     assert batch.ages == Counter({0: 2, 1: 1})
-    metrics = batch.metrics(config.reward)
+    metrics = batch.metrics()
     assert (metrics["async/dropped_groups"], metrics["async/age_0"], metrics["async/age_1"]) == (
         1,
         2,

@@ -192,9 +192,7 @@ def test_rollouts_count_faults_and_go_on(tmp_path, tiny_tokenizer):
                         expert.kill()
                     started = time.perf_counter()
                     batch = await rollouts.batch(step)
-                    steps.append(
-                        {**batch.metrics(config.reward), "seconds": time.perf_counter() - started}
-                    )
+                    steps.append({**batch.metrics(), "seconds": time.perf_counter() - started})
             finally:
                 for toolbox in toolboxes:
                     await toolbox.close()
@@ -305,7 +303,7 @@ def test_an_expert_failing_a_share_of_its_calls_is_masked_then_stops_the_step(
             asyncio.run(step(rollouts(0.2)[1]))
     finally:
         flaky.server.stop()
-    metrics = batch.metrics(config.reward)
+    metrics = batch.metrics()
     assert (metrics["masked/infra_error"], metrics["masked/rate"]) == (4, 0.25)
     assert metrics["calls/infra_error"] == 4 and metrics["calls/ok"] == 12
     scorer = by_answer(OutcomeScorer(config.reward))

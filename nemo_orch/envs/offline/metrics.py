@@ -26,37 +26,36 @@ from nemo_orch.envs.offline.oracle import group_key, route_of, route_shares
 
 def rollout_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, float]:
     """The metrics above of a step's ``groups`` (every one generated)."""
+    routes = [[route_of(trajectory) for trajectory in group.trajectories] for group in groups]
     episodes = [
-        (group.task, trajectory, reward)
-        for group in groups
-        for trajectory, reward in zip(group.trajectories, group.rewards)
+        (group.task, route, reward)
+        for group, group_routes in zip(groups, routes)
+        for route, reward in zip(group_routes, group.rewards)
     ]
     if not episodes:
         return {}
-    routes = Counter(route_of(trajectory) for _, trajectory, _ in episodes)
-    metrics = {f"route/{name}": count / len(episodes) for name, count in routes.items()}
+    counts = Counter(route for _, route, _ in episodes)
+    metrics = {f"route/{name}": count / len(episodes) for name, count in counts.items()}
     rewards: dict[str, list[float]] = defaultdict(list)
     for task, _, reward in episodes:
         rewards[group_key(task)].append(reward)
     metrics.update(
         {f"group/{key}/reward": statistics.mean(values) for key, values in rewards.items()}
     )
-    shares = route_shares(
-        [task for task, _, _ in episodes], [route_of(trajectory) for _, trajectory, _ in episodes]
-    )
+    shares = route_shares([task for task, _, _ in episodes], [route for _, route, _ in episodes])
     for key, by_route in shares.items():
         metrics.update({f"group/{key}/route/{name}": share for name, share in by_route.items()})
-    return {**metrics, **_signal_metrics(groups)}
+    return {**metrics, **_signal_metrics(groups, routes)}
 
 
-def _signal_metrics(groups: Sequence[EpisodeGroup]) -> dict[str, float]:
+def _signal_metrics(groups: Sequence[EpisodeGroup], routes: list[list[str]]) -> dict[str, float]:
     flat: dict[str, list[float]] = defaultdict(list)
     one_route: dict[str, list[float]] = defaultdict(list)
-    for group in groups:
+    for group, group_routes in zip(groups, routes):
         if not group.rewards:
             continue
         rewards_alike = float(len(set(group.rewards)) == 1)
-        routes_alike = float(len({route_of(t) for t in group.trajectories}) == 1)
+        routes_alike = float(len(set(group_routes)) == 1)
         for key in (f"group/{group_key(group.task)}", "signal"):
             flat[key].append(rewards_alike)
             one_route[key].append(routes_alike)

@@ -22,7 +22,7 @@ from nemo_orch.envs.offline.values import RouteValue, best
 from nemo_orch.envs.offline.world import route_values
 from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.tools.base import Usage
-from nemo_orch.tools.interfaces import EXPERT_TOOL, offers_orchestra
+from nemo_orch.tools.interfaces import EXPERT_TOOL, ORCHESTRA_TOOLS, offers_orchestra
 from nemo_orch.tools.registry import Toolbox
 from nemo_orch.tools.simulated_expert import SimulatedExpert
 
@@ -95,7 +95,7 @@ def knows_experts(toolbox: Toolbox) -> bool:
     if offers_orchestra(toolbox.tools):
         return all(
             isinstance(getattr(toolbox.tools[name], "expert", None), SimulatedExpert)
-            for name in orchestra.TOOLS
+            for name in ORCHESTRA_TOOLS
         )
     return isinstance(toolbox.tools.get(EXPERT_TOOL), SimulatedExpert)
 

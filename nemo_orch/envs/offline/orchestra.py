@@ -42,7 +42,6 @@ from nemo_orch.tools.interfaces import ANSWER, ORCHESTRA_TOOLS, REASON, SEARCH
 from nemo_orch.tools.registry import Toolbox
 from nemo_orch.tools.simulated_expert import SimulatedExpert, reading, writing_chances, wrong_answer
 
-TOOLS = ORCHESTRA_TOOLS
 WRITERS = (SEARCH, REASON)
 MAX_CALLS = 3
 Route = tuple[tuple[str, dict[str, Any]], ...]
@@ -155,7 +154,7 @@ class Writers:
 
     @classmethod
     def of(cls, toolbox: Toolbox) -> Writers:
-        composites = {name: toolbox.tools[name] for name in TOOLS}
+        composites = {name: toolbox.tools[name] for name in ORCHESTRA_TOOLS}
         experts = {name: tool.expert for name, tool in composites.items()}
         for name, expert in experts.items():
             if not isinstance(expert, SimulatedExpert):
