@@ -60,7 +60,7 @@ from nemo_orch.envs.offline.world import BASIC, held_out_tasks
 from nemo_orch.reward.builders import build_scorer
 from nemo_orch.reward.remote import reward_item
 from nemo_orch.reward.scoring import by_answer, score_groups
-from nemo_orch.rollout.episode import Trajectory, TurnRecord
+from nemo_orch.rollout.trajectory import Trajectory, TurnRecord
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.remote import context_to_json
 from nemo_orch.tools.retriever import build_index

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from nemo_orch.config import Config, EnvSourceConfig, ToolsConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import Environment, Scored
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
 

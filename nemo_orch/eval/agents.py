@@ -1,5 +1,5 @@
 """The systems an evaluation compares. Each is an :class:`Agent`: one episode of a task at a
-seed, returned as a :class:`~nemo_orch.rollout.episode.Trajectory` whose ledger prices every
+seed, returned as a :class:`~nemo_orch.rollout.trajectory.Trajectory` whose ledger prices every
 token and call, so all systems are scored and reported the same way.
 
 * ``orchestrator``: the policy of ``rollout.*`` (a checkpoint or HF directory on the CPU engine,
@@ -35,16 +35,10 @@ from nemo_orch.config import ConfigError, RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import GoldPlan
 from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine, scripted_settings
-from nemo_orch.rollout.episode import (
-    CallRecord,
-    Episode,
-    Trajectory,
-    TurnRecord,
-    UserFactory,
-    episode_id,
-)
+from nemo_orch.rollout.episode import Episode, UserFactory, episode_id
 from nemo_orch.rollout.format import call_text
 from nemo_orch.rollout.runner import DirectPolicy, GenerationBatcher
+from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.interfaces import EXPERT_TOOL, ORCHESTRA_TOOLS, offers_orchestra
 from nemo_orch.tools.registry import Toolbox
@@ -196,12 +190,12 @@ class GoldReplayAgent:
             )
             turns.append(
                 TurnRecord(
-                    index,
-                    0,
-                    0,
-                    0.0,
-                    0.0,
-                    "stop",
+                    turn=index,
+                    input_tokens=0,
+                    output_tokens=0,
+                    generation_seconds=0.0,
+                    orchestrator_cost_usd=0.0,
+                    finish_reason="stop",
                     calls=[CallRecord.of(action.name, action.arguments, result)],
                 )
             )
@@ -210,18 +204,27 @@ class GoldReplayAgent:
                     {"role": "assistant", "content": call_text((action.name, action.arguments))},
                     {"role": "tool", "content": result.observation},
                 ]
-        turns.append(TurnRecord(len(turns), 0, 0, 0.0, 0.0, "stop"))
+        turns.append(
+            TurnRecord(
+                turn=len(turns),
+                input_tokens=0,
+                output_tokens=0,
+                generation_seconds=0.0,
+                orchestrator_cost_usd=0.0,
+                finish_reason="stop",
+            )
+        )
         messages.append({"role": "assistant", "content": f"<answer>{plan.final_message}</answer>"})
         offered = self.toolbox if task.tools is None else self.toolbox.subset(task.tools)
         failed = any(call.error is not None for turn in turns for call in turn.calls)
         return Trajectory.without_tokens(
-            task.id,
-            sample,
-            seed,
-            messages,
-            offered.schemas(),
-            turns,
-            "gold_error" if failed else "answer",
-            plan.final_message,
-            time.perf_counter() - started,
+            task_id=task.id,
+            sample=sample,
+            seed=seed,
+            messages=messages,
+            tools=offered.schemas(),
+            turns=turns,
+            termination=Termination.GOLD_ERROR if failed else Termination.ANSWER,
+            answer=plan.final_message,
+            wall_seconds=time.perf_counter() - started,
         )

@@ -28,8 +28,9 @@ from typing import Any
 
 from nemo_orch.clients.openai import ChatResult, OpenAIClient, OpenAIError
 from nemo_orch.data.tasks import Task
-from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord, episode_id
+from nemo_orch.rollout.episode import episode_id
 from nemo_orch.rollout.format import ToolCall, TurnFormat, parse_turn, without_thinking
+from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult, Usage
 from nemo_orch.tools.registry import Toolbox
 
@@ -142,7 +143,7 @@ class ChatAgent:
             messages.append({"role": "system", "content": task.system})
         messages.append({"role": "user", "content": task.question})
         turns: list[TurnRecord] = []
-        termination, answer = "max_turns", None
+        termination, answer = Termination.MAX_TURNS, None
         for turn in range(self.max_turns):
             request_start = time.perf_counter()
             try:
@@ -156,31 +157,31 @@ class ChatAgent:
             except OpenAIError as error:  # retries are spent: this episode ends, not the run
                 turns.append(
                     TurnRecord(
-                        turn,
-                        0,
-                        0,
-                        time.perf_counter() - request_start,
-                        0.0,
-                        f"error: {type(error).__name__}: {error}",
+                        turn=turn,
+                        input_tokens=0,
+                        output_tokens=0,
+                        generation_seconds=time.perf_counter() - request_start,
+                        orchestrator_cost_usd=0.0,
+                        finish_reason=f"error: {type(error).__name__}: {error}",
                     )
                 )
-                termination = "engine_error"
+                termination = Termination.ENGINE_ERROR
                 break
             usage = Usage(reply.input_tokens, reply.output_tokens)
             record = TurnRecord(
-                turn,
-                reply.input_tokens,
-                reply.output_tokens,
-                reply.latency_s,
-                self.pricing.cost(usage, 0.0),
-                reply.finish_reason,
+                turn=turn,
+                input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens,
+                generation_seconds=reply.latency_s,
+                orchestrator_cost_usd=self.pricing.cost(usage, 0.0),
+                finish_reason=reply.finish_reason,
             )
             turns.append(record)
             read = _read_reply(reply, fmt, turn)
             record.format_errors = read.format_errors
             messages.append(read.message)
             if not read.calls:
-                termination, answer = "answer", read.answer
+                termination, answer = Termination.ANSWER, read.answer
                 break
             observations = tuple(m["content"] for m in messages if m["role"] == "tool")
             results = await self._run_calls(
@@ -200,18 +201,18 @@ class ChatAgent:
             )
             final = next((r.answer for r in results if r.answer is not None), None)
             if final is not None:
-                termination, answer = "answer", final
+                termination, answer = Termination.ANSWER, final
                 break
         return Trajectory.without_tokens(
-            task.id,
-            sample,
-            seed,
-            messages,
-            schemas,
-            turns,
-            termination,
-            answer,
-            time.perf_counter() - started,
+            task_id=task.id,
+            sample=sample,
+            seed=seed,
+            messages=messages,
+            tools=schemas,
+            turns=turns,
+            termination=termination,
+            answer=answer,
+            wall_seconds=time.perf_counter() - started,
         )
 
     @staticmethod
@@ -229,7 +230,9 @@ class ChatAgent:
         outcomes: list[ToolResult] = []
         for _, call in read.calls:
             if not call.valid:
-                record.calls.append(CallRecord(call.name, call.arguments, error=call.error))
+                record.calls.append(
+                    CallRecord(tool=call.name, arguments=call.arguments, error=call.error)
+                )
                 outcomes.append(ToolResult(error=call.error))
                 continue
             result = next(results)

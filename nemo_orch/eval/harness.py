@@ -54,7 +54,8 @@ from nemo_orch.eval.agents import GoldReplayAgent, PolicyAgent, RouterAgent
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.reward.scoring import infra_failure
 from nemo_orch.rollout.builders import build_toolbox, rollout_settings
-from nemo_orch.rollout.episode import Trajectory, task_budget
+from nemo_orch.rollout.episode import task_budget
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.interfaces import offers_orchestra
 from nemo_orch.tools.registry import Toolbox
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.call_kinds import KINDS, CallKind, InfraFailure
+from nemo_orch.rollout.trajectory import Termination
 
 REPORT = "report.json"
 
@@ -68,7 +69,7 @@ class EpisodeResult:
         budget_usd: float | None = None,
         preference: str | None = None,
     ) -> EpisodeResult:
-        """From a :class:`~nemo_orch.rollout.episode.Trajectory` and the failure outside the
+        """From a :class:`~nemo_orch.rollout.trajectory.Trajectory` and the failure outside the
         system that decided it (see :func:`nemo_orch.reward.scoring.infra_failure`): its
         ledger's USD (orchestrator and tools), its tool and generation seconds, calls by kind
         and format errors, and whether it kept to ``budget_usd`` (not ended for it, nor over
@@ -76,7 +77,9 @@ class EpisodeResult:
         within = (
             None
             if budget_usd is None
-            else (trajectory.termination != "budget" and trajectory.cost_usd <= budget_usd)
+            else (
+                trajectory.termination != Termination.BUDGET and trajectory.cost_usd <= budget_usd
+            )
         )
         reason = None if infra_failure is None else infra_failure.reason
         return cls(

@@ -46,7 +46,7 @@ from nemo_orch.reward.components import (
     task_preference,
 )
 from nemo_orch.reward.outcome import OUTCOME_METHODS, OutcomeResult
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Trajectory
 
 # weighted: how each component of reward.weights is read from a trajectory's features.
 WEIGHTED_COMPONENTS: dict[str, Callable[[Features, dict[str, float]], float]] = {

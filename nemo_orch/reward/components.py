@@ -18,7 +18,7 @@ from typing import Any
 
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.outcome import OutcomeResult
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Termination, Trajectory
 
 BASE_PREFERENCES = ("accuracy", "cost", "latency")
 CALL_PREFIXES = ("tool:", "model:")
@@ -111,7 +111,9 @@ def extract_features(task: Task, trajectory: Trajectory, outcome: OutcomeResult)
     ended for its budget, termination ``budget``, is over it too)."""
     usd = trajectory.cost_usd
     budget = task.metadata.get("budget_usd")
-    over_budget = trajectory.termination == "budget" or (budget is not None and usd > budget)
+    over_budget = trajectory.termination == Termination.BUDGET or (
+        budget is not None and usd > budget
+    )
     calls: Counter[str] = Counter()
     for turn in trajectory.turns:
         for call in turn.calls:

@@ -11,7 +11,7 @@ from nemo_orch.config import RewardConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.combine import RewardBreakdown, score_group
 from nemo_orch.reward.outcome import AnswerScorer, OutcomeResult
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Trajectory
 
 # An episode's outcome: an environment's ``score`` (its outcome), or an answer scorer's.
 OutcomeFn = Callable[[Task, Trajectory], Awaitable[OutcomeResult]]

@@ -23,21 +23,17 @@ import dataclasses
 import itertools
 import random
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.call_kinds import CallKind, InfraFailure, kind_of
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import control_strings, escape_markup
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (
-    FORMAT_ERRORS,
     Choice,
     ParsedTurn,
     ToolCall,
@@ -49,6 +45,14 @@ from nemo_orch.rollout.format import (
     parse_turn,
     text_beside_calls,
     without_thinking,
+)
+from nemo_orch.rollout.trajectory import (
+    CallRecord,
+    Termination,
+    Trajectory,
+    TurnRecord,
+    UserReply,
+    UserUsage,
 )
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
@@ -106,45 +110,6 @@ class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
 
 
-@dataclass(frozen=True)
-class UserReply:
-    """The user's answer to one agent message: its text (None on ``error``), whether it ends
-    the conversation, the steps and errors it took as tau2 counts them (its messages, its own
-    tool calls' results and their failures) and what it cost."""
-
-    text: str | None
-    stop: bool = False
-    error: str | None = None
-    steps: int = 0
-    errors: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
-    seconds: float = 0.0
-
-
-@dataclass
-class UserUsage:
-    """The user's side of an episode's ledger, kept apart from the orchestrator's and the
-    experts' cost (the reward's cost term never sees it), and the failure of its endpoint
-    that ended the episode, if one did."""
-
-    messages: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float = 0.0
-    seconds: float = 0.0
-    error: str | None = None
-
-    def add(self, reply: UserReply) -> None:
-        self.messages += reply.error is None
-        self.error = reply.error or self.error
-        self.input_tokens += reply.input_tokens
-        self.output_tokens += reply.output_tokens
-        self.cost_usd += reply.cost_usd
-        self.seconds += reply.seconds
-
-
 class User(Protocol):
     """The other party of a conversation episode, with tau2's limits (``max_steps``,
     ``max_errors``). ``greeting`` is the agent's fixed first message; :meth:`reply` answers an
@@ -166,252 +131,6 @@ class PolicyClient(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
 
-@dataclass
-class CallRecord:
-    """The ledger line of one call: its cost, seconds and tokens by kind (``reasoning_tokens``
-    of the ``output_tokens``), its error and :class:`~nemo_orch.call_kinds.CallKind` (left out:
-    derived from ``error``, as :class:`ToolResult` derives it; a call the parser refused is the
-    policy's ``tool_error``); ``trajectory`` is the episode a sub-orchestrator ran for it
-    (:attr:`ToolResult.trajectory`), saved with the caller's trajectory."""
-
-    tool: str | None
-    arguments: dict[str, Any] | None
-    cost_usd: float = 0.0
-    seconds: float = 0.0
-    cached: bool = False
-    error: str | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-    trajectory: dict[str, Any] | None = None
-    reasoning_tokens: int = 0
-    kind: CallKind | None = None
-
-    def __post_init__(self) -> None:
-        self.kind = kind_of(self.kind, self.error)
-
-    @classmethod
-    def of(cls, tool: str, arguments: dict[str, Any], result: ToolResult) -> CallRecord:
-        """The record of a call that ran and produced ``result``."""
-        return cls(
-            tool,
-            arguments,
-            result.cost_usd,
-            result.latency_s,
-            result.cached,
-            result.error,
-            result.usage.input_tokens,
-            result.usage.output_tokens,
-            result.trajectory,
-            result.usage.reasoning_tokens,
-            result.kind,
-        )
-
-    @property
-    def endpoint(self) -> str:
-        """What was called, as a failure names it: the tool, and the model it chose
-        (``answer(model=answer-1)``)."""
-        model = (self.arguments or {}).get("model")
-        tool = self.tool or "(unreadable call)"
-        return f"{tool}(model={model})" if isinstance(model, str) else tool
-
-
-@dataclass
-class TurnRecord:
-    """The ledger line of one turn: what the orchestrator read and wrote, what it called, and
-    the version of the policy's weights that wrote it (None where the engine's are not
-    versioned)."""
-
-    turn: int
-    input_tokens: int
-    output_tokens: int
-    generation_seconds: float
-    orchestrator_cost_usd: float
-    finish_reason: str
-    calls: list[CallRecord] = field(default_factory=list)
-    format_errors: list[str] = field(default_factory=list)
-    policy_version: int | None = None
-
-    @property
-    def cost_usd(self) -> float:
-        return self.orchestrator_cost_usd + sum(call.cost_usd for call in self.calls)
-
-    @property
-    def tool_seconds(self) -> float:
-        # Calls of one turn run concurrently: the turn waits for the slowest.
-        return max((call.seconds for call in self.calls), default=0.0)
-
-
-@dataclass
-class Trajectory:
-    """A finished episode: the token record for training, the messages, and the ledger."""
-
-    task_id: str
-    sample: int
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    token_ids: list[int]
-    loss_mask: list[int]
-    decision_mask: list[int]
-    logprobs: list[float]
-    prompt_length: int
-    turns: list[TurnRecord]
-    # answer | max_turns | context_limit | engine_error | budget, and with a user: user_stop |
-    # user_error | max_steps | too_many_errors; a gold replay whose action failed: gold_error
-    termination: str
-    answer: str | None
-    wall_seconds: float
-    user: UserUsage | None = None
-    # With ``task_id`` and ``sample``, what keys the episode's state (see EpisodeStates).
-    seed: int = 0
-    # The offered tools that came from a tool source (an MCP server), by the source's name.
-    tool_sources: dict[str, str] = field(default_factory=dict)
-    # Per token, 1 where exploration forced it (GRPO's ``explore_share`` and
-    # ``explore_models``): a policy token trained on, but not the policy's draw. Empty: none.
-    forced_mask: list[int] = field(default_factory=list)
-
-    @classmethod
-    def without_tokens(
-        cls,
-        task_id: str,
-        sample: int,
-        seed: int,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]],
-        turns: list[TurnRecord],
-        termination: str,
-        answer: str | None,
-        wall_seconds: float,
-    ) -> Trajectory:
-        """The episode of an agent that is not a token-level policy (a chat endpoint, a gold
-        replay): the same messages and ledger, no token record."""
-        return cls(
-            task_id,
-            sample,
-            messages,
-            tools,
-            token_ids=[],
-            loss_mask=[],
-            decision_mask=[],
-            logprobs=[],
-            prompt_length=0,
-            turns=turns,
-            termination=termination,
-            answer=answer,
-            wall_seconds=wall_seconds,
-            seed=seed,
-        )
-
-    @property
-    def cost_usd(self) -> float:
-        return sum(turn.cost_usd for turn in self.turns)
-
-    @property
-    def tool_seconds(self) -> float:
-        return sum(turn.tool_seconds for turn in self.turns)
-
-    @property
-    def generation_seconds(self) -> float:
-        return sum(turn.generation_seconds for turn in self.turns)
-
-    @property
-    def oldest_policy_version(self) -> int | None:
-        """The version of the oldest weights that wrote a turn (an episode in flight during a
-        weight update continues on the new ones); None where none is versioned."""
-        versions = [turn.policy_version for turn in self.turns if turn.policy_version is not None]
-        return min(versions, default=None)
-
-    def calls(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every well-formed tool call of the episode, in order (what a domain task is scored
-        on: the database replays them)."""
-        return [
-            (call.tool, call.arguments)
-            for turn in self.turns
-            for call in turn.calls
-            if call.tool is not None and call.arguments is not None
-        ]
-
-    @property
-    def format_errors(self) -> dict[str, int]:
-        counts = Counter(kind for turn in self.turns for kind in turn.format_errors)
-        return {kind: counts[kind] for kind in FORMAT_ERRORS if counts[kind]}
-
-    def tool_counts(self) -> dict[str, int]:
-        """The calls that succeeded (kind ``ok``), by tool."""
-        return dict(
-            Counter(
-                call.tool
-                for turn in self.turns
-                for call in turn.calls
-                if call.tool is not None and call.error is None
-            )
-        )
-
-    def call_kinds(self) -> dict[str, dict[str, int]]:
-        """Every call, by tool (``?`` where the policy wrote no readable name) and
-        :class:`~nemo_orch.call_kinds.CallKind`."""
-        counts: dict[str, Counter] = {}
-        for turn in self.turns:
-            for call in turn.calls:
-                counts.setdefault(call.tool or "?", Counter())[call.kind] += 1
-        return {
-            tool: {str(kind): count for kind, count in kinds.items()}
-            for tool, kinds in counts.items()
-        }
-
-    def infra_failure(self) -> InfraFailure | None:
-        """The failure outside the policy that decided this episode (None: none did): the
-        policy's engine or the user's endpoint that ended it, a gold action that failed, or
-        the first call that failed as ``infra_error``. Any such call decides the episode,
-        whatever came after it: masking only the episodes that then went wrong would favour
-        the flaky endpoints (their failures hidden, their luck kept)."""
-        if self.termination == "engine_error":
-            return InfraFailure(
-                "engine_error", "the policy", self.turns[-1].finish_reason if self.turns else ""
-            )
-        if self.termination == "user_error":
-            return InfraFailure(
-                "user_error", "the user", (self.user.error if self.user is not None else None) or ""
-            )
-        failed = [call for turn in self.turns for call in turn.calls if call.kind != CallKind.OK]
-        if self.termination == "gold_error":
-            call = failed[0]
-            return InfraFailure("gold_error", call.endpoint, f"{call.kind}: {call.error}")
-        infra = next((call for call in failed if call.kind == CallKind.INFRA_ERROR), None)
-        return (
-            None
-            if infra is None
-            else InfraFailure("infra_error", infra.endpoint, infra.error or "")
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "sample": self.sample,
-            "seed": self.seed,
-            "messages": self.messages,
-            "termination": self.termination,
-            "answer": self.answer,
-            "num_tokens": len(self.token_ids),
-            "prompt_tokens": self.prompt_length,
-            "policy_tokens": sum(self.loss_mask),
-            "cost_usd": self.cost_usd,
-            "tool_seconds": self.tool_seconds,
-            "generation_seconds": self.generation_seconds,
-            "wall_seconds": self.wall_seconds,
-            "format_errors": self.format_errors,
-            "tool_counts": self.tool_counts(),
-            "call_kinds": self.call_kinds(),
-            "tool_sources": self.tool_sources,
-            "user": None if self.user is None else asdict(self.user),
-            "ledger": [asdict(turn) | {"cost_usd": turn.cost_usd} for turn in self.turns],
-            "token_ids": self.token_ids,
-            "loss_mask": self.loss_mask,
-            "decision_mask": self.decision_mask,
-            "logprobs": self.logprobs,
-            "forced_mask": self.forced_mask,
-        }
-
-
 class _Conversation:
     """tau2's bookkeeping of a conversation with a user: every agent message, user message and
     batch of tool results is a step, every failed tool call (either side's) an error. As in
@@ -422,20 +141,20 @@ class _Conversation:
     def __init__(self, user: User) -> None:
         self.user, self.steps, self.errors, self.usage = user, 0, 0, UserUsage()
 
-    def limit(self) -> str | None:
+    def limit(self) -> Termination | None:
         if self.errors >= self.user.max_errors:
-            return "too_many_errors"
+            return Termination.TOO_MANY_ERRORS
         if self.steps >= self.user.max_steps:
-            return "max_steps"
+            return Termination.MAX_STEPS
         return None
 
-    def agent_turn(self, record: TurnRecord) -> str | None:
+    def agent_turn(self, record: TurnRecord) -> Termination | None:
         """Count an agent message and its calls' results; the limit it reached, if any."""
         self.steps += 1 + bool(record.calls)
         self.errors += sum(call.error is not None for call in record.calls)
         return self.limit()
 
-    async def tell(self, message: str) -> tuple[str | None, str | None]:
+    async def tell(self, message: str) -> tuple[str | None, Termination | None]:
         """The user's reply to ``message`` and what ended the conversation (None: nothing)."""
         reply = await self.user.reply(
             message, self.user.max_steps - self.steps, self.user.max_errors - self.errors
@@ -444,8 +163,8 @@ class _Conversation:
         self.steps += reply.steps
         self.errors += reply.errors
         if reply.error is not None:
-            return None, "user_error"
-        return reply.text, self.limit() or ("user_stop" if reply.stop else None)
+            return None, Termination.USER_ERROR
+        return reply.text, self.limit() or (Termination.USER_STOP if reply.stop else None)
 
 
 class _History:
@@ -632,12 +351,12 @@ class Episode:
         history = _History(self._encode(self._render(generation_prompt=True)))
         prompt_length = len(history.ids)
         turns: list[TurnRecord] = []
-        termination, answer = ended or "max_turns", None
+        termination, answer = ended or Termination.MAX_TURNS, None
         turn_indices = itertools.count() if self.max_turns is None else range(self.max_turns)
         for turn_index in turn_indices if ended is None else ():
             room = settings.max_context_tokens - len(history.ids)
             if room < 2:  # nothing useful fits: at least one token and the closing eos
-                termination = "context_limit"
+                termination = Termination.CONTEXT_LIMIT
                 break
             forced = self.forced_ids if turn_index == 0 else []
             params = SamplingParams(
@@ -659,15 +378,15 @@ class Episode:
             except Exception as error:  # an engine failure ends this episode, not the batch
                 turns.append(
                     TurnRecord(
-                        turn_index,
-                        len(history.ids),
-                        0,
-                        0.0,
-                        0.0,
-                        f"error: {type(error).__name__}: {error}",
+                        turn=turn_index,
+                        input_tokens=len(history.ids),
+                        output_tokens=0,
+                        generation_seconds=0.0,
+                        orchestrator_cost_usd=0.0,
+                        finish_reason=f"error: {type(error).__name__}: {error}",
                     )
                 )
-                termination = "engine_error"
+                termination = Termination.ENGINE_ERROR
                 break
             record = self._turn_record(
                 turn_index,
@@ -696,50 +415,50 @@ class Episode:
                     break
                 continue
             if parsed.answer is not None:
-                termination, answer = "answer", parsed.answer
+                termination, answer = Termination.ANSWER, parsed.answer
                 break
             results = await self._run_calls(parsed, record, text)
             final = next((r.answer for r in results if r.answer is not None), None)
             if final is not None:
-                termination, answer = "answer", final
+                termination, answer = Termination.ANSWER, final
                 break
             # Past the task's budget once the turn's calls (all of them) are paid: nothing more
             # runs, and the reward scores the episode over budget.
             budget = task_budget(self.task)
             if budget is not None and sum(turn.cost_usd for turn in turns) > budget:
-                termination = "budget"
+                termination = Termination.BUDGET
                 break
             if conversation is not None and (ended := conversation.agent_turn(record)):
                 termination = ended
                 break
             if not self._add_observations(history, parsed, results):
-                termination = "context_limit"
+                termination = Termination.CONTEXT_LIMIT
                 break
         if turns:  # a conversation the user ended at its opening has only the prompt
             self._check_agreement(history)
         return Trajectory(
-            self.task.id,
-            self.sample,
-            self.messages,
-            self.schemas,
-            history.ids,
-            history.mask,
-            history.decisions,
-            history.logprobs,
-            prompt_length,
-            turns,
-            termination,
-            answer,
-            time.perf_counter() - started,
-            None if conversation is None else conversation.usage,
-            self.context.seed,
-            self.toolbox.source_of,
-            history.forced,
+            task_id=self.task.id,
+            sample=self.sample,
+            messages=self.messages,
+            tools=self.schemas,
+            token_ids=history.ids,
+            loss_mask=history.mask,
+            decision_mask=history.decisions,
+            logprobs=history.logprobs,
+            prompt_length=prompt_length,
+            turns=turns,
+            termination=termination,
+            answer=answer,
+            wall_seconds=time.perf_counter() - started,
+            user=None if conversation is None else conversation.usage,
+            seed=self.context.seed,
+            tool_sources=self.toolbox.source_of,
+            forced_mask=history.forced,
         )
 
     async def _talk(
         self, history: _History, conversation: _Conversation, record: TurnRecord, message: str
-    ) -> str | None:
+    ) -> Termination | None:
         """Send the turn's ``message`` to the user and append the reply as the next
         observation; what ended the conversation, if anything."""
         ended = conversation.agent_turn(record)
@@ -748,7 +467,7 @@ class Episode:
         if ended is None and not self._append_messages(
             history, [{"role": "user", "content": self._observation(reply)}]
         ):
-            return "context_limit"
+            return Termination.CONTEXT_LIMIT
         return ended
 
     @staticmethod
@@ -797,12 +516,12 @@ class Episode:
             generation.token_ids
         )
         return TurnRecord(
-            turn,
-            context_tokens,
-            len(generation.token_ids),
-            seconds,
-            cost,
-            generation.finish_reason,
+            turn=turn,
+            input_tokens=context_tokens,
+            output_tokens=len(generation.token_ids),
+            generation_seconds=seconds,
+            orchestrator_cost_usd=cost,
+            finish_reason=generation.finish_reason,
             policy_version=generation.policy_version,
         )
 
@@ -879,7 +598,9 @@ class Episode:
         by_call = iter(results)
         for call in parsed.calls:
             if not call.valid:
-                record.calls.append(CallRecord(call.name, call.arguments, error=call.error))
+                record.calls.append(
+                    CallRecord(tool=call.name, arguments=call.arguments, error=call.error)
+                )
                 continue
             record.calls.append(CallRecord.of(call.name, call.arguments, next(by_call)))
         return list(results)

@@ -47,9 +47,10 @@ from nemo_orch.reward.builders import build_scorer
 from nemo_orch.reward.outcome import AnswerScorer, OutcomeResult
 from nemo_orch.rollout.builders import build_engine, build_rollout_engine, build_toolbox
 from nemo_orch.rollout.engines.base import Engine
-from nemo_orch.rollout.episode import RolloutError, Trajectory
+from nemo_orch.rollout.episode import RolloutError
 from nemo_orch.rollout.format import Choice
 from nemo_orch.rollout.runner import EpisodeJob, GenerationBatcher, episode_jobs, run_episodes
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.base import ToolSpec
 from nemo_orch.tools.executor import ToolExecutor, executor_toolbox
 from nemo_orch.tools.registry import Toolbox

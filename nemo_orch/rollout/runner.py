@@ -26,8 +26,9 @@ from nemo_orch.rollout.engines.base import (
     WeightUpdate,
     prompt_seeds,
 )
-from nemo_orch.rollout.episode import Episode, PolicyClient, Trajectory, UserFactory
+from nemo_orch.rollout.episode import Episode, PolicyClient, UserFactory
 from nemo_orch.rollout.format import Choice
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
 

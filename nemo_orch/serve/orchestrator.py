@@ -61,8 +61,8 @@ from nemo_orch.loop_thread import LoopThread
 from nemo_orch.reward.components import check_preference, preference_instruction
 from nemo_orch.rollout import builders
 from nemo_orch.rollout.engines.base import Engine
-from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
 from nemo_orch.serve.metrics import ServeMetrics
 from nemo_orch.serve.openai_server import OpenAIService, request_field

@@ -41,7 +41,8 @@ from nemo_orch.data.sft import collate, global_batch, padded_length, tokenize_co
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
-from nemo_orch.rollout.episode import RolloutError, Trajectory
+from nemo_orch.rollout.episode import RolloutError
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.train import sft
 from nemo_orch.train.dpo_loss import dpo_token_loss, sequence_logprobs
 from nemo_orch.train.grpo_rollouts import Group, Rollouts, build_rollouts

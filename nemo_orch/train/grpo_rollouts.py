@@ -38,9 +38,10 @@ from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.reward.scoring import OutcomeFn, ScoredGroup, by_answer, infra_failure, score_groups
 from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
-from nemo_orch.rollout.episode import Trajectory, prompt_length
+from nemo_orch.rollout.episode import prompt_length
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum
 

@@ -17,14 +17,24 @@ from nemo_orch.envs import build_environment
 from nemo_orch.envs.interfaces import Environment, Scored
 from nemo_orch.envs.mixture import Mixture
 from nemo_orch.envs.offline.world import ORCHESTRA, held_out_tasks, make_tasks
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.serve.http_server import serve_json
 
 QA_SAMPLE = "env/samples/generalthought_sample.jsonl"
 
 
 def answered(task: Task, answer: str) -> Trajectory:
-    return Trajectory.without_tokens(task.id, 0, 0, [], [], [], "answer", answer, 0.0)
+    return Trajectory.without_tokens(
+        task_id=task.id,
+        sample=0,
+        seed=0,
+        messages=[],
+        tools=[],
+        turns=[],
+        termination="answer",
+        answer=answer,
+        wall_seconds=0.0,
+    )
 
 
 def test_train_and_validation_partition_a_file_by_task_id(tmp_path):

@@ -10,17 +10,40 @@ from nemo_orch.envs import build_environment
 from nemo_orch.envs.interfaces import Environment, EpisodeGroup
 from nemo_orch.envs.offline.metrics import rollout_metrics
 from nemo_orch.reward.combine import RewardBreakdown
-from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord
+from nemo_orch.rollout.trajectory import CallRecord, Trajectory, TurnRecord
 from nemo_orch.train.grpo_rollouts import Group, environment_metrics
 
 
 def _episode(*aliases: str) -> Trajectory:
     calls = [
-        CallRecord("search" if alias.startswith("search") else "answer", {"model": alias})
+        CallRecord(
+            tool="search" if alias.startswith("search") else "answer", arguments={"model": alias}
+        )
         for alias in aliases
     ]
-    turns = [TurnRecord(index, 1, 1, 0.0, 0.0, "stop", [call]) for index, call in enumerate(calls)]
-    return Trajectory.without_tokens("t", 0, 0, [], [], turns, "answer", "1", 0.0)
+    turns = [
+        TurnRecord(
+            turn=index,
+            input_tokens=1,
+            output_tokens=1,
+            generation_seconds=0.0,
+            orchestrator_cost_usd=0.0,
+            finish_reason="stop",
+            calls=[call],
+        )
+        for index, call in enumerate(calls)
+    ]
+    return Trajectory.without_tokens(
+        task_id="t",
+        sample=0,
+        seed=0,
+        messages=[],
+        tools=[],
+        turns=turns,
+        termination="answer",
+        answer="1",
+        wall_seconds=0.0,
+    )
 
 
 def _task(family: str, preference: str) -> Task:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord
+from nemo_orch.rollout.trajectory import CallRecord, Trajectory, TurnRecord
 
 
 def trajectory(
@@ -25,7 +25,7 @@ def trajectory(
         generation_seconds=seconds,
         orchestrator_cost_usd=usd,
         finish_reason="stop",
-        calls=[CallRecord(tool, arguments) for tool, arguments in calls],
+        calls=[CallRecord(tool=tool, arguments=arguments) for tool, arguments in calls],
         format_errors=list(format_errors),
     )
     return Trajectory(

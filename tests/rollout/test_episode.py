@@ -17,8 +17,8 @@ from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.engines.hf import HFEngine
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
-from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.base import Pricing, ToolSpec
 from nemo_orch.tools.registry import Toolbox
 

@@ -36,9 +36,9 @@ from nemo_orch.reward.outcome import OutcomeScorer
 from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout import ray_workers
 from nemo_orch.rollout.builders import build_toolbox
-from nemo_orch.rollout.episode import Trajectory
 from nemo_orch.rollout.ray_workers import RayRolloutPool
 from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.train.grpo_rollouts import Rollouts
 
 HALF_CPU = "rollout.ray.num_cpus_per_worker=0.5"

@@ -31,8 +31,9 @@ from nemo_orch.models.tokenizer import (
 from nemo_orch.rollout import episode as episode_module
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
-from nemo_orch.rollout.episode import RolloutError, Trajectory, UserReply
+from nemo_orch.rollout.episode import RolloutError
 from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.rollout.trajectory import Trajectory, UserReply
 from nemo_orch.tools.registry import Toolbox
 
 # A base Qwen3 tokenizer's added tokens beyond the chat format's, special and not.
@@ -73,7 +74,7 @@ class ScriptedUser:
 
     async def reply(self, message: str, steps_left: int, errors_left: int) -> UserReply:
         line = next(self.lines, None)
-        return UserReply(line or "Bye.", stop=line is None, steps=1)
+        return UserReply(text=line or "Bye.", stop=line is None, steps=1)
 
 
 class RecordingEngine(ScriptedEngine):

@@ -14,7 +14,7 @@ import pytest
 from support.local_http import JSONServer
 
 from nemo_orch.call_kinds import CallKind
-from nemo_orch.rollout.episode import CallRecord
+from nemo_orch.rollout.trajectory import CallRecord
 from nemo_orch.tools.base import ToolContext, ToolSpec
 from nemo_orch.tools.llm import LLMTool
 from nemo_orch.tools.registry import Toolbox

@@ -21,7 +21,7 @@ from nemo_orch.data.pairs import DataError, Pair, PairTokens, SideTokens, read_p
 from nemo_orch.data.tasks import Task
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.reward.combine import RewardBreakdown
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.train import dpo
 from nemo_orch.train.dpo_loss import dpo_token_loss
 from nemo_orch.train.grpo_rollouts import Group
@@ -201,19 +201,19 @@ def _episode(
         tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     ]
     return Trajectory(
-        "t",
-        sample,
-        messages + [{"role": "assistant", "content": f"<answer>{answer}</answer>"}],
-        [],
-        prompt + reply,
-        [0] * len(prompt) + [1] * len(reply),
-        [0] * (len(prompt) + len(reply)),
-        [0.0] * (len(prompt) + len(reply)),
-        len(prompt),
-        [],
-        termination,
-        answer,
-        0.0,
+        task_id="t",
+        sample=sample,
+        messages=messages + [{"role": "assistant", "content": f"<answer>{answer}</answer>"}],
+        tools=[],
+        token_ids=prompt + reply,
+        loss_mask=[0] * len(prompt) + [1] * len(reply),
+        decision_mask=[0] * (len(prompt) + len(reply)),
+        logprobs=[0.0] * (len(prompt) + len(reply)),
+        prompt_length=len(prompt),
+        turns=[],
+        termination=termination,
+        answer=answer,
+        wall_seconds=0.0,
     )
 
 

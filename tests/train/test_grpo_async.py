@@ -26,7 +26,7 @@ from nemo_orch.envs import build_mixture
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.reward.advantages import SamplingStats
 from nemo_orch.reward.combine import RewardBreakdown
-from nemo_orch.rollout.episode import Trajectory, TurnRecord
+from nemo_orch.rollout.trajectory import Trajectory, TurnRecord
 from nemo_orch.train.grpo_rollouts import Group, Rollouts, StepBatch
 from nemo_orch.train.metrics import TRAINED_FILE
 
@@ -150,11 +150,31 @@ def test_async_grpo_runs_ahead_on_ray_workers(start_checkpoint, tmp_path):
 def _group(task_id: str, *versions: int | None) -> Group:
     """A group of one episode whose turns were written by weights of ``versions``."""
     turns = [
-        TurnRecord(index, 2, 2, 0.0, 0.0, "stop", policy_version=version)
+        TurnRecord(
+            turn=index,
+            input_tokens=2,
+            output_tokens=2,
+            generation_seconds=0.0,
+            orchestrator_cost_usd=0.0,
+            finish_reason="stop",
+            policy_version=version,
+        )
         for index, version in enumerate(versions)
     ]
     episode = Trajectory(
-        task_id, 0, [], [], [1, 2, 3], [0, 1, 1], [0, 1, 1], [0.0] * 3, 1, turns, "answer", "1", 0.0
+        task_id=task_id,
+        sample=0,
+        messages=[],
+        tools=[],
+        token_ids=[1, 2, 3],
+        loss_mask=[0, 1, 1],
+        decision_mask=[0, 1, 1],
+        logprobs=[0.0] * 3,
+        prompt_length=1,
+        turns=turns,
+        termination="answer",
+        answer="1",
+        wall_seconds=0.0,
     )
     return Group(
         Task(task_id, "q"),

@@ -16,27 +16,35 @@ from nemo_orch.data.sft import PAD_MULTIPLE
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.advantages import group_advantages
 from nemo_orch.reward.combine import RewardBreakdown
-from nemo_orch.rollout.episode import CallRecord, Trajectory, TurnRecord
+from nemo_orch.rollout.trajectory import CallRecord, Trajectory, TurnRecord
 from nemo_orch.train.grpo import Sample, micro_batches, samples_of
 from nemo_orch.train.grpo_rollouts import Group, Rollouts
 from nemo_orch.train.metrics import logged_steps
 
 
 def trajectory(ids, mask, logprobs, decisions=None) -> Trajectory:
+    turn = TurnRecord(
+        turn=0,
+        input_tokens=2,
+        output_tokens=2,
+        generation_seconds=0.0,
+        orchestrator_cost_usd=0.0,
+        finish_reason="stop",
+    )
     return Trajectory(
-        "t",
-        0,
-        [],
-        [],
-        ids,
-        mask,
-        mask if decisions is None else decisions,
-        logprobs,
-        2,
-        [TurnRecord(0, 2, 2, 0.0, 0.0, "stop")],
-        "answer",
-        "1",
-        0.0,
+        task_id="t",
+        sample=0,
+        messages=[],
+        tools=[],
+        token_ids=ids,
+        loss_mask=mask,
+        decision_mask=mask if decisions is None else decisions,
+        logprobs=logprobs,
+        prompt_length=2,
+        turns=[turn],
+        termination="answer",
+        answer="1",
+        wall_seconds=0.0,
     )
 
 
@@ -326,8 +334,8 @@ def test_exploration_forces_the_least_chosen_routes_in_rotation(tiny_tokenizer):
     episode = trajectory([1, 2], [0, 1], [0.0, 0.0])
     assert rollouts.first_choice(episode) is None
     episode.turns[0].calls += [
-        CallRecord("ask", {"model": "large"}, error="timeout"),
-        CallRecord("ask", {"model": "small"}),
+        CallRecord(tool="ask", arguments={"model": "large"}, error="timeout"),
+        CallRecord(tool="ask", arguments={"model": "small"}),
     ]
     assert rollouts.first_choice(episode) == ("ask", {"model": "small"})
     # A curriculum stage's tools are what every task of the step offers; the step's tasks are

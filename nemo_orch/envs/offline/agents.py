@@ -12,8 +12,9 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.world import naive_routes
 from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine, scripted_settings
-from nemo_orch.rollout.episode import Episode, Trajectory
+from nemo_orch.rollout.episode import Episode
 from nemo_orch.rollout.runner import DirectPolicy
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.interfaces import EXPERT_TOOL, offers_orchestra
 from nemo_orch.tools.registry import Toolbox
 

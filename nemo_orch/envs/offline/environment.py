@@ -21,7 +21,7 @@ from nemo_orch.envs.offline.oracle import OracleTable, knows_experts, route_of
 from nemo_orch.envs.offline.orchestra import FAMILY_SHAPES
 from nemo_orch.envs.offline.values import utility
 from nemo_orch.envs.offline.world import held_out_tasks, interface_of, make_tasks, restated
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
 # The report's note on preference adherence where no oracle judges it.

@@ -20,7 +20,7 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.envs.offline import orchestra
 from nemo_orch.envs.offline.values import RouteValue, best
 from nemo_orch.envs.offline.world import route_values
-from nemo_orch.rollout.episode import Trajectory
+from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.base import Usage
 from nemo_orch.tools.interfaces import EXPERT_TOOL, ORCHESTRA_TOOLS, offers_orchestra
 from nemo_orch.tools.registry import Toolbox

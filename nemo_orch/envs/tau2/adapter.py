@@ -38,6 +38,7 @@ from nemo_orch.data.jsonl import DataError
 from nemo_orch.data.records import read_records
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.clock import domain_clock
+from nemo_orch.rollout.trajectory import Termination
 from nemo_orch.tools.base import BaseTool, ToolContext, ToolResult, ToolSpec
 from nemo_orch.tools.domain import EpisodeStates
 from nemo_orch.tools.registry import Toolbox
@@ -469,15 +470,17 @@ def recorded_turns(
 # How tau2 names the ends of our episodes; the evaluator scores only the agent's or the user's
 # stop, everything else is 0 (ours without a tau2 name are the agent's failures).
 _TERMINATIONS = {
-    "answer": "AGENT_STOP",
-    "user_stop": "USER_STOP",
-    "max_steps": "MAX_STEPS",
-    "too_many_errors": "TOO_MANY_ERRORS",
-    "user_error": "USER_ERROR",
+    Termination.ANSWER: "AGENT_STOP",
+    Termination.USER_STOP: "USER_STOP",
+    Termination.MAX_STEPS: "MAX_STEPS",
+    Termination.TOO_MANY_ERRORS: "TOO_MANY_ERRORS",
+    Termination.USER_ERROR: "USER_ERROR",
 }
 
 
-def score_episode(task: Task, turns: Sequence[Turn], termination: str = "answer") -> Tau2Score:
+def score_episode(
+    task: Task, turns: Sequence[Turn], termination: Termination = Termination.ANSWER
+) -> Tau2Score:
     """Score an episode that ended with our ``termination``, with tau2's evaluator (database,
     assertions, actions and communicated facts, as the task's reward basis says)."""
     tau2 = _tau2()

@@ -28,7 +28,7 @@ from nemo_orch.clients.openai import ChatResult, EndpointRefusal, OpenAIClient
 from nemo_orch.config import UserConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.tau2.adapter import ASSISTANT, USER, Tau2Domain, _tau2, tau2_task_of
-from nemo_orch.rollout.episode import UserReply
+from nemo_orch.rollout.trajectory import UserReply
 from nemo_orch.tools.base import Pricing, ToolContext, ToolError, ToolResult, Usage
 from nemo_orch.tools.pricing import model_pricing
 
