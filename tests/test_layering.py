@@ -9,9 +9,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "nemo_orch"
 OFFLINE = "nemo_orch.envs.offline"
 # The main job is the offline world's own recipe (`nemo-orch train` refuses any other env): it
-# and its report may read the world's oracle. sft.py still draws the world's synthetic
-# conversations (the tokenizer's vocabulary, the copy exercises) directly.
-MAIN_JOB = {"train/main_job.py", "eval/main_job_report.py", "train/sft.py"}
+# and its report may read the world's oracle.
+MAIN_JOB = {"train/main_job.py", "eval/main_job_report.py"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -26,10 +26,11 @@ class DataConfig:
     ``2 * num_offline_conversations`` tasks of ``env``'s train split that the environment
     scores correct, the first ``num_offline_conversations`` of them, collected once into
     ``<run>/demonstrations.jsonl``. A tokenizer trained for the run learns the file's
-    conversations, or ``num_offline_conversations`` of the offline world's generated ones.
-    ``num_copy_conversations`` short copy-into-the-answer conversations are mixed in (see
-    ``envs.offline.generator.copy_conversations``; 0: none). ``demo_routers``: the share of
-    the tasks each naive router (:data:`DEMO_ROUTERS`) plays; they sum to 1.
+    conversations, or ``num_offline_conversations`` of ``env``'s own (the offline world's
+    generated ones; another environment's task prompts). ``num_copy_conversations`` short
+    copy-into-the-answer conversations of ``env`` are mixed in (the offline world has them;
+    0: none). ``demo_routers``: the share of the tasks each naive router (:data:`DEMO_ROUTERS`)
+    plays; they sum to 1.
     ``toolscale_tasks_per_domain``: the main job writes the offline ToolScale domains with that
     many tasks each (``toolscale/`` in the run) and evaluates the GRPO policy, next to the gold
     replay, on the first ``toolscale_eval_tasks`` of each (0: neither)."""

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nemo_orch.config import RolloutConfig
+from nemo_orch.config import ConfigError, RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.rollout.episode import UserFactory
@@ -158,6 +158,30 @@ class Environment(abc.ABC):
         world's routes per (family, preference) group (NeMo-RL's
         ``global_post_process_and_metrics``). None by default."""
         return {}
+
+    def tokenizer_conversations(self, count: int, seed: int) -> list[dict[str, Any]]:
+        """Conversations (``{"messages": [...]}``) in the environment's vocabulary, for a
+        tokenizer trained for a run that names no conversation file: by default the prompts
+        (system and question) of ``count`` of its train tasks."""
+        return [
+            {
+                "messages": [
+                    *([{"role": "system", "content": task.system}] if task.system else []),
+                    {"role": "user", "content": task.question},
+                ]
+            }
+            for task in self.tasks("train", count, seed)
+        ]
+
+    def copy_conversations(self, count: int, seed: int) -> list[dict[str, Any]]:
+        """``count`` SFT conversations that copy a span of the request into the answer, in the
+        environment's vocabulary (``data.num_copy_conversations``); an environment without
+        them refuses any."""
+        if count:
+            raise ConfigError(
+                f"{self.name} has no copy conversations: set data.num_copy_conversations=0"
+            )
+        return []
 
     def oracle(self, toolbox: Toolbox, tokenizer: Any) -> Oracle | None:
         """The best route of each task, where the environment knows it (None: it does not).

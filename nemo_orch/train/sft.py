@@ -18,7 +18,7 @@ from nemo_orch.config import ORCHESTRATOR, Config, ConfigError
 from nemo_orch.data.conversations import read_conversations, write_conversations
 from nemo_orch.data.sft import SFTDataset, collate, global_batch, padded_length
 from nemo_orch.distributed import ParallelContext
-from nemo_orch.envs.offline import generator as offline
+from nemo_orch.envs import build_environment
 from nemo_orch.models import checkpoint
 from nemo_orch.models import tokenizer as tokenization
 from nemo_orch.models.hf_mapping import SeededHFWeights
@@ -47,18 +47,16 @@ class SFTSummary:
 
 def tokenizer_corpus(config: Config) -> list[dict]:
     """What a tokenizer trained for the run learns: the conversation file's conversations, or
-    the offline world's generated ones (its vocabulary: numbers, made-up names, tool markup)
+    ``env``'s own (:meth:`~nemo_orch.envs.interfaces.Environment.tokenizer_conversations`)
     offering the configured tools (their names and model aliases)."""
     data = config.data
     if data.sft_path is not None:
         return read_conversations(data.sft_path)
     schemas = offered_schemas(config.tools)
-    return [
-        {**conversation, "tools": schemas}
-        for conversation in offline.generate_conversations(
-            data.num_offline_conversations, config.run.seed
-        )
-    ]
+    conversations = build_environment(config).tokenizer_conversations(
+        data.num_offline_conversations, config.run.seed
+    )
+    return [{**conversation, "tools": schemas} for conversation in conversations]
 
 
 def prepare_tokenizer(config: Config) -> Any:
@@ -94,7 +92,6 @@ def demonstrations(config: Config, tokenizer: Any) -> list[dict]:
     """The correct episodes of ``data.demo_agent`` on ``env``'s train split as conversations
     (see :class:`~nemo_orch.config.DataConfig`); ``tokenizer`` renders the episodes of every
     agent but an orchestrator, which uses its policy's."""
-    from nemo_orch.envs import build_environment
     from nemo_orch.eval import harness
 
     data = config.data
@@ -133,13 +130,18 @@ def prepare_demonstrations(config: Config, tokenizer: Any) -> Path:
 
 
 def load_conversations(config: Config, tokenizer: Any) -> list[dict]:
-    """The SFT data: the configured file or the run's demonstrations, plus the copy
+    """The SFT data: the configured file or the run's demonstrations, plus ``env``'s copy
     conversations (``data.num_copy_conversations``)."""
     data = config.data
     path = data.sft_path or prepare_demonstrations(config, tokenizer)
-    return read_conversations(path) + offline.copy_conversations(
-        data.num_copy_conversations, config.run.seed + 1
+    copies = (
+        build_environment(config).copy_conversations(
+            data.num_copy_conversations, config.run.seed + 1
+        )
+        if data.num_copy_conversations
+        else []
     )
+    return read_conversations(path) + copies
 
 
 def check_no_stale_run(config: Config) -> None:

@@ -57,6 +57,27 @@ def test_train_and_validation_partition_a_file_by_task_id(tmp_path):
     assert {t.id for t in shuffled.tasks("validation", None, 0)} <= {t.id for t in validation}
 
 
+def test_an_environment_gives_a_tokenizer_its_own_text(tmp_path):
+    """By default its train tasks' prompts; the offline world's, its generated conversations
+    (tool markup included). Copy conversations only where the environment has them."""
+    from nemo_orch.envs.offline.generator import copy_conversations, generate_conversations
+
+    path = tmp_path / "tasks.jsonl"
+    write_tasks(path, [Task(id=f"t{i}", question=f"q{i}?", system="s") for i in range(20)])
+    env = build_environment(config_lib.load(["env=tasks", f"env.path={path}"]))
+    conversations = env.tokenizer_conversations(5, 0)
+    assert [c["messages"] for c in conversations] == [
+        [{"role": "system", "content": "s"}, {"role": "user", "content": task.question}]
+        for task in env.tasks("train", 5, 0)
+    ]
+    assert env.copy_conversations(0, 0) == []
+    with pytest.raises(ConfigError, match="data.num_copy_conversations=0"):
+        env.copy_conversations(3, 0)
+    offline = build_environment(config_lib.load())
+    assert offline.tokenizer_conversations(7, 3) == generate_conversations(7, 3)
+    assert offline.copy_conversations(4, 5) == copy_conversations(4, 5)
+
+
 class Fixed(Environment):
     def __init__(self, name: str, size: int) -> None:
         self.name, self.notes = name, {}

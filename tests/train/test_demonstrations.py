@@ -70,7 +70,7 @@ def test_sft_trains_on_the_gold_replays_of_domain_tasks(
         f"env.path={toolscale_dir}",
         "data.demo_agent=gold-replay",
         "data.num_offline_conversations=5",
-        "data.num_copy_conversations=4",
+        "data.num_copy_conversations=0",  # the offline world's, not toolscale's
         "trainer.max_steps=2",
     )
     conversations = [

@@ -17,6 +17,7 @@ from nemo_orch.envs.common import OutcomeScoredEnvironment, declared_names, decl
 from nemo_orch.envs.interfaces import SPLITS, Agent, EpisodeGroup, Scored, draw
 from nemo_orch.envs.offline import metrics
 from nemo_orch.envs.offline.agents import NaiveRouterAgent
+from nemo_orch.envs.offline.generator import copy_conversations, generate_conversations
 from nemo_orch.envs.offline.oracle import OracleTable, knows_experts, route_of
 from nemo_orch.envs.offline.orchestra import FAMILY_SHAPES
 from nemo_orch.envs.offline.values import utility
@@ -106,6 +107,14 @@ class OfflineEnvironment(OutcomeScoredEnvironment):
 
     def rollout_metrics(self, groups: Sequence[EpisodeGroup]) -> dict[str, float]:
         return metrics.rollout_metrics(groups)
+
+    def tokenizer_conversations(self, count: int, seed: int) -> list[dict[str, Any]]:
+        # Whole demonstration conversations: the tokenizer learns the tool markup, numbers and
+        # made-up names of the routes, not only the questions.
+        return generate_conversations(count, seed)
+
+    def copy_conversations(self, count: int, seed: int) -> list[dict[str, Any]]:
+        return copy_conversations(count, seed)
 
     def oracle(self, toolbox: Toolbox, tokenizer: Any) -> OracleTable | None:
         """The best routes, from the simulated experts' known accuracies and prices; None with
