@@ -16,7 +16,6 @@ from nemo_orch import config as config_lib
 from nemo_orch.cli import data, launch, model, rollout, serve, tools, train
 from nemo_orch.cli import eval as evaluate  # the module, not the builtin
 from nemo_orch.cli.common import EXIT_USER_ERROR, CommandParser, is_rank_zero, user_errors
-from nemo_orch.config import Config
 from nemo_orch.train import preemption
 
 __all__ = ["EXIT_USER_ERROR", "build_parser", "main", "parse_args"]
@@ -36,20 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_commands(commands)
     data.add_index_commands(commands)
     return parser
-
-
-def _config_for(args: argparse.Namespace) -> Config:
-    if args.command == "export":
-        from nemo_orch.models import checkpoint, convert
-
-        return convert.checkpoint_config(
-            checkpoint.open_checkpoint(args.checkpoint), args.overrides
-        )
-    if args.command == "eval":  # the benchmark is the environment preset; overrides refine it
-        return config_lib.load([f"env={args.benchmark}", *args.overrides])
-    if args.command == "launch" and args.executor is not None:
-        return config_lib.load([*args.overrides, f"launcher.executor={args.executor}"])
-    return config_lib.load(args.overrides)
 
 
 def _quiet_dependencies() -> None:
@@ -90,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _quiet_dependencies()
     try:
-        config = _config_for(args)
+        config = args.load_config(args)
         if args.print_config:
             print(config_lib.to_yaml(config), end="")
             return 0

@@ -15,6 +15,12 @@ from nemo_orch.config import Config
 EXIT_USER_ERROR = 2
 
 Handler: TypeAlias = Callable[[Config, argparse.Namespace], int]
+ConfigLoader: TypeAlias = Callable[[argparse.Namespace], Config]
+
+
+def overrides_config(args: argparse.Namespace) -> Config:
+    """A command's config: the defaults with its ``key=value`` overrides."""
+    return config_lib.load(args.overrides)
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -39,10 +45,15 @@ Commands: TypeAlias = "argparse._SubParsersAction[CommandParser]"
 
 
 def add_command(
-    group: Commands, name: str, handler: Handler, help_text: str, positionals: tuple[str, ...] = ()
+    group: Commands,
+    name: str,
+    handler: Handler,
+    help_text: str,
+    positionals: tuple[str, ...] = (),
+    load_config: ConfigLoader = overrides_config,
 ) -> CommandParser:
     """Register a command that takes ``key=value`` overrides and ``--print-config``; ``main``
-    loads its config and calls ``handler(config, args)``."""
+    loads its config with ``load_config(args)`` and calls ``handler(config, args)``."""
     # help is %-formatted by argparse (hence 95%% in it), the description is not
     sub = group.add_parser(name, help=help_text, description=help_text.replace("%%", "%"))
     for positional in positionals:  # before the overrides, which take the rest
@@ -51,7 +62,7 @@ def add_command(
     sub.add_argument(
         "--print-config", action="store_true", help="print the resolved config as YAML and exit"
     )
-    sub.set_defaults(handler=handler)
+    sub.set_defaults(handler=handler, load_config=load_config)
     return sub
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nemo_orch import config as config_lib
 from nemo_orch.cli.common import EXIT_USER_ERROR, Commands, add_command
 from nemo_orch.config import AGENT_KINDS, BENCHMARKS, ORCHESTRATOR, Config
 
@@ -88,6 +89,11 @@ def _compare_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _benchmark_config(args: argparse.Namespace) -> Config:
+    """The benchmark is the environment preset; the overrides refine it."""
+    return config_lib.load([f"env={args.benchmark}", *args.overrides])
+
+
 def add_commands(commands: Commands) -> None:
     """``eval``, whose first word ``compare`` hands the rest to ``eval compare``."""
     evaluate = add_command(
@@ -98,6 +104,7 @@ def add_commands(commands: Commands) -> None:
         "USD and seconds per task, tool mix; report.json, report.md and plots under "
         "eval.out_dir (resumable). `nemo-orch eval compare RUN...` puts several "
         "evaluations side by side",
+        load_config=_benchmark_config,
     )
     evaluate.add_argument(
         "--benchmark",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nemo_orch import config as config_lib
 from nemo_orch.cli.common import EXIT_USER_ERROR, Commands, add_command
 from nemo_orch.config import Config
 
@@ -37,6 +38,12 @@ def cmd_launch(config: Config, args: argparse.Namespace) -> int:
     return launch.launch(config, args.overrides, dryrun=args.dryrun)
 
 
+def _executor_config(args: argparse.Namespace) -> Config:
+    """``--executor`` is short for ``launcher.executor`` (and wins over an override of it)."""
+    executor = [] if args.executor is None else [f"launcher.executor={args.executor}"]
+    return config_lib.load([*args.overrides, *executor])
+
+
 def add_commands(commands: Commands) -> None:
     """``plan`` and ``launch``."""
     add_command(
@@ -56,6 +63,7 @@ def add_commands(commands: Commands) -> None:
         "through NeMo-Run: under torchrun on this machine (local), or as a SLURM job "
         "in the pyxis container with the expert servers (launcher.experts) and a Ray "
         "cluster (launcher.ray) in the same job (slurm)",
+        load_config=_executor_config,
     )
     launch.add_argument(
         "--executor", choices=["local", "slurm"], default=None, help="sets launcher.executor"

@@ -63,6 +63,13 @@ def cmd_import(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_config(args: argparse.Namespace) -> Config:
+    """The config the checkpoint was trained with, refined by the overrides."""
+    from nemo_orch.models import checkpoint, convert
+
+    return convert.checkpoint_config(checkpoint.open_checkpoint(args.checkpoint), args.overrides)
+
+
 def add_commands(commands: Commands) -> None:
     """``export`` and ``import``."""
     export = add_command(
@@ -72,6 +79,7 @@ def add_commands(commands: Commands) -> None:
         "write an HF or TensorRT-LLM checkpoint from a checkpoint,"
         " or (trtllm-engine, on a GPU) a TensorRT-LLM checkpoint in OUT/checkpoint and "
         "its engine, built with trtllm-build, in OUT/engine",
+        load_config=_checkpoint_config,
     )
     export.add_argument("--format", required=True, choices=["hf", "trtllm", "trtllm-engine"])
     export.add_argument(

@@ -55,7 +55,7 @@ def cmd_rollout(config: Config, args: argparse.Namespace) -> int:
     out.write_text(
         "".join(json.dumps(t.to_json(), ensure_ascii=False) + "\n" for t in trajectories)
     )
-    ended = collections.Counter(t.termination for t in trajectories)
+    ended = collections.Counter(str(t.termination) for t in trajectories)
     mean_cost = statistics.mean(t.cost_usd for t in trajectories)
     mean_turns = statistics.mean(len(t.turns) for t in trajectories)
     print(
