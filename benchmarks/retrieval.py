@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from nemo_orch.tools.encoders import HashingEncoder, HFEncoder
-from nemo_orch.tools.retriever import Document, RetrievalIndex
+from nemo_orch.tools.retrieval_index import Document, RetrievalIndex
 
 SYLLABLES = (
     "ka ri to ne mu sa lo vi pe du gra sel tor mi an el os ur bes dan fi ko lu ta ven ro"

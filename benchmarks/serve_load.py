@@ -63,7 +63,7 @@ from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout.trajectory import Trajectory, TurnRecord
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.remote import context_to_json
-from nemo_orch.tools.retriever import build_index
+from nemo_orch.tools.retrieval_index import build_index
 
 # target -> (serve command, Triton model, max_batch of the dense retriever or None)
 TARGETS = {

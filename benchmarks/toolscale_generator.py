@@ -25,7 +25,9 @@ from collections import Counter
 from pathlib import Path
 
 from nemo_orch.data.domain_tasks import write_domain_tasks
-from nemo_orch.envs.toolscale.generator import DOMAINS, generate_domain, generate_tasks
+from nemo_orch.envs.toolscale.domain_records import generate_domain
+from nemo_orch.envs.toolscale.domain_specs import DOMAINS
+from nemo_orch.envs.toolscale.generator import generate_tasks
 from nemo_orch.envs.toolscale.validate import ValidationSummary
 
 

@@ -42,7 +42,7 @@ def _encoder_choice(args: argparse.Namespace) -> str | dict[str, Any]:
 
 
 def cmd_index_build(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.tools.retriever import build_index
+    from nemo_orch.tools.retrieval_index import build_index
 
     out = build_index(args.corpus, args.out, encoder=_encoder_choice(args))
     print(f"index: built {out} from {args.corpus} (encoder {args.encoder})")
@@ -50,7 +50,7 @@ def cmd_index_build(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_index_import(config: Config, args: argparse.Namespace) -> int:
-    from nemo_orch.tools.retriever import import_index, load_index
+    from nemo_orch.tools.retrieval_index import import_index, load_index
 
     out = import_index(args.faiss, args.corpus, args.out, _encoder_choice(args), bm25=args.bm25)
     index = load_index(out, _encoder_choice(args))

@@ -31,7 +31,8 @@ from nemo_orch.tools.base import (
     ToolResult,
     ToolSpec,
 )
-from nemo_orch.tools.retriever import Hit, SearchBatcher, format_hits, load_index
+from nemo_orch.tools.retrieval_index import Hit, load_index
+from nemo_orch.tools.retriever import SearchBatcher, format_hits
 
 
 class DocumentSearch(BaseTool):

@@ -9,7 +9,7 @@
   settings are named presets (:data:`ENCODER_PRESETS`).
 
 An encoder's ``describe()`` goes into an index's manifest; loading the index with an encoder
-that describes itself otherwise is an error (see :mod:`nemo_orch.tools.retriever`).
+that describes itself otherwise is an error (see :mod:`nemo_orch.tools.retrieval_index`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ import pytest
 
 from nemo_orch.data.domain import ActionError, Domain, DomainSpec, state_hash
 from nemo_orch.data.jsonl import DataError
-from nemo_orch.envs.toolscale.generator import DOMAINS, generate_domain
+from nemo_orch.envs.toolscale.domain_records import generate_domain
+from nemo_orch.envs.toolscale.domain_specs import DOMAINS
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from nemo_orch.data.domain_tasks import (
     write_domain_tasks,
 )
 from nemo_orch.data.jsonl import DataError
-from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
+from nemo_orch.envs.toolscale.domain_records import generate_domain
+from nemo_orch.envs.toolscale.generator import generate_tasks
 from nemo_orch.envs.toolscale.validate import ValidationSummary, rejection, validated
 
 

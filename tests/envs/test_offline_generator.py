@@ -8,12 +8,8 @@ from typing import Any
 import pytest
 
 from nemo_orch.data.conversations import validate_conversation
-from nemo_orch.envs.offline.generator import (
-    CONVERSATION_PREFERENCES,
-    TOOLS,
-    extract_answer,
-    generate_conversations,
-)
+from nemo_orch.envs.offline.generator import TOOLS, extract_answer, generate_conversations
+from nemo_orch.envs.offline.task_families import CONVERSATION_PREFERENCES
 from nemo_orch.reward.components import PREFERENCE_PHRASES
 from nemo_orch.tools.schema import argument_errors
 
@@ -127,7 +123,7 @@ def test_bundled_corpus_is_the_whole_world():
     import json
 
     from nemo_orch.config import CONF_DIR
-    from nemo_orch.envs.offline.generator import world_documents
+    from nemo_orch.envs.offline.world_facts import world_documents
 
     shipped = [
         json.loads(line)

@@ -22,7 +22,7 @@ from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.document_search import DocumentSearch
-from nemo_orch.tools.retriever import build_index
+from nemo_orch.tools.retrieval_index import build_index
 
 FRAMES_ROWS = [
     {

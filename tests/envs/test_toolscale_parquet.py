@@ -17,7 +17,8 @@ from support.published_rows import published_schema
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import DomainTask, gold_calls, read_domain_tasks
 from nemo_orch.data.jsonl import DataError
-from nemo_orch.envs.toolscale.generator import DOMAINS, MAX_ACTIONS, write_offline
+from nemo_orch.envs.toolscale.domain_specs import DOMAINS
+from nemo_orch.envs.toolscale.generator import MAX_ACTIONS, write_offline
 from nemo_orch.envs.toolscale.parquet import installed_domains, read_toolscale_parquet
 from nemo_orch.envs.toolscale.validate import rejection
 

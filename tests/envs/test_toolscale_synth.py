@@ -22,8 +22,9 @@ from nemo_orch.config import SynthConfig
 from nemo_orch.data.domain import Domain
 from nemo_orch.data.domain_tasks import read_domain_tasks
 from nemo_orch.envs.toolscale import synth
-from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
-from nemo_orch.envs.toolscale.synth import InvalidOutput, SynthError, parse_json
+from nemo_orch.envs.toolscale.domain_records import generate_domain
+from nemo_orch.envs.toolscale.generator import generate_tasks
+from nemo_orch.envs.toolscale.synth_steps import InvalidOutput, SynthError, parse_json
 from nemo_orch.envs.toolscale.validate import rejection
 from nemo_orch.serve.http_server import RequestError, serve_json
 

@@ -10,7 +10,8 @@ from nemo_orch.clients.openai import OpenAIClient
 from nemo_orch.config import RewardConfig
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
+from nemo_orch.envs.toolscale.domain_records import generate_domain
+from nemo_orch.envs.toolscale.generator import generate_tasks
 from nemo_orch.reward.judge import parse_verdict
 from nemo_orch.reward.outcome import (
     OutcomeScorer,

@@ -15,7 +15,8 @@ from support.simulated_tavily import SimulatedTavily
 from nemo_orch.config import RetrievalConfig
 from nemo_orch.tools.base import BuildSettings, ToolContext, ToolError, ToolSpec
 from nemo_orch.tools.document_search import DocumentSearch
-from nemo_orch.tools.retriever import build_index, format_hits, load_index
+from nemo_orch.tools.retrieval_index import build_index, load_index
+from nemo_orch.tools.retriever import format_hits
 from nemo_orch.tools.web_search import WebSearch
 
 KEY = "tvly-test-key"

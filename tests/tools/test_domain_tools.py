@@ -13,7 +13,8 @@ from support.scripted_plans import follow_plan, with_plan
 from nemo_orch.config import Config, RolloutConfig, ToolsConfig
 from nemo_orch.data.domain_tasks import gold_calls, to_task_row
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.toolscale.generator import generate_domain, generate_tasks
+from nemo_orch.envs.toolscale.domain_records import generate_domain
+from nemo_orch.envs.toolscale.generator import generate_tasks
 from nemo_orch.reward.builders import build_scorer
 from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout.builders import build_toolbox

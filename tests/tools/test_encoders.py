@@ -19,7 +19,7 @@ from nemo_orch.tools.encoders import (
     encoder_settings,
     make_encoder,
 )
-from nemo_orch.tools.retriever import build_index, load_index
+from nemo_orch.tools.retrieval_index import build_index, load_index
 
 QUERY_PREFIX = ENCODER_PRESETS["qwen3-embedding"].query_prefix
 TEXTS = ["volcanic eruptions of magma", "a much longer text about tides and the moon " * 3]

@@ -16,17 +16,15 @@ from support.retrieval_corpus import LABELLED, TOPICS, make_corpus
 
 from nemo_orch import cli
 from nemo_orch.tools.base import Tool, ToolContext
-from nemo_orch.tools.encoders import HashingEncoder, HFEncoder
-from nemo_orch.tools.retriever import (
-    RetrievalError,
+from nemo_orch.tools.encoders import HashingEncoder, HFEncoder, RetrievalError
+from nemo_orch.tools.retrieval_index import (
     RetrievalIndex,
-    Retriever,
     build_index,
-    default_spec,
     import_index,
     load_index,
     read_corpus,
 )
+from nemo_orch.tools.retriever import Retriever, default_spec
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nemo_orch.tools.base import ToolContext, ToolError, ToolResult, Usage
-from nemo_orch.tools.sandbox import V2, PythonSandbox, SandboxLimits, default_spec, pool
+from nemo_orch.tools.sandbox import V2, PythonSandbox, SandboxLimits, default_spec, zygote
 from nemo_orch.tools.sandbox.cgroups import (
     _cgroup_v1_dir,
     _cgroup_v1_dirs,
@@ -501,7 +501,7 @@ def test_each_forked_call_starts_clean_and_exits_as_a_program_does():
 def test_a_zygote_in_doubt_is_replaced(monkeypatch):
     """The zygote killed, or stopped so that a fork request gets no answer: the children it
     forked die with it and the next calls run on a new one."""
-    monkeypatch.setattr(pool, "_SPAWN_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(zygote, "_SPAWN_TIMEOUT_S", 1.0)
 
     async def main() -> list[ToolResult]:
         sandbox = PythonSandbox(default_spec(), pool_size=2, timeout_s=2.0)

@@ -25,6 +25,7 @@ import pytest
 from nemo_orch.tools.base import ToolContext, ToolResult
 from nemo_orch.tools.sandbox import PythonSandbox, default_spec, identity, seccomp
 from nemo_orch.tools.sandbox import pool as sandbox_pool
+from nemo_orch.tools.sandbox import worker as sandbox_worker
 from nemo_orch.tools.sandbox.protocol import WORKDIR
 
 CTX = ToolContext(task_id="t", episode_id="e")
@@ -277,7 +278,7 @@ def test_a_tree_on_the_hosts_disk_is_removed_without_recursion(tmp_path):
     os.close(os.open("bottom", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
     os.close(fd)
     started = time.perf_counter()
-    sandbox_pool._remove(deep, [])
+    sandbox_worker._remove(deep, [])
     assert not deep.exists() and time.perf_counter() - started < 10
 
 
@@ -424,9 +425,9 @@ def metered_call(code: str, monkeypatch, needs: str, **limits) -> tuple[ToolResu
     controller ``needs``): its result, its wall-clock seconds and its tree's CPU-seconds, read
     once the tree is killed and before its groups are removed. The next call still works."""
     used = []
-    kill_tree = sandbox_pool._kill_tree
+    kill_tree = sandbox_worker._kill_tree
 
-    def kill_and_measure(worker: sandbox_pool._Worker) -> int:
+    def kill_and_measure(worker: sandbox_worker._Worker) -> int:
         oom_kills = kill_tree(worker)
         if not used:  # the call's end (its worker is killed again when destroyed)
             used.append(tree_cpu_seconds(worker.cgroups))
@@ -439,6 +440,7 @@ def metered_call(code: str, monkeypatch, needs: str, **limits) -> tuple[ToolResu
             controllers = cgroup_controllers(sandbox.isolation)
             if needs not in controllers and not (needs == "cpuacct" and "v2" in controllers):
                 pytest.skip(f"no cgroup {needs} controller here ({sandbox.isolation})")
+            # Where the pool calls it (the end of a call and a worker's destruction).
             monkeypatch.setattr(sandbox_pool, "_kill_tree", kill_and_measure)
             started = time.perf_counter()
             result = await sandbox.call({"code": code}, CTX)

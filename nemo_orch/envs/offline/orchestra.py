@@ -33,8 +33,9 @@ from typing import Any
 
 from nemo_orch.config import DEMO_ROUTERS
 from nemo_orch.data.tasks import Task
-from nemo_orch.envs.offline.generator import OfflineTask, world_passage
+from nemo_orch.envs.offline.task_families import OfflineTask
 from nemo_orch.envs.offline.values import RouteValue, utility
+from nemo_orch.envs.offline.world_facts import world_passage
 from nemo_orch.reward.components import PREFERENCE_PHRASES
 from nemo_orch.tools.base import ToolContext, Usage
 from nemo_orch.tools.composite import context_text, fit_observations

@@ -2,7 +2,7 @@
 preference vector the policy reads as an instruction, naive routers for demonstrations, and the
 oracle that knows the simulated experts.
 
-* Families (see :mod:`nemo_orch.envs.offline.generator`): arithmetic (the sandbox is exact and
+* Families (see :mod:`nemo_orch.envs.offline.task_families`): arithmetic (the sandbox is exact and
   nearly free), lookups in the made-up world (only the retriever's bundled corpus holds the
   facts), lookup then compute, number theory (experts only; easy or hard) and word puzzles (the
   generalist's domain).
@@ -27,7 +27,7 @@ from typing import Any
 from nemo_orch.config import DEMO_ROUTERS
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.offline import orchestra
-from nemo_orch.envs.offline.generator import draw_task
+from nemo_orch.envs.offline.task_families import draw_task
 from nemo_orch.envs.offline.values import RouteValue, utility
 from nemo_orch.reward.components import PREFERENCE_PHRASES, preference_instruction
 from nemo_orch.tools.interfaces import EXPERT_TOOL, offers_orchestra

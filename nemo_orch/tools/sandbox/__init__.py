@@ -74,10 +74,12 @@ or answers unexpectedly is replaced.
 Workers are forked ahead (``pool_size``) up to the point where they wait for code on stdin, so
 a call costs handing over the code, running it and the interpreter's exit.
 
-The parts: ``pool`` (``PythonSandbox``, its zygote and workers), ``plan`` (which of the
-mechanisms above a pool uses), ``root`` (the private root and the shared libraries it holds),
-``identity`` (uid leases), ``cgroups``, ``seccomp`` (the system-call filter), ``protocol`` (the
-zygote's program and a call's config and output) and ``limits``.
+The parts: ``pool`` (``PythonSandbox``: its workers forked ahead, its calls and the isolation
+it probes), ``zygote`` (the process calls are forked from), ``worker`` (a worker's directory,
+cgroups, process tree and output on the host), ``plan`` (which of the mechanisms above a pool
+uses), ``root`` (the private root and the shared libraries it holds), ``identity`` (uid
+leases), ``cgroups``, ``seccomp`` (the system-call filter), ``protocol`` (the zygote's program
+and a call's config and output) and ``limits``.
 """
 
 from nemo_orch.tools.sandbox.cgroups import V2

@@ -1,24 +1,20 @@
-"""The pool: ``PythonSandbox``, its zygote and its single-use workers."""
+"""The pool: ``PythonSandbox``, the isolation it probes and the single-use workers it keeps
+forked ahead (the zygote they are forked from: :mod:`.zygote`; a worker's steps on the host:
+:mod:`.worker`)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import itertools
-import json
 import logging
 import os
 import platform
 import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,36 +29,22 @@ from nemo_orch.tools.base import (
     billed_result,
 )
 from nemo_orch.tools.sandbox import seccomp
-from nemo_orch.tools.sandbox.cgroups import (
-    _GROUP_PREFIX,
-    _KILL_TIMEOUT_S,
-    _CpuMeter,
-    _kill_group,
-    _oom_kills,
-    _orphans,
-    _rmdir_cgroup,
-    _usable_cgroups,
-    _write_cgroup_limits,
-)
-from nemo_orch.tools.sandbox.identity import _lease_uid, _SpawnError, _UidLease
+from nemo_orch.tools.sandbox.cgroups import _KILL_TIMEOUT_S, _CpuMeter, _usable_cgroups
+from nemo_orch.tools.sandbox.identity import _lease_uid, _SpawnError
 from nemo_orch.tools.sandbox.limits import SandboxLimits
 from nemo_orch.tools.sandbox.plan import ISOLATION_MODES, _Plan
-from nemo_orch.tools.sandbox.protocol import (
-    _CPU_EXIT,
-    _READY,
-    _ZYGOTE,
-    _ZYGOTE_ENVIRONMENT,
-    INTERPRETER,
-    _call_config,
-    _Output,
+from nemo_orch.tools.sandbox.protocol import _CPU_EXIT, _READY, _call_config, _Output
+from nemo_orch.tools.sandbox.root import _PIVOT_ROOT, _hidden_prefixes, _private_root, package_paths
+from nemo_orch.tools.sandbox.worker import (
+    _drain,
+    _kill_tree,
+    _prepare,
+    _read_some,
+    _remove,
+    _remove_orphans,
+    _Worker,
 )
-from nemo_orch.tools.sandbox.root import (
-    _PIVOT_ROOT,
-    _hidden_prefixes,
-    _mount_point,
-    _private_root,
-    package_paths,
-)
+from nemo_orch.tools.sandbox.zygote import _SPAWN_TIMEOUT_S, _Zygote
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +53,8 @@ logger = logging.getLogger(__name__)
 # at roughly one call of a small LLM so the policy learns not to burn time in loops.
 SANDBOX_USD_PER_SECOND = 1e-4
 
-_SPAWN_TIMEOUT_S = 30.0
 # Numbers runs process-wide: several sandboxes in one process name their cgroups apart.
 _RUN_NUMBERS = itertools.count()
-# A zygote's staged libraries are mounted (in its own mount namespace) on
-# <temporary directory>/nemo_orch_sandbox_libs.<sandbox pid>.<random>.
-_STAGING_PREFIX = "nemo_orch_sandbox_libs."
-# A worker's directory: <temporary directory>/nemo_orch_sandbox_work.<sandbox pid>.<random>,
-# its private root's mount point beside it (root.py).
-_WORKDIR_PREFIX = "nemo_orch_sandbox_work."
 # Once a call's tree could have used up its CPU budget, its accounting is read this often: the
 # tree overshoots by at most this times the cores it may use, plus the kill.
 _CPU_POLL_S = 0.05
@@ -103,186 +78,6 @@ def default_spec() -> ToolSpec:
         latency_hint_s=0.2,
         timeout_s=30.0,
     )
-
-
-@dataclass
-class _Child:
-    """A call's process, forked by the zygote: the host pid of its session, the pipes to its
-    stdin and from its stdout and stderr, and its exit status (``exited``: as
-    ``asyncio.subprocess.Process.returncode``, negative for a signal), which its session's
-    first process writes to a pipe of its own (a killed session writes none: SIGKILL)."""
-
-    pid: int
-    stdin: asyncio.StreamWriter
-    stdout: asyncio.StreamReader
-    exited: asyncio.Task
-
-    @property
-    def returncode(self) -> int | None:
-        return self.exited.result() if self.exited.done() else None
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self.exited)
-
-
-async def _exit_status(status: asyncio.StreamReader) -> int:
-    text = await status.read()
-    return int(text) if text.lstrip(b"-").isdigit() else -signal.SIGKILL
-
-
-class _Zygote:
-    """The process a pool's calls are forked from (``_ZYGOTE``): the interpreter and the
-    common standard modules loaded once, so a call's process costs a fork and its namespaces
-    and mounts, not an interpreter start. Requests and answers travel over a Unix socket (a
-    request carries the call's pipe ends); a call's end does not involve it. Anything
-    unexpected from it (it exits, a request fails or gets no answer in time, an answer that
-    does not parse) marks it ``failed`` and kills it, and the sandbox starts another; the
-    children it forked die with it (``PR_SET_PDEATHSIG``)."""
-
-    def __init__(
-        self, proc: asyncio.subprocess.Process, control: socket.socket, staging: str | None
-    ) -> None:
-        self.proc, self.control, self.staging = proc, control, staging
-        self.failed: str | None = None
-        self._ids = itertools.count()
-        self._forks: dict[int, asyncio.Future] = {}
-        self._listener = asyncio.create_task(self._listen())
-
-    @classmethod
-    async def start(cls, plan: _Plan) -> _Zygote:
-        # Where the zygote mounts its staged libraries (empty in this mount namespace).
-        staging = None
-        if plan.root is not None and plan.root.staged:
-            staging = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}.")
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *plan.zygote_prefix,
-                INTERPRETER,
-                "-I",
-                "-u",
-                "-c",
-                _ZYGOTE,
-                stdin=subprocess.PIPE,
-                pass_fds=(theirs.fileno(),),
-                env=_ZYGOTE_ENVIRONMENT,
-                start_new_session=True,
-            )
-            proc.stdin.write(
-                json.dumps(
-                    {
-                        "namespaces": plan.namespaces,
-                        "control": theirs.fileno(),
-                        "parent": os.getpid(),
-                        "staging": staging and {"path": staging, "directories": plan.root.staged},
-                    }
-                ).encode()
-            )
-            await proc.stdin.drain()
-            proc.stdin.close()
-        except BaseException:
-            ours.close()
-            if staging is not None:
-                os.rmdir(staging)
-            raise
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        return cls(proc, ours, staging)
-
-    async def fork(self, config: dict) -> _Child:
-        """A child for ``config`` (what :func:`enter` applies), its stdin and stdout piped
-        here."""
-        if self.failed is not None:
-            raise _SpawnError(f"the zygote failed: {self.failed}")
-        loop = asyncio.get_running_loop()
-        request = next(self._ids)
-        # Their ends: the call's stdin, its stdout and stderr, its session's exit status.
-        ours, theirs = zip(
-            *[
-                (read, write) if index else (write, read)
-                for index, (read, write) in enumerate(os.pipe() for _ in range(3))
-            ]
-        )
-        answer = self._forks[request] = loop.create_future()
-        try:
-            socket.send_fds(
-                self.control, [json.dumps({**config, "id": request}).encode()], list(theirs)
-            )
-            pid = await asyncio.wait_for(answer, _SPAWN_TIMEOUT_S)
-        except BaseException as error:
-            for fd in ours:
-                os.close(fd)
-            self._forks.pop(request)  # before _fail: nobody awaits it any more
-            self._fail(f"fork request: {error!r}")
-            raise _SpawnError(f"the zygote did not fork: {error!r}") from None
-        else:
-            self._forks.pop(request)
-        finally:
-            for fd in theirs:
-                os.close(fd)
-        stdin, stdout, status = ours
-        readers = [asyncio.StreamReader(limit=1 << 20) for _ in range(2)]
-        for reader, fd in zip(readers, (stdout, status)):
-            await loop.connect_read_pipe(
-                lambda reader=reader: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-            )
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(stdin, "wb", 0)
-        )
-        return _Child(
-            pid,
-            asyncio.StreamWriter(transport, protocol, None, loop),
-            readers[0],
-            asyncio.create_task(_exit_status(readers[1])),
-        )
-
-    async def _listen(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while message := await loop.sock_recv(self.control, 4096):
-                answer = json.loads(message)
-                self._forks[answer["id"]].set_result(answer["pid"])
-            self._fail("it exited")
-        except (OSError, ValueError, KeyError, asyncio.InvalidStateError) as error:
-            self._fail(f"{type(error).__name__}: {error}")
-
-    def _fail(self, reason: str) -> None:
-        """Mark it failed and kill it (its children die with it)."""
-        if self.failed is None:
-            self.failed = reason
-            logger.warning("python_sandbox: replacing the zygote (%s)", reason)
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        for future in self._forks.values():
-            if not future.done():
-                future.set_exception(_SpawnError(reason))
-
-    async def close(self) -> None:
-        """Stop it (its idle children die with it) and wait for it to exit."""
-        self.control.close()
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        await self.proc.wait()
-        self._listener.cancel()
-        await asyncio.gather(self._listener, return_exceptions=True)
-        if self.staging is not None:
-            os.rmdir(self.staging)
-
-
-@dataclass
-class _Worker:
-    proc: _Child
-    workdir: Path
-    cgroups: list[Path]
-    lease: _UidLease | None
-    zygote: _Zygote
-    cpu: _CpuMeter | None  # its tree's CPU time, where its cgroups account it
-
-    @property
-    def alive(self) -> bool:
-        """Neither it nor its zygote (which it dies with) has ended, as far as is known."""
-        return self.proc.returncode is None and self.zygote.failed is None
 
 
 # Workers forked ahead. A fork spends 10-14 ms entering its cgroups (the kernel's migration
@@ -442,7 +237,7 @@ class PythonSandbox(BaseTool):
         )
         uid = None if lease is None else lease.uid
         try:
-            workdir, cgroups = await asyncio.to_thread(self._prepare, plan, seq, uid)
+            workdir, cgroups = await asyncio.to_thread(_prepare, plan, self.limits, seq, uid)
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -482,25 +277,6 @@ class PythonSandbox(BaseTool):
                 if lease is not None:
                     lease.release()
             raise
-
-    def _prepare(self, plan: _Plan, seq: int, uid: int | None) -> tuple[Path, list[Path]]:
-        """Create the worker's directory (owned by its uid) and cgroups (with their limits)."""
-        workdir = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}."))
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-        if plan.root is not None:
-            _mount_point(workdir).mkdir()
-        cgroups = []
-        try:
-            for controller, parent in plan.cgroups:
-                group = parent / f"{_GROUP_PREFIX}{os.getpid()}.{seq}"
-                group.mkdir()
-                cgroups.append(group)
-                _write_cgroup_limits(controller, group, self.limits)
-        except OSError:
-            _remove(workdir, cgroups)
-            raise
-        return workdir, cgroups
 
     async def _run(self, worker: _Worker, code: str) -> tuple[str, str | None]:
         proc = worker.proc
@@ -695,66 +471,3 @@ class PythonSandbox(BaseTool):
             return None
         await zygote.close()
         return f"{error}: {output[-500:]}"
-
-
-async def _read_some(stream: asyncio.StreamReader) -> bytes:
-    try:
-        return await asyncio.wait_for(stream.read(8192), 1.0)
-    except TimeoutError:
-        return b""
-
-
-async def _drain(stream: asyncio.StreamReader, output: _Output) -> None:
-    """Read everything (so the writer never blocks) but keep only what ``output`` keeps."""
-    while data := await stream.read(1 << 16):
-        output.add(data)
-
-
-def _kill_tree(worker: _Worker) -> int:
-    """SIGKILL the worker's process group and every process in its cgroups, until they are
-    empty; returns how many processes the memory controller OOM-killed."""
-    try:
-        os.killpg(worker.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
-    deadline = time.monotonic() + _KILL_TIMEOUT_S
-    for group in worker.cgroups:
-        _kill_group(group, deadline)
-    return sum(_oom_kills(group) for group in worker.cgroups)
-
-
-def _remove(workdir: Path, cgroups: list[Path]) -> None:
-    # With namespaces the call wrote to a tmpfs of its mount namespace, gone with it: the host's
-    # directory is empty. Without, its tree (of any depth) is removed by `rm`, which neither
-    # recurses on a stack nor follows links out of it.
-    try:
-        workdir.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError:
-        subprocess.run(
-            ["rm", "-rf", "--one-file-system", "--", str(workdir)],
-            check=False,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-        )
-    with contextlib.suppress(OSError):  # mounted only inside the worker's namespace
-        _mount_point(workdir).rmdir()
-    for group in cgroups:
-        _rmdir_cgroup(group)
-
-
-def _remove_orphans() -> None:
-    """Remove what sandboxes killed outright (SIGKILL: no ``close``) left in the temporary
-    directory: their zygotes' staging mount points and their workers' directories and mount
-    points (empty, or with what a call wrote where there was no tmpfs)."""
-    temporary = Path(tempfile.gettempdir())
-    empty = _orphans(temporary, _STAGING_PREFIX)
-    for path in _orphans(temporary, _WORKDIR_PREFIX):
-        if path.suffix == ".root":  # a mount point whose directory is gone already
-            empty.append(path)
-        else:
-            _remove(path, [])  # the directory and its mount point
-    for path in empty:
-        with contextlib.suppress(OSError):  # removed first, by the above or another sandbox
-            path.rmdir()
