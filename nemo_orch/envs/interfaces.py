@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from nemo_orch.config import ConfigError, RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.outcome import OutcomeResult
-from nemo_orch.rollout.episode import UserFactory
+from nemo_orch.rollout.conversation import UserFactory
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.interfaces import ANSWER
 from nemo_orch.tools.registry import Toolbox

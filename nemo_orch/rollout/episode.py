@@ -1,6 +1,6 @@
 """One episode: the policy and the tools take turns until an answer, a limit or a failure.
 
-An episode can have a user (tau2's customer, :class:`User`): then the conversation opens with
+An episode can have a user (tau2's customer, :class:`~nemo_orch.rollout.conversation.User`): then the conversation opens with
 the agent's greeting and the user's first message, every policy message without a tool call
 goes to the user, and the user's reply is the next observation, until the user stops or tau2's
 step and error limits end it, exactly as tau2's orchestrator runs its ``LLMAgent`` (whose
@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
@@ -32,6 +32,7 @@ from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import control_strings, escape_markup
+from nemo_orch.rollout.conversation import Conversation, UserFactory
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (
     Choice,
@@ -46,14 +47,7 @@ from nemo_orch.rollout.format import (
     text_beside_calls,
     without_thinking,
 )
-from nemo_orch.rollout.trajectory import (
-    CallRecord,
-    Termination,
-    Trajectory,
-    TurnRecord,
-    UserReply,
-    UserUsage,
-)
+from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -110,61 +104,8 @@ class RolloutError(RuntimeError):
     """The rollout machinery broke an invariant (never a model or tool mistake)."""
 
 
-class User(Protocol):
-    """The other party of a conversation episode, with tau2's limits (``max_steps``,
-    ``max_errors``). ``greeting`` is the agent's fixed first message; :meth:`reply` answers an
-    agent message within the steps and errors the conversation has left, and never raises (a
-    failure is a reply with ``error``)."""
-
-    greeting: str
-    max_steps: int
-    max_errors: int
-
-    async def reply(self, message: str, steps_left: int, errors_left: int) -> UserReply: ...
-
-
-# Builds an episode's user from its task and call context (the per-episode state's key).
-UserFactory = Callable[[Task, ToolContext], User]
-
-
 class PolicyClient(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
-
-
-class _Conversation:
-    """tau2's bookkeeping of a conversation with a user: every agent message, user message and
-    batch of tool results is a step, every failed tool call (either side's) an error. As in
-    tau2's orchestrator, the limits are checked whenever a message is bound for the agent or
-    the user, and a limit reached there ends the conversation even when the user stopped on
-    that very step (too many errors over too many steps)."""
-
-    def __init__(self, user: User) -> None:
-        self.user, self.steps, self.errors, self.usage = user, 0, 0, UserUsage()
-
-    def limit(self) -> Termination | None:
-        if self.errors >= self.user.max_errors:
-            return Termination.TOO_MANY_ERRORS
-        if self.steps >= self.user.max_steps:
-            return Termination.MAX_STEPS
-        return None
-
-    def agent_turn(self, record: TurnRecord) -> Termination | None:
-        """Count an agent message and its calls' results; the limit it reached, if any."""
-        self.steps += 1 + bool(record.calls)
-        self.errors += sum(call.error is not None for call in record.calls)
-        return self.limit()
-
-    async def tell(self, message: str) -> tuple[str | None, Termination | None]:
-        """The user's reply to ``message`` and what ended the conversation (None: nothing)."""
-        reply = await self.user.reply(
-            message, self.user.max_steps - self.steps, self.user.max_errors - self.errors
-        )
-        self.usage.add(reply)
-        self.steps += reply.steps
-        self.errors += reply.errors
-        if reply.error is not None:
-            return None, Termination.USER_ERROR
-        return reply.text, self.limit() or (Termination.USER_STOP if reply.stop else None)
 
 
 class _History:
@@ -342,7 +283,7 @@ class Episode:
     async def run(self) -> Trajectory:
         started = time.perf_counter()
         settings = self.settings
-        conversation = None if self.user is None else _Conversation(self.user)
+        conversation = None if self.user is None else Conversation(self.user)
         ended = None
         if conversation is not None:  # the user answers the greeting: the prompt's last message
             opening, ended = await conversation.tell(self.user.greeting)
@@ -457,7 +398,7 @@ class Episode:
         )
 
     async def _talk(
-        self, history: _History, conversation: _Conversation, record: TurnRecord, message: str
+        self, history: _History, conversation: Conversation, record: TurnRecord, message: str
     ) -> Termination | None:
         """Send the turn's ``message`` to the user and append the reply as the next
         observation; what ended the conversation, if anything."""

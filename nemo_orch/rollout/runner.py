@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
+from nemo_orch.rollout.conversation import UserFactory
 from nemo_orch.rollout.engines.base import (
     Engine,
     Generation,
@@ -26,7 +27,7 @@ from nemo_orch.rollout.engines.base import (
     WeightUpdate,
     prompt_seeds,
 )
-from nemo_orch.rollout.episode import Episode, PolicyClient, UserFactory
+from nemo_orch.rollout.episode import Episode, PolicyClient
 from nemo_orch.rollout.format import Choice
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.registry import Toolbox

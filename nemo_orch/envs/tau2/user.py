@@ -50,8 +50,8 @@ def user_pricing(config: UserConfig) -> Pricing:
 
 
 class Tau2Users:
-    """Makes each episode's :class:`Tau2User` (a :data:`~nemo_orch.rollout.episode.
-    UserFactory`); the HTTP client, and so its concurrency bound, is shared by all of them."""
+    """Makes each episode's :class:`Tau2User` (a
+    :data:`~nemo_orch.rollout.conversation.UserFactory`); the HTTP client, and so its concurrency bound, is shared by all of them."""
 
     def __init__(self, config: UserConfig, domain: Tau2Domain) -> None:
         if config.base_url is None or config.model is None:
