@@ -42,3 +42,16 @@ def test_generic_code_imports_no_environment_internals():
 def test_the_seam_is_what_the_world_is_reached_by():
     """The check above reads real imports: the offline world's own modules do import it."""
     assert any(name.startswith(OFFLINE) for name in _imports(PACKAGE / "envs" / "__init__.py"))
+
+
+# A module longer than this holds more than one concern: split it along its seam.
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_outgrows_one_concern():
+    long = {
+        path.relative_to(PACKAGE).as_posix(): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_orch.clients.openai import ChatResult, OpenAIClient, OpenAIError
+from nemo_orch.clients.openai import OpenAIClient, OpenAIError
+from nemo_orch.clients.openai_replies import ChatResult
 from nemo_orch.data.tasks import Task
 from nemo_orch.rollout.episode import episode_id
 from nemo_orch.rollout.format import ToolCall, TurnFormat, parse_turn, without_thinking

@@ -24,14 +24,12 @@ accuracy, and run again by a resumed evaluation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,16 +46,13 @@ from nemo_orch.config import (
 )
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs import Environment, Scored, build_environment
-from nemo_orch.envs.interfaces import Agent, Oracle
+from nemo_orch.envs.interfaces import Oracle
 from nemo_orch.eval import report as report_lib
-from nemo_orch.eval.agents import GoldReplayAgent, PolicyAgent, RouterAgent
 from nemo_orch.eval.report import EpisodeResult
+from nemo_orch.eval.systems import Resources, System, build_agent, preference_oracle
 from nemo_orch.reward.scoring import infra_failure
-from nemo_orch.rollout.builders import build_toolbox, rollout_settings
 from nemo_orch.rollout.episode import task_budget
 from nemo_orch.rollout.trajectory import Trajectory
-from nemo_orch.tools.interfaces import offers_orchestra
-from nemo_orch.tools.registry import Toolbox
 
 log = logging.getLogger(__name__)
 
@@ -200,184 +195,7 @@ def episode_record(
     }
 
 
-# ---------------------------------------------------------------------------- agents
-@dataclass(frozen=True)
-class System:
-    """A system to evaluate: its name in the report, its agent kind (:data:`AGENT_KINDS`) and,
-    for an orchestrator, the engine that writes its turns (``nemo-orch eval``: the policy of
-    ``rollout.*``; the main job: each trained policy's weights, in memory) and what identifies
-    those weights in the cache's fingerprint (``weights``: e.g. the checkpoint they came from;
-    ``rollout.policy`` is in it already)."""
-
-    name: str
-    kind: str
-    engine: Any = None
-    weights: str | None = None
-
-
-@dataclass
-class Resources:
-    """What agents share across one evaluation: the environment and its test tasks, the
-    policy's tokenizer (built once) and the seed."""
-
-    config: Config
-    benchmark: Environment
-    tasks: list[Task]
-    seed: int
-    tokenizer: Any = None
-
-
-def _tokenizer(resources: Resources) -> Any:
-    """The policy's tokenizer: the one given, else ``tokenizer.path``, else the run's."""
-    if resources.tokenizer is None:
-        from nemo_orch.models.tokenizer import load_tokenizer
-
-        config = resources.config
-        directory = config.tokenizer_dir
-        if not (directory / "tokenizer.json").is_file():
-            raise ConfigError(
-                f"no tokenizer at {directory}: the episode runner needs the "
-                "policy's (set tokenizer.path, or run `make train` first)"
-            )
-        resources.tokenizer = load_tokenizer(directory)
-    return resources.tokenizer
-
-
-@contextlib.asynccontextmanager
-async def _agent(system: System, resources: Resources, toolbox: Toolbox) -> AsyncIterator[Agent]:
-    config, benchmark, kind = resources.config, resources.benchmark, system.kind
-    # An orchestrator's context is its policy's (see rollout_settings).
-    settings = dataclasses.replace(
-        rollout_settings(config, system.engine), temperature=config.eval.temperature
-    )
-    if kind == ORCHESTRATOR:
-        from nemo_orch.rollout.runner import GenerationBatcher
-
-        batcher = GenerationBatcher(system.engine, settings.max_batch_size)
-        try:
-            yield PolicyAgent(batcher, toolbox, _tokenizer(resources), settings, benchmark.users())
-        finally:
-            await batcher.close()
-    elif kind in ROUTERS:
-        yield RouterAgent(kind, toolbox, _tokenizer(resources), settings, benchmark.routed_tools)
-    elif kind == GOLD_REPLAY:
-        yield GoldReplayAgent(benchmark.gold_plan, toolbox, benchmark.user_toolbox())
-    elif kind in benchmark.baselines:
-        yield benchmark.baseline(
-            kind, resources.tasks, toolbox, _tokenizer(resources), settings, resources.seed
-        )
-    else:
-        async with _monolith(config, resources, toolbox) as agent:
-            yield agent
-
-
-@contextlib.asynccontextmanager
-async def _monolith(config: Config, resources: Resources, toolbox: Toolbox) -> AsyncIterator[Agent]:
-    from nemo_orch.clients.openai import OpenAIClient
-    from nemo_orch.eval.chat_agent import ChatAgent
-    from nemo_orch.tools.base import Pricing, ToolError
-    from nemo_orch.tools.pricing import model_pricing
-
-    monolith = config.eval.monolith
-    if monolith.usd_per_million is not None:
-        pricing = Pricing.per_million_tokens(*monolith.usd_per_million)
-    else:
-        try:
-            pricing = model_pricing(monolith.model, config.tools.prices)
-        except ToolError:  # its remedy names a tool's option, not the monolith's
-            raise ConfigError(
-                f"eval.monolith.model={monolith.model} has no price in the price "
-                "table: set eval.monolith.usd_per_million=[INPUT,OUTPUT] (USD per "
-                "million tokens), or add the model to tools.prices"
-            ) from None
-    async with contextlib.AsyncExitStack() as stack:
-        if monolith.tools is not None:
-            tools = await stack.enter_async_context(
-                build_toolbox(
-                    dataclasses.replace(config.tools, declarations=list(monolith.tools), domains=[])
-                )
-            )
-        else:
-            # Tools a benchmark lacks (tau2 and toolscale have no experts) are simply not there.
-            tools = toolbox.subset(
-                [name for name in toolbox.tools if name not in monolith.drop_tools]
-            )
-        if offers_orchestra(tools.tools):
-            raise ConfigError(
-                "the monolith would get ToolOrchestra's composite tools, which "
-                "hand the task to experts: give it basic tools with "
-                "eval.monolith.tools (e.g. [tools/offline/search.yaml, "
-                "tools/offline/python_sandbox.yaml])"
-            )
-        base_url = monolith.base_url
-        if base_url is None:
-            base_url = stack.enter_context(_simulated_monolith(config, resources, toolbox)).url
-        client = OpenAIClient(
-            base_url,
-            monolith.model,
-            dialect=monolith.dialect,
-            name="eval.monolith",
-            api_key_env=monolith.api_key_env,
-            timeout_s=monolith.timeout_s,
-            max_retries=monolith.max_retries,
-            max_in_flight=config.eval.max_requests_per_endpoint,
-        )
-        stack.push_async_callback(client.aclose)
-        yield ChatAgent(
-            client,
-            tools,
-            pricing,
-            max_turns=config.rollout.max_turns,
-            max_tokens=monolith.max_tokens,
-            temperature=monolith.temperature,
-        )
-
-
-def _simulated_monolith(config: Config, resources: Resources, toolbox: Toolbox) -> Any:
-    """The offline benchmark's monolith: a SIMULATED frontier model (an alias of the simulated
-    experts) served over real HTTP on 127.0.0.1 for this evaluation."""
-    from nemo_orch.eval.simulated_chat import start_simulated_chat_server
-    from nemo_orch.tools.simulated_expert import SimulatedExpert
-
-    monolith = config.eval.monolith
-    # The answering experts: the expert tool itself, or the part behind `answer`.
-    expert = next(
-        (
-            tool
-            for tool in [*toolbox.tools.values(), *toolbox.parts]
-            if isinstance(tool, SimulatedExpert) and tool.writes == "answer"
-        ),
-        None,
-    )
-    if not resources.benchmark.simulated_monolith or expert is None:
-        raise ConfigError(
-            "eval.monolith.base_url is required: only the offline benchmark "
-            "(with its simulated experts) has a simulated monolith"
-        )
-    if monolith.simulate not in expert.models:
-        raise ConfigError(
-            f"eval.monolith.simulate: no simulated expert {monolith.simulate!r} "
-            f"(experts: {', '.join(expert.models)})"
-        )
-    return start_simulated_chat_server(
-        resources.tasks,
-        expert.models[monolith.simulate],
-        monolith.model,
-        time_scale=monolith.time_scale,
-    )
-
-
 # ---------------------------------------------------------------------------- running
-def _oracle(
-    kind: str, benchmark: Environment, toolbox: Toolbox, resources: Resources
-) -> Oracle | None:
-    """The oracle that judges a routing agent's preference adherence, where the environment's
-    tasks carry preferences and it knows their best routes. A monolith does not route."""
-    if not benchmark.preferences or kind not in (ORCHESTRATOR, *ROUTERS, *benchmark.baselines):
-        return None
-    return benchmark.oracle(toolbox, _tokenizer(resources))
-
-
 Handler = Callable[[int, int, Task, Trajectory, Scored, Oracle | None], None]
 
 
@@ -392,13 +210,14 @@ async def _roll_out(
     """Episode ``index`` of each ``(index, task)`` of ``todo`` (trial ``index // tasks`` of its
     task, seed ``resources.seed + index``), ``concurrency`` at once, scored by the environment
     and handed to ``handle`` with its seed and the oracle of a routing agent (see
-    :func:`_oracle`); a progress bar named ``stage`` counts them."""
+    :func:`~nemo_orch.eval.systems.preference_oracle`); a progress bar named ``stage`` counts
+    them."""
     from tqdm import tqdm
 
     benchmark = resources.benchmark
     slots = asyncio.Semaphore(concurrency)
-    async with benchmark.toolbox() as toolbox, _agent(system, resources, toolbox) as agent:
-        oracle = _oracle(system.kind, benchmark, toolbox, resources)
+    async with benchmark.toolbox() as toolbox, build_agent(system, resources, toolbox) as agent:
+        oracle = preference_oracle(system.kind, benchmark, toolbox, resources)
 
         async def one(index: int, task: Task) -> None:
             seed = resources.seed + index

@@ -7,7 +7,8 @@ chat template), ``POST /v1/completions`` (text or token-id prompts, one or a bat
 ``GET /v1/models`` and ``GET /health``. Besides the OpenAI fields it accepts vLLM's sampling
 extensions (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
 ``return_tokens_as_token_ids``), so :class:`~nemo_orch.rollout.engines.openai.OpenAIEngine`
-gets exact token ids back.
+gets exact token ids back. A request's fields, tools, messages and stream options are read and
+checked by :mod:`nemo_orch.serve.openai_requests`.
 
 Function calling works like vLLM's hermes tool parser: with ``tools`` (and ``tool_choice``
 ``auto``, the default), ``<tool_call>`` markup in the reply, read by the rollouts' own parser
@@ -51,36 +52,24 @@ from nemo_orch.models.tokenizer import escape_markup
 from nemo_orch.rollout.engines.base import Engine, EngineError, Generation, SamplingParams
 from nemo_orch.rollout.format import TurnFormat, parse_turn, without_calls
 from nemo_orch.serve.http_server import EventStream, RequestError, ServerHandle, serve_json
+from nemo_orch.serve.openai_requests import (
+    chat_messages,
+    request_field,
+    request_tools,
+    stream_options,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHAT_MAX_TOKENS = 512
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
 TOOL_CHOICES = ("auto", "none")
-# A function declared without parameters takes none.
-NO_PARAMETERS = {"type": "object", "properties": {}}
 # Markup the parser cannot read as a call: the whole reply is content (as with vLLM).
 _UNREADABLE_CALLS = ("malformed_json", "bad_call_shape", "unclosed_tag")
-STREAM_OPTIONS = ("include_usage",)
 STREAMED_LOGPROBS = (
     "logprobs are not streamed by this server: a stream's pieces are cut from "
     "the finished text, not tokens"
 )
-
-
-def request_field(
-    body: dict, name: str, types: type | tuple[type, ...], default: Any = None
-) -> Any:
-    """``body[name]`` checked to be of ``types`` (a bool is no number); missing or null:
-    ``default``."""
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise RequestError(f"'{name}' has the wrong type")
-    if not isinstance(value, types):
-        raise RequestError(f"'{name}' has the wrong type")
-    return value
 
 
 def _is_token_list(value: Any) -> bool:
@@ -106,101 +95,6 @@ class _SerialEngine:
 
 
 # ---------------------------------------------------------------------- function calling
-def _tools(body: dict) -> list[dict] | None:
-    """The request's ``tools``, each a function with ``parameters`` (the chat templates list
-    them), or None."""
-    tools = request_field(body, "tools", list)
-    if not tools:
-        return None
-    checked = []
-    for index, tool in enumerate(tools):
-        function = (
-            tool.get("function")
-            if isinstance(tool, dict) and tool.get("type") == "function"
-            else None
-        )
-        if not (
-            isinstance(function, dict)
-            and isinstance(function.get("name"), str)
-            and function["name"]
-        ):
-            raise RequestError(
-                f'tools[{index}] must be {{"type": "function", "function": '
-                f'{{"name": <string>, "parameters": <JSON schema>}}}}'
-            )
-        parameters = function.get("parameters", NO_PARAMETERS)
-        if not isinstance(parameters, dict):
-            raise RequestError(f"tools[{index}].function.parameters must be a JSON schema object")
-        checked.append({**tool, "function": {**function, "parameters": parameters}})
-    return checked
-
-
-def _incoming_call(call: Any, where: str) -> dict:
-    """An assistant message's tool call as the chat templates render it: arguments as an
-    object (a JSON string is decoded), so it reads as the policy writes calls."""
-    function = call.get("function") if isinstance(call, dict) else None
-    if not (
-        isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
-    ):
-        raise RequestError(
-            f'{where} must be {{"type": "function", "function": {{"name": '
-            f'<string>, "arguments": <JSON object or its string>}}}}'
-        )
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as error:
-            raise RequestError(
-                f"{where}.function.arguments is not valid JSON ({error.msg} at "
-                f"character {error.pos})"
-            ) from None
-        except RecursionError:
-            raise RequestError(f"{where}.function.arguments nests too deeply") from None
-    if not isinstance(arguments, dict):
-        raise RequestError(f"{where}.function.arguments must be a JSON object")
-    return {
-        **call,
-        "type": "function",
-        "function": {"name": function["name"], "arguments": arguments},
-    }
-
-
-def _chat_messages(messages: Any) -> list[dict]:
-    """OpenAI messages as the chat templates read them: text content (parts joined, null as
-    empty) and assistant ``tool_calls`` with object arguments; a shape they cannot render is a
-    400 naming the message."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list")
-    clean = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"{where} must be an object with a 'role'")
-        content = message.get("content")
-        if isinstance(content, list):  # OpenAI content parts: only text is understood
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise RequestError(f"{where}: only text content parts are supported")
-            content = "".join(str(p.get("text", "")) for p in content)
-        elif content is not None and not isinstance(content, str):
-            raise RequestError(f"{where}.content must be a string")
-        calls = message.get("tool_calls") or []
-        if calls and message["role"] != "assistant":
-            raise RequestError(f"{where}: only assistant messages carry tool_calls")
-        if not isinstance(calls, list):
-            raise RequestError(f"{where}.tool_calls must be a list")
-        clean.append(
-            {
-                **message,
-                "content": content,
-                "tool_calls": [
-                    _incoming_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)
-                ],
-            }
-        )
-    return clean
-
-
 def _outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
     """The ``<tool_call>`` markup of a reply as OpenAI ``tool_calls``; none when it has no call
     or markup the parser cannot read. Calls are read, not checked against the tools (no
@@ -222,22 +116,6 @@ def _outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- streaming
-def _stream_options(body: dict) -> tuple[bool, bool]:
-    """Whether the request streams, and whether its stream ends with a usage chunk."""
-    stream = request_field(body, "stream", bool, False)
-    options = request_field(body, "stream_options", dict)
-    if options is None:
-        return stream, False
-    if not stream:
-        raise RequestError("'stream_options' is only allowed with 'stream': true")
-    unknown = sorted(set(options) - set(STREAM_OPTIONS))
-    if unknown:
-        raise RequestError(
-            f"stream_options {unknown} are not supported; supported: {', '.join(STREAM_OPTIONS)}"
-        )
-    return True, request_field(options, "include_usage", bool, False)
-
-
 def _pieces(text: str) -> list[str]:
     """``text`` cut before each word that follows whitespace, the way a token stream delivers
     it; an empty text is one empty piece, so that it is still sent."""
@@ -432,9 +310,9 @@ class OpenAIService:
 
     def chat(self, body: dict) -> dict | EventStream:
         self._check_common(body)
-        stream, include_usage = _stream_options(body)
-        messages = _chat_messages(body.get("messages"))
-        tools = _tools(body)
+        stream, include_usage = stream_options(body)
+        messages = chat_messages(body.get("messages"))
+        tools = request_tools(body)
         tool_choice = request_field(body, "tool_choice", (str, dict), "auto")
         if tool_choice not in TOOL_CHOICES:
             raise RequestError(
@@ -517,7 +395,7 @@ class OpenAIService:
 
     def completions(self, body: dict) -> dict | EventStream:
         self._check_common(body)
-        stream, include_usage = _stream_options(body)
+        stream, include_usage = stream_options(body)
         logprobs_n = request_field(body, "logprobs", int)
         if logprobs_n:
             raise RequestError(

@@ -65,7 +65,8 @@ from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
 from nemo_orch.serve.metrics import ServeMetrics
-from nemo_orch.serve.openai_server import OpenAIService, request_field
+from nemo_orch.serve.openai_requests import request_field
+from nemo_orch.serve.openai_server import OpenAIService
 from nemo_orch.tools.registry import Toolbox
 
 log = logging.getLogger(__name__)

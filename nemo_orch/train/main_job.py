@@ -147,6 +147,7 @@ def _evaluate(
     those domains, and a row of their zeros would say nothing)."""
     from nemo_orch.envs import build_environment
     from nemo_orch.eval import harness, main_job_report
+    from nemo_orch.eval.systems import System
     from nemo_orch.models import qwen3
     from nemo_orch.rollout.engines.hf import HFEngine
 
@@ -166,7 +167,7 @@ def _evaluate(
     if not distributed.is_writer():
         return None
     systems = {
-        name: harness.System(
+        name: System(
             name, ORCHESTRATOR, HFEngine(config.model, hf, tokenizer=tokenizer), sources[name]
         )
         for name, hf in policies.items()
@@ -200,7 +201,7 @@ def _evaluate(
         evaluation = harness.evaluate(
             config,
             domains,
-            [harness.System(GOLD_REPLAY, GOLD_REPLAY)],
+            [System(GOLD_REPLAY, GOLD_REPLAY)],
             config.run.dir / EVAL / TOOLSCALE,
             tokenizer,
         )

@@ -93,6 +93,7 @@ def demonstrations(config: Config, tokenizer: Any) -> list[dict]:
     (see :class:`~nemo_orch.config.DataConfig`); ``tokenizer`` renders the episodes of every
     agent but an orchestrator, which uses its policy's."""
     from nemo_orch.eval import harness
+    from nemo_orch.eval.systems import System
 
     data = config.data
     engine = None
@@ -100,7 +101,7 @@ def demonstrations(config: Config, tokenizer: Any) -> list[dict]:
         from nemo_orch.rollout.builders import build_engine
 
         engine, tokenizer = build_engine(config, max_requests=config.eval.max_requests_per_endpoint)
-    system = harness.System(data.demo_agent, data.demo_agent, engine)
+    system = System(data.demo_agent, data.demo_agent, engine)
     episodes = harness.successful_episodes(
         config, build_environment(config), system, 2 * data.num_offline_conversations, tokenizer
     )

@@ -24,7 +24,8 @@ from pydantic import TypeAdapter
 from support.local_http import JSONServer
 from support.strategies import json_values
 
-from nemo_orch.clients.openai import ChatResult, Completion, MalformedReply, OpenAIClient
+from nemo_orch.clients.openai import MalformedReply, OpenAIClient
+from nemo_orch.clients.openai_replies import ChatResult, Completion
 
 KEY = "sk-SENTINEL-malformed-0123456789"
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]

@@ -234,7 +234,8 @@ def test_each_trial_is_an_episode_of_its_own(concurrency, user_url, tiny_tokeniz
     """Three trials of a task that writes to its database, run at once or one by one: each on
     its own environment, so every trial passes alike (pass^k does not depend on concurrency)."""
     from nemo_orch.config import ORCHESTRATOR
-    from nemo_orch.eval.harness import System, evaluate
+    from nemo_orch.eval.harness import evaluate
+    from nemo_orch.eval.systems import System
 
     config = config_lib.load(
         [
@@ -363,8 +364,9 @@ def test_user_errors_are_reported_per_trial_and_run_again_on_resume(
     import httpx
 
     from nemo_orch.config import ORCHESTRATOR
-    from nemo_orch.eval.harness import System, evaluate
+    from nemo_orch.eval.harness import evaluate
     from nemo_orch.eval.report import summarize
+    from nemo_orch.eval.systems import System
 
     down = True
 

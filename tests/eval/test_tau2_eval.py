@@ -60,7 +60,8 @@ def test_the_first_tasks_pass_and_are_reported(tmp_path, capsys):
 def test_a_failing_gold_action_is_never_a_demonstration():
     from nemo_orch import config as config_lib
     from nemo_orch.envs import build_environment
-    from nemo_orch.eval.harness import System, successful_episodes
+    from nemo_orch.eval.harness import successful_episodes
+    from nemo_orch.eval.systems import System
 
     config = config_lib.load(["env=tau2", "env.domain=retail", "env.split=train", "env.limit=3"])
     demonstrated = successful_episodes(

@@ -12,6 +12,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import NAIVE_ROUTERS
 from nemo_orch.envs import build_environment
 from nemo_orch.eval import harness
+from nemo_orch.eval.systems import System
 
 
 def test_naive_router_demonstrations_are_right_and_use_every_route(tiny_tokenizer):
@@ -22,7 +23,7 @@ def test_naive_router_demonstrations_are_right_and_use_every_route(tiny_tokenize
     offline = build_environment(config)
     tasks = offline.tasks("train", 60, config.run.seed)
     episodes = harness.successful_episodes(
-        config, offline, harness.System(NAIVE_ROUTERS, NAIVE_ROUTERS), 60, tiny_tokenizer
+        config, offline, System(NAIVE_ROUTERS, NAIVE_ROUTERS), 60, tiny_tokenizer
     )
     # Wrong routes (e.g. an answer without a search on a lookup of the made-up world) are dropped.
     assert 15 <= len(episodes) < len(tasks)
@@ -44,7 +45,7 @@ def test_demonstrations_can_be_kept_by_how_well_they_serve_the_preference(tiny_t
     utility is near the best route's for the task's preference (the oracle's adherence)."""
     config = config_lib.load(["model.max_position_embeddings=2048", "data.demo_min_adherence=0.9"])
     offline = build_environment(config)
-    system = harness.System(NAIVE_ROUTERS, NAIVE_ROUTERS)
+    system = System(NAIVE_ROUTERS, NAIVE_ROUTERS)
     kept = harness.successful_episodes(config, offline, system, 60, tiny_tokenizer)
     every = harness.successful_episodes(
         config_lib.load(["model.max_position_embeddings=2048"]), offline, system, 60, tiny_tokenizer

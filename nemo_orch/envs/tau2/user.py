@@ -24,7 +24,8 @@ import time
 from typing import Any
 
 from nemo_orch.clients.http import HTTPError
-from nemo_orch.clients.openai import ChatResult, EndpointRefusal, OpenAIClient
+from nemo_orch.clients.openai import EndpointRefusal, OpenAIClient
+from nemo_orch.clients.openai_replies import ChatResult
 from nemo_orch.config import UserConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.envs.tau2.adapter import ASSISTANT, USER, Tau2Domain, _tau2, tau2_task_of

@@ -21,7 +21,8 @@ from pathlib import Path
 from string import Template
 from typing import Any, NoReturn, TypeVar
 
-from nemo_orch.clients.openai import ChatResult, OpenAIClient
+from nemo_orch.clients.openai import OpenAIClient
+from nemo_orch.clients.openai_replies import ChatResult
 from nemo_orch.config import SynthConfig
 from nemo_orch.data.jsonl import DataError
 
