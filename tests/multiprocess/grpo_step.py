@@ -181,16 +181,8 @@ def update_results(config: Config, context: ParallelContext) -> dict[str, float]
         config, grpo=dataclasses.replace(config.grpo, mini_batches=2, updates_per_step=2)
     )
     policy, reference = _models(config, context)
-    return grpo._update(
-        policy,
-        reference,
-        grpo_token_loss(config.grpo),
-        synthetic_samples(config, count=16, step_credit=True),
-        config,
-        1,
-        context.dp_rank,
-        PAD,
-    )
+    learner = grpo.Learner(policy, reference, grpo_token_loss(config.grpo), context.dp_rank, PAD)
+    return grpo._update(learner, synthetic_samples(config, count=16, step_credit=True), config, 1)
 
 
 def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, float]:
@@ -217,17 +209,8 @@ def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, fl
             critic.head.weight.copy_(0.1 * torch.randn(critic.head.weight.shape, generator=head))
         critic.optimizer.reload_model_params()
     loss = grpo_token_loss(dataclasses.replace(config.grpo, kl_coef=0.0))
-    return grpo._update(
-        policy,
-        reference,
-        loss,
-        synthetic_samples(config, count=16),
-        config,
-        1,
-        context.dp_rank,
-        PAD,
-        critic=critic,
-    )
+    learner = grpo.Learner(policy, reference, loss, context.dp_rank, PAD, critic=critic)
+    return grpo._update(learner, synthetic_samples(config, count=16), config, 1)
 
 
 def main(layouts: list[str]) -> None:
