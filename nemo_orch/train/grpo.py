@@ -4,10 +4,11 @@ Read top to bottom. Each step: rank 0 rolls out ``grpo.prompts_per_step`` tasks 
 ``rollout.group_size`` episodes with the rollout engine (``rollout.engine``; on Ray's workers with
 ``rollout.backend=ray``; :mod:`nemo_orch.train.grpo_rollouts`) and the real tools, scores the
 groups (:mod:`nemo_orch.reward`), filters them and, with dynamic sampling, rolls out more until the
-batch is full; the samples go to every rank; the trainer recomputes the old log-probabilities (and
-logs their mismatch with the engine's), the frozen reference's, and runs ``updates_per_step``
-passes over ``mini_batches`` optimizer steps; then the new weights are synced into the engine and,
-every ``save_interval`` steps, checkpointed. A resumed run continues from its last checkpoint;
+batch is full; the samples (:mod:`nemo_orch.train.grpo_samples`) go to every rank; the trainer
+recomputes the old log-probabilities (and logs their mismatch with the engine's), the frozen
+reference's, and runs ``updates_per_step`` passes over ``mini_batches`` optimizer steps
+(:func:`_update`); then the new weights are synced into the engine and, every
+``save_interval`` steps, checkpointed. A resumed run continues from its last checkpoint;
 tasks and sampling seeds depend on the step only.
 
 With ``grpo.async_grpo.enabled`` the rollouts of the next steps run ahead on the rollout loop's
@@ -41,15 +42,14 @@ import torch.distributed as dist
 from nemo_orch import config as config_lib
 from nemo_orch import distributed, faults
 from nemo_orch.config import Config, ConfigError, GRPOConfig
-from nemo_orch.data.sft import padded_length
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
-from nemo_orch.reward.advantages import group_advantages, step_advantages, trajectory_drop_reason
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum, ppo, preemption
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
-from nemo_orch.train.grpo_rollouts import Group, build_rollouts
+from nemo_orch.train.grpo_rollouts import build_rollouts
+from nemo_orch.train.grpo_samples import Sample, even_split, micro_batches, samples_of
 from nemo_orch.train.metrics import MetricsLogger, TrainedLog, logged_steps
 from nemo_orch.train.policy import (
     Batch,
@@ -62,28 +62,6 @@ from nemo_orch.train.policy import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Sample:
-    """One training sequence: token ids, which of them the loss covers, the engine's logprobs,
-    the group advantage (GRPO's) and the tokens an advantage applies to (``advantage_mask``,
-    within ``loss_mask``), and the trajectory's reward (PPO's GAE starts from it).
-    ``sampled_mask``: the loss tokens the policy drew itself (None: all), those the KL to the
-    reference is estimated on: its estimators hold for the policy's own draws, and on a token
-    exploration forced, one the policy had learned to avoid, k3 grows as exp(ref - logp)."""
-
-    token_ids: list[int]
-    loss_mask: list[int]
-    engine_logprobs: list[float]
-    advantage: float
-    advantage_mask: list[int]
-    sample_id: str = ""  # <task id>/<sample>, and /<turn> with grpo.sample_mode=turn
-    reward: float = 0.0
-    sampled_mask: list[int] | None = None
-    # Per token, the credit of the call it belongs to (grpo.step_advantage_weight times the
-    # turn's step advantage), added to ``advantage``; None: no step credit.
-    step_advantages: list[float] | None = None
 
 
 @dataclass
@@ -109,167 +87,6 @@ def policy_config(config: Config) -> Config:
         save_interval=grpo.save_interval,
     )
     return dataclasses.replace(config, trainer=trainer)
-
-
-def samples_of(groups: list[Group], config: Config) -> list[Sample]:
-    """Training samples: whole trajectories (observations masked) or, with
-    ``grpo.sample_mode=turn``, one per turn (the prefix up to it, loss on that turn only). With
-    ``grpo.step_advantage_weight``, each turn's tokens also carry that weight times the turn's
-    step advantage (:func:`~nemo_orch.reward.advantages.step_advantages`; a turn's state: the
-    tokens before it)."""
-    weight = config.grpo.step_advantage_weight
-    samples = []
-    for group in groups:
-        rewards = [b.reward for b in group.breakdowns]
-        advantages = group_advantages(rewards, config.reward)
-        spans = [_turn_spans(t.loss_mask) for t in group.trajectories]
-        steps = (
-            step_advantages(
-                [
-                    [tuple(t.token_ids[:start]) for start, _ in turns]
-                    for t, turns in zip(group.trajectories, spans)
-                ],
-                rewards,
-                config.reward,
-            )
-            if weight
-            else [None] * len(spans)
-        )
-        for trajectory, breakdown, advantage, turns, credit in zip(
-            group.trajectories, group.breakdowns, advantages, spans, steps
-        ):
-            if trajectory_drop_reason(breakdown, config.reward) or not any(trajectory.loss_mask):
-                continue
-            ids, mask, logprobs = (trajectory.token_ids, trajectory.loss_mask, trajectory.logprobs)
-            driven = (
-                trajectory.decision_mask if config.grpo.advantage_tokens == "decisions" else mask
-            )
-            sampled = [
-                flag * (1 - forced)
-                for flag, forced in zip(mask, trajectory.forced_mask or [0] * len(mask))
-            ]
-            sample_id = f"{trajectory.task_id}/{trajectory.sample}"
-            if config.grpo.sample_mode == "trajectory":
-                per_token = None
-                if credit is not None:
-                    per_token = [0.0] * len(ids)
-                    for (start, end), turn_credit in zip(turns, credit):
-                        per_token[start:end] = [weight * turn_credit] * (end - start)
-                samples.append(
-                    Sample(
-                        ids,
-                        mask,
-                        logprobs,
-                        advantage,
-                        driven,
-                        sample_id,
-                        breakdown.reward,
-                        sampled,
-                        per_token,
-                    )
-                )
-                continue
-            for turn, (start, end) in enumerate(turns):
-                turn_mask = [1 if start <= i < end else 0 for i in range(end)]
-                turn_advantage = advantage + (weight * credit[turn] if credit else 0.0)
-                samples.append(
-                    Sample(
-                        ids[:end],
-                        turn_mask,
-                        logprobs[:end],
-                        turn_advantage,
-                        [a * b for a, b in zip(turn_mask, driven)],
-                        f"{sample_id}/{turn}",
-                        breakdown.reward,
-                        [a * b for a, b in zip(turn_mask, sampled)],
-                    )
-                )
-    return samples
-
-
-def _turn_spans(mask: list[int]) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for index, flag in enumerate(mask + [0]):
-        if flag and start is None:
-            start = index
-        elif not flag and start is not None:
-            spans.append((start, index))
-            start = None
-    return spans
-
-
-def micro_batches(
-    samples: list[Sample], micro_batch_size: int, pad_id: int, one_length: bool = False
-) -> list[Batch]:
-    """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label.
-
-    Samples are grouped by length and each micro-batch is padded to its longest, so one long
-    episode does not pad the whole batch (the loss is a token mean over the global batch: the
-    grouping does not change it). ``one_length``: every micro-batch gets the longest's length,
-    as pipeline stages exchange activations of one shape."""
-    samples = sorted(samples, key=lambda sample: len(sample.token_ids))
-    step_length = padded_length(len(s.token_ids) - 1 for s in samples)
-    batches = []
-    for start in range(0, len(samples), micro_batch_size):
-        chunk = samples[start : start + micro_batch_size]
-        length = step_length if one_length else padded_length(len(s.token_ids) - 1 for s in chunk)
-
-        def column(
-            values: list[list[float]], fill: float, dtype: torch.dtype, length: int = length
-        ) -> torch.Tensor:
-            return torch.tensor([row + [fill] * (length - len(row)) for row in values], dtype=dtype)
-
-        mask = column([s.loss_mask[1:] for s in chunk], 0, torch.float)
-        advantage_mask = column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
-        batches.append(
-            {
-                "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
-                "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
-                "loss_mask": mask,
-                "kl_mask": column(
-                    [
-                        (s.loss_mask if s.sampled_mask is None else s.sampled_mask)[1:]
-                        for s in chunk
-                    ],
-                    0,
-                    torch.float,
-                ),
-                "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
-                "advantage_mask": advantage_mask,
-                "advantages": advantage_mask
-                * (
-                    torch.tensor([[s.advantage] for s in chunk])
-                    + column(
-                        [(s.step_advantages or [0.0] * len(s.token_ids))[1:] for s in chunk],
-                        0.0,
-                        torch.float,
-                    )
-                ),
-                "rewards": _on_last_token(mask, [s.reward for s in chunk]),
-                "position_ids": torch.arange(length).repeat(len(chunk), 1),
-            }
-        )
-    return batches
-
-
-def _on_last_token(mask: torch.Tensor, rewards: list[float]) -> torch.Tensor:
-    """[b, s]: each row's reward on its last loss token, 0 elsewhere."""
-    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
-    placed = torch.zeros_like(mask)
-    placed[torch.arange(len(rewards)), last] = torch.tensor(rewards, dtype=mask.dtype)
-    return placed * mask
-
-
-def _even_split(samples: list[Sample], parts: int, rng: random.Random) -> list[list[Sample]]:
-    """Shuffled, then cut into ``parts`` chunks of equal size (the remainder is dropped, so
-    every rank and every mini-batch sees the same number of micro-batches)."""
-    samples = samples[:]
-    rng.shuffle(samples)
-    size = len(samples) // parts
-    return [samples[i * size : (i + 1) * size] for i in range(parts)]
-
-
-# ----------------------------------------------------------------------------- metrics
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -569,8 +386,8 @@ def _rank_mini_batches(
     grpo = config.grpo
     split = random.Random(derive_seed(config.run.seed, "mini", step))
     minis = []
-    for mini in _even_split(samples, grpo.mini_batches, split):
-        mine = _even_split(mini, config.parallel.dp, random.Random(0))[dp_rank]
+    for mini in even_split(samples, grpo.mini_batches, split):
+        mine = even_split(mini, config.parallel.dp, random.Random(0))[dp_rank]
         mine = mine[: len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
         minis.append(
             micro_batches(mine, grpo.micro_batch_size, pad_id, one_length=config.parallel.pp > 1)
