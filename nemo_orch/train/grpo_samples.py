@@ -13,7 +13,7 @@ import torch
 from nemo_orch.config import Config
 from nemo_orch.data.sft import padded_length
 from nemo_orch.reward.advantages import group_advantages, step_advantages, trajectory_drop_reason
-from nemo_orch.train.grpo_rollouts import Group
+from nemo_orch.train.grpo_groups import Group
 from nemo_orch.train.policy import Batch
 
 
