@@ -45,7 +45,8 @@ from nemo_orch.rollout.episode import RolloutError
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.train import sft
 from nemo_orch.train.dpo_loss import dpo_token_loss, sequence_logprobs
-from nemo_orch.train.grpo_rollouts import Group, Rollouts, build_rollouts
+from nemo_orch.train.grpo_groups import Group
+from nemo_orch.train.grpo_rollouts import Rollouts, build_rollouts
 from nemo_orch.train.metrics import MetricsLogger
 from nemo_orch.train.policy import Batch, Policy, ReferenceModel, load_start_weights
 

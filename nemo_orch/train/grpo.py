@@ -4,10 +4,11 @@ Read top to bottom. Each step: rank 0 rolls out ``grpo.prompts_per_step`` tasks 
 ``rollout.group_size`` episodes with the rollout engine (``rollout.engine``; on Ray's workers with
 ``rollout.backend=ray``; :mod:`nemo_orch.train.grpo_rollouts`) and the real tools, scores the
 groups (:mod:`nemo_orch.reward`), filters them and, with dynamic sampling, rolls out more until the
-batch is full; the samples go to every rank; the trainer recomputes the old log-probabilities (and
-logs their mismatch with the engine's), the frozen reference's, and runs ``updates_per_step``
-passes over ``mini_batches`` optimizer steps; then the new weights are synced into the engine and,
-every ``save_interval`` steps, checkpointed. A resumed run continues from its last checkpoint;
+batch is full; the samples (:mod:`nemo_orch.train.grpo_samples`) go to every rank; the trainer
+recomputes the old log-probabilities (and logs their mismatch with the engine's), the frozen
+reference's, and runs ``updates_per_step`` passes over ``mini_batches`` optimizer steps
+(:func:`_update`); then the new weights are synced into the engine and, every
+``save_interval`` steps, checkpointed. A resumed run continues from its last checkpoint;
 tasks and sampling seeds depend on the step only.
 
 With ``grpo.async_grpo.enabled`` the rollouts of the next steps run ahead on the rollout loop's
@@ -31,58 +32,36 @@ import random
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nemo_orch import config as config_lib
 from nemo_orch import distributed, faults
-from nemo_orch.config import Config, ConfigError
-from nemo_orch.data.sft import padded_length
+from nemo_orch.config import Config, ConfigError, GRPOConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import checkpoint, weights
 from nemo_orch.models.tokenizer import load_tokenizer
-from nemo_orch.reward.advantages import group_advantages, step_advantages, trajectory_drop_reason
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum, ppo, preemption
 from nemo_orch.train.grpo_loss import grpo_token_loss, kl_penalty
-from nemo_orch.train.grpo_rollouts import Group, build_rollouts
+from nemo_orch.train.grpo_rollouts import build_rollouts
+from nemo_orch.train.grpo_samples import Sample, even_split, micro_batches, samples_of
 from nemo_orch.train.metrics import MetricsLogger, TrainedLog, logged_steps
 from nemo_orch.train.policy import (
     Batch,
     Critic,
     Policy,
     ReferenceModel,
+    TokenLossFn,
     load_start_weights,
     start_architecture,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Sample:
-    """One training sequence: token ids, which of them the loss covers, the engine's logprobs,
-    the group advantage (GRPO's) and the tokens an advantage applies to (``advantage_mask``,
-    within ``loss_mask``), and the trajectory's reward (PPO's GAE starts from it).
-    ``sampled_mask``: the loss tokens the policy drew itself (None: all), those the KL to the
-    reference is estimated on: its estimators hold for the policy's own draws, and on a token
-    exploration forced, one the policy had learned to avoid, k3 grows as exp(ref - logp)."""
-
-    token_ids: list[int]
-    loss_mask: list[int]
-    engine_logprobs: list[float]
-    advantage: float
-    advantage_mask: list[int]
-    sample_id: str = ""  # <task id>/<sample>, and /<turn> with grpo.sample_mode=turn
-    reward: float = 0.0
-    sampled_mask: list[int] | None = None
-    # Per token, the credit of the call it belongs to (grpo.step_advantage_weight times the
-    # turn's step advantage), added to ``advantage``; None: no step credit.
-    step_advantages: list[float] | None = None
 
 
 @dataclass
@@ -108,167 +87,6 @@ def policy_config(config: Config) -> Config:
         save_interval=grpo.save_interval,
     )
     return dataclasses.replace(config, trainer=trainer)
-
-
-def samples_of(groups: list[Group], config: Config) -> list[Sample]:
-    """Training samples: whole trajectories (observations masked) or, with
-    ``grpo.sample_mode=turn``, one per turn (the prefix up to it, loss on that turn only). With
-    ``grpo.step_advantage_weight``, each turn's tokens also carry that weight times the turn's
-    step advantage (:func:`~nemo_orch.reward.advantages.step_advantages`; a turn's state: the
-    tokens before it)."""
-    weight = config.grpo.step_advantage_weight
-    samples = []
-    for group in groups:
-        rewards = [b.reward for b in group.breakdowns]
-        advantages = group_advantages(rewards, config.reward)
-        spans = [_turn_spans(t.loss_mask) for t in group.trajectories]
-        steps = (
-            step_advantages(
-                [
-                    [tuple(t.token_ids[:start]) for start, _ in turns]
-                    for t, turns in zip(group.trajectories, spans)
-                ],
-                rewards,
-                config.reward,
-            )
-            if weight
-            else [None] * len(spans)
-        )
-        for trajectory, breakdown, advantage, turns, credit in zip(
-            group.trajectories, group.breakdowns, advantages, spans, steps
-        ):
-            if trajectory_drop_reason(breakdown, config.reward) or not any(trajectory.loss_mask):
-                continue
-            ids, mask, logprobs = (trajectory.token_ids, trajectory.loss_mask, trajectory.logprobs)
-            driven = (
-                trajectory.decision_mask if config.grpo.advantage_tokens == "decisions" else mask
-            )
-            sampled = [
-                flag * (1 - forced)
-                for flag, forced in zip(mask, trajectory.forced_mask or [0] * len(mask))
-            ]
-            sample_id = f"{trajectory.task_id}/{trajectory.sample}"
-            if config.grpo.sample_mode == "trajectory":
-                per_token = None
-                if credit is not None:
-                    per_token = [0.0] * len(ids)
-                    for (start, end), turn_credit in zip(turns, credit):
-                        per_token[start:end] = [weight * turn_credit] * (end - start)
-                samples.append(
-                    Sample(
-                        ids,
-                        mask,
-                        logprobs,
-                        advantage,
-                        driven,
-                        sample_id,
-                        breakdown.reward,
-                        sampled,
-                        per_token,
-                    )
-                )
-                continue
-            for turn, (start, end) in enumerate(turns):
-                turn_mask = [1 if start <= i < end else 0 for i in range(end)]
-                turn_advantage = advantage + (weight * credit[turn] if credit else 0.0)
-                samples.append(
-                    Sample(
-                        ids[:end],
-                        turn_mask,
-                        logprobs[:end],
-                        turn_advantage,
-                        [a * b for a, b in zip(turn_mask, driven)],
-                        f"{sample_id}/{turn}",
-                        breakdown.reward,
-                        [a * b for a, b in zip(turn_mask, sampled)],
-                    )
-                )
-    return samples
-
-
-def _turn_spans(mask: list[int]) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for index, flag in enumerate(mask + [0]):
-        if flag and start is None:
-            start = index
-        elif not flag and start is not None:
-            spans.append((start, index))
-            start = None
-    return spans
-
-
-def micro_batches(
-    samples: list[Sample], micro_batch_size: int, pad_id: int, one_length: bool = False
-) -> list[Batch]:
-    """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label.
-
-    Samples are grouped by length and each micro-batch is padded to its longest, so one long
-    episode does not pad the whole batch (the loss is a token mean over the global batch: the
-    grouping does not change it). ``one_length``: every micro-batch gets the longest's length,
-    as pipeline stages exchange activations of one shape."""
-    samples = sorted(samples, key=lambda sample: len(sample.token_ids))
-    step_length = padded_length(len(s.token_ids) - 1 for s in samples)
-    batches = []
-    for start in range(0, len(samples), micro_batch_size):
-        chunk = samples[start : start + micro_batch_size]
-        length = step_length if one_length else padded_length(len(s.token_ids) - 1 for s in chunk)
-
-        def column(
-            values: list[list[float]], fill: float, dtype: torch.dtype, length: int = length
-        ) -> torch.Tensor:
-            return torch.tensor([row + [fill] * (length - len(row)) for row in values], dtype=dtype)
-
-        mask = column([s.loss_mask[1:] for s in chunk], 0, torch.float)
-        advantage_mask = column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
-        batches.append(
-            {
-                "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
-                "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
-                "loss_mask": mask,
-                "kl_mask": column(
-                    [
-                        (s.loss_mask if s.sampled_mask is None else s.sampled_mask)[1:]
-                        for s in chunk
-                    ],
-                    0,
-                    torch.float,
-                ),
-                "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
-                "advantage_mask": advantage_mask,
-                "advantages": advantage_mask
-                * (
-                    torch.tensor([[s.advantage] for s in chunk])
-                    + column(
-                        [(s.step_advantages or [0.0] * len(s.token_ids))[1:] for s in chunk],
-                        0.0,
-                        torch.float,
-                    )
-                ),
-                "rewards": _on_last_token(mask, [s.reward for s in chunk]),
-                "position_ids": torch.arange(length).repeat(len(chunk), 1),
-            }
-        )
-    return batches
-
-
-def _on_last_token(mask: torch.Tensor, rewards: list[float]) -> torch.Tensor:
-    """[b, s]: each row's reward on its last loss token, 0 elsewhere."""
-    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
-    placed = torch.zeros_like(mask)
-    placed[torch.arange(len(rewards)), last] = torch.tensor(rewards, dtype=mask.dtype)
-    return placed * mask
-
-
-def _even_split(samples: list[Sample], parts: int, rng: random.Random) -> list[list[Sample]]:
-    """Shuffled, then cut into ``parts`` chunks of equal size (the remainder is dropped, so
-    every rank and every mini-batch sees the same number of micro-batches)."""
-    samples = samples[:]
-    rng.shuffle(samples)
-    size = len(samples) // parts
-    return [samples[i * size : (i + 1) * size] for i in range(parts)]
-
-
-# ----------------------------------------------------------------------------- metrics
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -382,6 +200,9 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
         if grpo.ppo is not None and grpo.ppo.use_kl_in_reward
         else grpo
     )
+    learner = Learner(
+        policy, reference, loss_fn, context.dp_rank, tokenizer.pad_token_id, critic=critic
+    )
     rewards, saved = [], resumed.path if resumed is not None else None
     before_update = None  # the weights before the last update (with grpo.kl_guard)
     ahead = grpo.async_grpo.enabled
@@ -426,18 +247,7 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
 
             train_started = time.perf_counter()
             start = policy.copy_weights() if grpo.kl_guard is not None else None
-            trained = _update(
-                policy,
-                reference,
-                loss_fn,
-                samples,
-                config,
-                step,
-                context.dp_rank,
-                tokenizer.pad_token_id,
-                rollback=before_update,
-                critic=critic,
-            )
+            trained = _update(learner, samples, config, step, rollback=before_update)
             if "skipped_update" not in trained:  # what the guard rolls back to
                 before_update = start
             train_seconds = time.perf_counter() - train_started
@@ -509,108 +319,233 @@ def _check_backend(config: Config) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Learner:
+    """What every update of the run trains and reads on this rank, built once by :func:`train`:
+    the policy and its loss, the frozen reference, PPO's critic (None for GRPO), and what cuts
+    this rank's micro-batches (its DP rank, the tokenizer's pad id)."""
+
+    policy: Policy
+    reference: ReferenceModel
+    loss_fn: TokenLossFn
+    dp_rank: int
+    pad_id: int
+    critic: Critic | None = None
+
+
+# Per metric, its value at each optimizer step (and PPO's advantages), averaged at the end.
+Totals = defaultdict[str, list[float]]
+
+
 def _update(
-    policy: Policy,
-    reference: ReferenceModel,
-    loss_fn: Any,
+    learner: Learner,
     samples: list[Sample],
     config: Config,
     step: int,
-    dp_rank: int,
-    pad_id: int,
     rollback: list[torch.Tensor] | None = None,
-    critic: Critic | None = None,
 ) -> dict[str, float]:
     """``updates_per_step`` passes of ``mini_batches`` optimizer steps over this DP rank's share
-    of the samples, with old and reference logprobs computed before the first update; none with
+    of the samples (:func:`_rank_mini_batches`), with old and reference logprobs (and PPO's
+    values) computed before the first update (:func:`_attach_forward_passes`); none with
     ``grpo.kl_guard`` passed by the samples' mean KL to the reference before it
-    (``kl_guard/skipped``), and then the policy goes back to the ``rollback`` weights (those
-    before the update that produced the samples' policy; ``kl_guard/rolled_back``).
-
-    With PPO's ``critic``: its values before the update give GAE advantages and value targets
-    (:func:`ppo.attach_advantages`), and each optimizer step of the policy is followed by one of
-    the critic on the same micro-batches (only the critic's in the first
-    ``grpo.ppo.critic_warmup_steps`` steps). A step the guard skips trains neither; its
-    rollback restores the policy only (the critic learned values, not a policy that jumped)."""
-    grpo, dp = config.grpo, config.parallel.dp
-    if len(samples) < grpo.mini_batches * dp * grpo.micro_batch_size:
+    (:func:`_kl_guard`, which also rolls back to the ``rollback`` weights). With PPO's critic,
+    the GAE advantages and value targets come next (:func:`ppo.attach_advantages`), then the
+    optimizer steps (:func:`_optimizer_passes`). A step the guard skips trains neither the
+    policy nor the critic. Returns each metric's mean over the optimizer steps, the tokens
+    stepped on and the guard's metrics."""
+    grpo = config.grpo
+    if len(samples) < grpo.mini_batches * config.parallel.dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
-    kl_in_reward = critic is not None and grpo.ppo.use_kl_in_reward
-    # The trainer's old logprobs, unless the engine's are the old ones or, with one update per
-    # batch, this pass's own detached values are (see grpo_loss): that saves a forward pass.
-    trainer_old = grpo.old_logprobs == "trainer" and not (
-        grpo.updates_per_step == 1 and grpo.mini_batches == 1
-    )
-    guarded = grpo.kl_guard is not None
-    kl_sums = torch.zeros(2, dtype=torch.float64)  # the guard's KL sum and token count
-    minis = []
-    split = random.Random(derive_seed(config.run.seed, "mini", step))
-    for mini in _even_split(samples, grpo.mini_batches, split):
-        mine = _even_split(mini, dp, random.Random(0))[dp_rank]
-        mine = mine[: len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
-        batches = micro_batches(
-            mine, grpo.micro_batch_size, pad_id, one_length=config.parallel.pp > 1
-        )
-        none = [None] * len(batches)
-        olds = policy.forward_logprobs(batches) if trainer_old or guarded or kl_in_reward else none
-        refs = reference.forward_logprobs(batches) if grpo.kl_coef > 0 or guarded else none
-        values = critic.forward_values(batches) if critic is not None else none
-        for batch, old, ref, value in zip(batches, olds, refs, values):
-            # None off the last pipeline stage
-            if grpo.old_logprobs == "engine":
-                batch["old_logprobs"] = batch["engine_logprobs"]
-            elif old is not None and trainer_old:
-                batch["old_logprobs"] = old
-            if ref is not None and not kl_in_reward:
-                batch["ref_logprobs"] = ref
-            if value is not None:
-                batch["values"] = value
-            kl = (
-                kl_penalty(old, ref, grpo.kl_type) * batch["kl_mask"]
-                if old is not None and ref is not None and (kl_in_reward or guarded)
-                else None
-            )
-            if kl_in_reward and kl is not None:
-                batch["reward_kl"] = kl
-            if guarded and kl is not None:
-                kl_sums += torch.stack([kl.sum(), batch["kl_mask"].sum()]).double()
-        minis.append(batches)
+    minis = _rank_mini_batches(samples, config, step, learner.dp_rank, learner.pad_id)
+    kl_terms = _attach_forward_passes(minis, learner, grpo)
     guard: dict[str, float] = {}
-    if guarded:
-        # Every rank decides alike: the sums of all ranks (a tensor-parallel group's ranks hold
-        # the same tokens, which leaves the mean as it is; other pipeline stages hold none).
-        if dist.is_initialized():
-            dist.all_reduce(kl_sums)
-        guard["kl_guard/kl"] = float(kl_sums[0] / kl_sums[1]) if kl_sums[1] > 0 else 0.0
-        if guard["kl_guard/kl"] > grpo.kl_guard:
-            if rollback is not None:
-                policy.restore_weights(rollback)
-                guard["kl_guard/rolled_back"] = 1.0
-            return {**guard, "kl_guard/skipped": 1.0, "skipped_update": 1.0}
-    totals: dict[str, list[float]] = defaultdict(list)
-    if critic is not None:
-        for key, value in ppo.attach_advantages(minis, critic, grpo.ppo, grpo.kl_coef).items():
-            totals[key].append(value)
-    trains_policy = critic is None or step > grpo.ppo.critic_warmup_steps
-    value_loss = ppo.value_loss(grpo.ppo) if critic is not None else None
-    tokens = 0
-    for _ in range(grpo.updates_per_step):
-        for batches in minis:
-            tokens += sum(batch["tokens"].numel() for batch in batches) * dp
-            if trains_policy:
-                result = policy.train_step(batches, loss_fn)
-                totals["loss"].append(result.loss)
-                totals["grad_norm"].append(result.grad_norm)
-                totals["lr"].append(result.lr)
-                for key, value in result.metrics.items():
-                    totals[key].append(value)
-            if critic is not None:
-                result = critic.train_step(batches, value_loss)
-                totals["critic/grad_norm"].append(result.grad_norm)
-                for key, value in result.metrics.items():
-                    totals[key].append(value)
+    if grpo.kl_guard is not None:
+        guard = _kl_guard(kl_terms, grpo.kl_guard, learner.policy, rollback)
+        if "skipped_update" in guard:
+            return guard
+    totals: Totals = defaultdict(list)
+    if learner.critic is not None:
+        _collect(
+            totals, ppo.attach_advantages(minis, learner.critic, grpo.ppo, grpo.kl_coef).items()
+        )
+    tokens = _optimizer_passes(minis, learner, config, step, totals)
     return {
         **{key: statistics.mean(values) for key, values in totals.items()},
         "tokens": tokens,
         **guard,
     }
+
+
+def _rank_mini_batches(
+    samples: list[Sample], config: Config, step: int, dp_rank: int, pad_id: int
+) -> list[list[Batch]]:
+    """This DP rank's micro-batches of each mini-batch: the samples shuffled by the step's seed
+    into ``mini_batches`` equal parts, each cut into equal DP shares (one fixed shuffle, alike
+    on every rank) and trimmed to whole micro-batches, so that every rank runs as many
+    micro-batches in every mini-batch (of one length under pipeline parallelism)."""
+    grpo = config.grpo
+    split = random.Random(derive_seed(config.run.seed, "mini", step))
+    minis = []
+    for mini in even_split(samples, grpo.mini_batches, split):
+        mine = even_split(mini, config.parallel.dp, random.Random(0))[dp_rank]
+        mine = mine[: len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
+        minis.append(
+            micro_batches(mine, grpo.micro_batch_size, pad_id, one_length=config.parallel.pp > 1)
+        )
+    return minis
+
+
+def _attach_forward_passes(
+    minis: list[list[Batch]], learner: Learner, grpo: GRPOConfig
+) -> list[torch.Tensor]:
+    """Before the first update, each mini-batch's forward passes, attached to its micro-batches:
+    the policy's (:func:`_attach_old_logprobs`), then the reference's with the KL between them
+    (:func:`_attach_reference_and_kl`), then PPO's critic's (:func:`_attach_values`). Returns
+    the guard's [KL sum, token count] of each micro-batch, in order (none without the guard)."""
+    kl_in_reward = learner.critic is not None and grpo.ppo.use_kl_in_reward
+    kl_terms = []
+    # One mini-batch after the other and in this order on every rank: under tensor or pipeline
+    # parallelism each forward pass is a collective.
+    for batches in minis:
+        olds = _attach_old_logprobs(batches, learner.policy, grpo, kl_in_reward)
+        kl_terms += _attach_reference_and_kl(batches, olds, learner.reference, grpo, kl_in_reward)
+        if learner.critic is not None:
+            _attach_values(batches, learner.critic)
+    return kl_terms
+
+
+def _attach_old_logprobs(
+    batches: list[Batch], policy: Policy, grpo: GRPOConfig, kl_in_reward: bool
+) -> list[torch.Tensor | None]:
+    """The loss's ``old_logprobs``: the engine's with ``grpo.old_logprobs=engine``, else the
+    policy's before the update. Returns the policy's (None off the last pipeline stage, and
+    where its forward pass was not needed)."""
+    # The trainer's old logprobs, unless the engine's are the old ones or, with one update per
+    # batch, this pass's own detached values are (see grpo_loss): that saves a forward pass,
+    # unless the KL (the guard's or the reward's) needs the policy's logprobs anyway.
+    trainer_old = grpo.old_logprobs == "trainer" and not (
+        grpo.updates_per_step == 1 and grpo.mini_batches == 1
+    )
+    needed = trainer_old or grpo.kl_guard is not None or kl_in_reward
+    olds = policy.forward_logprobs(batches) if needed else [None] * len(batches)
+    for batch, old in zip(batches, olds):
+        if grpo.old_logprobs == "engine":
+            batch["old_logprobs"] = batch["engine_logprobs"]
+        elif old is not None and trainer_old:
+            batch["old_logprobs"] = old
+    return olds
+
+
+def _attach_reference_and_kl(
+    batches: list[Batch],
+    olds: list[torch.Tensor | None],
+    reference: ReferenceModel,
+    grpo: GRPOConfig,
+    kl_in_reward: bool,
+) -> list[torch.Tensor]:
+    """The reference's logprobs (with a KL term or the guard): the loss's ``ref_logprobs``, or,
+    with PPO's KL in the reward, the per-token KL of the policy's ``olds`` to them on the tokens
+    the policy drew (``reward_kl``). Returns the guard's [KL sum, token count] per micro-batch
+    that has them (the last pipeline stage's)."""
+    guarded = grpo.kl_guard is not None
+    refs = (
+        reference.forward_logprobs(batches)
+        if grpo.kl_coef > 0 or guarded
+        else [None] * len(batches)
+    )
+    kl_terms = []
+    for batch, old, ref in zip(batches, olds, refs):
+        if ref is not None and not kl_in_reward:
+            batch["ref_logprobs"] = ref
+        if old is None or ref is None or not (kl_in_reward or guarded):
+            continue  # off the last pipeline stage, or no KL wanted
+        kl = kl_penalty(old, ref, grpo.kl_type) * batch["kl_mask"]
+        if kl_in_reward:
+            batch["reward_kl"] = kl
+        if guarded:
+            kl_terms.append(torch.stack([kl.sum(), batch["kl_mask"].sum()]).double())
+    return kl_terms
+
+
+def _attach_values(batches: list[Batch], critic: Critic) -> None:
+    """PPO's critic's values before the update (``values``; none off the last pipeline stage),
+    which :func:`ppo.attach_advantages` turns into GAE advantages and value targets."""
+    for batch, value in zip(batches, critic.forward_values(batches)):
+        if value is not None:
+            batch["values"] = value
+
+
+def _kl_guard(
+    kl_terms: list[torch.Tensor],
+    threshold: float,
+    policy: Policy,
+    rollback: list[torch.Tensor] | None,
+) -> dict[str, float]:
+    """The samples' mean KL to the reference before the update (``kl_guard/kl``, a collective).
+    Past ``threshold`` the update is skipped (``kl_guard/skipped``, ``skipped_update``) and the
+    policy goes back to the ``rollback`` weights (those before the update that produced the
+    samples' policy; ``kl_guard/rolled_back``). The rollback restores the policy only: PPO's
+    critic learned values, not a policy that jumped."""
+    kl_sums = torch.zeros(2, dtype=torch.float64)
+    for term in kl_terms:  # one at a time, in order: the sums' rounding stays the same
+        kl_sums += term
+    # Every rank decides alike: the sums of all ranks (a tensor-parallel group's ranks hold the
+    # same tokens, which leaves the mean as it is; other pipeline stages hold none).
+    if dist.is_initialized():
+        dist.all_reduce(kl_sums)
+    guard = {"kl_guard/kl": float(kl_sums[0] / kl_sums[1]) if kl_sums[1] > 0 else 0.0}
+    if guard["kl_guard/kl"] > threshold:
+        if rollback is not None:
+            policy.restore_weights(rollback)
+            guard["kl_guard/rolled_back"] = 1.0
+        return {**guard, "kl_guard/skipped": 1.0, "skipped_update": 1.0}
+    return guard
+
+
+def _optimizer_passes(
+    minis: list[list[Batch]], learner: Learner, config: Config, step: int, totals: Totals
+) -> int:
+    """``updates_per_step`` passes over the mini-batches, an optimizer step of the policy on
+    each (:func:`_policy_step`) followed, with PPO, by one of the critic on the same
+    micro-batches (:func:`_critic_step`; only the critic's in the first
+    ``grpo.ppo.critic_warmup_steps`` steps). Their metrics go into ``totals``; returns the
+    tokens stepped on, over every DP rank (padding included)."""
+    grpo, critic = config.grpo, learner.critic
+    trains_policy = critic is None or step > grpo.ppo.critic_warmup_steps
+    value_loss = ppo.value_loss(grpo.ppo) if critic is not None else None
+    tokens = 0
+    for _ in range(grpo.updates_per_step):
+        for batches in minis:
+            tokens += sum(batch["tokens"].numel() for batch in batches) * config.parallel.dp
+            if trains_policy:
+                _collect(totals, _policy_step(learner.policy, batches, learner.loss_fn))
+            if critic is not None:
+                _collect(totals, _critic_step(critic, batches, value_loss))
+    return tokens
+
+
+def _policy_step(
+    policy: Policy, batches: list[Batch], loss_fn: TokenLossFn
+) -> list[tuple[str, float]]:
+    """One optimizer step of the policy; its loss, grad norm, learning rate and loss metrics."""
+    result = policy.train_step(batches, loss_fn)
+    return [
+        ("loss", result.loss),
+        ("grad_norm", result.grad_norm),
+        ("lr", result.lr),
+        *result.metrics.items(),
+    ]
+
+
+def _critic_step(
+    critic: Critic, batches: list[Batch], value_loss: TokenLossFn
+) -> list[tuple[str, float]]:
+    """One optimizer step of PPO's critic; its grad norm and value-loss metrics."""
+    result = critic.train_step(batches, value_loss)
+    return [("critic/grad_norm", result.grad_norm), *result.metrics.items()]
+
+
+def _collect(totals: Totals, metrics: Iterable[tuple[str, float]]) -> None:
+    # Appended one by one: a key that comes twice counts twice, as it always has.
+    for key, value in metrics:
+        totals[key].append(value)

@@ -12,7 +12,7 @@ aligned with ``labels``:
   the policy that sampled (stale ones under asynchronous GRPO);
 * ``ref_logprobs``: the reference model's (may be left out when ``kl_coef`` is 0);
 * ``kl_mask`` (optional; default ``loss_mask``): the tokens the KL term covers, the policy's own
-  draws (not those exploration forced: see :class:`~nemo_orch.train.grpo.Sample`);
+  draws (not those exploration forced: see :class:`~nemo_orch.train.grpo_samples.Sample`);
 * ``engine_logprobs`` (optional): what the rollout engine reported, to log its mismatch with the
   trainer (``engine_logprob_abs_diff``), which grows with precision or kernel differences and
   with staleness, and, with ``importance_sampling_cap``, to correct for it: each token's

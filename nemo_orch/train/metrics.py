@@ -195,3 +195,23 @@ def logged_steps(run_dir: Path, through_step: int) -> list[dict[str, Any]]:
             if 1 <= record.get("step", 0) <= through_step:
                 records[record["step"] - 1] = record
     return records
+
+
+class IdleClock:
+    """Seconds during which nothing was busy (``busy(+1)`` / ``busy(-1)`` bracket the work),
+    handed out since the last :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.running, self.since, self.idle = 0, time.perf_counter(), 0.0
+
+    def busy(self, change: int) -> None:
+        now = time.perf_counter()
+        if self.running == 0:
+            self.idle += now - self.since
+        self.running += change
+        self.since = now
+
+    def take(self) -> float:
+        self.busy(0)
+        idle, self.idle = self.idle, 0.0
+        return idle

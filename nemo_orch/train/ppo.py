@@ -5,7 +5,7 @@ loss and the update loop are GRPO's (:mod:`nemo_orch.train.grpo`).
 A micro-batch's tensors are aligned with its labels: position ``i`` holds label ``i`` (the token
 written after input ``i``), whether the policy wrote it (``loss_mask``), and the critic's value
 of the state before it (``values``). The trajectory's reward sits on its last policy token
-(``rewards``, see :func:`~nemo_orch.train.grpo.micro_batches`).
+(``rewards``, see :func:`~nemo_orch.train.grpo_samples.micro_batches`).
 """
 
 from __future__ import annotations

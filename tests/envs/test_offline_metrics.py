@@ -11,7 +11,7 @@ from nemo_orch.envs.interfaces import Environment, EpisodeGroup
 from nemo_orch.envs.offline.metrics import rollout_metrics
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.trajectory import CallRecord, Trajectory, TurnRecord
-from nemo_orch.train.grpo_rollouts import Group, environment_metrics
+from nemo_orch.train.grpo_groups import Group, environment_metrics
 
 
 def _episode(*aliases: str) -> Trajectory:

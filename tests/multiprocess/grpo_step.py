@@ -8,7 +8,7 @@ loss's metrics, what GRPO's update (``grpo._update``) reports, and whether the b
 refit delivers exactly what the pickled gather did.
 
 The batch is a list of GRPO samples, a pure function of the seed, split over DP ranks and cut
-into micro-batches by GRPO's own functions (``_even_split``, ``micro_batches``: each micro-batch
+into micro-batches by GRPO's own functions (``even_split``, ``micro_batches``: each micro-batch
 cut to its longest sequence unless pipelined), so every layout trains on the same tokens and the
 TP and DP layouts on micro-batches of different lengths, which must still match one process. Old
 log-probabilities are the policy's own plus per-token offsets (ratios from ~0.67 to ~4.5:
@@ -35,7 +35,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import Config, PPOConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models.hf_mapping import SeededHFWeights
-from nemo_orch.train import grpo, ppo
+from nemo_orch.train import grpo, grpo_samples, ppo
 from nemo_orch.train.grpo_loss import grpo_token_loss
 from nemo_orch.train.policy import Batch, Critic, Policy, ReferenceModel
 
@@ -61,7 +61,7 @@ OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
 
 def synthetic_samples(
     config: Config, count: int = NUM_SEQUENCES, seed: int = 7, step_credit: bool = False
-) -> list[grpo.Sample]:
+) -> list[grpo_samples.Sample]:
     """Random tokens, a response after a random prompt length up to the sequence's own end, one
     advantage per sequence; with ``step_credit``, every other sequence's response also carries
     per-token step advantages (``grpo.step_advantage_weight``'s credit per call), in two
@@ -86,7 +86,7 @@ def synthetic_samples(
                 + [second] * (end + 1 - middle)
             )
         samples.append(
-            grpo.Sample(
+            grpo_samples.Sample(
                 ids[: end + 1].tolist(),
                 mask,
                 [0.0] * (end + 1),
@@ -100,11 +100,11 @@ def synthetic_samples(
 
 
 def rank_batches(
-    samples: list[grpo.Sample], config: Config, context: ParallelContext
+    samples: list[grpo_samples.Sample], config: Config, context: ParallelContext
 ) -> list[Batch]:
     """This DP rank's micro-batches of ``samples``, as GRPO's update cuts them."""
-    mine = grpo._even_split(samples, context.parallel.dp, random.Random(0))[context.dp_rank]
-    return grpo.micro_batches(
+    mine = grpo_samples.even_split(samples, context.parallel.dp, random.Random(0))[context.dp_rank]
+    return grpo_samples.micro_batches(
         mine, config.grpo.micro_batch_size, PAD, one_length=context.parallel.pp > 1
     )
 
@@ -181,16 +181,8 @@ def update_results(config: Config, context: ParallelContext) -> dict[str, float]
         config, grpo=dataclasses.replace(config.grpo, mini_batches=2, updates_per_step=2)
     )
     policy, reference = _models(config, context)
-    return grpo._update(
-        policy,
-        reference,
-        grpo_token_loss(config.grpo),
-        synthetic_samples(config, count=16, step_credit=True),
-        config,
-        1,
-        context.dp_rank,
-        PAD,
-    )
+    learner = grpo.Learner(policy, reference, grpo_token_loss(config.grpo), context.dp_rank, PAD)
+    return grpo._update(learner, synthetic_samples(config, count=16, step_credit=True), config, 1)
 
 
 def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, float]:
@@ -217,17 +209,8 @@ def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, fl
             critic.head.weight.copy_(0.1 * torch.randn(critic.head.weight.shape, generator=head))
         critic.optimizer.reload_model_params()
     loss = grpo_token_loss(dataclasses.replace(config.grpo, kl_coef=0.0))
-    return grpo._update(
-        policy,
-        reference,
-        loss,
-        synthetic_samples(config, count=16),
-        config,
-        1,
-        context.dp_rank,
-        PAD,
-        critic=critic,
-    )
+    learner = grpo.Learner(policy, reference, loss, context.dp_rank, PAD, critic=critic)
+    return grpo._update(learner, synthetic_samples(config, count=16), config, 1)
 
 
 def main(layouts: list[str]) -> None:

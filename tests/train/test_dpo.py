@@ -24,7 +24,7 @@ from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.train import dpo
 from nemo_orch.train.dpo_loss import dpo_token_loss
-from nemo_orch.train.grpo_rollouts import Group
+from nemo_orch.train.grpo_groups import Group
 
 # ----------------------------------------------------------------------------- the loss
 

@@ -27,7 +27,8 @@ from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.reward.advantages import SamplingStats
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.trajectory import Trajectory, TurnRecord
-from nemo_orch.train.grpo_rollouts import Group, Rollouts, StepBatch
+from nemo_orch.train.grpo_groups import Group, StepBatch
+from nemo_orch.train.grpo_rollouts import Rollouts
 from nemo_orch.train.metrics import TRAINED_FILE
 
 

@@ -230,9 +230,8 @@ def test_an_update_with_too_few_samples_is_skipped(tiny_policy):
     (sample,) = synthetic_samples(config, count=1)
     before = [parameter.detach().clone() for parameter in policy.module.parameters()]
     loss = grpo_token_loss(config.grpo)
-    assert grpo_recipe._update(
-        policy, ReferenceModel(config, context), loss, [sample], config, 1, 0, 0
-    ) == {"skipped_update": 1.0}
+    learner = grpo_recipe.Learner(policy, ReferenceModel(config, context), loss, 0, 0)
+    assert grpo_recipe._update(learner, [sample], config, 1) == {"skipped_update": 1.0}
     assert all(torch.equal(old, new) for old, new in zip(before, policy.module.parameters()))
 
 
@@ -247,17 +246,8 @@ def test_the_kl_guard_skips_an_update_whose_kl_passes_it_and_rolls_back_the_last
         guarded = config_lib.replace(
             config, grpo=dataclasses.replace(config.grpo, kl_guard=kl_guard)
         )
-        return grpo_recipe._update(
-            policy,
-            reference,
-            grpo_token_loss(guarded.grpo),
-            samples,
-            guarded,
-            1,
-            0,
-            0,
-            rollback=rollback,
-        )
+        learner = grpo_recipe.Learner(policy, reference, grpo_token_loss(guarded.grpo), 0, 0)
+        return grpo_recipe._update(learner, samples, guarded, 1, rollback=rollback)
 
     before = [parameter.detach().clone() for parameter in policy.module.parameters()]
     skipped = update(kl_guard=0.01)

@@ -17,8 +17,9 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.reward.advantages import group_advantages
 from nemo_orch.reward.combine import RewardBreakdown
 from nemo_orch.rollout.trajectory import CallRecord, Trajectory, TurnRecord
-from nemo_orch.train.grpo import Sample, micro_batches, samples_of
-from nemo_orch.train.grpo_rollouts import Group, Rollouts
+from nemo_orch.train.grpo_groups import Group
+from nemo_orch.train.grpo_rollouts import Rollouts
+from nemo_orch.train.grpo_samples import Sample, micro_batches, samples_of
 from nemo_orch.train.metrics import logged_steps
 
 

@@ -24,7 +24,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.models import checkpoint
 from nemo_orch.train import ppo
-from nemo_orch.train.grpo import Sample, micro_batches
+from nemo_orch.train.grpo_samples import Sample, micro_batches
 from nemo_orch.train.policy import Critic, Policy
 
 PPO_CONFIG = config_lib.load(["grpo=ppo"]).grpo.ppo
