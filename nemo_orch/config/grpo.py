@@ -141,7 +141,13 @@ class GRPOConfig:
     advantage): the turns of a group's episodes that start from the same state (the same tokens
     so far: prompt, earlier calls, their observations) are compared among themselves, and each
     turn's tokens get this weight times that advantage on top of the episode's (0: off), so the
-    choice at each call has a signal of its own. ``curriculum``:
+    choice at each call has a signal of its own. ``prefix_sharing``: the samples of a
+    micro-batch that share a prefix (a group's prompt, an episode's earlier turns) are packed
+    as a token tree, so the policy's, the reference's and the critic's forward and backward
+    passes compute each shared prefix once, with the same log-probabilities and gradients
+    (:mod:`nemo_orch.train.prefix_sharing`): ``on``, ``off``, or ``auto``: on where the
+    policy's attention takes a tree mask (the local layer spec's fused attention, on CPU; not
+    Transformer Engine's yet). ``curriculum``:
     stages that widen the tool set (e.g. basic tools, then experts); empty: all tools always.
     Every ``val_interval`` steps (0: never) the policy runs greedily on ``val_tasks`` tasks of
     each source's validation split (``val/<source>/...`` metrics).
@@ -179,6 +185,7 @@ class GRPOConfig:
     explore_models: float = 0.0
     preference_sets: bool = False
     step_advantage_weight: float = 0.0
+    prefix_sharing: str = "auto"
     curriculum: list[CurriculumStage] = field(default_factory=list)
     dynamic_sampling: bool = True
     max_sampling_rounds: int = 2
@@ -232,6 +239,10 @@ class GRPOConfig:
         _require(
             self.importance_sampling_cap is None or self.importance_sampling_cap >= 1,
             "grpo.importance_sampling_cap must be null or >= 1",
+        )
+        _require(
+            self.prefix_sharing in ("auto", "on", "off"),
+            f"grpo.prefix_sharing must be auto|on|off, got {self.prefix_sharing!r}",
         )
         _require(
             self.old_logprobs in ("trainer", "engine"),

@@ -139,6 +139,13 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
     )
 
 
+def fused_local_attention(model: ModelConfig) -> bool:
+    """Whether the model's core attention is :class:`~nemo_orch.models.sdpa_attention.
+    SDPAttention` (the local spec on CPU), the one that takes a prefix-shared micro-batch's tree
+    mask (Megatron's fused GPU softmax and Transformer Engine's causal attention ignore it)."""
+    return model.transformer_impl == "local" and not torch.cuda.is_available()
+
+
 def layer_spec(model: ModelConfig):
     from megatron.core.models.gpt import gpt_layer_specs
 
@@ -149,7 +156,7 @@ def layer_spec(model: ModelConfig):
     spec = gpt_layer_specs.get_gpt_layer_local_spec(
         qk_layernorm=model.qk_layernorm, normalization="RMSNorm"
     )
-    if not torch.cuda.is_available():
+    if fused_local_attention(model):
         from nemo_orch.models.sdpa_attention import SDPAttention
 
         # PyTorch's fused causal attention instead of Megatron's unfused local one (3 kernels,
@@ -161,11 +168,13 @@ def layer_spec(model: ModelConfig):
 def build_model(
     model: ModelConfig, parallel: ParallelConfig, *, pre_process: bool, post_process: bool
 ):
-    """One pipeline stage of the policy (the whole model when pp=1). Weights are uninitialized."""
-    from megatron.core.models.gpt import GPTModel
+    """One pipeline stage of the policy (the whole model when pp=1). Weights are uninitialized.
+    Its rotary embedding follows ``position_ids`` (:mod:`nemo_orch.models.positioned_gpt`), which
+    prefix-shared micro-batches need."""
+    from nemo_orch.models.positioned_gpt import PositionedGPTModel
 
     check_runtime(model)
-    gpt = GPTModel(
+    gpt = PositionedGPTModel(
         config=transformer_config(model, parallel),
         transformer_layer_spec=layer_spec(model),
         vocab_size=model.vocab_size,

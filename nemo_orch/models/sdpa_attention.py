@@ -5,9 +5,11 @@ Megatron's local ``DotProductAttention`` materializes the scores (``baddbmm``), 
 softmaxes them and multiplies by the values, each a separate kernel with its own saved tensors
 for the backward pass. PyTorch's fused CPU kernel does the same causal attention in one pass
 (flash-attention style, in blocks), forward and backward. Same inputs, same outputs (up to float
-rounding), no parameters: checkpoints do not change. What the fused path does not cover (an
-explicit mask, another mask type, query-key layer scaling, a softmax offset, dropout) goes to
-Megatron's own implementation.
+rounding), no parameters: checkpoints do not change. An explicit boolean mask (Megatron's
+convention: True where a query may not look; a prefix-shared micro-batch's token tree,
+:mod:`nemo_orch.train.prefix_sharing`) is handed to the fused kernel as what may be looked at.
+What the fused path does not cover (another mask type, query-key layer scaling, a softmax
+offset, dropout) goes to Megatron's own implementation.
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ from megatron.core.transformer.enums import AttnMaskType
 
 
 class SDPAttention(DotProductAttention):
-    """:class:`DotProductAttention` with the causal, maskless case fused (see the module
-    docstring); query ``[sq, b, np, hn]``, key and value ``[sk, b, ng, hn]``, output
+    """:class:`DotProductAttention` with causal attention fused, maskless or under a boolean
+    mask (see the module docstring); query ``[sq, b, np, hn]``, key and value ``[sk, b, ng, hn]``, output
     ``[sq, b, np * hn]``."""
 
     def _fused(
         self, attention_mask: Optional[torch.Tensor], attn_mask_type: Optional[AttnMaskType]
     ) -> bool:
         return (
-            attention_mask is None
+            (attention_mask is None or attention_mask.dtype == torch.bool)
             and (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
             and not self.config.apply_query_key_layer_scaling
             and self.softmax_offset is None
@@ -57,12 +59,13 @@ class SDPAttention(DotProductAttention):
                 query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params
             )
         groups = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        # [s, b, heads, hn] -> [b, heads, s, hn]
+        # [s, b, heads, hn] -> [b, heads, s, hn]; a given mask [b, 1, sq, sk] holds causality
         context = F.scaled_dot_product_attention(
             query.permute(1, 2, 0, 3),
             key.permute(1, 2, 0, 3),
             value.permute(1, 2, 0, 3),
-            is_causal=True,
+            attn_mask=None if attention_mask is None else ~attention_mask,
+            is_causal=attention_mask is None,
             scale=self.softmax_scale,
             enable_gqa=groups > 1,
         )

@@ -43,7 +43,7 @@ from nemo_orch import config as config_lib
 from nemo_orch import distributed, faults
 from nemo_orch.config import Config, ConfigError, GRPOConfig
 from nemo_orch.distributed import ParallelContext
-from nemo_orch.models import checkpoint, weights
+from nemo_orch.models import checkpoint, qwen3, weights
 from nemo_orch.models.tokenizer import load_tokenizer
 from nemo_orch.seeding import derive_seed
 from nemo_orch.train import curriculum, ppo, preemption
@@ -201,7 +201,13 @@ def train(config: Config, context: ParallelContext) -> GRPOSummary:
         else grpo
     )
     learner = Learner(
-        policy, reference, loss_fn, context.dp_rank, tokenizer.pad_token_id, critic=critic
+        policy,
+        reference,
+        loss_fn,
+        context.dp_rank,
+        tokenizer.pad_token_id,
+        critic=critic,
+        share_prefixes=shares_prefixes(config),
     )
     rewards, saved = [], resumed.path if resumed is not None else None
     before_update = None  # the weights before the last update (with grpo.kl_guard)
@@ -323,7 +329,8 @@ def _check_backend(config: Config) -> None:
 class Learner:
     """What every update of the run trains and reads on this rank, built once by :func:`train`:
     the policy and its loss, the frozen reference, PPO's critic (None for GRPO), and what cuts
-    this rank's micro-batches (its DP rank, the tokenizer's pad id)."""
+    this rank's micro-batches (its DP rank, the tokenizer's pad id, whether they are packed to
+    share prefixes: :func:`shares_prefixes`)."""
 
     policy: Policy
     reference: ReferenceModel
@@ -331,6 +338,22 @@ class Learner:
     dp_rank: int
     pad_id: int
     critic: Critic | None = None
+    share_prefixes: bool = False
+
+
+def shares_prefixes(config: Config) -> bool:
+    """Whether the update packs prefix-shared micro-batches: ``grpo.prefix_sharing``, whose
+    ``auto`` is on where the policy's attention takes their tree mask."""
+    supported = qwen3.fused_local_attention(config.model)
+    if config.grpo.prefix_sharing == "on" and not supported:
+        raise ConfigError(
+            "grpo.prefix_sharing=on needs an attention that takes a token tree's mask: the "
+            "local layer spec on CPU (model.transformer_impl=local); Transformer Engine's and "
+            "the GPU local spec's fused softmax ignore it. Use auto or off here"
+        )
+    return config.grpo.prefix_sharing == "on" or (
+        config.grpo.prefix_sharing == "auto" and supported
+    )
 
 
 # Per metric, its value at each optimizer step (and PPO's advantages), averaged at the end.
@@ -352,11 +375,11 @@ def _update(
     the GAE advantages and value targets come next (:func:`ppo.attach_advantages`), then the
     optimizer steps (:func:`_optimizer_passes`). A step the guard skips trains neither the
     policy nor the critic. Returns each metric's mean over the optimizer steps, the tokens
-    stepped on and the guard's metrics."""
+    stepped on and computed, and the guard's metrics."""
     grpo = config.grpo
     if len(samples) < grpo.mini_batches * config.parallel.dp * grpo.micro_batch_size:
         return {"skipped_update": 1.0}
-    minis = _rank_mini_batches(samples, config, step, learner.dp_rank, learner.pad_id)
+    minis = _rank_mini_batches(samples, config, step, learner)
     kl_terms = _attach_forward_passes(minis, learner, grpo)
     guard: dict[str, float] = {}
     if grpo.kl_guard is not None:
@@ -368,29 +391,37 @@ def _update(
         _collect(
             totals, ppo.attach_advantages(minis, learner.critic, grpo.ppo, grpo.kl_coef).items()
         )
-    tokens = _optimizer_passes(minis, learner, config, step, totals)
+    tokens, computed = _optimizer_passes(minis, learner, config, step, totals)
     return {
         **{key: statistics.mean(values) for key, values in totals.items()},
         "tokens": tokens,
+        "tokens_computed": computed,
         **guard,
     }
 
 
 def _rank_mini_batches(
-    samples: list[Sample], config: Config, step: int, dp_rank: int, pad_id: int
+    samples: list[Sample], config: Config, step: int, learner: Learner
 ) -> list[list[Batch]]:
     """This DP rank's micro-batches of each mini-batch: the samples shuffled by the step's seed
     into ``mini_batches`` equal parts, each cut into equal DP shares (one fixed shuffle, alike
     on every rank) and trimmed to whole micro-batches, so that every rank runs as many
-    micro-batches in every mini-batch (of one length under pipeline parallelism)."""
+    micro-batches in every mini-batch (of one length under pipeline parallelism). Sharing
+    prefixes changes which samples share a micro-batch, never which a mini-batch holds."""
     grpo = config.grpo
     split = random.Random(derive_seed(config.run.seed, "mini", step))
     minis = []
     for mini in even_split(samples, grpo.mini_batches, split):
-        mine = even_split(mini, config.parallel.dp, random.Random(0))[dp_rank]
+        mine = even_split(mini, config.parallel.dp, random.Random(0))[learner.dp_rank]
         mine = mine[: len(mine) // grpo.micro_batch_size * grpo.micro_batch_size]
         minis.append(
-            micro_batches(mine, grpo.micro_batch_size, pad_id, one_length=config.parallel.pp > 1)
+            micro_batches(
+                mine,
+                grpo.micro_batch_size,
+                learner.pad_id,
+                one_length=config.parallel.pp > 1,
+                share_prefixes=learner.share_prefixes,
+            )
         )
     return minis
 
@@ -504,24 +535,26 @@ def _kl_guard(
 
 def _optimizer_passes(
     minis: list[list[Batch]], learner: Learner, config: Config, step: int, totals: Totals
-) -> int:
+) -> tuple[int, int]:
     """``updates_per_step`` passes over the mini-batches, an optimizer step of the policy on
     each (:func:`_policy_step`) followed, with PPO, by one of the critic on the same
     micro-batches (:func:`_critic_step`; only the critic's in the first
     ``grpo.ppo.critic_warmup_steps`` steps). Their metrics go into ``totals``; returns the
-    tokens stepped on, over every DP rank (padding included)."""
+    tokens stepped on and those the forward passes computed, over every DP rank (padding
+    included; fewer computed than stepped on where prefixes are shared)."""
     grpo, critic = config.grpo, learner.critic
     trains_policy = critic is None or step > grpo.ppo.critic_warmup_steps
     value_loss = ppo.value_loss(grpo.ppo) if critic is not None else None
-    tokens = 0
+    tokens = computed = 0
     for _ in range(grpo.updates_per_step):
         for batches in minis:
-            tokens += sum(batch["tokens"].numel() for batch in batches) * config.parallel.dp
+            tokens += sum(batch["labels"].numel() for batch in batches) * config.parallel.dp
+            computed += sum(batch["tokens"].numel() for batch in batches) * config.parallel.dp
             if trains_policy:
                 _collect(totals, _policy_step(learner.policy, batches, learner.loss_fn))
             if critic is not None:
                 _collect(totals, _critic_step(critic, batches, value_loss))
-    return tokens
+    return tokens, computed
 
 
 def _policy_step(

@@ -15,6 +15,7 @@ from nemo_orch.data.sft import padded_length
 from nemo_orch.reward.advantages import group_advantages, step_advantages, trajectory_drop_reason
 from nemo_orch.train.grpo_groups import Group
 from nemo_orch.train.policy import Batch
+from nemo_orch.train.prefix_sharing import packed_inputs, token_tree
 
 
 @dataclass
@@ -127,57 +128,77 @@ def _turn_spans(mask: list[int]) -> list[tuple[int, int]]:
 
 
 def micro_batches(
-    samples: list[Sample], micro_batch_size: int, pad_id: int, one_length: bool = False
+    samples: list[Sample],
+    micro_batch_size: int,
+    pad_id: int,
+    one_length: bool = False,
+    share_prefixes: bool = False,
 ) -> list[Batch]:
     """[b, s] tensors: inputs are ids[:-1], labels ids[1:], and everything per label.
 
     Samples are grouped by length and each micro-batch is padded to its longest, so one long
     episode does not pad the whole batch (the loss is a token mean over the global batch: the
     grouping does not change it). ``one_length``: every micro-batch gets the longest's length,
-    as pipeline stages exchange activations of one shape."""
-    samples = sorted(samples, key=lambda sample: len(sample.token_ids))
+    as pipeline stages exchange activations of one shape. ``share_prefixes``: samples are
+    grouped by their tokens instead, so those that share a prefix (a group's prompt, an
+    episode's earlier turns) share micro-batches, and each micro-batch's inputs are packed as
+    a token tree that computes every shared prefix once
+    (:mod:`~nemo_orch.train.prefix_sharing`; with ``one_length``, rows of one length too)."""
+    samples = sorted(
+        samples,
+        key=(lambda sample: sample.token_ids) if share_prefixes else (lambda s: len(s.token_ids)),
+    )
+    chunks = [
+        samples[start : start + micro_batch_size]
+        for start in range(0, len(samples), micro_batch_size)
+    ]
     step_length = padded_length(len(s.token_ids) - 1 for s in samples)
-    batches = []
-    for start in range(0, len(samples), micro_batch_size):
-        chunk = samples[start : start + micro_batch_size]
-        length = step_length if one_length else padded_length(len(s.token_ids) - 1 for s in chunk)
-
-        def column(
-            values: list[list[float]], fill: float, dtype: torch.dtype, length: int = length
-        ) -> torch.Tensor:
-            return torch.tensor([row + [fill] * (length - len(row)) for row in values], dtype=dtype)
-
-        mask = column([s.loss_mask[1:] for s in chunk], 0, torch.float)
-        advantage_mask = column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
-        batches.append(
-            {
-                "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
-                "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
-                "loss_mask": mask,
-                "kl_mask": column(
-                    [
-                        (s.loss_mask if s.sampled_mask is None else s.sampled_mask)[1:]
-                        for s in chunk
-                    ],
-                    0,
-                    torch.float,
-                ),
-                "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
-                "advantage_mask": advantage_mask,
-                "advantages": advantage_mask
-                * (
-                    torch.tensor([[s.advantage] for s in chunk])
-                    + column(
-                        [(s.step_advantages or [0.0] * len(s.token_ids))[1:] for s in chunk],
-                        0.0,
-                        torch.float,
-                    )
-                ),
-                "rewards": _on_last_token(mask, [s.reward for s in chunk]),
-                "position_ids": torch.arange(length).repeat(len(chunk), 1),
-            }
+    batches = [
+        _micro_batch(
+            chunk,
+            step_length if one_length else padded_length(len(s.token_ids) - 1 for s in chunk),
+            pad_id,
         )
+        for chunk in chunks
+    ]
+    if share_prefixes:
+        trees = [token_tree([s.token_ids[:-1] for s in chunk]) for chunk in chunks]
+        row_length = padded_length(len(tree) for tree in trees)
+        for batch, tree in zip(batches, trees):
+            length = row_length if one_length else padded_length([len(tree)])
+            batch.update(packed_inputs(tree, batch["labels"].shape[1], length, pad_id))
     return batches
+
+
+def _micro_batch(chunk: list[Sample], length: int, pad_id: int) -> dict[str, torch.Tensor]:
+    def column(values: list[list[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([row + [fill] * (length - len(row)) for row in values], dtype=dtype)
+
+    mask = column([s.loss_mask[1:] for s in chunk], 0, torch.float)
+    advantage_mask = column([s.advantage_mask[1:] for s in chunk], 0, torch.float)
+    return {
+        "tokens": column([s.token_ids[:-1] for s in chunk], pad_id, torch.long),
+        "labels": column([s.token_ids[1:] for s in chunk], pad_id, torch.long),
+        "loss_mask": mask,
+        "kl_mask": column(
+            [(s.loss_mask if s.sampled_mask is None else s.sampled_mask)[1:] for s in chunk],
+            0,
+            torch.float,
+        ),
+        "engine_logprobs": column([s.engine_logprobs[1:] for s in chunk], 0.0, torch.float),
+        "advantage_mask": advantage_mask,
+        "advantages": advantage_mask
+        * (
+            torch.tensor([[s.advantage] for s in chunk])
+            + column(
+                [(s.step_advantages or [0.0] * len(s.token_ids))[1:] for s in chunk],
+                0.0,
+                torch.float,
+            )
+        ),
+        "rewards": _on_last_token(mask, [s.reward for s in chunk]),
+        "position_ids": torch.arange(length).repeat(len(chunk), 1),
+    }
 
 
 def _on_last_token(mask: torch.Tensor, rewards: list[float]) -> torch.Tensor:

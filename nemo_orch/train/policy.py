@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from nemo_orch.config import Config, ConfigError, ModelConfig
 from nemo_orch.distributed import ParallelContext
 from nemo_orch.models import qwen3, weights
+from nemo_orch.train.prefix_sharing import is_packed, unpacked
 
 Batch = Mapping[str, torch.Tensor]
 
@@ -124,7 +125,17 @@ def _stage_output(stage: torch.nn.Module, batch: Batch, labels: bool) -> torch.T
         model = model.module
     if labels and model.post_process:
         return _masked_label_losses(stage, model, batch)
-    return stage(batch["tokens"], batch["position_ids"], None)
+    output = _stage_forward(stage, batch)
+    if model.post_process and is_packed(batch):
+        return unpacked(output[0], batch)  # the critic's values, [1, n] -> [b, s]
+    return output
+
+
+def _stage_forward(stage: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The stage on the batch's inputs: its rows, or a prefix-shared micro-batch's packed row
+    under its token tree's mask (:mod:`nemo_orch.train.prefix_sharing`)."""
+    mask = batch["attention_mask"] if is_packed(batch) else None
+    return stage(batch["tokens"], batch["position_ids"], mask)
 
 
 def _masked_label_losses(
@@ -143,13 +154,15 @@ def _masked_label_losses(
 
     model.post_process = False
     try:
-        hidden = stage(batch["tokens"], batch["position_ids"], None)  # [s, b, h]
+        hidden = _stage_forward(stage, batch)  # [s, b, h]; packed: [n, 1, h]
     finally:
         model.post_process = True
     output_layer = model.output_layer
     sequence_parallel = output_layer.sequence_parallel
     if sequence_parallel:
         hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+    if is_packed(batch):
+        hidden = unpacked(hidden[:, 0], batch).transpose(0, 1)  # [s, b, h]
     positions = batch["loss_mask"].transpose(0, 1) > 0  # [s, b], as the hidden states
     weight = (
         model.shared_embedding_or_output_weight()

@@ -1,7 +1,8 @@
 """GRPO train steps on a fixed synthetic batch, in any parallel layout.
 
 Run in-process (one rank) by the tests, or under torchrun for TP/PP/DP layouts, one per argument,
-all in one launch (a launch costs more than the steps):
+all in one launch (a launch costs more than the steps), each layout also with its micro-batches
+packed to share prefixes (``grpo.prefix_sharing=on``):
 ``python -m torch.distributed.run --nproc_per_node 2 tests/multiprocess/grpo_step.py parallel.tp=2
 parallel.pp=2``; rank 0 prints JSON: per layout, per step the loss, loss tokens, grad norm and the
 loss's metrics, what GRPO's update (``grpo._update``) reports, and whether the bucketed
@@ -54,6 +55,7 @@ OVERRIDES = [
     "trainer.global_batch_size=8",
     "trainer.micro_batch_size=4",
     "grpo.micro_batch_size=2",
+    "grpo.prefix_sharing=off",  # the unshared computation, which the shared must reproduce
 ]
 NUM_SEQUENCES, SEQ_LENGTH, PAD = 8, 24, 0
 OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
@@ -62,8 +64,8 @@ OLD_LOGPROB_OFFSETS = torch.tensor([-1.5, -0.4, 0.0, 0.05, 0.4])
 def synthetic_samples(
     config: Config, count: int = NUM_SEQUENCES, seed: int = 7, step_credit: bool = False
 ) -> list[grpo_samples.Sample]:
-    """Random tokens, a response after a random prompt length up to the sequence's own end, one
-    advantage per sequence; with ``step_credit``, every other sequence's response also carries
+    """Random tokens (each pair's prompt shared), a response after a random prompt length up to
+    the sequence's own end, one advantage per sequence; with ``step_credit``, every other sequence's response also carries
     per-token step advantages (``grpo.step_advantage_weight``'s credit per call), in two
     calls of their own."""
     generator = torch.Generator().manual_seed(seed)
@@ -72,6 +74,8 @@ def synthetic_samples(
     for index in range(count):
         ids = torch.randint(1, config.model.vocab_size, (SEQ_LENGTH + 1,), generator=generator)
         prompt = int(torch.randint(2, SEQ_LENGTH // 2, (1,), generator=generator))
+        if index % 2:  # pairs share their prompt, as a GRPO group's samples do
+            ids[:prompt] = torch.tensor(samples[-1].token_ids[:prompt])
         end = SEQ_LENGTH if index % 4 == 3 else SEQ_LENGTH // 2 + 2 * (index % 4)
         # Token i + 1 is the label of position i: the loss covers positions prompt .. end - 1.
         mask = [0] * (prompt + 1) + [1] * (end - prompt)
@@ -105,7 +109,11 @@ def rank_batches(
     """This DP rank's micro-batches of ``samples``, as GRPO's update cuts them."""
     mine = grpo_samples.even_split(samples, context.parallel.dp, random.Random(0))[context.dp_rank]
     return grpo_samples.micro_batches(
-        mine, config.grpo.micro_batch_size, PAD, one_length=context.parallel.pp > 1
+        mine,
+        config.grpo.micro_batch_size,
+        PAD,
+        one_length=context.parallel.pp > 1,
+        share_prefixes=grpo.shares_prefixes(config),
     )
 
 
@@ -181,7 +189,14 @@ def update_results(config: Config, context: ParallelContext) -> dict[str, float]
         config, grpo=dataclasses.replace(config.grpo, mini_batches=2, updates_per_step=2)
     )
     policy, reference = _models(config, context)
-    learner = grpo.Learner(policy, reference, grpo_token_loss(config.grpo), context.dp_rank, PAD)
+    learner = grpo.Learner(
+        policy,
+        reference,
+        grpo_token_loss(config.grpo),
+        context.dp_rank,
+        PAD,
+        share_prefixes=grpo.shares_prefixes(config),
+    )
     return grpo._update(learner, synthetic_samples(config, count=16, step_credit=True), config, 1)
 
 
@@ -209,8 +224,30 @@ def ppo_update_results(config: Config, context: ParallelContext) -> dict[str, fl
             critic.head.weight.copy_(0.1 * torch.randn(critic.head.weight.shape, generator=head))
         critic.optimizer.reload_model_params()
     loss = grpo_token_loss(dataclasses.replace(config.grpo, kl_coef=0.0))
-    learner = grpo.Learner(policy, reference, loss, context.dp_rank, PAD, critic=critic)
+    learner = grpo.Learner(
+        policy,
+        reference,
+        loss,
+        context.dp_rank,
+        PAD,
+        critic=critic,
+        share_prefixes=grpo.shares_prefixes(config),
+    )
     return grpo._update(learner, synthetic_samples(config, count=16), config, 1)
+
+
+def training_results(config: Config, context: ParallelContext) -> dict:
+    """The train steps', GRPO's and PPO's update results."""
+    return {
+        "steps": grpo_steps(config, context),
+        "update": update_results(config, context),
+        "ppo_update": ppo_update_results(config, context),
+    }
+
+
+def with_prefix_sharing(config: Config) -> Config:
+    """``config`` with its micro-batches packed to share prefixes."""
+    return config_lib.replace(config, grpo=dataclasses.replace(config.grpo, prefix_sharing="on"))
 
 
 def main(layouts: list[str]) -> None:
@@ -226,10 +263,9 @@ def main(layouts: list[str]) -> None:
             # The process group outlives the layouts; Megatron's groups are rebuilt for each.
             context = distributed.initialize(config.parallel, config.run.seed)
             results[layout] = {
-                "steps": grpo_steps(config, context),
-                "update": update_results(config, context),
-                "ppo_update": ppo_update_results(config, context),
+                **training_results(config, context),
                 "refit": refit_results(config, context),
+                "shared": training_results(with_prefix_sharing(config), context),
             }
             parallel_state.destroy_model_parallel()
     finally:

@@ -1,6 +1,6 @@
 """Two gloo processes in TP=2, PP=2 and DP=2 layouts reproduce one process: SFT's per-step losses
 through the command line, GRPO steps' loss, grad norm and metrics, PPO's update (policy and
-critic), and the refit's weights."""
+critic), each also with prefix-shared micro-batches, and the refit's weights."""
 
 import json
 import subprocess
@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 from multiprocess.grpo_step import (
     OVERRIDES,
-    grpo_steps,
-    ppo_update_results,
     rank_batches,
     synthetic_samples,
-    update_results,
+    training_results,
+    with_prefix_sharing,
 )
 from support.cli_helpers import read_metrics, run_cli, small_sft_overrides
 
@@ -66,11 +65,7 @@ def test_grpo_steps_match_one_process(megatron_world):
         for batch in cut
         for row, mask in zip(batch["advantages"], batch["loss_mask"])
     )
-    expected = {
-        "steps": grpo_steps(config, megatron_world),
-        "update": update_results(config, megatron_world),
-        "ppo_update": ppo_update_results(config, megatron_world),
-    }
+    expected = training_results(config, megatron_world)
     first = expected["steps"][0]
     # the batch exercises every branch of the loss, so agreement means something
     assert (
@@ -113,16 +108,26 @@ def test_grpo_steps_match_one_process(megatron_world):
     )
     assert launched.returncode == 0, launched.stderr[-5000:]
     results = json.loads(launched.stdout.strip().splitlines()[-1])
+    # one process with its prefixes shared, then every layout without and with
+    runs = {"grpo.prefix_sharing=on": training_results(with_prefix_sharing(config), megatron_world)}
     for layout in LAYOUTS:
-        for step, want in zip(results[layout]["steps"], expected["steps"], strict=True):
-            assert step.keys() == want.keys()
-            assert step == pytest.approx(want, abs=1e-5), layout
         # the refit: a bucket for the embeddings, each layer and the head; exactly the weights
         # the pickled gather delivered, in the buckets and in an engine refitted from the stream
         assert results[layout]["refit"] == {"exact": True, "engine_exact": True, "buckets": 4}, (
             layout
         )
+        runs[layout] = results[layout]
+        runs[f"{layout} grpo.prefix_sharing=on"] = results[layout]["shared"]
+    for run, got in runs.items():
+        for step, want in zip(got["steps"], expected["steps"], strict=True):
+            assert step.keys() == want.keys()
+            assert step == pytest.approx(want, abs=1e-5), run
         for update in ("update", "ppo_update"):
-            got = results[layout][update]
-            assert got.pop("tokens") > 0 and got.keys() == expected[update].keys()
-            assert got == pytest.approx(expected[update], abs=1e-4), (layout, update)
+            result = dict(got[update])
+            assert result.pop("tokens") > 0 and result.pop("tokens_computed") > 0
+            want = {k: v for k, v in expected[update].items() if k != "tokens_computed"}
+            assert result.keys() == want.keys()
+            assert result == pytest.approx(want, abs=1e-4), (run, update)
+    # sharing computed fewer tokens than the samples hold
+    shared = runs["grpo.prefix_sharing=on"]["update"]
+    assert shared["tokens_computed"] < shared["tokens"]
