@@ -58,6 +58,7 @@ test-fast: $(TEST_STAMP)
 benchmark: $(STAMP)
 	$(PY) benchmarks/train_step.py
 	$(PY) benchmarks/rollout.py
+	$(PY) benchmarks/rollout_prefix_cache.py
 	$(PY) benchmarks/sandbox.py
 	$(PY) benchmarks/toolscale_generator.py
 

@@ -68,9 +68,20 @@ class RolloutConfig:
     engine on 1 thread (the trainer on 2) than with both on 2 (``benchmarks/vs_trl.py``).
     Evaluations and other rollouts, with no trainer beside them, keep torch's default.
 
+    ``prefix_caching``: reuse the keys and values of prompt prefixes the engine has seen (an
+    episode's earlier turns, its group's shared prompt) instead of computing them again -- vLLM's
+    and TensorRT-LLM's own prefix caches (TensorRT-LLM's on a refittable engine only where its
+    RLHF extension can reset it), the CPU engine's block cache
+    (:mod:`nemo_orch.rollout.engines.prefix_cache`); every refit empties them.
+    ``prefix_cache_mb``: the bound on the CPU engine's prefix cache, in MiB of float32 keys and
+    values, least recently used blocks evicted first (a token takes 2 KiB in the micro model, 224
+    KiB in Qwen3-0.6B).
+
     ``backend``: ``local`` runs every episode on this process's event loop; ``ray`` spreads them
     over Ray actors (``ray.*``, :class:`RayConfig`) with the same results for the same seeds,
-    sampled tokens included (each turn's seed travels with its prompt into the engine).
+    sampled tokens included (each turn's seed travels with its prompt into the engine). A Ray
+    worker runs whole groups, each episode on one engine from its first turn to its last, so
+    the engine's prefix cache serves its turns and its group.
     """
 
     # The policy's engine: `hf` (CPU), `trtllm`, `vllm` (GPU) or `openai` (served).
@@ -125,6 +136,8 @@ class RolloutConfig:
     # episodes are masked out of their groups and the loss; past this share the step stops,
     # naming the failing endpoints, rather than train on what is left (nemo_orch/call_kinds.py).
     max_infra_error_rate: float = 0.2
+    prefix_caching: bool = True
+    prefix_cache_mb: int = 512
     backend: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -176,6 +189,7 @@ class RolloutConfig:
             "max_observation_tokens",
             "max_concurrent_episodes",
             "max_batch_size",
+            "prefix_cache_mb",
         ):
             _require(getattr(self, name) >= 1, f"rollout.{name} must be >= 1")
         _require(

@@ -113,7 +113,11 @@ def build_engine(config: Config, max_requests: int = 8) -> tuple[Engine, PreTrai
             directory = _policy_dir(config, Path(scratch))
             tokenizer = load_tokenizer(directory)
             return HFEngine.from_pretrained(
-                directory, tokenizer=tokenizer, base=config.model
+                directory,
+                tokenizer=tokenizer,
+                base=config.model,
+                prefix_caching=rollout.prefix_caching,
+                prefix_cache_mb=rollout.prefix_cache_mb,
             ), tokenizer
     if rollout.engine in GPU_ENGINES:
         _require_gpu_engine(rollout.engine)  # before exporting a checkpoint for nothing
@@ -165,7 +169,13 @@ def build_rollout_engine(
     if rollout.engine == "hf":
         from nemo_orch.rollout.engines.hf import HFEngine
 
-        return HFEngine(config.model, weights, tokenizer=tokenizer)
+        return HFEngine(
+            config.model,
+            weights,
+            tokenizer=tokenizer,
+            prefix_caching=rollout.prefix_caching,
+            prefix_cache_mb=rollout.prefix_cache_mb,
+        )
     if rollout.engine not in GPU_ENGINES:
         raise ConfigError(
             f"GRPO cannot train through rollout.engine={rollout.engine}: a served "
@@ -231,6 +241,7 @@ def _gpu_engine(
             free_gpu_memory_fraction=rollout.gpu_memory_utilization,
             max_batch_size=rollout.max_batch_size,
             refit=refit,
+            prefix_caching=rollout.prefix_caching,
         )
     from nemo_orch.rollout.engines.vllm import VLLMEngine
 
@@ -244,6 +255,7 @@ def _gpu_engine(
         max_batch_size=rollout.max_batch_size,
         sleep_mode=rollout.colocate,
         sleep_level=rollout.sleep_level,
+        prefix_caching=rollout.prefix_caching,
     )
 
 

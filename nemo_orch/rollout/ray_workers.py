@@ -2,7 +2,10 @@
 as actors.
 
 The rollout side of NeMo-RL and verl, small. The driver cuts a rollout's episodes into one chunk
-of whole groups per worker. A *rollout worker* runs its chunk with the local backend's episode
+of whole groups per worker, so an episode and the rest of its group run on one worker's engine
+from their first turn to their last: sticky routing, which lets the engine's prefix cache
+(``rollout.prefix_caching``) serve an episode's later turns and its group's shared prompt. A
+*rollout worker* runs its chunk with the local backend's episode
 loop (:func:`~nemo_orch.rollout.runner.run_episodes`, with its own engine and batcher); its tool
 calls go to a *tool executor* of its own (:mod:`nemo_orch.tools.executor`), an actor serving the
 configured :class:`~nemo_orch.tools.registry.Toolbox`; answers are scored by *scorer* actors
@@ -220,7 +223,8 @@ class _Unit:
 
 
 def _chunks(jobs: list[EpisodeJob], samples_per_task: int, parts: int) -> list[list[EpisodeJob]]:
-    """``jobs`` cut into at most ``parts`` runs of whole groups, as even as they go."""
+    """``jobs`` cut into at most ``parts`` runs of whole groups, as even as they go (a group
+    split over two engines would compute its shared prompt twice)."""
     size = max(1, math.ceil(len(jobs) // samples_per_task / parts)) * samples_per_task
     return [jobs[start : start + size] for start in range(0, len(jobs), size)]
 

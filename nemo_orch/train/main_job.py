@@ -168,7 +168,16 @@ def _evaluate(
         return None
     systems = {
         name: System(
-            name, ORCHESTRATOR, HFEngine(config.model, hf, tokenizer=tokenizer), sources[name]
+            name,
+            ORCHESTRATOR,
+            HFEngine(
+                config.model,
+                hf,
+                tokenizer=tokenizer,
+                prefix_caching=config.rollout.prefix_caching,
+                prefix_cache_mb=config.rollout.prefix_cache_mb,
+            ),
+            sources[name],
         )
         for name, hf in policies.items()
     }

@@ -26,6 +26,9 @@ from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.models import trtllm as trtllm_checkpoint
 from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
 from nemo_orch.rollout import builders
+from nemo_orch.rollout.engines import base as base_engine_module
+from nemo_orch.rollout.engines import trtllm as trtllm_engine_module
+from nemo_orch.rollout.engines import vllm as vllm_engine_module
 from nemo_orch.rollout.engines.base import (
     Engine,
     EngineError,
@@ -40,9 +43,10 @@ from nemo_orch.rollout.engines.base import (
     sampled_logprobs,
     weight_buckets,
 )
-from nemo_orch.rollout.engines.hf import HFEngine
+from nemo_orch.rollout.engines.hf import HFEngine, kv_bytes_per_token
 from nemo_orch.rollout.engines.trtllm import (
     TRTLLMEngine,
+    block_reuse,
     model_limits,
     stop_string_cut,
     trtllm_backend,
@@ -372,6 +376,7 @@ def test_gpu_rollout_groups_compose(engine):
         (["rollout=vllm", "rollout.gpu_memory_utilization=0"], "gpu_memory_utilization"),
         (["rollout=trtllm", "rollout.gpu_memory_utilization=1.5"], "gpu_memory_utilization"),
         (["rollout=vllm", "rollout.sleep_level=3"], "rollout.sleep_level must be 1 or 2"),
+        (["rollout.prefix_cache_mb=0"], "rollout.prefix_cache_mb must be >= 1"),
     ],
 )
 def test_engine_options_are_validated(overrides, message):
@@ -450,6 +455,117 @@ def test_grpo_builds_the_cpu_engine_from_the_policy_weights(tiny_tokenizer):
     )
     with pytest.raises(ConfigError, match="a served model cannot be refit"):
         builders.build_rollout_engine(served, weights, tiny_tokenizer)
+
+
+# ----------------------------------------------------------------------------- prefix caching
+
+
+@pytest.mark.parametrize(
+    "overrides,capacity_mb",
+    [([], 512), (["rollout.prefix_cache_mb=8"], 8), (["rollout.prefix_caching=false"], None)],
+)
+def test_the_cpu_engine_caches_prefixes_as_configured(overrides, capacity_mb, tiny_tokenizer):
+    config = config_lib.load(overrides)
+    engine = builders.build_rollout_engine(
+        config, dict(SeededHFWeights(config.model, seed=4)), tiny_tokenizer
+    )
+    if capacity_mb is None:
+        assert engine.prefix_cache is None
+    else:
+        capacity = (capacity_mb << 20) // kv_bytes_per_token(config.model)
+        assert engine.prefix_cache.capacity_blocks == capacity // engine.prefix_cache.block_size
+
+
+def stand_in(monkeypatch, name: str, **attributes: Any) -> types.ModuleType:
+    """An "installed" module ``name`` holding ``attributes``."""
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.__dict__.update(attributes)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+@dataclass
+class _VLLMEngineArgs:
+    logprobs_mode: str = "processed_logprobs"
+
+
+@dataclass
+class _TRTLLMSamplingParams:
+    logprobs_mode: str = "processed"
+
+
+@pytest.fixture
+def no_cuda_check(monkeypatch):
+    """The GPU engines built against stand-in libraries on this CPU."""
+    for module in (base_engine_module, trtllm_engine_module, vllm_engine_module):
+        monkeypatch.setattr(module, "require_cuda", lambda engine: None)
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_vllm_is_asked_for_prefix_caching_as_configured(
+    prefix_caching, random_policy_dir, no_cuda_check, monkeypatch
+):
+    built: list[dict[str, Any]] = []
+    stand_in(
+        monkeypatch,
+        "vllm",
+        EngineArgs=_VLLMEngineArgs,
+        SamplingParams=dict,
+        LLM=lambda **kwargs: built.append(kwargs),
+    )
+    config = config_lib.load(
+        [
+            "rollout=vllm",
+            f"rollout.policy={random_policy_dir}",
+            f"rollout.prefix_caching={str(prefix_caching).lower()}",
+        ]
+    )
+    builders.build_engine(config)
+    assert built[0]["enable_prefix_caching"] is prefix_caching
+
+
+@pytest.mark.parametrize(
+    "prefix_caching,refit,resettable,reuse",
+    [
+        (True, False, False, True),  # nothing to refit: nothing goes stale
+        (True, True, True, True),  # every refit resets the reused blocks
+        (True, True, False, False),  # blocks of the old weights would be reused
+        (False, False, True, False),
+    ],
+)
+def test_trtllm_reuses_kv_blocks_only_where_a_refit_can_drop_them(
+    prefix_caching, refit, resettable, reuse
+):
+    reused, why_not = block_reuse(prefix_caching, refit, resettable)
+    assert reused is reuse and (why_not is None) is reuse
+
+
+@pytest.mark.parametrize("resettable", [True, False])
+def test_a_refittable_trtllm_engine_reuses_blocks_when_its_extension_resets_them(
+    resettable, tiny_tokenizer, no_cuda_check, monkeypatch, caplog
+):
+    kv_configs: list[dict[str, Any]] = []
+    extension = type("WorkerExtension", (), {"reset_prefix_cache": lambda self: None})
+    if not resettable:
+        extension = type("WorkerExtension", (), {})
+    stand_in(
+        monkeypatch,
+        "tensorrt_llm",
+        SamplingParams=_TRTLLMSamplingParams,
+        LLM=lambda **kwargs: None,
+        __version__="1.1",
+    )
+    stand_in(monkeypatch, "tensorrt_llm.llmapi", KvCacheConfig=lambda **kw: kv_configs.append(kw))
+    stand_in(monkeypatch, "tensorrt_llm.llmapi.rlhf_utils", WorkerExtension=extension)
+    config = config_lib.load(["rollout=trtllm"])
+    caplog.set_level("INFO", logger=trtllm_engine_module.__name__)
+    engine = builders.build_rollout_engine(
+        config, dict(SeededHFWeights(config.model, seed=0)), tiny_tokenizer
+    )
+    assert engine.refit and engine.block_reuse is resettable
+    assert kv_configs[0]["enable_block_reuse"] is resettable
+    assert ("no reset_prefix_cache" in caplog.text) is not resettable
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -583,6 +699,37 @@ def test_vllm_refit_serves_the_new_weights(vllm_engine, gpu_prompts, tiny_tokeni
     ]
 
 
+def long_prompt(gpu_prompts: list[list[int]]) -> list[int]:
+    """80 tokens: whole 16-token KV blocks to reuse."""
+    return [token for prompt in gpu_prompts for token in prompt] * 4
+
+
+@gpu
+@needs_cuda
+def test_vllm_reuses_a_prefix_until_a_refit(vllm_engine, gpu_prompts, tiny_tokenizer):
+    prompt = long_prompt(gpu_prompts)
+
+    def greedy() -> tuple[Generation, int]:
+        """The prompt continued, and how many of its tokens vLLM read from its prefix cache."""
+        params = vllm_engine._sampling_params(**{**vllm_sampling_kwargs(GREEDY), "seed": 0})
+        output = vllm_engine.llm.generate(
+            [{"prompt_token_ids": prompt}], sampling_params=[params], use_tqdm=False
+        )[0]
+        generation = vllm_generation(output.outputs[0], len(prompt), vllm_engine._decode)
+        return generation, output.num_cached_tokens or 0
+
+    greedy()
+    assert greedy()[1] >= 64
+    new = dict(SeededHFWeights(gpu_model(), seed=1))
+    vllm_engine.update_weights(new)
+    try:
+        after, cached = greedy()
+        assert cached == 0  # computed again, with the new weights
+        assert_agrees(reference(new, tiny_tokenizer), [prompt], [after], 0)
+    finally:
+        vllm_engine.update_weights(dict(SeededHFWeights(gpu_model(), seed=0)))
+
+
 @gpu
 @needs_cuda
 def test_vllm_sleeps_and_wakes(vllm_engine, gpu_prompts):
@@ -659,6 +806,28 @@ def test_trtllm_stop_strings_cut_like_the_reference(trtllm_engine, gpu_prompts):
     )[0]
     assert stopped.finish_reason == "stop" and stopped.extra == {"stop": stop}
     assert stop in stopped.text and stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
+
+
+@gpu
+@needs_cuda
+def test_trtllm_reused_blocks_do_not_outlive_a_refit(trtllm_engine, gpu_prompts, tiny_tokenizer):
+    if not trtllm_engine.block_reuse:
+        pytest.skip("this TensorRT-LLM cannot reset its prefix cache on a refit: no block reuse")
+    prompt = long_prompt(gpu_prompts)
+    weights = SeededHFWeights(gpu_model(), seed=0)
+    first = trtllm_engine.generate([prompt], GREEDY)
+    again = trtllm_engine.generate([prompt, prompt], GREEDY)  # from the reused blocks
+    assert [g.token_ids for g in again] == [first[0].token_ids] * 2
+    assert_agrees(reference(weights, tiny_tokenizer), [prompt] * 2, again, 0)
+    if not trtllm_engine.refit:
+        return
+    new = dict(SeededHFWeights(gpu_model(), seed=1))
+    trtllm_engine.update_weights(new)
+    try:
+        after = trtllm_engine.generate([prompt], GREEDY)
+        assert_agrees(reference(new, tiny_tokenizer), [prompt], after, 0)  # no stale block
+    finally:
+        trtllm_engine.update_weights(dict(SeededHFWeights(gpu_model(), seed=0)))
 
 
 @gpu

@@ -234,3 +234,113 @@ def test_refit_from_megatron_policy_gives_its_logits(megatron_world, tied):
         ours = module.eval()(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None)
         theirs = engine.model(input_ids=tokens).logits
     assert float((ours - theirs).abs().max()) < 1e-4
+
+
+# ----------------------------------------------------------------------------- prefix caching
+
+BLOCK = 4  # small blocks, so the tiny prompts here fill some
+
+
+@pytest.fixture(scope="module")
+def uncached(tiny_tokenizer):
+    return HFEngine(
+        tiny_model(len(tiny_tokenizer)), seed=3, tokenizer=tiny_tokenizer, prefix_caching=False
+    )
+
+
+@pytest.fixture
+def cached(tiny_tokenizer):
+    """A fresh cache (and counters) per test."""
+    return HFEngine(
+        tiny_model(len(tiny_tokenizer)), seed=3, tokenizer=tiny_tokenizer, prefix_block_tokens=BLOCK
+    )
+
+
+def assert_same(ours, theirs):
+    assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+    for a, b in zip(ours, theirs):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert (a.finish_reason, a.prompt_tokens) == (b.finish_reason, b.prompt_tokens)
+
+
+def next_turns(prompts, generations, seed):
+    """Each episode's next prompt: this one, its generation and a 4-token observation."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        prompt + generation.token_ids + torch.randint(9, 200, (4,), generator=generator).tolist()
+        for prompt, generation in zip(prompts, generations)
+    ]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=8, temperature=0),
+        SamplingParams(max_new_tokens=8, temperature=0.8, top_p=0.9),
+    ],
+    ids=["greedy", "seeded"],
+)
+def test_later_turns_read_their_history_from_the_cache_and_continue_alike(
+    cached, uncached, prompts, params
+):
+    turns = [list(prompts), None, None]
+    seeds = [21, 22, 23]
+    for turn in range(3):
+        ours = cached.generate(turns[turn], params, seeds)
+        assert_same(ours, uncached.generate(turns[turn], params, seeds))
+        if turn < 2:
+            turns[turn + 1] = next_turns(turns[turn], ours, seed=turn)
+    stats = cached.prefix_stats
+    assert stats.hits >= 2 * len(prompts) - 1  # every later turn but a too-short one hits
+    # A turn reads all of its history but the last sampled token and the unfilled block.
+    second = turns[1]
+    assert stats.reused_tokens >= sum(len(p) - 4 - 1 - BLOCK for p in second)
+    assert stats.computed_tokens + stats.reused_tokens >= stats.prompt_tokens
+
+
+def test_a_batch_of_hits_misses_and_duplicates_continues_alike(cached, uncached, prompts):
+    cached.generate(prompts[1:2], GREEDY)  # prompts[1] is cached, the others are not
+    first = cached.generate(prompts[1:2], GREEDY)[0]
+    extended = prompts[1] + first.token_ids + [9, 10, 11]
+    batch = [prompts[0], extended, prompts[2], prompts[2], prompts[1], extended]
+    hits = cached.prefix_stats.hits
+    assert_same(cached.generate(batch, GREEDY), uncached.generate(batch, GREEDY))
+    assert cached.prefix_stats.hits - hits == 5  # all but prompts[0], shorter than a block
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    seeds = list(range(40, 40 + len(batch)))
+    assert_same(cached.generate(batch, params, seeds), uncached.generate(batch, params, seeds))
+
+
+def test_a_group_computes_its_shared_prompt_once(cached, uncached):
+    prompt = torch.randint(9, 200, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    group = [prompt] * 4
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    seeds = [1, 2, 3, 4]
+    assert_same(cached.generate(group, params, seeds), uncached.generate(group, params, seeds))
+    stats = cached.prefix_stats
+    shared = (len(prompt) - 1) // BLOCK * BLOCK  # whole blocks before the last token
+    assert stats.shared_prefixes == 1
+    assert stats.computed_tokens == shared + len(group) * (len(prompt) - shared)
+    assert (stats.hits, stats.reused_tokens) == (4, 4 * shared)
+    assert stats.computed_tokens < len(group) * len(prompt) / 2
+
+
+def test_a_refit_empties_the_cache_even_when_it_stops_half_way(cached, uncached, prompts):
+    cached.generate(prompts, GREEDY)
+    assert cached.prefix_cache.cached_tokens > 0
+    new = dict(SeededHFWeights(cached.model_config, seed=5))
+    cached.update_weights(new)
+    assert cached.prefix_cache.cached_tokens == 0
+    # No key of the old weights is reused: the new weights give the uncached engine's tokens.
+    reference = HFEngine(cached.model_config, new, prefix_caching=False)
+    assert_same(cached.generate(prompts, GREEDY), reference.generate(prompts, GREEDY))
+    assert cached.prefix_cache.cached_tokens > 0
+    first, *rest = ({name: tensor} for name, tensor in new.items())
+    with pytest.raises(EngineError, match="without 1 of the model's tensors"):
+        cached.update_weights(iter([first, *rest[:-1]]))
+    assert cached.prefix_cache.cached_tokens == 0
+
+
+def test_a_cache_bound_below_one_block_is_refused(tiny_tokenizer):
+    with pytest.raises(EngineError, match="prefix_cache_mb=1 holds no block"):
+        HFEngine(tiny_model(len(tiny_tokenizer)), prefix_cache_mb=1, prefix_block_tokens=4096)

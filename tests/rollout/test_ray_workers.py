@@ -37,7 +37,7 @@ from nemo_orch.reward.scoring import by_answer, score_groups
 from nemo_orch.rollout import ray_workers
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.ray_workers import RayRolloutPool
-from nemo_orch.rollout.runner import run_rollouts
+from nemo_orch.rollout.runner import episode_jobs, run_rollouts
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.train.grpo_rollouts import Rollouts
 
@@ -136,6 +136,23 @@ def ray_listening_addresses() -> set[str]:
                     if connection.status == psutil.CONN_LISTEN
                 }
     return addresses
+
+
+@pytest.mark.parametrize(
+    "groups,group_size,workers", [(5, 4, 2), (3, 16, 4), (7, 2, 3), (1, 8, 2), (4, 1, 3)]
+)
+def test_a_group_runs_whole_on_one_worker(groups, group_size, workers):
+    """Sticky routing: an episode's turns and its group's shared prompt meet on one engine (and
+    its prefix cache); a worker replaced mid-rollout runs its whole chunk again."""
+    jobs = episode_jobs([Task(f"t{i}", "Q?") for i in range(groups)], group_size)
+    chunks = ray_workers._chunks(jobs, group_size, workers)
+    assert 1 <= len(chunks) <= workers
+    assert [job for chunk in chunks for job in chunk] == jobs
+    owners = {}
+    for worker, chunk in enumerate(chunks):
+        for job in chunk:
+            assert owners.setdefault(job.task.id, worker) == worker
+        assert len(chunk) % group_size == 0
 
 
 def test_ray_started_here_serves_on_loopback_only(ray_session):

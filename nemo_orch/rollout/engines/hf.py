@@ -7,6 +7,13 @@ Logprobs are those of the sampled tokens under ``log_softmax(logits / temperatur
 distribution *before* top-k/top-p filtering, as verl and vLLM report them -- and under
 ``log_softmax(logits)`` for greedy decoding (``temperature=0``). That is the quantity GRPO
 compares with the training policy's logprobs.
+
+Prefix caching (:mod:`.prefix_cache`, ``rollout.prefix_caching``): the keys and values of every
+finished row are kept in blocks, so the next turn of an episode (its prompt: this one, the
+generation and an observation) and the other samples of its group compute only what is new. A
+call's prompts that share an uncached prefix (a GRPO group's prompt) have it computed once
+first. The tokens are the uncached engine's and the logprobs agree to float rounding: a reused
+key was computed in another batch shape, which rounds its last bits differently.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -34,6 +42,23 @@ from nemo_orch.rollout.engines.base import (
     check_prompts,
     prompt_seeds,
 )
+from nemo_orch.rollout.engines.prefix_cache import (
+    NO_PREFIX,
+    CachedPrefix,
+    PrefixCache,
+    PrefixStats,
+    shared_prefixes,
+)
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+
+PREFIX_BLOCK_TOKENS = 16  # vLLM's default block size
+
+
+def kv_bytes_per_token(model: ModelConfig) -> int:
+    """What one token's keys and values take in the CPU engine (float32, every layer)."""
+    return 2 * model.num_layers * model.num_query_groups * model.kv_channels * 4
 
 
 def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -80,12 +105,26 @@ class _Row:
     stop: str | int | None = None
 
 
+@dataclass
+class _Batch:
+    """A prefill's inputs; ``reused``: each row's tokens read from the prefix cache."""
+
+    cache: DynamicCache
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    reused: list[int]
+
+
 class HFEngine(RefitGuard):
     """Batched generation with transformers on CPU (float32), refit from HF-named weights.
 
     ``weights``: full HF-named tensors; without them the model starts from
     :class:`SeededHFWeights` with ``seed`` -- the same initial weights as a Megatron policy built
     with that run seed. ``tokenizer`` decodes ``Generation.text`` and is needed for stop strings.
+    ``prefix_caching``: reuse the keys and values of earlier prompts' prefixes (see the module
+    docstring), at most ``prefix_cache_mb`` MiB of them in blocks of ``prefix_block_tokens``
+    tokens; ``prefix_stats`` counts what was reused and computed.
     """
 
     def __init__(
@@ -95,12 +134,19 @@ class HFEngine(RefitGuard):
         *,
         seed: int = 0,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        prefix_caching: bool = True,
+        prefix_cache_mb: int = 512,
+        prefix_block_tokens: int = PREFIX_BLOCK_TOKENS,
     ) -> None:
         self.model_config = model
         self.tokenizer = tokenizer
         if not model.qk_layernorm:
             raise EngineError("the HF engine serves Qwen3, which needs model.qk_layernorm=true")
         self.model = build_hf_model(model, attn_implementation="sdpa").to(torch.float32).eval()
+        self.prefix_stats = PrefixStats()
+        self.prefix_cache = (
+            _prefix_cache(model, prefix_cache_mb, prefix_block_tokens) if prefix_caching else None
+        )
         self.update_weights(weights if weights is not None else SeededHFWeights(model, seed))
 
     @classmethod
@@ -110,6 +156,8 @@ class HFEngine(RefitGuard):
         *,
         tokenizer: PreTrainedTokenizerBase | None = None,
         base: ModelConfig | None = None,
+        prefix_caching: bool = True,
+        prefix_cache_mb: int = 512,
     ) -> HFEngine:
         """Load an HF Qwen3 directory (e.g. from ``nemo-orch export --format hf``); its tokenizer
         is used when the directory has one and none is given."""
@@ -119,12 +167,22 @@ class HFEngine(RefitGuard):
             from nemo_orch.models.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(directory)
-        return cls(model, checkpoint, tokenizer=tokenizer)
+        return cls(
+            model,
+            checkpoint,
+            tokenizer=tokenizer,
+            prefix_caching=prefix_caching,
+            prefix_cache_mb=prefix_cache_mb,
+        )
 
     def update_weights(self, weights: WeightUpdate) -> None:
         """Copy HF-named tensors, whole or bucket by bucket, into the model; the names must
         cover it exactly (:func:`checked_buckets`: a rejected full state leaves the old weights
-        intact). A tied lm_head is listed once, as the embedding."""
+        intact). A tied lm_head is listed once, as the embedding. The prefix cache is emptied
+        first: its keys and values are the old weights', and a refit that stops half-way leaves
+        the model on neither."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         params = dict(self.model.named_parameters())
 
         def copy(bucket: Mapping[str, torch.Tensor]) -> None:
@@ -138,11 +196,10 @@ class HFEngine(RefitGuard):
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, seeds: Sequence[int] | None = None
     ) -> list[Generation]:
-        """Continue every prompt; finished rows are dropped from the batch (and its KV cache).
-        Each row samples from its own generator, seeded with its prompt's seed, so a row's
-        tokens do not depend on its neighbours."""
-        from transformers import DynamicCache
-
+        """Continue every prompt; finished rows are dropped from the batch (and its KV cache),
+        their keys and values kept in the prefix cache. Each row samples from its own
+        generator, seeded with its prompt's seed, so a row's tokens do not depend on its
+        neighbours."""
         self._check_refitted()
         if not prompts:
             return []
@@ -159,16 +216,9 @@ class HFEngine(RefitGuard):
             )
             for p, seed in zip(prompts, prompt_seeds(params, len(prompts), seeds))
         ]
-
-        # Left-padded prefill: pads are masked out and real tokens get positions 0..n-1.
-        width = max(len(p) for p in prompts)
-        input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            mask[i, width - len(prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        batch = self._prefill(prompts)
+        cache, mask, positions = batch.cache, batch.mask, batch.positions
+        input_ids = batch.input_ids
         active = list(range(len(prompts)))  # batch row -> index in rows
         while True:
             logits = self.model(
@@ -188,6 +238,8 @@ class HFEngine(RefitGuard):
                 self._check_finished(row, params)
                 if row.finish_reason is None:
                     still.append(batch_row)
+                else:  # the last token's keys and values were never computed
+                    self._remember(cache, batch_row, prompts[index] + row.tokens[:-1])
             if not still:
                 break
             if len(still) < len(active):
@@ -209,6 +261,95 @@ class HFEngine(RefitGuard):
             )
             for row in rows
         ]
+
+    def _prefill(self, prompts: list[list[int]]) -> _Batch:
+        """The first forward pass's inputs: each prompt's longest cached prefix preloaded (its
+        last token is always computed: its logits are needed), after the prefixes this call's
+        prompts share are computed once."""
+        if self.prefix_cache is None:
+            found = [NO_PREFIX] * len(prompts)
+        else:
+            self._compute_shared_prefixes(prompts)
+            found = [self.prefix_cache.lookup(prompt[:-1]) for prompt in prompts]
+        batch = self._batch_inputs(prompts, found)
+        stats = self.prefix_stats
+        stats.prompts += len(prompts)
+        stats.prompt_tokens += sum(len(prompt) for prompt in prompts)
+        stats.hits += sum(1 for length in batch.reused if length)
+        stats.reused_tokens += sum(batch.reused)
+        return batch
+
+    def _compute_shared_prefixes(self, prompts: list[list[int]]) -> None:
+        """Compute and cache, once each, the uncached prefixes several prompts share, so the
+        prompts then read them from the cache rather than each computing them."""
+        cache = self.prefix_cache
+        todo = [
+            prefix
+            for prefix in shared_prefixes([prompt[:-1] for prompt in prompts], cache.block_size)
+            if cache.lookup(prefix).length < len(prefix)
+        ]
+        if not todo:
+            return
+        batch = self._batch_inputs(todo, [cache.lookup(prefix[:-1]) for prefix in todo])
+        self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
+            cache=batch.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        for batch_row, prefix in enumerate(todo):
+            self._remember(batch.cache, batch_row, prefix)
+        self.prefix_stats.shared_prefixes += len(todo)
+
+    def _batch_inputs(self, prompts: list[list[int]], found: list[CachedPrefix]) -> _Batch:
+        """A left-padded batch whose rows compute only what their cached prefixes (``found``)
+        leave: the last ``computed`` columns of the widest prompt, the columns before them
+        preloaded from the cache (each row's right-aligned, pads masked out). A row whose
+        cached prefix is longer than that recomputes the difference. Real tokens get positions
+        0..n-1."""
+        from transformers import DynamicCache
+
+        width = max(len(prompt) for prompt in prompts)
+        computed = max(len(prompt) - prefix.length for prompt, prefix in zip(prompts, found))
+        past = width - computed
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        input_ids = torch.zeros((len(prompts), computed), dtype=torch.long)
+        reused = [max(0, len(prompt) - computed) for prompt in prompts]
+        for i, prompt in enumerate(prompts):
+            mask[i, width - len(prompt) :] = 1
+            tail = prompt[reused[i] :]
+            input_ids[i, computed - len(tail) :] = torch.tensor(tail)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+        cache = DynamicCache(config=self.model.config)
+        if past:
+            layers, heads = self.model_config.num_layers, self.model_config.num_query_groups
+            shape = (layers, len(prompts), heads, past, self.model_config.kv_channels)
+            keys, values = torch.zeros(shape), torch.zeros(shape)
+            for i, (prefix, length) in enumerate(zip(found, reused)):
+                if length:
+                    keys[:, i, :, past - length :], values[:, i, :, past - length :] = (
+                        prefix.keys_values(length)
+                    )
+            for layer in range(layers):
+                cache.update(keys[layer], values[layer], layer)
+        self.prefix_stats.computed_tokens += sum(
+            len(prompt) - length for prompt, length in zip(prompts, reused)
+        )
+        return _Batch(cache, input_ids, mask, positions, reused)
+
+    def _remember(self, cache: DynamicCache, batch_row: int, tokens: list[int]) -> None:
+        """Keep the keys and values of ``tokens``, the last columns of ``batch_row`` in
+        ``cache``, in the prefix cache."""
+        if self.prefix_cache is None:
+            return
+        count = len(tokens)
+        self.prefix_cache.insert(
+            tokens,
+            [layer.keys[batch_row, :, -count:] for layer in cache.layers],
+            [layer.values[batch_row, :, -count:] for layer in cache.layers],
+        )
 
     def _sample(
         self, logits: torch.Tensor, params: SamplingParams, rows: list[_Row]
@@ -241,3 +382,15 @@ class HFEngine(RefitGuard):
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _prefix_cache(model: ModelConfig, megabytes: int, block_tokens: int) -> PrefixCache:
+    """A prefix cache of at most ``megabytes`` of ``model``'s keys and values."""
+    per_block = kv_bytes_per_token(model) * block_tokens
+    if (megabytes << 20) < per_block:
+        raise EngineError(
+            f"rollout.prefix_cache_mb={megabytes} holds no block of this model's keys and "
+            f"values ({per_block / 2**20:.1f} MiB per {block_tokens} tokens); raise it or set "
+            "rollout.prefix_caching=false"
+        )
+    return PrefixCache(block_tokens, (megabytes << 20) // kv_bytes_per_token(model))

@@ -25,9 +25,14 @@ Refit (PyTorch backend, ``refit=True``): the engine runs on TensorRT-LLM's Ray o
 its RLHF worker extension (``tensorrt_llm.llmapi.rlhf_utils.WorkerExtension``, TensorRT-LLM
 >= 1.1). ``update_weights`` copies HF-named tensors to the engine's GPUs in buckets, hands them
 over as CUDA IPC handles (so the engine must share this node's first ``tensor_parallel_size``
-GPUs, as it does colocated), and finalises the load. KV-cache block reuse is off on a
-refittable engine: a reused block would hold keys and values computed with the old weights. A
-built engine cannot be refit: its weights are compiled in.
+GPUs, as it does colocated), and finalises the load. A built engine cannot be refit: its weights
+are compiled in.
+
+KV-cache block reuse (TensorRT-LLM's prefix cache, ``rollout.prefix_caching``: an episode's turns
+and a group's shared prompt reuse their blocks) is on, and on a refittable engine only where the
+RLHF extension can reset it (``reset_prefix_cache``, in recent releases): every refit resets it
+after the finalising step, so no block computed with the old weights is reused. Without that
+method reuse stays off on a refittable engine, and the engine logs why (:func:`block_reuse`).
 """
 
 from __future__ import annotations
@@ -111,6 +116,28 @@ def model_limits(config: Mapping[str, Any]) -> tuple[int, int]:
         raise EngineError(
             f"config.json has no {error}: not a Qwen3 model, checkpoint or engine"
         ) from None
+
+
+def rlhf_extension_resets_prefix_cache() -> bool:
+    """Whether the installed RLHF worker extension can reset the engine's prefix cache."""
+    if importlib.util.find_spec("tensorrt_llm.llmapi.rlhf_utils") is None:
+        return False
+    from tensorrt_llm.llmapi.rlhf_utils import WorkerExtension
+
+    return hasattr(WorkerExtension, "reset_prefix_cache")
+
+
+def block_reuse(prefix_caching: bool, refit: bool, resettable: bool) -> tuple[bool, str | None]:
+    """Whether the engine reuses KV-cache blocks and, when it does not, why: a refittable engine
+    reuses them only when its prefix cache can be reset (``resettable``) after each refit."""
+    if not prefix_caching:
+        return False, "rollout.prefix_caching=false"
+    if refit and not resettable:
+        return False, (
+            "this TensorRT-LLM's RLHF worker extension has no reset_prefix_cache, so a refit "
+            "could not drop the KV blocks of the old weights; a newer release reuses them"
+        )
+    return True, None
 
 
 def trtllm_sampling_kwargs(
@@ -201,7 +228,8 @@ class TRTLLMEngine(LibraryEngineMixin):
     strings and here to decode ``Generation.text``. ``free_gpu_memory_fraction``: the share of
     the memory left after loading the weights that goes to the KV cache. ``refit``: start the
     PyTorch backend so that :meth:`update_weights` works (see the module docstring).
-    ``max_seq_len`` null: the model's (or the built engine's).
+    ``max_seq_len`` null: the model's (or the built engine's). ``prefix_caching``: reuse KV-cache
+    blocks where a refit can reset them (see the module docstring).
     """
 
     def __init__(
@@ -215,6 +243,7 @@ class TRTLLMEngine(LibraryEngineMixin):
         max_batch_size: int = 64,
         max_seq_len: int | None = None,
         refit: bool = False,
+        prefix_caching: bool = True,
     ) -> None:
         trtllm = import_trtllm()
         require_cuda("trtllm")
@@ -242,8 +271,13 @@ class TRTLLMEngine(LibraryEngineMixin):
         }
         from tensorrt_llm.llmapi import KvCacheConfig
 
+        self.block_reuse, why_not = block_reuse(
+            prefix_caching, refit, refit and rlhf_extension_resets_prefix_cache()
+        )
+        if why_not is not None:
+            log.info("trtllm: KV-cache block reuse is off: %s", why_not)
         kv_cache = KvCacheConfig(
-            free_gpu_memory_fraction=free_gpu_memory_fraction, enable_block_reuse=not refit
+            free_gpu_memory_fraction=free_gpu_memory_fraction, enable_block_reuse=self.block_reuse
         )
         common = {
             "tokenizer": tokenizer,
@@ -346,6 +380,8 @@ class TRTLLMEngine(LibraryEngineMixin):
         started = time.perf_counter()
         loaded = self._load_weights(weights, load)
         self.llm._collective_rpc("update_weights", (None,))  # finalise: post-load processing
+        if self.block_reuse:  # recent finalising steps reset it too: this does not rely on it
+            self.llm._collective_rpc("reset_prefix_cache")
         torch.cuda.ipc_collect()
         self.last_refit_seconds = time.perf_counter() - started
         log.info("trtllm refit: %d tensors in %.2f s", loaded, self.last_refit_seconds)

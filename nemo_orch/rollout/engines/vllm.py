@@ -14,7 +14,9 @@ so once.
 
 Refit: HF-named tensors go to every worker through ``collective_rpc`` and the model's own
 ``load_weights`` (which shards them for tensor parallelism), in buckets of at most 512 MiB; the
-prefix cache is reset afterwards so no KV block computed with the old weights is reused. The
+prefix cache (vLLM's automatic prefix caching, on with ``rollout.prefix_caching``: an episode's
+turns and a group's shared prompt reuse their KV blocks) is reset afterwards so no KV block
+computed with the old weights is reused. The
 engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while it starts): the
 engine-core client's msgpack transport would deliver the tensors as ``[dtype, shape, bytes]``
 lists, while the in-process path hands them to the executor as they are (tensor-parallel workers
@@ -150,7 +152,8 @@ class VLLMEngine(LibraryEngineMixin):
     ``directory``: an HF Qwen3 directory with its tokenizer; ``tokenizer`` (the same) decodes
     ``Generation.text``. ``sleep_mode`` enables :meth:`sleep` / :meth:`wake_up` (colocation);
     ``sleep_level`` is what :meth:`sleep` does (see the module docstring). ``max_model_len``
-    null: the model's ``max_position_embeddings``.
+    null: the model's ``max_position_embeddings``. ``prefix_caching``: vLLM's automatic prefix
+    caching, passed explicitly rather than left to the release's default.
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class VLLMEngine(LibraryEngineMixin):
         max_model_len: int | None = None,
         sleep_mode: bool = True,
         sleep_level: int = 1,
+        prefix_caching: bool = True,
     ) -> None:
         vllm = import_vllm()
         require_cuda("vllm")
@@ -206,6 +210,7 @@ class VLLMEngine(LibraryEngineMixin):
                 max_model_len=self.max_seq_len,
                 max_num_seqs=max_batch_size,
                 logprobs_mode="processed_logprobs",
+                enable_prefix_caching=prefix_caching,
                 worker_extension_cls=_EXTENSION,
             )
 
