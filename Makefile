@@ -72,7 +72,8 @@ $(TRL_VENV)/.installed-stamp: requirements-bench-trl.txt
 	touch $@
 
 bench-trl: $(STAMP) $(TRL_VENV)/.installed-stamp
-	$(PY) benchmarks/vs_trl.py --trl-python $(TRL_VENV)/bin/python
+	$(PY) benchmarks/vs_trl.py --trl-python $(TRL_VENV)/bin/python --workload arithmetic
+	$(PY) benchmarks/vs_trl.py --trl-python $(TRL_VENV)/bin/python --workload orchestrator
 
 clean:
 	rm -rf $(VENV) $(TRL_VENV) runs

@@ -24,6 +24,18 @@ model's parameters and should match.
 
 Run: ``python benchmarks/train_step.py [--steps 5 --warmup 3 --batch-size 8 --seq-length 512
 --threads 2 --model-override num_layers=8 hidden_size=512]``.
+
+**``--grpo-update SFT_CHECKPOINT``**: instead, GRPO's update on the main job's real batches,
+with and without prefix sharing (``grpo.prefix_sharing``). The main job's GRPO stage is set up
+from its SFT checkpoint (``make train``'s ``runs/tiny-sft/sft/checkpoints``) with its config;
+one step's groups (``grpo.prompts_per_step`` x ``rollout.group_size`` episodes of the offline
+world, scored and filtered as the stage does) are rolled out from the SFT policy and made into
+its samples (``grpo_samples.samples_of``). Then the update (``grpo._update``: old-policy and
+reference forwards, the KL guard, the optimizer step) runs on them without and with sharing,
+alternating which goes first, the policy's weights restored after each. Reported per way: the
+positions trained on (the samples' tokens; padded to the micro-batches), the positions the
+forward passes computed, their ratio, and the update's seconds (median, min-max, of ``--steps``
+after ``--warmup``).
 """
 
 from __future__ import annotations
@@ -33,10 +45,12 @@ import dataclasses
 import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,9 +58,14 @@ import torch.nn.functional as F
 from nemo_orch import config as config_lib
 from nemo_orch import distributed
 from nemo_orch.config import Config
-from nemo_orch.models import qwen3
+from nemo_orch.models import qwen3, weights
 from nemo_orch.models.hf_mapping import SeededHFWeights, build_hf_model
-from nemo_orch.train.policy import Policy
+from nemo_orch.models.tokenizer import load_tokenizer
+from nemo_orch.train import curriculum, grpo
+from nemo_orch.train.grpo_loss import grpo_token_loss
+from nemo_orch.train.grpo_rollouts import build_rollouts
+from nemo_orch.train.grpo_samples import Sample, samples_of
+from nemo_orch.train.policy import Policy, ReferenceModel, load_start_weights
 
 Batch = dict[str, torch.Tensor]
 LOSS_MASK_FRACTION = 0.7
@@ -76,6 +95,11 @@ def parse_args() -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="model.* fields, e.g. num_layers=8 hidden_size=512",
+    )
+    parser.add_argument(
+        "--grpo-update",
+        metavar="SFT_CHECKPOINT",
+        help="instead: GRPO's update on the main job's batches, with and without prefix sharing",
     )
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0:
@@ -225,8 +249,127 @@ def print_report(
         print("| " + " | ".join(row) + " |")
 
 
+# ------------------------------------------------------------------ --grpo-update
+
+
+def grpo_stage_config(sft_checkpoint: str, threads: int) -> Config:
+    """The main job's GRPO stage from its SFT checkpoint (the checkpoint's tokenizer and
+    architecture), as ``nemo-orch train`` runs it, with its outputs in a temporary directory."""
+    config = config_lib.load(
+        [
+            f"trainer.init_from={sft_checkpoint}",
+            f"trainer.num_threads={threads}",
+            f"run.output_dir={tempfile.mkdtemp(prefix='train_step-')}",
+        ]
+    )
+    return grpo.policy_config(grpo.start_model(config))
+
+
+def main_job_samples(config: Config, policy: Policy) -> list[Sample]:
+    """One step of the main job's rollouts from ``policy``: its groups, scored and filtered as
+    GRPO's first step does, as training samples."""
+    tokenizer = load_tokenizer(config.tokenizer_dir)
+    hf = weights.gather_hf_weights(policy.module, config.model, config.rollout.refit_bucket_mb)
+    config.run.dir.mkdir(parents=True)  # where the rollouts leave their notes
+    with build_rollouts(config, tokenizer, hf, []) as rollouts:
+        batch = rollouts.step(1, curriculum.stage_tools(config.grpo.curriculum, []))
+    return samples_of(batch.kept, config)
+
+
+@dataclass
+class UpdateMeasurement:
+    """One way of the update (shared or not): its seconds and what it stepped on and
+    computed (``tokens``, ``tokens_computed``: padded positions, as the update counts them)."""
+
+    seconds: list[float]
+    tokens: int
+    tokens_computed: int
+
+
+def measure_grpo_update(args: argparse.Namespace) -> None:
+    config = grpo_stage_config(args.grpo_update, args.threads)
+    with distributed.parallel_session(config.parallel, config.run.seed) as context:
+        distributed.set_intra_op_threads(config.trainer.num_threads)
+        policy, reference = Policy(config, context), ReferenceModel(config, context)
+        for module in (policy.module, reference.module):
+            load_start_weights(module, config.model, Path(config.trainer.init_from))
+        policy.optimizer.reload_model_params()
+        started = time.perf_counter()
+        samples = main_job_samples(config, policy)
+        rollout_seconds = time.perf_counter() - started
+        pad_id = load_tokenizer(config.tokenizer_dir).pad_token_id
+        learners = {
+            shared: grpo.Learner(
+                policy,
+                reference,
+                grpo_token_loss(config.grpo),
+                context.dp_rank,
+                pad_id,
+                share_prefixes=shared,
+            )
+            for shared in (False, True)
+        }
+        start = policy.copy_weights()
+        measured = {shared: UpdateMeasurement([], 0, 0) for shared in learners}
+        for index in range(args.warmup + args.steps):
+            for shared in (False, True) if index % 2 == 0 else (True, False):
+                began = time.perf_counter()
+                trained = grpo._update(learners[shared], samples, config, step=1)
+                seconds = time.perf_counter() - began
+                policy.restore_weights(start)  # every update starts from the SFT policy
+                if "skipped_update" in trained:
+                    raise SystemExit(f"the update was skipped: {trained}")
+                if index >= args.warmup:
+                    measured[shared].seconds.append(seconds)
+                measured[shared].tokens = int(trained["tokens"])
+                measured[shared].tokens_computed = int(trained["tokens_computed"])
+    print_grpo_report(args, config, samples, rollout_seconds, measured)
+
+
+def print_grpo_report(
+    args: argparse.Namespace,
+    config: Config,
+    samples: list[Sample],
+    rollout_seconds: float,
+    measured: dict[bool, UpdateMeasurement],
+) -> None:
+    grpo_config, tokens = config.grpo, sum(len(sample.token_ids) - 1 for sample in samples)
+    groups = len({sample.sample_id.rsplit("/", 1)[0] for sample in samples})
+    print(
+        f"machine: torch {torch.__version__}, threads {torch.get_num_threads()}, CPUs "
+        f"{os.cpu_count()}, load average {os.getloadavg()[0]:.1f}\n"
+        f"the main job's GRPO step from {args.grpo_update}: {len(samples)} samples of {groups} "
+        f"groups ({grpo_config.prompts_per_step} x {config.rollout.group_size} episodes "
+        f"rolled out in {rollout_seconds:.0f} s, grpo.sample_mode={grpo_config.sample_mode}), "
+        f"{tokens:,} sample tokens, {sum(sum(s.loss_mask) for s in samples):,} of them the "
+        f"policy's; micro-batches of {grpo_config.micro_batch_size}; {args.warmup} warm-up + "
+        f"{args.steps} timed updates each way, alternated\n"
+    )
+    print(
+        "| update | positions trained (padded) | positions computed | computed / sample "
+        "tokens | computed / trained | update s median (min-max) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for shared, row in measured.items():
+        print(
+            f"| {'prefix-shared' if shared else 'unshared'} | {row.tokens:,} | "
+            f"{row.tokens_computed:,} | {row.tokens_computed / tokens:.2f} | "
+            f"{row.tokens_computed / row.tokens:.2f} | {statistics.median(row.seconds):.2f} "
+            f"({min(row.seconds):.2f}-{max(row.seconds):.2f}) |"
+        )
+    unshared, shared = measured[False], measured[True]
+    print(
+        f"\nshared / unshared: positions computed "
+        f"{shared.tokens_computed / unshared.tokens_computed:.2f}x, update seconds "
+        f"{statistics.median(shared.seconds) / statistics.median(unshared.seconds):.2f}x"
+    )
+
+
 def main() -> None:
     args = parse_args()
+    if args.grpo_update is not None:
+        measure_grpo_update(args)
+        return
     torch.set_num_threads(args.threads)
     config = load_config(args)
     batch = make_batch(config, args.batch_size, args.seq_length)

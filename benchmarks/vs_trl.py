@@ -1,17 +1,31 @@
 """The GRPO step against a peer: ``nemo-orch grpo`` and Hugging Face TRL's ``GRPOTrainer`` at equal
-work on CPU.
+work on CPU, on one of two workloads (``--workload``).
 
-The work, the same on both sides: the micro policy (``model=micro``, seeded weights exported to
-HF, its tokenizer trained on the offline conversations), 4 prompts x 8 samples a step (each
-prompt the chat-templated first turn of a "What is i + i?" task, no tools), at most 64 new
-tokens at temperature 1, one AdamW step over 4 micro-batches of 8, a KL of 0.1 to the start
-policy, fp32, ``--threads`` intra-op threads each. The ratio's old policy is the sampling one,
-not a second forward of the trainer (TRL's default with one iteration; nemo-orch's
-``grpo.old_logprobs=engine``). nemo-orch's defaults that do more than this are turned off for
-the comparison (``grpo.sample_mode=turn``, ``kl_guard=null``, ``dynamic_sampling=false``,
-``reward.min_group_std=0``, ``advantage_tokens=all``, one turn). The reward, 1 for the right
-answer in ``<answer>...</answer>``, is computed by each framework's own path (nemo-orch's outcome
-scorer, a TRL reward function); it is a string match on either side.
+``arithmetic``: the micro policy (``model=micro``, seeded weights exported to HF, its tokenizer
+trained on the offline conversations), 4 prompts x 8 samples a step (each prompt the
+chat-templated first turn of a "What is i + i?" task, no tools), at most 64 new tokens.
+
+``orchestrator``: the main job's first turn (``nemo-orch train``'s GRPO stage): the micro
+policy's seeded weights with the main job's tokenizer (trained as its setup trains it), 8
+prompts x 16 samples a step (``grpo.prompts_per_step``, ``rollout.group_size``), each prompt
+the first 8 tasks of the offline world's training split rendered as its episodes render them:
+the system prompt, the offline tools' descriptions and prices, the question with its
+preference (about 150 tokens, the same 8 each step); at most 32 new tokens, one turn. TRL
+cannot run nemo-orch's tools, so neither side runs any: nemo-orch declares the main job's tools
+(they are in the prompt) and stops after the first turn (``rollout.max_turns=1``); a valid call
+would still run before it stops, but the seeded policy writes none (a few malformed ones a
+step, answered with an error: ``calls/ok`` 0). nemo-orch keeps its defaults here, the
+update's prefix sharing included (``grpo.prefix_sharing=auto``: on, on CPU).
+
+The same on both sides, either workload: temperature 1, one AdamW step over micro-batches of 8,
+a KL of 0.1 to the start policy, fp32, ``--threads`` intra-op threads each; both take the same
+prompt token ids (the TRL worker checks its tokenization against nemo-orch's rendering). The
+ratio's old policy is the sampling one, not a second forward of the trainer (TRL's default with
+one iteration; nemo-orch's ``grpo.old_logprobs=engine``). nemo-orch's defaults that do more
+than this are turned off for the comparison (``grpo.sample_mode=turn``, ``kl_guard=null``,
+``dynamic_sampling=false``, ``reward.min_group_std=0``, ``advantage_tokens=all``, one turn). The
+reward, 1 for the right answer in ``<answer>...</answer>``, is computed by each framework's own
+path (nemo-orch's outcome scorer, a TRL reward function); it is a string match on either side.
 
 How it runs: the two frameworks are two processes, started once (model load and warm-up are not
 timed), each in its own virtual environment: nemo-orch in ``.venv``, TRL in one made from
@@ -21,14 +35,14 @@ lets the other go only after the first has finished its step, so only one of the
 time and a load on the machine falls on both alike; which goes first alternates per round.
 
 How to read the table: seconds per step are the median (min-max) over the timed steps (the first
-is left out: warm-up); completions/s is 32 over that median. The split: nemo-orch's
-``time/rollout_s``, ``time/train_s`` (old-policy and reference forwards, loss, backward, the
-optimizer step) and ``time/refit_s`` from its ``metrics.jsonl``; TRL's generation
+is left out: warm-up); completions/s is the step's completions over that median. The split:
+nemo-orch's ``time/rollout_s``, ``time/train_s`` (old-policy and reference forwards, loss,
+backward, the optimizer step) and ``time/refit_s`` from its ``metrics.jsonl``; TRL's generation
 (``_generate``), the rest of its batch preparation (reference forward, rewards, advantages) and
 its update (the remainder of the step: forwards, backward, optimizer), timed around its methods.
 
 Run: ``make bench-trl`` or ``python benchmarks/vs_trl.py --trl-python .venv-trl/bin/python
-[--steps 8 --threads 2]``.
+[--workload orchestrator --steps 8 --threads 2]``.
 """
 
 from __future__ import annotations
@@ -44,31 +58,82 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-PROMPTS, SAMPLES, MAX_NEW_TOKENS, MICRO_BATCH, KL, LR, SEED = 4, 8, 64, 8, 0.1, 1e-5, 0
-COMPLETIONS = PROMPTS * SAMPLES
+if TYPE_CHECKING:  # the TRL worker's environment has no nemo-orch
+    from nemo_orch.config import Config
+    from nemo_orch.data.tasks import Task
+
+MICRO_BATCH, KL, LR, SEED = 8, 0.1, 1e-5, 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A step's shape: ``prompts`` x ``samples`` completions of at most ``max_new_tokens``."""
+
+    prompts: int
+    samples: int
+    max_new_tokens: int
+
+    @property
+    def completions(self) -> int:
+        return self.prompts * self.samples
+
+
+WORKLOADS = {
+    "arithmetic": Workload(prompts=4, samples=8, max_new_tokens=64),
+    # The main job's grpo.prompts_per_step and rollout.group_size.
+    "orchestrator": Workload(prompts=8, samples=16, max_new_tokens=32),
+}
 
 
 # ------------------------------------------------------------------------- the parent: set-up
 
 
-def prepare(workdir: Path) -> None:
+def prepare(workdir: Path, workload: str) -> None:
     """The shared inputs in ``workdir``: ``policy/`` (HF weights and tokenizer), ``tasks.jsonl``
-    (nemo-orch's tasks) and ``prompts.json`` (the same first turns as text, with answers)."""
+    (nemo-orch's tasks) and ``prompts.json`` (the same first turns as text and token ids, with
+    answers)."""
     from nemo_orch import config as config_lib
-    from nemo_orch.data.tasks import Task, write_tasks
-    from nemo_orch.envs.offline.generator import generate_conversations
+    from nemo_orch.data.tasks import write_tasks
     from nemo_orch.models.hf_mapping import SeededHFWeights, save_hf_checkpoint
-    from nemo_orch.models.tokenizer import (
-        render_conversation,
-        save_tokenizer,
-        special_token_ids,
-        train_tokenizer,
-    )
-    from nemo_orch.rollout.episode import initial_messages
+    from nemo_orch.models.tokenizer import save_tokenizer, special_token_ids
 
-    config = config_lib.load(["model=micro"])
+    config = config_lib.load(["model=micro", f"run.output_dir={workdir}", "run.name=main-job"])
+    tokenizer, tasks, tools = (
+        _orchestrator_tasks(config, WORKLOADS[workload].prompts)
+        if workload == "orchestrator"
+        else _arithmetic_tasks(config, workdir, WORKLOADS[workload].prompts)
+    )
     policy = workdir / "policy"
+    save_hf_checkpoint(
+        policy,
+        SeededHFWeights(config.model, SEED),
+        config.model,
+        special_tokens=special_token_ids(tokenizer),
+    )
+    save_tokenizer(tokenizer, policy)
+    write_tasks(workdir / "tasks.jsonl", tasks)
+    if tools:  # nemo-orch's episodes read these tasks with the tools of its own config
+        from nemo_orch.envs import build_environment
+
+        overrides = nemo_overrides(workdir, 1, 1, workload)
+        if build_environment(config_lib.load(overrides)).toolbox().schemas() != tools:
+            raise SystemExit("nemo-orch's tasks would offer other tools than the main job's")
+    prompts = []
+    for task in tasks:
+        text = _first_turn(task, tokenizer, tools)
+        ids = tokenizer.encode(text, add_special_tokens=False)  # as an episode encodes it
+        prompts.append({"prompt": text, "prompt_ids": ids, "answer": task.answer})
+    (workdir / "prompts.json").write_text(json.dumps(prompts))
+
+
+def _arithmetic_tasks(config: Config, workdir: Path, count: int) -> tuple[Any, list[Task], list]:
+    """A tokenizer trained on 300 offline conversations; "add i and i" tasks; no tools."""
+    from nemo_orch.data.tasks import Task
+    from nemo_orch.envs.offline.generator import generate_conversations
+    from nemo_orch.models.tokenizer import render_conversation, train_tokenizer
+
     texts = (
         render_conversation(c["messages"], c["tools"]) for c in generate_conversations(300, seed=0)
     )
@@ -78,13 +143,6 @@ def prepare(workdir: Path) -> None:
         min_frequency=2,
         out_dir=workdir / "tokenizer",
     )
-    save_hf_checkpoint(
-        policy,
-        SeededHFWeights(config.model, SEED),
-        config.model,
-        special_tokens=special_token_ids(tokenizer),
-    )
-    save_tokenizer(tokenizer, policy)
     tasks = [
         Task(
             id=f"t{i}",
@@ -92,39 +150,59 @@ def prepare(workdir: Path) -> None:
             "number, with no words around it, inside the answer tags.",
             answer=str(2 * i),
         )
-        for i in range(1, PROMPTS + 1)
+        for i in range(1, count + 1)
     ]
-    write_tasks(workdir / "tasks.jsonl", tasks)
-    prompts = [
-        {
-            "prompt": tokenizer.apply_chat_template(
-                initial_messages(task, tokenizer), tokenize=False, add_generation_prompt=True
-            ),
-            "answer": task.answer,
-        }
-        for task in tasks
-    ]
-    (workdir / "prompts.json").write_text(json.dumps(prompts))
+    return tokenizer, tasks, []
 
 
-def nemo_overrides(workdir: Path, steps: int, threads: int) -> list[str]:
+def _orchestrator_tasks(config: Config, count: int) -> tuple[Any, list[Task], list[dict]]:
+    """The main job's tokenizer (trained as its setup trains it), the first ``count`` tasks of
+    the offline world's training split and the schemas of its tools, the main job's."""
+    from nemo_orch.envs import build_environment
+    from nemo_orch.train.sft import prepare_tokenizer
+
+    offline = build_environment(config)
+    return (
+        prepare_tokenizer(config),
+        offline.tasks("train", count, SEED),
+        offline.toolbox().schemas(),
+    )
+
+
+def _first_turn(task: Task, tokenizer: Any, tools: list[dict]) -> str:
+    """The task's first prompt as an episode renders it (nemo_orch.rollout.episode)."""
+    from nemo_orch.rollout.episode import initial_messages
+
+    return tokenizer.apply_chat_template(
+        initial_messages(task, tokenizer),
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+
+
+def nemo_overrides(workdir: Path, steps: int, threads: int, workload: str) -> list[str]:
+    """``nemo-orch grpo``'s settings for the comparison: the workload's shape and tools (none
+    for ``arithmetic``; the main job's otherwise), the rest alike for both (module docstring)."""
+    shape = WORKLOADS[workload]
     return [
         f"trainer.init_from={workdir / 'policy'}",
         f"run.output_dir={workdir / 'runs'}",
         "model=micro",
         "env=tasks",
         f"env.path={workdir / 'tasks.jsonl'}",
+        "env.val_fraction=0",  # every task in the training split
         "reward.combination=linear",
         "reward.linear_gamma=0",
         "reward.min_group_std=0",
-        "tools.declarations=[]",
+        *(["tools.declarations=[]"] if workload == "arithmetic" else []),
         "rollout.engine=hf",
         "rollout.max_turns=1",
-        f"rollout.group_size={SAMPLES}",
-        f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+        f"rollout.group_size={shape.samples}",
+        f"rollout.max_new_tokens={shape.max_new_tokens}",
         "rollout.temperature=1.0",
         f"grpo.max_steps={steps}",
-        f"grpo.prompts_per_step={PROMPTS}",
+        f"grpo.prompts_per_step={shape.prompts}",
         f"grpo.micro_batch_size={MICRO_BATCH}",
         f"grpo.kl_coef={KL}",
         f"grpo.optim.lr={LR}",
@@ -163,7 +241,7 @@ class Turns:
         self.ready.flush()
 
 
-def nemo_worker(workdir: Path, name: str, steps: int, threads: int, dp: int) -> None:
+def nemo_worker(workdir: Path, name: str, steps: int, threads: int, dp: int, workload: str) -> None:
     """One rank of ``nemo-orch grpo`` (``dp`` ranks of ``threads`` threads each)."""
     from nemo_orch import cli, faults
 
@@ -178,7 +256,7 @@ def nemo_worker(workdir: Path, name: str, steps: int, threads: int, dp: int) -> 
 
     faults.maybe_kill = at_step
     overrides = [
-        *nemo_overrides(workdir, steps, threads),
+        *nemo_overrides(workdir, steps, threads, workload),
         f"run.name={name}",
         f"parallel.dp={dp}",
         f"trainer.micro_batch_size={MICRO_BATCH}",
@@ -205,7 +283,8 @@ def nemo_worker(workdir: Path, name: str, steps: int, threads: int, dp: int) -> 
     )
 
 
-def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
+def trl_worker(workdir: Path, name: str, steps: int, threads: int, workload: str) -> None:
+    """TRL's ``GRPOTrainer`` on the same prompts, whose token ids it must see as nemo-orch's."""
     import torch
     import trl
     from datasets import Dataset
@@ -215,8 +294,12 @@ def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
     set_seed(SEED)
     turns = Turns(workdir, name)
     policy = workdir / "policy"
+    shape = WORKLOADS[workload]
     prompts = json.loads((workdir / "prompts.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(policy)
+    for prompt in prompts:  # GRPOTrainer tokenizes a text prompt so
+        if tokenizer(text=prompt["prompt"])["input_ids"] != prompt["prompt_ids"]:
+            raise SystemExit("TRL's prompt token ids differ from nemo-orch's")
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
 
     def answered(completions: list[str], answer: list[str], **_: object) -> list[float]:
@@ -240,16 +323,16 @@ def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
                     "generate": timed["generate"],
                     "reward_reference": timed["prepare"] - timed["generate"],
                     "update": step - timed["prepare"],
-                    "completions": COMPLETIONS,
+                    "completions": shape.completions,
                 }
             )
 
     args = trl.GRPOConfig(
         output_dir=str(workdir / name),
         per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=COMPLETIONS // MICRO_BATCH,
-        num_generations=SAMPLES,
-        max_completion_length=MAX_NEW_TOKENS,
+        gradient_accumulation_steps=shape.completions // MICRO_BATCH,
+        num_generations=shape.samples,
+        max_completion_length=shape.max_new_tokens,
         temperature=1.0,
         beta=KL,
         learning_rate=LR,
@@ -271,7 +354,9 @@ def trl_worker(workdir: Path, name: str, steps: int, threads: int) -> None:
         model=model,
         reward_funcs=answered,
         args=args,
-        train_dataset=Dataset.from_list(prompts),
+        train_dataset=Dataset.from_list(
+            [{"prompt": prompt["prompt"], "answer": prompt["answer"]} for prompt in prompts]
+        ),
         processing_class=tokenizer,
         callbacks=[Alternate()],
     )
@@ -312,12 +397,22 @@ class Worker:
     """The parent's side of one contestant's process and its two named pipes."""
 
     def __init__(
-        self, name: str, contestant: Contestant, workdir: Path, steps: int, trl_python: str
+        self,
+        name: str,
+        contestant: Contestant,
+        workdir: Path,
+        steps: int,
+        trl_python: str,
+        workload: str,
     ) -> None:
         self.name = name
         for end in ("go", "ready"):
             os.mkfifo(workdir / f"{name}.{end}")
-        script = [__file__, "--worker", name, "--workdir", str(workdir), "--steps", str(steps)]
+        script = [
+            __file__,
+            *("--worker", name, "--workdir", str(workdir), "--steps", str(steps)),
+            *("--workload", workload),
+        ]
         if contestant.framework == "trl":
             command = [trl_python, *script]
         elif contestant.processes == 1:
@@ -406,24 +501,30 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=8, help="steps each, the first untimed")
     parser.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
+    parser.add_argument("--workload", choices=WORKLOADS, default="arithmetic")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--worker", choices=CONTESTANTS)
     args = parser.parse_args()
     if args.worker is not None:
         contestant = CONTESTANTS[args.worker]
         if contestant.framework == "trl":
-            trl_worker(args.workdir, args.worker, args.steps, contestant.threads)
+            trl_worker(args.workdir, args.worker, args.steps, contestant.threads, args.workload)
         else:
             nemo_worker(
-                args.workdir, args.worker, args.steps, contestant.threads, contestant.processes
+                args.workdir,
+                args.worker,
+                args.steps,
+                contestant.threads,
+                contestant.processes,
+                args.workload,
             )
         return
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vs_trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    prepare(workdir)
+    prepare(workdir, args.workload)
     workers = [
-        Worker(name, CONTESTANTS[name], workdir, args.steps, args.trl_python)
+        Worker(name, CONTESTANTS[name], workdir, args.steps, args.trl_python, args.workload)
         for name in args.contestants
     ]
     for worker in workers:  # each loaded and at its first step's start
@@ -441,7 +542,12 @@ def main() -> None:
     (workdir / "results.json").write_text(json.dumps(results, indent=1))
     rows = [summary(name, CONTESTANTS[name], results[name]) for name in args.contestants]
     print(json.dumps(rows))
-    print(f"\n{args.steps - 1} timed steps each, alternated; {os.cpu_count()} CPUs\n")
+    shape = WORKLOADS[args.workload]
+    print(
+        f"\n{args.workload}: {shape.prompts} prompts x {shape.samples} samples of at most "
+        f"{shape.max_new_tokens} tokens; {args.steps - 1} timed steps each, alternated; "
+        f"{os.cpu_count()} CPUs\n"
+    )
     print("| | s/step median (min–max) | completions/s | split (median s) |")
     print("|---|---:|---:|---|")
     for row in rows:

@@ -40,6 +40,13 @@ the GPUs (``rollout.colocate``), the engine's weights and KV cache:
   (:func:`nemo_orch.models.weights.hf_weight_buckets`);
 - runtime: CUDA context, NCCL buffers and allocator fragmentation, a flat allowance.
 
+What GRPO's prefix sharing (``grpo.prefix_sharing``, :mod:`nemo_orch.train.prefix_sharing`)
+would save is counted beside the estimate, not in it (:func:`prefix_sharing`): a sample is
+split into its group's prompt, a turn's whole prompt budget (``max_context_tokens -
+max_new_tokens``), and its own reply (``max_new_tokens``), which is the most a group can share
+(one turn after the longest prompt); a shorter prompt shares less, and a micro-batch whose
+samples share nothing is as large packed as unpacked, so the table keeps the unshared peak.
+
 Not counted: the frozen reference policy of the KL term (``ReferenceModel``, a weight copy of
 the policy's stage) and transient forward-only passes (old logprobs and values).
 """
@@ -192,19 +199,35 @@ def activation_bytes(
     num_microbatches: int,
     *,
     critic: bool = False,
+    packed_row: int | None = None,
 ) -> float:
     """The stage holding the most: 1F1B keeps ``min(pp, micro-batches)`` micro-batches of its
     ``num_layers / pp`` layers in flight on the first stage. On top of them, at the end of the
     forward pass, the output layer and loss (:func:`output_activation_bytes`; ``critic``: PPO's
     value head in place of the logits); with full recompute, in the backward pass, one layer's
-    whole activations instead when that is more."""
+    whole activations instead when that is more.
+
+    ``packed_row``: the micro-batch prefix-shared, its layers running on one row of that many
+    tokens beside its tree mask (a boolean per pair of them); the output layer still reads each
+    sample's own tokens."""
     in_flight = min(parallel.pp, num_microbatches)
     layers = model.num_layers // parallel.pp * in_flight
+    row, rows, mask = (
+        (seq_length, micro_batch_size, 0)
+        if packed_row is None
+        else (packed_row, 1, tree_mask_bytes(parallel, packed_row, num_microbatches))
+    )
     peak = output_activation_bytes(model, parallel, seq_length * micro_batch_size, critic=critic)
     if model.recompute_granularity == "full":
         recomputed = dataclasses.replace(model, recompute_granularity=None)
-        peak = max(peak, layer_activation_bytes(recomputed, parallel, seq_length, micro_batch_size))
-    return layers * layer_activation_bytes(model, parallel, seq_length, micro_batch_size) + peak
+        peak = max(peak, layer_activation_bytes(recomputed, parallel, row, rows))
+    return layers * layer_activation_bytes(model, parallel, row, rows) + mask + peak
+
+
+def tree_mask_bytes(parallel: ParallelConfig, packed_row: int, num_microbatches: int) -> int:
+    """The tree masks of the prefix-shared micro-batches in flight: a boolean per pair of a
+    packed row's tokens (dense: ``[1, 1, n, n]``), on every TP rank."""
+    return min(parallel.pp, num_microbatches) * packed_row**2
 
 
 def kv_bytes_per_token(model: ModelConfig, engine_tp: int, dtype: str) -> int:
@@ -349,11 +372,84 @@ def sft_estimate(config: Config) -> MemoryEstimate:
     )
 
 
-def grpo_microbatches(config: Config) -> int:
-    """Micro-batches per data-parallel rank in one GRPO optimizer step."""
+def grpo_microbatches(config: Config, micro_batch_size: int | None = None) -> int:
+    """Micro-batches per data-parallel rank in one GRPO optimizer step (of
+    ``grpo.micro_batch_size`` samples, or ``micro_batch_size``)."""
     grpo = config.grpo
     samples = grpo.prompts_per_step * config.rollout.group_size
-    return max(1, samples // (grpo.mini_batches * config.parallel.dp * grpo.micro_batch_size))
+    size = micro_batch_size or grpo.micro_batch_size
+    return max(1, samples // (grpo.mini_batches * config.parallel.dp * size))
+
+
+def sharing_unavailable(config: Config) -> str | None:
+    """Why the job's update would not share prefixes (None: it would). Only the local layer
+    spec's attention on CPU takes a token tree's mask (``nemo_orch.train.grpo.shares_prefixes``
+    decides at run time on the machine itself; a plan reads the job's GPUs from the launcher)."""
+    if config.grpo.prefix_sharing == "off":
+        return "grpo.prefix_sharing=off"
+    if config.model.transformer_impl != "local":
+        return "Transformer Engine's attention does not take the tree mask yet"
+    if config.launcher.gpus_per_node:
+        return "the local spec's fused softmax on GPUs ignores the tree mask"
+    return None
+
+
+def group_samples_per_rank(config: Config) -> int:
+    """How many samples of one group a rank trains on in a mini-batch, on average: its share is
+    drawn at random (:func:`nemo_orch.train.grpo_samples.even_split`), ``group_size /
+    (mini_batches x dp)`` of each group; ordered by their tokens, they sit together."""
+    return config.rollout.group_size // (config.grpo.mini_batches * config.parallel.dp)
+
+
+def sharing_micro_batch(config: Config) -> int | None:
+    """The micro-batch size to count sharing at: ``grpo.micro_batch_size`` where it holds two
+    or more samples of a group, else the smallest that holds as many as a rank has (None: a
+    rank holds one sample of a group, and no micro-batch size shares)."""
+    size, per_rank = config.grpo.micro_batch_size, group_samples_per_rank(config)
+    if per_rank < 2:
+        return None
+    return size if size > 1 else per_rank
+
+
+@dataclass(frozen=True)
+class PrefixSharing:
+    """A GRPO micro-batch of ``micro_batch_size`` samples of ``prompt_tokens + reply_tokens``
+    from ``groups`` groups, packed with each group's prompt once: ``row_tokens`` (against
+    ``micro_batch_size x`` the sample) and the policy's activations both ways, per GPU.
+    ``mask``: the shared activations' tree masks. ``unavailable``: why the job would not share
+    (None: it does)."""
+
+    micro_batch_size: int
+    prompt_tokens: int
+    reply_tokens: int
+    groups: int
+    row_tokens: int
+    unshared_activations: float
+    shared_activations: float
+    mask: int
+    unavailable: str | None
+
+
+def prefix_sharing(config: Config, size: int) -> PrefixSharing:
+    """What packing shared prefixes would save at micro-batch ``size``, under the split of
+    the module docstring."""
+    context: int = config.resolved_rollout().max_context_tokens
+    reply = min(config.rollout.max_new_tokens, context)
+    groups = -(-size // max(1, min(size, group_samples_per_rank(config))))
+    row = groups * (context - reply) + size * reply
+    micro_batches = grpo_microbatches(config, size)
+    shape = (config.model, config.parallel, context, size, micro_batches)
+    return PrefixSharing(
+        micro_batch_size=size,
+        prompt_tokens=context - reply,
+        reply_tokens=reply,
+        groups=groups,
+        row_tokens=row,
+        unshared_activations=activation_bytes(*shape),
+        shared_activations=activation_bytes(*shape, packed_row=row),
+        mask=tree_mask_bytes(config.parallel, row, micro_batches),
+        unavailable=sharing_unavailable(config),
+    )
 
 
 def grpo_estimate(config: Config, gpu_bytes: float) -> MemoryEstimate:

@@ -14,10 +14,15 @@ from nemo_orch.config import Config
 from nemo_orch.launcher.memory import (
     GIB,
     MemoryEstimate,
+    PrefixSharing,
     engine_estimate,
+    group_samples_per_rank,
     grpo_estimate,
+    prefix_sharing,
     separate_engine,
     sft_estimate,
+    sharing_micro_batch,
+    sharing_unavailable,
 )
 
 # Transformer Engine's FP8 GEMMs need each dimension of a weight shard to be a multiple of this.
@@ -123,13 +128,15 @@ def _fp8_problems(config: Config) -> list[str]:
 @dataclass(frozen=True)
 class Plan:
     """Per-GPU memory of the training GPUs in each stage and, when the rollout engine has GPUs
-    of its own, of one of those (``engine``)."""
+    of its own, of one of those (``engine``); what prefix sharing would save (``sharing``;
+    None: no micro-batch would hold two samples of a group)."""
 
     sft: MemoryEstimate
     grpo: MemoryEstimate
     gpu_bytes: float
     min_kv_tokens: int
     engine: MemoryEstimate | None = None
+    sharing: PrefixSharing | None = None
 
     def fits(self) -> bool:
         """Every GPU within its memory, and the KV cache (if any) holds one whole context."""
@@ -141,12 +148,14 @@ class Plan:
 
 def plan(config: Config) -> Plan:
     gpu_bytes = config.launcher.gpu_memory_gib * GIB
+    size = sharing_micro_batch(config)
     return Plan(
         sft=sft_estimate(config),
         grpo=grpo_estimate(config, gpu_bytes),
         gpu_bytes=gpu_bytes,
         min_kv_tokens=config.resolved_rollout().max_context_tokens,
         engine=engine_estimate(config, gpu_bytes) if separate_engine(config) else None,
+        sharing=None if size is None else prefix_sharing(config, size),
     )
 
 
@@ -238,6 +247,37 @@ def report(config: Config, result: Plan) -> list[str]:
             f"{with_kv.kv_tokens / context:.1f} contexts of {context} tokens "
             f"(needs >= 1)"
         )
+    lines += _sharing_lines(config, result.sharing)
     verdict = "fits" if result.fits() else "does not fit"
     lines.append(f"  {verdict} on a {launcher.gpu_memory_gib:g} GiB GPU (launcher.gpu_memory_gib)")
     return lines
+
+
+def _sharing_lines(config: Config, sharing: PrefixSharing | None) -> list[str]:
+    """What prefix sharing would save in the policy's activations (not in the table, which
+    keeps the unshared peak: a micro-batch whose samples share little is as large packed)."""
+    reason = sharing_unavailable(config)
+    state = "applied" if reason is None else f"not applied ({reason})"
+    size = config.grpo.micro_batch_size
+    if sharing is None:
+        return [
+            f"  prefix sharing: {state}; none would share: a rank holds "
+            f"{max(1, group_samples_per_rank(config))} sample of a group of "
+            f"{config.rollout.group_size} on average (grpo.mini_batches x parallel.dp = "
+            f"{config.grpo.mini_batches * config.parallel.dp})"
+        ]
+    other = sharing.micro_batch_size != size
+    prompts = "1 group's prompt" if sharing.groups == 1 else f"{sharing.groups} groups' prompts"
+    return [
+        f"  prefix sharing: {state}"
+        + (f"; micro-batch {size} shares nothing" if other else "")
+        + "; the table counts none",
+        f"  at micro-batch {sharing.micro_batch_size}"
+        + (" (a rank's samples of a group, on average)" if other else "")
+        + f": a row of {sharing.row_tokens:,} tokens ({prompts} of up to "
+        f"{sharing.prompt_tokens:,} tokens, max_context_tokens - max_new_tokens, once, then "
+        f"{sharing.micro_batch_size} replies of {sharing.reply_tokens:,}) in place of "
+        f"{sharing.micro_batch_size} x {sharing.prompt_tokens + sharing.reply_tokens:,}; "
+        f"activations {sharing.shared_activations / GIB:.2f} GiB (its tree mask "
+        f"{sharing.mask / GIB:.2f}) in place of {sharing.unshared_activations / GIB:.2f}",
+    ]

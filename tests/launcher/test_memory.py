@@ -9,6 +9,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.config import (
     Config,
     GRPOConfig,
+    LauncherConfig,
     ModelConfig,
     ParallelConfig,
     PPOConfig,
@@ -285,3 +286,72 @@ def test_the_refit_counts_a_bucket_received_and_assembled_or_the_largest_unit():
     assert estimate.total == pytest.approx(
         estimate.resident + 4 * GIB + estimate.refit + estimate.engine_weights + estimate.kv_cache
     )
+
+
+def test_a_packed_row_keeps_its_layers_once_beside_its_tree_mask():
+    """A micro-batch of 2 x 32 tokens sharing a 24-token prompt packs into a row of 24 + 2 x 8
+    = 40: the layers keep 40 tokens (1184 bytes each, fused, above), the tree mask 40 x 40
+    booleans; the output layer still reads the 64 tokens of the samples."""
+    model = dataclasses.replace(MODEL, transformer_impl="transformer_engine")
+    output = 64 * (256 + 6 * 512 / 2)
+    assert memory.activation_bytes(model, TP2_DP2, 32, 2, 8, packed_row=40) == pytest.approx(
+        4 * 40 * 1184 + 40 * 40 + output
+    )
+    assert memory.tree_mask_bytes(ParallelConfig(tp=2, pp=2), 40, 8) == 2 * 1600  # 2 in flight
+    # Full recompute: the layers' inputs on the row, then the larger of the loss and one
+    # layer's whole activations on it
+    full = dataclasses.replace(model, recompute_granularity="full")
+    assert memory.activation_bytes(full, TP2_DP2, 32, 2, 8, packed_row=40) == pytest.approx(
+        4 * 40 * 128 + 1600 + max(output, 40 * 1184)
+    )
+
+
+def grpo_config(**changes) -> Config:
+    """Trajectories of 32 tokens (24 of prompt, 8 of reply) in groups of 4, over DP2."""
+    settings = {"transformer_impl": "transformer_engine", "micro_batch_size": 2, **changes}
+    return Config(
+        model=dataclasses.replace(MODEL, transformer_impl=settings["transformer_impl"]),
+        parallel=ParallelConfig(tp=2, dp=settings.get("dp", 2)),
+        tokenizer=TokenizerConfig(vocab_size=512),
+        trainer=TrainerConfig(micro_batch_size=2, global_batch_size=8),
+        rollout=RolloutConfig(group_size=4, max_new_tokens=8, max_context_tokens=32),
+        grpo=GRPOConfig(
+            prompts_per_step=4,
+            micro_batch_size=settings["micro_batch_size"],
+            prefix_sharing=settings.get("prefix_sharing", "auto"),
+        ),
+        launcher=LauncherConfig(gpus_per_node=settings.get("gpus", 0)),
+    )
+
+
+def test_prefix_sharing_packs_a_groups_prompt_once_per_micro_batch():
+    # Each of DP2's ranks holds 2 of a group's 4 samples (4 / (1 mini-batch x 2 ranks)).
+    config = grpo_config()
+    assert memory.group_samples_per_rank(config) == 2
+    two = memory.prefix_sharing(config, 2)
+    assert (two.prompt_tokens, two.reply_tokens, two.groups, two.row_tokens) == (24, 8, 1, 40)
+    # 16 samples / (DP2 x 2) = 4 micro-batches a rank: as the unshared, the packed row of 40
+    assert two.unshared_activations == memory.activation_bytes(config.model, TP2_DP2, 32, 2, 4)
+    assert two.shared_activations == pytest.approx(
+        two.unshared_activations - 4 * (64 - 40) * 1184 + 40 * 40
+    )
+    assert two.mask == 1600
+    assert two.unavailable == "Transformer Engine's attention does not take the tree mask yet"
+    # 4 samples hold 2 of each of 2 groups: 2 x 24 + 4 x 8 = 80 tokens in place of 4 x 32
+    four = memory.prefix_sharing(config, 4)
+    assert (four.groups, four.row_tokens) == (2, 80)
+
+
+def test_which_micro_batch_sharing_is_counted_at_and_whether_it_applies():
+    assert memory.sharing_micro_batch(grpo_config(micro_batch_size=4)) == 4
+    # A micro-batch of 1 shares nothing: counted at a rank's 2 samples of a group instead
+    assert memory.sharing_micro_batch(grpo_config(micro_batch_size=1)) == 2
+    # DP4: a rank holds 1 sample of a group of 4, and nothing shares at any size
+    assert memory.sharing_micro_batch(grpo_config(dp=4, micro_batch_size=1)) is None
+    assert memory.sharing_unavailable(grpo_config(transformer_impl="local")) is None
+    assert memory.sharing_unavailable(grpo_config(transformer_impl="local", gpus=8)) == (
+        "the local spec's fused softmax on GPUs ignores the tree mask"
+    )
+    assert memory.sharing_unavailable(
+        grpo_config(transformer_impl="local", prefix_sharing="off")
+    ) == ("grpo.prefix_sharing=off")

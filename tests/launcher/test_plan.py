@@ -201,3 +201,29 @@ def test_grpo_plans_have_no_critic(capsys):
         assert cli.main(["plan", f"recipe={recipe}"]) == 0
         assert "critic" not in capsys.readouterr().out
         assert plan.plan(config_lib.load([f"recipe={recipe}"])).grpo.critic is None
+
+
+def test_plans_say_what_prefix_sharing_would_save(capsys):
+    """The 8B recipes: not applied (Transformer Engine), and micro-batch 1 shares nothing; at
+    micro-batch 2 (DP4's ranks hold 2 of a group's 8 samples) a row of one 24,000-token prompt
+    and two 8,768-token replies, with its tree mask of 41,536^2 booleans. The main job (CPU,
+    the local spec): applied, a group's 16 samples on its one rank, 8 to a micro-batch."""
+    assert cli.main(["plan", f"recipe={RECIPES[0]}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3] == (
+        "  prefix sharing: not applied (Transformer Engine's attention does not take the tree "
+        "mask yet); micro-batch 1 shares nothing; the table counts none"
+    )
+    assert lines[-2].startswith(
+        "  at micro-batch 2 (a rank's samples of a group, on average): a row of 41,536 tokens "
+        "(1 group's prompt of up to 24,000 tokens, max_context_tokens - max_new_tokens, once, "
+        "then 2 replies of 8,768) in place of 2 x 32,768; activations "
+    )
+    sharing = plan.plan(config_lib.load([f"recipe={RECIPES[0]}"])).sharing
+    assert sharing.row_tokens == 24000 + 2 * 8768 and sharing.mask == 41536**2
+    assert f"(its tree mask {41536**2 / 2**30:.2f})" in lines[-2]
+    assert cli.main(["plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3] == "  prefix sharing: applied; the table counts none"
+    main_job = "at micro-batch 8: a row of 1,696 tokens (1 group's prompt of up to 928 tokens"
+    assert main_job in lines[-2]
