@@ -385,13 +385,11 @@ def sharing_unavailable(config: Config) -> str | None:
     """Why the job's update would not share prefixes (None: it would). Only the local layer
     spec's attention on CPU takes a token tree's mask (``nemo_orch.train.grpo.shares_prefixes``
     decides at run time on the machine itself; a plan reads the job's GPUs from the launcher)."""
+    from nemo_orch.models.qwen3 import tree_mask_refusal
+
     if config.grpo.prefix_sharing == "off":
         return "grpo.prefix_sharing=off"
-    if config.model.transformer_impl != "local":
-        return "Transformer Engine's attention does not take the tree mask yet"
-    if config.launcher.gpus_per_node:
-        return "the local spec's fused softmax on GPUs ignores the tree mask"
-    return None
+    return tree_mask_refusal(config.model, on_gpu=bool(config.launcher.gpus_per_node))
 
 
 def group_samples_per_rank(config: Config) -> int:

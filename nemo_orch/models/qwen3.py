@@ -139,11 +139,21 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
     )
 
 
+def tree_mask_refusal(model: ModelConfig, on_gpu: bool) -> str | None:
+    """Why the model's core attention would not take a prefix-shared micro-batch's tree mask
+    (None: it takes it, :class:`~nemo_orch.models.sdpa_attention.SDPAttention`, the local spec
+    on CPU)."""
+    if model.transformer_impl != "local":
+        return "Transformer Engine's attention does not take the tree mask yet"
+    if on_gpu:
+        return "the local spec's fused softmax on GPUs ignores the tree mask"
+    return None
+
+
 def fused_local_attention(model: ModelConfig) -> bool:
-    """Whether the model's core attention is :class:`~nemo_orch.models.sdpa_attention.
-    SDPAttention` (the local spec on CPU), the one that takes a prefix-shared micro-batch's tree
-    mask (Megatron's fused GPU softmax and Transformer Engine's causal attention ignore it)."""
-    return model.transformer_impl == "local" and not torch.cuda.is_available()
+    """Whether the model's core attention here is :class:`~nemo_orch.models.sdpa_attention.
+    SDPAttention`, the one that takes a tree mask."""
+    return tree_mask_refusal(model, on_gpu=torch.cuda.is_available()) is None
 
 
 def layer_spec(model: ModelConfig):

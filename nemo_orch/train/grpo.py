@@ -344,15 +344,14 @@ class Learner:
 def shares_prefixes(config: Config) -> bool:
     """Whether the update packs prefix-shared micro-batches: ``grpo.prefix_sharing``, whose
     ``auto`` is on where the policy's attention takes their tree mask."""
-    supported = qwen3.fused_local_attention(config.model)
-    if config.grpo.prefix_sharing == "on" and not supported:
+    refusal = qwen3.tree_mask_refusal(config.model, on_gpu=torch.cuda.is_available())
+    if config.grpo.prefix_sharing == "on" and refusal is not None:
         raise ConfigError(
-            "grpo.prefix_sharing=on needs an attention that takes a token tree's mask: the "
-            "local layer spec on CPU (model.transformer_impl=local); Transformer Engine's and "
-            "the GPU local spec's fused softmax ignore it. Use auto or off here"
+            f"grpo.prefix_sharing=on needs an attention that takes a token tree's mask, the "
+            f"local layer spec on CPU: {refusal}. Use auto or off here"
         )
     return config.grpo.prefix_sharing == "on" or (
-        config.grpo.prefix_sharing == "auto" and supported
+        config.grpo.prefix_sharing == "auto" and refusal is None
     )
 
 
