@@ -54,8 +54,15 @@ OBSERVATION_PREFIX: dict[CallKind, str] = {
 
 # Why an episode says nothing of the policy (InfraFailure.reason): a call that failed as
 # infra_error, the user's or the policy's endpoint that ended it (its terminations), the judge
-# that could not score it, a gold action that failed.
-INFRA_REASONS = ("infra_error", "user_error", "engine_error", "judge_error", "gold_error")
+# that could not score it, a gold action that failed, an external agent loop that failed.
+INFRA_REASONS = (
+    "infra_error",
+    "user_error",
+    "engine_error",
+    "judge_error",
+    "gold_error",
+    "agent_error",
+)
 
 
 def kind_of(kind: str | None, error: str | None) -> CallKind:

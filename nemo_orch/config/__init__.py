@@ -63,7 +63,7 @@ from nemo_orch.config.launcher import (
 )
 from nemo_orch.config.model import CHAT_FORMATS, ModelConfig, ParallelConfig, TokenizerConfig
 from nemo_orch.config.reward import RewardConfig
-from nemo_orch.config.rollout import RayConfig, RolloutConfig
+from nemo_orch.config.rollout import ExternalAgentConfig, RayConfig, RolloutConfig
 from nemo_orch.config.run import RunConfig
 from nemo_orch.config.serve import SERVE_KINDS, ServeConfig
 from nemo_orch.config.synth import SynthConfig
@@ -109,6 +109,7 @@ __all__ = [
     "PPOConfig",
     "DPO_LOSSES",
     "DPOConfig",
+    "ExternalAgentConfig",
     "RayConfig",
     "RolloutConfig",
     "TrainerConfig",

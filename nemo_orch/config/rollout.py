@@ -37,6 +37,32 @@ class RayConfig:
 
 
 @dataclass
+class ExternalAgentConfig:
+    """``rollout.agent=external``: the episodes are run by an agent loop of the user's own (an
+    ``openai``-SDK loop, the OpenAI Agents SDK, LangGraph) against an OpenAI-compatible training
+    endpoint on ``host:port`` (0: a free port; written to the stage's ``agent_endpoint.json``), which
+    records every turn's exact tokens (:mod:`nemo_orch.rollout.external`). ``harness``: the loop
+    as ``module:function`` or ``path/to/file.py:function``, called in a thread per episode with
+    its :class:`~nemo_orch.rollout.external.AgentEpisode`; null: loops in processes of their own
+    take episodes from ``POST /v1/episodes/next``. An episode whose end is not reported within
+    ``episode_timeout_s`` is abandoned: an infrastructure failure, never trained on."""
+
+    harness: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    episode_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _require(
+            self.harness is None or ":" in self.harness,
+            f"rollout.external.harness must be module:function or file.py:function, "
+            f"got {self.harness!r}",
+        )
+        _require(0 <= self.port <= 65535, "rollout.external.port must be in [0, 65535]")
+        _require(self.episode_timeout_s > 0, "rollout.external.episode_timeout_s must be > 0")
+
+
+@dataclass
 class RolloutConfig:
     """Episodes and the engine that generates them.
 
@@ -140,6 +166,10 @@ class RolloutConfig:
     prefix_cache_mb: int = 512
     backend: str = "local"
     ray: RayConfig = field(default_factory=RayConfig)
+    # Who runs the episodes: the built-in loop, or an agent loop of the user's own through the
+    # training endpoint (`external`, ExternalAgentConfig).
+    agent: str = "builtin"
+    external: ExternalAgentConfig = field(default_factory=ExternalAgentConfig)
 
     def __post_init__(self) -> None:
         _require(self.tokens_per_second > 0, "rollout.tokens_per_second must be > 0")
@@ -151,6 +181,15 @@ class RolloutConfig:
             self.backend == "local" or self.engine in ("hf", "openai"),
             f"rollout.backend=ray runs the CPU and served engines (hf|openai); "
             f"rollout.engine={self.engine} needs rollout.backend=local",
+        )
+        _require(
+            self.agent in ("builtin", "external"),
+            f"rollout.agent must be builtin|external, got {self.agent!r}",
+        )
+        _require(
+            self.agent == "builtin" or self.backend == "local",
+            "rollout.agent=external serves the episodes from this process's engine: it needs "
+            "rollout.backend=local",
         )
         _require(
             self.engine in ("hf", "trtllm", "vllm", "openai"),

@@ -41,6 +41,7 @@ OUTCOME_METHODS = (
     "no_match",
     "judge_error",
     "database",
+    "agent",  # an external agent loop's own verdict (rollout.agent=external)
 )
 
 _ANSWER_PREFIX = re.compile(r"^\s*(?:final\s+)?answer\s*:\s*", re.IGNORECASE)

@@ -53,7 +53,8 @@ async def score_groups(
     config: RewardConfig,
     outcome: OutcomeFn,
 ) -> list[ScoredGroup]:
-    """Every group scored (``groups[i]`` are ``tasks[i]``'s trajectories). All episodes are
+    """Every group scored (``groups[i]`` are ``tasks[i]``'s trajectories), each episode by
+    ``outcome`` or, where an external agent loop scored it itself, by its verdict. All episodes are
     scored concurrently (judge calls overlap); then the episodes a failure outside the policy
     decided are masked, and each group's others are combined on their own, as if the masked
     ones never ran."""
@@ -66,7 +67,11 @@ async def score_groups(
         failure = trajectory.infra_failure()
         if failure is not None:  # decided already: its answer is worth no judge's call
             return None, failure
-        result = await outcome(task, trajectory)
+        result = (
+            await outcome(task, trajectory)
+            if trajectory.agent_correct is None
+            else OutcomeResult(trajectory.agent_correct, "agent", "the agent loop's own verdict")
+        )
         return result, infra_failure(trajectory, result)
 
     judgements = await asyncio.gather(

@@ -47,7 +47,7 @@ from nemo_orch.rollout.format import (
     text_beside_calls,
     without_thinking,
 )
-from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
+from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord, UserUsage
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -108,7 +108,7 @@ class PolicyClient(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
 
-class _History:
+class TokenHistory:
     """Token ids with, per token, the loss mask, whether it is part of a routing decision (see
     :func:`~nemo_orch.rollout.format.decision_end`), the sampling logprob (0 off-policy) and
     whether exploration forced it."""
@@ -182,13 +182,7 @@ class Episode:
         # The tools on offer now, for the whole episode (a tool source may change its list
         # meanwhile: see Toolbox.refresh).
         self.toolbox = toolbox.subset(toolbox.tools if task.tools is None else task.tools)
-        self.schemas = self.toolbox.schemas()
-        self.format = TurnFormat.for_tools(
-            self.schemas,
-            answer_format=settings.answer_format,
-            multiple_calls=settings.multiple_calls,
-            lenient=self.toolbox.lenient(),
-        )
+        self.offer(self.toolbox.schemas())
         self.context = ToolContext(
             task_id=task.id,
             episode_id=episode_id(task.id, sample),
@@ -211,8 +205,19 @@ class Episode:
             settings.max_context_tokens if unbounded else settings.max_observation_tokens
         )
 
+    def offer(self, schemas: list[dict[str, Any]]) -> None:
+        """The tools the policy is offered, and reads its turns against: the toolbox's, or what
+        an external agent loop offers instead (:mod:`nemo_orch.rollout.external`)."""
+        self.schemas = schemas
+        self.format = TurnFormat.for_tools(
+            schemas,
+            answer_format=self.settings.answer_format,
+            multiple_calls=self.settings.multiple_calls,
+            lenient=self.toolbox.lenient(),
+        )
+
     # ------------------------------------------------------------------ rendering
-    def _render(self, generation_prompt: bool) -> str:
+    def render(self, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             self.messages,
             tools=self.schemas or None,
@@ -220,10 +225,10 @@ class Episode:
             add_generation_prompt=generation_prompt,
         )
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _check_agreement(self, history: _History) -> None:
+    def _check_agreement(self, history: TokenHistory) -> None:
         """The kept tokens must decode to the template's rendering of the messages so far, and
         hold each control string (:func:`control_strings`) exactly as often as the template
         writes it: as often as in its rendering with every content but the assistant's (the
@@ -235,7 +240,7 @@ class Episode:
         # only before the next turn.
         after_turn = self.messages[-1]["role"] == "assistant"
         kept = self.tokenizer.decode(history.ids, skip_special_tokens=False) + "\n" * after_turn
-        rendered = self._render(generation_prompt=not after_turn)
+        rendered = self.render(generation_prompt=not after_turn)
         if kept != rendered:
             at = next(
                 (i for i, (a, b) in enumerate(zip(kept, rendered)) if a != b),
@@ -271,7 +276,7 @@ class Episode:
         megabytes must not stall the event loop every episode shares."""
         limit = self.max_observation_tokens
         head = text[: limit * _MAX_CHARS_PER_TOKEN]
-        ids = self._encode(head)
+        ids = self.encode(head)
         if len(ids) <= limit and len(head) == len(text):
             return text
         return (
@@ -282,70 +287,23 @@ class Episode:
     # ------------------------------------------------------------------ the loop
     async def run(self) -> Trajectory:
         started = time.perf_counter()
-        settings = self.settings
         conversation = None if self.user is None else Conversation(self.user)
         ended = None
         if conversation is not None:  # the user answers the greeting: the prompt's last message
             opening, ended = await conversation.tell(self.user.greeting)
             if ended is None:
-                self.messages.append({"role": "user", "content": self._observation(opening)})
-        history = _History(self._encode(self._render(generation_prompt=True)))
+                self.messages.append({"role": "user", "content": self.observation(opening)})
+        history = TokenHistory(self.encode(self.render(generation_prompt=True)))
         prompt_length = len(history.ids)
         turns: list[TurnRecord] = []
         termination, answer = ended or Termination.MAX_TURNS, None
         turn_indices = itertools.count() if self.max_turns is None else range(self.max_turns)
         for turn_index in turn_indices if ended is None else ():
-            room = settings.max_context_tokens - len(history.ids)
-            if room < 2:  # nothing useful fits: at least one token and the closing eos
-                termination = Termination.CONTEXT_LIMIT
+            turn = await self.policy_turn(history, turn_index, turns)
+            if isinstance(turn, Termination):
+                termination = turn
                 break
-            forced = self.forced_ids if turn_index == 0 else []
-            params = SamplingParams(
-                max_new_tokens=max(1, min(self.max_new_tokens, room - 1)),
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                stop_token_ids=(self.eos_id,),
-                seed=derive_seed(self.context.seed, "turn", turn_index),
-            )
-            generation_start = time.perf_counter()
-            try:
-                generation = await self._generate(history, forced, params)
-                if not forced and (redrawn := self._redrawn_choice(generation, turn_index)):
-                    forced = self._decision_prefix(redrawn)
-                    generation = await self._generate(history, forced, params)
-            except EndpointRefusal:
-                raise  # the policy's endpoint refuses what it is asked: no episode can run
-            except Exception as error:  # an engine failure ends this episode, not the batch
-                turns.append(
-                    TurnRecord(
-                        turn=turn_index,
-                        input_tokens=len(history.ids),
-                        output_tokens=0,
-                        generation_seconds=0.0,
-                        orchestrator_cost_usd=0.0,
-                        finish_reason=f"error: {type(error).__name__}: {error}",
-                    )
-                )
-                termination = Termination.ENGINE_ERROR
-                break
-            record = self._turn_record(
-                turn_index,
-                len(history.ids),
-                generation,
-                self._turn_seconds(generation, generation_start),
-            )
-            turns.append(record)
-            turn_start = len(history.ids)
-            text = self._add_generation(history, generation, len(forced))
-            parsed = parse_turn(text, self.format)
-            record.format_errors = list(parsed.format_errors)
-            history.mark_decision(
-                turn_start,
-                self._decision_tokens(
-                    history.ids[turn_start:], text, decision_end(text, parsed, self.format)
-                ),
-            )
+            record, text, parsed = turn
             message = None if conversation is None else self._message_to_user(text, parsed)
             if message is not None:
                 record.format_errors = []  # a message to the user is no missing call
@@ -358,7 +316,7 @@ class Episode:
             if parsed.answer is not None:
                 termination, answer = Termination.ANSWER, parsed.answer
                 break
-            results = await self._run_calls(parsed, record, text)
+            results = await self.run_calls(parsed, record, text)
             final = next((r.answer for r in results if r.answer is not None), None)
             if final is not None:
                 termination, answer = Termination.ANSWER, final
@@ -377,6 +335,29 @@ class Episode:
                 break
         if turns:  # a conversation the user ended at its opening has only the prompt
             self._check_agreement(history)
+        return self.trajectory(
+            history,
+            prompt_length,
+            turns,
+            termination,
+            answer,
+            time.perf_counter() - started,
+            None if conversation is None else conversation.usage,
+        )
+
+    def trajectory(
+        self,
+        history: TokenHistory,
+        prompt_length: int,
+        turns: list[TurnRecord],
+        termination: Termination,
+        answer: str | None,
+        wall_seconds: float,
+        user: UserUsage | None = None,
+        **agent: Any,
+    ) -> Trajectory:
+        """The finished episode's record (``agent``: what an external agent loop reported,
+        :mod:`nemo_orch.rollout.external`)."""
         return Trajectory(
             task_id=self.task.id,
             sample=self.sample,
@@ -390,23 +371,81 @@ class Episode:
             turns=turns,
             termination=termination,
             answer=answer,
-            wall_seconds=time.perf_counter() - started,
-            user=None if conversation is None else conversation.usage,
+            wall_seconds=wall_seconds,
+            user=user,
             seed=self.context.seed,
             tool_sources=self.toolbox.source_of,
             forced_mask=history.forced,
+            **agent,
         )
 
+    async def policy_turn(
+        self, history: TokenHistory, turn_index: int, turns: list[TurnRecord]
+    ) -> tuple[TurnRecord, str, ParsedTurn] | Termination:
+        """The policy's turn ``turn_index``: sampled after ``history`` (which it extends), its
+        record appended to ``turns``; its record, text and parse, or what ended the episode
+        instead (no room left, an engine failure: its record says how)."""
+        room = self.settings.max_context_tokens - len(history.ids)
+        if room < 2:  # nothing useful fits: at least one token and the closing eos
+            return Termination.CONTEXT_LIMIT
+        forced = self.forced_ids if turn_index == 0 else []
+        params = SamplingParams(
+            max_new_tokens=max(1, min(self.max_new_tokens, room - 1)),
+            temperature=self.settings.temperature,
+            top_p=self.settings.top_p,
+            top_k=self.settings.top_k,
+            stop_token_ids=(self.eos_id,),
+            seed=derive_seed(self.context.seed, "turn", turn_index),
+        )
+        generation_start = time.perf_counter()
+        try:
+            generation = await self._generate(history, forced, params)
+            if not forced and (redrawn := self._redrawn_choice(generation, turn_index)):
+                forced = self._decision_prefix(redrawn)
+                generation = await self._generate(history, forced, params)
+        except EndpointRefusal:
+            raise  # the policy's endpoint refuses what it is asked: no episode can run
+        except Exception as error:  # an engine failure ends this episode, not the batch
+            turns.append(
+                TurnRecord(
+                    turn=turn_index,
+                    input_tokens=len(history.ids),
+                    output_tokens=0,
+                    generation_seconds=0.0,
+                    orchestrator_cost_usd=0.0,
+                    finish_reason=f"error: {type(error).__name__}: {error}",
+                )
+            )
+            return Termination.ENGINE_ERROR
+        record = self._turn_record(
+            turn_index,
+            len(history.ids),
+            generation,
+            self._turn_seconds(generation, generation_start),
+        )
+        turns.append(record)
+        turn_start = len(history.ids)
+        text = self._add_generation(history, generation, len(forced))
+        parsed = parse_turn(text, self.format)
+        record.format_errors = list(parsed.format_errors)
+        history.mark_decision(
+            turn_start,
+            self._decision_tokens(
+                history.ids[turn_start:], text, decision_end(text, parsed, self.format)
+            ),
+        )
+        return record, text, parsed
+
     async def _talk(
-        self, history: _History, conversation: Conversation, record: TurnRecord, message: str
+        self, history: TokenHistory, conversation: Conversation, record: TurnRecord, message: str
     ) -> Termination | None:
         """Send the turn's ``message`` to the user and append the reply as the next
         observation; what ended the conversation, if anything."""
         ended = conversation.agent_turn(record)
         if ended is None:
             reply, ended = await conversation.tell(message)
-        if ended is None and not self._append_messages(
-            history, [{"role": "user", "content": self._observation(reply)}]
+        if ended is None and not self.append_messages(
+            history, [{"role": "user", "content": self.observation(reply)}]
         ):
             return Termination.CONTEXT_LIMIT
         return ended
@@ -427,7 +466,7 @@ class Episode:
         """The decision tokens of the canonical call of ``choice``, cut at a token boundary of
         its own tokenization (so the policy continues as from a sampled prefix)."""
         text = call_text(choice)
-        ids = self._encode(text)
+        ids = self.encode(text)
         # Read as the valid call it starts (its other arguments are the policy's to write).
         end = decision_end(text, ParsedTurn(calls=[ToolCall(*choice)]), self.format)
         return ids[: self._decision_tokens(ids, text, end)]
@@ -467,7 +506,7 @@ class Episode:
         )
 
     async def _generate(
-        self, history: _History, forced: list[int], params: SamplingParams
+        self, history: TokenHistory, forced: list[int], params: SamplingParams
     ) -> Generation:
         """The turn's tokens: ``forced`` (logprob 0), then what the policy samples after them."""
         params = dataclasses.replace(
@@ -509,7 +548,9 @@ class Episode:
             ids[:-1] if ids and ids[-1] == self.eos_id else ids, skip_special_tokens=False
         )
 
-    def _add_generation(self, history: _History, generation: Generation, forced: int = 0) -> str:
+    def _add_generation(
+        self, history: TokenHistory, generation: Generation, forced: int = 0
+    ) -> str:
         """Append the turn's tokens, the first ``forced`` of them exploration's (closing the
         turn with a template eos if the engine hit its length limit) and the assistant
         message; returns the turn's text."""
@@ -521,7 +562,7 @@ class Episode:
         self.messages.append({"role": "assistant", "content": text})
         return text
 
-    async def _run_calls(
+    async def run_calls(
         self, parsed: ParsedTurn, record: TurnRecord, text: str
     ) -> list[ToolResult]:
         valid = [call for call in parsed.calls if call.valid]
@@ -546,11 +587,11 @@ class Episode:
             record.calls.append(CallRecord.of(call.name, call.arguments, next(by_call)))
         return list(results)
 
-    def _observation(self, text: str) -> str:
+    def observation(self, text: str) -> str:
         return self._truncate_observation(escape_markup(text, self.tokenizer))
 
     def _add_observations(
-        self, history: _History, parsed: ParsedTurn, results: list[ToolResult]
+        self, history: TokenHistory, parsed: ParsedTurn, results: list[ToolResult]
     ) -> bool:
         """One tool message per call (its output or its error), then the turn-level format
         error if any (see :meth:`_append_messages`)."""
@@ -561,21 +602,21 @@ class Episode:
         ]
         if parsed.error is not None:
             observations.append(f"Error: {parsed.error}")
-        return self._append_messages(
+        return self.append_messages(
             history,
             [
-                {"role": "tool", "content": self._observation(observation)}
+                {"role": "tool", "content": self.observation(observation)}
                 for observation in observations
             ],
         )
 
-    def _append_messages(self, history: _History, messages: list[dict[str, Any]]) -> bool:
+    def append_messages(self, history: TokenHistory, messages: list[dict[str, Any]]) -> bool:
         """Append observations (tool outputs, the user's reply) after the assistant's turn as
         template tokens cut from the template's own rendering. Returns False (appending
         nothing) when they would leave no room for another turn."""
-        before = self._render(generation_prompt=False)
+        before = self.render(generation_prompt=False)
         self.messages.extend(messages)
-        after = self._render(generation_prompt=True)
+        after = self.render(generation_prompt=True)
         # `before` ends with the "\n" that follows the assistant's eos; the kept tokens end at
         # the eos, so the delta starts with that newline.
         if not after.startswith(before) or not before.endswith("\n"):
@@ -583,7 +624,7 @@ class Episode:
                 "the chat template does not render observations as an "
                 "append-only continuation; they cannot be cut from it"
             )
-        observation_ids = self._encode(after[len(before) - 1 :])
+        observation_ids = self.encode(after[len(before) - 1 :])
         if len(history.ids) + len(observation_ids) + 2 > self.settings.max_context_tokens:
             del self.messages[-len(messages) :]
             return False

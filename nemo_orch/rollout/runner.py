@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +31,10 @@ from nemo_orch.rollout.episode import Episode, PolicyClient
 from nemo_orch.rollout.format import Choice
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.registry import Toolbox
+
+# Who runs an episode other than the built-in loop: an external agent loop through the training
+# endpoint (nemo_orch.rollout.external.ExternalAgents.run).
+AgentLoop = Callable[[Episode], Awaitable[Trajectory]]
 
 
 @dataclass
@@ -238,9 +242,11 @@ async def run_episodes(
     tokenizer: PreTrainedTokenizerBase,
     settings: RolloutConfig,
     users: UserFactory | None = None,
+    agent: AgentLoop | None = None,
 ) -> list[Trajectory]:
     """Run ``jobs``, at most ``settings.max_concurrent_episodes`` at once (each with its user,
-    where ``users`` makes one); trajectories come back in the jobs' order. The toolbox's
+    where ``users`` makes one; by ``agent`` where given, else the built-in loop); trajectories
+    come back in the jobs' order. The toolbox's
     sources are listed again first where they changed, once: every episode of a rollout (every
     sample of a GRPO group) is offered the same tools."""
     await toolbox.refresh()
@@ -260,7 +266,7 @@ async def run_episodes(
                 explore_models=job.explore_models,
                 users=users,
             )
-            return await episode.run()
+            return await (episode.run() if agent is None else agent(episode))
 
     return list(await asyncio.gather(*(one(job) for job in jobs)))
 
@@ -278,12 +284,14 @@ async def run_rollouts(
     forced_choices: Mapping[tuple[int, int], Choice] | None = None,
     explore_models: float = 0.0,
     users: UserFactory | None = None,
+    agent: AgentLoop | None = None,
 ) -> list[Trajectory]:
     """Run every task ``samples_per_task`` times (a GRPO group each), at most
     ``settings.max_concurrent_episodes`` at once; trajectories come back in (task, sample)
     order. ``forced_choices`` maps (task index, sample) to the choice its first turn starts
     with and ``explore_models`` the chance any other call's model is redrawn (directed
-    exploration); ``users``: the environment's user (tau2's customer)."""
+    exploration); ``users``: the environment's user (tau2's customer); ``agent``: who runs the
+    episodes, where not the built-in loop."""
     own_batcher = batcher is None
     batcher = batcher or GenerationBatcher(engine, settings.max_batch_size)
     try:
@@ -294,6 +302,7 @@ async def run_rollouts(
             tokenizer,
             settings,
             users,
+            agent,
         )
     finally:
         if own_batcher:

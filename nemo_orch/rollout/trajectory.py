@@ -41,6 +41,12 @@ class Termination(StrEnum):
     TOO_MANY_ERRORS = "too_many_errors"
     # A gold replay whose action failed: the task's gold, not a policy, is at fault.
     GOLD_ERROR = "gold_error"
+    # An external agent loop (rollout.agent=external) ended the episode before an answer or a
+    # limit: what the policy wrote is scored as it stands.
+    AGENT_STOP = "agent_stop"
+    # An external agent loop failed, or abandoned the episode (no end reported in time): an
+    # infrastructure failure (``Trajectory.agent_error`` says which).
+    AGENT_ERROR = "agent_error"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +188,12 @@ class Trajectory:
     # Per token, 1 where exploration forced it (GRPO's ``explore_share`` and
     # ``explore_models``): a policy token trained on, but not the policy's draw. Empty: none.
     forced_mask: list[int] = field(default_factory=list)
+    # An external agent loop's episode (nemo_orch.rollout.external): how it failed (termination
+    # agent_error), its own verdict on the answer where it scores itself (None: the environment
+    # scores), and how often its conversation left the recorded one (each time a new branch).
+    agent_error: str | None = None
+    agent_correct: bool | None = None
+    branches: int = 0
 
     def __post_init__(self) -> None:
         self.termination = Termination(self.termination)
@@ -286,6 +298,8 @@ class Trajectory:
             return InfraFailure(
                 "engine_error", "the policy", self.turns[-1].finish_reason if self.turns else ""
             )
+        if self.termination == Termination.AGENT_ERROR:
+            return InfraFailure("agent_error", "the agent loop", self.agent_error or "")
         if self.termination == Termination.USER_ERROR:
             return InfraFailure(
                 "user_error", "the user", (self.user.error if self.user is not None else None) or ""
@@ -327,4 +341,7 @@ class Trajectory:
             "decision_mask": self.decision_mask,
             "logprobs": self.logprobs,
             "forced_mask": self.forced_mask,
+            "agent_error": self.agent_error,
+            "agent_correct": self.agent_correct,
+            "branches": self.branches,
         }

@@ -2,7 +2,8 @@
 tools), on the standard library's ``ThreadingHTTPServer``: no web framework dependency.
 
 Routes map ``(method, path)`` to a function of the decoded JSON body returning a JSON-able dict,
-or an :class:`EventStream`: server-sent events in OpenAI's streaming format, sent with chunked
+or an :class:`EventStream`; a path's ``{name}`` segment matches any one segment, passed to the
+route as the keyword argument ``name`` (``/sessions/{session}/v1/models``): server-sent events in OpenAI's streaming format, sent with chunked
 transfer encoding so that the connection stays open for the client's next request.
 A :class:`RequestError` becomes its status with an OpenAI-style error body; any other exception
 a 500 with a generic message (details go to the log, not to the client). Once a stream has
@@ -42,7 +43,30 @@ class EventStream:
     events: Iterable[dict]
 
 
-Route = Callable[[dict], dict | EventStream]
+Route = Callable[..., dict | EventStream]
+
+
+def _match(
+    routes: Mapping[tuple[str, str], Route], method: str, path: str
+) -> tuple[tuple[str, str], Route, dict[str, str]] | None:
+    """The route of ``method path`` (an exact path first, then a pattern), its key and the
+    values of its ``{name}`` segments; None when no route matches."""
+    if (method, path) in routes:
+        return (method, path), routes[(method, path)], {}
+    segments = path.split("/")
+    for (route_method, pattern), route in routes.items():
+        parts = pattern.split("/")
+        if route_method != method or len(parts) != len(segments) or "{" not in pattern:
+            continue
+        values = {}
+        for part, segment in zip(parts, segments):
+            if part.startswith("{") and part.endswith("}") and segment:
+                values[part[1:-1]] = segment
+            elif part != segment:
+                break
+        else:
+            return (method, pattern), route, values
+    return None
 
 
 class RequestError(Exception):
@@ -82,9 +106,10 @@ def _handler(
         def _serve(self, method: str) -> None:
             started = time.perf_counter()
             path = self.path.split("?")[0].rstrip("/") or "/"
-            code = self._answer(method, path)
+            matched = _match(routes, method, path)
+            code = self._answer(method, matched)
             if metrics is not None:
-                label = path if (method, path) in routes else "unknown"
+                label = "unknown" if matched is None else matched[0][1]
                 metrics.observe(
                     label,
                     _status(code),
@@ -92,18 +117,20 @@ def _handler(
                     None if code < 400 else str(code),
                 )
 
-        def _answer(self, method: str, path: str) -> int:
+        def _answer(
+            self, method: str, matched: tuple[tuple[str, str], Route, dict[str, str]] | None
+        ) -> int:
             """Answer the request; returns the status sent."""
             try:
                 body = self._read_body() if method == "POST" else {}
-                route = routes.get((method, path))
-                if route is None:
+                if matched is None:
                     raise RequestError(f"no route {method} {self.path}", 404, "not_found_error")
-                if api_key is not None and (method, path) != ("GET", "/health"):
+                key, route, values = matched
+                if api_key is not None and key != ("GET", "/health"):
                     given = self.headers.get("Authorization", "")
                     if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                         raise RequestError("missing or wrong API key", 401, "authentication_error")
-                answer = route(body)
+                answer = route(body, **values)
             except RequestError as error:
                 return self._reply(error.status, _error_body(str(error), error.kind, error.status))
             except Exception:

@@ -95,7 +95,7 @@ class _SerialEngine:
 
 
 # ---------------------------------------------------------------------- function calling
-def _outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
+def outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
     """The ``<tool_call>`` markup of a reply as OpenAI ``tool_calls``; none when it has no call
     or markup the parser cannot read. Calls are read, not checked against the tools (no
     schemas: each is "unknown" but keeps its name and arguments): as with vLLM, that is the
@@ -113,6 +113,11 @@ def _outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
         }
         for index, call in enumerate(calls)
     ]
+
+
+def chat_stream(response: dict, include_usage: bool) -> EventStream:
+    """A finished chat completion as its stream of ``chat.completion.chunk`` events."""
+    return EventStream(_chunks(response, "chat.completion.chunk", _chat_pieces, include_usage))
 
 
 # ---------------------------------------------------------------------- streaming
@@ -356,7 +361,7 @@ class OpenAIService:
         message, finish_reason = {"role": "assistant", "content": text}, generation.finish_reason
         if tools and tool_choice == "auto":
             turn = sum(m["role"] == "assistant" for m in messages)
-            calls = _outgoing_calls(text, turn, parallel)
+            calls = outgoing_calls(text, turn, parallel)
             if calls:
                 message = {
                     "role": "assistant",
@@ -379,11 +384,7 @@ class OpenAIService:
             ],
             "usage": self._usage(len(prompt), len(generation.token_ids)),
         }
-        if stream:
-            return EventStream(
-                _chunks(response, "chat.completion.chunk", _chat_pieces, include_usage)
-            )
-        return response
+        return chat_stream(response, include_usage) if stream else response
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
         try:

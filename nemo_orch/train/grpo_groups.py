@@ -159,7 +159,8 @@ def rollout_metrics(groups: list[Group], stats: Any) -> dict[str, float]:
     """Per-step means over every episode generated (kept for training or not). Every call, of
     the masked episodes too, is counted by kind (``calls/<kind>``,
     ``call_rate/<kind>``) and the failed ones by tool (``call_errors``); the masked episodes by
-    the failure that decided them (``masked/<reason>``) and their share (``masked/rate``)."""
+    the failure that decided them (``masked/<reason>``) and their share (``masked/rate``); new
+    branches of external agent loops' episodes (``rollout/branches``), where there are any."""
     metrics: dict[str, float] = {"sampling/rounds": stats.rounds, **_call_metrics(groups)}
     episodes = [(g.task, t, b) for g in groups for t, b in zip(g.trajectories, g.breakdowns)]
     if not episodes:
@@ -192,7 +193,10 @@ def _call_metrics(groups: list[Group]) -> dict[str, float]:
         call.tool for call in calls if call.tool is not None and call.error is not None
     )
     masked = Counter(failure.reason for g in groups for _, failure in g.masked)
+    # Conversations an external agent loop sent back edited (nemo_orch.rollout.external).
+    branches = sum(t.branches for t in everything)
     return {
+        **({"rollout/branches": branches} if branches else {}),
         **{f"calls/{kind}": kinds[kind] for kind in KINDS},
         **{f"call_rate/{kind}": kinds[kind] / max(len(calls), 1) for kind in KINDS},
         "call_errors": sum(failed.values()),

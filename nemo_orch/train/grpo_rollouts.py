@@ -33,6 +33,7 @@ from nemo_orch.reward.scoring import OutcomeFn, by_answer, infra_failure, score_
 from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
 from nemo_orch.rollout.episode import prompt_length
+from nemo_orch.rollout.external import ExternalAgents
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.rollout.trajectory import Trajectory
@@ -54,6 +55,8 @@ PROBE_TASKS = 64
 # <run>/notes.json: each source's notes; those of a prompt too long for the context name at most
 # NOTED_TASKS task ids.
 NOTES, SKIPPED_CONTEXT, NOTED_TASKS = "notes.json", "skipped_context", 10
+# <run>/agent_endpoint.json: where agent loops find the training endpoint (rollout.agent=external).
+AGENT_ENDPOINT = "agent_endpoint.json"
 
 
 def _note_skipped(environment: Environment, task_id: str) -> None:
@@ -122,6 +125,12 @@ class Rollouts:
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
         self._idle = IdleClock()  # when no step of run_ahead's is rolling out
+        # rollout.agent=external: the agent loop of the user's own runs the episodes.
+        self.agents = (
+            ExternalAgents(config.rollout.external, config.run.name)
+            if config.rollout.agent == "external"
+            else None
+        )
 
     def __enter__(self) -> Rollouts:
         self._loop = LoopThread("rollouts")
@@ -145,6 +154,11 @@ class Rollouts:
             self._call(_cancel_others())
             self._loop.stop()
 
+    @property
+    def _agent(self) -> Any:
+        """Who runs the episodes where not the built-in loop (the runner's ``agent``)."""
+        return None if self.agents is None else self.agents.run
+
     def _call(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the rollout loop and wait for its result."""
         return self._loop.run(coroutine)
@@ -156,6 +170,13 @@ class Rollouts:
             await getattr(self.pool, method)()
             return
         await asyncio.gather(*(getattr(toolbox, method)() for toolbox in self.toolboxes.values()))
+        if self.agents is not None:
+            await getattr(self.agents, method)()
+            if method == "start":
+                (self.config.run.dir / AGENT_ENDPOINT).write_text(
+                    json.dumps({"url": self.agents.url}) + "\n"
+                )
+                log.info("agent loops take episodes from %s/v1/episodes/next", self.agents.url)
         if method == "close":
             await self.batcher.close()
 
@@ -375,6 +396,7 @@ class Rollouts:
                     forced_choices=mine,
                     explore_models=self.config.grpo.explore_models,
                     users=drawn.environment.users(),
+                    agent=self._agent,
                 )
             )
             start += len(drawn.tasks)
@@ -453,6 +475,7 @@ class Rollouts:
                 seed=self.config.run.seed,
                 batcher=self.batcher,
                 users=environment.users(),
+                agent=self._agent,
             )
             scored = await asyncio.gather(
                 *(

@@ -1,0 +1,614 @@
+"""Train any agent loop: the OpenAI-compatible training endpoint (``rollout.agent=external``).
+
+An agent loop of the user's own (a loop over the ``openai`` SDK, the OpenAI Agents SDK,
+LangGraph, ...) runs each episode against this endpoint as it runs against a model in
+production; the endpoint generates every turn with the rollouts' own engine and records it at the
+token level, so GRPO, PPO and DPO train on exactly what the policy sampled. Each episode is the
+built-in loop's :class:`~nemo_orch.rollout.episode.Episode` driven from outside: the same
+sampling (each turn's seed from the episode's), parsing, decision marks, directed exploration,
+observation truncation, turn limits, ledger and template checks; only who runs the tools and
+decides when to stop differs.
+
+Routes (``rollout.external.host:port``)::
+
+    POST /v1/episodes/next {"wait_s"?}            -> {"episode": AgentEpisode | null}
+    POST /sessions/{id}/v1/chat/completions       the episode's base URL (OpenAI chat, tools,
+    GET  /sessions/{id}/v1/models                 streaming, logprobs)
+    POST /v1/chat/completions                     the same, the episode's id in ``user``
+    GET  /v1/models
+    POST /sessions/{id}/tools/{name} {"arguments"} -> {"output", "error", "kind", "answer",
+                                                       "cost_usd", "ended"}
+    POST /sessions/{id}/end {"answer"?, "correct"?} -> {"termination"}
+
+**Token in, token out.** A conversation the loop sends back is matched against the record: the
+messages it sent before and the replies it got, compared by meaning (roles, texts, tool calls'
+names and parsed arguments; call ids and formatting aside). When they match, the earlier turns
+keep their recorded tokens -- the policy's sampled ids, never the loop's text tokenized again
+-- and only the new messages (tool results, a user's words) are appended, cut from the chat
+template's rendering as the built-in loop cuts observations. When they do not (the loop edited,
+dropped or rewrote its history, or changed its tools), the episode starts a **new branch**: its
+token record restarts from the loop's conversation rendered afresh (earlier assistant turns there
+are context, loss mask 0), the policy's earlier tokens are left out of training, and
+``Trajectory.branches`` counts it (GRPO logs ``rollout/branches``). Never silently merged.
+
+**Tools.** The loop runs the policy's calls: with its own functions, or through the tool route,
+which runs the environment's tool under the episode's context and bills it in the ledger (cost,
+seconds, kind) as the built-in loop would; a call the policy's last turn did not make is refused
+there. A call the loop runs itself is recorded with no cost. A tool result that answers (the
+``answer`` tool) ends the episode.
+
+**Sampling is the trainer's**: ``rollout.temperature``/``top_p``/``top_k``/``max_new_tokens`` and
+each turn's seed; a request's sampling fields are ignored (GRPO's ratios need the sampling it
+trains on). A request after the episode ended (an answer, ``rollout.max_turns`` turns, the
+context full, the task's budget spent) gets a 409 naming why; an engine failure a 503.
+
+**The end.** The loop reports it (``end``: its final answer where the policy's own turns gave
+none, and ``correct`` if it scores the answer itself: that verdict replaces the environment's
+outcome, the cost and preference terms still apply); a Python harness's return ends it too. An
+episode whose end is not reported within ``rollout.external.episode_timeout_s``, or whose loop
+raised, ends as ``agent_error``: an infrastructure failure, counted and never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import importlib.util
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nemo_orch.config import ExternalAgentConfig
+from nemo_orch.models.tokenizer import escape_markup
+from nemo_orch.rollout.episode import Episode, RolloutError, TokenHistory, task_budget
+from nemo_orch.rollout.format import ParsedTurn, ToolCall, without_calls
+from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
+from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
+from nemo_orch.serve.openai_requests import (
+    chat_messages,
+    request_field,
+    request_tools,
+    stream_options,
+)
+from nemo_orch.serve.openai_server import STREAMED_LOGPROBS, chat_stream, outgoing_calls
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 60.0  # the longest a POST /v1/episodes/next waits for an episode
+STOPPED = 503  # what a request gets once the rollouts have ended
+
+
+@dataclass(frozen=True)
+class AgentEpisode:
+    """An episode as an agent loop gets it: ``base_url`` is its OpenAI base URL (pass it to the
+    client; the model is ``model``), ``messages`` and ``tools`` its first messages and tools as
+    the built-in loop would offer them (the loop may offer others), ``task_id`` the task's."""
+
+    id: str
+    url: str
+    model: str
+    task_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/sessions/{self.id}/v1"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AgentEpisode:
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__})
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Run the policy's call ``name(arguments)`` with the environment's tool: its
+        ``output`` (the observation, an error's included), ``error``, ``kind``, ``answer``
+        (not null: the episode ended with it) and ``cost_usd``."""
+        return _post(f"{self.url}/sessions/{self.id}/tools/{name}", {"arguments": arguments})
+
+    def end(self, answer: str | None = None, correct: bool | None = None) -> str:
+        """Report the episode's end: the loop's final ``answer`` (where the policy's turns gave
+        none) and, if it scored the answer itself, ``correct``; returns the termination."""
+        body: dict[str, Any] = {} if answer is None else {"answer": answer}
+        if correct is not None:
+            body["correct"] = correct
+        return _post(f"{self.url}/sessions/{self.id}/end", body)["termination"]
+
+
+class EndpointStopped(ConnectionError):
+    """The training endpoint is gone: the rollouts ended (training finished or stopped)."""
+
+
+def next_episode(url: str, wait_s: float = 30.0) -> AgentEpisode | None:
+    """The next episode the endpoint at ``url`` hands out, waiting at most ``wait_s`` seconds
+    for one (None: none came yet); :class:`EndpointStopped` once the rollouts have ended."""
+    episode = _post(f"{url}/v1/episodes/next", {"wait_s": wait_s}, timeout_s=wait_s + 30)
+    return None if episode["episode"] is None else AgentEpisode.from_json(episode["episode"])
+
+
+def _post(url: str, body: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
+    import httpx  # the agent loop's side: imported there only
+
+    try:
+        response = httpx.post(url, json=body, timeout=timeout_s)
+    except httpx.ConnectError as error:
+        raise EndpointStopped(f"POST {url}: {error}") from None
+    if response.status_code == STOPPED:
+        raise EndpointStopped(f"POST {url}: {response.text[:500]}")
+    if response.status_code != 200:
+        raise RuntimeError(f"POST {url}: {response.status_code} {response.text[:500]}")
+    return response.json()
+
+
+def load_harness(spec: str) -> Callable[[AgentEpisode], Any]:
+    """``module:function`` or ``path/to/file.py:function``: the agent loop to call per episode."""
+    where, _, name = spec.rpartition(":")
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            module_spec = importlib.util.spec_from_file_location(f"harness_{path.stem}", path)
+            if module_spec is None or module_spec.loader is None or not path.is_file():
+                raise ImportError(f"no file {path}")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        return getattr(module, name)
+    except (ImportError, AttributeError, SyntaxError) as error:
+        raise RolloutError(f"rollout.external.harness={spec}: cannot load it: {error}") from None
+
+
+def _same(recorded: dict[str, Any], sent: dict[str, Any]) -> bool:
+    """Whether a message the loop sent back means the recorded one: its role, its text (a
+    reply's with the surrounding whitespace aside) and its tool calls' names and arguments."""
+    if recorded["role"] != sent["role"]:
+        return False
+    ours, theirs = recorded.get("content") or "", sent.get("content") or ""
+    if recorded["role"] != "assistant":
+        return ours == theirs
+
+    def calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [
+            (call["function"]["name"], call["function"]["arguments"])
+            for call in message.get("tool_calls") or []
+        ]
+
+    return ours.strip() == theirs.strip() and calls(recorded) == calls(sent)
+
+
+def _ended(session: _Session) -> RequestError:
+    return RequestError(
+        f"episode {session.id} has ended ({session.termination}): report its end", 409, "conflict"
+    )
+
+
+class _Session:
+    """One episode driven by an agent loop: its :class:`Episode`, token record, turns, the
+    conversation as the loop holds it (``received``: its messages and the replies it got) and
+    how it ended. Touched on the rollout loop only."""
+
+    def __init__(self, episode: Episode, url: str, model: str) -> None:
+        self.id, self.episode, self.url, self.model = secrets.token_hex(8), episode, url, model
+        self.history: TokenHistory | None = None
+        self.prompt_length = 0
+        self.turns: list[TurnRecord] = []
+        self.received: list[dict[str, Any]] = []
+        self.tools: list[dict[str, Any]] | None = None
+        self.text = ""  # the last turn's text
+        self.pending: list[ToolCall] = []  # the last turn's valid calls not yet run
+        self.termination: Termination | None = None
+        self.answer: str | None = None
+        self.correct: bool | None = None
+        self.error: str | None = None
+        self.branches = 0
+        self.ended = asyncio.Event()
+        self.started = time.perf_counter()
+
+    def describe(self) -> AgentEpisode:
+        episode = self.episode
+        return AgentEpisode(
+            id=self.id,
+            url=self.url,
+            model=self.model,
+            task_id=episode.task.id,
+            messages=[dict(message) for message in episode.messages],
+            tools=episode.schemas,
+        )
+
+    # ------------------------------------------------------------------ the conversation
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        stream, include_usage = stream_options(body)
+        want_logprobs = request_field(body, "logprobs", bool, False)
+        if stream and want_logprobs:
+            raise RequestError(STREAMED_LOGPROBS)
+        messages = chat_messages(body.get("messages"))
+        tools = request_tools(body) or []
+        if self.termination is not None:
+            raise _ended(self)
+        self._take(messages, tools)
+        history = self.history
+        assert history is not None  # _take made it
+        start = len(history.ids)
+        turn = await self.episode.policy_turn(history, len(self.turns), self.turns)
+        if isinstance(turn, Termination):
+            self._stop(turn)
+            if turn == Termination.ENGINE_ERROR:  # the policy's infrastructure: nothing to wait for
+                self.ended.set()
+                raise RequestError(
+                    f"the policy's engine failed: {self.turns[-1].finish_reason}",
+                    503,
+                    "server_error",
+                )
+            raise _ended(self)
+        record, self.text, parsed = turn
+        self.pending = [call for call in parsed.calls if call.valid]
+        record.calls += [
+            CallRecord(tool=call.name, arguments=call.arguments, error=call.error)
+            for call in parsed.calls
+            if not call.valid
+        ]
+        if parsed.answer is not None:
+            self._stop(Termination.ANSWER, parsed.answer)
+        return self._reply(record, start, want_logprobs, stream, include_usage)
+
+    def _take(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        """Make the record hold ``messages``: the first request's are the prompt; a later one's
+        either extend the record (its new messages appended) or start a new branch."""
+        if self.history is None:
+            self._branch(messages, tools)
+            self.prompt_length = len(self.history.ids)
+            return
+        self._settle_calls()
+        budget = task_budget(self.episode.task)
+        if budget is not None and sum(turn.cost_usd for turn in self.turns) > budget:
+            self._stop(Termination.BUDGET)
+            raise _ended(self)
+        known = len(self.received)
+        new = messages[known:]
+        if (
+            tools == self.tools
+            and new
+            and all(_same(ours, theirs) for ours, theirs in zip(self.received, messages))
+            and all(message["role"] != "assistant" for message in new)
+        ):
+            observations = [
+                {
+                    "role": message["role"],
+                    "content": self.episode.observation(message["content"] or ""),
+                }
+                for message in new
+            ]
+            if not self.episode.append_messages(self.history, observations):
+                self._stop(Termination.CONTEXT_LIMIT)
+                raise _ended(self)
+            self.received += new
+        else:
+            self.branches += 1
+            log.info(
+                "episode %s: the agent loop's conversation left the record: branch %d",
+                self.id,
+                self.branches,
+            )
+            self._branch(messages, tools)
+        limit = self.episode.max_turns
+        if limit is not None and len(self.turns) >= limit:
+            self._stop(Termination.MAX_TURNS)
+            raise _ended(self)
+
+    def _branch(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        """A token record from ``messages`` rendered afresh, all of it context."""
+        self.tools, self.received = tools, list(messages)
+        self.episode.offer(tools)
+        tokenizer = self.episode.tokenizer
+        self.episode.messages = [
+            message
+            if message["role"] == "assistant"
+            else {
+                "role": message["role"],
+                "content": escape_markup(message["content"] or "", tokenizer),
+            }
+            for message in messages
+        ]
+        self.history = TokenHistory(
+            self.episode.encode(self.episode.render(generation_prompt=True))
+        )
+
+    def _reply(
+        self, record: TurnRecord, start: int, want_logprobs: bool, stream: bool, include_usage: bool
+    ) -> dict[str, Any]:
+        """The turn (its tokens from ``start``) as an OpenAI chat completion (``<tool_call>``
+        markup as ``tool_calls``), kept in ``received`` as the loop will hold it."""
+        text = self.text
+        turn = sum(message["role"] == "assistant" for message in self.received)
+        calls = outgoing_calls(text, turn, parallel=True) if self.tools else []
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish_reason = record.finish_reason
+        if calls:
+            message = {
+                "role": "assistant",
+                "content": without_calls(text) or None,
+                "tool_calls": calls,
+            }
+            finish_reason = "tool_calls"
+        self.received += chat_messages([message])
+        history = self.history
+        assert history is not None
+        end = start + record.output_tokens
+        logprobs = None
+        if want_logprobs:
+            tokenizer = self.episode.tokenizer
+            logprobs = {
+                "content": [
+                    {
+                        "token": tokenizer.decode([token]),
+                        "logprob": value,
+                        "bytes": list(tokenizer.decode([token]).encode()),
+                        "top_logprobs": [],
+                    }
+                    for token, value in zip(history.ids[start:end], history.logprobs[start:end])
+                ]
+            }
+        response = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": finish_reason,
+                    "logprobs": logprobs,
+                    "message": message,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": record.input_tokens,
+                "completion_tokens": record.output_tokens,
+                "total_tokens": record.input_tokens + record.output_tokens,
+            },
+        }
+        return chat_stream(response, include_usage) if stream else response
+
+    # ------------------------------------------------------------------ tools and the end
+    async def tool(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        arguments = request_field(body, "arguments", dict, {})
+        if self.termination is not None:
+            raise _ended(self)
+        call = next((c for c in self.pending if c.name == name and c.arguments == arguments), None)
+        if call is None:
+            raise RequestError(
+                f"the policy's last turn made no call {name}({json.dumps(arguments)}) "
+                f"that is still to run",
+                409,
+                "conflict",
+            )
+        self.pending.remove(call)
+        (result,) = await self.episode.run_calls(
+            ParsedTurn(calls=[call]), self.turns[-1], self.text
+        )
+        if result.answer is not None:
+            self._stop(Termination.ANSWER, result.answer)
+        return {
+            "output": result.observation,
+            "error": result.error,
+            "kind": str(result.kind),
+            "answer": result.answer,
+            "cost_usd": result.cost_usd,
+            "ended": self.termination,
+        }
+
+    def _settle_calls(self) -> None:
+        """The last turn's calls the loop ran itself: recorded, at no cost known here."""
+        if self.turns:
+            self.turns[-1].calls += [
+                CallRecord(tool=call.name, arguments=call.arguments) for call in self.pending
+            ]
+        self.pending = []
+
+    def _stop(self, termination: Termination, answer: str | None = None) -> None:
+        if self.termination is None:
+            self.termination, self.answer = termination, answer
+
+    def end(self, body: dict[str, Any]) -> dict[str, Any]:
+        answer = request_field(body, "answer", str)
+        self.correct = request_field(body, "correct", bool)
+        self._settle_calls()
+        if self.termination is None:
+            self._stop(Termination.AGENT_STOP if answer is None else Termination.ANSWER, answer)
+        elif (
+            self.answer is None
+            and answer is not None
+            and self.termination != Termination.ENGINE_ERROR
+        ):
+            self.answer = answer
+        self.ended.set()
+        return {"termination": str(self.termination)}
+
+    def fail(self, error: str) -> None:
+        """The agent loop failed or abandoned the episode (unless it ended already)."""
+        if not self.ended.is_set():
+            self.termination, self.error = Termination.AGENT_ERROR, error
+            self.ended.set()
+
+    def trajectory(self) -> Trajectory:
+        history = self.history or TokenHistory([])
+        return self.episode.trajectory(
+            history,
+            self.prompt_length,
+            self.turns,
+            self.termination or Termination.AGENT_ERROR,
+            self.answer,
+            time.perf_counter() - self.started,
+            agent_error=self.error,
+            agent_correct=self.correct,
+            branches=self.branches,
+        )
+
+
+class ExternalAgents:
+    """The training endpoint (module docstring): ``run`` is the episode runner's agent
+    (:func:`~nemo_orch.rollout.runner.run_episodes`). Start it on the rollout loop
+    (``await start()``) and close it there."""
+
+    def __init__(self, config: ExternalAgentConfig, model: str) -> None:
+        self.config, self.model = config, model
+        self.harness = None if config.harness is None else load_harness(config.harness)
+        self.sessions: dict[str, _Session] = {}
+        self._queue: asyncio.Queue[_Session] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._http: ServerHandle | None = None
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._requests: set[concurrent.futures.Future] = set()  # touched by the HTTP threads
+        self._closing = False
+        self.url = ""
+
+    async def start(self) -> str:
+        """Serve the routes; returns the endpoint's URL."""
+        self._loop, self._queue = asyncio.get_running_loop(), asyncio.Queue()
+        session = "/sessions/{session}"
+        self._http = serve_json(
+            {
+                ("GET", "/v1/models"): lambda _: self._models(),
+                ("GET", f"{session}/v1/models"): lambda _, session: self._models(),
+                ("POST", "/v1/chat/completions"): lambda body: self._chat(body, None),
+                ("POST", f"{session}/v1/chat/completions"): self._chat,
+                ("POST", f"{session}/tools/{{tool}}"): self._tool,
+                ("POST", f"{session}/end"): self._end,
+                ("POST", "/v1/episodes/next"): self._next,
+            },
+            self.config.host,
+            self.config.port,
+            name="agent-endpoint",
+        )
+        self.url = f"http://{self._http.host}:{self._http.port}"
+        if self.harness is not None:
+            self._threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="agent-loop")
+        return self.url
+
+    async def close(self) -> None:
+        self._closing = True
+        for request in list(self._requests):  # requests waiting on the loop: answered 503
+            request.cancel()
+        if self._http is not None:
+            await asyncio.to_thread(self._http.close)
+        for session in list(self.sessions.values()):
+            session.fail("the rollouts stopped")
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, episode: Episode) -> Trajectory:
+        """``episode`` run by the agent loop: handed to the harness (or queued for loops that
+        ask), its end awaited at most ``episode_timeout_s``."""
+        if episode.user is not None:
+            raise RolloutError(
+                "rollout.agent=external: the agent loop talks to no user party; an environment "
+                "with a user (tau2) needs rollout.agent=builtin"
+            )
+        session = _Session(episode, self.url, self.model)
+        self.sessions[session.id] = session
+        try:
+            if self.harness is not None:
+                asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._call_harness, session
+                )
+            else:
+                await self._queue.put(session)
+            try:
+                await asyncio.wait_for(session.ended.wait(), self.config.episode_timeout_s)
+            except TimeoutError:
+                session.fail(
+                    f"abandoned: no end reported within {self.config.episode_timeout_s:g} s "
+                    "(rollout.external.episode_timeout_s)"
+                )
+        finally:
+            del self.sessions[session.id]
+        return session.trajectory()
+
+    def _call_harness(self, session: _Session) -> None:
+        """The harness on ``session``'s episode, in a thread of its own; its return ends the
+        episode where it reported no end, its exception fails it."""
+        try:
+            self.harness(session.describe())
+        except Exception as error:
+            log.warning("the agent loop failed on episode %s", session.id, exc_info=True)
+            self._loop.call_soon_threadsafe(
+                session.fail, f"the agent loop raised {type(error).__name__}: {error}"
+            )
+            return
+        self._loop.call_soon_threadsafe(lambda: None if session.ended.is_set() else session.end({}))
+
+    # ------------------------------------------------------------------ routes
+    def _on_loop(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """``coroutine``'s result, run on the rollout loop; a 503 once the rollouts end."""
+        if self._closing:
+            coroutine.close()
+            raise RequestError("the rollouts have ended", STOPPED, "server_error")
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        self._requests.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise RequestError("the rollouts have ended", STOPPED, "server_error") from None
+        finally:
+            self._requests.discard(future)
+
+    def _session(self, session: str | None) -> _Session:
+        found = self.sessions.get(session or "")
+        if found is None:
+            raise RequestError(
+                f"no episode {session!r} is in flight (name it in the path "
+                "/sessions/<id>/v1 or in 'user')",
+                404,
+                "not_found_error",
+            )
+        return found
+
+    def _models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "nemo-orch"}],
+        }
+
+    def _chat(self, body: dict[str, Any], session: str | None) -> Any:
+        model = request_field(body, "model", str)
+        if model is not None and model != self.model:
+            raise RequestError(
+                f"the model '{model}' does not exist; this endpoint trains '{self.model}'",
+                404,
+                "not_found_error",
+            )
+        found = self._session(session or request_field(body, "user", str))
+        return self._on_loop(found.chat(body))
+
+    def _tool(self, body: dict[str, Any], session: str, tool: str) -> dict[str, Any]:
+        return self._on_loop(self._session(session).tool(tool, body))
+
+    def _end(self, body: dict[str, Any], session: str) -> dict[str, Any]:
+        found = self._session(session)
+
+        async def end() -> dict[str, Any]:
+            return found.end(body)
+
+        return self._on_loop(end())
+
+    def _next(self, body: dict[str, Any]) -> dict[str, Any]:
+        wait_s = float(request_field(body, "wait_s", (int, float), 30.0))
+        if not 0 <= wait_s <= MAX_WAIT_S:
+            raise RequestError(f"'wait_s' must be in [0, {MAX_WAIT_S:g}]")
+
+        async def take() -> dict[str, Any] | None:
+            while True:  # an episode abandoned in the queue is not handed out
+                try:
+                    session = await asyncio.wait_for(self._queue.get(), wait_s)
+                except TimeoutError:
+                    return None
+                if not session.ended.is_set():
+                    return asdict(session.describe())
+
+        return {"episode": self._on_loop(take())}
