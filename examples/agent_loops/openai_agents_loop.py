@@ -23,7 +23,7 @@ from agents import (
 )
 from openai import APIStatusError, AsyncOpenAI
 
-from nemo_orch.rollout.external import AgentEpisode
+from nemo_orch.rollout.agent_episode import AgentEpisode
 
 set_tracing_disabled(True)  # nothing leaves the machine
 

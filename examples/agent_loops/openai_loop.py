@@ -15,7 +15,7 @@ from typing import Any
 
 from openai import ConflictError, OpenAI
 
-from nemo_orch.rollout.external import AgentEpisode
+from nemo_orch.rollout.agent_episode import AgentEpisode
 
 MAX_TURNS = 10
 

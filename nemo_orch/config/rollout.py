@@ -43,7 +43,7 @@ class ExternalAgentConfig:
     endpoint on ``host:port`` (0: a free port; written to the stage's ``agent_endpoint.json``), which
     records every turn's exact tokens (:mod:`nemo_orch.rollout.external`). ``harness``: the loop
     as ``module:function`` or ``path/to/file.py:function``, called in a thread per episode with
-    its :class:`~nemo_orch.rollout.external.AgentEpisode`; null: loops in processes of their own
+    its :class:`~nemo_orch.rollout.agent_episode.AgentEpisode`; null: loops in processes of their own
     take episodes from ``POST /v1/episodes/next``. An episode whose end is not reported within
     ``episode_timeout_s`` is abandoned: an infrastructure failure, never trained on."""
 

@@ -47,7 +47,15 @@ from nemo_orch.rollout.format import (
     text_beside_calls,
     without_thinking,
 )
-from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord, UserUsage
+from nemo_orch.rollout.trajectory import (
+    CallRecord,
+    RolloutError,
+    Termination,
+    TokenHistory,
+    Trajectory,
+    TurnRecord,
+    UserUsage,
+)
 from nemo_orch.seeding import derive_seed
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult
 from nemo_orch.tools.registry import Toolbox
@@ -100,45 +108,8 @@ def prompt_length(task: Task, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBa
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
-class RolloutError(RuntimeError):
-    """The rollout machinery broke an invariant (never a model or tool mistake)."""
-
-
 class PolicyClient(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
-
-
-class TokenHistory:
-    """Token ids with, per token, the loss mask, whether it is part of a routing decision (see
-    :func:`~nemo_orch.rollout.format.decision_end`), the sampling logprob (0 off-policy) and
-    whether exploration forced it."""
-
-    def __init__(self, prompt_ids: list[int]) -> None:
-        self.ids = list(prompt_ids)
-        self.mask = [0] * len(prompt_ids)
-        self.decisions = [0] * len(prompt_ids)
-        self.logprobs = [0.0] * len(prompt_ids)
-        self.forced = [0] * len(prompt_ids)
-
-    def add_policy(self, ids: list[int], logprobs: list[float], forced: int = 0) -> None:
-        """The policy's tokens, the first ``forced`` of them written by exploration."""
-        if len(ids) != len(logprobs):
-            raise RolloutError(f"engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
-        self.ids += ids
-        self.mask += [1] * len(ids)
-        self.decisions += [0] * len(ids)
-        self.logprobs += logprobs
-        self.forced += [1] * forced + [0] * (len(ids) - forced)
-
-    def add_template(self, ids: list[int]) -> None:
-        self.ids += ids
-        self.mask += [0] * len(ids)
-        self.decisions += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.forced += [0] * len(ids)
-
-    def mark_decision(self, start: int, count: int) -> None:
-        self.decisions[start : start + count] = [1] * count
 
 
 class Episode:
@@ -294,7 +265,6 @@ class Episode:
             if ended is None:
                 self.messages.append({"role": "user", "content": self.observation(opening)})
         history = TokenHistory(self.encode(self.render(generation_prompt=True)))
-        prompt_length = len(history.ids)
         turns: list[TurnRecord] = []
         termination, answer = ended or Termination.MAX_TURNS, None
         turn_indices = itertools.count() if self.max_turns is None else range(self.max_turns)
@@ -337,7 +307,6 @@ class Episode:
             self._check_agreement(history)
         return self.trajectory(
             history,
-            prompt_length,
             turns,
             termination,
             answer,
@@ -348,7 +317,6 @@ class Episode:
     def trajectory(
         self,
         history: TokenHistory,
-        prompt_length: int,
         turns: list[TurnRecord],
         termination: Termination,
         answer: str | None,
@@ -356,8 +324,7 @@ class Episode:
         user: UserUsage | None = None,
         **agent: Any,
     ) -> Trajectory:
-        """The finished episode's record (``agent``: what an external agent loop reported,
-        :mod:`nemo_orch.rollout.external`)."""
+        """The finished episode's record (``agent``: what an external agent loop reported)."""
         return Trajectory(
             task_id=self.task.id,
             sample=self.sample,
@@ -367,7 +334,7 @@ class Episode:
             loss_mask=history.mask,
             decision_mask=history.decisions,
             logprobs=history.logprobs,
-            prompt_length=prompt_length,
+            prompt_length=history.prompt_length,
             turns=turns,
             termination=termination,
             answer=answer,

@@ -61,12 +61,13 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from nemo_orch.config import ExternalAgentConfig
 from nemo_orch.models.tokenizer import escape_markup
+from nemo_orch.rollout.agent_episode import STOPPED, AgentEpisode
 from nemo_orch.rollout.episode import Episode, RolloutError, TokenHistory, task_budget
 from nemo_orch.rollout.format import ParsedTurn, ToolCall, without_calls
 from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
@@ -82,68 +83,6 @@ from nemo_orch.serve.openai_server import STREAMED_LOGPROBS, chat_stream, outgoi
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0  # the longest a POST /v1/episodes/next waits for an episode
-STOPPED = 503  # what a request gets once the rollouts have ended
-
-
-@dataclass(frozen=True)
-class AgentEpisode:
-    """An episode as an agent loop gets it: ``base_url`` is its OpenAI base URL (pass it to the
-    client; the model is ``model``), ``messages`` and ``tools`` its first messages and tools as
-    the built-in loop would offer them (the loop may offer others), ``task_id`` the task's."""
-
-    id: str
-    url: str
-    model: str
-    task_id: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/sessions/{self.id}/v1"
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AgentEpisode:
-        return cls(**{key: data[key] for key in cls.__dataclass_fields__})
-
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Run the policy's call ``name(arguments)`` with the environment's tool: its
-        ``output`` (the observation, an error's included), ``error``, ``kind``, ``answer``
-        (not null: the episode ended with it) and ``cost_usd``."""
-        return _post(f"{self.url}/sessions/{self.id}/tools/{name}", {"arguments": arguments})
-
-    def end(self, answer: str | None = None, correct: bool | None = None) -> str:
-        """Report the episode's end: the loop's final ``answer`` (where the policy's turns gave
-        none) and, if it scored the answer itself, ``correct``; returns the termination."""
-        body: dict[str, Any] = {} if answer is None else {"answer": answer}
-        if correct is not None:
-            body["correct"] = correct
-        return _post(f"{self.url}/sessions/{self.id}/end", body)["termination"]
-
-
-class EndpointStopped(ConnectionError):
-    """The training endpoint is gone: the rollouts ended (training finished or stopped)."""
-
-
-def next_episode(url: str, wait_s: float = 30.0) -> AgentEpisode | None:
-    """The next episode the endpoint at ``url`` hands out, waiting at most ``wait_s`` seconds
-    for one (None: none came yet); :class:`EndpointStopped` once the rollouts have ended."""
-    episode = _post(f"{url}/v1/episodes/next", {"wait_s": wait_s}, timeout_s=wait_s + 30)
-    return None if episode["episode"] is None else AgentEpisode.from_json(episode["episode"])
-
-
-def _post(url: str, body: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
-    import httpx  # the agent loop's side: imported there only
-
-    try:
-        response = httpx.post(url, json=body, timeout=timeout_s)
-    except httpx.ConnectError as error:
-        raise EndpointStopped(f"POST {url}: {error}") from None
-    if response.status_code == STOPPED:
-        raise EndpointStopped(f"POST {url}: {response.text[:500]}")
-    if response.status_code != 200:
-        raise RuntimeError(f"POST {url}: {response.status_code} {response.text[:500]}")
-    return response.json()
 
 
 def load_harness(spec: str) -> Callable[[AgentEpisode], Any]:
@@ -196,7 +135,6 @@ class _Session:
     def __init__(self, episode: Episode, url: str, model: str) -> None:
         self.id, self.episode, self.url, self.model = secrets.token_hex(8), episode, url, model
         self.history: TokenHistory | None = None
-        self.prompt_length = 0
         self.turns: list[TurnRecord] = []
         self.received: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] | None = None
@@ -262,7 +200,6 @@ class _Session:
         either extend the record (its new messages appended) or start a new branch."""
         if self.history is None:
             self._branch(messages, tools)
-            self.prompt_length = len(self.history.ids)
             return
         self._settle_calls()
         budget = task_budget(self.episode.task)
@@ -440,7 +377,6 @@ class _Session:
         history = self.history or TokenHistory([])
         return self.episode.trajectory(
             history,
-            self.prompt_length,
             self.turns,
             self.termination or Termination.AGENT_ERROR,
             self.answer,
@@ -468,8 +404,8 @@ class ExternalAgents:
         self._closing = False
         self.url = ""
 
-    async def start(self) -> str:
-        """Serve the routes; returns the endpoint's URL."""
+    async def start(self, endpoint_file: Path | None = None) -> str:
+        """Serve the routes; returns the endpoint's URL (also written to ``endpoint_file``)."""
         self._loop, self._queue = asyncio.get_running_loop(), asyncio.Queue()
         session = "/sessions/{session}"
         self._http = serve_json(
@@ -487,6 +423,9 @@ class ExternalAgents:
             name="agent-endpoint",
         )
         self.url = f"http://{self._http.host}:{self._http.port}"
+        if endpoint_file is not None:
+            endpoint_file.write_text(json.dumps({"url": self.url}) + "\n")
+        log.info("agent loops take episodes from %s/v1/episodes/next", self.url)
         if self.harness is not None:
             self._threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="agent-loop")
         return self.url

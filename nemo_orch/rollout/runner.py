@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -32,9 +32,12 @@ from nemo_orch.rollout.format import Choice
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.registry import Toolbox
 
-# Who runs an episode other than the built-in loop: an external agent loop through the training
-# endpoint (nemo_orch.rollout.external.ExternalAgents.run).
-AgentLoop = Callable[[Episode], Awaitable[Trajectory]]
+
+class AgentLoop(Protocol):
+    """Who runs an episode other than the built-in loop: an agent loop of the user's own
+    through the training endpoint (:class:`~nemo_orch.rollout.external.ExternalAgents`)."""
+
+    async def run(self, episode: Episode) -> Trajectory: ...
 
 
 @dataclass
@@ -266,7 +269,7 @@ async def run_episodes(
                 explore_models=job.explore_models,
                 users=users,
             )
-            return await (episode.run() if agent is None else agent(episode))
+            return await (episode.run() if agent is None else agent.run(episode))
 
     return list(await asyncio.gather(*(one(job) for job in jobs)))
 

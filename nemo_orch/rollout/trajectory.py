@@ -49,6 +49,44 @@ class Termination(StrEnum):
     AGENT_ERROR = "agent_error"
 
 
+class RolloutError(RuntimeError):
+    """The rollout machinery broke an invariant (never a model or tool mistake)."""
+
+
+class TokenHistory:
+    """Token ids (the first ``prompt_length`` the prompt's) with, per token, the loss mask, whether it is part of a routing decision (see
+    :func:`~nemo_orch.rollout.format.decision_end`), the sampling logprob (0 off-policy) and
+    whether exploration forced it."""
+
+    def __init__(self, prompt_ids: list[int]) -> None:
+        self.prompt_length = len(prompt_ids)
+        self.ids = list(prompt_ids)
+        self.mask = [0] * len(prompt_ids)
+        self.decisions = [0] * len(prompt_ids)
+        self.logprobs = [0.0] * len(prompt_ids)
+        self.forced = [0] * len(prompt_ids)
+
+    def add_policy(self, ids: list[int], logprobs: list[float], forced: int = 0) -> None:
+        """The policy's tokens, the first ``forced`` of them written by exploration."""
+        if len(ids) != len(logprobs):
+            raise RolloutError(f"engine returned {len(ids)} tokens but {len(logprobs)} logprobs")
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        self.decisions += [0] * len(ids)
+        self.logprobs += logprobs
+        self.forced += [1] * forced + [0] * (len(ids) - forced)
+
+    def add_template(self, ids: list[int]) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.decisions += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.forced += [0] * len(ids)
+
+    def mark_decision(self, start: int, count: int) -> None:
+        self.decisions[start : start + count] = [1] * count
+
+
 @dataclass(frozen=True, kw_only=True)
 class UserReply:
     """The user's answer to one agent message: its text (None on ``error``), whether it ends

@@ -55,8 +55,7 @@ PROBE_TASKS = 64
 # <run>/notes.json: each source's notes; those of a prompt too long for the context name at most
 # NOTED_TASKS task ids.
 NOTES, SKIPPED_CONTEXT, NOTED_TASKS = "notes.json", "skipped_context", 10
-# <run>/agent_endpoint.json: where agent loops find the training endpoint (rollout.agent=external).
-AGENT_ENDPOINT = "agent_endpoint.json"
+AGENT_ENDPOINT = "agent_endpoint.json"  # where agent loops find it (rollout.agent=external)
 
 
 def _note_skipped(environment: Environment, task_id: str) -> None:
@@ -154,11 +153,6 @@ class Rollouts:
             self._call(_cancel_others())
             self._loop.stop()
 
-    @property
-    def _agent(self) -> Any:
-        """Who runs the episodes where not the built-in loop (the runner's ``agent``)."""
-        return None if self.agents is None else self.agents.run
-
     def _call(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the rollout loop and wait for its result."""
         return self._loop.run(coroutine)
@@ -171,12 +165,11 @@ class Rollouts:
             return
         await asyncio.gather(*(getattr(toolbox, method)() for toolbox in self.toolboxes.values()))
         if self.agents is not None:
-            await getattr(self.agents, method)()
-            if method == "start":
-                (self.config.run.dir / AGENT_ENDPOINT).write_text(
-                    json.dumps({"url": self.agents.url}) + "\n"
-                )
-                log.info("agent loops take episodes from %s/v1/episodes/next", self.agents.url)
+            await (
+                self.agents.start(self.config.run.dir / AGENT_ENDPOINT)
+                if method == "start"
+                else self.agents.close()
+            )
         if method == "close":
             await self.batcher.close()
 
@@ -396,7 +389,7 @@ class Rollouts:
                     forced_choices=mine,
                     explore_models=self.config.grpo.explore_models,
                     users=drawn.environment.users(),
-                    agent=self._agent,
+                    agent=self.agents,
                 )
             )
             start += len(drawn.tasks)
@@ -475,7 +468,7 @@ class Rollouts:
                 seed=self.config.run.seed,
                 batcher=self.batcher,
                 users=environment.users(),
-                agent=self._agent,
+                agent=self.agents,
             )
             scored = await asyncio.gather(
                 *(

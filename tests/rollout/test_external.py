@@ -24,9 +24,10 @@ from nemo_orch.envs import build_environment
 from nemo_orch.envs.offline.world import make_tasks
 from nemo_orch.reward.advantages import group_advantages
 from nemo_orch.reward.scoring import score_groups
+from nemo_orch.rollout.agent_episode import EndpointStopped, next_episode
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine
-from nemo_orch.rollout.external import EndpointStopped, ExternalAgents, load_harness, next_episode
+from nemo_orch.rollout.external import ExternalAgents, load_harness
 from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.rollout.trajectory import Termination, Trajectory
 
@@ -107,7 +108,7 @@ def _run(
                 engine.tokenizer,
                 config.resolved_rollout(),
                 seed=11,
-                agent=None if agents is None else agents.run,
+                agent=agents,
             )
         finally:
             if agents is not None:

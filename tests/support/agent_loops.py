@@ -7,7 +7,7 @@ import json
 
 from openai import OpenAI
 
-from nemo_orch.rollout.external import AgentEpisode
+from nemo_orch.rollout.agent_episode import AgentEpisode
 
 
 def rewriting_loop(episode: AgentEpisode) -> None:
