@@ -47,9 +47,14 @@ class ExternalAgentConfig:
     take episodes from ``POST /v1/episodes/next``. An episode whose end is not reported within
     ``episode_timeout_s`` is abandoned: an infrastructure failure, never trained on."""
 
+    # The agent loop to call per episode (module:function or file.py:function); null: loops in
+    # processes of their own take episodes over HTTP.
     harness: Optional[str] = None
+    # Where the training endpoint listens.
     host: str = "127.0.0.1"
+    # The endpoint's port (0: a free one, written to the stage's agent_endpoint.json).
     port: int = 0
+    # Seconds an episode may take before it is abandoned (agent_error, never trained on).
     episode_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
