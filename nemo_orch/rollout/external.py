@@ -65,7 +65,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nemo_orch.config import ExternalAgentConfig
+from nemo_orch.config import ExternalAgentConfig, RolloutConfig
 from nemo_orch.models.tokenizer import escape_markup
 from nemo_orch.rollout.agent_episode import STOPPED, AgentEpisode
 from nemo_orch.rollout.episode import Episode, RolloutError, TokenHistory, task_budget
@@ -389,11 +389,12 @@ class _Session:
 
 class ExternalAgents:
     """The training endpoint (module docstring): ``run`` is the episode runner's agent
-    (:func:`~nemo_orch.rollout.runner.run_episodes`). Start it on the rollout loop
+    (:func:`~nemo_orch.rollout.runner.run_episodes`), for at most ``max_episodes`` episodes in
+    flight (``rollout.max_concurrent_episodes``). Start it on the rollout loop
     (``await start()``) and close it there."""
 
-    def __init__(self, config: ExternalAgentConfig, model: str) -> None:
-        self.config, self.model = config, model
+    def __init__(self, config: ExternalAgentConfig, model: str, max_episodes: int = 64) -> None:
+        self.config, self.model, self.max_episodes = config, model, max_episodes
         self.harness = None if config.harness is None else load_harness(config.harness)
         self.sessions: dict[str, _Session] = {}
         self._queue: asyncio.Queue[_Session] | None = None
@@ -427,7 +428,11 @@ class ExternalAgents:
             endpoint_file.write_text(json.dumps({"url": self.url}) + "\n")
         log.info("agent loops take episodes from %s/v1/episodes/next", self.url)
         if self.harness is not None:
-            self._threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="agent-loop")
+            # A thread for every episode in flight: one waiting for a thread would run out
+            # its time before it began.
+            self._threads = concurrent.futures.ThreadPoolExecutor(
+                self.max_episodes, thread_name_prefix="agent-loop"
+            )
         return self.url
 
     async def close(self) -> None:
@@ -551,3 +556,11 @@ class ExternalAgents:
                     return asdict(session.describe())
 
         return {"episode": self._on_loop(take())}
+
+
+def external_agents(rollout: RolloutConfig, model: str) -> ExternalAgents | None:
+    """The training endpoint ``rollout.agent=external`` asks for, serving the policy as
+    ``model``; None for the built-in loop."""
+    if rollout.agent != "external":
+        return None
+    return ExternalAgents(rollout.external, model, rollout.max_concurrent_episodes)

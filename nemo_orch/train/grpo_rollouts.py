@@ -33,7 +33,7 @@ from nemo_orch.reward.scoring import OutcomeFn, by_answer, infra_failure, score_
 from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
 from nemo_orch.rollout.episode import prompt_length
-from nemo_orch.rollout.external import ExternalAgents
+from nemo_orch.rollout.external import external_agents
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.rollout.trajectory import Trajectory
@@ -124,12 +124,7 @@ class Rollouts:
         self._refitted = asyncio.Condition()  # run_ahead waits on it for fresh enough weights
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
         self._idle = IdleClock()  # when no step of run_ahead's is rolling out
-        # rollout.agent=external: the agent loop of the user's own runs the episodes.
-        self.agents = (
-            ExternalAgents(config.rollout.external, config.run.name)
-            if config.rollout.agent == "external"
-            else None
-        )
+        self.agents = external_agents(config.rollout, config.run.name)  # None: the built-in loop
 
     def __enter__(self) -> Rollouts:
         self._loop = LoopThread("rollouts")
