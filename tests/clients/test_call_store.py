@@ -1,0 +1,78 @@
+"""The call store (:mod:`nemo_orch.clients.call_store`): keys by what determines an answer and
+never by a secret; eight processes writing at once lose nothing; past its bound the least
+recently used calls go first."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from nemo_orch.clients.call_store import CallStore, call_key
+
+CHAT = {
+    "model": "gpt-5",
+    "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+    "temperature": 0.0,
+    "seed": 7,
+}
+
+
+def test_a_call_is_keyed_by_what_decides_its_answer_and_no_secret_is_kept(tmp_path):
+    url = "http://127.0.0.1:9/v1/chat/completions"
+    key = call_key("POST", url, CHAT)
+    assert key == call_key("post", url, dict(reversed(CHAT.items())))  # order aside
+    assert key != call_key("POST", url, {**CHAT, "seed": 8})
+    assert key != call_key("POST", url.replace(":9", ":10"), CHAT)
+    with_key = {**CHAT, "api_key": "sk-secret", "options": {"Access-Token": "t0ken"}}
+    assert call_key("POST", url, with_key) == call_key("POST", url, {**CHAT, "options": {}})
+    store = CallStore(tmp_path / "calls.db")
+    assert store.put(key, url, with_key, {"answer": "4"}, 0.5)
+    assert not store.put(key, url, with_key, {"answer": "5"}, 0.1)  # the first answer stays
+    stored = store.get(key)
+    assert stored.response == {"answer": "4"} and stored.seconds == 0.5
+    assert "sk-secret" not in (tmp_path / "calls.db").read_bytes().decode("latin-1")
+    assert "t0ken" not in (tmp_path / "calls.db").read_bytes().decode("latin-1")
+    assert stored.request == {**CHAT, "options": {}}
+    assert store.get(call_key("POST", url, {**CHAT, "seed": 8})) is None
+
+
+def _write(path: Path, writer: int, calls: int) -> None:
+    store = CallStore(path)
+    for index in range(calls):
+        request = {**CHAT, "seed": writer * 1000 + index}
+        store.put(call_key("POST", "u", request), "u", request, {"writer": writer}, 0.0)
+        shared = {**CHAT, "seed": -1}  # every writer records this one too: one answer stays
+        store.put(call_key("POST", "u", shared), "u", shared, {"writer": writer}, 0.0)
+
+
+def test_eight_writers_at_once_lose_nothing(tmp_path):
+    path = tmp_path / "calls.db"
+    CallStore(path)
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_write, args=(path, w, 40)) for w in range(8)]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    store = CallStore(path)
+    assert store.stats()["calls"] == 8 * 40 + 1
+    for writer in range(8):
+        for index in range(40):
+            request = {**CHAT, "seed": writer * 1000 + index}
+            assert store.get(call_key("POST", "u", request)).response == {"writer": writer}
+
+
+def test_past_its_bound_the_least_recently_used_calls_are_evicted(tmp_path):
+    store = CallStore(tmp_path / "calls.db", max_mb=16 / 1024)  # 16 KiB
+    keys = []
+    for index in range(12):
+        request = {**CHAT, "seed": index}
+        keys.append(call_key("POST", "u", request))
+        store.put(keys[-1], "u", request, {"text": "x" * 2000}, 0.0)
+        if index == 6:  # before the first eviction
+            assert store.get(keys[0]) is not None  # read: the most recently used now
+    stats = store.stats()
+    assert stats["bytes"] <= 16 * 1024 and stats["evicted"] >= 1
+    assert store.get(keys[0]) is not None and store.get(keys[-1]) is not None
+    assert store.get(keys[1]) is None  # the least recently used went first
