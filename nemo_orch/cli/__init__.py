@@ -16,6 +16,7 @@ from nemo_orch import config as config_lib
 from nemo_orch.cli import data, launch, model, rollout, serve, tools, train
 from nemo_orch.cli import eval as evaluate  # the module, not the builtin
 from nemo_orch.cli.common import EXIT_USER_ERROR, CommandParser, is_rank_zero, user_errors
+from nemo_orch.clients import call_store
 from nemo_orch.train import preemption
 
 __all__ = ["EXIT_USER_ERROR", "build_parser", "main", "parse_args"]
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         launched = train.launch_workers(config) if args.command in train.TRAINING_COMMANDS else None
         if launched is not None:
             return launched
-        return args.handler(config, args)
+        with call_store.recording(config.calls):
+            return args.handler(config, args)
     except user_errors() as error:
         print(f"nemo-orch {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR

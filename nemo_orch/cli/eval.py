@@ -8,6 +8,7 @@ import sys
 
 from nemo_orch import config as config_lib
 from nemo_orch.cli.common import EXIT_USER_ERROR, Commands, add_command
+from nemo_orch.clients import call_store
 from nemo_orch.config import AGENT_KINDS, BENCHMARKS, ORCHESTRATOR, Config
 
 
@@ -43,6 +44,14 @@ def cmd_eval(config: Config, args: argparse.Namespace) -> int:
             f"{figure(row['seconds_per_task'], 7, 2)} {figure(row['calls_per_task'], 6, 2)} "
             f"{row['failed_calls_per_task']:6.2f} {row['infra_decided']:5d} "
             f"{row['judge_errors']:9d}"
+        )
+    recording = call_store.active()
+    if recording is not None:  # --record, --replay (calls.*)
+        print(
+            f"  call store {config.calls.store} ({config.calls.mode}): "
+            f"{recording.replayed} calls answered from it (billed at their recorded cost, "
+            f"$0 spent on them now), {recording.recorded} recorded, "
+            f"{recording.missed} not in it"
         )
     decided = sum(row["infra_decided"] for row in summary.systems.values())
     if decided:
@@ -90,8 +99,13 @@ def _compare_parser() -> argparse.ArgumentParser:
 
 
 def _benchmark_config(args: argparse.Namespace) -> Config:
-    """The benchmark is the environment preset; the overrides refine it."""
-    return config_lib.load([f"env={args.benchmark}", *args.overrides])
+    """The benchmark is the environment preset; the overrides refine it. ``--record`` and
+    ``--replay`` name the call store (``calls.*``)."""
+    stored = []
+    if args.record or args.replay:
+        mode = "record" if args.record else "replay"
+        stored = [f"calls.mode={mode}", f"calls.store={args.record or args.replay}"]
+    return config_lib.load([f"env={args.benchmark}", *stored, *args.overrides])
 
 
 def add_commands(commands: Commands) -> None:
@@ -121,5 +135,18 @@ def add_commands(commands: Commands) -> None:
         "or an endpoint), monolith (eval.monolith.*), fixed:cheapest, "
         "fixed:strongest, random (the expert tool's models), gold-replay "
         "(toolscale, tau2)",
+    )
+    stores = evaluate.add_mutually_exclusive_group()
+    stores.add_argument(
+        "--record",
+        metavar="STORE",
+        help="keep every call outside the policy (experts, judges, users, search) in the call "
+        "store STORE (calls.mode=record calls.store=STORE)",
+    )
+    stores.add_argument(
+        "--replay",
+        metavar="STORE",
+        help="answer every call outside the policy from the call store STORE, no network; a "
+        "call it does not hold fails as an infrastructure error (calls.mode=replay)",
     )
     evaluate.word_parsers["compare"] = _compare_parser()

@@ -3,7 +3,8 @@ simulators, web search, HTTP and MCP tools): each call kept under the key of wha
 answer, so that a rerun can answer from the store instead of calling again.
 
 **The key** (:func:`call_key`) is a SHA-256 of the request as canonical JSON: the method, the
-endpoint's URL and the JSON body, which holds the model, the messages and tools, the sampling
+endpoint's URL (for a server on this machine its path alone: a server a run starts gets another
+port each time) and the JSON body, which holds the model, the messages and tools, the sampling
 parameters and the seed where the endpoint takes one. Fields that carry secrets (``api_key``,
 ``authorization``, ``token``, ... at any depth) are left out of the key and of what is stored;
 headers, where the project's clients send their keys, never reach the store.
@@ -13,6 +14,13 @@ Ray workers, data-parallel ranks, each opening its own connection per operation 
 to ``LOCK_TIMEOUT_S`` for the write lock. A call recorded twice keeps its first answer (the
 one a replay has already given).
 
+**Modes** (``calls.mode``, :class:`Recording`, made the process's own by :func:`recording`):
+``record`` calls and keeps each answer; ``replay`` answers from the store, a call it does not
+hold failing as an infrastructure error (:class:`StoreMiss`, counted); ``replay_or_call``
+answers from the store where it can and calls (and keeps) where not. A call answered from the
+store is noted for the ledger (:func:`noting_calls`): it takes the seconds it took when
+recorded, is billed at its recorded cost in reports and at $0 in what the run spent.
+
 **The bound**: once the stored responses pass ``max_mb``, the least recently used calls (by
 their last read or write) are evicted, oldest first, until they take at most ``EVICT_TO`` of the
 bound. Every eviction is counted (:meth:`CallStore.stats`).
@@ -20,18 +28,28 @@ bound. Every eviction is counted (:meth:`CallStore.stats`).
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import hashlib
 import json
+import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from nemo_orch.clients.sse import EventStream
+from nemo_orch.config import CallsConfig
+
+log = logging.getLogger(__name__)
 
 # Field names whose values are secrets, matched case-insensitively after removing "-" and "_".
 SECRET_FIELDS = frozenset({"apikey", "authorization", "token", "accesstoken", "password", "secret"})
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 LOCK_TIMEOUT_S = 60.0
 EVICT_TO = 0.9
 
@@ -68,9 +86,20 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def endpoint_of(url: str) -> str:
+    """What names an endpoint in a key: its URL, but for a server on this machine its path
+    alone (a local server a run starts gets a free port, another one each run)."""
+    parts = urlsplit(url)
+    return parts.path if parts.hostname in LOCAL_HOSTS else url
+
+
 def call_key(method: str, url: str, payload: Any) -> str:
     """The key of a call: what determines its answer (module docstring), secrets left out."""
-    request = {"method": method.upper(), "url": url, "body": without_secrets(payload)}
+    request = {
+        "method": method.upper(),
+        "endpoint": endpoint_of(url),
+        "body": without_secrets(payload),
+    }
     return hashlib.sha256(_canonical(request).encode()).hexdigest()
 
 
@@ -182,3 +211,125 @@ class CallStore:
                 "SELECT COALESCE(MAX(value), 0) FROM counters WHERE name = 'evicted'"
             ).fetchone()[0]
         return {"calls": calls, "bytes": size, "evicted": evicted}
+
+
+class StoreMiss(RuntimeError):
+    """``calls.mode=replay`` and the store does not hold the call."""
+
+
+@dataclass
+class Recording:
+    """The store in a mode (``calls.*``): :meth:`call` answers a request from ``store`` or
+    calls ``live`` (and keeps its answer), as the mode says; the counts say what happened."""
+
+    store: CallStore
+    mode: str
+    replayed: int = 0
+    recorded: int = 0
+    missed: int = 0
+
+    async def call(
+        self, method: str, url: str, payload: Any, live: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        key = call_key(method, url, payload)
+        if self.mode in ("replay", "replay_or_call"):
+            stored = await asyncio.to_thread(self.store.get, key)
+            if stored is not None:
+                self.replayed += 1
+                _note(stored.seconds, replayed=True)
+                return _decoded(stored.response)
+            self.missed += 1
+            if self.mode == "replay":
+                raise StoreMiss(
+                    f"{method} {url}: not in the call store {self.store.path} (calls.mode=replay)"
+                )
+        started = time.perf_counter()
+        body = await live()
+        seconds = time.perf_counter() - started
+        _note(seconds, replayed=False)
+        if self.mode in ("record", "replay_or_call"):
+            if await asyncio.to_thread(self.store.put, key, url, payload, _encoded(body), seconds):
+                self.recorded += 1
+        return body
+
+    def counts(self) -> dict[str, int]:
+        return {"replayed": self.replayed, "recorded": self.recorded, "missed": self.missed}
+
+
+def _encoded(body: Any) -> Any:
+    """A response as stored: JSON as it is, a server-sent-event stream marked as one."""
+    return {"event_stream": list(body)} if isinstance(body, EventStream) else {"json": body}
+
+
+def _decoded(stored: Any) -> Any:
+    return EventStream(stored["event_stream"]) if "event_stream" in stored else stored["json"]
+
+
+_active: Recording | None = None
+# The calls of the current block that went through the store (see noting_calls).
+_noted: contextvars.ContextVar[list[NotedCall] | None] = contextvars.ContextVar(
+    "call_store_noted", default=None
+)
+
+
+def active() -> Recording | None:
+    """The recording every client of this process goes through (None: calls go out as they
+    are)."""
+    return _active
+
+
+def activate(config: CallsConfig) -> Recording | None:
+    """Make ``config``'s store this process's recording (none for ``calls.mode=off``): every
+    client goes through it from now on (a Ray worker's process calls this at its start)."""
+    global _active
+    _active = (
+        None
+        if config.mode == "off" or config.store is None
+        else Recording(CallStore(config.store, config.max_mb), config.mode)
+    )
+    return _active
+
+
+@contextmanager
+def recording(config: CallsConfig) -> Iterator[Recording | None]:
+    """:func:`activate` for the block; what the recording did is logged at its end."""
+    global _active
+    active = activate(config)
+    try:
+        yield active
+    finally:
+        if active is not None:
+            log.info("call store %s (%s): %s", config.store, config.mode, active.counts())
+        _active = None
+
+
+@dataclass(frozen=True)
+class NotedCall:
+    """A call through the store: the seconds it took (when recorded, for one replayed) and
+    whether it was answered from the store."""
+
+    seconds: float
+    replayed: bool
+
+
+def _note(seconds: float, replayed: bool) -> None:
+    noted = _noted.get()
+    if noted is not None:
+        noted.append(NotedCall(seconds, replayed))
+
+
+@contextmanager
+def noting_calls() -> Iterator[list[NotedCall]]:
+    """Within the block (one tool call, one request), the calls that went through the store
+    (none while it is off), so that a replay reports the seconds its recording took: a rerun
+    reports what the recorded run did. Blocks nest: what an inner one notes, the outer one
+    notes too."""
+    outer = _noted.get()
+    noted: list[NotedCall] = []
+    token = _noted.set(noted)
+    try:
+        yield noted
+    finally:
+        _noted.reset(token)
+        if outer is not None:
+            outer.extend(noted)

@@ -6,7 +6,8 @@ from the environment that never appears in logs, reprs or errors. Every failure 
 :class:`~nemo_orch.call_kinds.CallKind` (:attr:`HTTPError.kind`).
 
 Used by every client the project has: OpenAI-compatible servers, Tavily web search and remote
-tool endpoints.
+tool endpoints; each request goes through the call store where ``calls.mode`` records or replays
+(:mod:`nemo_orch.clients.call_store`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 
 from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients import call_store
 from nemo_orch.clients.breaker import EndpointGuard, GuardSettings
 from nemo_orch.clients.sse import event_data
 
@@ -213,9 +215,25 @@ class JSONClient:
         return None
 
     async def _request(self, method: str, path: str, payload: Mapping[str, Any] | None) -> Any:
+        """One request, through the process's call store where one records or replays
+        (:mod:`nemo_orch.clients.call_store`): a call it must replay but does not hold fails as
+        an infrastructure error."""
+        url = f"{self.base_url}/{path.lstrip('/')}"
+        recording = call_store.active()
+        if recording is None:
+            return await self._guarded(method, path, url, payload)
+        try:
+            return await recording.call(
+                method, url, payload, lambda: self._guarded(method, path, url, payload)
+            )
+        except call_store.StoreMiss as miss:
+            raise self.error_type(self.scrub(str(miss)), None) from None
+
+    async def _guarded(
+        self, method: str, path: str, url: str, payload: Mapping[str, Any] | None
+    ) -> Any:
         """One request under the endpoint's guard: refused at once while its circuit is open;
         its end (an answer, a failure for good, neither) reported to the guard."""
-        url = f"{self.base_url}/{path.lstrip('/')}"
         closed = self.guard.admit()
         if closed is not None:
             raise self.error_type(self.scrub(f"{method} {url} not sent: {closed}"), None)

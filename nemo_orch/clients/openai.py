@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from nemo_orch.clients import call_store
 from nemo_orch.clients.http import HTTPError, JSONClient, error_message
 from nemo_orch.clients.openai_replies import (
     ChatResult,
@@ -125,8 +127,12 @@ class OpenAIClient(JSONClient):
         payload.update(self._streaming())
         payload.update(extra or {})
         start = time.monotonic()
-        body = await self.request("POST", "chat/completions", payload)
-        return self.read_chat(body, model=payload["model"], latency_s=time.monotonic() - start)
+        with call_store.noting_calls() as noted:
+            body = await self.request("POST", "chat/completions", payload)
+        # Through the call store, the seconds it measured (a replay's: when recorded).
+        latency_s = sum(c.seconds for c in noted) if noted else time.monotonic() - start
+        reply = self.read_chat(body, model=payload["model"], latency_s=latency_s)
+        return dataclasses.replace(reply, replayed=any(c.replayed for c in noted))
 
     async def completions(
         self, prompt: str | list[int], *, model: str | None = None, **fields: Any

@@ -43,6 +43,8 @@ class ChatResult:
     # Of output_tokens, those spent reasoning (``usage.completion_tokens_details``), which
     # OpenAI counts among the completion tokens and bills at the output price.
     reasoning_tokens: int = 0
+    # Answered from the call store (nemo_orch.clients.call_store): recorded, not paid again.
+    replayed: bool = False
 
     def unusable(self, max_tokens: int | None) -> tuple[CallKind, str] | None:
         """Why this reply is no usable answer, and its kind (None: it is one): cut by the

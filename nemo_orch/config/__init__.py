@@ -9,7 +9,7 @@ the local snapshot (:mod:`nemo_orch.config.hub`).
 
 Each section's dataclass lives in a module of its own (``run``, ``model`` with ``parallel`` and
 ``tokenizer``, ``data``, ``tools``, ``reward``, ``grpo``, ``dpo``, ``rollout``, ``trainer``,
-``launcher``, ``synth``, ``env``, ``eval``, ``serve``; shared checks in ``base``, Hub ids in
+``launcher``, ``synth``, ``env``, ``eval``, ``serve``, ``calls``; shared checks in ``base``, Hub ids in
 ``hub``); this root holds :class:`Config` and composes, loads and validates it, and re-exports
 every section's names.
 """
@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nemo_orch.config.base import CONF_DIR, ConfigError, _require, _require_file, resolve_conf_path
+from nemo_orch.config.calls import CALL_MODES, CallsConfig
 from nemo_orch.config.data import (
     AGENT_KINDS,
     DEMO_ROUTERS,
@@ -109,6 +110,8 @@ __all__ = [
     "PPOConfig",
     "DPO_LOSSES",
     "DPOConfig",
+    "CALL_MODES",
+    "CallsConfig",
     "ExternalAgentConfig",
     "RayConfig",
     "RolloutConfig",
@@ -179,6 +182,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    calls: CallsConfig = field(default_factory=CallsConfig)
 
     def __post_init__(self) -> None:
         _require(

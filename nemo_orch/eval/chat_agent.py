@@ -176,6 +176,7 @@ class ChatAgent:
                 generation_seconds=reply.latency_s,
                 orchestrator_cost_usd=self.pricing.cost(usage, 0.0),
                 finish_reason=reply.finish_reason,
+                replayed=reply.replayed,
             )
             turns.append(record)
             read = _read_reply(reply, fmt, turn)

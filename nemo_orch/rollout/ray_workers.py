@@ -44,7 +44,8 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
 from transformers import PreTrainedTokenizerBase
 
-from nemo_orch.config import Config, ConfigError, RayConfig, RolloutConfig
+from nemo_orch.clients import call_store
+from nemo_orch.config import CallsConfig, Config, ConfigError, RayConfig, RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.reward.builders import build_scorer
 from nemo_orch.reward.outcome import AnswerScorer, OutcomeResult
@@ -429,8 +430,15 @@ def build_ray_pool(
     return RayRolloutPool(
         config.resolved_rollout(),
         make_engine,
-        partial(build_toolbox, config.tools),
-        partial(build_scorer, config) if scoring else None,
+        partial(_recording, config.calls, build_toolbox, config.tools),
+        partial(_recording, config.calls, build_scorer, config) if scoring else None,
         weights,
         version,
     )
+
+
+def _recording(calls: CallsConfig, build: Callable[..., Any], *args: Any) -> Any:
+    """``build(*args)`` in an actor's process, whose calls go through ``calls``' store (the
+    driver's :func:`~nemo_orch.clients.call_store.recording` does not reach it)."""
+    call_store.activate(calls)
+    return build(*args)

@@ -145,6 +145,7 @@ class CallRecord:
     trajectory: dict[str, Any] | None = None
     reasoning_tokens: int = 0
     kind: CallKind | None = None
+    replayed: bool = False  # answered from the call store: its cost recorded, not spent
 
     def __post_init__(self) -> None:
         self.kind = kind_of(self.kind, self.error)
@@ -164,6 +165,7 @@ class CallRecord:
             trajectory=result.trajectory,
             reasoning_tokens=result.usage.reasoning_tokens,
             kind=result.kind,
+            replayed=result.replayed,
         )
 
     @property
@@ -190,6 +192,8 @@ class TurnRecord:
     calls: list[CallRecord] = field(default_factory=list)
     format_errors: list[str] = field(default_factory=list)
     policy_version: int | None = None
+    # A chat agent's turn answered from the call store: its cost recorded, not spent.
+    replayed: bool = False
 
     @property
     def cost_usd(self) -> float:
@@ -272,6 +276,16 @@ class Trajectory:
     @property
     def cost_usd(self) -> float:
         return sum(turn.cost_usd for turn in self.turns)
+
+    @property
+    def spent_usd(self) -> float:
+        """What this run paid: :attr:`cost_usd` but what the call store answered (a chat
+        agent's turns, tools' calls), which the reports bill at its recorded cost."""
+        return sum(
+            (0.0 if turn.replayed else turn.orchestrator_cost_usd)
+            + sum(call.cost_usd for call in turn.calls if not call.replayed)
+            for turn in self.turns
+        )
 
     @property
     def tool_seconds(self) -> float:
@@ -365,6 +379,7 @@ class Trajectory:
             "prompt_tokens": self.prompt_length,
             "policy_tokens": sum(self.loss_mask),
             "cost_usd": self.cost_usd,
+            "spent_usd": self.spent_usd,
             "tool_seconds": self.tool_seconds,
             "generation_seconds": self.generation_seconds,
             "wall_seconds": self.wall_seconds,

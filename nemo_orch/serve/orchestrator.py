@@ -12,7 +12,7 @@ so what it answers is what ``nemo-orch rollout`` would produce for the same task
         "finish_reason": answer | max_turns | context_limit | engine_error, "turns", "messages",
         "ledger": {"cost_usd", "orchestrator_cost_usd", "latency_s", "generation_s", "tool_s",
                    "tokens": {"input", "output"}, "format_errors", "call_kinds",
-                   "calls": [{"turn", "tool", "arguments", "cost_usd", "latency_s", "cached",
+                   "calls": [{"turn", "tool", "arguments", "cost_usd", "latency_s", "cached", "replayed",
                               "error", "kind", "input_tokens", "output_tokens",
                               "reasoning_tokens", "trajectory"}]}}
 
@@ -103,6 +103,7 @@ def _ledger(trajectory: Trajectory) -> dict:
                 "cost_usd": call.cost_usd,
                 "latency_s": call.seconds,
                 "cached": call.cached,
+                "replayed": call.replayed,
                 "error": call.error,
                 "kind": call.kind,
                 "input_tokens": call.input_tokens,

@@ -181,6 +181,9 @@ class ToolResult:
     answer: str | None = None
     trajectory: dict[str, Any] | None = None
     kind: CallKind | None = None
+    # Answered from the call store (calls.mode replay|replay_or_call): ``cost_usd`` is what the
+    # recorded call cost, not what this run spent.
+    replayed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", kind_of(self.kind, self.error))
@@ -202,6 +205,7 @@ class ToolResult:
             "cost_usd": self.cost_usd,
             "latency_s": self.latency_s,
             "cached": self.cached,
+            "replayed": self.replayed,
             "answer": self.answer,
             "usage": dataclasses.asdict(self.usage),
             "trajectory": self.trajectory,

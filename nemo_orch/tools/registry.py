@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients import call_store
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.tools.base import (
     BuildSettings,
@@ -433,7 +434,10 @@ class Toolbox:
             if self.simulated_latency_s:
                 await asyncio.sleep(self.simulated_latency_s)
             try:
-                result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
+                with call_store.noting_calls() as noted:
+                    result = await asyncio.wait_for(tool.call(arguments, context), spec.timeout_s)
+                if any(call.replayed for call in noted) and isinstance(result, ToolResult):
+                    result = dataclasses.replace(result, replayed=True)
             except TimeoutError:
                 return billed_result(
                     spec,

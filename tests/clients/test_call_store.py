@@ -1,13 +1,23 @@
 """The call store (:mod:`nemo_orch.clients.call_store`): keys by what determines an answer and
 never by a secret; eight processes writing at once lose nothing; past its bound the least
-recently used calls go first."""
+recently used calls go first; exchanges recorded with a real server replay with it down."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import multiprocessing
 from pathlib import Path
 
+import pytest
+
+from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients import call_store
 from nemo_orch.clients.call_store import CallStore, call_key
+from nemo_orch.clients.openai import OpenAIClient, OpenAIError
+from nemo_orch.config import CallsConfig
+from nemo_orch.rollout.engines.scripted import ScriptedEngine
+from nemo_orch.serve.openai_server import start_server
 
 CHAT = {
     "model": "gpt-5",
@@ -22,7 +32,10 @@ def test_a_call_is_keyed_by_what_decides_its_answer_and_no_secret_is_kept(tmp_pa
     key = call_key("POST", url, CHAT)
     assert key == call_key("post", url, dict(reversed(CHAT.items())))  # order aside
     assert key != call_key("POST", url, {**CHAT, "seed": 8})
-    assert key != call_key("POST", url.replace(":9", ":10"), CHAT)
+    assert key == call_key("POST", url.replace(":9", ":10"), CHAT)  # a local server's port aside
+    remote = "https://api.example.com/v1/chat/completions"
+    assert call_key("POST", remote, CHAT) != call_key("POST", remote.replace("api", "eu"), CHAT)
+    assert key != call_key("POST", url.replace("chat/completions", "completions"), CHAT)
     with_key = {**CHAT, "api_key": "sk-secret", "options": {"Access-Token": "t0ken"}}
     assert call_key("POST", url, with_key) == call_key("POST", url, {**CHAT, "options": {}})
     store = CallStore(tmp_path / "calls.db")
@@ -76,3 +89,41 @@ def test_past_its_bound_the_least_recently_used_calls_are_evicted(tmp_path):
     assert stats["bytes"] <= 16 * 1024 and stats["evicted"] >= 1
     assert store.get(keys[0]) is not None and store.get(keys[-1]) is not None
     assert store.get(keys[1]) is None  # the least recently used went first
+
+
+def test_exchanges_with_a_real_server_replay_with_the_server_down(tmp_path, tiny_tokenizer):
+    """``nemo-orch``'s OpenAI-compatible server (real HTTP, a scripted engine behind it)
+    answers an ``OpenAIClient`` while the store records; with the server gone, replay gives
+    the same replies (usage included, which the ledger prices), a call the store does not hold
+    fails as an infrastructure error, and ``replay_or_call`` tries the network for it."""
+    config = CallsConfig(mode="record", store=str(tmp_path / "calls.db"))
+    questions = ["What is 2 + 2?", "Name a prime.", "Stream me a word."]
+
+    async def ask(client: OpenAIClient, question: str):
+        return await client.chat([{"role": "user", "content": question}], max_tokens=16, seed=3)
+
+    async def asked(url: str, mode: str, items: list[str]):
+        client = OpenAIClient(url, "policy", max_retries=0, timeout_s=5)
+        with call_store.recording(dataclasses.replace(config, mode=mode)) as recording:
+            async with client:
+                replies = [await ask(client, question) for question in items]
+            return replies, recording.counts()
+
+    engine = ScriptedEngine(tiny_tokenizer, lambda prompt: f"reply {len(prompt)}")
+    with start_server(engine, tiny_tokenizer, "policy") as server:
+        live, recorded = asyncio.run(asked(server.url, "record", questions))
+    assert recorded == {"replayed": 0, "recorded": 3, "missed": 0}
+    replayed, counts = asyncio.run(asked(server.url, "replay", questions))
+    assert counts == {"replayed": 3, "recorded": 0, "missed": 0}
+
+    def seen(replies):
+        return [(r.text, r.input_tokens, r.output_tokens, r.finish_reason) for r in replies]
+
+    assert seen(replayed) == seen(live)
+    for mode in ("replay", "replay_or_call"):
+        with pytest.raises(OpenAIError) as missed:
+            asyncio.run(asked(server.url, mode, ["Something never asked."]))
+        assert missed.value.kind == CallKind.INFRA_ERROR
+    assert "not in the call store" in str(
+        pytest.raises(OpenAIError, asyncio.run, asked(server.url, "replay", ["Again?"])).value
+    )

@@ -684,3 +684,56 @@ def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
             evaluation, harness._trained_with(trained, ["orchestrator"])
         )
     ] == ["fx_reshape", "fx_triple"]
+
+
+def test_an_evaluation_replayed_from_its_call_store_gives_the_same_report(
+    tmp_path, tiny_tokenizer_dir
+):
+    """``--record`` keeps the monolith's calls of its (SIMULATED, HTTP on 127.0.0.1) endpoint;
+    ``--replay`` answers every one from the store, the report the same to the byte (the tools'
+    seconds modeled, the endpoint's the recorded ones), the ledger marking the replayed turns
+    and $0 spent on them."""
+    store = tmp_path / "calls.db"
+    overrides = _overrides(
+        tmp_path,
+        tiny_tokenizer_dir,
+        "tools=offline",
+        ORCHESTRA_CONTEXT,
+        *MONOLITH_BASIC_TOOLS,
+        "eval.tasks=4",
+        "tools.timing=modeled",
+    )
+
+    def evaluate(flag: str, out: str):
+        return run_cli_here(
+            "eval",
+            "--benchmark",
+            "offline",
+            "--agent",
+            "monolith",
+            flag,
+            str(store),
+            *overrides,
+            f"eval.out_dir={tmp_path / out}",
+        )
+
+    recorded = evaluate("--record", "recorded")
+    replayed = evaluate("--replay", "replayed")
+    assert "0 calls answered from it" in recorded.stdout
+    assert ", 0 recorded, 0 not in it" in replayed.stdout
+    report = (tmp_path / "recorded" / "report.json").read_bytes()
+    assert report == (tmp_path / "replayed" / "report.json").read_bytes()
+    turns = [
+        turn
+        for record in _episodes(tmp_path / "replayed", "monolith")
+        for turn in record["episode"]["ledger"]
+    ]
+    assert turns and all(turn["replayed"] for turn in turns)
+    for record in _episodes(tmp_path / "replayed", "monolith"):
+        assert record["episode"]["spent_usd"] == sum(
+            call["cost_usd"]
+            for turn in record["episode"]["ledger"]
+            for call in turn["calls"]
+            if not call["replayed"]
+        )
+        assert record["episode"]["cost_usd"] > record["episode"]["spent_usd"]
