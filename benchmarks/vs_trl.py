@@ -171,7 +171,7 @@ def _orchestrator_tasks(config: Config, count: int) -> tuple[Any, list[Task], li
 
 def _first_turn(task: Task, tokenizer: Any, tools: list[dict]) -> str:
     """The task's first prompt as an episode renders it (nemo_orch.rollout.episode)."""
-    from nemo_orch.rollout.episode import initial_messages
+    from nemo_orch.rollout.opening import initial_messages
 
     return tokenizer.apply_chat_template(
         initial_messages(task, tokenizer),

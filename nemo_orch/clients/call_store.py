@@ -37,7 +37,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -93,14 +93,16 @@ def endpoint_of(url: str) -> str:
     return parts.path if parts.hostname in LOCAL_HOSTS else url
 
 
+def digest(request: Any) -> str:
+    """The key of a request (JSON): a SHA-256 of its canonical form."""
+    return hashlib.sha256(_canonical(request).encode()).hexdigest()
+
+
 def call_key(method: str, url: str, payload: Any) -> str:
     """The key of a call: what determines its answer (module docstring), secrets left out."""
-    request = {
-        "method": method.upper(),
-        "endpoint": endpoint_of(url),
-        "body": without_secrets(payload),
-    }
-    return hashlib.sha256(_canonical(request).encode()).hexdigest()
+    return digest(
+        {"method": method.upper(), "endpoint": endpoint_of(url), "body": without_secrets(payload)}
+    )
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,15 @@ class StoreMiss(RuntimeError):
     """``calls.mode=replay`` and the store does not hold the call."""
 
 
+def _encoded(body: Any) -> Any:
+    """A response as stored: JSON as it is, a server-sent-event stream marked as one."""
+    return {"event_stream": list(body)} if isinstance(body, EventStream) else {"json": body}
+
+
+def _decoded(stored: Any) -> Any:
+    return EventStream(stored["event_stream"]) if "event_stream" in stored else stored["json"]
+
+
 @dataclass
 class Recording:
     """The store in a mode (``calls.*``): :meth:`call` answers a request from ``store`` or
@@ -231,38 +242,81 @@ class Recording:
     async def call(
         self, method: str, url: str, payload: Any, live: Callable[[], Awaitable[Any]]
     ) -> Any:
-        key = call_key(method, url, payload)
+        """An HTTP request (keyed by :func:`call_key`) through the store."""
+        return await self.through(call_key(method, url, payload), url, payload, live)
+
+    async def through(
+        self,
+        key: str,
+        endpoint: str,
+        request: Any,
+        live: Callable[[], Awaitable[Any]],
+        encode: Callable[[Any], Any] = _encoded,
+        decode: Callable[[Any], Any] = _decoded,
+    ) -> Any:
+        """``live()``'s answer, or the stored one, as the mode says; ``key`` made the
+        episode's own where an :func:`episode_scope` is open (``encode``/``decode``: the answer
+        as stored, and back)."""
+        key = _scoped(key)
         if self.mode in ("replay", "replay_or_call"):
             stored = await asyncio.to_thread(self.store.get, key)
             if stored is not None:
                 self.replayed += 1
                 _note(stored.seconds, replayed=True)
-                return _decoded(stored.response)
+                return decode(stored.response)
             self.missed += 1
             if self.mode == "replay":
-                raise StoreMiss(
-                    f"{method} {url}: not in the call store {self.store.path} (calls.mode=replay)"
-                )
+                raise StoreMiss(f"{endpoint}: not in the call store {self.store.path} (replay)")
         started = time.perf_counter()
-        body = await live()
+        answer = await live()
         seconds = time.perf_counter() - started
         _note(seconds, replayed=False)
         if self.mode in ("record", "replay_or_call"):
-            if await asyncio.to_thread(self.store.put, key, url, payload, _encoded(body), seconds):
+            kept = encode(answer)
+            if await asyncio.to_thread(self.store.put, key, endpoint, request, kept, seconds):
                 self.recorded += 1
-        return body
+        return answer
 
     def counts(self) -> dict[str, int]:
         return {"replayed": self.replayed, "recorded": self.recorded, "missed": self.missed}
 
 
-def _encoded(body: Any) -> Any:
-    """A response as stored: JSON as it is, a server-sent-event stream marked as one."""
-    return {"event_stream": list(body)} if isinstance(body, EventStream) else {"json": body}
+@dataclass
+class EpisodeScope:
+    """The episode the calls of a block belong to (``name``), and how often each request was
+    made in it so far: the n-th identical request of an episode is a call of its own."""
+
+    name: str
+    made: dict[str, int] = field(default_factory=dict)
+
+    def key(self, key: str) -> str:
+        occurrence = self.made.get(key, 0)
+        self.made[key] = occurrence + 1
+        return hashlib.sha256(f"{self.name}\0{key}\0{occurrence}".encode()).hexdigest()
 
 
-def _decoded(stored: Any) -> Any:
-    return EventStream(stored["event_stream"]) if "event_stream" in stored else stored["json"]
+_scope: contextvars.ContextVar[EpisodeScope | None] = contextvars.ContextVar(
+    "call_store_scope", default=None
+)
+
+
+def _scoped(key: str) -> str:
+    scope = _scope.get()
+    return key if scope is None else scope.key(key)
+
+
+@contextmanager
+def episode_scope(name: str) -> Iterator[EpisodeScope]:
+    """Within the block, every call through the store is the episode ``name``'s own: keyed by
+    the episode and the request's occurrence in it, so that a rerun of the episode (a resumed
+    run, a replayed evaluation) gets back each of its own answers, in order, and no other
+    episode's."""
+    scope = EpisodeScope(name)
+    token = _scope.set(scope)
+    try:
+        yield scope
+    finally:
+        _scope.reset(token)
 
 
 _active: Recording | None = None
@@ -288,6 +342,17 @@ def activate(config: CallsConfig) -> Recording | None:
         else Recording(CallStore(config.store, config.max_mb), config.mode)
     )
     return _active
+
+
+@contextmanager
+def using(recording: Recording) -> Iterator[Recording]:
+    """``recording`` the process's own while the block runs."""
+    global _active
+    _active = recording
+    try:
+        yield recording
+    finally:
+        _active = None
 
 
 @contextmanager

@@ -191,6 +191,9 @@ class GRPOConfig:
     max_sampling_rounds: int = 2
     # Save a checkpoint every this many steps (and at the last).
     save_interval: int = 10
+    # Keep a journal of the episodes' turns and calls (<stage>/episodes.db): a step killed
+    # midway resumes each episode from its last completed turn (nemo_orch/rollout/journal.py).
+    journal: bool = True
     val_interval: int = 0
     val_tasks: int = 32
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)

@@ -36,8 +36,9 @@ from nemo_orch.data.tasks import Task
 from nemo_orch.envs.interfaces import GoldPlan
 from nemo_orch.rollout.conversation import UserFactory
 from nemo_orch.rollout.engines.scripted import RouterReplies, ScriptedEngine, scripted_settings
-from nemo_orch.rollout.episode import Episode, episode_id
+from nemo_orch.rollout.episode import Episode
 from nemo_orch.rollout.format import call_text
+from nemo_orch.rollout.opening import episode_id
 from nemo_orch.rollout.runner import DirectPolicy, GenerationBatcher
 from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
 from nemo_orch.tools.base import ToolContext

@@ -29,8 +29,8 @@ from typing import Any
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
 from nemo_orch.clients.openai_replies import ChatResult
 from nemo_orch.data.tasks import Task
-from nemo_orch.rollout.episode import episode_id
 from nemo_orch.rollout.format import ToolCall, TurnFormat, parse_turn, without_thinking
+from nemo_orch.rollout.opening import episode_id
 from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
 from nemo_orch.tools.base import Pricing, ToolContext, ToolResult, Usage
 from nemo_orch.tools.registry import Toolbox

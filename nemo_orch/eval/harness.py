@@ -51,7 +51,7 @@ from nemo_orch.eval import report as report_lib
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.eval.systems import Resources, System, build_agent, preference_oracle
 from nemo_orch.reward.scoring import infra_failure
-from nemo_orch.rollout.episode import task_budget
+from nemo_orch.rollout.opening import task_budget
 from nemo_orch.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)

@@ -28,10 +28,12 @@ from typing import Any, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_orch.clients import call_store
 from nemo_orch.clients.openai import EndpointRefusal
 from nemo_orch.config import RolloutConfig
 from nemo_orch.data.tasks import Task
 from nemo_orch.models.tokenizer import control_strings, escape_markup
+from nemo_orch.rollout import journal
 from nemo_orch.rollout.conversation import Conversation, UserFactory
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 from nemo_orch.rollout.format import (
@@ -47,6 +49,7 @@ from nemo_orch.rollout.format import (
     text_beside_calls,
     without_thinking,
 )
+from nemo_orch.rollout.opening import episode_id, initial_messages, task_budget
 from nemo_orch.rollout.trajectory import (
     CallRecord,
     RolloutError,
@@ -63,49 +66,6 @@ from nemo_orch.tools.registry import Toolbox
 # No token of a byte-level BPE vocabulary spans more characters than this (a long run of
 # spaces is the longest in practice): the prefix of an observation that can hold its kept tokens.
 _MAX_CHARS_PER_TOKEN = 64
-
-
-def episode_id(task_id: str, sample: int = 0) -> str:
-    """The id of a task's ``sample``-th episode: per-episode state (a domain's database, a tau2
-    environment) is keyed by it."""
-    return f"{task_id}#{sample}"
-
-
-def task_budget(task: Task) -> float | None:
-    """The task's USD budget (``metadata["budget_usd"]``; None: no budget)."""
-    budget = task.metadata.get("budget_usd")
-    return None if budget is None else float(budget)
-
-
-def initial_messages(
-    task: Task, tokenizer: PreTrainedTokenizerBase, greeting: str | None = None
-) -> list[dict[str, Any]]:
-    """An episode's first messages: the task's system prompt and question, markup escaped; the
-    question followed by the task's budget, when it has one. With a user, the agent's
-    ``greeting`` instead of the question: the user speaks next."""
-    messages = []
-    if task.system:
-        messages.append({"role": "system", "content": escape_markup(task.system, tokenizer)})
-    if greeting is not None:
-        return [*messages, {"role": "assistant", "content": greeting}]
-    question, budget = task.question, task_budget(task)
-    if budget is not None:
-        question += f"\nBudget: at most ${budget:g} for this task."
-    messages.append({"role": "user", "content": escape_markup(question, tokenizer)})
-    return messages
-
-
-def prompt_length(task: Task, toolbox: Toolbox, tokenizer: PreTrainedTokenizerBase) -> int:
-    """The tokens of a task's first prompt (system prompt, tools, question): what must fit the
-    policy's context before it writes anything."""
-    schemas = (toolbox if task.tools is None else toolbox.subset(task.tools)).schemas()
-    text = tokenizer.apply_chat_template(
-        initial_messages(task, tokenizer),
-        tools=schemas or None,
-        tokenize=False,
-        add_generation_prompt=True,
-    )
-    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 class PolicyClient(Protocol):
@@ -257,6 +217,11 @@ class Episode:
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> Trajectory:
+        # Its calls through a call store or journal are its own (nemo_orch.rollout.journal).
+        with call_store.episode_scope(f"{self.context.episode_id}@{self.context.seed}"):
+            return await self._run()
+
+    async def _run(self) -> Trajectory:
         started = time.perf_counter()
         conversation = None if self.user is None else Conversation(self.user)
         ended = None
@@ -479,7 +444,10 @@ class Episode:
         params = dataclasses.replace(
             params, max_new_tokens=max(1, params.max_new_tokens - len(forced))
         )
-        generation = await self.policy.generate(history.ids + forced, params)
+        prompt = history.ids + forced
+        generation = await journal.generate(
+            prompt, params, lambda: self.policy.generate(prompt, params)
+        )
         if not forced:
             return generation
         return dataclasses.replace(

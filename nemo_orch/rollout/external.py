@@ -68,8 +68,9 @@ from typing import Any
 from nemo_orch.config import ExternalAgentConfig, RolloutConfig
 from nemo_orch.models.tokenizer import escape_markup
 from nemo_orch.rollout.agent_episode import STOPPED, AgentEpisode
-from nemo_orch.rollout.episode import Episode, RolloutError, TokenHistory, task_budget
+from nemo_orch.rollout.episode import Episode, RolloutError, TokenHistory
 from nemo_orch.rollout.format import ParsedTurn, ToolCall, without_calls
+from nemo_orch.rollout.opening import task_budget
 from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
 from nemo_orch.serve.openai_requests import (
@@ -83,6 +84,7 @@ from nemo_orch.serve.openai_server import STREAMED_LOGPROBS, chat_stream, outgoi
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0  # the longest a POST /v1/episodes/next waits for an episode
+AGENT_ENDPOINT = "agent_endpoint.json"
 
 
 def load_harness(spec: str) -> Callable[[AgentEpisode], Any]:
@@ -405,8 +407,9 @@ class ExternalAgents:
         self._closing = False
         self.url = ""
 
-    async def start(self, endpoint_file: Path | None = None) -> str:
-        """Serve the routes; returns the endpoint's URL (also written to ``endpoint_file``)."""
+    async def start(self, directory: Path | None = None) -> str:
+        """Serve the routes; returns the endpoint's URL (also written to ``directory``'s
+        :data:`AGENT_ENDPOINT`, where loops in processes of their own find it)."""
         self._loop, self._queue = asyncio.get_running_loop(), asyncio.Queue()
         session = "/sessions/{session}"
         self._http = serve_json(
@@ -424,8 +427,8 @@ class ExternalAgents:
             name="agent-endpoint",
         )
         self.url = f"http://{self._http.host}:{self._http.port}"
-        if endpoint_file is not None:
-            endpoint_file.write_text(json.dumps({"url": self.url}) + "\n")
+        if directory is not None:
+            (directory / AGENT_ENDPOINT).write_text(json.dumps({"url": self.url}) + "\n")
         log.info("agent loops take episodes from %s/v1/episodes/next", self.url)
         if self.harness is not None:
             # A thread for every episode in flight: one waiting for a thread would run out

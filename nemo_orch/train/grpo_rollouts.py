@@ -14,6 +14,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +31,12 @@ from nemo_orch.models import checkpoint
 from nemo_orch.reward.advantages import fill_batch, group_drop_reason
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.reward.scoring import OutcomeFn, by_answer, infra_failure, score_groups
+from nemo_orch.rollout import journal
 from nemo_orch.rollout.builders import build_rollout_engine
 from nemo_orch.rollout.engines.base import Sleepable, WeightUpdate
-from nemo_orch.rollout.episode import prompt_length
 from nemo_orch.rollout.external import external_agents
 from nemo_orch.rollout.format import Choice, TurnFormat, choice_of, choices
+from nemo_orch.rollout.opening import prompt_length
 from nemo_orch.rollout.runner import GenerationBatcher, run_rollouts
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.seeding import derive_seed
@@ -51,11 +53,9 @@ log = logging.getLogger(__name__)
 # whose prompts fits the policy's context is an error, not a run that trains on nothing.
 PROBE_TASKS = 64
 
-
 # <run>/notes.json: each source's notes; those of a prompt too long for the context name at most
 # NOTED_TASKS task ids.
 NOTES, SKIPPED_CONTEXT, NOTED_TASKS = "notes.json", "skipped_context", 10
-AGENT_ENDPOINT = "agent_endpoint.json"  # where agent loops find it (rollout.agent=external)
 
 
 def _note_skipped(environment: Environment, task_id: str) -> None:
@@ -125,8 +125,13 @@ class Rollouts:
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
         self._idle = IdleClock()  # when no step of run_ahead's is rolling out
         self.agents = external_agents(config.rollout, config.run.name)  # None: the built-in loop
+        self.fresh, self._journal = version == 0, ExitStack()  # the episodes' (grpo.journal)
 
     def __enter__(self) -> Rollouts:
+        if self.config.grpo.journal:  # a run that starts afresh empties it
+            self._journal.enter_context(
+                journal.journaling(self.config.run.dir, self.config.calls.max_mb, self.fresh)
+            )
         self._loop = LoopThread("rollouts")
         self._call(self._each("start"))
         return self
@@ -147,6 +152,7 @@ class Rollouts:
             # requests of a batch whose first one failed for good.
             self._call(_cancel_others())
             self._loop.stop()
+            self._journal.close()
 
     def _call(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the rollout loop and wait for its result."""
@@ -161,9 +167,7 @@ class Rollouts:
         await asyncio.gather(*(getattr(toolbox, method)() for toolbox in self.toolboxes.values()))
         if self.agents is not None:
             await (
-                self.agents.start(self.config.run.dir / AGENT_ENDPOINT)
-                if method == "start"
-                else self.agents.close()
+                self.agents.start(self.config.run.dir) if method == "start" else self.agents.close()
             )
         if method == "close":
             await self.batcher.close()

@@ -20,7 +20,7 @@ from nemo_orch.envs.offline.values import best
 from nemo_orch.envs.offline.world import ORCHESTRA, make_tasks, restated
 from nemo_orch.rollout.builders import build_toolbox
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
-from nemo_orch.rollout.episode import initial_messages
+from nemo_orch.rollout.opening import initial_messages
 from nemo_orch.rollout.runner import run_rollouts
 from nemo_orch.tools.base import ToolContext
 from nemo_orch.tools.simulated_expert import holds

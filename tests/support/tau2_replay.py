@@ -7,7 +7,7 @@ from typing import Any
 
 from nemo_orch.envs.tau2 import adapter, tau2_gold_plan
 from nemo_orch.eval.agents import GoldReplayAgent
-from nemo_orch.rollout.episode import episode_id
+from nemo_orch.rollout.opening import episode_id
 
 
 async def gold_replay_turns(domain: Any, task: Any) -> list[adapter.Turn]:

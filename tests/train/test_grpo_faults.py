@@ -36,6 +36,7 @@ from support.cli_helpers import free_ports, read_metrics, run_cli
 from nemo_orch import config as config_lib
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.envs import build_mixture
+from nemo_orch.faults import ENV as KILL_AT
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.rollout.format import call_text
 from nemo_orch.train.grpo_rollouts import Rollouts
@@ -105,7 +106,8 @@ def _write_tasks(path: Path, per_kind: int) -> Path:
 
 # An expert endpoint in a process of its own, so that it can die as servers do (SIGKILL: every
 # connection reset, kept-alive ones too). It prints its URL, then serves until killed, or until
-# the request numbered argv[1] (0: never) arrives: that one kills it mid-request.
+# the request numbered argv[1] (0: never) arrives: that one kills it mid-request. With argv[2],
+# it appends a line to that file for every request.
 EXPERT = """
 import os, signal, sys, time
 from nemo_orch.serve.http_server import serve_json
@@ -114,6 +116,9 @@ dies_at, served = int(sys.argv[1]), []
 
 def chat(body):
     served.append(1)
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "a") as log:
+            log.write(body["messages"][-1]["content"][:40].replace("\\n", " ") + "\\n")
     if len(served) == dies_at:
         os.kill(os.getpid(), signal.SIGKILL)
     return {"id": "x", "object": "chat.completion", "model": "m",
@@ -129,11 +134,14 @@ with serve_json({("POST", "/v1/chat/completions"): chat}, url_path="/v1") as ser
 
 
 class Expert:
-    """The expert endpoint's process (``dies_at``: the request that kills it; 0: never)."""
+    """The expert endpoint's process (``dies_at``: the request that kills it; 0: never;
+    ``log``: where each request is noted)."""
 
-    def __init__(self, dies_at: int = 0) -> None:
+    def __init__(self, dies_at: int = 0, log: Path | None = None) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", EXPERT, str(dies_at)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", EXPERT, str(dies_at), *([str(log)] if log else [])],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         self.url = self.process.stdout.readline().strip()
         assert self.url.startswith("http://127.0.0.1:"), "the expert endpoint did not start"
@@ -647,3 +655,44 @@ def test_grpo_on_ray_waits_for_a_restarted_reward_server(fault_policy, reward_se
         assert run.finish() == 0, run.errors()[-5000:]
         assert expert.process.wait(timeout=60) == -signal.SIGKILL
     _check_fault_metrics(read_metrics(tmp_path / "run" / "grpo-tasks"))
+
+
+@pytest.mark.slow
+def test_a_grpo_step_killed_midway_resumes_its_episodes_from_their_last_turn(
+    fault_policy, reward_server, tmp_path
+):
+    """GRPO killed in step 2, after some of its turns (``grpo.journal``, on by default), then
+    resumed from step 1's checkpoint: the same episodes (turns per episode, samples trained) as
+    a run never killed, and no completed expert call made again: the expert's requests over
+    the killed run and its resumption are the uninterrupted run's."""
+    reward_server.start()
+    env = {"PYTHONPATH": str(TESTS)}
+
+    def grpo(out: Path, kill_at_turn: int | None = None) -> list[str]:
+        out.mkdir()
+        with Expert(log=out / "expert.log") as expert:
+            overrides = _grpo_overrides(fault_policy, out, reward_server.url, expert.url)
+            if kill_at_turn is not None:
+                killed = run_cli(
+                    "grpo", *overrides, env={**env, KILL_AT: f"turn:{kill_at_turn}"}, expect=None
+                )
+                assert killed.returncode == -signal.SIGKILL
+                assert [m["step"] for m in read_metrics(out / "run" / "grpo-tasks")] == [1]
+            run_cli("grpo", *overrides, env=env)
+        return sorted((out / "expert.log").read_text().splitlines())
+
+    whole = grpo(tmp_path / "whole")
+    metrics = read_metrics(tmp_path / "whole" / "run" / "grpo-tasks")
+    # Killed in step 2 (turns generated counted from the run's start) once its first turns'
+    # calls have run (its 10 episodes' first turns are generated in one batch) and two of the
+    # second turns are written.
+    step_1 = round(metrics[0]["turns"] * 10)
+    resumed = grpo(tmp_path / "resumed", kill_at_turn=step_1 + 10 + 2)
+    assert resumed == whole
+    again = read_metrics(tmp_path / "resumed" / "run" / "grpo-tasks")
+    assert [m["turns"] for m in again] == [m["turns"] for m in metrics]
+    trained = [
+        (tmp_path / run / "run" / "grpo-tasks" / "trained.jsonl").read_text()
+        for run in ("whole", "resumed")
+    ]
+    assert trained[0] == trained[1]

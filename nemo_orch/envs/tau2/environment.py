@@ -29,7 +29,7 @@ from nemo_orch.envs.interfaces import (
 )
 from nemo_orch.reward.outcome import OutcomeResult
 from nemo_orch.rollout.conversation import UserFactory
-from nemo_orch.rollout.episode import episode_id
+from nemo_orch.rollout.opening import episode_id
 from nemo_orch.rollout.trajectory import Trajectory
 from nemo_orch.tools.registry import Toolbox
 

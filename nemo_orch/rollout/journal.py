@@ -1,0 +1,86 @@
+"""Episodes that resume: the journal of a run's episodes (``grpo.journal``).
+
+The journal is a call store (:mod:`nemo_orch.clients.call_store`; ``<stage>/episodes.db``) in
+``replay_or_call`` mode that every episode of a GRPO, PPO or DPO stage goes through, each in a
+scope of its own (its id and seed): the policy's turns (each a :class:`Generation`, keyed by its
+prompt and sampling, the turn's seed included) and, where ``calls.*`` records nothing else,
+every HTTP call outside the policy (experts, judges, users, search). A step killed midway (a kill,
+a SLURM requeue) and run again from the last checkpoint draws the same tasks and seeds on the
+same weights: each episode gets its completed turns and calls back from the journal, in order,
+and continues live from its last completed turn -- no completed turn is generated, and no
+completed call made, again. Tools that run here run again, which restores an environment's
+state (a domain's database replays its calls). A run that starts afresh (no checkpoint) empties
+the journal first: its entries are of other weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from nemo_orch import faults
+from nemo_orch.clients import call_store
+from nemo_orch.clients.call_store import CallStore, Recording
+from nemo_orch.rollout.engines.base import Generation, SamplingParams
+
+JOURNAL = "episodes.db"
+
+_journal: Recording | None = None
+_generated = 0  # the policy turns this process generated (not replayed)
+
+
+def active() -> Recording | None:
+    """The journal the policy's turns go through (None: none is kept)."""
+    return _journal
+
+
+@contextmanager
+def journaling(directory: Path, max_mb: float, fresh: bool) -> Iterator[Recording]:
+    """The journal of ``directory`` kept while the block runs (emptied first when ``fresh``);
+    the HTTP calls go through it too unless ``calls.*`` records them already."""
+    global _journal
+    path = directory / JOURNAL
+    if fresh:
+        for stale in path.parent.glob(f"{JOURNAL}*"):  # the database, its WAL and index
+            stale.unlink()
+    _journal = Recording(CallStore(path, max_mb), "replay_or_call")
+    try:
+        if call_store.active() is None:
+            with call_store.using(_journal):
+                yield _journal
+        else:
+            yield _journal
+    finally:
+        _journal = None
+
+
+def policy_key(prompt_ids: list[int], params: SamplingParams) -> str:
+    """What decides a policy turn: its prompt and sampling (the turn's seed included)."""
+    return call_store.digest({"prompt": prompt_ids, "params": dataclasses.asdict(params)})
+
+
+async def generate(
+    prompt_ids: list[int], params: SamplingParams, live: Callable[[], Awaitable[Generation]]
+) -> Generation:
+    """A policy turn through the journal where one is kept, else ``live()``."""
+    global _generated
+    replayed = False
+    if _journal is None:
+        generation = await live()
+    else:
+        with call_store.noting_calls() as noted:
+            generation = await _journal.through(
+                policy_key(prompt_ids, params),
+                "policy",
+                {"prompt_tokens": len(prompt_ids), "seed": params.seed},
+                live,
+                encode=dataclasses.asdict,
+                decode=lambda stored: Generation(**stored),
+            )
+        replayed = noted[-1].replayed
+    if not replayed:
+        _generated += 1
+        faults.maybe_kill("turn", _generated)  # tests: killed after the n-th turn generated
+    return generation
