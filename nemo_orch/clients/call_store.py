@@ -33,7 +33,9 @@ import contextvars
 import hashlib
 import json
 import logging
+import os
 import sqlite3
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -127,31 +129,33 @@ class CallStore:
             raise ValueError("a call store's max_mb must be > 0")
         self.path, self.max_bytes = Path(path), int(max_mb * 2**20)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connection() as connection:
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.executescript(_SCHEMA)
+        self._local = threading.local()
+        connection = self._connection()
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.executescript(_SCHEMA)
 
-    @contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        """A connection of this operation's own (threads and processes never share one), in
-        autocommit: a write that needs several statements opens its own transaction."""
-        connection = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
-        try:
-            yield connection
-        finally:
-            connection.close()
+    def _connection(self) -> sqlite3.Connection:
+        """This thread's connection (threads and processes never share one; a forked process
+        opens its own), in autocommit: a write of several statements opens a transaction. WAL
+        with ``synchronous=NORMAL``: a commit survives the process being killed."""
+        connection, pid = getattr(self._local, "connection", None), os.getpid()
+        if connection is None or self._local.pid != pid:
+            connection = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+            connection.execute("PRAGMA synchronous=NORMAL")
+            self._local.connection, self._local.pid = connection, pid
+        return connection
 
     def get(self, key: str) -> StoredCall | None:
         """The call recorded under ``key`` (None: none), marked as used now."""
-        with self._connection() as connection:
-            row = connection.execute(
-                "SELECT key, endpoint, request, response, seconds, recorded_at FROM calls "
-                "WHERE key = ?",
-                (key,),
-            ).fetchone()
-            if row is None:
-                return None
-            connection.execute("UPDATE calls SET used_at = ? WHERE key = ?", (time.time(), key))
+        connection = self._connection()
+        row = connection.execute(
+            "SELECT key, endpoint, request, response, seconds, recorded_at FROM calls "
+            "WHERE key = ?",
+            (key,),
+        ).fetchone()
+        if row is None:
+            return None
+        connection.execute("UPDATE calls SET used_at = ? WHERE key = ?", (time.time(), key))
         return StoredCall(
             key=row[0],
             endpoint=row[1],
@@ -168,51 +172,61 @@ class CallStore:
         response_text = _canonical(response)
         size = len(request_text.encode()) + len(response_text.encode())
         now = time.time()
-        with self._connection() as connection:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                added = connection.execute(
-                    "INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (key, endpoint, request_text, response_text, seconds, size, now, now),
-                ).rowcount
-                if added:
-                    self._evict(connection)
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
+        connection = self._connection()
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            added = connection.execute(
+                "INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, endpoint, request_text, response_text, seconds, size, now, now),
+            ).rowcount
+            if added:
+                self._count(connection, "bytes", size)
+                self._evict(connection)
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
         return bool(added)
+
+    @staticmethod
+    def _count(connection: sqlite3.Connection, name: str, change: int) -> int:
+        """Add ``change`` to the counter ``name`` (inside the writer's transaction); its value."""
+        connection.execute(
+            "INSERT INTO counters VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            (name, change),
+        )
+        return connection.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()[
+            0
+        ]
 
     def _evict(self, connection: sqlite3.Connection) -> None:
         """Least recently used calls out until the rest take at most ``EVICT_TO`` of the
         bound (inside the writer's transaction)."""
-        (total,) = connection.execute("SELECT COALESCE(SUM(bytes), 0) FROM calls").fetchone()
+        total = self._count(connection, "bytes", 0)
         if total <= self.max_bytes:
             return
-        target, evicted = EVICT_TO * self.max_bytes, 0
+        target, evicted, freed = EVICT_TO * self.max_bytes, 0, 0
         for key, size in connection.execute(
             "SELECT key, bytes FROM calls ORDER BY used_at, recorded_at"
         ).fetchall():
-            if total <= target:
+            if total - freed <= target:
                 break
             connection.execute("DELETE FROM calls WHERE key = ?", (key,))
-            total, evicted = total - size, evicted + 1
-        connection.execute(
-            "INSERT INTO counters VALUES ('evicted', ?) "
-            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-            (evicted,),
-        )
+            evicted, freed = evicted + 1, freed + size
+        self._count(connection, "bytes", -freed)
+        self._count(connection, "evicted", evicted)
 
     def stats(self) -> dict[str, int]:
         """``calls`` stored, their ``bytes`` and the calls ``evicted`` so far."""
-        with self._connection() as connection:
-            calls, size = connection.execute(
-                "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM calls"
-            ).fetchone()
-            evicted = connection.execute(
-                "SELECT COALESCE(MAX(value), 0) FROM counters WHERE name = 'evicted'"
-            ).fetchone()[0]
-        return {"calls": calls, "bytes": size, "evicted": evicted}
+        connection = self._connection()
+        (calls,) = connection.execute("SELECT COUNT(*) FROM calls").fetchone()
+        counters = dict(connection.execute("SELECT name, value FROM counters").fetchall())
+        return {
+            "calls": calls,
+            "bytes": counters.get("bytes", 0),
+            "evicted": counters.get("evicted", 0),
+        }
 
 
 class StoreMiss(RuntimeError):
