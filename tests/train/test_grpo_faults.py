@@ -661,7 +661,7 @@ def test_grpo_on_ray_waits_for_a_restarted_reward_server(fault_policy, reward_se
 def test_a_grpo_step_killed_midway_resumes_its_episodes_from_their_last_turn(
     fault_policy, reward_server, tmp_path
 ):
-    """GRPO killed in step 2, after some of its turns (``grpo.journal``, on by default), then
+    """GRPO killed in step 2, after some of its turns (with ``grpo.journal``), then
     resumed from step 1's checkpoint: the same episodes (turns per episode, samples trained) as
     a run never killed, and no completed expert call made again: the expert's requests over
     the killed run and its resumption are the uninterrupted run's."""
@@ -671,7 +671,9 @@ def test_a_grpo_step_killed_midway_resumes_its_episodes_from_their_last_turn(
     def grpo(out: Path, kill_at_turn: int | None = None) -> list[str]:
         out.mkdir()
         with Expert(log=out / "expert.log") as expert:
-            overrides = _grpo_overrides(fault_policy, out, reward_server.url, expert.url)
+            overrides = _grpo_overrides(
+                fault_policy, out, reward_server.url, expert.url, "grpo.journal=true"
+            )
             if kill_at_turn is not None:
                 killed = run_cli(
                     "grpo", *overrides, env={**env, KILL_AT: f"turn:{kill_at_turn}"}, expect=None
