@@ -59,7 +59,6 @@ import json
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from pathlib import Path
@@ -69,7 +68,7 @@ from nemo_orch.config import ExternalAgentConfig, RolloutConfig
 from nemo_orch.models.tokenizer import escape_markup
 from nemo_orch.rollout.agent_episode import STOPPED, AgentEpisode
 from nemo_orch.rollout.episode import Episode, RolloutError, TokenHistory
-from nemo_orch.rollout.format import ParsedTurn, ToolCall, without_calls
+from nemo_orch.rollout.format import ParsedTurn, ToolCall
 from nemo_orch.rollout.opening import task_budget
 from nemo_orch.rollout.trajectory import CallRecord, Termination, Trajectory, TurnRecord
 from nemo_orch.serve.http_server import RequestError, ServerHandle, serve_json
@@ -79,7 +78,7 @@ from nemo_orch.serve.openai_requests import (
     request_tools,
     stream_options,
 )
-from nemo_orch.serve.openai_server import STREAMED_LOGPROBS, chat_stream, outgoing_calls
+from nemo_orch.serve.openai_server import STREAMED_LOGPROBS, chat_completion, chat_stream
 
 log = logging.getLogger(__name__)
 
@@ -263,55 +262,24 @@ class _Session:
     ) -> dict[str, Any]:
         """The turn (its tokens from ``start``) as an OpenAI chat completion (``<tool_call>``
         markup as ``tool_calls``), kept in ``received`` as the loop will hold it."""
-        text = self.text
-        turn = sum(message["role"] == "assistant" for message in self.received)
-        calls = outgoing_calls(text, turn, parallel=True) if self.tools else []
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        finish_reason = record.finish_reason
-        if calls:
-            message = {
-                "role": "assistant",
-                "content": without_calls(text) or None,
-                "tool_calls": calls,
-            }
-            finish_reason = "tool_calls"
-        self.received += chat_messages([message])
         history = self.history
         assert history is not None
         end = start + record.output_tokens
-        logprobs = None
-        if want_logprobs:
-            tokenizer = self.episode.tokenizer
-            logprobs = {
-                "content": [
-                    {
-                        "token": tokenizer.decode([token]),
-                        "logprob": value,
-                        "bytes": list(tokenizer.decode([token]).encode()),
-                        "top_logprobs": [],
-                    }
-                    for token, value in zip(history.ids[start:end], history.logprobs[start:end])
-                ]
-            }
-        response = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": finish_reason,
-                    "logprobs": logprobs,
-                    "message": message,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": record.input_tokens,
-                "completion_tokens": record.output_tokens,
-                "total_tokens": record.input_tokens + record.output_tokens,
-            },
-        }
+        tokenizer = self.episode.tokenizer
+        response = chat_completion(
+            self.model,
+            self.text,
+            record.finish_reason,
+            (record.input_tokens, record.output_tokens),
+            calls_turn=sum(m["role"] == "assistant" for m in self.received) if self.tools else None,
+            token_logprobs=[
+                (tokenizer.decode([token]), value)
+                for token, value in zip(history.ids[start:end], history.logprobs[start:end])
+            ]
+            if want_logprobs
+            else None,
+        )
+        self.received += chat_messages([response["choices"][0]["message"]])
         return chat_stream(response, include_usage) if stream else response
 
     # ------------------------------------------------------------------ tools and the end

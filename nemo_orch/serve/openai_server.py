@@ -115,6 +115,58 @@ def outgoing_calls(text: str, turn: int, parallel: bool) -> list[dict]:
     ]
 
 
+def chat_completion(
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage: tuple[int, int],
+    *,
+    calls_turn: int | None = None,
+    parallel: bool = True,
+    token_logprobs: list[tuple[str, float]] | None = None,
+) -> dict:
+    """A generated ``text`` as a ``chat.completion``: its ``<tool_call>`` markup as
+    ``tool_calls`` (ids numbered by ``calls_turn``, the conversation's assistant messages so far;
+    None: no tools offered, the text as it is) with ``finish_reason: "tool_calls"``; each sampled
+    token's logprob where ``token_logprobs`` are given; ``usage``: (prompt, completion) tokens."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    calls = [] if calls_turn is None else outgoing_calls(text, calls_turn, parallel)
+    if calls:
+        message = {"role": "assistant", "content": without_calls(text) or None, "tool_calls": calls}
+        finish_reason = "tool_calls"
+    logprobs = None
+    if token_logprobs is not None:
+        logprobs = {
+            "content": [
+                {
+                    "token": token,
+                    "logprob": value,
+                    "bytes": list(token.encode()),
+                    "top_logprobs": [],
+                }
+                for token, value in token_logprobs
+            ]
+        }
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "finish_reason": finish_reason, "logprobs": logprobs, "message": message}
+        ],
+        "usage": _usage(*usage),
+    }
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
 def chat_stream(response: dict, include_usage: bool) -> EventStream:
     """A finished chat completion as its stream of ``chat.completion.chunk`` events."""
     return EventStream(_chunks(response, "chat.completion.chunk", _chat_pieces, include_usage))
@@ -300,14 +352,6 @@ class OpenAIService:
             return generation.text[: generation.text.index(stop)]
         return generation.text
 
-    @staticmethod
-    def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-        return {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-
     def _token_strings(self, generation: Generation, as_ids: bool) -> list[str]:
         if as_ids:
             return [f"token_id:{t}" for t in generation.token_ids]
@@ -342,48 +386,18 @@ class OpenAIService:
         prompt = self.tokenizer.encode(self._render(messages, tools), add_special_tokens=False)
         params, keep_stop = self._sampling(body, DEFAULT_CHAT_MAX_TOKENS)
         generation = self._generate([prompt], params)[0]
-        logprobs = None
-        if want_logprobs:
-            logprobs = {
-                "content": [
-                    {
-                        "token": token,
-                        "logprob": value,
-                        "bytes": list(token.encode()),
-                        "top_logprobs": [],
-                    }
-                    for token, value in zip(
-                        self._token_strings(generation, False), generation.logprobs
-                    )
-                ]
-            }
-        text = self._text(generation, keep_stop)
-        message, finish_reason = {"role": "assistant", "content": text}, generation.finish_reason
-        if tools and tool_choice == "auto":
-            turn = sum(m["role"] == "assistant" for m in messages)
-            calls = outgoing_calls(text, turn, parallel)
-            if calls:
-                message = {
-                    "role": "assistant",
-                    "content": without_calls(text) or None,
-                    "tool_calls": calls,
-                }
-                finish_reason = "tool_calls"
-        response = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": finish_reason,
-                    "logprobs": logprobs,
-                    "message": message,
-                }
-            ],
-            "usage": self._usage(len(prompt), len(generation.token_ids)),
-        }
+        offered = tools and tool_choice == "auto"
+        response = chat_completion(
+            self.model_name,
+            self._text(generation, keep_stop),
+            generation.finish_reason,
+            (len(prompt), len(generation.token_ids)),
+            calls_turn=sum(m["role"] == "assistant" for m in messages) if offered else None,
+            parallel=parallel,
+            token_logprobs=list(zip(self._token_strings(generation, False), generation.logprobs))
+            if want_logprobs
+            else None,
+        )
         return chat_stream(response, include_usage) if stream else response
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
@@ -436,9 +450,7 @@ class OpenAIService:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": choices,
-            "usage": self._usage(
-                sum(map(len, prompts)), sum(len(g.token_ids) for g in generations)
-            ),
+            "usage": _usage(sum(map(len, prompts)), sum(len(g.token_ids) for g in generations)),
         }
         if stream:
             return EventStream(
