@@ -249,6 +249,10 @@ class Recording:
 
     store: CallStore
     mode: str
+    # Read and write the store in the event loop's own thread rather than a worker thread:
+    # where calls join batches by timing (the policy's turns), a thread's timing would change
+    # which batch a call joins, and with it the last bits of its logprobs.
+    inline: bool = False
     replayed: int = 0
     recorded: int = 0
     missed: int = 0
@@ -273,7 +277,7 @@ class Recording:
         as stored, and back)."""
         key = _scoped(key)
         if self.mode in ("replay", "replay_or_call"):
-            stored = await asyncio.to_thread(self.store.get, key)
+            stored = await self._in_store(self.store.get, key)
             if stored is not None:
                 self.replayed += 1
                 _note(stored.seconds, replayed=True)
@@ -287,9 +291,12 @@ class Recording:
         _note(seconds, replayed=False)
         if self.mode in ("record", "replay_or_call"):
             kept = encode(answer)
-            if await asyncio.to_thread(self.store.put, key, endpoint, request, kept, seconds):
+            if await self._in_store(self.store.put, key, endpoint, request, kept, seconds):
                 self.recorded += 1
         return answer
+
+    async def _in_store(self, operation: Callable[..., Any], *args: Any) -> Any:
+        return operation(*args) if self.inline else await asyncio.to_thread(operation, *args)
 
     def counts(self) -> dict[str, int]:
         return {"replayed": self.replayed, "recorded": self.recorded, "missed": self.missed}

@@ -193,7 +193,7 @@ class GRPOConfig:
     save_interval: int = 10
     # Keep a journal of the episodes' turns and calls (<stage>/episodes.db): a step killed
     # midway resumes each episode from its last completed turn (nemo_orch/rollout/journal.py).
-    journal: bool = False
+    journal: bool = True
     val_interval: int = 0
     val_tasks: int = 32
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)

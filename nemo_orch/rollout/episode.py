@@ -69,6 +69,9 @@ _MAX_CHARS_PER_TOKEN = 64
 
 
 class PolicyClient(Protocol):
+    # The weights' version the next turns are generated with (None: not versioned).
+    version: int | None
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
 
@@ -218,7 +221,9 @@ class Episode:
     # ------------------------------------------------------------------ the loop
     async def run(self) -> Trajectory:
         # Its calls through a call store or journal are its own (nemo_orch.rollout.journal).
-        with call_store.episode_scope(f"{self.context.episode_id}@{self.context.seed}"):
+        # On other weights (a later step's validation of the same tasks) it is another episode.
+        scope = f"{self.context.episode_id}@{self.context.seed}/v{self.policy.version}"
+        with call_store.episode_scope(scope):
             return await self._run()
 
     async def _run(self) -> Trajectory:
@@ -446,7 +451,7 @@ class Episode:
         )
         prompt = history.ids + forced
         generation = await journal.generate(
-            prompt, params, lambda: self.policy.generate(prompt, params)
+            prompt, params, self.policy.version, lambda: self.policy.generate(prompt, params)
         )
         if not forced:
             return generation

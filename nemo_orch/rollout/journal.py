@@ -9,8 +9,10 @@ a SLURM requeue) and run again from the last checkpoint draws the same tasks and
 same weights: each episode gets its completed turns and calls back from the journal, in order,
 and continues live from its last completed turn -- no completed turn is generated, and no
 completed call made, again. Tools that run here run again, which restores an environment's
-state (a domain's database replays its calls). A run that starts afresh (no checkpoint) empties
-the journal first: its entries are of other weights.
+state (a domain's database replays its calls). A policy turn's key holds the weights' version
+and an episode's scope the version it started on: the same tasks and seeds on other weights (a
+later step's validation) are other episodes. A run from other starting weights empties the
+journal first (``episodes.start``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from nemo_orch.clients.call_store import CallStore, Recording
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 
 JOURNAL = "episodes.db"
+START = "episodes.start"  # the starting weights the journal's turns go back to
 
 _journal: Recording | None = None
 _generated = 0  # the policy turns this process generated (not replayed)
@@ -36,16 +39,31 @@ def active() -> Recording | None:
     return _journal
 
 
+def start_of(weights: Path | None) -> str:
+    """What names a run's starting weights (``trainer.init_from``): each file's path, size and
+    time of change (None: weights the run initializes from its seed)."""
+    if weights is None:
+        return "initialized"
+    files = [weights] if weights.is_file() else sorted(p for p in weights.rglob("*") if p.is_file())
+    return call_store.digest(
+        [[str(f.relative_to(weights)), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    )
+
+
 @contextmanager
-def journaling(directory: Path, max_mb: float, fresh: bool) -> Iterator[Recording]:
-    """The journal of ``directory`` kept while the block runs (emptied first when ``fresh``);
-    the HTTP calls go through it too unless ``calls.*`` records them already."""
+def journaling(directory: Path, max_mb: float, start: str) -> Iterator[Recording]:
+    """The journal of ``directory`` kept while the block runs, for a run from the starting
+    weights ``start`` (:func:`start_of`; a journal of other starting weights is emptied
+    first: its turns are of other weights); the HTTP calls go through it too unless
+    ``calls.*`` records them already."""
     global _journal
-    path = directory / JOURNAL
-    if fresh:
+    path, marker = directory / JOURNAL, directory / START
+    if not marker.exists() or marker.read_text() != start:
         for stale in path.parent.glob(f"{JOURNAL}*"):  # the database, its WAL and index
             stale.unlink()
-    _journal = Recording(CallStore(path, max_mb), "replay_or_call")
+        directory.mkdir(parents=True, exist_ok=True)
+        marker.write_text(start)
+    _journal = Recording(CallStore(path, max_mb), "replay_or_call", inline=True)
     try:
         if call_store.active() is None:
             with call_store.using(_journal):
@@ -56,15 +74,22 @@ def journaling(directory: Path, max_mb: float, fresh: bool) -> Iterator[Recordin
         _journal = None
 
 
-def policy_key(prompt_ids: list[int], params: SamplingParams) -> str:
-    """What decides a policy turn: its prompt and sampling (the turn's seed included)."""
-    return call_store.digest({"prompt": prompt_ids, "params": dataclasses.asdict(params)})
+def policy_key(prompt_ids: list[int], params: SamplingParams, version: int | None) -> str:
+    """What decides a policy turn: its prompt, sampling (the turn's seed included) and the
+    weights' version."""
+    return call_store.digest(
+        {"prompt": prompt_ids, "params": dataclasses.asdict(params), "version": version}
+    )
 
 
 async def generate(
-    prompt_ids: list[int], params: SamplingParams, live: Callable[[], Awaitable[Generation]]
+    prompt_ids: list[int],
+    params: SamplingParams,
+    version: int | None,
+    live: Callable[[], Awaitable[Generation]],
 ) -> Generation:
-    """A policy turn through the journal where one is kept, else ``live()``."""
+    """A policy turn (on the weights ``version``) through the journal where one is kept, else
+    ``live()``."""
     global _generated
     replayed = False
     if _journal is None:
@@ -72,7 +97,7 @@ async def generate(
     else:
         with call_store.noting_calls() as noted:
             generation = await _journal.through(
-                policy_key(prompt_ids, params),
+                policy_key(prompt_ids, params, version),
                 "policy",
                 {"prompt_tokens": len(prompt_ids), "seed": params.seed},
                 live,

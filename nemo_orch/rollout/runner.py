@@ -189,7 +189,7 @@ class DirectPolicy:
     overlap. What a strictly sequential runner does, and all a scripted demonstrator needs."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+        self.engine, self.version = engine, None
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         return self.engine.generate([prompt_ids], params)[0]

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -125,12 +126,14 @@ class Rollouts:
         self._ahead: dict[int, asyncio.Task] = {}  # run_ahead's rollouts by step
         self._idle = IdleClock()  # when no step of run_ahead's is rolling out
         self.agents = external_agents(config.rollout, config.run.name)  # None: the built-in loop
-        self.fresh, self._journal = version == 0, ExitStack()  # the episodes' (grpo.journal)
+        self._journal = ExitStack()  # the episodes' (grpo.journal)
 
     def __enter__(self) -> Rollouts:
-        if self.config.grpo.journal:  # a run that starts afresh empties it
+        if self.config.grpo.journal:
+            init_from = self.config.trainer.init_from
+            start = journal.start_of(None if init_from is None else Path(init_from))
             self._journal.enter_context(
-                journal.journaling(self.config.run.dir, self.config.calls.max_mb, self.fresh)
+                journal.journaling(self.config.run.dir, self.config.calls.max_mb, start)
             )
         self._loop = LoopThread("rollouts")
         self._call(self._each("start"))

@@ -661,35 +661,35 @@ def test_grpo_on_ray_waits_for_a_restarted_reward_server(fault_policy, reward_se
 def test_a_grpo_step_killed_midway_resumes_its_episodes_from_their_last_turn(
     fault_policy, reward_server, tmp_path
 ):
-    """GRPO killed in step 2, after some of its turns (with ``grpo.journal``), then
-    resumed from step 1's checkpoint: the same episodes (turns per episode, samples trained) as
-    a run never killed, and no completed expert call made again: the expert's requests over
-    the killed run and its resumption are the uninterrupted run's."""
+    """GRPO killed in step 1 (no checkpoint yet) and again in step 2, each time after some of
+    its turns, and resumed (from the start, then from step 1's checkpoint): the same episodes
+    (turns per episode, samples trained) as a run never killed, and no completed expert call
+    made again: the expert's requests over the killed runs and their resumption are the
+    uninterrupted run's (``grpo.journal``, on by default)."""
     reward_server.start()
     env = {"PYTHONPATH": str(TESTS)}
 
-    def grpo(out: Path, kill_at_turn: int | None = None) -> list[str]:
+    def grpo(out: Path, kills: tuple[int, ...] = ()) -> list[str]:
         out.mkdir()
         with Expert(log=out / "expert.log") as expert:
-            overrides = _grpo_overrides(
-                fault_policy, out, reward_server.url, expert.url, "grpo.journal=true"
-            )
-            if kill_at_turn is not None:
+            overrides = _grpo_overrides(fault_policy, out, reward_server.url, expert.url)
+            for steps_logged, kill_at_turn in enumerate(kills):
                 killed = run_cli(
                     "grpo", *overrides, env={**env, KILL_AT: f"turn:{kill_at_turn}"}, expect=None
                 )
                 assert killed.returncode == -signal.SIGKILL
-                assert [m["step"] for m in read_metrics(out / "run" / "grpo-tasks")] == [1]
+                logged = read_metrics(out / "run" / "grpo-tasks") if steps_logged else []
+                assert [m["step"] for m in logged] == list(range(1, steps_logged + 1))
             run_cli("grpo", *overrides, env=env)
         return sorted((out / "expert.log").read_text().splitlines())
 
     whole = grpo(tmp_path / "whole")
     metrics = read_metrics(tmp_path / "whole" / "run" / "grpo-tasks")
-    # Killed in step 2 (turns generated counted from the run's start) once its first turns'
-    # calls have run (its 10 episodes' first turns are generated in one batch) and two of the
-    # second turns are written.
+    # Turns are counted as each process generates them (replayed ones not). Killed once its 10
+    # episodes' first turns (one batch) have made their calls and two second turns are written:
+    # in step 1 at turn 12; resumed, step 1's other turns and 12 of step 2's.
     step_1 = round(metrics[0]["turns"] * 10)
-    resumed = grpo(tmp_path / "resumed", kill_at_turn=step_1 + 10 + 2)
+    resumed = grpo(tmp_path / "resumed", kills=(10 + 2, step_1 - 12 + 10 + 2))
     assert resumed == whole
     again = read_metrics(tmp_path / "resumed" / "run" / "grpo-tasks")
     assert [m["turns"] for m in again] == [m["turns"] for m in metrics]
