@@ -53,6 +53,12 @@ def cmd_eval(config: Config, args: argparse.Namespace) -> int:
             f"$0 spent on them now), {recording.recorded} recorded, "
             f"{recording.missed} not in it"
         )
+    for name, counts in summary.journaled.items():
+        if counts["replayed"]:  # a resumed evaluation
+            print(
+                f"  {name}: {counts['replayed']} turns and calls of unfinished episodes "
+                f"answered from its journal, {counts['missed']} made"
+            )
     decided = sum(row["infra_decided"] for row in summary.systems.values())
     if decided:
         print(

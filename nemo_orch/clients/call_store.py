@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from nemo_orch import faults
 from nemo_orch.clients.sse import EventStream
 from nemo_orch.config import CallsConfig
 
@@ -258,10 +259,18 @@ class Recording:
     missed: int = 0
 
     async def call(
-        self, method: str, url: str, payload: Any, live: Callable[[], Awaitable[Any]]
+        self,
+        method: str,
+        url: str,
+        payload: Any,
+        live: Callable[[], Awaitable[Any]],
+        encode: Callable[[Any], Any] = _encoded,
+        decode: Callable[[Any], Any] = _decoded,
     ) -> Any:
-        """An HTTP request (keyed by :func:`call_key`) through the store."""
-        return await self.through(call_key(method, url, payload), url, payload, live)
+        """A request (keyed by :func:`call_key`) through the store."""
+        return await self.through(
+            call_key(method, url, payload), url, payload, live, encode, decode
+        )
 
     async def through(
         self,
@@ -293,6 +302,7 @@ class Recording:
             kept = encode(answer)
             if await self._in_store(self.store.put, key, endpoint, request, kept, seconds):
                 self.recorded += 1
+                faults.maybe_kill("call", self.recorded)  # tests: killed after the n-th kept
         return answer
 
     async def _in_store(self, operation: Callable[..., Any], *args: Any) -> Any:
@@ -332,7 +342,14 @@ def episode_scope(name: str) -> Iterator[EpisodeScope]:
     the episode and the request's occurrence in it, so that a rerun of the episode (a resumed
     run, a replayed evaluation) gets back each of its own answers, in order, and no other
     episode's."""
-    scope = EpisodeScope(name)
+    with within(EpisodeScope(name)) as scope:
+        yield scope
+
+
+@contextmanager
+def within(scope: EpisodeScope) -> Iterator[EpisodeScope]:
+    """``scope``'s episode the one of the block's calls (an episode driven a request at a time
+    enters its scope for each)."""
     token = _scope.set(scope)
     try:
         yield scope
@@ -363,6 +380,25 @@ def activate(config: CallsConfig) -> Recording | None:
         else Recording(CallStore(config.store, config.max_mb), config.mode)
     )
     return _active
+
+
+async def kept(
+    method: str,
+    url: str,
+    payload: Any,
+    live: Callable[[], Awaitable[Any]],
+    encode: Callable[[Any], Any],
+    decode: Callable[[Any], Any],
+) -> tuple[Any, float | None]:
+    """A call that is not an HTTP request (an MCP tool's, a sandbox's run; named by ``url``)
+    through the process's recording where one is active: its answer, and the seconds it took
+    when recorded where the store answered it (None: it ran now). Raises :class:`StoreMiss`
+    where the recording replays and does not hold it."""
+    if _active is None:
+        return await live(), None
+    with noting_calls() as noted:
+        answer = await _active.call(method, url, payload, live, encode, decode)
+    return answer, (noted[-1].seconds if noted and noted[-1].replayed else None)
 
 
 @contextmanager

@@ -87,6 +87,9 @@ class EvalConfig:
     concurrency: int = 16
     max_requests_per_endpoint: int = 8
     resume: bool = True
+    # Keep a journal of each system's episodes (episodes/<agent>.db): a killed evaluation
+    # continues its unfinished episodes from their last completed turn and call.
+    journal: bool = True
     num_trials: int = 1
     monolith: MonolithConfig = field(default_factory=MonolithConfig)
 

@@ -9,7 +9,11 @@ Every example is written to ``<directory>/episodes/<system>.jsonl`` the moment i
 started again with the same settings reads those lines and runs only the examples that have
 none, so nothing is re-run or counted twice; a line cut short by the kill is dropped. The cache
 starts with a fingerprint of what decides the results (environment, agent, tasks, seed, tools,
-rollout, reward, monolith): results of other settings are refused, never mixed in.
+rollout, reward, monolith): results of other settings are refused, never mixed in. An episode
+the kill cut short continues from its last completed turn: each system keeps a journal
+(``episodes/<system>.db``, ``eval.journal``; :mod:`nemo_orch.rollout.journal`) of its episodes'
+policy turns and HTTP calls (agent, tools, user, judge), each episode in its own scope, from
+which the resumed episode gets them back in order.
 
 Episode ``i`` runs with seed ``eval.seed + i`` whichever examples are left, and decoding is
 greedy by default, so a run is deterministic for a seed. With ``eval.num_trials`` each task is
@@ -30,11 +34,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from nemo_orch import config as config_lib
+from nemo_orch.clients import call_store
 from nemo_orch.config import (
     AGENT_KINDS,
     GOLD_REPLAY,
@@ -51,7 +57,8 @@ from nemo_orch.eval import report as report_lib
 from nemo_orch.eval.report import EpisodeResult
 from nemo_orch.eval.systems import Resources, System, build_agent, preference_oracle
 from nemo_orch.reward.scoring import infra_failure
-from nemo_orch.rollout.opening import task_budget
+from nemo_orch.rollout import journal
+from nemo_orch.rollout.opening import episode_id, task_budget
 from nemo_orch.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -220,11 +227,13 @@ async def _roll_out(
         oracle = preference_oracle(system.kind, benchmark, toolbox, resources)
 
         async def one(index: int, task: Task) -> None:
-            seed = resources.seed + index
+            seed, sample = resources.seed + index, index // len(resources.tasks)
             async with slots:
                 await toolbox.refresh()  # an MCP server's changed tools, from this episode on
-                trajectory = await agent.episode(task, index // len(resources.tasks), seed)
-                scored = await benchmark.score(task, trajectory)
+                # Its calls (agent, tools, judge) through a journal or call store are its own.
+                with call_store.episode_scope(f"{episode_id(task.id, sample)}@{seed}"):
+                    trajectory = await agent.episode(task, sample, seed)
+                    scored = await benchmark.score(task, trajectory)
             handle(index, seed, task, trajectory, scored, oracle)
             progress.update(1)
 
@@ -268,6 +277,8 @@ class Evaluation:
 
     tasks: list[Task]
     records: dict[str, list[dict[str, Any]]]
+    # Per system, what its journal did this run (eval.journal): entries replayed, kept, missed.
+    journaled: dict[str, dict[str, int]]
 
     def results(self, system: str) -> list[EpisodeResult]:
         return [EpisodeResult(**record["result"]) for record in self.records[system]]
@@ -290,13 +301,11 @@ def evaluate(
     if not tasks:
         raise ConfigError(f"{benchmark.name}: no tasks to evaluate")
     resources = Resources(config, benchmark, tasks, seed, tokenizer)
-    records = {}
+    records, journaled = {}, {}
     for system in systems:
-        cache = EpisodeCache(
-            directory / EPISODES / f"{system.name.replace(':', '-')}.jsonl",
-            fingerprint(config, benchmark, tasks, system, seed),
-            config.eval.resume,
-        )
+        stem = directory / EPISODES / system.name.replace(":", "-")
+        results = fingerprint(config, benchmark, tasks, system, seed)
+        cache = EpisodeCache(stem.with_suffix(".jsonl"), results, config.eval.resume)
         examples = [
             (trial * len(tasks) + index, example_key(task.id, trial), task)
             for trial in range(config.eval.num_trials)
@@ -304,18 +313,34 @@ def evaluate(
         ]
         todo = [(index, task) for index, key, task in examples if key not in cache.records]
         if todo:
-            asyncio.run(
-                _roll_out(
-                    system,
-                    resources,
-                    todo,
-                    config.eval.concurrency,
-                    _cache_into(cache),
-                    f"eval {benchmark.name}",
+            with ExitStack() as stack:
+                # A journal of the same results, or emptied (eval.resume=false).
+                kept = (
+                    stack.enter_context(
+                        journal.journaling(
+                            stem.with_suffix(".db"),
+                            config.calls.max_mb,
+                            results,
+                            fresh=not config.eval.resume,
+                        )
+                    )
+                    if config.eval.journal
+                    else None
                 )
-            )
+                asyncio.run(
+                    _roll_out(
+                        system,
+                        resources,
+                        todo,
+                        config.eval.concurrency,
+                        _cache_into(cache),
+                        f"eval {benchmark.name}",
+                    )
+                )
+            if kept is not None:
+                journaled[system.name] = kept.counts()
         records[system.name] = [cache.records[key] for _, key, _ in examples]
-    return Evaluation(tasks, records)
+    return Evaluation(tasks, records, journaled)
 
 
 def successful_episodes(
@@ -372,6 +397,7 @@ class EvalSummary:
     report: Path
     systems: dict[str, dict[str, Any]]
     seconds: float
+    journaled: dict[str, dict[str, int]]  # see Evaluation
 
 
 def _policy_identity(config: Config) -> str | None:
@@ -473,4 +499,6 @@ def run(config: Config, agents: list[str], tokenizer: Any = None) -> EvalSummary
         notes={**benchmark.notes, UNTRAINED_MCP_TOOLS: untrained},
     )
     summaries = json.loads(path.read_text())["systems"]
-    return EvalSummary(benchmark.name, path, summaries, time.perf_counter() - started)
+    return EvalSummary(
+        benchmark.name, path, summaries, time.perf_counter() - started, evaluation.journaled
+    )

@@ -220,11 +220,15 @@ class Episode:
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> Trajectory:
-        # Its calls through a call store or journal are its own (nemo_orch.rollout.journal).
-        # On other weights (a later step's validation of the same tasks) it is another episode.
-        scope = f"{self.context.episode_id}@{self.context.seed}/v{self.policy.version}"
-        with call_store.episode_scope(scope):
+        with call_store.episode_scope(self.scope_name):
             return await self._run()
+
+    @property
+    def scope_name(self) -> str:
+        """What makes its calls through a call store or journal its own
+        (:mod:`nemo_orch.rollout.journal`): its id and seed, and the weights' version, since on
+        other weights (a later step's validation of the same tasks) it is another episode."""
+        return f"{self.context.episode_id}@{self.context.seed}/v{self.policy.version}"
 
     async def _run(self) -> Trajectory:
         started = time.perf_counter()

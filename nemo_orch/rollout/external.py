@@ -64,6 +64,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from nemo_orch.clients import call_store
 from nemo_orch.config import ExternalAgentConfig, RolloutConfig
 from nemo_orch.models.tokenizer import escape_markup
 from nemo_orch.rollout.agent_episode import STOPPED, AgentEpisode
@@ -148,6 +149,7 @@ class _Session:
         self.branches = 0
         self.ended = asyncio.Event()
         self.started = time.perf_counter()
+        self.calls = call_store.EpisodeScope(episode.scope_name)  # entered by each request
 
     def describe(self) -> AgentEpisode:
         episode = self.episode
@@ -174,7 +176,8 @@ class _Session:
         history = self.history
         assert history is not None  # _take made it
         start = len(history.ids)
-        turn = await self.episode.policy_turn(history, len(self.turns), self.turns)
+        with call_store.within(self.calls):
+            turn = await self.episode.policy_turn(history, len(self.turns), self.turns)
         if isinstance(turn, Termination):
             self._stop(turn)
             if turn == Termination.ENGINE_ERROR:  # the policy's infrastructure: nothing to wait for
@@ -296,9 +299,10 @@ class _Session:
                 "conflict",
             )
         self.pending.remove(call)
-        (result,) = await self.episode.run_calls(
-            ParsedTurn(calls=[call]), self.turns[-1], self.text
-        )
+        with call_store.within(self.calls):
+            (result,) = await self.episode.run_calls(
+                ParsedTurn(calls=[call]), self.turns[-1], self.text
+            )
         if result.answer is not None:
             self._stop(Termination.ANSWER, result.answer)
         return {

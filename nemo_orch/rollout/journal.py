@@ -12,12 +12,14 @@ completed call made, again. Tools that run here run again, which restores an env
 state (a domain's database replays its calls). A policy turn's key holds the weights' version
 and an episode's scope the version it started on: the same tasks and seeds on other weights (a
 later step's validation) are other episodes. A run from other starting weights empties the
-journal first (``episodes.start``).
+journal first (``episodes.db.start``). An evaluation keeps one per system
+(``eval.journal``; :mod:`nemo_orch.eval.harness`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +29,10 @@ from nemo_orch.clients import call_store
 from nemo_orch.clients.call_store import CallStore, Recording
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 
-JOURNAL = "episodes.db"
-START = "episodes.start"  # the starting weights the journal's turns go back to
+log = logging.getLogger(__name__)
+
+JOURNAL = "episodes.db"  # a training stage's, in its directory
+START_SUFFIX = ".start"  # beside the journal: what its episodes go back to
 
 _journal: Recording | None = None
 _generated = 0  # the policy turns this process generated (not replayed)
@@ -51,17 +55,17 @@ def start_of(weights: Path | None) -> str:
 
 
 @contextmanager
-def journaling(directory: Path, max_mb: float, start: str) -> Iterator[Recording]:
-    """The journal of ``directory`` kept while the block runs, for a run from the starting
-    weights ``start`` (:func:`start_of`; a journal of other starting weights is emptied
-    first: its turns are of other weights); the HTTP calls go through it too unless
-    ``calls.*`` records them already."""
+def journaling(path: Path, max_mb: float, start: str, fresh: bool = False) -> Iterator[Recording]:
+    """The journal in ``path`` kept while the block runs, for episodes that go back to
+    ``start`` (for a training run its starting weights, :func:`start_of`; for an evaluation
+    what decides its results): a journal of another start, or any where ``fresh``, is emptied
+    first. The HTTP calls go through it too unless ``calls.*`` records them already."""
     global _journal
-    path, marker = directory / JOURNAL, directory / START
-    if not marker.exists() or marker.read_text() != start:
-        for stale in path.parent.glob(f"{JOURNAL}*"):  # the database, its WAL and index
+    marker = path.with_name(path.name + START_SUFFIX)
+    if fresh or not marker.exists() or marker.read_text() != start:
+        for stale in path.parent.glob(f"{path.name}*"):  # the database, its WAL and index
             stale.unlink()
-        directory.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(start)
     _journal = Recording(CallStore(path, max_mb), "replay_or_call", inline=True)
     try:
@@ -71,6 +75,7 @@ def journaling(directory: Path, max_mb: float, start: str) -> Iterator[Recording
         else:
             yield _journal
     finally:
+        log.info("journal %s: %s", path, _journal.counts())
         _journal = None
 
 

@@ -254,10 +254,16 @@ def billed_result(
     output: str = "",
     error: str | None = None,
     kind: CallKind | None = None,
+    took: float | None = None,
 ) -> ToolResult:
     """The result of a call that started at ``started``, billed for its seconds
-    (:func:`seconds_since`) at ``spec.pricing``."""
-    seconds = seconds_since(spec, started, context)
+    (:func:`seconds_since`; ``took``: the seconds it took when recorded, for a call the call
+    store answered) at ``spec.pricing``."""
+    seconds = (
+        seconds_since(spec, started, context)
+        if took is None
+        else billed_seconds(spec, took, context)
+    )
     return ToolResult(
         output=output,
         error=error,

@@ -46,6 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients import call_store
 from nemo_orch.clients.breaker import EndpointGuard, GuardSettings
 from nemo_orch.config import McpServerConfig
 from nemo_orch.loop_thread import LoopThread
@@ -309,8 +310,16 @@ class McpTool(BaseTool):
                 if self.server.config.orchestrator
                 else None
             )
-            result = await self.server.call(self.remote_name, arguments, meta)
-        except Exception as error:  # a failed transport or server: this call's error
+            # Through a call store where one records or replays (calls.*, a journal).
+            result, took = await call_store.kept(
+                "tools/call",
+                f"mcp://{self.server.config.name}/{self.remote_name}",
+                {"arguments": arguments, "meta": meta},
+                lambda: self.server.call(self.remote_name, arguments, meta),
+                lambda answer: answer.model_dump(mode="json", by_alias=True, exclude_none=True),
+                _call_result,
+            )
+        except Exception as error:  # a failed transport or server, a replay's miss: its error
             return billed_result(
                 self.spec,
                 started,
@@ -331,6 +340,7 @@ class McpTool(BaseTool):
                 kind=(
                     failure_kind(text) if self.server.config.orchestrator else CallKind.TOOL_ERROR
                 ),
+                took=took,
             )
         if self.server.config.orchestrator:
             return sub_orchestration_result(
@@ -344,10 +354,18 @@ class McpTool(BaseTool):
                 context,
                 kind=CallKind.EMPTY,
                 error=(f"{self.spec.name} returned no text: {described or 'no content at all'}"),
+                took=took,
             )
         return billed_result(
-            self.spec, started, context, f"{text}\n{described}" if described else text
+            self.spec, started, context, f"{text}\n{described}" if described else text, took=took
         )
+
+
+def _call_result(stored: dict[str, Any]) -> Any:
+    """A ``tools/call`` result as a call store kept it."""
+    from mcp.types import CallToolResult
+
+    return CallToolResult.model_validate(stored)
 
 
 def _kind_of_failure(error: Exception) -> CallKind:

@@ -133,7 +133,9 @@ class Rollouts:
             init_from = self.config.trainer.init_from
             start = journal.start_of(None if init_from is None else Path(init_from))
             self._journal.enter_context(
-                journal.journaling(self.config.run.dir, self.config.calls.max_mb, start)
+                journal.journaling(
+                    self.config.run.dir / journal.JOURNAL, self.config.calls.max_mb, start
+                )
             )
         self._loop = LoopThread("rollouts")
         self._call(self._each("start"))

@@ -1,12 +1,14 @@
 """The call store (:mod:`nemo_orch.clients.call_store`): keys by what determines an answer and
 never by a secret; eight processes writing at once lose nothing; past its bound the least
-recently used calls go first; exchanges recorded with a real server replay with it down."""
+recently used calls go first; exchanges recorded with a real server replay with it down; a real
+MCP server's calls and the sandbox's runs replay too."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import multiprocessing
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,15 @@ from nemo_orch.call_kinds import CallKind
 from nemo_orch.clients import call_store
 from nemo_orch.clients.call_store import CallStore, call_key
 from nemo_orch.clients.openai import OpenAIClient, OpenAIError
-from nemo_orch.config import CallsConfig
+from nemo_orch.config import CallsConfig, McpServerConfig
 from nemo_orch.rollout.engines.scripted import ScriptedEngine
 from nemo_orch.serve.openai_server import start_server
+from nemo_orch.tools.base import ToolResult
+from nemo_orch.tools.mcp import mcp_source
+from nemo_orch.tools.registry import Toolbox
+from nemo_orch.tools.sandbox import PythonSandbox, default_spec
+
+MCP_SERVER = str(Path(__file__).resolve().parents[1] / "support" / "mcp_server.py")
 
 CHAT = {
     "model": "gpt-5",
@@ -127,3 +135,48 @@ def test_exchanges_with_a_real_server_replay_with_the_server_down(tmp_path, tiny
     assert "not in the call store" in str(
         pytest.raises(OpenAIError, asyncio.run, asked(server.url, "replay", ["Again?"])).value
     )
+
+
+def test_an_mcp_servers_calls_and_the_sandboxs_runs_are_recorded_and_replayed(
+    tmp_path, monkeypatch
+):
+    """Calls outside HTTP: a real MCP server's (stdio; its answer read from its environment,
+    which the replay changes, and an image part) and the sandbox's runs (a random number):
+    replayed, each is the recorded answer, marked, billed its recorded seconds; a run the store
+    does not hold is an infrastructure error, not a run."""
+    server = McpServerConfig(
+        name="fx",
+        command=sys.executable,
+        args=[MCP_SERVER, "stdio"],
+        allow=["whoami", "captioned"],
+        env=["FIXTURE_SECRET"],
+    )
+    draw = "import random, time; time.sleep(0.3); print(random.random())"
+
+    async def calls(mode: str, code: str) -> tuple[list[ToolResult], dict[str, int]]:
+        toolbox = Toolbox(
+            [PythonSandbox(default_spec(), timeout_s=5.0, memory_mb=256)],
+            sources=[mcp_source(server)],
+        )
+        with call_store.recording(CallsConfig(mode, str(tmp_path / "calls.db"))) as recording:
+            async with toolbox:
+                results = [
+                    await toolbox.call("fx_whoami", {}),
+                    await toolbox.call("fx_captioned", {}),
+                    await toolbox.call("python_sandbox", {"code": code}),
+                ]
+            return results, recording.counts()
+
+    monkeypatch.setenv("FIXTURE_SECRET", "the recorded run")
+    recorded, counts = asyncio.run(calls("record", draw))
+    assert counts == {"replayed": 0, "recorded": 3, "missed": 0}
+    assert recorded[0].output == "the recorded run" and "image" in recorded[1].output
+    monkeypatch.setenv("FIXTURE_SECRET", "another run")
+    replayed, counts = asyncio.run(calls("replay", draw))
+    assert counts == {"replayed": 3, "recorded": 0, "missed": 0}
+    assert [r.output for r in replayed] == [r.output for r in recorded]
+    assert all(r.replayed and r.kind == "ok" for r in replayed)
+    assert not any(r.replayed for r in recorded)
+    assert replayed[2].latency_s >= 0.3  # the run's recorded seconds
+    missed, _ = asyncio.run(calls("replay", "print('never run')"))
+    assert missed[2].kind == "infra_error" and "not in the call store" in missed[2].error

@@ -6,9 +6,11 @@ transcript; a failing or hanging user endpoint ends the episode with a counted `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -26,6 +28,7 @@ from nemo_orch.envs import build_environment  # noqa: E402
 from nemo_orch.envs.interfaces import final_message  # noqa: E402
 from nemo_orch.envs.tau2 import adapter  # noqa: E402
 from nemo_orch.envs.tau2.environment import SCENARIO_PROTOCOL  # noqa: E402
+from nemo_orch.rollout import journal  # noqa: E402
 from nemo_orch.rollout.engines.scripted import ScriptedEngine  # noqa: E402
 from nemo_orch.rollout.format import call_text  # noqa: E402
 from nemo_orch.rollout.runner import run_rollouts  # noqa: E402
@@ -165,6 +168,62 @@ def test_a_retail_agent_asks_the_user_and_acts_on_the_answer(user_url, tiny_toke
     assert scored.outcome.correct, scored.details
     answer = trajectory.messages[4]["content"]
     assert "Yusuf Rossi in zip code 19122" in answer and trajectory.messages[4]["role"] == "user"
+
+
+def test_a_conversation_cut_midway_continues_from_its_journal(user_url, tiny_tokenizer, tmp_path):
+    """The retail conversation cut (its run cancelled) while the agent writes its third turn,
+    after the user has answered and a gold call has run, then run again with the same journal:
+    the agent's and the user's completed turns come back from it, the rest is made once, the
+    domain's database is restored by its calls running again, and the transcript and tau2's
+    score are those of a conversation never cut."""
+    environment = _environment("retail", user_url)
+    task = _task(environment, "0")
+    agent, _ = _retail_agent(task)
+
+    async def conversation(script):
+        (trajectory,) = await run_rollouts(
+            [task],
+            1,
+            ScriptedEngine(tiny_tokenizer, script),
+            environment.toolbox(),
+            tiny_tokenizer,
+            SETTINGS,
+            users=environment.users(),
+        )
+        return trajectory, await environment.score(task, trajectory)
+
+    def journaled(name: str, script):
+        with journal.journaling(tmp_path / name, 64, "retail") as kept:
+            return asyncio.run(conversation(script)), kept.counts()
+
+    (whole, scored), made = journaled("whole.db", agent)
+    assert whole.termination == "user_stop" and scored.outcome.correct
+
+    reached, release = threading.Event(), threading.Event()
+
+    def cut_at_third_turn(prompt):
+        if _own_turns(prompt) == 2:
+            reached.set()
+            release.wait(30)
+        return agent(prompt)
+
+    async def cut():
+        running = asyncio.ensure_future(conversation(cut_at_third_turn))
+        assert await asyncio.to_thread(reached.wait, 30)
+        running.cancel()
+        release.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+    with journal.journaling(tmp_path / "cut.db", 64, "retail") as kept:
+        asyncio.run(cut())
+    before = kept.counts()["recorded"]  # completed (the third turn was cut, not kept)
+    assert before >= 4  # the agent's two turns, the user's opening and answer
+    (again, rescored), resumed = journaled("cut.db", agent)
+    assert resumed["replayed"] == before
+    assert before + resumed["missed"] == made["missed"]
+    assert again.messages == whole.messages and again.token_ids == whole.token_ids
+    assert rescored.outcome == scored.outcome and rescored.outcome.correct
 
 
 def test_tau2s_step_limit_ends_a_conversation(user_url, tiny_tokenizer):

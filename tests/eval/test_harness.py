@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import pytest
 from support.cli_helpers import run_cli_here
 
 from nemo_orch import config as config_lib
+from nemo_orch import faults
+from nemo_orch.clients.call_store import CallStore
 from nemo_orch.config import ConfigError
 from nemo_orch.data.tasks import Task, write_tasks
 from nemo_orch.eval import harness
@@ -393,17 +396,21 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "nemo_orch.cli", *args]
 
 
-def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(
+def test_a_killed_evaluation_resumes_its_episodes_without_rerunning_or_double_counting(
     tmp_path, tiny_tokenizer_dir
 ):
+    """Killed after the monolith's 7th request to its endpoint (SIMULATED, HTTP), in the middle
+    of an episode, and run again: finished examples are not run again, the unfinished
+    episode continues from its last request (its requests answered from the journal, none
+    made twice), and the results are those of a run never killed."""
     args = [
         "eval",
         "--benchmark",
         "offline",
         "--agent",
-        "fixed:cheapest",
-        "--agent",
         "monolith",
+        "--agent",
+        "fixed:cheapest",
         *_overrides(
             tmp_path,
             tiny_tokenizer_dir,
@@ -414,33 +421,37 @@ def test_a_killed_evaluation_resumes_without_rerunning_or_double_counting(
     ]
     out = tmp_path / "eval"
     cache = out / "episodes" / "monolith.jsonl"
-    process = subprocess.Popen(
-        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    killed = subprocess.run(
+        _cli(*args),
+        env={**os.environ, faults.ENV: "call:7"},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not (cache.exists() and len(cache.read_text().splitlines()) >= 5):
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     before = cache.read_text().splitlines()
-    assert 5 <= len(before) < 13
+    assert 2 <= len(before) < 13
     with cache.open("a") as file:  # as if killed in the middle of writing a line
         file.write('{"task_id": "eval-0001')
-    run_cli_here(*args)
+    resumed = run_cli_here(*args).stdout
     after = cache.read_text().splitlines()
     records = [json.loads(line) for line in after[1:]]
     assert len(records) == 12 and len({r["task_id"] for r in records}) == 12
     assert after[: len(before)] == before  # finished examples were not run again
     report = json.loads((out / "report.json").read_text())
     assert report["systems"]["monolith"]["tasks"] == 12
-    # The resumed run equals one that was never interrupted.
+    # The resumed run equals one that was never interrupted ...
     fresh = tmp_path / "fresh"
     run_cli_here(*args, f"eval.out_dir={fresh}")
     for agent in ("fixed:cheapest", "monolith"):
         assert _outcomes(out, agent) == _outcomes(fresh, agent)
+    # ... and made its requests once: the 7 before the kill and those made after it are the
+    # uninterrupted run's (each kept once in its journal); the cut episode's got theirs back.
+    replayed, made = map(
+        int, re.search(r"monolith: (\d+) turns and calls .* journal, (\d+) made", resumed).groups()
+    )
+    assert replayed >= 1
+    assert 7 + made == CallStore(fresh / "episodes" / "monolith.db").stats()["calls"]
     # Results of other settings are refused, never mixed in.
     other = run_cli_here(*args, "eval.seed=5", expect=2)
     assert "holds results of another evaluation" in other.stderr
@@ -677,7 +688,7 @@ def test_mcp_tools_the_policy_never_trained_with_are_offered_and_reported(
     (checkpoint / "nemo_orch.json").write_text('{"step": 1}')
     (checkpoint / "config.yaml").write_text("tools: {mcp: [{name: fx, allow: [add], deny: []}]}")
     trained = config_lib.load([f"rollout.policy={checkpoint}"])
-    evaluation = harness.Evaluation([], {"orchestrator": episodes})
+    evaluation = harness.Evaluation([], {"orchestrator": episodes}, {})
     assert [
         row["tool"]
         for row in harness.untrained_mcp_tools(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_orch.call_kinds import CallKind
+from nemo_orch.clients import call_store
 from nemo_orch.tools.base import (
     BaseTool,
     Pricing,
@@ -46,6 +47,8 @@ from nemo_orch.tools.sandbox.worker import (
 )
 from nemo_orch.tools.sandbox.zygote import _SPAWN_TIMEOUT_S, _Zygote
 
+# What names the sandbox's runs in a call store.
+SANDBOX_ENDPOINT = "sandbox://python_sandbox"
 logger = logging.getLogger(__name__)
 
 # Comparable to hosted code interpreters: about $0.03 per CPU-hour of a small container plus
@@ -165,8 +168,17 @@ class PythonSandbox(BaseTool):
         code = arguments.get("code")
         if not isinstance(code, str):
             return ToolResult(error="argument 'code' must be a string")
+        # A run depends on the code and the limits alone (each in a fresh process): a call
+        # store records and replays it (calls.*, a journal).
+        run = {
+            "code": code,
+            "limits": dataclasses.asdict(self.limits),
+            "packages": list(self.allowed_packages),
+        }
         try:
-            worker = await self._acquire()
+            (output, error), took = await call_store.kept(
+                "RUN", SANDBOX_ENDPOINT, run, lambda: self._execute(code), list, tuple
+            )
         except (_SpawnError, ToolError) as exc:
             return billed_result(
                 self.spec,
@@ -175,11 +187,19 @@ class PythonSandbox(BaseTool):
                 error=f"sandbox failed to start: {exc}",
                 kind=CallKind.INFRA_ERROR,
             )
+        except call_store.StoreMiss as miss:
+            return billed_result(
+                self.spec, started, context, error=str(miss), kind=CallKind.INFRA_ERROR
+            )
+        return billed_result(self.spec, started, context, output, error, took=took)
+
+    async def _execute(self, code: str) -> tuple[str, str | None]:
+        """``code`` run in a worker of the pool (discarded afterwards): its output and error."""
+        worker = await self._acquire()
         try:
-            output, error = await self._run(worker, code)
+            return await self._run(worker, code)
         finally:
             self._background(self._destroy(worker))
-        return billed_result(self.spec, started, context, output, error)
 
     # ----------------------------------------------------------------------------- the pool
 
