@@ -192,7 +192,8 @@ class GRPOConfig:
     # Save a checkpoint every this many steps (and at the last).
     save_interval: int = 10
     # Keep a journal of the episodes' turns and calls (<stage>/episodes.db): a step killed
-    # midway resumes each episode from its last completed turn (nemo_orch/rollout/journal.py).
+    # midway resumes each episode from its last completed turn (nemo_orch/rollout/journal.py;
+    # the local backend's rollouts, not Ray's workers).
     journal: bool = True
     val_interval: int = 0
     val_tasks: int = 32

@@ -129,7 +129,9 @@ class Rollouts:
         self._journal = ExitStack()  # the episodes' (grpo.journal)
 
     def __enter__(self) -> Rollouts:
-        if self.config.grpo.journal:
+        if self.config.grpo.journal and self.pool is not None:
+            log.info("grpo.journal: Ray's rollout workers keep no journal (rollout.backend=ray)")
+        elif self.config.grpo.journal:
             init_from = self.config.trainer.init_from
             start = journal.start_of(None if init_from is None else Path(init_from))
             self._journal.enter_context(
