@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from nemo_orch import config as config_lib
 from nemo_orch.cli.common import EXIT_USER_ERROR, Commands, add_command
@@ -104,6 +105,41 @@ def _compare_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_eval_extract(args: argparse.Namespace) -> int:
+    """``nemo-orch eval extract STORE EPISODE OUT``: one episode's calls out of a call store or
+    journal, into a store of their own (what a bug report ships)."""
+    if not Path(args.store).is_file():
+        print(f"nemo-orch eval extract: error: no call store {args.store}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    copied = call_store.CallStore(args.store).copy_episode(
+        args.episode, call_store.CallStore(args.out)
+    )
+    if not copied:
+        print(
+            f"nemo-orch eval extract: error: {args.store} holds no call of episode "
+            f"{args.episode} (an episode id is <task>#<trial>, as episodes/<agent>.jsonl "
+            "names its task_id and trial)",
+            file=sys.stderr,
+        )
+        return EXIT_USER_ERROR
+    print(f"{copied} calls of episode {args.episode} -> {args.out}")
+    return 0
+
+
+def _extract_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nemo-orch eval extract",
+        description="copy one episode's calls out of a call store (--record STORE) or an "
+        "evaluation's journal (episodes/<agent>.db) into a store of their own: replayed "
+        "with --replay OUT, that episode runs as it did",
+    )
+    parser.add_argument("store", help="the call store or journal")
+    parser.add_argument("episode", help="the episode: <task_id>#<trial>, e.g. eval-0003#0")
+    parser.add_argument("out", help="the store to write (made where missing)")
+    parser.set_defaults(run_without_config=cmd_eval_extract)
+    return parser
+
+
 def _benchmark_config(args: argparse.Namespace) -> Config:
     """The benchmark is the environment preset; the overrides refine it. ``--record`` and
     ``--replay`` name the call store (``calls.*``)."""
@@ -123,7 +159,8 @@ def add_commands(commands: Commands) -> None:
         "run agents on a benchmark, side by side: accuracy (95%% CI), "
         "USD and seconds per task, tool mix; report.json, report.md and plots under "
         "eval.out_dir (resumable). `nemo-orch eval compare RUN...` puts several "
-        "evaluations side by side",
+        "evaluations side by side; `nemo-orch eval extract STORE EPISODE OUT` copies one "
+        "episode's calls out of a call store",
         load_config=_benchmark_config,
     )
     evaluate.add_argument(
@@ -156,3 +193,4 @@ def add_commands(commands: Commands) -> None:
         "call it does not hold fails as an infrastructure error (calls.mode=replay)",
     )
     evaluate.word_parsers["compare"] = _compare_parser()
+    evaluate.word_parsers["extract"] = _extract_parser()

@@ -9,7 +9,9 @@ parameters and the seed where the endpoint takes one. Fields that carry secrets 
 ``authorization``, ``token``, ... at any depth) are left out of the key and of what is stored;
 headers, where the project's clients send their keys, never reach the store.
 
-**The file** is one SQLite database (write-ahead log), safe under concurrent writers: threads,
+**The file** is one SQLite database (write-ahead log), each call stored with the name of its
+episode's scope where one was open (:func:`episode_scope`; :meth:`CallStore.copy_episode` copies
+an episode's calls out), safe under concurrent writers: threads,
 Ray workers, data-parallel ranks, each opening its own connection per operation and waiting up
 to ``LOCK_TIMEOUT_S`` for the write lock. A call recorded twice keeps its first answer (the
 one a replay has already given).
@@ -56,6 +58,7 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 LOCK_TIMEOUT_S = 60.0
 EVICT_TO = 0.9
 
+_COLUMNS = "key, endpoint, request, response, seconds, bytes, recorded_at, used_at, episode"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     key TEXT PRIMARY KEY,
@@ -65,7 +68,8 @@ CREATE TABLE IF NOT EXISTS calls (
     seconds REAL NOT NULL,
     bytes INTEGER NOT NULL,
     recorded_at REAL NOT NULL,
-    used_at REAL NOT NULL
+    used_at REAL NOT NULL,
+    episode TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_use ON calls (used_at);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -134,6 +138,9 @@ class CallStore:
         connection = self._connection()
         connection.execute("PRAGMA journal_mode=WAL")
         connection.executescript(_SCHEMA)
+        columns = {row[1] for row in connection.execute("PRAGMA table_info(calls)")}
+        if "episode" not in columns:  # a store made before calls named their episode
+            connection.execute("ALTER TABLE calls ADD COLUMN episode TEXT")
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's connection (threads and processes never share one; a forked process
@@ -166,9 +173,18 @@ class CallStore:
             recorded_at=row[5],
         )
 
-    def put(self, key: str, endpoint: str, request: Any, response: Any, seconds: float) -> bool:
-        """Record a call (its request kept without secrets); False where ``key`` was recorded
-        already (the first answer stays). Evicts past the bound."""
+    def put(
+        self,
+        key: str,
+        endpoint: str,
+        request: Any,
+        response: Any,
+        seconds: float,
+        episode: str | None = None,
+    ) -> bool:
+        """Record a call (its request kept without secrets) of ``episode`` (its scope's name;
+        None: of none); False where ``key`` was recorded already (the first answer stays).
+        Evicts past the bound."""
         request_text = _canonical(without_secrets(request))
         response_text = _canonical(response)
         size = len(request_text.encode()) + len(response_text.encode())
@@ -177,8 +193,8 @@ class CallStore:
         connection.execute("BEGIN IMMEDIATE")
         try:
             added = connection.execute(
-                "INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, endpoint, request_text, response_text, seconds, size, now, now),
+                f"INSERT OR IGNORE INTO calls ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, endpoint, request_text, response_text, seconds, size, now, now, episode),
             ).rowcount
             if added:
                 self._count(connection, "bytes", size)
@@ -217,6 +233,32 @@ class CallStore:
             evicted, freed = evicted + 1, freed + size
         self._count(connection, "bytes", -freed)
         self._count(connection, "evicted", evicted)
+
+    def copy_episode(self, episode: str, into: CallStore) -> int:
+        """The calls of episode ``episode`` (an episode id, ``<task>#<sample>``: every scope of
+        it, whatever its seed and weights; or a scope's whole name) copied into ``into``, as
+        recorded: what a bug report ships. How many were copied."""
+        rows = [
+            row
+            for row in self._connection().execute(f"SELECT {_COLUMNS} FROM calls").fetchall()
+            if row[-1] is not None and (row[-1] == episode or row[-1].startswith(f"{episode}@"))
+        ]
+        target = into._connection()
+        target.execute("BEGIN IMMEDIATE")
+        try:
+            copied = [
+                row
+                for row in rows
+                if target.execute(
+                    f"INSERT OR IGNORE INTO calls ({_COLUMNS}) VALUES ({', '.join('?' * 9)})", row
+                ).rowcount
+            ]
+            into._count(target, "bytes", sum(row[5] for row in copied))
+            target.execute("COMMIT")
+        except BaseException:
+            target.execute("ROLLBACK")
+            raise
+        return len(copied)
 
     def stats(self) -> dict[str, int]:
         """``calls`` stored, their ``bytes`` and the calls ``evicted`` so far."""
@@ -284,7 +326,8 @@ class Recording:
         """``live()``'s answer, or the stored one, as the mode says; ``key`` made the
         episode's own where an :func:`episode_scope` is open (``encode``/``decode``: the answer
         as stored, and back)."""
-        key = _scoped(key)
+        scope = _scope.get()
+        key = key if scope is None else scope.key(key)
         if self.mode in ("replay", "replay_or_call"):
             stored = await self._in_store(self.store.get, key)
             if stored is not None:
@@ -300,7 +343,8 @@ class Recording:
         _note(seconds, replayed=False)
         if self.mode in ("record", "replay_or_call"):
             kept = encode(answer)
-            if await self._in_store(self.store.put, key, endpoint, request, kept, seconds):
+            episode = None if scope is None else scope.name
+            if await self._in_store(self.store.put, key, endpoint, request, kept, seconds, episode):
                 self.recorded += 1
                 faults.maybe_kill("call", self.recorded)  # tests: killed after the n-th kept
         return answer
@@ -329,11 +373,6 @@ class EpisodeScope:
 _scope: contextvars.ContextVar[EpisodeScope | None] = contextvars.ContextVar(
     "call_store_scope", default=None
 )
-
-
-def _scoped(key: str) -> str:
-    scope = _scope.get()
-    return key if scope is None else scope.key(key)
 
 
 @contextmanager

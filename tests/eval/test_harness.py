@@ -715,7 +715,7 @@ def test_an_evaluation_replayed_from_its_call_store_gives_the_same_report(
         "tools.timing=modeled",
     )
 
-    def evaluate(flag: str, out: str):
+    def evaluate(flag: str, out: str, calls: Path = store):
         return run_cli_here(
             "eval",
             "--benchmark",
@@ -723,7 +723,7 @@ def test_an_evaluation_replayed_from_its_call_store_gives_the_same_report(
             "--agent",
             "monolith",
             flag,
-            str(store),
+            str(calls),
             *overrides,
             f"eval.out_dir={tmp_path / out}",
         )
@@ -748,3 +748,23 @@ def test_an_evaluation_replayed_from_its_call_store_gives_the_same_report(
             if not call["replayed"]
         )
         assert record["episode"]["cost_usd"] > record["episode"]["spent_usd"]
+
+    # A bug report ships one episode's calls: replayed from them alone, that episode runs as
+    # it did (the others, whose calls are not there, end as infrastructure failures).
+    shown = _episodes(tmp_path / "recorded", "monolith")[2]
+    episode = f"{shown['task_id']}#{shown['trial']}"
+    bug = tmp_path / "bug.db"
+    extracted = run_cli_here("eval", "extract", str(store), episode, str(bug)).stdout
+    # The episode's requests to the monolith's endpoint, and its sandbox runs.
+    assert int(extracted.split()[0]) >= len(shown["episode"]["ledger"])
+    evaluate("--replay", "bug", calls=bug)
+    bugged = _episodes(tmp_path / "bug", "monolith")
+    (again,) = [r for r in bugged if r["task_id"] == shown["task_id"]]
+    assert (again["result"], again["episode"]["messages"]) == (
+        shown["result"],
+        shown["episode"]["messages"],
+    )
+    others = [r for r in bugged if r is not again]
+    assert others and all(r["result"]["infra_failure"] for r in others)
+    missing = run_cli_here("eval", "extract", str(store), "no-such#0", str(bug), expect=2)
+    assert "holds no call of episode no-such#0" in missing.stderr
