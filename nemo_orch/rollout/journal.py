@@ -21,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 from nemo_orch import faults
 from nemo_orch.clients import call_store
 from nemo_orch.clients.call_store import CallStore, Recording
+from nemo_orch.config import Config
 from nemo_orch.rollout.engines.base import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,20 @@ def journaling(path: Path, max_mb: float, start: str, fresh: bool = False) -> It
     finally:
         log.info("journal %s: %s", path, _journal.counts())
         _journal = None
+
+
+def of_stage(config: Config) -> AbstractContextManager[Recording | None]:
+    """A training stage's journal (``<stage>/episodes.db``; ``grpo.journal``), for a run from
+    the weights in ``trainer.init_from``; none where it keeps none (Ray's rollout workers keep
+    none: the episode scope does not reach their tool executors' processes)."""
+    if not config.grpo.journal:
+        return nullcontext()
+    if config.rollout.backend == "ray":
+        log.info("grpo.journal: Ray's rollout workers keep no journal (rollout.backend=ray)")
+        return nullcontext()
+    init_from = config.trainer.init_from
+    start = start_of(None if init_from is None else Path(init_from))
+    return journaling(config.run.dir / JOURNAL, config.calls.max_mb, start)
 
 
 def policy_key(prompt_ids: list[int], params: SamplingParams, version: int | None) -> str:

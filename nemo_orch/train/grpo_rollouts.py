@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -129,16 +128,7 @@ class Rollouts:
         self._journal = ExitStack()  # the episodes' (grpo.journal)
 
     def __enter__(self) -> Rollouts:
-        if self.config.grpo.journal and self.pool is not None:
-            log.info("grpo.journal: Ray's rollout workers keep no journal (rollout.backend=ray)")
-        elif self.config.grpo.journal:
-            init_from = self.config.trainer.init_from
-            start = journal.start_of(None if init_from is None else Path(init_from))
-            self._journal.enter_context(
-                journal.journaling(
-                    self.config.run.dir / journal.JOURNAL, self.config.calls.max_mb, start
-                )
-            )
+        self._journal.enter_context(journal.of_stage(self.config))
         self._loop = LoopThread("rollouts")
         self._call(self._each("start"))
         return self
