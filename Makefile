@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: train test test-fast lint compare benchmark bench-trl clean
+.PHONY: train train-long test test-fast lint compare benchmark bench-trl clean
 
 $(STAMP): requirements.txt setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ $(TEST_STAMP): $(STAMP) requirements-tau2.txt requirements-serve.txt requirement
 
 train: $(STAMP)
 	$(VENV)/bin/nemo-orch train trainer.resume=true
+
+# The main job's longer recipe (nemo_orch/conf/recipes/main-long.yaml: SFT on demonstrations
+# that read the instruction less often, 240 GRPO steps), into runs/main-long.
+train-long: $(STAMP)
+	$(VENV)/bin/nemo-orch train recipe=main-long trainer.resume=true
 
 # The README's offline comparison: the policy `make train` trained, next to the fixed routers and
 # a monolith (a SIMULATED gpt-5, answer-1's simulated model, with the basic search and sandbox,

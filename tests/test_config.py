@@ -27,6 +27,16 @@ def test_default_tree_composes_all_groups():
     ) == (["tools/orchestra"], "preference", "hf", "local")
 
 
+@pytest.mark.parametrize("recipe", config_lib.recipes())
+def test_every_recipe_composes_into_a_valid_config_of_its_own_run(recipe, tmp_path):
+    """A recipe (``make train-long``'s among them) passes every section's checks, and its runs
+    go to a directory named after it, apart from the default job's. (A SLURM recipe's job
+    directory is the user's to give.)"""
+    config = config_lib.load([f"recipe={recipe}", f"launcher.slurm.job_dir={tmp_path}"])
+    assert config.run.name == recipe
+    assert config.run.dir != config_lib.load([]).run.dir
+
+
 @pytest.mark.parametrize("preset,params", [("qwen3-0.6b", 0.6e9), ("qwen3-8b", 8.2e9)])
 def test_presets_have_qwen3_sizes(preset, params):
     cfg = config_lib.load([f"model={preset}"])
