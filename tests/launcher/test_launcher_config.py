@@ -13,10 +13,12 @@ ONE_NODE = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8"
 ONE_NODE_ASYNC = "orchestrator-qwen3-8b-1n8g-tp4pp1-fp8-async"
 TWO_NODES_PPO = "orchestrator-qwen3-8b-2n8g-tp4pp1-fp8-ppo"
 MICRO_CPU_SLURM = "micro-cpu-slurm"
+MAIN_LONG = "main-long"  # `make train-long`: docs/main_job.md
 
 
 def test_recipes_are_the_files_of_conf_recipes():
     assert config_lib.recipes() == [
+        MAIN_LONG,
         MICRO_CPU_SLURM,
         ONE_NODE,
         ONE_NODE_ASYNC,
@@ -126,7 +128,7 @@ def test_command_line_overrides_win_over_the_recipe():
 def test_an_unknown_recipe_lists_the_available_ones():
     with pytest.raises(
         ConfigError,
-        match=f"unknown recipe 'nope'; available: {MICRO_CPU_SLURM}, {ONE_NODE}, "
+        match=f"unknown recipe 'nope'; available: {MAIN_LONG}, {MICRO_CPU_SLURM}, {ONE_NODE}, "
         f"{ONE_NODE_ASYNC}, {TWO_NODES}, {TWO_NODES_PPO}",
     ):
         config_lib.load(["recipe=nope"])
