@@ -67,22 +67,23 @@ def _own_turns(prompt: str) -> int:
     return prompt.count("<|im_start|>assistant") - 2
 
 
-def _play(environment, task, agent, tokenizer):
+async def _episode(environment, task, agent, tokenizer):
     """One episode of the scripted ``agent`` with the environment's user, and tau2's score."""
+    (trajectory,) = await run_rollouts(
+        [task],
+        1,
+        ScriptedEngine(tokenizer, agent),
+        environment.toolbox(),
+        tokenizer,
+        SETTINGS,
+        users=environment.users(),
+    )
+    return trajectory, await environment.score(task, trajectory)
 
-    async def run():
-        (trajectory,) = await run_rollouts(
-            [task],
-            1,
-            ScriptedEngine(tokenizer, agent),
-            environment.toolbox(),
-            tokenizer,
-            SETTINGS,
-            users=environment.users(),
-        )
-        return trajectory, await environment.score(task, trajectory)
 
-    return asyncio.run(run())
+def _play(environment, task, agent, tokenizer):
+    """:func:`_episode`, run to its end."""
+    return asyncio.run(_episode(environment, task, agent, tokenizer))
 
 
 def _retail_agent(task):
@@ -180,17 +181,8 @@ def test_a_conversation_cut_midway_continues_from_its_journal(user_url, tiny_tok
     task = _task(environment, "0")
     agent, _ = _retail_agent(task)
 
-    async def conversation(script):
-        (trajectory,) = await run_rollouts(
-            [task],
-            1,
-            ScriptedEngine(tiny_tokenizer, script),
-            environment.toolbox(),
-            tiny_tokenizer,
-            SETTINGS,
-            users=environment.users(),
-        )
-        return trajectory, await environment.score(task, trajectory)
+    def conversation(script):
+        return _episode(environment, task, script, tiny_tokenizer)
 
     def journaled(name: str, script):
         with journal.journaling(tmp_path / name, 64, "retail") as kept:
